@@ -1,0 +1,38 @@
+// What every recorded allocation is attributed to: phase and memory category.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace memsim {
+
+// The part of a training iteration that is running. Setup covers everything before the
+// first iteration (parameters, optimizer state allocated eagerly, buffers).
+enum class Phase : uint8_t { kSetup, kForward, kBackward, kOptimizer };
+inline constexpr int kNumPhases = 4;
+
+// Why a storage exists; the run summary breaks the peak down by these.
+//
+// Note [Memory categories]
+// A storage's category is decided when it is allocated, in this order:
+//   1. an explicit CategoryScope set by the driving code (parameters, gradient buffers,
+//      optimizer state) or a later Session::Retag (gradients produced by autograd);
+//   2. allocations made inside a fake collective (ops/collectives) are kCommunication;
+//   3. otherwise by phase: forward allocations are kActivation (held for backward or
+//      freed as soon as they die, in which case they never reach a peak's breakdown for
+//      long), everything else is kTemporary.
+enum class Category : uint8_t {
+  kUnattributed,  // no scope applies; rule 3 decides at allocation time
+  kParameter,
+  kGradient,
+  kOptimizerState,
+  kActivation,
+  kTemporary,
+  kCommunication,
+};
+inline constexpr int kNumCategories = 7;
+
+std::string_view PhaseName(Phase phase);
+std::string_view CategoryName(Category category);
+
+}  // namespace memsim

@@ -1,0 +1,56 @@
+#include "simulator/cost_model.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace memsim {
+namespace {
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+}  // namespace
+
+const std::vector<GpuSpec>& GpuPresets() {
+  // Peaks from NVIDIA's SXM data sheets (dense, no sparsity); memory as nvidia-smi shows it.
+  static const std::vector<GpuSpec> presets = {
+      {"A100-80GB", 81920 * kMiB, 512 * kMiB, 312e12, 19.5e12, 2.039e12},
+      {"H100-80GB", 81559 * kMiB, 512 * kMiB, 989.4e12, 66.9e12, 3.35e12},
+      {"H200-141GB", 143771 * kMiB, 512 * kMiB, 989.4e12, 66.9e12, 4.8e12},
+  };
+  return presets;
+}
+
+const GpuSpec* FindGpu(std::string_view name) {
+  for (const GpuSpec& gpu : GpuPresets()) {
+    const std::string_view full = gpu.name;
+    if (EqualsIgnoreCase(full, name) || EqualsIgnoreCase(full.substr(0, full.find('-')), name)) {
+      return &gpu;
+    }
+  }
+  return nullptr;
+}
+
+std::string GpuPresetNames() {
+  std::string names;
+  for (const GpuSpec& gpu : GpuPresets()) {
+    if (!names.empty()) names += ", ";
+    names += gpu.name;
+  }
+  return names;
+}
+
+double MatmulSeconds(const GpuSpec& gpu, double flops, bool half_precision) {
+  const double peak = half_precision ? gpu.half_flops : gpu.fp32_flops;
+  return gpu.kernel_launch_s + flops / (peak * gpu.matmul_efficiency);
+}
+
+double MemoryBoundSeconds(const GpuSpec& gpu, double bytes) {
+  return gpu.kernel_launch_s + bytes / (gpu.bandwidth_bytes_per_s * gpu.bandwidth_efficiency);
+}
+
+}  // namespace memsim

@@ -1,0 +1,52 @@
+// The virtual clock's cost model and the GPU presets it uses.
+//
+// Note [Virtual clock]
+// Real traces plot memory against wall time, so every simulated event gets a timestamp
+// from a deliberately simple roofline-style model, charged once per leaf ATen op (an op
+// that calls no other op; composite ops are charged through the ops they call):
+//   * matrix multiplies (mm, bmm, addmm, baddbmm, addbmm, fused attention):
+//       seconds = FLOPs / (peak_flops(dtype) * matmul_efficiency)
+//     with FLOPs = 2 * numel(A) * columns(B) for the last two tensor arguments A, B;
+//   * views and allocation-only ops (empty, view, transpose, ...): free;
+//   * every other op (elementwise, reductions, copies, optimizer updates):
+//       seconds = (bytes read + bytes written) / (memory_bandwidth * bandwidth_efficiency)
+//   * plus kernel_launch_s for every op that is not free.
+// The efficiencies are typical achieved fractions of peak for large transformer kernels;
+// the aim is a timeline with the shape and roughly the duration of a real one, not a
+// performance prediction. Collectives are charged as memory-bound ops on their buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memsim {
+
+struct GpuSpec {
+  std::string name;
+  int64_t memory_bytes;       // total device memory as nvidia-smi reports it
+  int64_t context_bytes;      // taken by the CUDA context and NCCL before PyTorch allocates
+  double half_flops;          // dense bf16/fp16 tensor-core peak, FLOP/s
+  double fp32_flops;          // dense fp32 peak (no TF32), FLOP/s
+  double bandwidth_bytes_per_s;
+  double matmul_efficiency = 0.6;
+  double bandwidth_efficiency = 0.7;
+  double kernel_launch_s = 3e-6;
+
+  // What the caching allocator can reserve before cudaMalloc fails.
+  int64_t usable_bytes() const { return memory_bytes - context_bytes; }
+};
+
+// Looks up a preset by name, case-insensitively ("H100-80GB", "h100"...). Null if unknown.
+const GpuSpec* FindGpu(std::string_view name);
+const std::vector<GpuSpec>& GpuPresets();
+// "A100-80GB, H100-80GB, H200-141GB": for error messages and --help.
+std::string GpuPresetNames();
+
+enum class OpCostKind : uint8_t { kFree, kMatmul, kMemoryBound };
+
+double MatmulSeconds(const GpuSpec& gpu, double flops, bool half_precision);
+double MemoryBoundSeconds(const GpuSpec& gpu, double bytes);
+
+}  // namespace memsim

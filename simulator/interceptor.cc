@@ -1,0 +1,170 @@
+#include "simulator/interceptor.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "simulator/recorder.h"
+#include "simulator/status.h"
+#include "simulator/tracking_allocator.h"
+
+namespace memsim {
+namespace {
+
+OpCostKind ClassifyOp(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  if (name == "aten::mm" || name == "aten::bmm" || name == "aten::addmm" ||
+      name == "aten::baddbmm" || name == "aten::addbmm" ||
+      name.rfind("memsim::flash_attention", 0) == 0) {
+    return OpCostKind::kMatmul;
+  }
+  if (name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like" ||
+      name == "aten::detach" || name == "aten::lift_fresh") {
+    return OpCostKind::kFree;
+  }
+  // Ops whose first result aliases an input without writing it are views.
+  if (!schema.returns().empty() && schema.returns()[0].alias_info() != nullptr &&
+      !schema.returns()[0].alias_info()->isWrite()) {
+    return OpCostKind::kFree;
+  }
+  return OpCostKind::kMemoryBound;
+}
+
+const OpInfo& LookupOp(Recorder& recorder, const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (const OpInfo* info = recorder.FindOp(&schema)) return *info;
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  const bool is_collective = schema.name().rfind("memsim::", 0) == 0 &&
+                             schema.name().find("comm_") != std::string::npos;
+  return recorder.AddOp(&schema,
+                        {recorder.names().Intern(name), is_collective, ClassifyOp(schema)});
+}
+
+int64_t TensorBytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size())
+                     : 0;
+}
+
+template <typename Fn>
+void ForEachTensor(c10::ArrayRef<c10::IValue> values, Fn&& fn) {
+  for (const c10::IValue& v : values) {
+    if (v.isTensor()) {
+      fn(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) fn(t);
+    }
+  }
+}
+
+// Seconds a leaf op costs on the recorder's GPU (Note [Virtual clock]).
+struct LeafCost {
+  double bytes = 0;
+  double flops = 0;
+  bool half_precision = false;
+};
+
+void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                         torch::jit::Stack* stack) {
+  const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
+                                                               kInterceptKey);
+  Recorder* recorder = CurrentRecorder();
+  if (recorder == nullptr) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  const OpInfo& info = LookupOp(*recorder, op);
+  LeafCost cost;
+  if (recorder->gpu() != nullptr && info.cost_kind != OpCostKind::kFree) {
+    const auto args = torch::jit::last(*stack, op.schema().arguments().size());
+    const at::Tensor* a = nullptr;
+    const at::Tensor* b = nullptr;
+    for (const c10::IValue& v : args) {
+      if (!v.isTensor()) continue;
+      a = b;
+      b = &v.toTensor();
+    }
+    if (info.cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
+      cost.flops = 2.0 * static_cast<double>(a->numel()) * static_cast<double>(b->sizes().back());
+      cost.half_precision = a->scalar_type() == at::kHalf || a->scalar_type() == at::kBFloat16;
+    } else {
+      ForEachTensor(args, [&](const at::Tensor& t) { cost.bytes += TensorBytes(t); });
+    }
+  }
+
+  recorder->PushOp(info);
+  try {
+    op.redispatchBoxed(below, stack);
+  } catch (const c10::Error& e) {
+    const std::string module = recorder->names().Name(recorder->current_module());
+    const std::string where = "(called from module '" + (module.empty() ? "<top>" : module) +
+                              "' in " + std::string(PhaseName(recorder->phase())) + ")";
+    const std::string& op_name = recorder->names().Name(info.name);
+    recorder->PopOp(info);
+    if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr) {
+      throw UserError(op_name + " has no Meta kernel " + where +
+                      "; add one in ops/meta_kernels.cc");
+    }
+    const std::string what = e.what_without_backtrace();
+    throw UserError(op_name + " failed on meta tensors " + where + ": " +
+                    what.substr(0, what.find('\n')));
+  }
+  const bool leaf = recorder->PopOp(info);
+
+  const auto outputs = torch::jit::last(*stack, op.schema().returns().size());
+  ForEachTensor(outputs, [&](const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    const int64_t id = TrackingAllocator::StorageIdOf(t.storage().data_ptr(), recorder);
+    if (id >= 0) recorder->NoteTensorShape(id, t.sizes(), t.scalar_type());
+    if (info.cost_kind == OpCostKind::kMemoryBound) cost.bytes += TensorBytes(t);
+  });
+  if (leaf && recorder->gpu() != nullptr && info.cost_kind != OpCostKind::kFree) {
+    recorder->AdvanceClock(info.cost_kind == OpCostKind::kMatmul
+                               ? MatmulSeconds(*recorder->gpu(), cost.flops, cost.half_precision)
+                               : MemoryBoundSeconds(*recorder->gpu(), cost.bytes));
+  }
+}
+
+std::unique_ptr<at::ObserverContext> OnBackwardNodeStart(const at::RecordFunction& fn) {
+  Recorder* recorder = CurrentRecorder();
+  if (recorder == nullptr) return nullptr;
+  const auto seq = static_cast<uint64_t>(fn.seqNr());
+  // AccumulateGrad and other engine-made nodes carry no forward sequence number.
+  const bool has_seq = fn.seqNr() >= 0 && seq != std::numeric_limits<uint64_t>::max();
+  recorder->PushAbsoluteModule(has_seq ? recorder->ModuleForSequenceNr(seq)
+                                       : recorder->current_module());
+  return nullptr;
+}
+
+void OnBackwardNodeEnd(const at::RecordFunction&, at::ObserverContext*) {
+  if (Recorder* recorder = CurrentRecorder()) recorder->PopModule();
+}
+
+}  // namespace
+
+void RegisterInterceptor() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Lives for the whole process: the dispatcher keeps pointing at the fallback.
+    static auto* library = new torch::Library(torch::Library::IMPL, "_", kInterceptKey,
+                                              __FILE__, __LINE__);
+    library->fallback(torch::CppFunction::makeFromBoxedFunction<&InterceptorFallback>());
+  });
+}
+
+InterceptionGuard::InterceptionGuard()
+    : include_key_(kInterceptKey),
+      backward_callback_(at::addThreadLocalCallback(
+          at::RecordFunctionCallback(&OnBackwardNodeStart, &OnBackwardNodeEnd)
+              .scopes({at::RecordScope::BACKWARD_FUNCTION}))) {
+  RegisterInterceptor();
+}
+
+InterceptionGuard::~InterceptionGuard() { at::removeCallback(backward_callback_); }
+
+}  // namespace memsim

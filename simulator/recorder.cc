@@ -1,0 +1,128 @@
+#include "simulator/recorder.h"
+
+#include <ATen/SequenceNumber.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace memsim {
+namespace {
+thread_local Recorder* tls_current_recorder = nullptr;
+}  // namespace
+
+Recorder* CurrentRecorder() { return tls_current_recorder; }
+
+ScopedCurrentRecorder::ScopedCurrentRecorder(Recorder* recorder)
+    : previous_(tls_current_recorder) {
+  tls_current_recorder = recorder;
+}
+ScopedCurrentRecorder::~ScopedCurrentRecorder() { tls_current_recorder = previous_; }
+
+Recorder::~Recorder() {
+  for (AllocationRecord* record : live_records_) {
+    if (record != nullptr) record->recorder = nullptr;
+  }
+}
+
+Category Recorder::CategoryForNewStorage() const {
+  // Note [Memory categories] in attribution.h.
+  if (!category_stack_.empty()) return category_stack_.back();
+  if (collective_depth_ > 0) return Category::kCommunication;
+  return phase_ == Phase::kForward ? Category::kActivation : Category::kTemporary;
+}
+
+AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
+  const int64_t id = static_cast<int64_t>(storages_.size());
+  StorageInfo& info = storages_.emplace_back();
+  info.size_bytes = size_bytes;
+  info.alloc_event = static_cast<int64_t>(events_.size());
+  info.op = op_stack_.empty() ? 0 : op_stack_.back().op;
+  info.module = current_module();
+  info.phase = phase_;
+  info.category = CategoryForNewStorage();
+  info.iteration = iteration_;
+  info.microbatch = microbatch_;
+  events_.push_back({id, now_s_, true});
+  live_bytes_ += size_bytes;
+  peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+  auto* record = new AllocationRecord{this, id, c10::DataPtr()};
+  live_records_.push_back(record);
+  return record;
+}
+
+void Recorder::OnFree(int64_t storage_id) {
+  StorageInfo& info = storages_.at(static_cast<size_t>(storage_id));
+  info.free_event = static_cast<int64_t>(events_.size());
+  events_.push_back({storage_id, now_s_, false});
+  live_bytes_ -= info.size_bytes;
+  live_records_[static_cast<size_t>(storage_id)] = nullptr;
+}
+
+void Recorder::SetPhase(Phase phase) {
+  phase_ = phase;
+  AddMarker(MarkerKind::kPhaseBegin);
+}
+
+void Recorder::SetMicrobatch(int32_t microbatch) {
+  microbatch_ = microbatch;
+  AddMarker(MarkerKind::kMicrobatchBegin);
+}
+
+NameId Recorder::PushChildModule(std::string_view child_name) {
+  const NameId parent = current_module();
+  NameId id;
+  if (parent == 0) {
+    id = names_.Intern(child_name);
+  } else {
+    std::string path = names_.Name(parent);
+    path += '.';
+    path += child_name;
+    id = names_.Intern(path);
+  }
+  module_stack_.push_back(id);
+  RecordModuleChange();
+  return id;
+}
+
+void Recorder::PushAbsoluteModule(NameId module) {
+  module_stack_.push_back(module);
+  RecordModuleChange();
+}
+
+void Recorder::PopModule() {
+  if (module_stack_.empty()) throw std::logic_error("memsim: PopModule without a module");
+  module_stack_.pop_back();
+  RecordModuleChange();
+}
+
+void Recorder::RecordModuleChange() {
+  module_changes_.emplace_back(at::sequence_number::peek(), current_module());
+}
+
+NameId Recorder::ModuleForSequenceNr(uint64_t seq) const {
+  // Last change whose first sequence number is <= seq: the module current at creation.
+  auto it = std::upper_bound(module_changes_.begin(), module_changes_.end(), seq,
+                             [](uint64_t s, const auto& change) { return s < change.first; });
+  if (it == module_changes_.begin()) return 0;
+  return std::prev(it)->second;
+}
+
+void Recorder::Retag(int64_t storage_id, Category category) {
+  storages_.at(static_cast<size_t>(storage_id)).category = category;
+}
+
+void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes,
+                               c10::ScalarType dtype) {
+  StorageInfo& info = storages_[static_cast<size_t>(storage_id)];
+  if (info.ndim >= 0) return;
+  info.ndim = static_cast<int8_t>(std::min<size_t>(sizes.size(), kMaxTrackedDims));
+  std::copy_n(sizes.begin(), info.ndim, info.dims);
+  info.dtype = dtype;
+}
+
+void Recorder::AddMarker(MarkerKind kind, std::string_view label) {
+  markers_.push_back({kind, static_cast<int64_t>(events_.size()), now_s_, iteration_,
+                      microbatch_, phase_, label.empty() ? 0 : names_.Intern(label)});
+}
+
+}  // namespace memsim

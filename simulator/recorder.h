@@ -1,0 +1,211 @@
+// Recorder: the ordered log of storage allocations and frees of one simulated rank,
+// with the attribution state (op, module, phase, microbatch, iteration, category) that
+// each allocation is stamped with.
+//
+// Threading: a Recorder is used by one thread at a time, the thread it is active on
+// (see RecorderActivation). Every tensor it tracked may outlive it: on destruction it
+// detaches the allocation records still alive, whose later frees are then ignored.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "simulator/attribution.h"
+#include "simulator/cost_model.h"
+#include "simulator/name_table.h"
+
+namespace memsim {
+
+class Recorder;
+
+// The context of every tracked DataPtr: which recorder to tell when it is freed, and
+// the real allocation behind it (empty on meta). Owned by the DataPtr (deleted in its
+// deleter); see tracking_allocator.h.
+struct AllocationRecord {
+  Recorder* recorder;  // null once the recorder is gone
+  int64_t storage_id;
+  c10::DataPtr underlying;
+};
+
+inline constexpr int kMaxTrackedDims = 8;
+
+// Everything known about one storage. Indexed by storage id (dense, from 0).
+struct StorageInfo {
+  int64_t size_bytes = 0;    // exact requested size (nbytes of the storage)
+  int64_t alloc_event = -1;  // index into Recorder::events()
+  int64_t free_event = -1;   // -1 while alive
+  NameId op = 0;             // innermost aten op that allocated it (0: none)
+  NameId module = 0;         // module path (0: top level)
+  Phase phase = Phase::kSetup;
+  Category category = Category::kUnattributed;
+  int32_t iteration = -1;
+  int32_t microbatch = -1;
+  // Shape and dtype of the first tensor seen viewing this storage as an op output.
+  int8_t ndim = -1;  // -1: no tensor seen
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int64_t dims[kMaxTrackedDims] = {};
+};
+
+struct MemoryEvent {
+  int64_t storage_id;
+  double time_s;  // virtual clock, see cost_model.h
+  bool is_alloc;
+};
+
+// What the interceptor caches per operator (keyed by its schema's address).
+struct OpInfo {
+  NameId name;
+  bool is_collective;  // a fake collective from ops/collectives
+  OpCostKind cost_kind;
+};
+
+enum class MarkerKind : uint8_t {
+  kIterationBegin,  // static memory is read here
+  kIterationEnd,
+  kPhaseBegin,
+  kMicrobatchBegin,
+  kUser,
+};
+
+// A point in the event log: marker applies before event `event_index`.
+struct Marker {
+  MarkerKind kind;
+  int64_t event_index;
+  double time_s;
+  int32_t iteration;
+  int32_t microbatch;
+  Phase phase;
+  NameId label;
+};
+
+class Recorder {
+ public:
+  Recorder() = default;
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // --- Called by the tracking allocator. ---
+  // Records an allocation stamped with the current attribution; returns its record.
+  AllocationRecord* OnAlloc(int64_t size_bytes);
+  void OnFree(int64_t storage_id);
+
+  // --- Attribution state, driven by Session scopes and the interceptor. ---
+  void SetPhase(Phase phase);
+  void SetIteration(int32_t iteration) { iteration_ = iteration; }
+  void SetMicrobatch(int32_t microbatch);
+  Phase phase() const { return phase_; }
+  int32_t iteration() const { return iteration_; }
+  int32_t microbatch() const { return microbatch_; }
+
+  // Module stack. Entries are absolute paths; PushChildModule composes with the top.
+  NameId PushChildModule(std::string_view child_name);
+  void PushAbsoluteModule(NameId module);
+  void PopModule();
+  NameId current_module() const { return module_stack_.empty() ? 0 : module_stack_.back(); }
+  // The module that was current when the autograd node with sequence number `seq` was
+  // created in forward (see Note [Backward attribution] in interceptor.cc).
+  NameId ModuleForSequenceNr(uint64_t seq) const;
+
+  void PushCategory(Category category) { category_stack_.push_back(category); }
+  void PopCategory() { category_stack_.pop_back(); }
+  // Op stack, maintained by the interceptor. PopOp returns whether the op was a leaf
+  // (called no other op), which is where the virtual clock charges time.
+  void PushOp(const OpInfo& op) {
+    if (!op_stack_.empty()) op_stack_.back().has_child = true;
+    op_stack_.push_back({op.name, false});
+    collective_depth_ += op.is_collective ? 1 : 0;
+  }
+  bool PopOp(const OpInfo& op) {
+    const bool leaf = !op_stack_.back().has_child;
+    op_stack_.pop_back();
+    collective_depth_ -= op.is_collective ? 1 : 0;
+    return leaf;
+  }
+  // Null when `key` was never added.
+  const OpInfo* FindOp(const void* key) const {
+    auto it = op_infos_.find(key);
+    return it == op_infos_.end() ? nullptr : &it->second;
+  }
+  const OpInfo& AddOp(const void* key, OpInfo info) { return op_infos_[key] = info; }
+  // Re-categorizes a live storage (gradients that autograd allocated, for example).
+  void Retag(int64_t storage_id, Category category);
+  // Stores shape and dtype for a storage that has none yet.
+  void NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::ScalarType dtype);
+
+  // --- Virtual clock (Note [Virtual clock] in cost_model.h); null gpu: no time passes. ---
+  void set_gpu(const GpuSpec* gpu) { gpu_ = gpu; }
+  const GpuSpec* gpu() const { return gpu_; }
+  double now_s() const { return now_s_; }
+  void AdvanceClock(double seconds) { now_s_ += seconds; }
+
+  void AddMarker(MarkerKind kind, std::string_view label = {});
+
+  // --- Results. ---
+  const std::vector<MemoryEvent>& events() const { return events_; }
+  const std::vector<StorageInfo>& storages() const { return storages_; }
+  const std::vector<Marker>& markers() const { return markers_; }
+  const NameTable& names() const { return names_; }
+  NameTable& names() { return names_; }
+  // Bytes currently alive (sum of exact sizes), and the most ever alive.
+  int64_t live_bytes() const { return live_bytes_; }
+  int64_t peak_live_bytes() const { return peak_live_bytes_; }
+
+ private:
+  Category CategoryForNewStorage() const;
+  void RecordModuleChange();
+
+  std::vector<MemoryEvent> events_;
+  std::vector<StorageInfo> storages_;
+  std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed
+  std::vector<Marker> markers_;
+  NameTable names_;
+
+  Phase phase_ = Phase::kSetup;
+  int32_t iteration_ = -1;
+  int32_t microbatch_ = -1;
+  std::vector<NameId> module_stack_;
+  std::vector<Category> category_stack_;
+  struct OpFrame {
+    NameId op;
+    bool has_child;
+  };
+  std::vector<OpFrame> op_stack_;
+  std::unordered_map<const void*, OpInfo> op_infos_;
+  const GpuSpec* gpu_ = nullptr;
+  int collective_depth_ = 0;
+  // (first sequence number, module) each time the current module changed; sorted.
+  std::vector<std::pair<uint64_t, NameId>> module_changes_;
+
+  double now_s_ = 0.0;
+  int64_t live_bytes_ = 0;
+  int64_t peak_live_bytes_ = 0;
+};
+
+}  // namespace memsim
+
+namespace memsim {
+
+// The recorder active on this thread, or null. Set with ScopedCurrentRecorder.
+Recorder* CurrentRecorder();
+
+// Makes `recorder` this thread's current recorder for the guard's lifetime.
+class ScopedCurrentRecorder {
+ public:
+  explicit ScopedCurrentRecorder(Recorder* recorder);
+  ~ScopedCurrentRecorder();
+  ScopedCurrentRecorder(const ScopedCurrentRecorder&) = delete;
+  ScopedCurrentRecorder& operator=(const ScopedCurrentRecorder&) = delete;
+
+ private:
+  Recorder* previous_;
+};
+
+}  // namespace memsim

@@ -1,0 +1,56 @@
+#include "simulator/session.h"
+
+#include <stdexcept>
+
+#include "simulator/tracking_allocator.h"
+
+namespace memsim {
+
+Session::Session(const GpuSpec* gpu) : gpu_(gpu) {
+  InstallMetaTrackingAllocator();
+  RegisterInterceptor();
+  recorder_.set_gpu(gpu);
+}
+
+void Session::BeginIteration(int32_t iteration) {
+  if (iteration <= recorder_.iteration()) {
+    throw std::logic_error("memsim: iterations must begin in increasing order");
+  }
+  recorder_.SetIteration(iteration);
+  recorder_.AddMarker(MarkerKind::kIterationBegin);
+}
+
+void Session::EndIteration() { recorder_.AddMarker(MarkerKind::kIterationEnd); }
+
+void Session::Retag(const at::Tensor& tensor, Category category) {
+  if (!tensor.defined() || !tensor.has_storage()) return;
+  const int64_t id = TrackingAllocator::StorageIdOf(tensor.storage().data_ptr(), &recorder_);
+  if (id >= 0) recorder_.Retag(id, category);
+}
+
+ModuleScope::ModuleScope(std::string_view child_name) : recorder_(CurrentRecorder()) {
+  if (recorder_ != nullptr) recorder_->PushChildModule(child_name);
+}
+
+ModuleScope::ModuleScope(NameId absolute_module) : recorder_(CurrentRecorder()) {
+  if (recorder_ != nullptr) recorder_->PushAbsoluteModule(absolute_module);
+}
+
+ModuleScope::~ModuleScope() {
+  if (recorder_ != nullptr) recorder_->PopModule();
+}
+
+NameId ModuleScope::Current() {
+  const Recorder* recorder = CurrentRecorder();
+  return recorder == nullptr ? 0 : recorder->current_module();
+}
+
+CategoryScope::CategoryScope(Category category) : recorder_(CurrentRecorder()) {
+  if (recorder_ != nullptr) recorder_->PushCategory(category);
+}
+
+CategoryScope::~CategoryScope() {
+  if (recorder_ != nullptr) recorder_->PopCategory();
+}
+
+}  // namespace memsim

@@ -1,0 +1,103 @@
+// Session: the API that code driving a simulated training step talks to.
+//
+//   memsim::Session session(memsim::FindGpu("H100-80GB"));
+//   {
+//     memsim::ActiveSession active(session);       // this thread is now recorded
+//     { memsim::CategoryScope params(Category::kParameter); /* build parameters */ }
+//     for (int it = 0; it < 2; ++it) {
+//       session.BeginIteration(it);                // static memory is read here
+//       session.SetPhase(Phase::kForward);
+//       { memsim::ModuleScope layer("layers.0"); /* forward ops */ }
+//       session.SetPhase(Phase::kBackward);  loss.backward();
+//       session.SetPhase(Phase::kOptimizer); /* optimizer step */
+//       session.EndIteration();
+//     }
+//   }
+//   Timeline timeline = Timeline::Replay(session.recorder(), ...);
+//
+// Scopes (ModuleScope, CategoryScope) act on the thread's active session and do nothing
+// without one, so model code can use them unconditionally.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string_view>
+
+#include "simulator/attribution.h"
+#include "simulator/cost_model.h"
+#include "simulator/interceptor.h"
+#include "simulator/recorder.h"
+
+namespace memsim {
+
+class Session {
+ public:
+  // `gpu` drives the virtual clock; null: every event has timestamp 0.
+  explicit Session(const GpuSpec* gpu = nullptr);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Static memory of the iteration is the allocated memory at this point.
+  // REQUIRES: iterations begin in increasing order, each after the previous one ended.
+  void BeginIteration(int32_t iteration);
+  void EndIteration();
+  void SetPhase(Phase phase) { recorder_.SetPhase(phase); }
+  void SetMicrobatch(int32_t microbatch) { recorder_.SetMicrobatch(microbatch); }
+  // A named point on the timeline (pipeline stage boundaries, user notes).
+  void Mark(std::string_view label) { recorder_.AddMarker(MarkerKind::kUser, label); }
+  // Re-categorizes the storage behind `tensor` if this session tracked it.
+  void Retag(const at::Tensor& tensor, Category category);
+
+  Recorder& recorder() { return recorder_; }
+  const Recorder& recorder() const { return recorder_; }
+  const GpuSpec* gpu() const { return gpu_; }
+
+ private:
+  const GpuSpec* gpu_;
+  Recorder recorder_;
+};
+
+// Records everything this thread allocates into `session` while alive. Nestable; the
+// innermost wins. Not copyable or movable.
+class ActiveSession {
+ public:
+  explicit ActiveSession(Session& session) : current_(&session.recorder()) {}
+  ActiveSession(const ActiveSession&) = delete;
+  ActiveSession& operator=(const ActiveSession&) = delete;
+
+ private:
+  ScopedCurrentRecorder current_;
+  InterceptionGuard intercept_;
+};
+
+// Names the module whose code runs inside it; paths nest ("layers.0" then "attn" gives
+// "layers.0.attn").
+class ModuleScope {
+ public:
+  explicit ModuleScope(std::string_view child_name);
+  // Re-enters a module by its absolute id, as recomputation in backward does.
+  explicit ModuleScope(NameId absolute_module);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+  // The current module of this thread's session (0 with none).
+  static NameId Current();
+
+ private:
+  Recorder* recorder_;
+};
+
+// Gives every storage allocated inside it `category` (Note [Memory categories]).
+class CategoryScope {
+ public:
+  explicit CategoryScope(Category category);
+  ~CategoryScope();
+  CategoryScope(const CategoryScope&) = delete;
+  CategoryScope& operator=(const CategoryScope&) = delete;
+
+ private:
+  Recorder* recorder_;
+};
+
+}  // namespace memsim
