@@ -25,10 +25,10 @@ namespace memsim {
 
 struct GpuSpec {
   std::string name;
-  int64_t memory_bytes;       // total device memory as nvidia-smi reports it
-  int64_t context_bytes;      // taken by the CUDA context and NCCL before PyTorch allocates
-  double half_flops;          // dense bf16/fp16 tensor-core peak, FLOP/s
-  double fp32_flops;          // dense fp32 peak (no TF32), FLOP/s
+  int64_t memory_bytes;   // total device memory as nvidia-smi reports it
+  int64_t context_bytes;  // taken by the CUDA context and NCCL before PyTorch allocates
+  double half_flops;      // dense bf16/fp16 tensor-core peak, FLOP/s
+  double fp32_flops;      // dense fp32 peak (no TF32), FLOP/s
   double bandwidth_bytes_per_s;
   double matmul_efficiency = 0.6;
   double bandwidth_efficiency = 0.7;

@@ -40,15 +40,14 @@ const OpInfo& LookupOp(Recorder& recorder, const c10::OperatorHandle& op) {
   if (const OpInfo* info = recorder.FindOp(&schema)) return *info;
   std::string name = schema.name();
   if (!schema.overload_name().empty()) name += "." + schema.overload_name();
-  const bool is_collective = schema.name().rfind("memsim::", 0) == 0 &&
-                             schema.name().find("comm_") != std::string::npos;
+  const bool is_collective =
+      schema.name().rfind("memsim::", 0) == 0 && schema.name().find("comm_") != std::string::npos;
   return recorder.AddOp(&schema,
                         {recorder.names().Intern(name), is_collective, ClassifyOp(schema)});
 }
 
 int64_t TensorBytes(const at::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size())
-                     : 0;
+  return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()) : 0;
 }
 
 template <typename Fn>
@@ -71,8 +70,8 @@ struct LeafCost {
 
 void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                          torch::jit::Stack* stack) {
-  const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
-                                                               kInterceptKey);
+  const c10::DispatchKeySet below =
+      keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kInterceptKey);
   Recorder* recorder = CurrentRecorder();
   if (recorder == nullptr) {
     op.redispatchBoxed(below, stack);
@@ -106,11 +105,12 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
                               "' in " + std::string(PhaseName(recorder->phase())) + ")";
     const std::string& op_name = recorder->names().Name(info.name);
     recorder->PopOp(info);
-    if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr) {
+    const std::string what = e.what_without_backtrace();
+    if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr &&
+        what.find("'Meta' backend") != std::string::npos) {
       throw UserError(op_name + " has no Meta kernel " + where +
                       "; add one in ops/meta_kernels.cc");
     }
-    const std::string what = e.what_without_backtrace();
     throw UserError(op_name + " failed on meta tensors " + where + ": " +
                     what.substr(0, what.find('\n')));
   }
@@ -151,8 +151,8 @@ void RegisterInterceptor() {
   static std::once_flag once;
   std::call_once(once, [] {
     // Lives for the whole process: the dispatcher keeps pointing at the fallback.
-    static auto* library = new torch::Library(torch::Library::IMPL, "_", kInterceptKey,
-                                              __FILE__, __LINE__);
+    static auto* library =
+        new torch::Library(torch::Library::IMPL, "_", kInterceptKey, __FILE__, __LINE__);
     library->fallback(torch::CppFunction::makeFromBoxedFunction<&InterceptorFallback>());
   });
 }

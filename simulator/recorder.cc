@@ -12,8 +12,7 @@ thread_local Recorder* tls_current_recorder = nullptr;
 
 Recorder* CurrentRecorder() { return tls_current_recorder; }
 
-ScopedCurrentRecorder::ScopedCurrentRecorder(Recorder* recorder)
-    : previous_(tls_current_recorder) {
+ScopedCurrentRecorder::ScopedCurrentRecorder(Recorder* recorder) : previous_(tls_current_recorder) {
   tls_current_recorder = recorder;
 }
 ScopedCurrentRecorder::~ScopedCurrentRecorder() { tls_current_recorder = previous_; }
@@ -111,8 +110,7 @@ void Recorder::Retag(int64_t storage_id, Category category) {
   storages_.at(static_cast<size_t>(storage_id)).category = category;
 }
 
-void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes,
-                               c10::ScalarType dtype) {
+void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::ScalarType dtype) {
   StorageInfo& info = storages_[static_cast<size_t>(storage_id)];
   if (info.ndim >= 0) return;
   info.ndim = static_cast<int8_t>(std::min<size_t>(sizes.size(), kMaxTrackedDims));
@@ -121,8 +119,8 @@ void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes,
 }
 
 void Recorder::AddMarker(MarkerKind kind, std::string_view label) {
-  markers_.push_back({kind, static_cast<int64_t>(events_.size()), now_s_, iteration_,
-                      microbatch_, phase_, label.empty() ? 0 : names_.Intern(label)});
+  markers_.push_back({kind, static_cast<int64_t>(events_.size()), now_s_, iteration_, microbatch_,
+                      phase_, label.empty() ? 0 : names_.Intern(label)});
 }
 
 }  // namespace memsim

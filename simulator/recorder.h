@@ -87,8 +87,12 @@ struct Marker {
 
 class Recorder {
  public:
-  Recorder() = default;
+  // Only storages on `device_type` are recorded: on a GPU, CPU tensors (wrapped scalars,
+  // host-side indices) take no device memory.
+  explicit Recorder(c10::DeviceType device_type = c10::DeviceType::Meta)
+      : device_type_(device_type) {}
   ~Recorder();
+  c10::DeviceType device_type() const { return device_type_; }
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
@@ -162,6 +166,7 @@ class Recorder {
   Category CategoryForNewStorage() const;
   void RecordModuleChange();
 
+  c10::DeviceType device_type_;
   std::vector<MemoryEvent> events_;
   std::vector<StorageInfo> storages_;
   std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed

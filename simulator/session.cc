@@ -2,13 +2,18 @@
 
 #include <stdexcept>
 
+#include "ops/fused_optimizers.h"
+#include "ops/meta_kernels.h"
 #include "simulator/tracking_allocator.h"
 
 namespace memsim {
 
-Session::Session(const GpuSpec* gpu) : gpu_(gpu) {
+Session::Session(const GpuSpec* gpu, c10::DeviceType device_type)
+    : gpu_(gpu), recorder_(device_type) {
   InstallMetaTrackingAllocator();
   RegisterInterceptor();
+  RegisterMetaKernels();
+  RegisterFusedOptimizers();
   recorder_.set_gpu(gpu);
 }
 

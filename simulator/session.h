@@ -32,8 +32,10 @@ namespace memsim {
 
 class Session {
  public:
-  // `gpu` drives the virtual clock; null: every event has timestamp 0.
-  explicit Session(const GpuSpec* gpu = nullptr);
+  // `gpu` drives the virtual clock; null: every event has timestamp 0. `device_type` is
+  // the device whose storages are recorded (CPU only in tests against real execution).
+  explicit Session(const GpuSpec* gpu = nullptr,
+                   c10::DeviceType device_type = c10::DeviceType::Meta);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 

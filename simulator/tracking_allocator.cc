@@ -20,7 +20,9 @@ c10::DataPtr TrackingAllocator::allocate(size_t n) const {
   c10::DataPtr underlying =
       underlying_ != nullptr ? underlying_->allocate(n) : c10::DataPtr(nullptr, device_type_);
   Recorder* recorder = CurrentRecorder();
-  if (recorder == nullptr || n == 0) return underlying;
+  if (recorder == nullptr || recorder->device_type() != device_type_ || n == 0) {
+    return underlying;
+  }
   void* data = underlying.get();
   const c10::Device device = underlying.device();
   AllocationRecord* record = recorder->OnAlloc(static_cast<int64_t>(n));

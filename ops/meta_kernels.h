@@ -1,0 +1,12 @@
+// Meta kernels that LibTorch 1.13 lacks, shaped like the CUDA kernels (not the CPU
+// path): the outputs, and the temporaries the CUDA kernel allocates, have the sizes and
+// dtypes a real GPU run sees. See ../shared/libtorch-notes.md for how each gap was found.
+#pragma once
+
+namespace memsim {
+
+// Registers every kernel in ops/meta_kernels.cc with the dispatcher. Idempotent and
+// thread-safe; Session's constructor calls it.
+void RegisterMetaKernels();
+
+}  // namespace memsim

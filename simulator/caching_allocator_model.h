@@ -1,0 +1,159 @@
+// CachingAllocatorModel: a model of PyTorch's CUDA caching allocator
+// (c10/cuda/CUDACachingAllocator.cpp) with default settings, one device and one stream.
+//
+// It turns a sequence of tensor mallocs and frees into the segments and blocks the real
+// allocator would hold, so reserved memory, fragmentation and OOMs can be predicted
+// without a GPU. Requests are rounded to 512 B and served best-fit from a small pool
+// (<= 1 MiB) or a large pool; a miss "cudaMallocs" a new segment, and frees only return
+// blocks to the cache, merging them with free neighbours. Not modelled: streams and
+// events, CUDA graphs, expandable segments and the PYTORCH_CUDA_ALLOC_CONF knobs
+// (max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <vector>
+
+namespace memsim {
+
+struct CachingAllocatorConfig {
+  // Device memory the allocator may reserve, like a GPU's total memory; 0: unlimited.
+  int64_t capacity_bytes = 0;
+};
+
+enum class PoolKind { kSmall, kLarge };
+
+struct AllocatorBlockView {
+  int64_t address;
+  int64_t size_bytes;
+  int64_t requested_bytes;  // 0 for a free block
+  bool allocated;
+};
+
+struct AllocatorSegmentView {
+  int64_t address;
+  int64_t size_bytes;
+  PoolKind pool;
+  std::vector<AllocatorBlockView> blocks;  // in address order, covering the segment
+};
+
+// The counters torch.cuda.memory_stats() reports, for the "all" pools aggregate.
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;  // sizes of allocated blocks, after rounding and splitting
+  int64_t reserved_bytes = 0;   // sizes of segments
+  int64_t requested_bytes = 0;  // sizes callers asked for, of allocated blocks
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t peak_requested_bytes = 0;
+  int64_t num_segments = 0;
+  int64_t num_active_blocks = 0;
+  int64_t num_alloc_retries = 0;  // segment allocations retried after releasing the cache
+  int64_t num_ooms = 0;
+};
+
+// Receives segment-level events, e.g. for a memory snapshot's segment_alloc/segment_free.
+class AllocatorObserver {
+ public:
+  virtual ~AllocatorObserver() = default;
+  virtual void OnSegmentAlloc(int64_t address, int64_t size_bytes, PoolKind pool) = 0;
+  virtual void OnSegmentFree(int64_t address, int64_t size_bytes, PoolKind pool) = 0;
+};
+
+class CachingAllocatorModel {
+ public:
+  // Values from c10/cuda/CUDACachingAllocator.cpp.
+  static constexpr int64_t kMinBlockSize = 512;     // all block sizes are multiples of this
+  static constexpr int64_t kSmallSize = 1 << 20;    // largest rounded size of the small pool
+  static constexpr int64_t kSmallBuffer = 2 << 20;  // segment size of the small pool
+  // Segment size for large-pool requests below kMinLargeAlloc; larger requests get a
+  // segment of their own, rounded up to a multiple of kRoundLarge.
+  static constexpr int64_t kLargeBuffer = 20 << 20;
+  static constexpr int64_t kMinLargeAlloc = 10 << 20;
+  static constexpr int64_t kRoundLarge = 2 << 20;
+  // Keeps rounding free of overflow; far beyond any device.
+  static constexpr int64_t kMaxRequestBytes = int64_t{1} << 62;
+
+  struct Allocation {
+    int64_t block_id;  // handle for Free(); may be reused once freed
+    int64_t address;
+    int64_t block_bytes;  // what allocated_bytes grew by: the rounded size or a whole block
+  };
+
+  // REQUIRES: config.capacity_bytes >= 0 (else throws std::invalid_argument); `observer`,
+  // if given, outlives the model.
+  explicit CachingAllocatorModel(CachingAllocatorConfig config = {},
+                                 AllocatorObserver* observer = nullptr);
+
+  // Returns std::nullopt on OOM: a new segment would exceed capacity even after releasing
+  // every entirely free cached segment (which stay released).
+  // REQUIRES: 0 < requested_bytes <= kMaxRequestBytes (else throws std::invalid_argument).
+  std::optional<Allocation> Malloc(int64_t requested_bytes);
+
+  // REQUIRES: block_id came from Malloc and was not freed since (else throws
+  // std::invalid_argument, when detectable).
+  void Free(int64_t block_id);
+
+  // Releases every entirely free segment, like torch.cuda.empty_cache().
+  void EmptyCache();
+
+  // Sets the peaks to the current values, like torch.cuda.reset_peak_memory_stats().
+  void ResetPeakStats();
+
+  const AllocatorStats& stats() const { return stats_; }
+
+  // In address order. O(number of blocks): meant for snapshots and tests.
+  std::vector<AllocatorSegmentView> Segments() const;
+
+  // The block size a request is rounded to.
+  // REQUIRES: 0 < bytes <= kMaxRequestBytes.
+  static int64_t RoundSize(int64_t bytes);
+  static PoolKind PoolFor(int64_t rounded_bytes);
+  // The size of the segment allocated when no cached block fits.
+  static int64_t SegmentSizeFor(int64_t rounded_bytes);
+
+ private:
+  static constexpr int64_t kNoBlock = -1;
+
+  struct Block {
+    int64_t address = 0;
+    int64_t size_bytes = 0;
+    int64_t requested_bytes = 0;  // 0 while free
+    int64_t prev = kNoBlock;      // neighbours in the same segment, by address
+    int64_t next = kNoBlock;
+    PoolKind pool = PoolKind::kSmall;
+    bool allocated = false;
+  };
+  // Orders like PyTorch's BlockComparatorSize: by size, then address.
+  using FreeKey = std::tuple<int64_t, int64_t, int64_t>;  // (size, address, block id)
+
+  std::set<FreeKey>& FreeBlocks(PoolKind pool);
+  int64_t NewBlock(const Block& block);
+  void InsertFree(int64_t id);
+  void EraseFree(int64_t id);
+  // Returns the segment's single free block (not yet in a free set), or kNoBlock when
+  // the segment would exceed capacity.
+  int64_t CreateSegment(PoolKind pool, int64_t size_bytes);
+  // REQUIRES: `id` is a segment's only block, free and out of the free sets.
+  void ReleaseSegment(int64_t id);
+  void ReleaseCachedSegments();
+  // Allocates the front of free block `id` (out of the free sets), splitting off the rest
+  // when PyTorch would.
+  Allocation TakeBlock(int64_t id, int64_t rounded_bytes, int64_t requested_bytes);
+  // Appends block `back` to its free predecessor `front` and recycles `back`'s slot.
+  void Merge(int64_t front, int64_t back);
+
+  CachingAllocatorConfig config_;
+  AllocatorObserver* observer_;
+  AllocatorStats stats_;
+  int64_t next_address_;
+  std::vector<Block> blocks_;        // indexed by block id
+  std::vector<int64_t> free_slots_;  // ids of unused entries of blocks_
+  std::set<FreeKey> small_free_;
+  std::set<FreeKey> large_free_;
+  std::map<int64_t, int64_t> segments_;  // address -> id of the segment's first block
+};
+
+}  // namespace memsim
