@@ -1,0 +1,201 @@
+#include "simulator/snapshot_writer.h"
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+#include <deque>
+#include <unordered_map>
+
+#include "simulator/atomic_file.h"
+#include "simulator/caching_allocator_model.h"
+#include "simulator/peak_analysis.h"
+
+namespace memsim {
+namespace {
+
+using List = c10::impl::GenericList;
+
+List NewList() { return List(c10::AnyType::get()); }
+
+// A dict with string keys and values of any type (pickled as a plain dict).
+class Dict {
+ public:
+  Dict() : dict_(c10::StringType::get(), c10::AnyType::get()) {}
+  template <typename T>
+  void insert(const std::string& key, T&& value) {
+    dict_.insert_or_assign(key, c10::IValue(std::forward<T>(value)));
+  }
+  operator c10::IValue() const { return c10::IValue(dict_); }
+
+ private:
+  c10::impl::GenericDict dict_;
+};
+
+c10::IValue Frame(const std::string& filename, int64_t line, const std::string& name) {
+  Dict frame;
+  frame.insert("filename", filename);
+  frame.insert("line", line);
+  frame.insert("name", name);
+  return frame;
+}
+
+// Note [Snapshot frames] in snapshot_writer.h.
+List StorageFrames(const Recorder& recorder, int64_t storage_id) {
+  const StorageInfo& s = recorder.storages()[static_cast<size_t>(storage_id)];
+  const std::string& module = recorder.names().Name(s.module);
+  List frames = NewList();
+  frames.push_back(Frame(module.empty() ? "<top>" : module, 0, recorder.names().Name(s.op)));
+  frames.push_back(Frame("memsim://category/" + std::string(CategoryName(s.category)), s.iteration,
+                         std::string(PhaseName(s.phase)) +
+                             " iteration=" + std::to_string(s.iteration) +
+                             " microbatch=" + std::to_string(s.microbatch)));
+  frames.push_back(Frame("memsim://tensor", 0, StorageShapeString(s)));
+  return frames;
+}
+
+c10::IValue TraceEntry(const std::string& action, int64_t address, int64_t size_bytes,
+                       double time_s, List frames) {
+  Dict entry;
+  entry.insert("action", action);
+  entry.insert("addr", address);
+  entry.insert("size", size_bytes);
+  entry.insert("stream", int64_t{0});
+  entry.insert("time_us", static_cast<int64_t>(time_s * 1e6));
+  entry.insert("frames", std::move(frames));
+  return entry;
+}
+
+// Replays the recorder, logging each allocator action as a device_traces entry.
+class TraceBuilder final : public AllocatorObserver {
+ public:
+  TraceBuilder(const Recorder& recorder, int64_t max_entries)
+      : recorder_(recorder), max_entries_(max_entries) {}
+
+  void OnSegmentAlloc(int64_t address, int64_t size_bytes, PoolKind) override {
+    Add(TraceEntry("segment_alloc", address, size_bytes, now_s_, NewList()));
+  }
+  void OnSegmentFree(int64_t address, int64_t size_bytes, PoolKind) override {
+    Add(TraceEntry("segment_free", address, size_bytes, now_s_, NewList()));
+  }
+
+  void Replay(CachingAllocatorModel& allocator, int64_t through_event) {
+    const auto& events = recorder_.events();
+    for (int64_t e = 0; e <= through_event; ++e) {
+      const MemoryEvent& event = events[static_cast<size_t>(e)];
+      now_s_ = event.time_s;
+      const int64_t id = event.storage_id;
+      const int64_t bytes = recorder_.storages()[static_cast<size_t>(id)].size_bytes;
+      if (event.is_alloc) {
+        const auto allocation = *allocator.Malloc(bytes);
+        blocks_[id] = allocation;
+        storage_at_address_[allocation.address] = id;
+        Add(TraceEntry("alloc", allocation.address, bytes, now_s_, StorageFrames(recorder_, id)));
+      } else {
+        const auto allocation = blocks_.at(id);
+        for (const char* action : {"free_requested", "free_completed"}) {
+          Add(TraceEntry(action, allocation.address, bytes, now_s_, StorageFrames(recorder_, id)));
+        }
+        allocator.Free(allocation.block_id);
+        storage_at_address_.erase(allocation.address);
+        blocks_.erase(id);
+      }
+    }
+  }
+
+  List TakeEntries() {
+    List list = NewList();
+    for (c10::IValue& entry : entries_) list.push_back(std::move(entry));
+    return list;
+  }
+  // Storage id of the allocated block at `address`.
+  int64_t StorageAt(int64_t address) const { return storage_at_address_.at(address); }
+
+ private:
+  void Add(c10::IValue entry) {
+    entries_.push_back(std::move(entry));
+    if (max_entries_ > 0 && static_cast<int64_t>(entries_.size()) > max_entries_) {
+      entries_.pop_front();
+    }
+  }
+
+  const Recorder& recorder_;
+  int64_t max_entries_;
+  double now_s_ = 0;
+  std::deque<c10::IValue> entries_;
+  std::unordered_map<int64_t, CachingAllocatorModel::Allocation> blocks_;  // by storage id
+  std::unordered_map<int64_t, int64_t> storage_at_address_;
+};
+
+}  // namespace
+
+std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
+                           const SnapshotOptions& options) {
+  TraceBuilder trace(recorder, options.max_trace_entries);
+  CachingAllocatorModel allocator(CachingAllocatorConfig{}, &trace);
+  trace.Replay(allocator, through_event);
+
+  List segments = NewList();
+  for (const AllocatorSegmentView& seg : allocator.Segments()) {
+    List blocks = NewList();
+    int64_t allocated = 0;
+    int64_t requested = 0;
+    for (const AllocatorBlockView& b : seg.blocks) {
+      Dict block;
+      block.insert("address", b.address);
+      block.insert("size", b.size_bytes);
+      block.insert("requested_size", b.requested_bytes);
+      block.insert("state", b.allocated ? "active_allocated" : "inactive");
+      block.insert("frames",
+                   b.allocated ? StorageFrames(recorder, trace.StorageAt(b.address)) : NewList());
+      blocks.push_back(block);
+      if (b.allocated) {
+        allocated += b.size_bytes;
+        requested += b.requested_bytes;
+      }
+    }
+    Dict segment;
+    segment.insert("device", int64_t{options.device});
+    segment.insert("address", seg.address);
+    segment.insert("total_size", seg.size_bytes);
+    segment.insert("allocated_size", allocated);
+    segment.insert("active_size", allocated);
+    segment.insert("requested_size", requested);
+    segment.insert("stream", int64_t{0});
+    segment.insert("segment_type", seg.pool == PoolKind::kSmall ? "small" : "large");
+    segment.insert("segment_pool_id", c10::ivalue::Tuple::create({int64_t{0}, int64_t{0}}));
+    segment.insert("is_expandable", false);
+    segment.insert("frames", NewList());
+    segment.insert("blocks", blocks);
+    segments.push_back(segment);
+  }
+
+  List device_traces = NewList();
+  device_traces.push_back(trace.TakeEntries());
+  Dict memsim_info;
+  memsim_info.insert("format", "memsim snapshot 1");
+  memsim_info.insert("through_event", through_event);
+  Dict snapshot;
+  snapshot.insert("segments", segments);
+  snapshot.insert("device_traces", device_traces);
+  snapshot.insert("allocator_settings", Dict());
+  snapshot.insert("memsim", memsim_info);
+
+  std::string out;
+  torch::jit::Pickler pickler([&](const char* data, size_t n) { out.append(data, n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(snapshot);
+  pickler.stop();
+  return out;
+}
+
+Status WriteSnapshot(const std::string& path, const Recorder& recorder, int64_t through_event,
+                     const SnapshotOptions& options) {
+  return WriteFileAtomically(path, SnapshotPickle(recorder, through_event, options));
+}
+
+}  // namespace memsim

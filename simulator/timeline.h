@@ -1,0 +1,76 @@
+// Timeline: a Recorder's events replayed through the caching-allocator model, giving the
+// memory_allocated / memory_reserved values PyTorch would report after every event, and
+// per-iteration static memory and peaks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "simulator/caching_allocator_model.h"
+#include "simulator/recorder.h"
+
+namespace memsim {
+
+// State after one event.
+struct TimelinePoint {
+  double time_s;
+  int64_t allocated_bytes;  // torch.cuda.memory_allocated(): rounded block sizes
+  int64_t reserved_bytes;   // torch.cuda.memory_reserved(): segment sizes
+  int64_t requested_bytes;  // exact storage sizes alive
+};
+
+struct IterationSummary {
+  int32_t iteration;
+  int64_t begin_event;             // first event of the iteration
+  int64_t end_event;               // one past its last event
+  int64_t static_allocated_bytes;  // allocated at its start (Session::BeginIteration)
+  int64_t peak_allocated_bytes;
+  int64_t peak_reserved_bytes;
+  int64_t peak_event;  // event after which allocated memory peaked; -1: at the start
+  double begin_time_s;
+  double end_time_s;
+};
+
+class Timeline {
+ public:
+  // Replays with unlimited device memory: the numbers are what the step needs.
+  static Timeline Replay(const Recorder& recorder);
+
+  const std::vector<TimelinePoint>& points() const { return points_; }
+  // Iterations in order; a recording without iteration markers is one iteration, 0.
+  const std::vector<IterationSummary>& iterations() const { return iterations_; }
+  int64_t peak_allocated_bytes() const { return peak_allocated_bytes_; }
+  int64_t peak_reserved_bytes() const { return peak_reserved_bytes_; }
+  int64_t peak_requested_bytes() const { return peak_requested_bytes_; }
+  int64_t peak_event() const { return peak_event_; }  // -1 with no events
+  // The allocated bytes just before event `event` (0 before the first).
+  int64_t AllocatedBefore(int64_t event) const {
+    return event <= 0 ? 0 : points_[static_cast<size_t>(event - 1)].allocated_bytes;
+  }
+
+ private:
+  std::vector<TimelinePoint> points_;
+  std::vector<IterationSummary> iterations_;
+  int64_t peak_allocated_bytes_ = 0;
+  int64_t peak_reserved_bytes_ = 0;
+  int64_t peak_requested_bytes_ = 0;
+  int64_t peak_event_ = -1;
+};
+
+// Replays `recorder` against a device of `capacity_bytes` (the caching allocator frees
+// its cache and retries before giving up, as PyTorch does). Returns the index of the
+// event whose allocation fails with out-of-memory, or -1 if the whole recording fits.
+int64_t FindOutOfMemoryEvent(const Recorder& recorder, int64_t capacity_bytes);
+
+// Calls `fn(storage_id)` for every storage alive right after event `event`.
+template <typename Fn>
+void ForEachLiveStorage(const Recorder& recorder, int64_t event, Fn&& fn) {
+  const auto& storages = recorder.storages();
+  for (size_t id = 0; id < storages.size(); ++id) {
+    const StorageInfo& s = storages[id];
+    if (s.alloc_event > event) break;  // storages are allocated in id order
+    if (s.free_event == -1 || s.free_event > event) fn(static_cast<int64_t>(id));
+  }
+}
+
+}  // namespace memsim

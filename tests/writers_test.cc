@@ -1,0 +1,206 @@
+// Timeline replay and the writers: traces checked against the real tracer's schema,
+// snapshots read back with Python's pickle module, summaries against hand-worked bytes.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/test_mlp.h"
+#include "simulator/peak_analysis.h"
+#include "simulator/session.h"
+#include "simulator/snapshot_writer.h"
+#include "simulator/summary_writer.h"
+#include "simulator/timeline.h"
+#include "simulator/trace_writer.h"
+
+namespace memsim {
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+
+// Two iterations of the test MLP (B=4, I=16, H=32, C=8, fp32) on meta.
+struct MlpRun {
+  MlpRun() : session(FindGpu("H100-80GB")) {
+    ActiveSession active(session);
+    loss = RunTestMlpTraining(TestMlpConfig{}, &session);
+  }
+  Session session;
+  at::Tensor loss;
+};
+
+TEST(Timeline, StaticMemoryIsRoundedParametersStateAndInputs) {
+  MlpRun run;
+  const Timeline timeline = Timeline::Replay(run.session.recorder());
+  ASSERT_EQ(timeline.iterations().size(), 2u);
+  // Parameters 32x16, 32, 8x32, 8 floats = 2048, 128, 1024, 32 B; each block rounds up to
+  // a multiple of 512: 2048 + 512 + 1024 + 512 = 4096. Adam keeps two more copies: 8192.
+  // Input x (4x16 floats, 256 B) and targets (4 int64, 32 B) take 512 each.
+  EXPECT_EQ(timeline.iterations()[0].static_allocated_bytes, 3 * 4096 + 1024);
+  // Iteration 1 also starts with iteration 0's loss alive (4 B -> 512).
+  EXPECT_EQ(timeline.iterations()[1].static_allocated_bytes, 3 * 4096 + 1024 + 512);
+  // Everything is in one 2 MiB small-pool segment.
+  EXPECT_EQ(timeline.peak_reserved_bytes(), 2 * kMiB);
+  EXPECT_GT(timeline.points().back().time_s, 0.0);  // the virtual clock ran
+}
+
+TEST(Timeline, LargeRequestsReserveSegmentsAsTheCachingAllocatorDoes) {
+  Session session;
+  {
+    ActiveSession active(session);
+    at::Tensor a = at::empty({kMiB + 1}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+    at::Tensor b = at::empty({5 * kMiB}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+    at::Tensor c = at::empty({16 * kMiB}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+  }
+  const Timeline timeline = Timeline::Replay(session.recorder());
+  // a: 1 MiB + 1 B rounds to 1 MiB + 512 in a new 20 MiB segment; b fits in the rest of
+  // it; c (16 MiB) does not fit in the 14 MiB - 512 left, and being >= 10 MiB gets a
+  // segment of exactly its size.
+  EXPECT_EQ(timeline.points()[0].allocated_bytes, kMiB + 512);
+  EXPECT_EQ(timeline.points()[0].reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(timeline.points()[1].reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(timeline.points()[2].reserved_bytes, 36 * kMiB);
+  EXPECT_EQ(timeline.peak_allocated_bytes(), kMiB + 512 + 5 * kMiB + 16 * kMiB);
+  EXPECT_EQ(timeline.points()[2].requested_bytes, 22 * kMiB + 1);
+  // Frees keep segments cached: reserved stays 36 MiB after everything is freed.
+  EXPECT_EQ(timeline.points().back().allocated_bytes, 0);
+  EXPECT_EQ(timeline.points().back().reserved_bytes, 36 * kMiB);
+  // On a 30 MiB device the third allocation fails (no cached segment is entirely free).
+  EXPECT_EQ(FindOutOfMemoryEvent(session.recorder(), 30 * kMiB), 2);
+  EXPECT_EQ(FindOutOfMemoryEvent(session.recorder(), 36 * kMiB), -1);
+}
+
+TEST(TraceWriter, MatchesTheRealTracerSchema) {
+  MlpRun run;
+  const Timeline timeline = Timeline::Replay(run.session.recorder());
+  const nlohmann::json trace = TraceJson(timeline, TraceOptions{});
+  ASSERT_EQ(trace.size(), 2u);
+  for (const char* key : {"0", "1"}) {
+    const nlohmann::json& it = trace.at(key);
+    EXPECT_EQ(it.size(), 4u);
+    EXPECT_EQ(it.at("theoretical_memory_MB").get<double>(), -1.0);
+    double max_allocated = 0;
+    double last_time = -1;
+    for (const nlohmann::json& sample : it.at("samples")) {
+      EXPECT_EQ(sample.size(), 3u);
+      max_allocated = std::max(max_allocated, sample.at("allocated_memory_MB").get<double>());
+      EXPECT_GE(sample.at("reserved_memory_MB").get<double>(),
+                sample.at("allocated_memory_MB").get<double>());
+      EXPECT_GE(sample.at("timestamp_s").get<double>(), last_time);
+      last_time = sample.at("timestamp_s").get<double>();
+    }
+    EXPECT_EQ(max_allocated, it.at("peak_allocated_MB").get<double>());
+  }
+  EXPECT_EQ(trace["0"]["static_memory_MB"].get<double>(), 13312.0 / kMiB);
+  EXPECT_EQ(trace["0"]["samples"][0]["allocated_memory_MB"].get<double>(), 13312.0 / kMiB);
+}
+
+TEST(TraceWriter, ThinningKeepsThePeak) {
+  MlpRun run;
+  const Timeline timeline = Timeline::Replay(run.session.recorder());
+  TraceOptions thin;
+  thin.sample_interval_s = 1.0;  // longer than the whole run: one bucket per iteration
+  const nlohmann::json trace = TraceJson(timeline, thin);
+  const nlohmann::json full = TraceJson(timeline, TraceOptions{});
+  for (const char* key : {"0", "1"}) {
+    const auto& samples = trace[key]["samples"];
+    EXPECT_LE(samples.size(), 7u);  // start sample + at most 6 kept per bucket
+    EXPECT_LT(samples.size(), full[key]["samples"].size());
+    double max_allocated = 0;
+    for (const auto& s : samples)
+      max_allocated = std::max(max_allocated, s["allocated_memory_MB"].get<double>());
+    EXPECT_EQ(max_allocated, trace[key]["peak_allocated_MB"].get<double>());
+  }
+}
+
+TEST(TraceWriter, WritesAtomicallyAndReportsUnwritableFolders) {
+  MlpRun run;
+  const Timeline timeline = Timeline::Replay(run.session.recorder());
+  const std::string dir = ::testing::TempDir() + "/memsim_trace_test";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(WriteTrace(dir + "/memory_trace_rank0.json", timeline, TraceOptions{}).ok());
+  std::ifstream in(dir + "/memory_trace_rank0.json");
+  EXPECT_EQ(nlohmann::json::parse(in), TraceJson(timeline, TraceOptions{}));
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    files += entry.is_regular_file();
+  EXPECT_EQ(files, 1u);  // no temporary left behind
+
+  const Status status =
+      WriteTrace("/proc/memsim_cannot_write/trace.json", timeline, TraceOptions{});
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("/proc/memsim_cannot_write"), std::string::npos);
+}
+
+TEST(SnapshotWriter, PythonPickleReadsWhatMemoryVizNeeds) {
+  MlpRun run;
+  const Recorder& recorder = run.session.recorder();
+  const Timeline timeline = Timeline::Replay(recorder);
+  const std::string dir = ::testing::TempDir() + "/memsim_snapshot_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/snapshot.pickle";
+  ASSERT_TRUE(WriteSnapshot(path, recorder, timeline.peak_event(), SnapshotOptions{}).ok());
+  EXPECT_EQ(std::string(SnapshotPickle(recorder, 0, {}).substr(0, 2)), "\x80\x02");  // protocol 2
+
+  // An independent reader: Python's pickle, with no torch. It checks the keys
+  // memory_viz reads and prints totals that the replay must agree with.
+  const std::string script = dir + "/check.py";
+  std::ofstream(script) << R"PY(
+import pickle, sys
+s = pickle.load(open(sys.argv[1], 'rb'))
+assert set(s) >= {'segments', 'device_traces'}, s.keys()
+allocated = reserved = 0
+for seg in s['segments']:
+    for k in ('device', 'address', 'total_size', 'allocated_size', 'active_size', 'stream', 'segment_type', 'blocks'):
+        assert k in seg, k
+    assert seg['total_size'] == sum(b['size'] for b in seg['blocks'])
+    reserved += seg['total_size']
+    for b in seg['blocks']:
+        assert b['state'] in ('active_allocated', 'inactive'), b['state']
+        if b['state'] == 'active_allocated':
+            allocated += b['size']
+            assert len(b['frames']) == 3 and {'filename', 'line', 'name'} <= set(b['frames'][0])
+actions = {e['action'] for e in s['device_traces'][0]}
+assert actions <= {'alloc', 'free_requested', 'free_completed', 'segment_alloc', 'segment_free'}, actions
+assert {'alloc', 'segment_alloc'} <= actions
+print(allocated, reserved, len(s['device_traces'][0]))
+)PY";
+  FILE* pipe = popen(("python3 " + script + " " + path).c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char buffer[256] = {};
+  const bool read = fgets(buffer, sizeof(buffer), pipe) != nullptr;
+  ASSERT_EQ(pclose(pipe), 0) << buffer;
+  ASSERT_TRUE(read);
+  long long allocated = 0, reserved = 0, entries = 0;
+  ASSERT_EQ(sscanf(buffer, "%lld %lld %lld", &allocated, &reserved, &entries), 3);
+  EXPECT_EQ(allocated, timeline.peak_allocated_bytes());
+  EXPECT_EQ(reserved, 2 * kMiB);
+  // One segment_alloc, then per event an alloc or a free_requested + free_completed.
+  int64_t expected_entries = 1;
+  for (int64_t e = 0; e <= timeline.peak_event(); ++e) {
+    expected_entries += recorder.events()[static_cast<size_t>(e)].is_alloc ? 1 : 2;
+  }
+  EXPECT_EQ(entries, expected_entries);
+}
+
+TEST(Summary, BreaksThePeakDownByCategory) {
+  MlpRun run;
+  const Recorder& recorder = run.session.recorder();
+  const Timeline timeline = Timeline::Replay(recorder);
+  const PeakAnalysis peak = AnalyzePeak(recorder, timeline, 5);
+  // Parameters: (512 + 32 + 256 + 8) floats = 3232 B; Adam state twice that.
+  EXPECT_EQ(peak.bytes_by_category[static_cast<size_t>(Category::kParameter)], 3232);
+  EXPECT_EQ(peak.bytes_by_category[static_cast<size_t>(Category::kOptimizerState)], 6464);
+  EXPECT_EQ(peak.largest_storages.size(), 5u);
+  const nlohmann::json summary = SummaryJson(recorder, timeline, peak, SummaryContext{});
+  EXPECT_EQ(summary["peak_allocated_MB"].get<double>(),
+            BytesToMiB(timeline.peak_allocated_bytes()));
+  EXPECT_EQ(summary["breakdown_at_peak_MB"]["parameters"].get<double>(), BytesToMiB(3232));
+  EXPECT_EQ(summary["largest_tensors_at_peak"].size(), 5u);
+  EXPECT_TRUE(summary["phases"].contains("backward"));
+}
+
+}  // namespace
+}  // namespace memsim
