@@ -80,7 +80,7 @@ void RegisterFusedOptimizers() {
   static std::once_flag once;
   std::call_once(once, [] {
     static auto* def =
-        new torch::Library(torch::Library::DEF, "memsim", c10::nullopt, __FILE__, __LINE__);
+        new torch::Library(torch::Library::FRAGMENT, "memsim", c10::nullopt, __FILE__, __LINE__);
     def->def(
         "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, float lr, float beta1, float beta2, float eps, "

@@ -19,7 +19,7 @@ namespace {
 OpCostKind ClassifyOp(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
   if (name == "aten::mm" || name == "aten::bmm" || name == "aten::addmm" ||
-      name == "aten::baddbmm" || name == "aten::addbmm" ||
+      name == "aten::baddbmm" || name == "aten::addbmm" || name == "memsim::wgrad_gemm_accum_" ||
       name.rfind("memsim::flash_attention", 0) == 0) {
     return OpCostKind::kMatmul;
   }
@@ -42,8 +42,10 @@ const OpInfo& LookupOp(Recorder& recorder, const c10::OperatorHandle& op) {
   if (!schema.overload_name().empty()) name += "." + schema.overload_name();
   const bool is_collective =
       schema.name().rfind("memsim::", 0) == 0 && schema.name().find("comm_") != std::string::npos;
-  return recorder.AddOp(&schema,
-                        {recorder.names().Intern(name), is_collective, ClassifyOp(schema)});
+  const bool is_attention = schema.name().rfind("memsim::flash_attention", 0) == 0;
+  return recorder.AddOp(
+      &schema, {recorder.names().Intern(name), is_collective, ClassifyOp(schema), is_attention,
+                schema.name() == "memsim::flash_attention_backward"});
 }
 
 int64_t TensorBytes(const at::Tensor& t) {
@@ -88,7 +90,14 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
       a = b;
       b = &v.toTensor();
     }
-    if (info.cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
+    if (info.is_attention && a != nullptr) {
+      // Fused attention over q [B, S, heads, D] (first tensor argument): 4*B*S^2*heads*D
+      // FLOPs forward, half of it causal; backward does 2.5x the forward's work.
+      const at::Tensor& q = args[info.is_attention_backward ? 1 : 0].toTensor();
+      cost.flops = 2.0 * static_cast<double>(q.numel()) * static_cast<double>(q.size(1)) *
+                   (info.is_attention_backward ? 2.5 : 1.0);
+      cost.half_precision = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+    } else if (info.cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
       cost.flops = 2.0 * static_cast<double>(a->numel()) * static_cast<double>(b->sizes().back());
       cost.half_precision = a->scalar_type() == at::kHalf || a->scalar_type() == at::kBFloat16;
     } else {

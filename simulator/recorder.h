@@ -64,6 +64,8 @@ struct OpInfo {
   NameId name;
   bool is_collective;  // a fake collective from ops/collectives
   OpCostKind cost_kind;
+  bool is_attention;  // memsim::flash_attention_*: costed from q's shape
+  bool is_attention_backward;
 };
 
 enum class MarkerKind : uint8_t {

@@ -4,6 +4,7 @@
 
 #include "ops/fused_optimizers.h"
 #include "ops/meta_kernels.h"
+#include "ops/transformer_kernels.h"
 #include "simulator/tracking_allocator.h"
 
 namespace memsim {
@@ -14,6 +15,7 @@ Session::Session(const GpuSpec* gpu, c10::DeviceType device_type)
   RegisterInterceptor();
   RegisterMetaKernels();
   RegisterFusedOptimizers();
+  RegisterTransformerKernels();
   recorder_.set_gpu(gpu);
 }
 

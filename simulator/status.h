@@ -33,4 +33,10 @@ class UserError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+#define MEMSIM_RETURN_IF_ERROR(expr)   \
+  do {                                 \
+    ::memsim::Status _status = (expr); \
+    if (!_status.ok()) return _status; \
+  } while (0)
+
 }  // namespace memsim

@@ -1,0 +1,354 @@
+#include "models/layers.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "ops/transformer_kernels.h"
+#include "simulator/session.h"
+
+namespace memsim {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+bool IsHalf(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+// Adds a parameter gradient computed in backward to its main_grad, then drops it, as
+// Megatron's DDP grad hook does (param.main_grad.add_(param.grad); param.grad = None).
+void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad) {
+  if (main_grad.defined() && grad.defined()) main_grad.add_(grad);
+}
+
+struct LinearFunction : public Function<LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& weight_main_grad,
+                            const at::Tensor& bias_main_grad) {
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["weight_main_grad"] = weight_main_grad;
+    ctx->saved_data["bias_main_grad"] = bias_main_grad;
+    ctx->saved_data["has_bias"] = bias.defined();
+    at::Tensor out = at::matmul(input, weight.t());
+    if (bias.defined()) out = out + bias;  // out of place, as Megatron writes it
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor grad_output = grads[0].contiguous();
+    at::Tensor grad_input = grad_output.matmul(weight);
+    const int64_t out_features = grad_output.size(-1);
+    const at::Tensor grad_2d = grad_output.view({-1, out_features});
+    WgradGemmAccumulate(ctx->saved_data["weight_main_grad"].toTensor(),
+                        input.reshape({-1, input.size(-1)}), grad_2d);
+    if (ctx->saved_data["has_bias"].toBool()) {
+      AccumulateIntoMainGrad(ctx->saved_data["bias_main_grad"].toTensor(), grad_2d.sum(0));
+    }
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct LayerNormFunction : public Function<LayerNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& weight_main_grad,
+                            const at::Tensor& bias_main_grad) {
+    auto [out, mean, rstd] =
+        at::native_layer_norm(input, {input.size(-1)}, weight, bias, /*eps=*/1e-5);
+    ctx->save_for_backward({input, weight, bias, mean, rstd});
+    ctx->saved_data["weight_main_grad"] = weight_main_grad;
+    ctx->saved_data["bias_main_grad"] = bias_main_grad;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [grad_input, grad_weight, grad_bias] = at::native_layer_norm_backward(
+        grads[0], s[0], {s[0].size(-1)}, s[3], s[4], s[1], s[2], {true, true, s[2].defined()});
+    AccumulateIntoMainGrad(ctx->saved_data["weight_main_grad"].toTensor(), grad_weight);
+    grad_weight.reset();
+    AccumulateIntoMainGrad(ctx->saved_data["bias_main_grad"].toTensor(), grad_bias);
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct RmsNormFunction : public Function<RmsNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& weight_main_grad) {
+    const int64_t rows = input.numel() / input.size(-1);
+    at::Tensor invvar = at::empty({rows}, input.options().dtype(at::kFloat));
+    at::Tensor out = at::empty_like(input);
+    ctx->save_for_backward({input, weight, invvar});
+    ctx->saved_data["weight_main_grad"] = weight_main_grad;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    at::Tensor grad_input = at::empty_like(s[0]);
+    AccumulateIntoMainGrad(ctx->saved_data["weight_main_grad"].toTensor(), at::empty_like(s[1]));
+    return {grad_input, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct EmbeddingFunction : public Function<EmbeddingFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& indices,
+                            const at::Tensor& weight, const at::Tensor& weight_main_grad) {
+    ctx->save_for_backward({indices});
+    ctx->saved_data["main_grad"] = weight_main_grad;
+    ctx->saved_data["num_weights"] = weight.size(0);
+    return at::embedding(weight, indices);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor indices = ctx->get_saved_variables()[0];
+    at::Tensor grad_weight = at::embedding_dense_backward(
+        grads[0], indices, ctx->saved_data["num_weights"].toInt(), /*padding_idx=*/-1,
+        /*scale_grad_by_freq=*/false);
+    AccumulateIntoMainGrad(ctx->saved_data["main_grad"].toTensor(), grad_weight);
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct AddBiasFunction : public Function<AddBiasFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
+                            const at::Tensor& bias_main_grad) {
+    ctx->saved_data["main_grad"] = bias_main_grad;
+    return x + bias;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& grad = grads[0];
+    AccumulateIntoMainGrad(ctx->saved_data["main_grad"].toTensor(),
+                           grad.reshape({-1, grad.size(-1)}).sum(0));
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SwigluFunction : public Function<SwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
+    ctx->save_for_backward({input});
+    auto sizes = input.sizes().vec();
+    sizes.back() /= 2;
+    return at::empty(sizes, input.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty_like(ctx->get_saved_variables()[0])};
+  }
+};
+
+struct RotaryFunction : public Function<RotaryFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
+    return at::empty_like(input);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty_like(grads[0])};
+  }
+};
+
+// scaled_upper_triang_masked_softmax_cuda: forward allocates and saves the output;
+// backward writes the input gradient into the incoming gradient, in place.
+struct FusedCausalSoftmaxFunction : public Function<FusedCausalSoftmaxFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& scores) {
+    at::Tensor probs = at::_softmax(scores, -1, false);
+    ctx->save_for_backward({probs});
+    return probs;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor grad = grads[0].contiguous();
+    grad.mul_(ctx->get_saved_variables()[0]);  // stands in for the in-place kernel
+    return {grad};
+  }
+};
+
+struct FlashAttentionFunction : public Function<FlashAttentionFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, double dropout_p) {
+    auto [out, lse, rng_state] = FlashAttentionForward(q, k, v, dropout_p, /*causal=*/true);
+    ctx->save_for_backward({q, k, v, out, lse, rng_state});
+    ctx->saved_data["dropout_p"] = dropout_p;
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    auto [dq, dk, dv] = FlashAttentionBackward(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4],
+                                               ctx->saved_data["dropout_p"].toDouble(), true);
+    return {dq, dk, dv, at::Tensor()};
+  }
+};
+
+// Megatron's vocab_parallel_cross_entropy at tp=1 (megatron/core/tensor_parallel/
+// cross_entropy.py): logits.float(); subtract the max, exp and divide in place; save the
+// softmax; backward subtracts the one-hot target and scales by the incoming gradient in
+// place and returns that float32 buffer (autograd casts it to the logits' dtype).
+struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& labels) {
+    at::Tensor logits_fp32 = logits.to(at::kFloat);
+    at::Tensor logits_max = std::get<0>(logits_fp32.max(-1));
+    logits_fp32.sub_(logits_max.unsqueeze(-1));
+    at::Tensor predicted = logits_fp32.gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+    logits_fp32.exp_();
+    at::Tensor sum_exp = logits_fp32.sum(-1);
+    at::Tensor loss = at::log(sum_exp).sub_(predicted);
+    logits_fp32.div_(sum_exp.unsqueeze(-1));
+    ctx->save_for_backward({logits_fp32, labels});
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor softmax = ctx->get_saved_variables()[0];
+    softmax.mul_(grads[0].unsqueeze(-1));
+    return {softmax, at::Tensor()};
+  }
+};
+
+// Holds the function a CheckpointFunction recomputes, and the module it runs in.
+struct RecomputeClosure : public torch::CustomClassHolder {
+  RecomputeFn fn;
+  NameId module;
+};
+
+struct CheckpointFunction : public Function<CheckpointFunction> {
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs,
+                            c10::intrusive_ptr<RecomputeClosure> closure) {
+    ctx->save_for_backward(inputs.vec());
+    at::Tensor out = closure->fn(inputs.vec());
+    ctx->saved_data["closure"] = c10::IValue::make_capsule(std::move(closure));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto closure = c10::static_intrusive_pointer_cast<RecomputeClosure>(
+        ctx->saved_data["closure"].toCapsule());
+    std::vector<at::Tensor> inputs;
+    for (const at::Tensor& saved : ctx->get_saved_variables()) {
+      inputs.push_back(saved.detach().requires_grad_(true));
+    }
+    at::Tensor out;
+    {
+      at::AutoGradMode enable_grad(true);
+      ModuleScope scope(closure->module);
+      out = closure->fn(inputs);
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    out.reset();
+    variable_list input_grads;
+    for (at::Tensor& input : inputs) input_grads.push_back(input.grad());
+    input_grads.emplace_back();  // the closure
+    return input_grads;
+  }
+};
+
+at::Tensor MainGradOf(Parameter* p) { return p != nullptr ? p->main_grad : at::Tensor(); }
+at::Tensor DataOf(Parameter* p) { return p != nullptr ? p->data : at::Tensor(); }
+
+}  // namespace
+
+at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias) {
+  return LinearFunction::apply(input, weight.data, DataOf(bias), weight.main_grad,
+                               MainGradOf(bias));
+}
+
+at::Tensor LayerNorm(const at::Tensor& input, Parameter& weight, Parameter* bias) {
+  return LayerNormFunction::apply(input, weight.data, DataOf(bias), weight.main_grad,
+                                  MainGradOf(bias));
+}
+
+at::Tensor RmsNorm(const at::Tensor& input, Parameter& weight) {
+  return RmsNormFunction::apply(input, weight.data, weight.main_grad);
+}
+
+at::Tensor Embedding(const at::Tensor& indices, Parameter& weight) {
+  return EmbeddingFunction::apply(indices, weight.data, weight.main_grad);
+}
+
+at::Tensor Dropout(const at::Tensor& input, double p) {
+  if (p == 0) return input;
+  return std::get<0>(at::native_dropout(input, p, /*train=*/true));
+}
+
+at::Tensor AddBias(const at::Tensor& x, Parameter& bias) {
+  return AddBiasFunction::apply(x, bias.data, bias.main_grad);
+}
+
+at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor& residual,
+                          double p) {
+  const at::Tensor biased = bias != nullptr ? AddBias(x, *bias) : x;
+  return residual + Dropout(biased, p);
+}
+
+at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype) {
+  const int64_t numel = c10::multiply_integers(shape);
+  if (!buffer_.defined() || buffer_.numel() < numel || buffer_.scalar_type() != dtype) {
+    ModuleScope scope("mpu.global_memory_buffer");
+    buffer_ = at::empty({numel}, at::TensorOptions().device(at::kMeta).dtype(dtype));
+  }
+  return buffer_.narrow(0, 0, numel).view(shape);
+}
+
+at::Tensor Swiglu(const at::Tensor& input) { return SwigluFunction::apply(input); }
+
+at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::apply(input); }
+
+at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace) {
+  const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
+  const int64_t groups = k.size(2);
+  if (kind == AttentionKind::kFlash) {
+    // Megatron's FlashSelfAttention: rearrange 's b ... -> b s ...' and make contiguous.
+    at::Tensor qb = q.transpose(0, 1).contiguous();
+    at::Tensor kb = k.transpose(0, 1).contiguous();
+    at::Tensor vb = v.transpose(0, 1).contiguous();
+    at::Tensor out = FlashAttentionFunction::apply(qb, kb, vb, dropout_p);
+    // 'b s h d -> s b (h d)'
+    return out.transpose(0, 1).contiguous().view({seq, batch, heads * head_dim});
+  }
+  // DotProductAttention (megatron/core/transformer/dot_product_attention.py).
+  at::Tensor key = k;
+  at::Tensor value = v;
+  if (groups != heads) {  // repeat_interleave the kv heads to every query head
+    key = k.repeat_interleave(heads / groups, 2);
+    value = v.repeat_interleave(heads / groups, 2);
+  }
+  const at::Tensor q3 = q.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
+  const at::Tensor k3 = key.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
+  const at::Tensor buffer = workspace.Get({batch * heads, seq, seq}, q.scalar_type());
+  at::Tensor scores = at::baddbmm(buffer, q3, k3.transpose(1, 2), /*beta=*/0.0,
+                                  /*alpha=*/1.0 / std::sqrt(static_cast<double>(head_dim)));
+  // FusedScaleMaskSoftmax takes the fused causal kernel for 16-bit inputs with
+  // 16 < S <= 16384 and S, B*A divisible by 4; otherwise masked_fill_ + torch softmax.
+  const bool fused =
+      IsHalf(q) && seq > 16 && seq <= 16384 && seq % 4 == 0 && (batch * heads) % 4 == 0;
+  at::Tensor probs;
+  if (fused) {
+    probs = FusedCausalSoftmaxFunction::apply(scores);
+  } else {
+    probs = at::softmax(scores, -1);
+  }
+  scores.reset();
+  probs = Dropout(probs, dropout_p);
+  const at::Tensor v3 = value.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
+  at::Tensor context = at::bmm(probs, v3);  // [B*A, S, D]
+  return context.view({batch, heads, seq, head_dim})
+      .permute({2, 0, 1, 3})
+      .contiguous()
+      .view({seq, batch, heads * head_dim});
+}
+
+at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels) {
+  return VocabCrossEntropyFunction::apply(logits, labels);
+}
+
+at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {
+  auto closure = c10::make_intrusive<RecomputeClosure>();
+  closure->fn = fn;
+  closure->module = ModuleScope::Current();
+  return CheckpointFunction::apply(at::TensorList(inputs), std::move(closure));
+}
+
+}  // namespace memsim

@@ -1,0 +1,87 @@
+// The layer pieces every architecture is built from. Each mirrors one real kernel or
+// Megatron-LM autograd Function and saves for backward exactly what it saves; the
+// comment at each names it. Activations are sequence-first, [S, B, H], as in Megatron.
+//
+// Parameters never receive param.grad: weight gradients go into Parameter::main_grad
+// inside backward (Note [Mixed precision state] in parameters.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+#include "models/model_config.h"
+#include "models/parameters.h"
+
+namespace memsim {
+
+// Megatron's LinearWithGradAccumulationAndAsyncCommunication with
+// gradient_accumulation_fusion: y = x W^T (+ b). Saves x (and W, a parameter). Backward
+// allocates dx, accumulates dW into main_grad in place (wgrad_gemm_accum) and db through
+// a [out] temporary. `bias` may be null.
+at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias);
+
+// Apex FusedLayerNormAffineFunction (== native_layer_norm on CUDA): saves the input,
+// and float32 mean and rstd of shape [S, B, 1].
+at::Tensor LayerNorm(const at::Tensor& input, Parameter& weight, Parameter* bias);
+// Apex FusedRMSNormAffineFunction: saves the input and float32 invvar [S*B].
+at::Tensor RmsNorm(const at::Tensor& input, Parameter& weight);
+
+// VocabParallelEmbedding at tp=1 (F.embedding): output [B, S, H] in the weight's dtype.
+// Saves the indices; backward runs embedding_dense_backward (a dense [V, H] gradient and
+// two int64 sort buffers) and adds it to main_grad.
+at::Tensor Embedding(const at::Tensor& indices, Parameter& weight);
+
+// torch.nn.functional.dropout on CUDA (native_dropout): a 1-byte mask is saved. p == 0
+// returns the input itself, allocating nothing, as PyTorch does.
+at::Tensor Dropout(const at::Tensor& input, double p);
+
+// x + bias as a new tensor (Megatron's out-of-place bias add inside fused bias-GeLU and
+// bias-dropout-add); the bias gradient (a [out] reduction) goes to main_grad.
+at::Tensor AddBias(const at::Tensor& x, Parameter& bias);
+
+// Megatron's bias_dropout_add_fused_train: residual + dropout(x + bias). Saves the mask.
+at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor& residual,
+                          double p);
+
+// Megatron's fused SwiGLU (bias_swiglu / SwiGLUFunction): [.., 2F] -> [.., F], saves its
+// input only.
+at::Tensor Swiglu(const at::Tensor& input);
+
+// Transformer Engine's fused RoPE (FusedRoPEFunc, Megatron's default apply_rope_fusion):
+// a new output like the input; saves nothing but the (persistent) frequencies.
+at::Tensor RotaryEmbedding(const at::Tensor& input);
+
+// Core attention over q [S, B, A, D], k and v [S, B, G, D]; returns [S, B, A*D] (the
+// tensor the output projection saves). Causal.
+//   eager: Megatron's DotProductAttention: baddbmm into a persistent global buffer,
+//     FusedScaleMaskSoftmax (scaled_upper_triang_masked_softmax: saves its output,
+//     backward in place; torch softmax for fp32 or unsupported shapes), dropout, bmm.
+//     Saves q and k (for QK^T), softmax output, dropout mask and output, v.
+//   flash: FlashAttention-2 after Megatron's rearrange to [B, S, heads, D]: saves the
+//     contiguous q, k, v, the output and a float32 log-sum-exp [B, A, S].
+// Megatron's global memory buffer (parallel_state.get_global_memory_buffer()): a
+// workspace allocated once per rank on first use and grown when a larger one is asked.
+class GlobalMemoryBuffer {
+ public:
+  at::Tensor Get(at::IntArrayRef shape, at::ScalarType dtype);
+
+ private:
+  at::Tensor buffer_;
+};
+
+at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace);
+
+// Megatron's vocab_parallel_cross_entropy (tp=1) on logits [S, B, V] in the training
+// dtype: upcasts to a float32 copy, turns it into softmax in place and saves it; backward
+// writes the gradient into that buffer in place. Returns the float32 loss [S, B].
+at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels);
+
+// Megatron's CheckpointFunction (activation recomputation): runs `fn` saving nothing but
+// its inputs, and runs it again in backward, in the module that was current here.
+using RecomputeFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
+
+}  // namespace memsim

@@ -1,0 +1,107 @@
+#include "models/model_config.h"
+
+#include <string>
+
+namespace memsim {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+Status Positive(int64_t value, const char* name) {
+  if (value <= 0) return Status::Error(std::string(name) + " must be positive, got " + Str(value));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
+  MEMSIM_RETURN_IF_ERROR(Positive(m->num_layers, "num_layers"));
+  MEMSIM_RETURN_IF_ERROR(Positive(m->hidden_size, "hidden_size"));
+  MEMSIM_RETURN_IF_ERROR(Positive(m->num_attention_heads, "num_attention_heads"));
+  MEMSIM_RETURN_IF_ERROR(Positive(m->vocab_size, "vocab_size"));
+  MEMSIM_RETURN_IF_ERROR(Positive(m->make_vocab_size_divisible_by, "make_vocab_size_divisible_by"));
+  MEMSIM_RETURN_IF_ERROR(Positive(tp, "tensor parallel size"));
+  if (m->num_query_groups < 0 || m->kv_channels < 0 || m->ffn_hidden_size < 0 ||
+      m->num_experts < 0 || m->moe_ffn_hidden_size < 0 || m->moe_shared_expert_size < 0 ||
+      m->max_position_embeddings < 0 || m->moe_first_k_dense_layers < 0) {
+    return Status::Error("sizes must not be negative (query groups, kv channels, ffn, experts)");
+  }
+  if (m->kv_channels == 0) {
+    if (m->hidden_size % m->num_attention_heads != 0) {
+      return Status::Error(Str(m->num_attention_heads) +
+                           " attention heads do not divide hidden size " + Str(m->hidden_size) +
+                           "; change one or set kv_channels");
+    }
+    m->kv_channels = m->hidden_size / m->num_attention_heads;
+  }
+  m->head_dim = m->kv_channels;
+  if (m->num_query_groups == 0) m->num_query_groups = m->num_attention_heads;
+  if (m->num_attention_heads % m->num_query_groups != 0) {
+    return Status::Error(Str(m->num_query_groups) + " query groups (kv heads) do not divide " +
+                         Str(m->num_attention_heads) + " attention heads");
+  }
+  if (m->ffn_hidden_size == 0) {
+    // Megatron-LM: 4H for GeLU; for SwiGLU, 2/3 of 4H rounded up to a multiple of 64.
+    m->ffn_hidden_size = m->activation == ActivationKind::kGelu
+                             ? 4 * m->hidden_size
+                             : ((8 * m->hidden_size / 3 + 63) / 64) * 64;
+  }
+  if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 ||
+      m->attention_dropout >= 1) {
+    return Status::Error("dropout probabilities must be in [0, 1)");
+  }
+  if (m->num_experts > 0) {
+    MEMSIM_RETURN_IF_ERROR(Positive(m->moe_router_topk, "moe_router_topk"));
+    if (m->moe_router_topk > m->num_experts) {
+      return Status::Error("top-k " + Str(m->moe_router_topk) + " is larger than the " +
+                           Str(m->num_experts) + " experts");
+    }
+    if (m->moe_ffn_hidden_size == 0) m->moe_ffn_hidden_size = m->ffn_hidden_size;
+    if (m->moe_capacity_factor < 0)
+      return Status::Error("moe_capacity_factor must not be negative");
+    if (m->moe_imbalance_factor < 1) {
+      return Status::Error("moe_imbalance_factor is the busiest expert's load over the mean: >= 1");
+    }
+    if (m->moe_first_k_dense_layers > m->num_layers) {
+      return Status::Error("moe_first_k_dense_layers exceeds num_layers");
+    }
+  }
+  // Megatron-LM's _vocab_size_with_padding: a multiple of divisible_by * tp.
+  const int64_t multiple = m->make_vocab_size_divisible_by * tp;
+  m->padded_vocab_size = (m->vocab_size + multiple - 1) / multiple * multiple;
+  return Status::OK();
+}
+
+Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
+  MEMSIM_RETURN_IF_ERROR(Positive(t.seq_length, "seq_length"));
+  MEMSIM_RETURN_IF_ERROR(Positive(t.micro_batch_size, "micro_batch_size"));
+  MEMSIM_RETURN_IF_ERROR(Positive(t.num_microbatches, "num_microbatches"));
+  MEMSIM_RETURN_IF_ERROR(Positive(t.iterations, "iterations"));
+  if (m.position == PositionKind::kLearned && m.max_position_embeddings > 0 &&
+      t.seq_length > m.max_position_embeddings) {
+    return Status::Error("seq_length " + Str(t.seq_length) + " exceeds max_position_embeddings " +
+                         Str(m.max_position_embeddings));
+  }
+  if (t.recompute == RecomputeKind::kFull &&
+      (t.recompute_num_layers <= 0 || t.recompute_num_layers > m.num_layers)) {
+    return Status::Error("recompute_num_layers must be in [1, num_layers=" + Str(m.num_layers) +
+                         "], got " + Str(t.recompute_num_layers));
+  }
+  return Status::OK();
+}
+
+const char* PrecisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
+
+int64_t ParamBytesPerElement(Precision precision) { return precision == Precision::kFp32 ? 4 : 2; }
+
+}  // namespace memsim

@@ -1,0 +1,89 @@
+// ModelConfig and TrainingConfig: plain structs with the real defaults, and one function
+// that derives dependent fields and checks every rule before anything runs.
+//
+// Dimension legend used across models/ and parallel/:
+//   B  micro-batch size            S  sequence length          H  hidden size
+//   A  attention heads             G  query groups (kv heads)  D  head dim (H / A)
+//   F  FFN hidden size             L  transformer layers       V  padded vocabulary
+//   E  routed experts              K  experts per token (top-k)
+//   tp/pp/dp/ep/cp: tensor-, pipeline-, data-, expert-, context-parallel sizes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "simulator/status.h"
+
+namespace memsim {
+
+enum class NormKind { kLayerNorm, kRmsNorm };
+enum class ActivationKind { kGelu, kSwiglu };
+enum class PositionKind { kLearned, kRope };
+
+struct ModelConfig {
+  std::string name = "gpt";
+  int64_t num_layers = 2;                      // L
+  int64_t hidden_size = 1024;                  // H
+  int64_t num_attention_heads = 16;            // A
+  int64_t num_query_groups = 0;                // G; 0: = A (multi-head attention)
+  int64_t kv_channels = 0;                     // D; 0: H / A
+  int64_t ffn_hidden_size = 0;                 // F; 0: 4H (GeLU) or Megatron's SwiGLU default
+  int64_t vocab_size = 51200;                  // before padding
+  int64_t make_vocab_size_divisible_by = 128;  // Megatron pads V to a multiple of this * tp
+  int64_t max_position_embeddings = 0;         // learned positions; 0: the sequence length
+  NormKind norm = NormKind::kLayerNorm;
+  ActivationKind activation = ActivationKind::kGelu;
+  PositionKind position = PositionKind::kLearned;
+  bool tie_embeddings = true;  // output layer reuses the input embedding
+  bool add_bias_linear = true;
+  bool add_qkv_bias = true;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+
+  // Mixture of experts (num_experts == 0: dense).
+  int64_t num_experts = 0;               // E
+  int64_t moe_router_topk = 2;           // K
+  int64_t moe_ffn_hidden_size = 0;       // per routed expert; 0: F
+  int64_t moe_shared_expert_size = 0;    // FFN size of the shared experts; 0: none
+  int64_t moe_first_k_dense_layers = 0;  // DeepSeek: the first layers are dense
+  double moe_capacity_factor = 0.0;      // 0: dropless
+  double moe_imbalance_factor = 1.0;     // dropless: busiest expert's load over the mean
+
+  // Derived by FinalizeModelConfig.
+  int64_t padded_vocab_size = 0;  // V
+  int64_t head_dim = 0;           // D
+};
+
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class AttentionKind { kFlash, kEager };
+enum class RecomputeKind { kNone, kSelective, kFull };
+enum class RecomputeMethod { kUniform, kBlock };
+enum class OptimizerKind { kAdam, kSgd };
+// Which real implementation's kernels (and so saved tensors) the layers mirror.
+enum class ProfileKind { kMegatronLocal, kTransformerEngine };
+
+struct TrainingConfig {
+  int64_t seq_length = 2048;     // S
+  int64_t micro_batch_size = 1;  // B
+  int64_t num_microbatches = 1;  // per iteration, per pipeline
+  int32_t iterations = 2;        // the real tracer records two
+  Precision precision = Precision::kBf16;
+  AttentionKind attention = AttentionKind::kFlash;
+  ProfileKind profile = ProfileKind::kMegatronLocal;
+  RecomputeKind recompute = RecomputeKind::kNone;
+  RecomputeMethod recompute_method = RecomputeMethod::kUniform;
+  int64_t recompute_num_layers = 1;
+  OptimizerKind optimizer = OptimizerKind::kAdam;
+  bool dropout = true;  // false: every dropout probability is treated as 0
+};
+
+// Fills derived fields (head_dim, num_query_groups, ffn_hidden_size, padded vocabulary
+// for `tp`) and checks every shape rule; the error names the rule and the numbers.
+Status FinalizeModelConfig(ModelConfig* model, int64_t tp = 1);
+Status ValidateTrainingConfig(const TrainingConfig& training, const ModelConfig& model);
+
+const char* PrecisionName(Precision precision);
+// Parameter dtype in forward/backward.
+int64_t ParamBytesPerElement(Precision precision);
+
+}  // namespace memsim

@@ -1,0 +1,58 @@
+#include "models/optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include "ops/fused_optimizers.h"
+#include "simulator/session.h"
+
+namespace memsim {
+
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind)
+    : store_(store), kind_(kind) {
+  ModuleScope scope("optimizer");
+  CategoryScope category(Category::kOptimizerState);
+  at::NoGradGuard no_grad;
+  for (Parameter& p : store->parameters()) {
+    masters_.push_back(
+        store->precision() == Precision::kFp32 ? p.data : p.data.detach().clone().to(at::kFloat));
+  }
+}
+
+void MixedPrecisionOptimizer::ZeroGrad() {
+  if (store_->precision() == Precision::kFp16) master_grads_.clear();
+}
+
+void MixedPrecisionOptimizer::Step() {
+  ModuleScope scope("optimizer");
+  at::NoGradGuard no_grad;
+  ++step_;
+  master_grads_.clear();
+  {
+    CategoryScope category(Category::kGradient);
+    for (Parameter& p : store_->parameters()) {
+      master_grads_.push_back(store_->precision() == Precision::kFp16 ? p.main_grad.to(at::kFloat)
+                                                                      : p.main_grad);
+    }
+  }
+  if (exp_avgs_.empty()) {
+    CategoryScope category(Category::kOptimizerState);
+    for (const at::Tensor& master : masters_) {
+      exp_avgs_.push_back(at::zeros_like(master));
+      if (kind_ == OptimizerKind::kAdam) exp_avg_sqs_.push_back(at::zeros_like(master));
+    }
+  }
+  std::vector<at::Tensor> params = masters_;
+  if (kind_ == OptimizerKind::kAdam) {
+    FusedAdamStep(params, master_grads_, exp_avgs_, exp_avg_sqs_, AdamHyperparameters{}, step_);
+  } else {
+    FusedSgdStep(params, master_grads_, exp_avgs_, /*lr=*/1e-3, /*momentum=*/0.9,
+                 /*weight_decay=*/0.0);
+  }
+  if (store_->precision() != Precision::kFp32) {
+    size_t i = 0;
+    for (Parameter& p : store_->parameters()) p.data.detach().copy_(masters_[i++]);
+  }
+  if (store_->precision() != Precision::kFp16) master_grads_.clear();  // views only
+}
+
+}  // namespace memsim

@@ -1,0 +1,53 @@
+#include "models/parameters.h"
+
+#include <ATen/ATen.h>
+
+#include "simulator/checked_math.h"
+#include "simulator/session.h"
+
+namespace memsim {
+
+at::ScalarType ParameterStore::param_dtype() const {
+  switch (precision_) {
+    case Precision::kFp32:
+      return at::kFloat;
+    case Precision::kBf16:
+      return at::kBFloat16;
+    case Precision::kFp16:
+      return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+at::ScalarType ParameterStore::grad_dtype() const {
+  return precision_ == Precision::kFp16 ? at::kHalf : at::kFloat;
+}
+
+Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> shape) {
+  CategoryScope category(Category::kParameter);
+  const std::string module = CurrentRecorder() != nullptr
+                                 ? CurrentRecorder()->names().Name(ModuleScope::Current())
+                                 : std::string();
+  at::Tensor data = at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
+  data.requires_grad_(true);
+  int64_t numel = 1;
+  for (int64_t d : shape) numel = CheckedMul(numel, d);
+  num_elements_ = CheckedAdd(num_elements_, numel);
+  parameters_.push_back({module.empty() ? name : module + "." + name, std::move(data), {}});
+  return &parameters_.back();
+}
+
+void ParameterStore::AllocateGradBuffer() {
+  CategoryScope category(Category::kGradient);
+  ModuleScope scope("ddp.grad_buffer");
+  grad_buffer_ =
+      at::zeros({num_elements_}, at::TensorOptions().device(at::kMeta).dtype(grad_dtype()));
+  int64_t offset = 0;
+  for (Parameter& p : parameters_) {
+    const int64_t n = p.data.numel();
+    p.main_grad = grad_buffer_.narrow(0, offset, n).view(p.data.sizes());
+    offset += n;
+  }
+}
+
+}  // namespace memsim
