@@ -28,14 +28,15 @@ void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad)
 
 struct LinearFunction : public Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& bias, const at::Tensor& weight_main_grad,
-                            const at::Tensor& bias_main_grad) {
+                            const c10::optional<at::Tensor>& bias,
+                            const at::Tensor& weight_main_grad,
+                            const c10::optional<at::Tensor>& bias_main_grad) {
     ctx->save_for_backward({input, weight});
     ctx->saved_data["weight_main_grad"] = weight_main_grad;
-    ctx->saved_data["bias_main_grad"] = bias_main_grad;
-    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["bias_main_grad"] = bias_main_grad.value_or(at::Tensor());
+    ctx->saved_data["has_bias"] = bias.has_value();
     at::Tensor out = at::matmul(input, weight.t());
-    if (bias.defined()) out = out + bias;  // out of place, as Megatron writes it
+    if (bias.has_value()) out = out + *bias;  // out of place, as Megatron writes it
     return out;
   }
 
@@ -58,13 +59,14 @@ struct LinearFunction : public Function<LinearFunction> {
 
 struct LayerNormFunction : public Function<LayerNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& bias, const at::Tensor& weight_main_grad,
-                            const at::Tensor& bias_main_grad) {
+                            const c10::optional<at::Tensor>& bias,
+                            const at::Tensor& weight_main_grad,
+                            const c10::optional<at::Tensor>& bias_main_grad) {
     auto [out, mean, rstd] =
         at::native_layer_norm(input, {input.size(-1)}, weight, bias, /*eps=*/1e-5);
-    ctx->save_for_backward({input, weight, bias, mean, rstd});
+    ctx->save_for_backward({input, weight, bias.value_or(at::Tensor()), mean, rstd});
     ctx->saved_data["weight_main_grad"] = weight_main_grad;
-    ctx->saved_data["bias_main_grad"] = bias_main_grad;
+    ctx->saved_data["bias_main_grad"] = bias_main_grad.value_or(at::Tensor());
     return out;
   }
 
@@ -244,8 +246,12 @@ struct CheckpointFunction : public Function<CheckpointFunction> {
   }
 };
 
-at::Tensor MainGradOf(Parameter* p) { return p != nullptr ? p->main_grad : at::Tensor(); }
-at::Tensor DataOf(Parameter* p) { return p != nullptr ? p->data : at::Tensor(); }
+c10::optional<at::Tensor> MainGradOf(Parameter* p) {
+  return p != nullptr ? c10::optional<at::Tensor>(p->main_grad) : c10::nullopt;
+}
+c10::optional<at::Tensor> DataOf(Parameter* p) {
+  return p != nullptr ? c10::optional<at::Tensor>(p->data) : c10::nullopt;
+}
 
 }  // namespace
 

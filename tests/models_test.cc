@@ -1,0 +1,243 @@
+// The model zoo against published numbers: Korthikanti et al. 2022 activation bytes per
+// layer, Megatron-LM's bytes per parameter, and published parameter counts.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "models/model_config.h"
+#include "models/parameters.h"
+#include "models/training.h"
+#include "models/transformer.h"
+#include "simulator/session.h"
+#include "simulator/timeline.h"
+
+namespace memsim {
+namespace {
+
+struct Shape {
+  int64_t s, b, h, a;
+};
+
+ModelConfig GptConfig(const Shape& shape, int64_t layers) {
+  ModelConfig m;
+  m.num_layers = layers;
+  m.hidden_size = shape.h;
+  m.num_attention_heads = shape.a;
+  m.vocab_size = 1024;
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+  return m;
+}
+
+TrainingConfig Fp16Eager(const Shape& shape) {
+  TrainingConfig t;
+  t.seq_length = shape.s;
+  t.micro_batch_size = shape.b;
+  t.precision = Precision::kFp16;
+  t.attention = AttentionKind::kEager;
+  return t;
+}
+
+// Bytes of forward-allocated storages alive when the forward pass ends (the loss is
+// computed, backward has not started): what the step holds for backward.
+int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConfig& training) {
+  Session session;
+  ActiveSession active(session);
+  ParameterStore store(training.precision);
+  TransformerModel transformer(model, training, &store);
+  store.AllocateGradBuffer();
+  session.SetPhase(Phase::kForward);
+  at::Tensor loss = transformer.Forward();
+  int64_t bytes = 0;
+  const Recorder& r = session.recorder();
+  ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+    if (s.category == Category::kActivation) bytes += s.size_bytes;
+  });
+  return bytes;
+}
+
+// One layer's saved activations: the difference between an L=2 and an L=1 model, which
+// cancels the embedding, loss and one-off workspaces.
+int64_t PerLayerActivationBytes(const Shape& shape, const TrainingConfig& training) {
+  return ActivationBytesAfterForward(GptConfig(shape, 2), training) -
+         ActivationBytesAfterForward(GptConfig(shape, 1), training);
+}
+
+const Shape kShapes[] = {{128, 2, 256, 8}, {256, 1, 512, 16}, {64, 4, 128, 4}, {512, 2, 256, 4}};
+
+// Table 2, no parallelism: s*b*h*(34 + 5*a*s/h). The real kernels also keep each
+// LayerNorm's float32 mean and rstd ([s, b] each, two LayerNorms): 16*s*b more.
+TEST(Activations, KorthikantiNoRecomputation) {
+  for (const Shape& x : kShapes) {
+    const int64_t paper = x.s * x.b * x.h * 34 + 5 * x.a * x.s * x.s * x.b;
+    EXPECT_EQ(PerLayerActivationBytes(x, Fp16Eager(x)), paper + 16 * x.s * x.b)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
+// Selective recomputation keeps s*b*h*34 (+ LayerNorm statistics).
+TEST(Activations, KorthikantiSelectiveRecomputation) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.recompute = RecomputeKind::kSelective;
+    EXPECT_EQ(PerLayerActivationBytes(x, t), x.s * x.b * x.h * 34 + 16 * x.s * x.b)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
+// Full recomputation keeps only each layer's input: 2*s*b*h.
+TEST(Activations, KorthikantiFullRecomputation) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.recompute = RecomputeKind::kFull;
+    EXPECT_EQ(PerLayerActivationBytes(x, t), 2 * x.s * x.b * x.h)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
+// FlashAttention keeps no s^2 tensor. Per layer it saves (16-bit): LayerNorm input and
+// output 4sbh; contiguous q, k, v 6sbh; the kernel output 2sbh, float32 log-sum-exp
+// 4*a*s*b and an int64[2] RNG state; the projection input 2sbh; two dropout masks 2sbh;
+// the MLP 20sbh (LayerNorm input and output, fc1 and GeLU outputs): 36sbh + 4asb + 16,
+// plus the LayerNorm statistics 16sb. With b = 1 the rearrange of the output back to
+// [s, b, h] is already contiguous, so the projection saves the kernel's own output: 34sbh.
+TEST(Activations, FlashAttentionSavesNoQuadraticTensor) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.attention = AttentionKind::kFlash;
+    const int64_t sbh_factor = x.b > 1 ? 36 : 34;
+    EXPECT_EQ(PerLayerActivationBytes(x, t),
+              sbh_factor * x.s * x.b * x.h + 4 * x.a * x.s * x.b + 16 + 16 * x.s * x.b)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
+// Without dropout the three masks and the attention-dropout output disappear:
+// 34sbh - 2sbh (masks) and 5as^2b - 3as^2b.
+TEST(Activations, DropoutOffDropsMasks) {
+  const Shape x = kShapes[0];
+  TrainingConfig t = Fp16Eager(x);
+  t.dropout = false;
+  EXPECT_EQ(PerLayerActivationBytes(x, t),
+            32 * x.s * x.b * x.h + 2 * x.a * x.s * x.s * x.b + 16 * x.s * x.b);
+}
+
+int64_t ModelStateBytesPerParameter(Precision precision) {
+  ModelConfig m = GptConfig({64, 1, 128, 4}, 2);
+  TrainingConfig t;
+  t.seq_length = 64;
+  t.precision = precision;
+  t.iterations = 1;
+  Session session;
+  {
+    ActiveSession active(session);
+    RunTraining(m, t, session);
+  }
+  // Model state alive at the end of the first optimizer step (Adam state exists).
+  const Recorder& r = session.recorder();
+  int64_t step_end = -1;
+  for (const Marker& mk : r.markers()) {
+    if (mk.kind == MarkerKind::kIterationEnd) step_end = mk.event_index - 1;
+  }
+  int64_t bytes = 0;
+  int64_t params = 0;
+  ForEachLiveStorage(r, step_end, [&](int64_t id) {
+    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+    if (s.category == Category::kParameter || s.category == Category::kGradient ||
+        s.category == Category::kOptimizerState) {
+      bytes += s.size_bytes;
+    }
+  });
+  // Parameters of the model: V*h + s*h + L*(12h^2 + 13h) + 2h.
+  const int64_t h = 128, V = 1024, s = 64, L = 2;
+  params = V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h;
+  EXPECT_EQ(bytes % params, 0);
+  return bytes / params;
+}
+
+// Megatron-LM's distributed-optimizer documentation, non-distributed column.
+TEST(ModelState, BytesPerParameter) {
+  EXPECT_EQ(ModelStateBytesPerParameter(Precision::kFp32), 16);
+  EXPECT_EQ(ModelStateBytesPerParameter(Precision::kBf16), 18);
+  EXPECT_EQ(ModelStateBytesPerParameter(Precision::kFp16), 20);
+}
+
+int64_t ParameterCount(ModelConfig m) {
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+  Session session;
+  ActiveSession active(session);
+  TrainingConfig t;
+  t.seq_length = m.max_position_embeddings > 0 ? m.max_position_embeddings : 2048;
+  ParameterStore store(Precision::kBf16);
+  TransformerModel model(m, t, &store);
+  return store.num_elements();
+}
+
+ModelConfig Llama(int64_t layers, int64_t hidden, int64_t heads, int64_t groups, int64_t ffn,
+                  int64_t vocab) {
+  ModelConfig m;
+  m.num_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_query_groups = groups;
+  m.ffn_hidden_size = ffn;
+  m.vocab_size = vocab;
+  m.norm = NormKind::kRmsNorm;
+  m.activation = ActivationKind::kSwiglu;
+  m.position = PositionKind::kRope;
+  m.tie_embeddings = false;
+  m.add_bias_linear = false;
+  m.add_qkv_bias = false;
+  return m;
+}
+
+TEST(ParameterCount, PublishedTotals) {
+  // Hugging Face model cards' exact counts (the vocabularies are multiples of 128).
+  EXPECT_EQ(ParameterCount(Llama(32, 4096, 32, 32, 11008, 32000)), 6738415616);   // Llama-2-7B
+  EXPECT_EQ(ParameterCount(Llama(32, 4096, 32, 8, 14336, 128256)), 8030261248);   // Llama-3-8B
+  EXPECT_EQ(ParameterCount(Llama(80, 8192, 64, 8, 28672, 128256)), 70553706496);  // Llama-3-70B
+  // GPT-3 175B (Brown et al. 2020): L=96, h=12288, a=96, vocabulary 50257 padded to
+  // 50304, 2048 learned positions, tied: V*h + S*h + L*(12h^2 + 13h) + 2h.
+  ModelConfig gpt3;
+  gpt3.num_layers = 96;
+  gpt3.hidden_size = 12288;
+  gpt3.num_attention_heads = 96;
+  gpt3.vocab_size = 50257;
+  gpt3.max_position_embeddings = 2048;
+  EXPECT_EQ(ParameterCount(gpt3), 174604836864);  // "175B"
+}
+
+TEST(ModelConfig, RejectsImpossibleShapes) {
+  ModelConfig m;
+  m.hidden_size = 1000;
+  m.num_attention_heads = 16;
+  Status s = FinalizeModelConfig(&m);
+  EXPECT_EQ(s.message(),
+            "16 attention heads do not divide hidden size 1000; change one or set kv_channels");
+  m = ModelConfig();
+  m.num_query_groups = 5;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(),
+            "5 query groups (kv heads) do not divide 16 attention heads");
+  m = ModelConfig();
+  m.num_experts = 8;
+  m.moe_router_topk = 9;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(), "top-k 9 is larger than the 8 experts");
+  m = ModelConfig();
+  m.num_layers = 0;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(), "num_layers must be positive, got 0");
+  m = ModelConfig();
+  m.hidden_size = -4096;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(), "hidden_size must be positive, got -4096");
+}
+
+TEST(ModelConfig, PadsVocabularyLikeMegatron) {
+  ModelConfig m;
+  m.vocab_size = 50257;
+  ASSERT_TRUE(FinalizeModelConfig(&m, /*tp=*/1).ok());
+  EXPECT_EQ(m.padded_vocab_size, 50304);  // multiple of 128
+  m.vocab_size = 50257;
+  ASSERT_TRUE(FinalizeModelConfig(&m, /*tp=*/8).ok());
+  EXPECT_EQ(m.padded_vocab_size, 51200);  // multiple of 1024
+}
+
+}  // namespace
+}  // namespace memsim
