@@ -1,0 +1,26 @@
+// Human-readable numbers for the command line.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace memsim {
+
+// "1.50 GiB", "512.0 MiB", "-3.20 GiB", "640 B".
+inline std::string FormatBytes(int64_t bytes) {
+  const double abs = static_cast<double>(bytes < 0 ? -bytes : bytes);
+  char buf[32];
+  if (abs >= (1ll << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / (1ll << 30));
+  } else if (abs >= (1ll << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1ll << 20));
+  } else if (abs >= 1024) {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+  }
+  return buf;
+}
+
+}  // namespace memsim

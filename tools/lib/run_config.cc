@@ -1,0 +1,278 @@
+#include "tools/lib/run_config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <algorithm>
+#include <functional>
+#include <map>
+
+namespace memsim {
+namespace {
+namespace fs = std::filesystem;
+
+std::string Where(const std::string& source, const YAML::Node& node) {
+  return source + ":" + std::to_string(node.Mark().line + 1);
+}
+
+template <typename T>
+Status Read(const YAML::Node& node, const std::string& source, const std::string& key, T* out) {
+  try {
+    *out = node.as<T>();
+    return Status::OK();
+  } catch (const YAML::Exception&) {
+    return Status::Error(Where(source, node) + ": '" + key + "' has a value of the wrong type ('" +
+                         node.as<std::string>("?") + "')");
+  }
+}
+
+template <typename E>
+Status ReadEnum(const YAML::Node& node, const std::string& source, const std::string& key,
+                Status (*parse)(const std::string&, E*), E* out) {
+  std::string text;
+  MEMSIM_RETURN_IF_ERROR(Read(node, source, key, &text));
+  Status s = parse(text, out);
+  return s.ok() ? s : Status::Error(Where(source, node) + ": " + key + ": " + s.message());
+}
+
+// Applies each key of `node` with the handler of the same name; unknown keys are errors.
+using Handler = std::function<Status(const YAML::Node&)>;
+Status ApplyKeys(const YAML::Node& node, const std::string& source, const std::string& what,
+                 const std::map<std::string, Handler>& handlers) {
+  if (!node.IsMap()) return Status::Error(Where(source, node) + ": " + what + " must be a mapping");
+  for (const auto& entry : node) {
+    const std::string key = entry.first.as<std::string>();
+    auto it = handlers.find(key);
+    if (it == handlers.end()) {
+      std::string known;
+      for (const auto& [name, _] : handlers) known += (known.empty() ? "" : ", ") + name;
+      return Status::Error(Where(source, entry.first) + ": unknown key '" + key + "' in " + what +
+                           " (known: " + known + ")");
+    }
+    MEMSIM_RETURN_IF_ERROR(it->second(entry.second));
+  }
+  return Status::OK();
+}
+
+Status LoadYamlFile(const std::string& path, YAML::Node* out) {
+  if (!fs::is_regular_file(path)) return Status::Error("cannot read '" + path + "': no such file");
+  try {
+    *out = YAML::LoadFile(path);
+  } catch (const YAML::ParserException& e) {
+    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    return Status::Error("cannot read '" + path + "': " + e.what());
+  }
+  return Status::OK();
+}
+
+template <typename E>
+Status ParseChoice(const std::string& text, const std::map<std::string, E>& choices, E* out,
+                   const char* what) {
+  auto it = choices.find(text);
+  if (it != choices.end()) {
+    *out = it->second;
+    return Status::OK();
+  }
+  std::string known;
+  for (const auto& [name, _] : choices) known += (known.empty() ? "" : ", ") + name;
+  return Status::Error("unknown " + std::string(what) + " '" + text + "' (use one of: " + known + ")");
+}
+
+Status ApplyArchitecture(const YAML::Node& v, const std::string& source, ModelConfig* m) {
+  std::string arch;
+  MEMSIM_RETURN_IF_ERROR(Read(v, source, "architecture", &arch));
+  if (arch == "gpt") {  // Megatron-LM's GPT: LayerNorm, GeLU, learned positions, tied, biases
+    m->norm = NormKind::kLayerNorm;
+    m->activation = ActivationKind::kGelu;
+    m->position = PositionKind::kLearned;
+    m->tie_embeddings = true;
+    m->add_bias_linear = m->add_qkv_bias = true;
+  } else if (arch == "llama") {  // RMSNorm, SwiGLU, RoPE, untied, no biases
+    m->norm = NormKind::kRmsNorm;
+    m->activation = ActivationKind::kSwiglu;
+    m->position = PositionKind::kRope;
+    m->tie_embeddings = false;
+    m->add_bias_linear = m->add_qkv_bias = false;
+  } else {
+    return Status::Error(Where(source, v) + ": unknown architecture '" + arch +
+                         "' (use gpt or llama)");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string ConfigDir() {
+  if (const char* dir = std::getenv("MEMSIM_CONFIG_DIR")) return dir;
+  return std::string(MEMSIM_SOURCE_DIR) + "/configs";
+}
+
+std::vector<std::string> ModelPresetNames() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(ConfigDir() + "/models", ec)) {
+    if (entry.path().extension() == ".yaml") names.push_back(entry.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Status ParsePrecision(const std::string& text, Precision* out) {
+  return ParseChoice<Precision>(
+      text, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
+      out, "precision");
+}
+Status ParseAttention(const std::string& text, AttentionKind* out) {
+  return ParseChoice<AttentionKind>(
+      text, {{"flash", AttentionKind::kFlash}, {"eager", AttentionKind::kEager}}, out, "attention");
+}
+Status ParseRecompute(const std::string& text, RecomputeKind* out) {
+  return ParseChoice<RecomputeKind>(text,
+                                    {{"none", RecomputeKind::kNone},
+                                     {"selective", RecomputeKind::kSelective},
+                                     {"full", RecomputeKind::kFull}},
+                                    out, "recompute");
+}
+Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
+  return ParseChoice<RecomputeMethod>(
+      text, {{"uniform", RecomputeMethod::kUniform}, {"block", RecomputeMethod::kBlock}}, out,
+      "recompute method");
+}
+Status ParseOptimizer(const std::string& text, OptimizerKind* out) {
+  return ParseChoice<OptimizerKind>(text, {{"adam", OptimizerKind::kAdam}, {"sgd", OptimizerKind::kSgd}},
+                                    out, "optimizer");
+}
+Status ParseGpu(const std::string& text, const GpuSpec** out) {
+  *out = FindGpu(text);
+  if (*out == nullptr) {
+    return Status::Error("unknown GPU '" + text + "' (use one of: " + GpuPresetNames() + ")");
+  }
+  return Status::OK();
+}
+
+Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelConfig* m) {
+  if (node["base"]) {
+    std::string base;
+    MEMSIM_RETURN_IF_ERROR(Read(node["base"], source, "base", &base));
+    MEMSIM_RETURN_IF_ERROR(LoadModelPreset(base, m));
+  }
+  auto i64 = [&](const char* key, int64_t* field) -> std::pair<std::string, Handler> {
+    return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
+  };
+  auto f64 = [&](const char* key, double* field) -> std::pair<std::string, Handler> {
+    return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
+  };
+  auto flag = [&](const char* key, bool* field) -> std::pair<std::string, Handler> {
+    return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
+  };
+  std::map<std::string, Handler> handlers = {
+      {"base", [](const YAML::Node&) { return Status::OK(); }},
+      {"name", [&](const YAML::Node& v) { return Read(v, source, "name", &m->name); }},
+      {"architecture", [](const YAML::Node&) { return Status::OK(); }},  // applied first
+      i64("num_layers", &m->num_layers),
+      i64("hidden_size", &m->hidden_size),
+      i64("num_attention_heads", &m->num_attention_heads),
+      i64("num_query_groups", &m->num_query_groups),
+      i64("kv_channels", &m->kv_channels),
+      i64("ffn_hidden_size", &m->ffn_hidden_size),
+      i64("vocab_size", &m->vocab_size),
+      i64("make_vocab_size_divisible_by", &m->make_vocab_size_divisible_by),
+      i64("max_position_embeddings", &m->max_position_embeddings),
+      flag("tie_embeddings", &m->tie_embeddings),
+      flag("add_bias_linear", &m->add_bias_linear),
+      flag("add_qkv_bias", &m->add_qkv_bias),
+      f64("hidden_dropout", &m->hidden_dropout),
+      f64("attention_dropout", &m->attention_dropout),
+      i64("num_experts", &m->num_experts),
+      i64("moe_router_topk", &m->moe_router_topk),
+      i64("moe_ffn_hidden_size", &m->moe_ffn_hidden_size),
+      i64("moe_shared_expert_size", &m->moe_shared_expert_size),
+      i64("moe_first_k_dense_layers", &m->moe_first_k_dense_layers),
+      f64("moe_capacity_factor", &m->moe_capacity_factor),
+      f64("moe_imbalance_factor", &m->moe_imbalance_factor),
+  };
+  // architecture sets defaults that the explicit keys then override, wherever it stands.
+  if (node.IsMap() && node["architecture"]) {
+    MEMSIM_RETURN_IF_ERROR(ApplyArchitecture(node["architecture"], source, m));
+  }
+  return ApplyKeys(node, source, "model", handlers);
+}
+
+Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, TrainingConfig* t) {
+  int64_t iterations = t->iterations;
+  std::map<std::string, Handler> handlers = {
+      {"seq_length", [&](const YAML::Node& v) { return Read(v, source, "seq_length", &t->seq_length); }},
+      {"micro_batch_size",
+       [&](const YAML::Node& v) { return Read(v, source, "micro_batch_size", &t->micro_batch_size); }},
+      {"num_microbatches",
+       [&](const YAML::Node& v) { return Read(v, source, "num_microbatches", &t->num_microbatches); }},
+      {"iterations", [&](const YAML::Node& v) { return Read(v, source, "iterations", &iterations); }},
+      {"precision",
+       [&](const YAML::Node& v) { return ReadEnum(v, source, "precision", &ParsePrecision, &t->precision); }},
+      {"attention",
+       [&](const YAML::Node& v) { return ReadEnum(v, source, "attention", &ParseAttention, &t->attention); }},
+      {"recompute",
+       [&](const YAML::Node& v) { return ReadEnum(v, source, "recompute", &ParseRecompute, &t->recompute); }},
+      {"recompute_method",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "recompute_method", &ParseRecomputeMethod, &t->recompute_method);
+       }},
+      {"recompute_num_layers",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "recompute_num_layers", &t->recompute_num_layers);
+       }},
+      {"optimizer",
+       [&](const YAML::Node& v) { return ReadEnum(v, source, "optimizer", &ParseOptimizer, &t->optimizer); }},
+      {"dropout", [&](const YAML::Node& v) { return Read(v, source, "dropout", &t->dropout); }},
+  };
+  MEMSIM_RETURN_IF_ERROR(ApplyKeys(node, source, "training", handlers));
+  if (iterations <= 0 || iterations > 1000) {
+    return Status::Error(source + ": iterations must be in [1, 1000], got " + std::to_string(iterations));
+  }
+  t->iterations = static_cast<int32_t>(iterations);
+  return Status::OK();
+}
+
+Status LoadModelPreset(const std::string& name, ModelConfig* model) {
+  const std::string path = ConfigDir() + "/models/" + name + ".yaml";
+  if (name.empty() || name.find('/') != std::string::npos || !fs::is_regular_file(path)) {
+    std::string known;
+    for (const std::string& n : ModelPresetNames()) known += (known.empty() ? "" : ", ") + n;
+    return Status::Error("unknown model preset '" + name + "' (known: " + known + ")");
+  }
+  YAML::Node node;
+  MEMSIM_RETURN_IF_ERROR(LoadYamlFile(path, &node));
+  *model = ModelConfig();
+  model->name = name;
+  return ApplyModelYaml(node, path, model);
+}
+
+Status LoadRunFile(const std::string& path, RunSpec* spec) {
+  YAML::Node node;
+  MEMSIM_RETURN_IF_ERROR(LoadYamlFile(path, &node));
+  std::map<std::string, Handler> handlers = {
+      {"model",
+       [&](const YAML::Node& v) {
+         if (v.IsScalar()) {
+           spec->model_source = v.as<std::string>();
+           Status s = LoadModelPreset(spec->model_source, &spec->model);
+           return s.ok() ? s : Status::Error(Where(path, v) + ": " + s.message());
+         }
+         spec->model_source = path;
+         return ApplyModelYaml(v, path, &spec->model);
+       }},
+      {"training", [&](const YAML::Node& v) { return ApplyTrainingYaml(v, path, &spec->training); }},
+      {"gpu",
+       [&](const YAML::Node& v) {
+         std::string name;
+         MEMSIM_RETURN_IF_ERROR(Read(v, path, "gpu", &name));
+         Status s = ParseGpu(name, &spec->gpu);
+         return s.ok() ? s : Status::Error(Where(path, v) + ": " + s.message());
+       }},
+  };
+  return ApplyKeys(node, path, "run file", handlers);
+}
+
+Status LoadDefaultRun(RunSpec* spec) { return LoadRunFile(ConfigDir() + "/runs/default.yaml", spec); }
+
+}  // namespace memsim

@@ -1,0 +1,49 @@
+// What a simulation run is made of, and how it is read from YAML: model presets
+// (configs/models/NAME.yaml) and run files (configs/runs/*.yaml).
+//
+// Every key is checked: an unknown key, a value of the wrong type or an impossible value
+// is an error naming the file, the line and the key.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <vector>
+
+#include "models/model_config.h"
+#include "simulator/cost_model.h"
+#include "simulator/status.h"
+
+namespace memsim {
+
+struct RunSpec {
+  ModelConfig model;
+  TrainingConfig training;
+  const GpuSpec* gpu = nullptr;
+  std::string model_source;  // preset name or file the model came from
+};
+
+// The folder holding models/ and runs/: $MEMSIM_CONFIG_DIR, else the source tree's.
+std::string ConfigDir();
+std::vector<std::string> ModelPresetNames();
+
+// Reads configs/models/NAME.yaml.
+Status LoadModelPreset(const std::string& name, ModelConfig* model);
+// Applies the keys of a model mapping (optionally `base: PRESET` first).
+Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelConfig* model);
+Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source,
+                         TrainingConfig* training);
+// Reads a run file; `spec` keeps its defaults for keys the file leaves out.
+Status LoadRunFile(const std::string& path, RunSpec* spec);
+// The built-in default example (configs/runs/default.yaml).
+Status LoadDefaultRun(RunSpec* spec);
+
+// Parses enum values as the YAML files and command line spell them.
+Status ParsePrecision(const std::string& text, Precision* out);
+Status ParseAttention(const std::string& text, AttentionKind* out);
+Status ParseRecompute(const std::string& text, RecomputeKind* out);
+Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
+Status ParseOptimizer(const std::string& text, OptimizerKind* out);
+Status ParseGpu(const std::string& text, const GpuSpec** out);
+
+}  // namespace memsim
