@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "ops/collectives.h"
 #include "ops/transformer_kernels.h"
 #include "simulator/session.h"
 
@@ -30,12 +31,18 @@ struct LinearFunction : public Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias,
                             const at::Tensor& weight_main_grad,
-                            const c10::optional<at::Tensor>& bias_main_grad) {
+                            const c10::optional<at::Tensor>& bias_main_grad, int64_t gather_group,
+                            int64_t all_reduce_group,
+                            c10::intrusive_ptr<GlobalMemoryBuffer> workspace) {
     ctx->save_for_backward({input, weight});
     ctx->saved_data["weight_main_grad"] = weight_main_grad;
     ctx->saved_data["bias_main_grad"] = bias_main_grad.value_or(at::Tensor());
     ctx->saved_data["has_bias"] = bias.has_value();
-    at::Tensor out = at::matmul(input, weight.t());
+    ctx->saved_data["gather_group"] = gather_group;
+    ctx->saved_data["all_reduce_group"] = all_reduce_group;
+    const at::Tensor total_input = Gather(input, gather_group, workspace);
+    if (workspace) ctx->saved_data["workspace"] = c10::IValue::make_capsule(std::move(workspace));
+    at::Tensor out = at::matmul(total_input, weight.t());
     if (bias.has_value()) out = out + *bias;  // out of place, as Megatron writes it
     return out;
   }
@@ -44,16 +51,40 @@ struct LinearFunction : public Function<LinearFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
     const at::Tensor& weight = saved[1];
+    const int64_t gather_group = ctx->saved_data["gather_group"].toInt();
+    c10::intrusive_ptr<GlobalMemoryBuffer> workspace;
+    if (gather_group > 1) {
+      workspace = c10::static_intrusive_pointer_cast<GlobalMemoryBuffer>(
+          ctx->saved_data["workspace"].toCapsule());
+    }
+    const at::Tensor total_input = Gather(input, gather_group, workspace);
     const at::Tensor grad_output = grads[0].contiguous();
     at::Tensor grad_input = grad_output.matmul(weight);
+    if (gather_group > 1) {
+      grad_input = ReduceScatter(grad_input, gather_group);
+    } else if (ctx->saved_data["all_reduce_group"].toInt() > 1) {
+      AllReduceInPlace(grad_input, ctx->saved_data["all_reduce_group"].toInt());
+    }
     const int64_t out_features = grad_output.size(-1);
     const at::Tensor grad_2d = grad_output.view({-1, out_features});
     WgradGemmAccumulate(ctx->saved_data["weight_main_grad"].toTensor(),
-                        input.reshape({-1, input.size(-1)}), grad_2d);
+                        total_input.reshape({-1, total_input.size(-1)}), grad_2d);
     if (ctx->saved_data["has_bias"].toBool()) {
       AccumulateIntoMainGrad(ctx->saved_data["bias_main_grad"].toTensor(), grad_2d.sum(0));
     }
-    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input,   at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  // The sequence-parallel all-gather into the workspace (all_gather_into_tensor).
+  static at::Tensor Gather(const at::Tensor& input, int64_t group,
+                           const c10::intrusive_ptr<GlobalMemoryBuffer>& workspace) {
+    if (group <= 1) return input;
+    std::vector<int64_t> sizes = input.sizes().vec();
+    sizes[0] *= group;
+    at::Tensor buffer = workspace->Get(sizes, input.scalar_type());
+    ReceiveInto(buffer);  // stands in for NCCL writing the gathered shards in place
+    return buffer;
   }
 };
 
@@ -191,13 +222,17 @@ struct FlashAttentionFunction : public Function<FlashAttentionFunction> {
 // place and returns that float32 buffer (autograd casts it to the logits' dtype).
 struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& labels) {
+                            const at::Tensor& labels, int64_t tp_group) {
     at::Tensor logits_fp32 = logits.to(at::kFloat);
     at::Tensor logits_max = std::get<0>(logits_fp32.max(-1));
+    if (tp_group > 1) AllReduceInPlace(logits_max, tp_group);
     logits_fp32.sub_(logits_max.unsqueeze(-1));
+    // The target's logit (on the rank whose vocabulary shard holds it; all-reduced).
     at::Tensor predicted = logits_fp32.gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+    if (tp_group > 1) AllReduceInPlace(predicted, tp_group);
     logits_fp32.exp_();
     at::Tensor sum_exp = logits_fp32.sum(-1);
+    if (tp_group > 1) AllReduceInPlace(sum_exp, tp_group);
     at::Tensor loss = at::log(sum_exp).sub_(predicted);
     logits_fp32.div_(sum_exp.unsqueeze(-1));
     ctx->save_for_backward({logits_fp32, labels});
@@ -206,7 +241,7 @@ struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     at::Tensor softmax = ctx->get_saved_variables()[0];
     softmax.mul_(grads[0].unsqueeze(-1));
-    return {softmax, at::Tensor()};
+    return {softmax, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -255,9 +290,11 @@ c10::optional<at::Tensor> DataOf(Parameter* p) {
 
 }  // namespace
 
-at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias) {
-  return LinearFunction::apply(input, weight.data, DataOf(bias), weight.main_grad,
-                               MainGradOf(bias));
+at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
+                  const LinearParallelism& parallelism) {
+  return LinearFunction::apply(input, weight.data, DataOf(bias), weight.main_grad, MainGradOf(bias),
+                               parallelism.gather_input_group,
+                               parallelism.all_reduce_input_grad_group, parallelism.workspace);
 }
 
 at::Tensor LayerNorm(const at::Tensor& input, Parameter& weight, Parameter* bias) {
@@ -290,11 +327,12 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
 
 at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype) {
   const int64_t numel = c10::multiply_integers(shape);
-  if (!buffer_.defined() || buffer_.numel() < numel || buffer_.scalar_type() != dtype) {
+  at::Tensor& buffer = buffers_[dtype];
+  if (!buffer.defined() || buffer.numel() < numel) {
     ModuleScope scope("mpu.global_memory_buffer");
-    buffer_ = at::empty({numel}, at::TensorOptions().device(at::kMeta).dtype(dtype));
+    buffer = at::empty({numel}, at::TensorOptions().device(at::kMeta).dtype(dtype));
   }
-  return buffer_.narrow(0, 0, numel).view(shape);
+  return buffer.narrow(0, 0, numel).view(shape);
 }
 
 at::Tensor Swiglu(const at::Tensor& input) { return SwigluFunction::apply(input); }
@@ -346,8 +384,8 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
       .view({seq, batch, heads * head_dim});
 }
 
-at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels) {
-  return VocabCrossEntropyFunction::apply(logits, labels);
+at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels, int64_t tp_group) {
+  return VocabCrossEntropyFunction::apply(logits, labels, tp_group);
 }
 
 at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/custom_class_detail.h>
 
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "models/model_config.h"
@@ -16,11 +18,35 @@
 
 namespace memsim {
 
+// Megatron's global memory buffer (parallel_state.get_global_memory_buffer()), "mpu":
+// one workspace per dtype, allocated on first use and replaced by a larger one when a
+// larger view is asked. The eager attention's baddbmm input and sequence parallelism's
+// all-gather both take their views from it.
+class GlobalMemoryBuffer : public torch::CustomClassHolder {
+ public:
+  at::Tensor Get(at::IntArrayRef shape, at::ScalarType dtype);
+
+ private:
+  std::map<at::ScalarType, at::Tensor> buffers_;
+};
+
+// How a linear layer talks to its tensor-parallel group.
+struct LinearParallelism {
+  // Column-parallel with sequence parallelism: all-gather the [S/tp, B, in] input along
+  // the sequence into the workspace in forward (and again in backward), save only the
+  // shard, and reduce-scatter the input gradient. 1: no gathering.
+  int64_t gather_input_group = 1;
+  // Column-parallel without sequence parallelism: all-reduce the input gradient in place.
+  int64_t all_reduce_input_grad_group = 1;
+  c10::intrusive_ptr<GlobalMemoryBuffer> workspace;  // required when gathering
+};
+
 // Megatron's LinearWithGradAccumulationAndAsyncCommunication with
 // gradient_accumulation_fusion: y = x W^T (+ b). Saves x (and W, a parameter). Backward
 // allocates dx, accumulates dW into main_grad in place (wgrad_gemm_accum) and db through
 // a [out] temporary. `bias` may be null.
-at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias);
+at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
+                  const LinearParallelism& parallelism = {});
 
 // Apex FusedLayerNormAffineFunction (== native_layer_norm on CUDA): saves the input,
 // and float32 mean and rstd of shape [S, B, 1].
@@ -28,9 +54,9 @@ at::Tensor LayerNorm(const at::Tensor& input, Parameter& weight, Parameter* bias
 // Apex FusedRMSNormAffineFunction: saves the input and float32 invvar [S*B].
 at::Tensor RmsNorm(const at::Tensor& input, Parameter& weight);
 
-// VocabParallelEmbedding at tp=1 (F.embedding): output [B, S, H] in the weight's dtype.
-// Saves the indices; backward runs embedding_dense_backward (a dense [V, H] gradient and
-// two int64 sort buffers) and adds it to main_grad.
+// F.embedding over a (vocabulary shard of a) table: output [B, S, H] in the weight's
+// dtype. Saves the indices; backward runs embedding_dense_backward (a dense gradient of
+// the table's shape and two int64 sort buffers) and adds it to main_grad.
 at::Tensor Embedding(const at::Tensor& indices, Parameter& weight);
 
 // torch.nn.functional.dropout on CUDA (native_dropout): a 1-byte mask is saved. p == 0
@@ -61,23 +87,15 @@ at::Tensor RotaryEmbedding(const at::Tensor& input);
 //     Saves q and k (for QK^T), softmax output, dropout mask and output, v.
 //   flash: FlashAttention-2 after Megatron's rearrange to [B, S, heads, D]: saves the
 //     contiguous q, k, v, the output and a float32 log-sum-exp [B, A, S].
-// Megatron's global memory buffer (parallel_state.get_global_memory_buffer()): a
-// workspace allocated once per rank on first use and grown when a larger one is asked.
-class GlobalMemoryBuffer {
- public:
-  at::Tensor Get(at::IntArrayRef shape, at::ScalarType dtype);
-
- private:
-  at::Tensor buffer_;
-};
-
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace);
 
-// Megatron's vocab_parallel_cross_entropy (tp=1) on logits [S, B, V] in the training
-// dtype: upcasts to a float32 copy, turns it into softmax in place and saves it; backward
+// Megatron's vocab_parallel_cross_entropy on logits [S, B, V/tp] in the training dtype:
+// upcasts to a float32 copy, turns it into softmax in place (all-reducing the max, the
+// target logits and the sum over the tensor-parallel group) and saves it; backward
 // writes the gradient into that buffer in place. Returns the float32 loss [S, B].
-at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels);
+at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
+                             int64_t tp_group = 1);
 
 // Megatron's CheckpointFunction (activation recomputation): runs `fn` saving nothing but
 // its inputs, and runs it again in backward, in the module that was current here.

@@ -7,14 +7,27 @@
 
 namespace memsim {
 
-MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind)
-    : store_(store), kind_(kind) {
+namespace {
+
+// This rank's shard of a flattened tensor: ceil(numel / shards) elements.
+at::Tensor Shard(const at::Tensor& t, int64_t shards) {
+  if (shards == 1) return t.detach();
+  const at::Tensor flat = t.detach().view({-1});
+  return flat.narrow(0, 0, (flat.numel() + shards - 1) / shards);
+}
+
+}  // namespace
+
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind,
+                                                 int64_t shards)
+    : store_(store), kind_(kind), shards_(shards) {
   ModuleScope scope("optimizer");
   CategoryScope category(Category::kOptimizerState);
   at::NoGradGuard no_grad;
   for (Parameter& p : store->parameters()) {
-    masters_.push_back(
-        store->precision() == Precision::kFp32 ? p.data : p.data.detach().clone().to(at::kFloat));
+    const at::Tensor shard = Shard(p.data, shards_);
+    masters_.push_back(store->precision() == Precision::kFp32 ? shard
+                                                              : shard.clone().to(at::kFloat));
   }
 }
 
@@ -30,8 +43,8 @@ void MixedPrecisionOptimizer::Step() {
   {
     CategoryScope category(Category::kGradient);
     for (Parameter& p : store_->parameters()) {
-      master_grads_.push_back(store_->precision() == Precision::kFp16 ? p.main_grad.to(at::kFloat)
-                                                                      : p.main_grad);
+      const at::Tensor grad = Shard(p.main_grad, shards_);
+      master_grads_.push_back(store_->precision() == Precision::kFp16 ? grad.to(at::kFloat) : grad);
     }
   }
   if (exp_avgs_.empty()) {
@@ -50,7 +63,7 @@ void MixedPrecisionOptimizer::Step() {
   }
   if (store_->precision() != Precision::kFp32) {
     size_t i = 0;
-    for (Parameter& p : store_->parameters()) p.data.detach().copy_(masters_[i++]);
+    for (Parameter& p : store_->parameters()) Shard(p.data, shards_).copy_(masters_[i++]);
   }
   if (store_->precision() != Precision::kFp16) master_grads_.clear();  // views only
 }

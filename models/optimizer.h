@@ -9,6 +9,12 @@
 //                first step only: Adam's exp_avg and exp_avg_sq (fp32, zeros_like master),
 //                SGD's momentum buffer; one fused multi-tensor update in place; 16-bit
 //                parameters copied back from the masters in place.
+//
+// With Megatron's distributed optimizer (ZeRO-1) the masters, master gradients and Adam
+// state cover only this data-parallel rank's 1/dp of every parameter: 6 + 12/dp bytes
+// per parameter for bf16, 4 + 16/dp for fp16, 8 + 8/dp for fp32. (Megatron shards one
+// contiguous range of the gradient buffer per rank; memsim gives each parameter a
+// ceil(numel/dp) shard instead: the same bytes, split over more, smaller tensors.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,7 +29,8 @@ namespace memsim {
 class MixedPrecisionOptimizer {
  public:
   // Allocates the master parameters (in the setup phase, as optimizer construction does).
-  MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind);
+  // `shards`: the data-parallel size with a distributed optimizer, else 1.
+  MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind, int64_t shards = 1);
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
 
@@ -33,6 +40,7 @@ class MixedPrecisionOptimizer {
  private:
   ParameterStore* store_;
   OptimizerKind kind_;
+  int64_t shards_;
   int64_t step_ = 0;
   std::vector<at::Tensor> masters_;       // fp32; the parameters themselves for fp32
   std::vector<at::Tensor> master_grads_;  // fp16 training: owned copies; else main_grad

@@ -5,23 +5,25 @@
 #include <algorithm>
 #include <string>
 
+#include "parallel/tensor_parallel.h"
 #include "simulator/session.h"
 
 namespace memsim {
 
 TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfig& training,
-                                   ParameterStore* store)
-    : model_(model), training_(training) {
-  const int64_t H = model.hidden_size, A = model.num_attention_heads, G = model.num_query_groups;
-  const int64_t D = model.head_dim, F = model.ffn_hidden_size, V = model.padded_vocab_size;
+                                   const ModelShard& shard, ParameterStore* store)
+    : model_(model),
+      training_(training),
+      shard_(shard),
+      activation_dtype_(store->param_dtype()),
+      workspace_(c10::make_intrusive<GlobalMemoryBuffer>()) {
+  const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
   const bool layer_norm = model.norm == NormKind::kLayerNorm;
-  const bool bias = model.add_bias_linear;
-  const int64_t fc1_out = model.activation == ActivationKind::kSwiglu ? 2 * F : F;
-  {
+  if (shard.first_stage) {
     ModuleScope scope("embedding");
     {
       ModuleScope inner("word_embeddings");
-      word_embeddings_ = store->Add("weight", {V, H});
+      word_embeddings_ = store->Add("weight", {V / tp, H});
     }
     if (model.position == PositionKind::kLearned) {
       ModuleScope inner("position_embeddings");
@@ -30,59 +32,92 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       position_embeddings_ = store->Add("weight", {positions, H});
     }
   }
-  ModuleScope decoder("decoder");
-  for (int64_t l = 0; l < model.num_layers; ++l) {
-    ModuleScope layer_scope("layers." + std::to_string(l));
-    Layer layer{};
-    {
-      ModuleScope s("input_layernorm");
-      layer.input_norm_weight = store->Add("weight", {H});
-      if (layer_norm) layer.input_norm_bias = store->Add("bias", {H});
+  {
+    ModuleScope decoder("decoder");
+    for (const auto& [first, count] : shard.chunks) {
+      std::vector<Layer>& chunk = chunks_.emplace_back();
+      for (int64_t l = first; l < first + count; ++l) chunk.push_back(CreateLayer(l, store));
     }
-    {
-      ModuleScope s("self_attention");
-      {
-        ModuleScope q("linear_qkv");
-        layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D, H});
-        if (model.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D});
-      }
-      ModuleScope p("linear_proj");
-      layer.proj_weight = store->Add("weight", {H, A * D});
-      if (bias) layer.proj_bias = store->Add("bias", {H});
+    if (shard.last_stage) {
+      ModuleScope s("final_layernorm");
+      final_norm_weight_ = store->Add("weight", {H});
+      if (layer_norm) final_norm_bias_ = store->Add("bias", {H});
     }
-    {
-      ModuleScope s("pre_mlp_layernorm");
-      layer.mlp_norm_weight = store->Add("weight", {H});
-      if (layer_norm) layer.mlp_norm_bias = store->Add("bias", {H});
+  }
+  if (shard.last_stage) {
+    if (model.tie_embeddings && shard.first_stage) {
+      output_weight_ = word_embeddings_;
+    } else {
+      // Untied, or the last stage's copy of a tied embedding (Megatron keeps both in sync
+      // by all-reducing their gradients between the first and last stage).
+      ModuleScope s("output_layer");
+      output_weight_ = store->Add("weight", {V / tp, H});
     }
-    {
-      ModuleScope s("mlp");
-      {
-        ModuleScope f("linear_fc1");
-        layer.fc1_weight = store->Add("weight", {fc1_out, H});
-        if (bias) layer.fc1_bias = store->Add("bias", {fc1_out});
-      }
-      ModuleScope f("linear_fc2");
-      layer.fc2_weight = store->Add("weight", {H, F});
-      if (bias) layer.fc2_bias = store->Add("bias", {H});
-    }
-    layers_.push_back(layer);
+  }
+}
+
+TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterStore* store) {
+  const int64_t H = model_.hidden_size, A = model_.num_attention_heads;
+  const int64_t G = model_.num_query_groups, D = model_.head_dim, F = model_.ffn_hidden_size;
+  const int64_t tp = shard_.tp;
+  const bool layer_norm = model_.norm == NormKind::kLayerNorm;
+  const bool bias = model_.add_bias_linear;
+  const int64_t fc1_out = (model_.activation == ActivationKind::kSwiglu ? 2 * F : F) / tp;
+  ModuleScope layer_scope("layers." + std::to_string(index));
+  Layer layer{};
+  layer.index = index;
+  {
+    ModuleScope s("input_layernorm");
+    layer.input_norm_weight = store->Add("weight", {H});
+    if (layer_norm) layer.input_norm_bias = store->Add("bias", {H});
   }
   {
-    ModuleScope s("final_layernorm");
-    final_norm_weight_ = store->Add("weight", {H});
-    if (layer_norm) final_norm_bias_ = store->Add("bias", {H});
+    ModuleScope s("self_attention");
+    {
+      ModuleScope q("linear_qkv");
+      layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D / tp, H});
+      if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D / tp});
+    }
+    ModuleScope p("linear_proj");
+    layer.proj_weight = store->Add("weight", {H, A * D / tp});
+    if (bias) layer.proj_bias = store->Add("bias", {H});
   }
-  if (model.tie_embeddings) {
-    output_weight_ = word_embeddings_;
-  } else {
-    ModuleScope s("output_layer");
-    output_weight_ = store->Add("weight", {V, H});
+  {
+    ModuleScope s("pre_mlp_layernorm");
+    layer.mlp_norm_weight = store->Add("weight", {H});
+    if (layer_norm) layer.mlp_norm_bias = store->Add("bias", {H});
   }
+  ModuleScope s("mlp");
+  {
+    ModuleScope f("linear_fc1");
+    layer.fc1_weight = store->Add("weight", {fc1_out, H});
+    if (bias) layer.fc1_bias = store->Add("bias", {fc1_out});
+  }
+  ModuleScope f("linear_fc2");
+  layer.fc2_weight = store->Add("weight", {H, F / tp});
+  if (bias) layer.fc2_bias = store->Add("bias", {H});
+  return layer;
+}
+
+std::vector<int64_t> TransformerModel::HiddenShape() const {
+  int64_t seq = training_.seq_length / shard_.cp;
+  if (shard_.sequence_parallel) seq /= shard_.tp;
+  return {seq, training_.micro_batch_size, model_.hidden_size};
 }
 
 double TransformerModel::hidden_dropout() const {
   return training_.dropout ? model_.hidden_dropout : 0.0;
+}
+
+LinearParallelism TransformerModel::ColumnParallel() const {
+  LinearParallelism p;
+  if (shard_.sequence_parallel) {
+    p.gather_input_group = shard_.tp;
+    p.workspace = workspace_;
+  } else {
+    p.all_reduce_input_grad_group = shard_.tp;
+  }
+  return p;
 }
 
 at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parameter* bias) {
@@ -91,13 +126,15 @@ at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parame
 
 at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   ModuleScope scope("self_attention");
-  const int64_t S = ln_out.size(0), B = ln_out.size(1);
-  const int64_t A = model_.num_attention_heads, G = model_.num_query_groups, D = model_.head_dim;
+  const int64_t tp = shard_.tp;
+  const int64_t A = model_.num_attention_heads / tp, G = model_.num_query_groups / tp;
+  const int64_t D = model_.head_dim;
   at::Tensor qkv;
   {
     ModuleScope s("linear_qkv");
-    qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias);  // [S, B, (A + 2G) * D]
+    qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, ColumnParallel());  // [S, B, (A+2G)D]
   }
+  const int64_t S = qkv.size(0), B = qkv.size(1);
   // SelfAttention.get_query_key_value_tensors: [S, B, G, (A/G + 2) * D] split per group.
   const at::Tensor grouped = qkv.view({S, B, G, (A / G + 2) * D});
   qkv.reset();
@@ -116,7 +153,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     ModuleScope s("core_attention");
     auto core = [this, attention_dropout](const std::vector<at::Tensor>& qkv_parts) {
       return CoreAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2], training_.attention,
-                           attention_dropout, workspace_);
+                           attention_dropout, *workspace_);
     };
     // Selective recomputation checkpoints core attention (Megatron's
     // _checkpointed_attention_forward); FlashAttention keeps no S^2 tensor to save.
@@ -128,7 +165,10 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     }
   }
   ModuleScope s("linear_proj");
-  return Linear(context, *layer.proj_weight, nullptr);  // bias added in BiasDropoutAdd
+  // Row-parallel, bias added in BiasDropoutAdd (skip_bias_add).
+  at::Tensor out = Linear(context, *layer.proj_weight, nullptr);
+  return shard_.sequence_parallel ? ReduceScatterToSequenceParallelRegion(out, tp)
+                                  : ReduceFromTensorParallelRegion(out, tp);
 }
 
 at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
@@ -136,12 +176,14 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor h;
   {
     ModuleScope s("linear_fc1");
-    h = Linear(ln_out, *layer.fc1_weight, nullptr);
+    h = Linear(ln_out, *layer.fc1_weight, nullptr, ColumnParallel());
   }
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
   h = model_.activation == ActivationKind::kGelu ? at::gelu(h) : Swiglu(h);
   ModuleScope s("linear_fc2");
-  return Linear(h, *layer.fc2_weight, nullptr);
+  at::Tensor out = Linear(h, *layer.fc2_weight, nullptr);
+  return shard_.sequence_parallel ? ReduceScatterToSequenceParallelRegion(out, shard_.tp)
+                                  : ReduceFromTensorParallelRegion(out, shard_.tp);
 }
 
 at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden) {
@@ -163,86 +205,108 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   return BiasDropoutAdd(mlp_out, layer.fc2_bias, residual, hidden_dropout());
 }
 
-at::Tensor TransformerModel::Decoder(const at::Tensor& input) {
+at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
   ModuleScope decoder("decoder");
-  const int64_t L = model_.num_layers;
-  const int64_t N = training_.recompute_num_layers;
-  auto run_layers = [this](int64_t first, int64_t last, at::Tensor hidden) {
-    for (int64_t l = first; l < last; ++l) {
-      ModuleScope s("layers." + std::to_string(l));
-      hidden = LayerForward(layers_[static_cast<size_t>(l)], hidden);
+  std::vector<Layer>& layers = chunks_[static_cast<size_t>(chunk)];
+  const int64_t n = static_cast<int64_t>(layers.size());
+  const int64_t group = training_.recompute_num_layers;
+  auto run_layers = [this, &layers](int64_t first, int64_t last, at::Tensor hidden) {
+    for (int64_t i = first; i < last; ++i) {
+      Layer& layer = layers[static_cast<size_t>(i)];
+      ModuleScope s("layers." + std::to_string(layer.index));
+      hidden = LayerForward(layer, hidden);
     }
     return hidden;
   };
   at::Tensor hidden = input;
-  if (training_.recompute != RecomputeKind::kFull) {
-    hidden = run_layers(0, L, hidden);
-  } else if (training_.recompute_method == RecomputeMethod::kUniform) {
-    // Megatron's _checkpointed_forward, uniform: checkpoint every chunk of N layers.
-    for (int64_t l = 0; l < L; l += N) {
-      const int64_t last = std::min(L, l + N);
+  if (training_.recompute != RecomputeKind::kFull) return run_layers(0, n, hidden);
+  // Megatron's TransformerBlock._checkpointed_forward, over this chunk's layers.
+  for (int64_t i = 0; i < n;) {
+    const bool uniform = training_.recompute_method == RecomputeMethod::kUniform;
+    // uniform: checkpoint every group of N layers; block: each of the first N layers.
+    const int64_t last = uniform ? std::min(n, i + group) : i + 1;
+    if (uniform || i < group) {
       hidden =
-          Checkpoint([run_layers, l, last](
-                         const std::vector<at::Tensor>& in) { return run_layers(l, last, in[0]); },
+          Checkpoint([run_layers, i, last](
+                         const std::vector<at::Tensor>& in) { return run_layers(i, last, in[0]); },
                      {hidden});
+    } else {
+      hidden = run_layers(i, last, hidden);
     }
-  } else {
-    // block: checkpoint each of the first N layers; run the rest normally.
-    for (int64_t l = 0; l < L; ++l) {
-      if (l < N) {
-        hidden = Checkpoint(
-            [run_layers, l](const std::vector<at::Tensor>& in) {
-              return run_layers(l, l + 1, in[0]);
-            },
-            {hidden});
-      } else {
-        hidden = run_layers(l, l + 1, hidden);
-      }
-    }
+    i = last;
   }
-  ModuleScope s("final_layernorm");
-  return Norm(hidden, final_norm_weight_, final_norm_bias_);
+  return hidden;
 }
 
-at::Tensor TransformerModel::Forward() {
-  const int64_t S = training_.seq_length, B = training_.micro_batch_size;
-  const auto meta = at::TensorOptions().device(at::kMeta);
-  at::Tensor tokens, labels, loss_mask, attention_mask, position_ids;
+at::Tensor TransformerModel::Embed(const at::Tensor& tokens, const at::Tensor& position_ids) {
+  ModuleScope s("embedding");
+  const int64_t tp = shard_.tp;
+  at::Tensor embeddings;
   {
-    ModuleScope s("batch");  // get_batch: the microbatch on the GPU
-    tokens = at::empty({B, S}, meta.dtype(at::kLong));
-    labels = at::empty({B, S}, meta.dtype(at::kLong));
-    loss_mask = at::empty({B, S}, meta.dtype(at::kFloat));
-    attention_mask = at::empty({B, 1, S, S}, meta.dtype(at::kBool));
-    position_ids = at::empty({B, S}, meta.dtype(at::kLong));
-  }
-  at::Tensor hidden;
-  {
-    ModuleScope s("embedding");
-    at::Tensor embeddings;
-    {
-      ModuleScope w("word_embeddings");
-      embeddings = Embedding(tokens, *word_embeddings_);  // [B, S, H]
+    ModuleScope w("word_embeddings");
+    // VocabParallelEmbedding: with tp > 1 the indices outside this rank's vocabulary
+    // shard are masked (a bool mask and a shifted int64 copy, which is what is saved).
+    at::Tensor indices = tokens;
+    at::Tensor outside;
+    if (tp > 1) {
+      outside = tokens.lt(0).logical_or_(tokens.ge(model_.padded_vocab_size / tp));
+      indices = tokens.sub(0).masked_fill_(outside, 0);
     }
-    if (position_embeddings_ != nullptr) {
-      ModuleScope p("position_embeddings");
-      embeddings = embeddings + Embedding(position_ids, *position_embeddings_);
-    }
-    hidden = Dropout(embeddings.transpose(0, 1).contiguous(), hidden_dropout());  // [S, B, H]
+    embeddings = Embedding(indices, *word_embeddings_);  // [B, S, H]
+    if (tp > 1) embeddings.masked_fill_(outside.unsqueeze(-1), 0.0);
+    embeddings = ReduceFromTensorParallelRegion(embeddings, tp);
   }
-  hidden = Decoder(hidden);
+  if (position_embeddings_ != nullptr) {
+    ModuleScope p("position_embeddings");
+    embeddings = embeddings + Embedding(position_ids, *position_embeddings_);
+  }
+  at::Tensor hidden = embeddings.transpose(0, 1).contiguous();  // [S, B, H]
+  embeddings.reset();
+  if (shard_.sequence_parallel) hidden = ScatterToSequenceParallelRegion(hidden, tp);
+  return Dropout(hidden, hidden_dropout());
+}
+
+at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& labels,
+                                  const at::Tensor& loss_mask) {
   at::Tensor loss;
   {
     ModuleScope s("output_layer");
-    at::Tensor logits = Linear(hidden, *output_weight_, nullptr);  // [S, B, V]
-    hidden.reset();
-    loss = VocabCrossEntropy(logits, labels.transpose(0, 1).contiguous());  // [S, B] fp32
+    at::Tensor logits = Linear(hidden, *output_weight_, nullptr, ColumnParallel());  // [S, B, V/tp]
+    loss = VocabCrossEntropy(logits, labels.transpose(0, 1).contiguous(), shard_.tp);  // [S, B]
   }
   // loss_func: masked mean over tokens.
   ModuleScope s("loss");
   const at::Tensor losses = loss.transpose(0, 1).contiguous().view({-1});
   const at::Tensor mask = loss_mask.view({-1});
   return at::sum(losses * mask) / mask.sum();
+}
+
+at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input) {
+  const int64_t S = training_.seq_length / shard_.cp, B = training_.micro_batch_size;
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  const bool embed = ChunkHasEmbedding(chunk), loss = ChunkHasLoss(chunk);
+  at::Tensor tokens, position_ids, labels, loss_mask, attention_mask;
+  if (embed || loss) {
+    ModuleScope s("batch");  // get_batch: this microbatch's data on the GPU
+    if (embed) {
+      tokens = at::empty({B, S}, meta.dtype(at::kLong));
+      position_ids = at::empty({B, S}, meta.dtype(at::kLong));
+    }
+    if (loss) {
+      labels = at::empty({B, S}, meta.dtype(at::kLong));
+      loss_mask = at::empty({B, S}, meta.dtype(at::kFloat));
+    }
+    attention_mask = at::empty({B, 1, S, S}, meta.dtype(at::kBool));
+  }
+  at::Tensor hidden = embed ? Embed(tokens, position_ids) : input;
+  hidden = Layers(chunk, hidden);
+  if (!loss) return hidden;
+  {
+    ModuleScope decoder("decoder");
+    ModuleScope s("final_layernorm");
+    hidden = Norm(hidden, final_norm_weight_, final_norm_bias_);
+  }
+  return Loss(hidden, labels, loss_mask);
 }
 
 }  // namespace memsim

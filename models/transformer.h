@@ -1,37 +1,43 @@
 // The decoder-only transformer that GPT and the Llama family share, as Megatron-Core's
-// GPTModel builds it (megatron/core/models/gpt/gpt_model.py) at tp = pp = 1.
+// GPTModel builds it (megatron/core/models/gpt/gpt_model.py), for one model-parallel
+// shard: tensor parallelism shards the weights, pipeline parallelism gives each stage a
+// range of layers (in virtual chunks), context parallelism splits the sequence.
 //
-// Parameters (legend in model_config.h), created in this order:
-//   embedding.word_embeddings.weight        (V, H)
-//   embedding.position_embeddings.weight    (S_max, H)          GPT (learned) only
-//   per layer l in [0, L), prefix decoder.layers.l:
+// Parameters of a shard (legend in model_config.h; tp = tensor-parallel size):
+//   embedding.word_embeddings.weight        (V/tp, H)            first stage
+//   embedding.position_embeddings.weight    (S_max, H)           first stage, GPT only
+//   per layer l held by the stage, prefix decoder.layers.l:
 //     input_layernorm.weight                 (H)
-//     input_layernorm.bias                   (H)                 LayerNorm only
-//     self_attention.linear_qkv.weight       ((A + 2G) * D, H)
-//     self_attention.linear_qkv.bias         ((A + 2G) * D)      if add_qkv_bias
-//     self_attention.linear_proj.weight      (H, A * D)
-//     self_attention.linear_proj.bias        (H)                 if add_bias_linear
+//     input_layernorm.bias                   (H)                  LayerNorm only
+//     self_attention.linear_qkv.weight       ((A + 2G) * D / tp, H)
+//     self_attention.linear_qkv.bias         ((A + 2G) * D / tp)  if add_qkv_bias
+//     self_attention.linear_proj.weight      (H, A * D / tp)
+//     self_attention.linear_proj.bias        (H)                  if add_bias_linear
 //     pre_mlp_layernorm.weight / .bias       (H)
-//     mlp.linear_fc1.weight                  (F, H) GeLU; (2F, H) SwiGLU
-//     mlp.linear_fc1.bias                    (F or 2F)           if add_bias_linear
-//     mlp.linear_fc2.weight                  (H, F)
-//     mlp.linear_fc2.bias                    (H)                 if add_bias_linear
-//   decoder.final_layernorm.weight / .bias   (H)
-//   output_layer.weight                      (V, H)              untied only
+//     mlp.linear_fc1.weight                  (F/tp, H) GeLU; (2F/tp, H) SwiGLU
+//     mlp.linear_fc1.bias                    (F/tp or 2F/tp)      if add_bias_linear
+//     mlp.linear_fc2.weight                  (H, F/tp)
+//     mlp.linear_fc2.bias                    (H)                  if add_bias_linear
+//   decoder.final_layernorm.weight / .bias   (H)                  last stage
+//   output_layer.weight                      (V/tp, H)            last stage; with tied
+//                                                                 embeddings and pp > 1 a
+//                                                                 copy of the embedding
 //
-// Parameter count (GPT, tied): V*H + S*H + L*(12*H^2 + 13*H) + 2*H.
+// Parameter count (GPT, tied, unsharded): V*H + S*H + L*(12*H^2 + 13*H) + 2*H.
 //
 // Activations a layer saves for backward, 16-bit, eager attention, dropout on, no
-// recomputation (Korthikanti et al. 2022, Table 2), in bytes:
-//   input_layernorm input 2SBH + ln output 2SBH + QKV 6SBH + softmax 2AS^2B +
-//   dropout mask AS^2B + dropout output 2AS^2B + projection input 2SBH + mask SBH +
-//   pre_mlp_layernorm input 2SBH + ln output 2SBH + fc1 output 8SBH + GeLU output 8SBH +
-//   mask SBH = SBH(34 + 5AS/H); plus what the paper leaves out: each LayerNorm's float32
-//   mean and rstd (2 * 2 * 4SB = 16SB).
+// recomputation (Korthikanti et al. 2022, Table 2), in bytes, t = tp:
+//   input_layernorm input 2SBH + ln output 2SBH + QKV 6SBH/t + softmax 2AS^2B/t +
+//   dropout mask AS^2B/t + dropout output 2AS^2B/t + projection input 2SBH/t + mask SBH +
+//   pre_mlp_layernorm input 2SBH + ln output 2SBH + fc1 output 8SBH/t + GeLU output
+//   8SBH/t + mask SBH = SBH(10 + 24/t + 5AS/(Ht)); with sequence parallelism the 10SBH
+//   of LayerNorms and masks is sharded too: SBH(34/t + 5AS/(Ht)). The real kernels also
+//   keep each LayerNorm's float32 mean and rstd (2 * 2 * 4SB, /t with SP).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
 #include <vector>
 
 #include "models/layers.h"
@@ -40,19 +46,53 @@
 
 namespace memsim {
 
+// Which part of the model a rank holds, and how it is split.
+struct ModelShard {
+  int64_t tp = 1;
+  bool sequence_parallel = false;
+  int64_t cp = 1;
+  // Per virtual pipeline chunk: [first layer, first layer + count). Chunk 0 of the first
+  // stage holds the embedding; the last chunk of the last stage the output layer.
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  bool first_stage = true;
+  bool last_stage = true;
+
+  // The whole model on one rank.
+  static ModelShard Whole(const ModelConfig& model) {
+    ModelShard shard;
+    shard.chunks = {{0, model.num_layers}};
+    return shard;
+  }
+};
+
 class TransformerModel {
  public:
-  // Creates every parameter in `store`, recorded under its module path.
-  // REQUIRES: `model` passed FinalizeModelConfig, `training` ValidateTrainingConfig.
-  TransformerModel(const ModelConfig& model, const TrainingConfig& training, ParameterStore* store);
+  // Creates every parameter of the shard in `store`, recorded under its module path.
+  // REQUIRES: `model` passed FinalizeModelConfig (with shard.tp) and `training`
+  // ValidateTrainingConfig; the shard's sizes divide the model's (FinalizeLayout).
+  TransformerModel(const ModelConfig& model, const TrainingConfig& training,
+                   const ModelShard& shard, ParameterStore* store);
 
-  // One microbatch's forward through the loss: allocates the batch (tokens, labels,
-  // loss mask, attention mask, position ids, as Megatron's get_batch puts them on the
-  // GPU) and returns the scalar loss, ready for backward().
-  at::Tensor Forward();
+  int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  bool ChunkHasEmbedding(int64_t chunk) const { return shard_.first_stage && chunk == 0; }
+  bool ChunkHasLoss(int64_t chunk) const { return shard_.last_stage && chunk == num_chunks() - 1; }
+  // Shape of the hidden state between layers and pipeline stages: [S/cp (/tp with SP), B, H].
+  std::vector<int64_t> HiddenShape() const;
+  at::ScalarType activation_dtype() const { return activation_dtype_; }
+
+  // One microbatch's forward through chunk `chunk`. `input` is the hidden state received
+  // from the previous stage, undefined for the chunk holding the embedding. Allocates
+  // the microbatch's data as Megatron's get_batch puts it on the GPU (tokens and
+  // positions on the first stage, labels and loss mask on the last, the attention mask
+  // on both). Returns the hidden state to send on, or the scalar loss on the last chunk.
+  at::Tensor ForwardChunk(int64_t chunk, const at::Tensor& input);
+
+  // The whole model on one rank: ForwardChunk(0, {}).
+  at::Tensor Forward() { return ForwardChunk(0, at::Tensor()); }
 
  private:
   struct Layer {
+    int64_t index;
     Parameter* input_norm_weight;
     Parameter* input_norm_bias;  // null for RMSNorm
     Parameter* qkv_weight;
@@ -67,22 +107,28 @@ class TransformerModel {
     Parameter* fc2_bias;
   };
 
+  Layer CreateLayer(int64_t index, ParameterStore* store);
   at::Tensor Norm(const at::Tensor& x, Parameter* weight, Parameter* bias);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
-  at::Tensor Decoder(const at::Tensor& hidden);
+  at::Tensor Layers(int64_t chunk, const at::Tensor& hidden);
+  at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& position_ids);
+  at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);
+  LinearParallelism ColumnParallel() const;
   double hidden_dropout() const;
 
   ModelConfig model_;
   TrainingConfig training_;
+  ModelShard shard_;
+  at::ScalarType activation_dtype_;
   Parameter* word_embeddings_ = nullptr;
   Parameter* position_embeddings_ = nullptr;
-  std::vector<Layer> layers_;
+  std::vector<std::vector<Layer>> chunks_;  // this stage's layers, per virtual chunk
   Parameter* final_norm_weight_ = nullptr;
   Parameter* final_norm_bias_ = nullptr;
-  Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied
-  GlobalMemoryBuffer workspace_;
+  Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied on one stage
+  c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
 };
 
 }  // namespace memsim

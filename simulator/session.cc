@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "ops/collectives.h"
 #include "ops/fused_optimizers.h"
 #include "ops/meta_kernels.h"
 #include "ops/transformer_kernels.h"
@@ -16,6 +17,7 @@ Session::Session(const GpuSpec* gpu, c10::DeviceType device_type)
   RegisterMetaKernels();
   RegisterFusedOptimizers();
   RegisterTransformerKernels();
+  RegisterCollectives();
   recorder_.set_gpu(gpu);
 }
 

@@ -5,7 +5,7 @@
 
 #include "models/model_config.h"
 #include "models/parameters.h"
-#include "models/training.h"
+#include "parallel/rank_training.h"
 #include "models/transformer.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
@@ -42,7 +42,7 @@ int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConf
   Session session;
   ActiveSession active(session);
   ParameterStore store(training.precision);
-  TransformerModel transformer(model, training, &store);
+  TransformerModel transformer(model, training, ModelShard::Whole(model), &store);
   store.AllocateGradBuffer();
   session.SetPhase(Phase::kForward);
   at::Tensor loss = transformer.Forward();
@@ -168,7 +168,7 @@ int64_t ParameterCount(ModelConfig m) {
   TrainingConfig t;
   t.seq_length = m.max_position_embeddings > 0 ? m.max_position_embeddings : 2048;
   ParameterStore store(Precision::kBf16);
-  TransformerModel model(m, t, &store);
+  TransformerModel model(m, t, ModelShard::Whole(m), &store);
   return store.num_elements();
 }
 

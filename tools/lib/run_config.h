@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/model_config.h"
+#include "parallel/layout.h"
 #include "simulator/cost_model.h"
 #include "simulator/status.h"
 
@@ -19,6 +20,10 @@ namespace memsim {
 struct RunSpec {
   ModelConfig model;
   TrainingConfig training;
+  ParallelLayout layout;
+  // Samples per iteration over all data-parallel ranks; 0: use training.num_microbatches.
+  // Otherwise num_microbatches = global_batch_size / (micro_batch_size * dp).
+  int64_t global_batch_size = 0;
   const GpuSpec* gpu = nullptr;
   std::string model_source;  // preset name or file the model came from
 };

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "models/training.h"
+#include "parallel/rank_training.h"
 #include "simulator/atomic_file.h"
 #include "simulator/snapshot_writer.h"
 #include "simulator/summary_writer.h"

@@ -1,0 +1,100 @@
+#include "ops/collectives.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <mutex>
+
+namespace memsim {
+namespace {
+
+at::Tensor& AllReduceMeta(at::Tensor& t, int64_t) { return t; }
+
+at::Tensor AllGatherMeta(const at::Tensor& t, int64_t group) {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] *= group;
+  return at::empty(sizes, t.options());
+}
+
+at::Tensor ReduceScatterMeta(const at::Tensor& t, int64_t group) {
+  TORCH_CHECK(t.size(0) % group == 0, "reduce_scatter: dim 0 (", t.size(0),
+              ") is not divisible by the group size ", group);
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] /= group;
+  return at::empty(sizes, t.options());
+}
+
+at::Tensor AllToAllMeta(const at::Tensor& t, int64_t) { return at::empty_like(t); }
+void SendMeta(const at::Tensor&) {}
+at::Tensor& RecvMeta(at::Tensor& t) { return t; }
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> Op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+}  // namespace
+
+void RegisterCollectives() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static auto* def =
+        new torch::Library(torch::Library::FRAGMENT, "memsim", c10::nullopt, __FILE__, __LINE__);
+    def->def("comm_all_reduce_(Tensor(a!) t, int group) -> Tensor(a!)");
+    def->def("comm_all_gather(Tensor t, int group) -> Tensor");
+    def->def("comm_reduce_scatter(Tensor t, int group) -> Tensor");
+    def->def("comm_all_to_all(Tensor t, int group) -> Tensor");
+    def->def("comm_send(Tensor t) -> ()");
+    def->def("comm_recv_(Tensor(a!) t) -> Tensor(a!)");
+    static auto* meta = new torch::Library(torch::Library::IMPL, "memsim", c10::DispatchKey::Meta,
+                                           __FILE__, __LINE__);
+    meta->impl("comm_all_reduce_", TORCH_FN(AllReduceMeta));
+    meta->impl("comm_all_gather", TORCH_FN(AllGatherMeta));
+    meta->impl("comm_reduce_scatter", TORCH_FN(ReduceScatterMeta));
+    meta->impl("comm_all_to_all", TORCH_FN(AllToAllMeta));
+    meta->impl("comm_send", TORCH_FN(SendMeta));
+    meta->impl("comm_recv_", TORCH_FN(RecvMeta));
+    // Their gradients are the parallel layers' business (parallel/tensor_parallel.cc).
+    static auto* autograd = new torch::Library(torch::Library::IMPL, "memsim",
+                                               c10::DispatchKey::Autograd, __FILE__, __LINE__);
+    for (const char* op : {"comm_all_reduce_", "comm_all_gather", "comm_reduce_scatter",
+                           "comm_all_to_all", "comm_send", "comm_recv_"}) {
+      autograd->impl(op, torch::CppFunction::makeFallthrough());
+    }
+  });
+}
+
+at::Tensor AllReduceInPlace(const at::Tensor& t, int64_t group_size) {
+  static const auto op = Op<at::Tensor&(at::Tensor&, int64_t)>("memsim::comm_all_reduce_");
+  at::Tensor out = t;
+  return op.call(out, group_size);
+}
+
+at::Tensor AllGather(const at::Tensor& t, int64_t group_size) {
+  static const auto op = Op<at::Tensor(const at::Tensor&, int64_t)>("memsim::comm_all_gather");
+  return op.call(t, group_size);
+}
+
+at::Tensor ReduceScatter(const at::Tensor& t, int64_t group_size) {
+  static const auto op = Op<at::Tensor(const at::Tensor&, int64_t)>("memsim::comm_reduce_scatter");
+  return op.call(t, group_size);
+}
+
+at::Tensor AllToAll(const at::Tensor& t, int64_t group_size) {
+  static const auto op = Op<at::Tensor(const at::Tensor&, int64_t)>("memsim::comm_all_to_all");
+  return op.call(t, group_size);
+}
+
+void Send(const at::Tensor& t) {
+  static const auto op = Op<void(const at::Tensor&)>("memsim::comm_send");
+  op.call(t);
+}
+
+void ReceiveInto(const at::Tensor& t) {
+  static const auto op = Op<at::Tensor&(at::Tensor&)>("memsim::comm_recv_");
+  at::Tensor out = t;
+  op.call(out);
+}
+
+}  // namespace memsim

@@ -1,0 +1,144 @@
+#include "parallel/layout.h"
+
+#include "simulator/checked_math.h"
+
+namespace memsim {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+std::string DataParallelName(DataParallelKind kind) {
+  switch (kind) {
+    case DataParallelKind::kDdp:
+      return "ddp";
+    case DataParallelKind::kDistributedOptimizer:
+      return "distributed-optimizer";
+    case DataParallelKind::kZero2:
+      return "zero2";
+    case DataParallelKind::kFsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
+  for (auto [value, name] : {std::pair{l->world_size, "world size"},
+                             {l->tp, "TP"},
+                             {l->pp, "PP"},
+                             {l->vpp, "VPP"},
+                             {l->cp, "CP"},
+                             {l->ep, "EP"}}) {
+    if (value <= 0)
+      return Status::Error(std::string(name) + " must be positive, got " + Str(value));
+  }
+  if (l->etp < 0) return Status::Error("ETP must not be negative");
+  if (l->etp == 0) l->etp = l->tp;
+  const int64_t model_parallel = CheckedMul(CheckedMul(l->tp, l->pp), l->cp);
+  if (l->world_size % model_parallel != 0) {
+    return Status::Error("world size " + Str(l->world_size) +
+                         " is not a multiple of TP*PP*CP = " + Str(l->tp) + "*" + Str(l->pp) + "*" +
+                         Str(l->cp) + " = " + Str(model_parallel));
+  }
+  l->dp = l->world_size / model_parallel;
+  if (m.num_attention_heads % l->tp != 0) {
+    return Status::Error("TP=" + Str(l->tp) + " does not divide " + Str(m.num_attention_heads) +
+                         " attention heads");
+  }
+  if (m.num_query_groups % l->tp != 0) {
+    return Status::Error("TP=" + Str(l->tp) + " does not divide " + Str(m.num_query_groups) +
+                         " query groups (kv heads)");
+  }
+  if (m.ffn_hidden_size % l->tp != 0) {
+    return Status::Error("TP=" + Str(l->tp) + " does not divide FFN hidden size " +
+                         Str(m.ffn_hidden_size));
+  }
+  if (l->sequence_parallel && l->tp == 1) l->sequence_parallel = false;  // as Megatron does
+  if (l->vpp > 1 && l->pp == 1) {
+    return Status::Error("VPP=" + Str(l->vpp) + " needs pipeline parallelism (PP > 1)");
+  }
+  const int64_t chunks = l->pp * l->vpp;
+  if (l->first_stage_layers == 0 && l->last_stage_layers == 0) {
+    if (m.num_layers % chunks != 0) {
+      return Status::Error("PP*VPP=" + Str(l->pp) + "*" + Str(l->vpp) + " does not divide " +
+                           Str(m.num_layers) +
+                           " layers; give first/last stage layers for an uneven split");
+    }
+  } else {
+    if (l->vpp > 1)
+      return Status::Error("uneven first/last stage layers cannot be combined with VPP");
+    if (l->pp < 2) return Status::Error("uneven first/last stage layers need PP >= 2");
+    const int64_t middle_stages = l->pp - 2;
+    const int64_t rest = m.num_layers - l->first_stage_layers - l->last_stage_layers;
+    if (l->first_stage_layers <= 0 || l->last_stage_layers <= 0 || rest < 0 ||
+        (middle_stages == 0 ? rest != 0 : rest % middle_stages != 0)) {
+      return Status::Error("first stage " + Str(l->first_stage_layers) + " + last stage " +
+                           Str(l->last_stage_layers) + " layers leave " + Str(rest) + " of " +
+                           Str(m.num_layers) + " layers, which " + Str(middle_stages) +
+                           " middle stages cannot split evenly");
+    }
+  }
+  if (m.num_experts > 0) {
+    if (m.num_experts % l->ep != 0) {
+      return Status::Error("EP=" + Str(l->ep) + " does not divide " + Str(m.num_experts) +
+                           " experts");
+    }
+    const int64_t expert_model_parallel = CheckedMul(l->etp, l->ep);
+    const int64_t dense_ranks = CheckedMul(CheckedMul(l->tp, l->cp), l->dp);
+    if (dense_ranks % expert_model_parallel != 0) {
+      return Status::Error("ETP*EP=" + Str(l->etp) + "*" + Str(l->ep) +
+                           " does not divide TP*CP*DP=" + Str(dense_ranks) + " ranks of a stage");
+    }
+    l->edp = dense_ranks / expert_model_parallel;
+    const int64_t moe_ffn = m.moe_ffn_hidden_size;
+    if (moe_ffn % l->etp != 0) {
+      return Status::Error("ETP=" + Str(l->etp) + " does not divide the expert FFN size " +
+                           Str(moe_ffn));
+    }
+  } else if (l->ep > 1) {
+    return Status::Error("EP=" + Str(l->ep) +
+                         " needs a mixture-of-experts model (num_experts > 0)");
+  } else {
+    l->edp = l->dp;
+  }
+  return Status::OK();
+}
+
+RankCoordinates CoordinatesOf(const ParallelLayout& l, int64_t rank) {
+  RankCoordinates c;
+  c.tp_rank = rank % l.tp;
+  rank /= l.tp;
+  c.cp_rank = rank % l.cp;
+  rank /= l.cp;
+  c.dp_rank = rank % l.dp;
+  c.pp_rank = rank / l.dp;
+  return c;
+}
+
+int64_t RankOf(const ParallelLayout& l, const RankCoordinates& c) {
+  return c.tp_rank + l.tp * (c.cp_rank + l.cp * (c.dp_rank + l.dp * c.pp_rank));
+}
+
+int64_t LayersOnStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_rank,
+                      int64_t chunk) {
+  if (l.first_stage_layers == 0 && l.last_stage_layers == 0) return m.num_layers / (l.pp * l.vpp);
+  if (pp_rank == 0) return l.first_stage_layers;
+  if (pp_rank == l.pp - 1) return l.last_stage_layers;
+  return (m.num_layers - l.first_stage_layers - l.last_stage_layers) / (l.pp - 2);
+}
+
+int64_t FirstLayerOfStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_rank,
+                          int64_t chunk) {
+  // Interleaved chunks: chunk c of stage r holds model chunk c * pp + r.
+  int64_t first = 0;
+  for (int64_t c = 0; c <= chunk; ++c) {
+    for (int64_t r = 0; r < l.pp; ++r) {
+      if (c == chunk && r == pp_rank) return first;
+      first += LayersOnStage(l, m, r, c);
+    }
+  }
+  return first;
+}
+
+}  // namespace memsim

@@ -1,0 +1,69 @@
+// ParallelLayout: how a training job is split over GPUs, with Megatron-LM's rank order.
+//
+// world = tp * cp * dp * pp ranks. Megatron-LM's default order "tp-cp-ep-dp-pp" puts the
+// tensor-parallel index fastest:
+//   rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
+// Expert layers regroup the same ranks as etp * ep * edp (expert-data-parallel) within
+// each pipeline stage: tp * cp * dp = etp * ep * edp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/model_config.h"
+#include "simulator/status.h"
+
+namespace memsim {
+
+// How data parallelism shards model state (Megatron DDP and its distributed optimizer,
+// or FSDP).
+enum class DataParallelKind {
+  kDdp,                   // every rank holds everything
+  kDistributedOptimizer,  // ZeRO-1: fp32 master weights and Adam states sharded over dp
+  kZero2,                 // ... and gradients
+  kFsdp,                  // ZeRO-3: parameters too, gathered around each layer
+};
+
+struct ParallelLayout {
+  int64_t world_size = 1;
+  int64_t tp = 1;  // tensor parallel
+  bool sequence_parallel = false;
+  int64_t pp = 1;   // pipeline parallel
+  int64_t vpp = 1;  // virtual pipeline stages (model chunks) per pipeline rank
+  int64_t cp = 1;   // context parallel
+  int64_t ep = 1;   // expert parallel
+  int64_t etp = 0;  // expert tensor parallel; 0: = tp
+  // Uneven pipelines: layers on the first and last stage (0: even split).
+  int64_t first_stage_layers = 0;
+  int64_t last_stage_layers = 0;
+  DataParallelKind data_parallel = DataParallelKind::kDdp;
+  bool deallocate_pipeline_outputs = true;  // Megatron-LM sets it for every run
+
+  int64_t dp = 1;   // derived: world / (tp * pp * cp)
+  int64_t edp = 1;  // derived: expert data parallel = tp * cp * dp / (etp * ep)
+};
+
+// Where one rank sits in every group.
+struct RankCoordinates {
+  int64_t tp_rank, cp_rank, dp_rank, pp_rank;
+};
+
+// Derives dp, edp, etp and checks every rule against the model; the error names the rule
+// and the numbers ("TP=3 does not divide 32 attention heads").
+// REQUIRES: `model` passed FinalizeModelConfig with this layout's tp.
+Status FinalizeLayout(ParallelLayout* layout, const ModelConfig& model);
+
+RankCoordinates CoordinatesOf(const ParallelLayout& layout, int64_t rank);
+int64_t RankOf(const ParallelLayout& layout, const RankCoordinates& c);
+
+// Layers each pipeline stage holds, in order (uneven first/last as configured), per
+// virtual chunk: layers of (pp_rank, chunk).
+int64_t LayersOnStage(const ParallelLayout& layout, const ModelConfig& model, int64_t pp_rank,
+                      int64_t chunk);
+// The global index of the first layer of (pp_rank, chunk).
+int64_t FirstLayerOfStage(const ParallelLayout& layout, const ModelConfig& model, int64_t pp_rank,
+                          int64_t chunk);
+
+std::string DataParallelName(DataParallelKind kind);
+
+}  // namespace memsim

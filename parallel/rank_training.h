@@ -1,0 +1,30 @@
+// One rank's training iterations under a parallel layout, as Megatron-LM's train_step
+// runs them: zero the gradient buffer and the optimizer's master gradients, run the
+// pipeline schedule (receiving and sending activations and gradients between stages),
+// then the optimizer step.
+#pragma once
+
+#include <cstdint>
+
+#include "models/model_config.h"
+#include "parallel/layout.h"
+#include "simulator/session.h"
+
+namespace memsim {
+
+// The model shard of pipeline rank `pp_rank` (layers of each virtual chunk, first/last).
+struct ModelShard;
+ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int64_t pp_rank);
+
+// Records setup and `training.iterations` iterations of pipeline stage `pp_rank` into
+// `session`, which must be active on this thread. Every rank of a stage behaves alike
+// (Note [Rank classes] in rank_classes.h). A UserError from the engine propagates.
+// REQUIRES: `model` passed FinalizeModelConfig with layout.tp, `layout` FinalizeLayout,
+// `training` ValidateTrainingConfig.
+void RunRankTraining(const ModelConfig& model, const TrainingConfig& training,
+                     const ParallelLayout& layout, int64_t pp_rank, Session& session);
+
+// The whole model on one GPU: RunRankTraining with a one-rank layout.
+void RunTraining(const ModelConfig& model, const TrainingConfig& training, Session& session);
+
+}  // namespace memsim

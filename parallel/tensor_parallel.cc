@@ -1,0 +1,61 @@
+#include "parallel/tensor_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "ops/collectives.h"
+
+namespace memsim {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+struct ScatterToSequenceParallel : public Function<ScatterToSequenceParallel> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return input.narrow(0, 0, input.size(0) / tp).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {AllGather(grads[0].contiguous(), ctx->saved_data["tp"].toInt()), at::Tensor()};
+  }
+};
+
+struct ReduceScatterToSequenceParallel : public Function<ReduceScatterToSequenceParallel> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return ReduceScatter(input.contiguous(), tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {AllGather(grads[0].contiguous(), ctx->saved_data["tp"].toInt()), at::Tensor()};
+  }
+};
+
+struct ReduceFromTensorParallel : public Function<ReduceFromTensorParallel> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
+    at::Tensor out = input;
+    AllReduceInPlace(out, tp);
+    ctx->mark_dirty({out});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp) {
+  return tp > 1 ? ScatterToSequenceParallel::apply(input, tp) : input;
+}
+
+at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp) {
+  return tp > 1 ? ReduceScatterToSequenceParallel::apply(input, tp) : input;
+}
+
+at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp) {
+  return tp > 1 ? ReduceFromTensorParallel::apply(input, tp) : input;
+}
+
+}  // namespace memsim

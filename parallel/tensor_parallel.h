@@ -1,0 +1,22 @@
+// Megatron-LM's tensor- and sequence-parallel regions (megatron/core/tensor_parallel/
+// mappings.py) as autograd Functions over the fake collectives: what each allocates in
+// forward and backward.
+//
+// With sequence parallelism the hidden state between blocks is [S/tp, B, H]:
+//   ScatterToSequenceParallelRegion   fwd: this rank's slice, made contiguous (new)
+//                                     bwd: all-gather (new [S, ...])
+//   ReduceScatterToSequenceParallel   fwd: reduce-scatter (new [S/tp, ...])
+//                                     bwd: all-gather (new [S, ...])
+//   ReduceFromTensorParallelRegion    fwd: all-reduce in place; bwd: identity
+// Column-parallel linears gather their input themselves (LinearParallelism in layers.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace memsim {
+
+at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
+at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
+at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp);
+
+}  // namespace memsim

@@ -1,0 +1,24 @@
+// Hugging Face config.json -> ModelConfig, for the decoder families memsim can build:
+// Llama, Mistral, Qwen2, Mixtral and DeepSeek-V3 (approximated; see hf_config.cc).
+//
+// Every key of the file is checked: a key that changes memory in a way memsim does not
+// model, a key memsim does not know, a missing or mistyped key and an unsupported
+// model_type are errors naming the file and the key.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/model_config.h"
+#include "simulator/status.h"
+
+namespace memsim {
+
+// Replaces `*model` with the architecture described by the config.json at `path`. The
+// result is not finalized: call FinalizeModelConfig with the run's TP next.
+// `approximations` (optional) receives one line per setting that memsim maps onto its
+// nearest supported form (DeepSeek-V3's latent attention, for instance).
+Status LoadHfConfig(const std::string& path, ModelConfig* model,
+                    std::vector<std::string>* approximations = nullptr);
+
+}  // namespace memsim

@@ -1,0 +1,167 @@
+"""Shared plumbing for the memsim plotting commands: input errors, JSON loading, checked
+field access and all-or-nothing output.
+
+Every command first reads and validates all of its input, then writes. Input problems
+raise InputError, which memsim_plots.py turns into one stderr line and exit code 2, so
+users see what to fix instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+
+class InputError(Exception):
+    """Bad user input: the message names the file and says how to fix it."""
+
+
+def load_json(path: Path) -> Any:
+    """Parses a JSON file, turning unreadable or corrupt files into InputError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+            "the file is truncated or corrupt, regenerate it") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a UTF-8 JSON file; regenerate it") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def is_number(value: Any) -> bool:
+    """True for JSON numbers; bool is an int subclass in Python but not a number here."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def number(mapping: dict, key: str, where: str) -> float:
+    """mapping[key] as a float, or InputError naming `where` (file and location)."""
+    if key not in mapping:
+        raise InputError(f"{where}: missing '{key}'")
+    value = mapping[key]
+    if not is_number(value):
+        raise InputError(f"{where}: '{key}' is {value!r}, expected a number")
+    return float(value)
+
+
+def optional_number(mapping: dict, key: str, where: str) -> float | None:
+    """mapping[key] as a float when present and not null, else None."""
+    if mapping.get(key) is None:
+        return None
+    return number(mapping, key, where)
+
+
+def typed(mapping: dict, key: str, kind: type, where: str) -> Any:
+    """mapping[key] checked to be of `kind`, or InputError naming `where`."""
+    if key not in mapping:
+        raise InputError(f"{where}: missing '{key}'")
+    value = mapping[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InputError(f"{where}: '{key}' is a {type(value).__name__}, "
+                         f"expected a {kind.__name__}")
+    return value
+
+
+def existing_dir(path: Path, what: str, hint: str) -> Path:
+    """`path` if it is a folder, else InputError saying what was expected there."""
+    if not path.is_dir():
+        problem = "is not a folder" if path.exists() else "does not exist"
+        raise InputError(f"{what} {path} {problem}; {hint}")
+    return path
+
+
+class Output:
+    """Writes a command's output files all-or-nothing.
+
+    Each file goes to a temporary name in the same folder and is renamed into place, so
+    no reader ever sees a half-written file. If the command fails part-way, the files
+    written so far and the folders this object created are removed again, so an error
+    leaves nothing new behind. Use as a context manager.
+    """
+
+    def __init__(self) -> None:
+        self._written: list[Path] = []
+        self._created_dirs: list[Path] = []
+
+    def __enter__(self) -> Output:
+        return self
+
+    def __exit__(self, kind: type | None, *_: Any) -> None:
+        if kind is not None:
+            self.discard()
+
+    def make_dir(self, path: Path) -> Path:
+        """Creates `path` and its missing parents, remembering them for cleanup."""
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot create folder {path} ({e.strerror})") from None
+        self._created_dirs.extend(missing)
+        return path
+
+    def write(self, path: Path, writer: Callable[[str], None]) -> Path:
+        """Calls writer(temporary_path), then renames the result to `path`."""
+        self.make_dir(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            writer(tmp)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; files are not
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        self._written.append(path)
+        return path
+
+    def write_text(self, path: Path, text: str) -> Path:
+        """Writes a UTF-8 text file atomically."""
+        return self.write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+    def save_figure(self, fig: Any, path: Path, dpi: float) -> Path:
+        """Saves a matplotlib figure atomically (format from the suffix) and closes it."""
+        import matplotlib.pyplot as plt
+
+        try:
+            return self.write(path, lambda tmp: fig.savefig(
+                tmp, dpi=dpi, format=path.suffix.lstrip("."), bbox_inches="tight"))
+        finally:
+            plt.close(fig)
+
+    def discard(self) -> None:
+        """Removes everything written or created so far (newest first)."""
+        for path in reversed(self._written):
+            path.unlink(missing_ok=True)
+        for folder in self._created_dirs:  # deepest first, as make_dir collected them
+            shutil.rmtree(folder, ignore_errors=True)
+        self._written.clear()
+        self._created_dirs.clear()
+
+
+def _umask() -> int:
+    """The process umask (readable only by setting it, so set it back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one stderr line and exit code 2, like
+    every other memsim error, instead of argparse's usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def command_parser(command: str, description: str) -> CommandParser:
+    """The parser for `memsim <command>`, named so --help shows what users type."""
+    return CommandParser(prog=f"memsim {command}", description=description,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
