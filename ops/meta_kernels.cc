@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/native/Resize.h>
 #include <glog/logging.h>
 #include <torch/library.h>
 
@@ -85,6 +86,12 @@ at::Tensor WhereSelf(const at::Tensor& condition, const at::Tensor& self, const 
 
 at::Tensor Relu(const at::Tensor& self) { return at::empty_like(self); }
 
+// logical_or.out (and through it logical_or / logical_or_): broadcast shape into `out`.
+at::Tensor& LogicalOrOut(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  at::native::resize_output(out, at::infer_size(self.sizes(), other.sizes()));
+  return out;
+}
+
 // Note [Meta resize_]
 // LibTorch 1.13 grows a meta storage through resize_bytes_cpu, which memcpy's the old
 // bytes out of a null pointer. A grown meta tensor gets a fresh storage from the meta
@@ -122,6 +129,7 @@ void RegisterMetaKernels() {
     aten_meta->impl("native_dropout_backward", TORCH_FN(NativeDropoutBackward));
     aten_meta->impl("where.self", TORCH_FN(WhereSelf));
     aten_meta->impl("relu", TORCH_FN(Relu));
+    aten_meta->impl("logical_or.out", TORCH_FN(LogicalOrOut));
     {
       // LibTorch logs a warning (through glog) when a kernel is replaced; this
       // replacement is deliberate (Note [Meta resize_]), so keep the user's terminal clean.

@@ -5,8 +5,8 @@
 
 #include "models/model_config.h"
 #include "models/parameters.h"
-#include "parallel/rank_training.h"
 #include "models/transformer.h"
+#include "parallel/rank_training.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
 

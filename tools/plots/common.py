@@ -126,13 +126,15 @@ class Output:
         """Writes a UTF-8 text file atomically."""
         return self.write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
-    def save_figure(self, fig: Any, path: Path, dpi: float) -> Path:
-        """Saves a matplotlib figure atomically (format from the suffix) and closes it."""
+    def save_figure(self, fig: Any, dpi: float, *paths: Path) -> None:
+        """Saves a matplotlib figure atomically to each path (format from the suffix),
+        then closes it."""
         import matplotlib.pyplot as plt
 
         try:
-            return self.write(path, lambda tmp: fig.savefig(
-                tmp, dpi=dpi, format=path.suffix.lstrip("."), bbox_inches="tight"))
+            for path in paths:
+                self.write(path, lambda tmp, path=path: fig.savefig(
+                    tmp, dpi=dpi, format=path.suffix.lstrip("."), bbox_inches="tight"))
         finally:
             plt.close(fig)
 

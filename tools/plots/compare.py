@@ -67,11 +67,10 @@ def run(args: argparse.Namespace) -> None:
     rows = [summary_row(pair) for pair in pairs]
     with Output() as out:
         for pair in pairs:
-            out.save_figure(rank_figure(pair, args.show_theoretical),
-                            args.output_dir / f"memory_comparison_rank_{pair.rank}.png",
-                            args.dpi)
+            out.save_figure(rank_figure(pair, args.show_theoretical), args.dpi,
+                            args.output_dir / f"memory_comparison_rank_{pair.rank}.png")
         out.write_text(args.output_dir / "comparison_summary.csv", csv_text(rows))
-        out.save_figure(peak_overview(rows), args.output_dir / "peak_overview.png", args.dpi)
+        out.save_figure(peak_overview(rows), args.dpi, args.output_dir / "peak_overview.png")
     print(table_text(rows))
     print(f"\nWrote {len(pairs)} comparison plot(s), comparison_summary.csv and "
           f"peak_overview.png to {args.output_dir}/")

@@ -90,9 +90,8 @@ def run(args: argparse.Namespace) -> None:
     grid = read_traces(args.memory_dir)
     read_logs(args.log_dir, grid)
     with Output() as out, plt.rc_context(ACADEMIC_STYLE):
-        for suffix in (".png", ".pdf"):
-            fig = heatmap_figure(grid, args.max_memory, args.figsize)
-            out.save_figure(fig, args.output.with_name(args.output.name + suffix), args.dpi)
+        out.save_figure(heatmap_figure(grid, args.max_memory, args.figsize), args.dpi,
+                        *(Path(f"{args.output}{suffix}") for suffix in (".png", ".pdf")))
     failed = sum(cell.failed for cell in grid.values())
     print(f"{len(grid)} layouts ({len(grid) - failed} successful, {failed} failed); "
           f"wrote {args.output}.png and {args.output}.pdf")
@@ -156,7 +155,8 @@ def _log_line(line: str, where: str, grid: Grid) -> None:
     if match["status"] == "SUCCESS":
         cell.succeeded = True
         return
-    cell.succeeded = bool(cell.succeeded)
+    if cell.succeeded is None:
+        cell.succeeded = False
     peak = _REASON_PEAK.search(match["reason"] or "")
     if peak:
         cell.reason_peak_mb = float(peak["mb"])
@@ -232,15 +232,19 @@ def _draw_cell(ax: plt.Axes, xy: tuple[int, int], cell: Cell, cmap: LinearSegmen
                 fontsize=fontsize * 0.8)
         return
     peak_gb = cell.peak_mb / MB_PER_GB
-    ax.add_patch(Rectangle(corner, 1, 1, facecolor=cmap(norm(peak_gb)), edgecolor="white", lw=1.5))
+    colour = cmap(norm(peak_gb))
+    ax.add_patch(Rectangle(corner, 1, 1, facecolor=colour, edgecolor="white", lw=1.5))
     lines = [f"Actual: {peak_gb:.1f}GB"]
+    backdrop = None
     if cell.theory_mb is not None:
         lines.append(f"Theory: {cell.theory_mb / MB_PER_GB:.1f}GB")
         if cell.theory_mb / MB_PER_GB >= norm.vmax:
             ax.add_patch(Rectangle(corner, 1, 1, fill=False, hatch="///", edgecolor="white",
                                    lw=0))
+            backdrop = {"boxstyle": "round,pad=0.2", "facecolor": colour, "edgecolor": "none"}
     ax.text(x, y, "\n".join(lines), ha="center", va="center", fontsize=fontsize,
-            color="white" if norm(peak_gb) > 0.6 else "black", linespacing=1.3)
+            color="white" if norm(peak_gb) > 0.6 else "black", linespacing=1.3,
+            bbox=backdrop)  # the backdrop keeps the labels readable on the hatching
 
 
 def _legend_handles(cmap: LinearSegmentedColormap, max_memory_gb: float) -> list[Patch]:

@@ -1,0 +1,479 @@
+// Hugging Face config.json files of the supported families, with their published values,
+// mapped onto ModelConfig; and every way a file can be rejected.
+#include "tools/lib/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tools/lib/run_config.h"
+
+namespace memsim {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Writes `text` to TempDir/memsim_hf_config_test/FOLDER/config.json; returns its path.
+std::string WriteConfig(const std::string& folder, const std::string& text) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "memsim_hf_config_test" / folder;
+  fs::create_directories(dir);
+  const std::string path = (dir / "config.json").string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Every field but the name and the dropout probabilities (the presets keep
+// ModelConfig's 0.1; these decoders train without dropout).
+void ExpectSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_query_groups, b.num_query_groups);
+  EXPECT_EQ(a.kv_channels, b.kv_channels);
+  EXPECT_EQ(a.ffn_hidden_size, b.ffn_hidden_size);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.make_vocab_size_divisible_by, b.make_vocab_size_divisible_by);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.norm, b.norm);
+  EXPECT_EQ(a.activation, b.activation);
+  EXPECT_EQ(a.position, b.position);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.add_bias_linear, b.add_bias_linear);
+  EXPECT_EQ(a.add_qkv_bias, b.add_qkv_bias);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
+  EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
+  EXPECT_EQ(a.moe_shared_expert_size, b.moe_shared_expert_size);
+  EXPECT_EQ(a.moe_first_k_dense_layers, b.moe_first_k_dense_layers);
+  EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
+  EXPECT_EQ(a.moe_imbalance_factor, b.moe_imbalance_factor);
+  EXPECT_EQ(a.padded_vocab_size, b.padded_vocab_size);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+}
+
+void ExpectLlamaArchitecture(const ModelConfig& m) {
+  EXPECT_EQ(m.norm, NormKind::kRmsNorm);
+  EXPECT_EQ(m.activation, ActivationKind::kSwiglu);
+  EXPECT_EQ(m.position, PositionKind::kRope);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_FALSE(m.add_bias_linear);
+  EXPECT_EQ(m.max_position_embeddings, 0);  // RoPE: no position table
+  EXPECT_EQ(m.hidden_dropout, 0.0);
+  EXPECT_EQ(m.attention_dropout, 0.0);
+}
+
+// meta-llama/Meta-Llama-3-8B/config.json.
+constexpr char kLlama3_8B[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 8192,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+TEST(HfConfig, Llama3_8B) {
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Meta-Llama-3-8B", kLlama3_8B), &m, &notes).ok());
+  EXPECT_EQ(m.name, "Meta-Llama-3-8B");
+  EXPECT_EQ(m.hidden_size, 4096);
+  EXPECT_EQ(m.num_layers, 32);
+  EXPECT_EQ(m.num_attention_heads, 32);
+  EXPECT_EQ(m.num_query_groups, 8);
+  EXPECT_EQ(m.ffn_hidden_size, 14336);
+  EXPECT_EQ(m.vocab_size, 128256);
+  EXPECT_EQ(m.kv_channels, 0);  // no head_dim: H / A
+  EXPECT_FALSE(m.add_qkv_bias);
+  EXPECT_EQ(m.num_experts, 0);
+  ExpectLlamaArchitecture(m);
+  EXPECT_TRUE(notes.empty());
+  ASSERT_TRUE(FinalizeModelConfig(&m, 2).ok());
+  EXPECT_EQ(m.head_dim, 128);
+
+  ModelConfig preset;
+  ASSERT_TRUE(LoadModelPreset("llama3-8b", &preset).ok());
+  ASSERT_TRUE(FinalizeModelConfig(&preset, 2).ok());
+  ExpectSameArchitecture(m, preset);
+}
+
+TEST(HfConfig, LlamaHeadDimBiasesAndTiedEmbeddings) {
+  // meta-llama/Llama-3.2-1B's shape (head_dim given, tied embeddings), with both bias
+  // switches on: memsim's biases then match Hugging Face's exactly.
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("llama-3.2-1b-biased", R"({
+    "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": true,
+    "attention_bias": true, "mlp_bias": true, "attention_dropout": 0.1,
+    "rope_scaling": {"factor": 32.0, "rope_type": "llama3"}})"),
+                           &m, &notes)
+                  .ok());
+  EXPECT_EQ(m.kv_channels, 64);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_TRUE(m.add_qkv_bias);
+  EXPECT_TRUE(m.add_bias_linear);
+  EXPECT_EQ(m.attention_dropout, 0.1);
+  EXPECT_TRUE(notes.empty());
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+
+  // Only attention_bias: the output projection's bias is the one approximation.
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("llama-attention-bias", R"({
+    "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": null, "intermediate_size": 512,
+    "vocab_size": 1000, "attention_bias": true})"),
+                           &m, &notes)
+                  .ok());
+  EXPECT_EQ(m.num_query_groups, 0);  // null: multi-head attention
+  EXPECT_TRUE(m.add_qkv_bias);
+  EXPECT_FALSE(m.add_bias_linear);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("attention_bias"), std::string::npos);
+}
+
+TEST(HfConfig, Mistral7B) {
+  // mistralai/Mistral-7B-v0.1/config.json; the 4096-token sliding window saves nothing
+  // of another size.
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Mistral-7B-v0.1", R"({
+  "architectures": ["MistralForCausalLM"],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "sliding_window": 4096,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.34.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})"),
+                           &m, &notes)
+                  .ok());
+  EXPECT_EQ(m.name, "Mistral-7B-v0.1");
+  EXPECT_EQ(m.hidden_size, 4096);
+  EXPECT_EQ(m.num_layers, 32);
+  EXPECT_EQ(m.num_attention_heads, 32);
+  EXPECT_EQ(m.num_query_groups, 8);
+  EXPECT_EQ(m.ffn_hidden_size, 14336);
+  EXPECT_EQ(m.vocab_size, 32000);
+  EXPECT_EQ(m.kv_channels, 0);
+  EXPECT_FALSE(m.add_qkv_bias);
+  EXPECT_EQ(m.num_experts, 0);
+  ExpectLlamaArchitecture(m);
+  EXPECT_TRUE(notes.empty());
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+}
+
+TEST(HfConfig, Qwen2_7B) {
+  // Qwen/Qwen2-7B/config.json: Qwen2's q/k/v projections have biases.
+  ModelConfig m;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Qwen2-7B", R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 3584,
+  "initializer_range": 0.02,
+  "intermediate_size": 18944,
+  "max_position_embeddings": 131072,
+  "max_window_layers": 28,
+  "model_type": "qwen2",
+  "num_attention_heads": 28,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 4,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 131072,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.37.2",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 152064
+})"),
+                           &m)
+                  .ok());
+  EXPECT_EQ(m.name, "Qwen2-7B");
+  EXPECT_EQ(m.hidden_size, 3584);
+  EXPECT_EQ(m.num_layers, 28);
+  EXPECT_EQ(m.num_attention_heads, 28);
+  EXPECT_EQ(m.num_query_groups, 4);
+  EXPECT_EQ(m.ffn_hidden_size, 18944);
+  EXPECT_EQ(m.vocab_size, 152064);
+  EXPECT_TRUE(m.add_qkv_bias);
+  ExpectLlamaArchitecture(m);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  EXPECT_EQ(m.head_dim, 128);  // 3584 / 28
+}
+
+TEST(HfConfig, Mixtral8x7B) {
+  // mistralai/Mixtral-8x7B-v0.1/config.json: Mistral's shape, 8 experts, top-2.
+  ModelConfig m;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Mixtral-8x7B-v0.1", R"({
+  "architectures": ["MixtralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mixtral",
+  "num_attention_heads": 32,
+  "num_experts_per_tok": 2,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "num_local_experts": 8,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.02,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})"),
+                           &m)
+                  .ok());
+  EXPECT_EQ(m.hidden_size, 4096);
+  EXPECT_EQ(m.num_layers, 32);
+  EXPECT_EQ(m.num_attention_heads, 32);
+  EXPECT_EQ(m.num_query_groups, 8);
+  EXPECT_EQ(m.ffn_hidden_size, 14336);
+  EXPECT_EQ(m.vocab_size, 32000);
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.moe_router_topk, 2);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 14336);
+  EXPECT_EQ(m.moe_shared_expert_size, 0);
+  EXPECT_EQ(m.moe_first_k_dense_layers, 0);
+  ExpectLlamaArchitecture(m);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+
+  ModelConfig preset;
+  ASSERT_TRUE(LoadModelPreset("mixtral-8x7b", &preset).ok());
+  ASSERT_TRUE(FinalizeModelConfig(&preset).ok());
+  ExpectSameArchitecture(m, preset);
+}
+
+// deepseek-ai/DeepSeek-V3/config.json (auto_map and rope_scaling shortened).
+constexpr char kDeepseekV3[] = R"({
+  "architectures": ["DeepseekV3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+  "aux_loss_alpha": 0.001,
+  "bos_token_id": 0,
+  "eos_token_id": 1,
+  "ep_size": 1,
+  "first_k_dense_replace": 3,
+  "hidden_act": "silu",
+  "hidden_size": 7168,
+  "initializer_range": 0.02,
+  "intermediate_size": 18432,
+  "kv_lora_rank": 512,
+  "max_position_embeddings": 163840,
+  "model_type": "deepseek_v3",
+  "moe_intermediate_size": 2048,
+  "moe_layer_freq": 1,
+  "n_group": 8,
+  "n_routed_experts": 256,
+  "n_shared_experts": 1,
+  "norm_topk_prob": true,
+  "num_attention_heads": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 61,
+  "num_key_value_heads": 128,
+  "num_nextn_predict_layers": 1,
+  "pretraining_tp": 1,
+  "q_lora_rank": 1536,
+  "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                          "quant_method": "fp8", "weight_block_size": [128, 128]},
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {"factor": 40, "type": "yarn"},
+  "rope_theta": 10000,
+  "routed_scaling_factor": 2.5,
+  "scoring_func": "sigmoid",
+  "seq_aux": true,
+  "tie_word_embeddings": false,
+  "topk_group": 4,
+  "topk_method": "noaux_tc",
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.33.1",
+  "use_cache": true,
+  "v_head_dim": 128,
+  "vocab_size": 129280
+})";
+
+TEST(HfConfig, DeepseekV3) {
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("DeepSeek-V3", kDeepseekV3), &m, &notes).ok());
+  EXPECT_EQ(m.hidden_size, 7168);
+  EXPECT_EQ(m.num_layers, 61);
+  EXPECT_EQ(m.num_attention_heads, 128);
+  EXPECT_EQ(m.num_query_groups, 128);
+  EXPECT_EQ(m.kv_channels, 128);  // v_head_dim
+  EXPECT_EQ(m.vocab_size, 129280);
+  EXPECT_EQ(m.ffn_hidden_size, 18432);
+  EXPECT_EQ(m.num_experts, 256);
+  EXPECT_EQ(m.moe_router_topk, 8);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 2048);
+  EXPECT_EQ(m.moe_shared_expert_size, 2048);  // 1 shared expert * 2048
+  EXPECT_EQ(m.moe_first_k_dense_layers, 3);
+  EXPECT_FALSE(m.add_qkv_bias);
+  ExpectLlamaArchitecture(m);
+  // Latent attention, the fp8 checkpoint and the MTP layer are each reported.
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_NE(notes[0].find("quantization_config"), std::string::npos);
+  EXPECT_NE(notes[1].find("latent attention (kv_lora_rank 512, q_lora_rank 1536, q/k head dim "
+                          "128+64)"),
+            std::string::npos);
+  EXPECT_NE(notes[2].find("num_nextn_predict_layers 1"), std::string::npos);
+  ASSERT_TRUE(FinalizeModelConfig(&m, 8).ok());
+
+  ModelConfig preset;
+  ASSERT_TRUE(LoadModelPreset("deepseek-v3-style", &preset).ok());
+  ASSERT_TRUE(FinalizeModelConfig(&preset, 8).ok());
+  ExpectSameArchitecture(m, preset);
+}
+
+TEST(HfConfig, NameFromHuggingFaceCacheOrModelType) {
+  ModelConfig m;
+  const fs::path cache = fs::path(::testing::TempDir()) / "memsim_hf_config_test" / "hub" /
+                         "models--meta-llama--Meta-Llama-3-8B" / "snapshots" / "62bd457b";
+  fs::create_directories(cache);
+  std::ofstream((cache / "config.json").string()) << kLlama3_8B;
+  ASSERT_TRUE(LoadHfConfig((cache / "config.json").string(), &m).ok());
+  EXPECT_EQ(m.name, "Meta-Llama-3-8B");
+
+  // A bare file name has no folder to name it.
+  const fs::path old_cwd = fs::current_path();
+  fs::current_path(cache);
+  ASSERT_TRUE(LoadHfConfig("config.json", &m).ok());
+  fs::current_path(old_cwd);
+  EXPECT_EQ(m.name, "llama");
+}
+
+// The error of loading `text`, with the file's path replaced by "FILE".
+std::string ErrorOf(const std::string& text) {
+  const std::string path = WriteConfig("bad", text);
+  ModelConfig m;
+  m.name = "unchanged";
+  const Status s = LoadHfConfig(path, &m);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(m.name, "unchanged");  // a failed load leaves the model alone
+  std::string message = s.message();
+  const size_t at = message.find(path);
+  if (at != std::string::npos) message.replace(at, path.size(), "FILE");
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  return message;
+}
+
+// A minimal valid Llama with `extra` spliced into the object.
+std::string Llama(const std::string& extra) {
+  return R"({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000)" +
+         extra + "}";
+}
+
+TEST(HfConfig, Errors) {
+  ModelConfig m;
+  EXPECT_EQ(LoadHfConfig("/nonexistent/config.json", &m).message(),
+            "cannot read '/nonexistent/config.json': no such file");
+  EXPECT_TRUE(LoadHfConfig(WriteConfig("good", Llama("")), &m).ok());
+
+  const std::string malformed = ErrorOf("{\n  \"model_type\": \"llama\",\n  \"hidden_size\": }");
+  EXPECT_EQ(malformed.rfind("FILE: malformed JSON at byte 47: ", 0), 0u) << malformed;
+  EXPECT_NE(malformed.find("line 3"), std::string::npos) << malformed;
+  EXPECT_EQ(ErrorOf("[1, 2]"), "FILE: the top level must be a JSON object");
+
+  EXPECT_EQ(ErrorOf(R"({"hidden_size": 256})"), "FILE: missing required key 'model_type'");
+  EXPECT_EQ(ErrorOf(R"({"model_type": "llama", "hidden_size": 256})"),
+            "FILE: missing required key 'num_hidden_layers'");
+  EXPECT_EQ(ErrorOf(R"({"model_type": "mistral", "hidden_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 512, "vocab_size": 1000})"),
+            "FILE: missing required key 'num_key_value_heads'");
+  EXPECT_EQ(ErrorOf(R"({"model_type": "mixtral", "hidden_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+    "vocab_size": 1000, "num_experts_per_tok": 2})"),
+            "FILE: missing required key 'num_local_experts'");
+
+  EXPECT_EQ(ErrorOf(R"({"model_type": "llama", "hidden_size": "256"})"),
+            "FILE: 'hidden_size' must be an integer, got \"256\"");
+  EXPECT_EQ(ErrorOf(Llama(R"(, "num_key_value_heads": 2.5)")),
+            "FILE: 'num_key_value_heads' must be an integer, got 2.5");
+  EXPECT_EQ(ErrorOf(Llama(R"(, "tie_word_embeddings": 1)")),
+            "FILE: 'tie_word_embeddings' must be true or false, got 1");
+  EXPECT_EQ(ErrorOf(Llama(R"(, "vocab_size": 18446744073709551615)")),
+            "FILE: 'vocab_size' is 18446744073709551615, out of range");
+  EXPECT_EQ(ErrorOf(R"({"model_type": 7})"), "FILE: 'model_type' must be a string, got 7");
+
+  EXPECT_EQ(ErrorOf(R"({"model_type": "gpt2"})"),
+            "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, mixtral, "
+            "deepseek_v3)");
+  EXPECT_EQ(ErrorOf(Llama(R"(, "architectures": ["LlamaForSequenceClassification"])")),
+            "FILE: unsupported architecture \"LlamaForSequenceClassification\" for model_type "
+            "llama (memsim builds LlamaForCausalLM)");
+  EXPECT_EQ(ErrorOf(Llama(R"(, "architectures": "LlamaForCausalLM")")),
+            "FILE: 'architectures' must be a list of strings, got \"LlamaForCausalLM\"");
+
+  // Settings that change memory in ways memsim does not model.
+  EXPECT_EQ(ErrorOf(Llama(R"(, "hidden_act": "gelu")")),
+            "FILE: hidden_act 'gelu' is not modelled (memsim's gated MLP is SwiGLU: hidden_act "
+            "silu)");
+  EXPECT_EQ(ErrorOf(R"({"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+    "vocab_size": 1000, "num_experts": 60})"),
+            "FILE: unknown key 'num_experts' for model_type qwen2; memsim does not know whether "
+            "it changes memory (if it does not, remove it from a copy of the file)");
+  std::string deepseek = kDeepseekV3;
+  deepseek.replace(deepseek.find("\"moe_layer_freq\": 1"), 19, "\"moe_layer_freq\": 2");
+  EXPECT_EQ(ErrorOf(deepseek),
+            "FILE: moe_layer_freq 2 is not modelled (memsim's MoE layers are every layer after "
+            "first_k_dense_replace: moe_layer_freq 1)");
+  // A key of another family is unknown here: Mistral has no attention_bias.
+  EXPECT_EQ(ErrorOf(R"({"model_type": "mistral", "hidden_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512,
+    "vocab_size": 1000, "attention_bias": true})"),
+            "FILE: unknown key 'attention_bias' for model_type mistral; memsim does not know "
+            "whether it changes memory (if it does not, remove it from a copy of the file)");
+}
+
+}  // namespace
+}  // namespace memsim

@@ -1,0 +1,271 @@
+// Parallel layouts against published numbers: Korthikanti et al. 2022 Table 2 with
+// tensor and sequence parallelism, Megatron-LM's distributed-optimizer bytes per
+// parameter, 1F1B and interleaved in-flight microbatches, rank classes.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "models/parameters.h"
+#include "models/transformer.h"
+#include "parallel/layout.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/rank_classes.h"
+#include "parallel/rank_training.h"
+#include "simulator/session.h"
+#include "simulator/timeline.h"
+
+namespace memsim {
+namespace {
+
+struct Shape {
+  int64_t s, b, h, a;
+};
+
+ModelConfig Gpt(const Shape& x, int64_t layers, int64_t tp = 1) {
+  ModelConfig m;
+  m.num_layers = layers;
+  m.hidden_size = x.h;
+  m.num_attention_heads = x.a;
+  m.vocab_size = 1024;
+  EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
+  return m;
+}
+
+TrainingConfig Fp16Eager(const Shape& x) {
+  TrainingConfig t;
+  t.seq_length = x.s;
+  t.micro_batch_size = x.b;
+  t.precision = Precision::kFp16;
+  t.attention = AttentionKind::kEager;
+  return t;
+}
+
+// Bytes allocated in forward and alive when it ends, for one tensor-parallel rank.
+int64_t ForwardBytes(const Shape& x, int64_t layers, const TrainingConfig& t, int64_t tp, bool sp) {
+  const ModelConfig m = Gpt(x, layers, tp);
+  Session session;
+  ActiveSession active(session);
+  ParameterStore store(t.precision);
+  ModelShard shard = ModelShard::Whole(m);
+  shard.tp = tp;
+  shard.sequence_parallel = sp;
+  TransformerModel model(m, t, shard, &store);
+  store.AllocateGradBuffer();
+  session.SetPhase(Phase::kForward);
+  at::Tensor loss = model.Forward();
+  const Recorder& r = session.recorder();
+  int64_t bytes = 0;
+  ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+    if (s.phase == Phase::kForward) bytes += s.size_bytes;
+  });
+  return bytes;
+}
+
+int64_t PerLayer(const Shape& x, const TrainingConfig& t, int64_t tp, bool sp) {
+  return ForwardBytes(x, 2, t, tp, sp) - ForwardBytes(x, 1, t, tp, sp);
+}
+
+const Shape kShapes[] = {{128, 2, 256, 8}, {256, 1, 512, 16}, {64, 4, 128, 8}};
+
+// Table 2 rows, per layer, plus the LayerNorms' float32 statistics (16sb; /t with SP).
+TEST(TensorParallelActivations, Korthikanti) {
+  for (const Shape& x : kShapes) {
+    for (int64_t t : {2, 4}) {
+      SCOPED_TRACE("s=" + std::to_string(x.s) + " b=" + std::to_string(x.b) + " h=" +
+                   std::to_string(x.h) + " a=" + std::to_string(x.a) + " t=" + std::to_string(t));
+      const int64_t sbh = x.s * x.b * x.h, as2b = x.a * x.s * x.s * x.b, sb = x.s * x.b;
+      TrainingConfig none = Fp16Eager(x);
+      TrainingConfig selective = none;
+      selective.recompute = RecomputeKind::kSelective;
+      // Tensor parallelism: sbh(10 + 24/t + 5as/(ht)).
+      EXPECT_EQ(PerLayer(x, none, t, false), 10 * sbh + 24 * sbh / t + 5 * as2b / t + 16 * sb);
+      // Tensor + sequence parallelism: sbh(34/t + 5as/(ht)).
+      EXPECT_EQ(PerLayer(x, none, t, true), 34 * sbh / t + 5 * as2b / t + 16 * sb / t);
+      // Tensor parallelism + selective recomputation: sbh(10 + 24/t).
+      EXPECT_EQ(PerLayer(x, selective, t, false), 10 * sbh + 24 * sbh / t + 16 * sb);
+      // Tensor + sequence parallelism + selective recomputation: 34 sbh / t.
+      EXPECT_EQ(PerLayer(x, selective, t, true), 34 * sbh / t + 16 * sb / t);
+    }
+  }
+}
+
+// Bytes of parameters, gradients and optimizer state at the end of the first step.
+int64_t ModelStateBytes(const ModelConfig& m, TrainingConfig t, const ParallelLayout& layout) {
+  t.iterations = 1;
+  Session session;
+  {
+    ActiveSession active(session);
+    RunRankTraining(m, t, layout, 0, session);
+  }
+  const Recorder& r = session.recorder();
+  int64_t step_end = -1;
+  for (const Marker& mk : r.markers()) {
+    if (mk.kind == MarkerKind::kIterationEnd) step_end = mk.event_index - 1;
+  }
+  int64_t bytes = 0;
+  ForEachLiveStorage(r, step_end, [&](int64_t id) {
+    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+    if (s.category == Category::kParameter || s.category == Category::kGradient ||
+        s.category == Category::kOptimizerState) {
+      bytes += s.size_bytes;
+    }
+  });
+  return bytes;
+}
+
+// Megatron-LM's distributed optimizer documentation: 4 + 16/d (fp16), 6 + 12/d (bf16),
+// 8 + 8/d (fp32) bytes per parameter.
+TEST(DistributedOptimizer, BytesPerParameter) {
+  const Shape x{64, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 2);
+  // V*h + s*h + L*(12h^2 + 13h) + 2h; every tensor divides by 16.
+  const int64_t params = 1024 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
+  struct Case {
+    Precision precision;
+    int64_t fixed, sharded;
+  };
+  for (const Case& c : {Case{Precision::kFp16, 4, 16}, Case{Precision::kBf16, 6, 12},
+                        Case{Precision::kFp32, 8, 8}}) {
+    for (int64_t d : {2, 4, 16}) {
+      ParallelLayout layout;
+      layout.world_size = d;
+      layout.data_parallel = DataParallelKind::kDistributedOptimizer;
+      ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+      TrainingConfig t = Fp16Eager(x);
+      t.precision = c.precision;
+      EXPECT_EQ(ModelStateBytes(m, t, layout), params * c.fixed + params * c.sharded / d)
+          << PrecisionName(c.precision) << " d=" << d;
+    }
+  }
+}
+
+TEST(PipelineSchedule, OneForwardOneBackwardInFlight) {
+  // Stage r holds min(pp - r, m) microbatches.
+  for (int64_t pp : {2, 4, 8}) {
+    for (int64_t m : {1, 3, 8, 16}) {
+      for (int64_t r = 0; r < pp; ++r) {
+        const auto schedule = PipelineSchedule(pp, 1, r, m);
+        EXPECT_EQ(MaxInFlight(schedule), std::min(pp - r, m)) << pp << " " << m << " " << r;
+        EXPECT_EQ(static_cast<int64_t>(schedule.size()), 2 * m);
+      }
+    }
+  }
+  // pp = 1: forward and backward of each microbatch in turn.
+  const auto plain = PipelineSchedule(1, 1, 0, 2);
+  ASSERT_EQ(plain.size(), 4u);
+  EXPECT_TRUE(plain[0].forward && plain[0].microbatch == 0);
+  EXPECT_TRUE(!plain[1].forward && plain[1].microbatch == 0);
+}
+
+TEST(PipelineSchedule, InterleavedFirstStageHoldsMore) {
+  // First stage: pp*vpp + pp - 1 chunks in flight, i.e. L(1 + (pp-1)/(pp*vpp)) layers'
+  // activations against 1F1B's L.
+  for (int64_t pp : {2, 4}) {
+    for (int64_t vpp : {2, 3}) {
+      const int64_t m = 4 * pp;
+      const auto schedule = PipelineSchedule(pp, vpp, 0, m);
+      EXPECT_EQ(MaxInFlight(schedule), pp * vpp + pp - 1) << pp << " " << vpp;
+      EXPECT_EQ(static_cast<int64_t>(schedule.size()), 2 * m * vpp);
+      // Every (microbatch, chunk) runs forward once and backward once, forward first.
+      std::map<std::pair<int64_t, int64_t>, int> seen;
+      for (const PipelineStep& s : schedule) {
+        int& state = seen[{s.microbatch, s.chunk}];
+        EXPECT_EQ(state, s.forward ? 0 : 1);
+        state += 1;
+      }
+      EXPECT_EQ(static_cast<int64_t>(seen.size()), m * vpp);
+    }
+  }
+}
+
+int64_t StagePeak(const ModelConfig& m, const TrainingConfig& t, const ParallelLayout& layout,
+                  int64_t pp_rank) {
+  Session session;
+  {
+    ActiveSession active(session);
+    RunRankTraining(m, t, layout, pp_rank, session);
+  }
+  // Exact bytes (requested sizes): the caching allocator's block rounding depends on the
+  // order of earlier frees, which differs between stages by up to a block's remainder.
+  const Timeline timeline = Timeline::Replay(session.recorder());
+  int64_t peak = 0;
+  for (const TimelinePoint& p : timeline.points()) peak = std::max(peak, p.requested_bytes);
+  return peak;
+}
+
+// Middle stages hold the same layers; stage r keeps pp - r microbatches, so each stage
+// peaks one microbatch's stage activations above the next.
+TEST(PipelineMemory, StagesPeakByInFlightMicrobatches) {
+  const Shape x{512, 2, 512, 8};
+  const ModelConfig m = Gpt(x, 6);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;  // no fp32 master-gradient copies: the peak is activations
+  t.num_microbatches = 12;
+  t.iterations = 1;
+  ParallelLayout layout;
+  layout.world_size = 6;
+  layout.pp = 6;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const int64_t p1 = StagePeak(m, t, layout, 1), p2 = StagePeak(m, t, layout, 2);
+  const int64_t p3 = StagePeak(m, t, layout, 3), p4 = StagePeak(m, t, layout, 4);
+  EXPECT_GT(p1 - p2, 0);
+  EXPECT_EQ(p1 - p2, p2 - p3);
+  EXPECT_EQ(p2 - p3, p3 - p4);
+  // One microbatch of one layer, 16-bit eager: Table 2's sbh(34 + 5as/h) (the received
+  // hidden state is the layer's input, which the paper counts; the sent output is
+  // deallocated to a one-element bf16 stub, 2 bytes, as Megatron's
+  // deallocate_output_tensor leaves it) plus the LayerNorm statistics.
+  const int64_t sbh = x.s * x.b * x.h;
+  EXPECT_EQ(p1 - p2, 34 * sbh + 5 * x.a * x.s * x.s * x.b + 16 * x.s * x.b + 2);
+}
+
+TEST(RankClasses, EightThousandGpusSimulateOneRankPerStage) {
+  ModelConfig m = Gpt({2048, 1, 20480, 160}, 96, 8);
+  ParallelLayout layout;
+  layout.world_size = 8192;
+  layout.tp = 8;
+  layout.pp = 16;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  EXPECT_EQ(layout.dp, 64);
+  const std::vector<RankClass> classes = RankClasses(layout);
+  ASSERT_EQ(classes.size(), 16u);
+  std::vector<int> seen(8192, 0);
+  for (const RankClass& c : classes) {
+    EXPECT_EQ(c.ranks.size(), 512u);
+    for (int64_t rank : c.ranks) {
+      seen[static_cast<size_t>(rank)] += 1;
+      EXPECT_EQ(CoordinatesOf(layout, rank).pp_rank, c.pp_rank);
+    }
+  }
+  for (int count : seen) EXPECT_EQ(count, 1);
+  // Megatron order tp-cp-dp-pp: rank 8 is tp 0, dp 1 of stage 0; rank 512 starts stage 1.
+  EXPECT_EQ(CoordinatesOf(layout, 8).dp_rank, 1);
+  EXPECT_EQ(CoordinatesOf(layout, 512).pp_rank, 1);
+  EXPECT_EQ(classes[1].representative, 512);
+}
+
+TEST(Layout, ReportsTheBrokenRule) {
+  ModelConfig m = Gpt({128, 1, 4096, 32}, 32, 1);
+  auto check = [&](ParallelLayout l) { return FinalizeLayout(&l, m).message(); };
+  ParallelLayout l;
+  l.world_size = 24;
+  l.tp = 3;
+  EXPECT_EQ(check(l), "TP=3 does not divide 32 attention heads");
+  l = ParallelLayout();
+  l.world_size = 12;
+  l.tp = 8;
+  EXPECT_EQ(check(l), "world size 12 is not a multiple of TP*PP*CP = 8*1*1 = 8");
+  l = ParallelLayout();
+  l.world_size = 6;
+  l.pp = 6;
+  EXPECT_EQ(
+      check(l),
+      "PP*VPP=6*1 does not divide 32 layers; give first/last stage layers for an uneven split");
+  l = ParallelLayout();
+  l.world_size = 4;
+  l.ep = 2;
+  EXPECT_EQ(check(l), "EP=2 needs a mixture-of-experts model (num_experts > 0)");
+}
+
+}  // namespace
+}  // namespace memsim

@@ -1,0 +1,382 @@
+#include "tools/lib/hf_config.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace memsim {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+enum class Family { kLlama, kMistral, kQwen2, kMixtral, kDeepseekV3 };
+
+struct FamilyInfo {
+  const char* model_type;
+  const char* architecture;  // the causal-LM class memsim's decoder mirrors
+  Family family;
+};
+
+constexpr FamilyInfo kFamilies[] = {
+    {"llama", "LlamaForCausalLM", Family::kLlama},
+    {"mistral", "MistralForCausalLM", Family::kMistral},
+    {"qwen2", "Qwen2ForCausalLM", Family::kQwen2},
+    {"mixtral", "MixtralForCausalLM", Family::kMixtral},
+    {"deepseek_v3", "DeepseekV3ForCausalLM", Family::kDeepseekV3},
+};
+
+// Keys that do not change training memory, accepted and ignored in every family:
+// PretrainedConfig's bookkeeping, token ids and generation defaults; initialisation and
+// norm epsilon; RoPE's base and scaling (they change the rotation, not any tensor's
+// size); torch_dtype/dtype (the run's precision decides the dtypes).
+const std::set<std::string> kNeutralKeys = {
+    "_attn_implementation_autoset",
+    "_name_or_path",
+    "add_cross_attention",
+    "auto_map",
+    "bad_words_ids",
+    "begin_suppress_tokens",
+    "bos_token_id",
+    "chunk_size_feed_forward",
+    "cross_attention_hidden_size",
+    "decoder_start_token_id",
+    "diversity_penalty",
+    "do_sample",
+    "dtype",
+    "early_stopping",
+    "encoder_no_repeat_ngram_size",
+    "eos_token_id",
+    "exponential_decay_length_penalty",
+    "finetuning_task",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "id2label",
+    "initializer_range",
+    "is_decoder",
+    "is_encoder_decoder",
+    "label2id",
+    "length_penalty",
+    "max_length",
+    "min_length",
+    "no_repeat_ngram_size",
+    "num_beam_groups",
+    "num_beams",
+    "num_return_sequences",
+    "output_attentions",
+    "output_hidden_states",
+    "output_scores",
+    "pad_token_id",
+    "prefix",
+    "problem_type",
+    "pruned_heads",
+    "remove_invalid_values",
+    "repetition_penalty",
+    "return_dict",
+    "return_dict_in_generate",
+    "rms_norm_eps",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "sep_token_id",
+    "suppress_tokens",
+    "task_specific_params",
+    "temperature",
+    "tf_legacy_loss",
+    "tie_encoder_decoder",
+    "tokenizer_class",
+    "top_k",
+    "top_p",
+    "torch_dtype",
+    "torchscript",
+    "transformers_version",
+    "typical_p",
+    "use_bfloat16",
+    "use_cache",
+};
+
+// Memory-neutral keys of one family:
+//   pretraining_tp: how HF splits the matmuls at inference, not the weights' shapes;
+//   sliding_window (and Qwen2's use_sliding_window, max_window_layers, layer_types): a
+//     window mask changes which scores count, not the size of what attention saves
+//     (flash keeps O and the log-sum-exp; eager masks a full S x S score matrix);
+//   Mixtral's router_aux_loss_coef, router_jitter_noise, output_router_logits and
+//     DeepSeek's routing knobs (groups, scoring, scaling, aux loss): the router's
+//     logits are [tokens, experts] whichever way experts are chosen;
+//   ep_size: DeepSeek's inference-time expert split.
+std::set<std::string> FamilyNeutralKeys(Family family) {
+  switch (family) {
+    case Family::kLlama:
+      return {"pretraining_tp"};
+    case Family::kMistral:
+      return {"sliding_window"};
+    case Family::kQwen2:
+      return {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"};
+    case Family::kMixtral:
+      return {"sliding_window", "router_aux_loss_coef", "router_jitter_noise",
+              "output_router_logits"};
+    case Family::kDeepseekV3:
+      return {"pretraining_tp", "ep_size",      "n_group",       "topk_group",
+              "topk_method",    "scoring_func", "norm_topk_prob", "routed_scaling_factor",
+              "aux_loss_alpha", "seq_aux",      "rope_interleave"};
+  }
+  return {};
+}
+
+std::string Shown(const json& value) {
+  std::string text = value.dump();
+  return text.size() > 40 ? text.substr(0, 37) + "..." : text;
+}
+
+// Reads keys of one config.json, remembering which it has read so that the rest can
+// be checked against the neutral lists.
+class Reader {
+ public:
+  Reader(const json& root, const std::string& path) : root_(root), path_(path) {}
+
+  // An absent key, or one set to null, leaves `*out` unchanged; a required one is an
+  // error. `*present` (optional) tells which.
+  Status Int(const char* key, bool required, int64_t* out, bool* present = nullptr) {
+    const json* v = Find(key);
+    if (present != nullptr) *present = v != nullptr;
+    if (v == nullptr) return required ? Missing(key) : Status::OK();
+    if (v->is_number_unsigned() && v->get<uint64_t>() > std::numeric_limits<int64_t>::max()) {
+      return Status::Error(path_ + ": '" + key + "' is " + Shown(*v) + ", out of range");
+    }
+    if (!v->is_number_integer()) return WrongType(key, "an integer", *v);
+    *out = v->get<int64_t>();
+    return Status::OK();
+  }
+  Status Bool(const char* key, bool* out) {
+    const json* v = Find(key);
+    if (v == nullptr) return Status::OK();
+    if (!v->is_boolean()) return WrongType(key, "true or false", *v);
+    *out = v->get<bool>();
+    return Status::OK();
+  }
+  Status Number(const char* key, double* out) {
+    const json* v = Find(key);
+    if (v == nullptr) return Status::OK();
+    if (!v->is_number()) return WrongType(key, "a number", *v);
+    *out = v->get<double>();
+    return Status::OK();
+  }
+  Status String(const char* key, bool required, std::string* out) {
+    const json* v = Find(key);
+    if (v == nullptr) return required ? Missing(key) : Status::OK();
+    if (!v->is_string()) return WrongType(key, "a string", *v);
+    *out = v->get<std::string>();
+    return Status::OK();
+  }
+  // Marks `key` as read without looking at it; true when it is present and not null.
+  bool Take(const char* key) { return Find(key) != nullptr; }
+
+  // Every key not read must be memory-neutral.
+  Status CheckRest(const std::set<std::string>& family_neutral, const std::string& model_type) {
+    for (const auto& [key, _] : root_.items()) {
+      if (read_.count(key) || kNeutralKeys.count(key) || family_neutral.count(key)) continue;
+      return Status::Error(path_ + ": unknown key '" + key + "' for model_type " + model_type +
+                           "; memsim does not know whether it changes memory (if it does " +
+                           "not, remove it from a copy of the file)");
+    }
+    return Status::OK();
+  }
+
+ private:
+  const json* Find(const char* key) {
+    read_.insert(key);
+    auto it = root_.find(key);
+    return it == root_.end() || it->is_null() ? nullptr : &*it;
+  }
+  Status Missing(const char* key) const {
+    return Status::Error(path_ + ": missing required key '" + key + "'");
+  }
+  Status WrongType(const char* key, const char* expected, const json& v) const {
+    return Status::Error(path_ + ": '" + key + "' must be " + expected + ", got " + Shown(v));
+  }
+
+  const json& root_;
+  const std::string& path_;
+  std::set<std::string> read_;
+};
+
+Status ParseFile(const std::string& path, json* out) {
+  if (!fs::is_regular_file(path)) return Status::Error("cannot read '" + path + "': no such file");
+  std::ifstream in(path);
+  if (!in) return Status::Error("cannot read '" + path + "': " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    *out = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    return Status::Error(path + ": malformed JSON at byte " + std::to_string(e.byte) + ": " +
+                         e.what());
+  }
+  if (!out->is_object()) return Status::Error(path + ": the top level must be a JSON object");
+  return Status::OK();
+}
+
+// The model's name: the folder holding config.json, which for the Hugging Face cache
+// (models--ORG--NAME/snapshots/HASH/config.json) is the repository's NAME.
+std::string ModelName(const std::string& path, const std::string& model_type) {
+  const fs::path folder = fs::path(path).parent_path();
+  if (folder.filename().empty()) return model_type;
+  if (folder.parent_path().filename() == "snapshots") {
+    const std::string repo = folder.parent_path().parent_path().filename().string();
+    const size_t sep = repo.rfind("--");
+    if (repo.rfind("models--", 0) == 0 && sep != std::string::npos) return repo.substr(sep + 2);
+  }
+  return folder.filename().string();
+}
+
+}  // namespace
+
+Status LoadHfConfig(const std::string& path, ModelConfig* model,
+                    std::vector<std::string>* approximations) {
+  json root;
+  MEMSIM_RETURN_IF_ERROR(ParseFile(path, &root));
+  Reader r(root, path);
+  auto note = [&](const std::string& line) {
+    if (approximations != nullptr) approximations->push_back(path + ": " + line);
+  };
+
+  std::string model_type;
+  MEMSIM_RETURN_IF_ERROR(r.String("model_type", /*required=*/true, &model_type));
+  const FamilyInfo* info = nullptr;
+  for (const FamilyInfo& f : kFamilies) {
+    if (model_type == f.model_type) info = &f;
+  }
+  if (info == nullptr) {
+    return Status::Error(path + ": unsupported model_type '" + model_type +
+                         "' (supported: llama, mistral, qwen2, mixtral, deepseek_v3)");
+  }
+  const Family family = info->family;
+  if (r.Take("architectures")) {
+    const json& archs = root.at("architectures");
+    if (!archs.is_array()) {
+      return Status::Error(path + ": 'architectures' must be a list of strings, got " +
+                           Shown(archs));
+    }
+    for (const json& a : archs) {
+      if (!a.is_string() || a.get<std::string>() != info->architecture) {
+        return Status::Error(path + ": unsupported architecture " + Shown(a) +
+                             " for model_type " + model_type + " (memsim builds " +
+                             info->architecture + ")");
+      }
+    }
+  }
+
+  // The llama architecture of run_config.cc: RMSNorm, SwiGLU, RoPE, untied, no biases.
+  // These decoders have no residual dropout; attention dropout is the file's (0 default).
+  ModelConfig m;
+  m.name = ModelName(path, model_type);
+  m.norm = NormKind::kRmsNorm;
+  m.activation = ActivationKind::kSwiglu;
+  m.position = PositionKind::kRope;
+  m.tie_embeddings = false;
+  m.add_bias_linear = false;
+  m.add_qkv_bias = family == Family::kQwen2;  // Qwen2's q/k/v projections always have biases
+  m.hidden_dropout = 0.0;
+  m.attention_dropout = 0.0;
+
+  MEMSIM_RETURN_IF_ERROR(r.Int("hidden_size", true, &m.hidden_size));
+  MEMSIM_RETURN_IF_ERROR(r.Int("num_hidden_layers", true, &m.num_layers));
+  MEMSIM_RETURN_IF_ERROR(r.Int("num_attention_heads", true, &m.num_attention_heads));
+  MEMSIM_RETURN_IF_ERROR(r.Int("intermediate_size", true, &m.ffn_hidden_size));
+  MEMSIM_RETURN_IF_ERROR(r.Int("vocab_size", true, &m.vocab_size));
+  // Llama's num_key_value_heads defaults to the attention heads; the other classes
+  // default to a fixed number, so an absent value would be a guess.
+  MEMSIM_RETURN_IF_ERROR(r.Int("num_key_value_heads", family != Family::kLlama,
+                               &m.num_query_groups));
+  MEMSIM_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings));
+  MEMSIM_RETURN_IF_ERROR(r.Number("attention_dropout", &m.attention_dropout));
+  // RoPE models have no position table: the length limit allocates nothing.
+  int64_t max_positions = 0;
+  MEMSIM_RETURN_IF_ERROR(r.Int("max_position_embeddings", false, &max_positions));
+  std::string act = "silu";
+  MEMSIM_RETURN_IF_ERROR(r.String("hidden_act", false, &act));
+  if (act != "silu") {
+    return Status::Error(path + ": hidden_act '" + act +
+                         "' is not modelled (memsim's gated MLP is SwiGLU: hidden_act silu)");
+  }
+  if (r.Take("quantization_config")) {
+    note("quantization_config ignored: memsim simulates training in the run's precision");
+  }
+
+  switch (family) {
+    case Family::kLlama: {
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      // HF's attention_bias covers q, k, v and o; mlp_bias the MLP. memsim's output
+      // projection bias follows add_bias_linear (the MLP's), so it differs by H elements
+      // per layer when exactly one is set.
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
+      MEMSIM_RETURN_IF_ERROR(r.Bool("mlp_bias", &m.add_bias_linear));
+      if (m.add_qkv_bias != m.add_bias_linear) {
+        note(std::string("the attention output projection's bias follows mlp_bias, not ") +
+             "attention_bias (" + std::to_string(m.hidden_size) + " elements per layer)");
+      }
+      break;
+    }
+    case Family::kMistral:
+    case Family::kQwen2:
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      break;
+    case Family::kMixtral:
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_local_experts", true, &m.num_experts));
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
+      m.moe_ffn_hidden_size = m.ffn_hidden_size;  // every layer's MLP is the experts
+      break;
+    case Family::kDeepseekV3: {
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
+      MEMSIM_RETURN_IF_ERROR(r.Int("n_routed_experts", true, &m.num_experts));
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
+      MEMSIM_RETURN_IF_ERROR(r.Int("moe_intermediate_size", true, &m.moe_ffn_hidden_size));
+      MEMSIM_RETURN_IF_ERROR(r.Int("first_k_dense_replace", true, &m.moe_first_k_dense_layers));
+      int64_t shared = 0;
+      MEMSIM_RETURN_IF_ERROR(r.Int("n_shared_experts", false, &shared));
+      if (shared < 0) return Status::Error(path + ": 'n_shared_experts' must not be negative");
+      m.moe_shared_expert_size = shared * m.moe_ffn_hidden_size;
+      int64_t freq = 1;
+      MEMSIM_RETURN_IF_ERROR(r.Int("moe_layer_freq", false, &freq));
+      if (freq != 1) {
+        return Status::Error(path + ": moe_layer_freq " + std::to_string(freq) +
+                             " is not modelled (memsim's MoE layers are every layer after " +
+                             "first_k_dense_replace: moe_layer_freq 1)");
+      }
+      // Multi-head latent attention is approximated, as in the deepseek-v3-style preset,
+      // by multi-head attention with v_head_dim-wide heads: the low-rank q/kv
+      // projections, their norms and the wider rotary q/k heads are left out.
+      int64_t kv_lora = 0, q_lora = 0, qk_nope = 0, qk_rope = 0;
+      MEMSIM_RETURN_IF_ERROR(r.Int("v_head_dim", true, &m.kv_channels));
+      MEMSIM_RETURN_IF_ERROR(r.Int("kv_lora_rank", false, &kv_lora));
+      MEMSIM_RETURN_IF_ERROR(r.Int("q_lora_rank", false, &q_lora));
+      MEMSIM_RETURN_IF_ERROR(r.Int("qk_nope_head_dim", false, &qk_nope));
+      MEMSIM_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", false, &qk_rope));
+      note("multi-head latent attention (kv_lora_rank " + std::to_string(kv_lora) +
+           ", q_lora_rank " + std::to_string(q_lora) + ", q/k head dim " +
+           std::to_string(qk_nope) + "+" + std::to_string(qk_rope) +
+           ") modelled as multi-head attention with head dim v_head_dim " +
+           std::to_string(m.kv_channels));
+      // Hugging Face's DeepseekV3ForCausalLM does not build the multi-token-prediction
+      // layers, so training it does not hold them either.
+      int64_t mtp = 0;
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", false, &mtp));
+      if (mtp > 0) {
+        note("num_nextn_predict_layers " + std::to_string(mtp) +
+             " ignored: Hugging Face's model does not build the multi-token-prediction layers");
+      }
+      break;
+    }
+  }
+  MEMSIM_RETURN_IF_ERROR(r.CheckRest(FamilyNeutralKeys(family), model_type));
+  *model = m;
+  return Status::OK();
+}
+
+}  // namespace memsim
