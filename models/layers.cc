@@ -329,7 +329,7 @@ at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype) 
   const int64_t numel = c10::multiply_integers(shape);
   at::Tensor& buffer = buffers_[dtype];
   if (!buffer.defined() || buffer.numel() < numel) {
-    ModuleScope scope("mpu.global_memory_buffer");
+    ModuleScope scope(ModuleScope::Absolute{"mpu.global_memory_buffer"});
     buffer = at::empty({numel}, at::TensorOptions().device(at::kMeta).dtype(dtype));
   }
   return buffer.narrow(0, 0, numel).view(shape);

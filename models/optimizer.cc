@@ -21,7 +21,7 @@ at::Tensor Shard(const at::Tensor& t, int64_t shards) {
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind,
                                                  int64_t shards)
     : store_(store), kind_(kind), shards_(shards) {
-  ModuleScope scope("optimizer");
+  ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   CategoryScope category(Category::kOptimizerState);
   at::NoGradGuard no_grad;
   for (Parameter& p : store->parameters()) {
@@ -36,7 +36,7 @@ void MixedPrecisionOptimizer::ZeroGrad() {
 }
 
 void MixedPrecisionOptimizer::Step() {
-  ModuleScope scope("optimizer");
+  ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   at::NoGradGuard no_grad;
   ++step_;
   master_grads_.clear();

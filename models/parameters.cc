@@ -39,7 +39,7 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
 
 void ParameterStore::AllocateGradBuffer() {
   CategoryScope category(Category::kGradient);
-  ModuleScope scope("ddp.grad_buffer");
+  ModuleScope scope(ModuleScope::Absolute{"ddp.grad_buffer"});
   grad_buffer_ =
       at::zeros({num_elements_}, at::TensorOptions().device(at::kMeta).dtype(grad_dtype()));
   int64_t offset = 0;

@@ -41,6 +41,10 @@ ModuleScope::ModuleScope(std::string_view child_name) : recorder_(CurrentRecorde
   if (recorder_ != nullptr) recorder_->PushChildModule(child_name);
 }
 
+ModuleScope::ModuleScope(Absolute path) : recorder_(CurrentRecorder()) {
+  if (recorder_ != nullptr) recorder_->PushAbsoluteModule(recorder_->names().Intern(path.path));
+}
+
 ModuleScope::ModuleScope(NameId absolute_module) : recorder_(CurrentRecorder()) {
   if (recorder_ != nullptr) recorder_->PushAbsoluteModule(absolute_module);
 }

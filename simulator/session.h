@@ -77,6 +77,11 @@ class ActiveSession {
 class ModuleScope {
  public:
   explicit ModuleScope(std::string_view child_name);
+  // Enters `path` from the top level, whatever is current (rank-wide buffers).
+  struct Absolute {
+    std::string_view path;
+  };
+  explicit ModuleScope(Absolute path);
   // Re-enters a module by its absolute id, as recomputation in backward does.
   explicit ModuleScope(NameId absolute_module);
   ~ModuleScope();

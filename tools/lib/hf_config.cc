@@ -121,7 +121,7 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
       return {"sliding_window", "router_aux_loss_coef", "router_jitter_noise",
               "output_router_logits"};
     case Family::kDeepseekV3:
-      return {"pretraining_tp", "ep_size",      "n_group",       "topk_group",
+      return {"pretraining_tp", "ep_size",      "n_group",        "topk_group",
               "topk_method",    "scoring_func", "norm_topk_prob", "routed_scaling_factor",
               "aux_loss_alpha", "seq_aux",      "rope_interleave"};
   }
@@ -214,8 +214,11 @@ Status ParseFile(const std::string& path, json* out) {
   try {
     *out = json::parse(text.str());
   } catch (const json::parse_error& e) {
+    // what() reads "[json.exception.parse_error.101] parse error at line L, column C: ...".
+    const std::string what = e.what();
+    const size_t tag_end = what.find("] ");
     return Status::Error(path + ": malformed JSON at byte " + std::to_string(e.byte) + ": " +
-                         e.what());
+                         (tag_end == std::string::npos ? what : what.substr(tag_end + 2)));
   }
   if (!out->is_object()) return Status::Error(path + ": the top level must be a JSON object");
   return Status::OK();
@@ -264,9 +267,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     }
     for (const json& a : archs) {
       if (!a.is_string() || a.get<std::string>() != info->architecture) {
-        return Status::Error(path + ": unsupported architecture " + Shown(a) +
-                             " for model_type " + model_type + " (memsim builds " +
-                             info->architecture + ")");
+        return Status::Error(path + ": unsupported architecture " + Shown(a) + " for model_type " +
+                             model_type + " (memsim builds " + info->architecture + ")");
       }
     }
   }
@@ -291,8 +293,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   MEMSIM_RETURN_IF_ERROR(r.Int("vocab_size", true, &m.vocab_size));
   // Llama's num_key_value_heads defaults to the attention heads; the other classes
   // default to a fixed number, so an absent value would be a guess.
-  MEMSIM_RETURN_IF_ERROR(r.Int("num_key_value_heads", family != Family::kLlama,
-                               &m.num_query_groups));
+  MEMSIM_RETURN_IF_ERROR(
+      r.Int("num_key_value_heads", family != Family::kLlama, &m.num_query_groups));
   MEMSIM_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings));
   MEMSIM_RETURN_IF_ERROR(r.Number("attention_dropout", &m.attention_dropout));
   // RoPE models have no position table: the length limit allocates nothing.
@@ -359,8 +361,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       MEMSIM_RETURN_IF_ERROR(r.Int("qk_nope_head_dim", false, &qk_nope));
       MEMSIM_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", false, &qk_rope));
       note("multi-head latent attention (kv_lora_rank " + std::to_string(kv_lora) +
-           ", q_lora_rank " + std::to_string(q_lora) + ", q/k head dim " +
-           std::to_string(qk_nope) + "+" + std::to_string(qk_rope) +
+           ", q_lora_rank " + std::to_string(q_lora) + ", q/k head dim " + std::to_string(qk_nope) +
+           "+" + std::to_string(qk_rope) +
            ") modelled as multi-head attention with head dim v_head_dim " +
            std::to_string(m.kv_channels));
       // Hugging Face's DeepseekV3ForCausalLM does not build the multi-token-prediction

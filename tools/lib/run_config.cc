@@ -1,8 +1,8 @@
 #include "tools/lib/run_config.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -58,7 +58,8 @@ Status LoadYamlFile(const std::string& path, YAML::Node* out) {
   try {
     *out = YAML::LoadFile(path);
   } catch (const YAML::ParserException& e) {
-    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": malformed YAML: " + e.msg);
+    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) +
+                         ": malformed YAML: " + e.msg);
   } catch (const YAML::Exception& e) {
     return Status::Error("cannot read '" + path + "': " + e.what());
   }
@@ -75,7 +76,8 @@ Status ParseChoice(const std::string& text, const std::map<std::string, E>& choi
   }
   std::string known;
   for (const auto& [name, _] : choices) known += (known.empty() ? "" : ", ") + name;
-  return Status::Error("unknown " + std::string(what) + " '" + text + "' (use one of: " + known + ")");
+  return Status::Error("unknown " + std::string(what) + " '" + text + "' (use one of: " + known +
+                       ")");
 }
 
 Status ApplyArchitecture(const YAML::Node& v, const std::string& source, ModelConfig* m) {
@@ -139,8 +141,8 @@ Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
       "recompute method");
 }
 Status ParseOptimizer(const std::string& text, OptimizerKind* out) {
-  return ParseChoice<OptimizerKind>(text, {{"adam", OptimizerKind::kAdam}, {"sgd", OptimizerKind::kSgd}},
-                                    out, "optimizer");
+  return ParseChoice<OptimizerKind>(
+      text, {{"adam", OptimizerKind::kAdam}, {"sgd", OptimizerKind::kSgd}}, out, "optimizer");
 }
 Status ParseGpu(const std::string& text, const GpuSpec** out) {
   *out = FindGpu(text);
@@ -148,6 +150,84 @@ Status ParseGpu(const std::string& text, const GpuSpec** out) {
     return Status::Error("unknown GPU '" + text + "' (use one of: " + GpuPresetNames() + ")");
   }
   return Status::OK();
+}
+
+Status ParseDataParallel(const std::string& text, DataParallelKind* out) {
+  return ParseChoice<DataParallelKind>(
+      text,
+      {{"ddp", DataParallelKind::kDdp},
+       {"distributed-optimizer", DataParallelKind::kDistributedOptimizer},
+       {"zero1", DataParallelKind::kDistributedOptimizer},
+       {"zero2", DataParallelKind::kZero2},
+       {"fsdp", DataParallelKind::kFsdp},
+       {"zero3", DataParallelKind::kFsdp}},
+      out, "data parallelism");
+}
+
+Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, ParallelLayout* l) {
+  auto i64 = [&](const char* key, int64_t* field) -> std::pair<std::string, Handler> {
+    return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
+  };
+  std::map<std::string, Handler> handlers = {
+      i64("world_size", &l->world_size),
+      i64("tp", &l->tp),
+      i64("pp", &l->pp),
+      i64("vpp", &l->vpp),
+      i64("cp", &l->cp),
+      i64("ep", &l->ep),
+      i64("etp", &l->etp),
+      i64("first_stage_layers", &l->first_stage_layers),
+      i64("last_stage_layers", &l->last_stage_layers),
+      {"sequence_parallel",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "sequence_parallel", &l->sequence_parallel);
+       }},
+      {"deallocate_pipeline_outputs",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "deallocate_pipeline_outputs", &l->deallocate_pipeline_outputs);
+       }},
+      {"data_parallel",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "data_parallel", &ParseDataParallel, &l->data_parallel);
+       }},
+  };
+  return ApplyKeys(node, source, "layout", handlers);
+}
+
+Status FinalizeRunSpec(RunSpec* spec) {
+  MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
+  MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
+  const ParallelLayout& l = spec->layout;
+  TrainingConfig& t = spec->training;
+  if (spec->global_batch_size > 0) {
+    const int64_t per_step = t.micro_batch_size * l.dp;
+    if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
+      return Status::Error("global batch " + std::to_string(spec->global_batch_size) +
+                           " is not a multiple of micro batch * DP = " +
+                           std::to_string(t.micro_batch_size) + "*" + std::to_string(l.dp));
+    }
+    t.num_microbatches = spec->global_batch_size / per_step;
+  }
+  if (l.vpp > 1 && t.num_microbatches % l.pp != 0) {
+    return Status::Error("interleaved pipelining needs the number of microbatches (" +
+                         std::to_string(t.num_microbatches) +
+                         ") to be a multiple of PP=" + std::to_string(l.pp));
+  }
+  const int64_t seq_divisor = l.cp * (l.sequence_parallel ? l.tp : 1);
+  if (t.seq_length % seq_divisor != 0) {
+    return Status::Error("sequence length " + std::to_string(t.seq_length) +
+                         " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
+                         std::to_string(seq_divisor));
+  }
+  if (l.data_parallel == DataParallelKind::kZero2 || l.data_parallel == DataParallelKind::kFsdp ||
+      l.cp > 1 || spec->model.num_experts > 0) {
+    return Status::Error(std::string("not modelled yet: ") +
+                         (spec->model.num_experts > 0 ? "mixture-of-experts layers"
+                          : l.cp > 1                  ? "context parallelism"
+                                                      : "ZeRO-2/FSDP data parallelism") +
+                         "; see the README's limits");
+  }
+  return ValidateTrainingConfig(t, spec->model);
 }
 
 Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelConfig* m) {
@@ -198,36 +278,57 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
   return ApplyKeys(node, source, "model", handlers);
 }
 
-Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, TrainingConfig* t) {
+Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, TrainingConfig* t,
+                         int64_t* global_batch_size) {
   int64_t iterations = t->iterations;
   std::map<std::string, Handler> handlers = {
-      {"seq_length", [&](const YAML::Node& v) { return Read(v, source, "seq_length", &t->seq_length); }},
+      {"seq_length",
+       [&](const YAML::Node& v) { return Read(v, source, "seq_length", &t->seq_length); }},
       {"micro_batch_size",
-       [&](const YAML::Node& v) { return Read(v, source, "micro_batch_size", &t->micro_batch_size); }},
+       [&](const YAML::Node& v) {
+         return Read(v, source, "micro_batch_size", &t->micro_batch_size);
+       }},
       {"num_microbatches",
-       [&](const YAML::Node& v) { return Read(v, source, "num_microbatches", &t->num_microbatches); }},
-      {"iterations", [&](const YAML::Node& v) { return Read(v, source, "iterations", &iterations); }},
+       [&](const YAML::Node& v) {
+         return Read(v, source, "num_microbatches", &t->num_microbatches);
+       }},
+      {"iterations",
+       [&](const YAML::Node& v) { return Read(v, source, "iterations", &iterations); }},
       {"precision",
-       [&](const YAML::Node& v) { return ReadEnum(v, source, "precision", &ParsePrecision, &t->precision); }},
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "precision", &ParsePrecision, &t->precision);
+       }},
       {"attention",
-       [&](const YAML::Node& v) { return ReadEnum(v, source, "attention", &ParseAttention, &t->attention); }},
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "attention", &ParseAttention, &t->attention);
+       }},
       {"recompute",
-       [&](const YAML::Node& v) { return ReadEnum(v, source, "recompute", &ParseRecompute, &t->recompute); }},
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "recompute", &ParseRecompute, &t->recompute);
+       }},
       {"recompute_method",
        [&](const YAML::Node& v) {
-         return ReadEnum(v, source, "recompute_method", &ParseRecomputeMethod, &t->recompute_method);
+         return ReadEnum(v, source, "recompute_method", &ParseRecomputeMethod,
+                         &t->recompute_method);
        }},
       {"recompute_num_layers",
        [&](const YAML::Node& v) {
          return Read(v, source, "recompute_num_layers", &t->recompute_num_layers);
        }},
       {"optimizer",
-       [&](const YAML::Node& v) { return ReadEnum(v, source, "optimizer", &ParseOptimizer, &t->optimizer); }},
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "optimizer", &ParseOptimizer, &t->optimizer);
+       }},
       {"dropout", [&](const YAML::Node& v) { return Read(v, source, "dropout", &t->dropout); }},
+      {"global_batch_size",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "global_batch_size", global_batch_size);
+       }},
   };
   MEMSIM_RETURN_IF_ERROR(ApplyKeys(node, source, "training", handlers));
   if (iterations <= 0 || iterations > 1000) {
-    return Status::Error(source + ": iterations must be in [1, 1000], got " + std::to_string(iterations));
+    return Status::Error(source + ": iterations must be in [1, 1000], got " +
+                         std::to_string(iterations));
   }
   t->iterations = static_cast<int32_t>(iterations);
   return Status::OK();
@@ -261,7 +362,11 @@ Status LoadRunFile(const std::string& path, RunSpec* spec) {
          spec->model_source = path;
          return ApplyModelYaml(v, path, &spec->model);
        }},
-      {"training", [&](const YAML::Node& v) { return ApplyTrainingYaml(v, path, &spec->training); }},
+      {"training",
+       [&](const YAML::Node& v) {
+         return ApplyTrainingYaml(v, path, &spec->training, &spec->global_batch_size);
+       }},
+      {"layout", [&](const YAML::Node& v) { return ApplyLayoutYaml(v, path, &spec->layout); }},
       {"gpu",
        [&](const YAML::Node& v) {
          std::string name;
@@ -273,6 +378,8 @@ Status LoadRunFile(const std::string& path, RunSpec* spec) {
   return ApplyKeys(node, path, "run file", handlers);
 }
 
-Status LoadDefaultRun(RunSpec* spec) { return LoadRunFile(ConfigDir() + "/runs/default.yaml", spec); }
+Status LoadDefaultRun(RunSpec* spec) {
+  return LoadRunFile(ConfigDir() + "/runs/default.yaml", spec);
+}
 
 }  // namespace memsim

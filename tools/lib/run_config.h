@@ -36,8 +36,9 @@ std::vector<std::string> ModelPresetNames();
 Status LoadModelPreset(const std::string& name, ModelConfig* model);
 // Applies the keys of a model mapping (optionally `base: PRESET` first).
 Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelConfig* model);
+// `global_batch_size` receives training.global_batch_size when the file sets it.
 Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source,
-                         TrainingConfig* training);
+                         TrainingConfig* training, int64_t* global_batch_size);
 // Reads a run file; `spec` keeps its defaults for keys the file leaves out.
 Status LoadRunFile(const std::string& path, RunSpec* spec);
 // The built-in default example (configs/runs/default.yaml).
@@ -50,5 +51,12 @@ Status ParseRecompute(const std::string& text, RecomputeKind* out);
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
 Status ParseOptimizer(const std::string& text, OptimizerKind* out);
 Status ParseGpu(const std::string& text, const GpuSpec** out);
+Status ParseDataParallel(const std::string& text, DataParallelKind* out);
+Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, ParallelLayout* layout);
+
+// Derives everything a simulation needs and checks it all, before anything runs:
+// model (vocabulary padded for tp), layout (every rule), training, and the number of
+// microbatches from the global batch (global = micro * dp * microbatches).
+Status FinalizeRunSpec(RunSpec* spec);
 
 }  // namespace memsim

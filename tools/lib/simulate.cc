@@ -3,8 +3,12 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <set>
+#include <sstream>
+#include <thread>
 
 #include "parallel/rank_training.h"
 #include "simulator/atomic_file.h"
@@ -17,17 +21,20 @@
 namespace memsim {
 namespace po = boost::program_options;
 
-Status SimulateRank(RunSpec spec, RankResult* result) {
-  MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec.model));
-  MEMSIM_RETURN_IF_ERROR(ValidateTrainingConfig(spec.training, spec.model));
+Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankResult* result) {
+  result->rank_class = rank_class;
   result->session = std::make_unique<Session>(spec.gpu);
   try {
     ActiveSession active(*result->session);
-    RunTraining(spec.model, spec.training, *result->session);
+    RunRankTraining(spec.model, spec.training, spec.layout, rank_class.pp_rank, *result->session);
   } catch (const UserError& e) {
     return Status::Error(e.what());
   } catch (const std::overflow_error& e) {
     return Status::Error(std::string(e.what()) + ": the configuration's sizes exceed 64 bits");
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    return Status::Error("simulating pipeline stage " + std::to_string(rank_class.pp_rank) +
+                         " failed: " + what.substr(0, what.find('\n')));
   }
   const Recorder& recorder = result->session->recorder();
   result->timeline = Timeline::Replay(recorder);
@@ -38,62 +45,164 @@ Status SimulateRank(RunSpec spec, RankResult* result) {
   return Status::OK();
 }
 
+Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results) {
+  const std::vector<RankClass> classes = RankClasses(spec.layout);
+  results->clear();
+  results->resize(classes.size());
+  std::vector<Status> statuses(classes.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < classes.size(); i = next++) {
+      statuses[i] = SimulateRankClass(spec, classes[i], &(*results)[i]);
+    }
+  };
+  const int threads = std::max(1, std::min<int>(jobs, static_cast<int>(classes.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  for (const Status& s : statuses) MEMSIM_RETURN_IF_ERROR(s);
+  return Status::OK();
+}
+
 namespace {
 
-void PrintReport(const RunSpec& spec, const RankResult& r, size_t top_n) {
+std::string RankRange(const std::vector<int64_t>& ranks) {
+  if (ranks.size() == 1) return std::to_string(ranks[0]);
+  // Ranks of a stage are contiguous in Megatron's order: show first-last (count).
+  return std::to_string(ranks.front()) + "-" + std::to_string(ranks.back()) + " (" +
+         std::to_string(ranks.size()) + ")";
+}
+
+void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, size_t top_n) {
   const GpuSpec& gpu = *spec.gpu;
   const TrainingConfig& t = spec.training;
-  std::printf("memsim: %s on %s (usable %s), %s, seq %lld, micro-batch %lld, %lld microbatch%s, %d iterations\n",
-              spec.model_source.c_str(), gpu.name.c_str(), FormatBytes(gpu.usable_bytes()).c_str(),
-              PrecisionName(t.precision), static_cast<long long>(t.seq_length),
-              static_cast<long long>(t.micro_batch_size), static_cast<long long>(t.num_microbatches),
-              t.num_microbatches == 1 ? "" : "es", t.iterations);
-  std::printf("\n%-6s %-6s %-6s %12s %14s %14s %12s %s\n", "class", "ranks", "stage", "static",
+  const ParallelLayout& l = spec.layout;
+  std::printf(
+      "memsim: %s on %lld x %s (usable %s), %s, seq %lld, micro-batch %lld, %lld microbatch%s, "
+      "%d iterations\n",
+      spec.model_source.c_str(), static_cast<long long>(l.world_size), gpu.name.c_str(),
+      FormatBytes(gpu.usable_bytes()).c_str(), PrecisionName(t.precision),
+      static_cast<long long>(t.seq_length), static_cast<long long>(t.micro_batch_size),
+      static_cast<long long>(t.num_microbatches), t.num_microbatches == 1 ? "" : "es",
+      t.iterations);
+  std::printf("layout: TP=%lld%s PP=%lld%s DP=%lld CP=%lld EP=%lld, %s\n",
+              static_cast<long long>(l.tp), l.sequence_parallel ? " (SP)" : "",
+              static_cast<long long>(l.pp),
+              l.vpp > 1 ? (" VPP=" + std::to_string(l.vpp)).c_str() : "",
+              static_cast<long long>(l.dp), static_cast<long long>(l.cp),
+              static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str());
+  std::printf("\n%-6s %-18s %-6s %11s %11s %14s %11s  %s\n", "class", "ranks", "stage", "static",
               "peak alloc", "peak reserved", "headroom", "fits");
-  const int64_t headroom = gpu.usable_bytes() - r.timeline.peak_reserved_bytes();
-  std::printf("%-6d %-6s %-6d %12s %14s %14s %12s %s\n", 0, "0", 0,
-              FormatBytes(r.timeline.iterations().back().static_allocated_bytes).c_str(),
-              FormatBytes(r.timeline.peak_allocated_bytes()).c_str(),
-              FormatBytes(r.timeline.peak_reserved_bytes()).c_str(), FormatBytes(headroom).c_str(),
-              r.fits() ? "yes" : "NO (out of memory)");
-
-  const Recorder& rec = r.session->recorder();
-  std::printf("\nAt the peak (%s, %s allocated):\n", std::string(PhaseName(r.peak.phase)).c_str(),
-              FormatBytes(r.peak.allocated_bytes).c_str());
+  for (size_t i = 0; i < results.size(); ++i) {
+    const RankResult& r = results[i];
+    std::printf("%-6zu %-18s %-6lld %11s %11s %14s %11s  %s\n", i,
+                RankRange(r.rank_class.ranks).c_str(), static_cast<long long>(r.rank_class.pp_rank),
+                FormatBytes(r.timeline.iterations().back().static_allocated_bytes).c_str(),
+                FormatBytes(r.timeline.peak_allocated_bytes()).c_str(),
+                FormatBytes(r.timeline.peak_reserved_bytes()).c_str(),
+                FormatBytes(gpu.usable_bytes() - r.timeline.peak_reserved_bytes()).c_str(),
+                r.fits() ? "yes" : "NO (out of memory)");
+  }
+  // Why: the class with the highest peak.
+  const RankResult* worst = &results[0];
+  for (const RankResult& r : results) {
+    if (r.timeline.peak_reserved_bytes() > worst->timeline.peak_reserved_bytes()) worst = &r;
+  }
+  const Recorder& rec = worst->session->recorder();
+  std::printf("\nAt the peak of stage %lld (rank %lld, %s, %s allocated):\n",
+              static_cast<long long>(worst->rank_class.pp_rank),
+              static_cast<long long>(worst->rank_class.representative),
+              std::string(PhaseName(worst->peak.phase)).c_str(),
+              FormatBytes(worst->peak.allocated_bytes).c_str());
   for (int c = 1; c < kNumCategories; ++c) {
-    const int64_t bytes = r.peak.bytes_by_category[static_cast<size_t>(c)];
+    const int64_t bytes = worst->peak.bytes_by_category[static_cast<size_t>(c)];
     if (bytes > 0) {
-      std::printf("  %-16s %12s\n", std::string(CategoryName(static_cast<Category>(c))).c_str(),
+      std::printf("  %-18s %12s\n", std::string(CategoryName(static_cast<Category>(c))).c_str(),
                   FormatBytes(bytes).c_str());
     }
   }
-  std::printf("  %-16s %12s\n", "allocator rounding",
-              FormatBytes(r.peak.allocated_bytes - r.peak.requested_bytes).c_str());
-  std::printf("\nLargest tensors alive at the peak:\n");
-  for (size_t i = 0; i < r.peak.largest_storages.size() && i < top_n; ++i) {
-    const StorageInfo& s = rec.storages()[static_cast<size_t>(r.peak.largest_storages[i])];
+  std::printf("  %-18s %12s\n", "allocator rounding",
+              FormatBytes(worst->peak.allocated_bytes - worst->peak.requested_bytes).c_str());
+  std::printf("\nLargest tensors alive at that peak:\n");
+  for (size_t i = 0; i < worst->peak.largest_storages.size() && i < top_n; ++i) {
+    const StorageInfo& s = rec.storages()[static_cast<size_t>(worst->peak.largest_storages[i])];
     const std::string& module = rec.names().Name(s.module);
     std::printf("  %10s  %-28s %-10s %-44s %s\n", FormatBytes(s.size_bytes).c_str(),
                 StorageShapeString(s).c_str(), std::string(PhaseName(s.phase)).c_str(),
-                (module.empty() ? std::string("<top>") : module).c_str(), rec.names().Name(s.op).c_str());
+                (module.empty() ? std::string("<top>") : module).c_str(),
+                rec.names().Name(s.op).c_str());
   }
 }
 
-Status WriteRankFiles(const std::string& out_dir, int64_t rank, const RunSpec& spec,
-                      const RankResult& r, double sample_interval_s) {
-  const std::string suffix = "_rank" + std::to_string(rank);
-  TraceOptions trace;
-  trace.sample_interval_s = sample_interval_s;
-  MEMSIM_RETURN_IF_ERROR(
-      WriteTrace(out_dir + "/memory_trace" + suffix + ".json", r.timeline, trace));
+// Which ranks get files: "all", "first-per-class" or a comma-separated list.
+Status SelectRanks(const std::string& text, const std::vector<RankResult>& results,
+                   int64_t world_size, std::vector<std::pair<int64_t, const RankResult*>>* out) {
+  std::vector<const RankResult*> class_of(static_cast<size_t>(world_size), nullptr);
+  for (const RankResult& r : results) {
+    for (int64_t rank : r.rank_class.ranks) class_of[static_cast<size_t>(rank)] = &r;
+  }
+  if (text == "all") {
+    for (int64_t rank = 0; rank < world_size; ++rank)
+      out->emplace_back(rank, class_of[static_cast<size_t>(rank)]);
+  } else if (text == "first-per-class") {
+    for (const RankResult& r : results) out->emplace_back(r.rank_class.representative, &r);
+  } else {
+    std::stringstream list(text);
+    std::string item;
+    std::set<int64_t> seen;
+    while (std::getline(list, item, ',')) {
+      char* end = nullptr;
+      const long long rank = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || rank < 0 || rank >= world_size) {
+        return Status::Error("--ranks: '" + item + "' is not a rank in [0, " +
+                             std::to_string(world_size) +
+                             "); use all, first-per-class or a list like 0,8,16");
+      }
+      if (seen.insert(rank).second) out->emplace_back(rank, class_of[static_cast<size_t>(rank)]);
+    }
+  }
+  return Status::OK();
+}
+
+SummaryContext ContextFor(const RunSpec& spec, int64_t rank) {
   SummaryContext context;
   context.rank = rank;
   context.gpu_name = spec.gpu->name;
   context.gpu_usable_bytes = spec.gpu->usable_bytes();
-  MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json",
-                                      SummaryJson(r.session->recorder(), r.timeline, r.peak, context)));
-  return WriteSnapshot(out_dir + "/snapshot" + suffix + ".pickle", r.session->recorder(),
-                       r.timeline.peak_event(), SnapshotOptions{});
+  return context;
+}
+
+nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r) {
+  nlohmann::json summary = SummaryJson(r.session->recorder(), r.timeline, r.peak,
+                                       ContextFor(spec, r.rank_class.representative));
+  summary["pp_stage"] = r.rank_class.pp_rank;
+  summary["ranks"] = r.rank_class.ranks;
+  summary["fits"] = r.fits();
+  return summary;
+}
+
+Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
+                      const std::vector<std::pair<int64_t, const RankResult*>>& ranks,
+                      double sample_interval_s) {
+  TraceOptions trace_options;
+  trace_options.sample_interval_s = sample_interval_s;
+  // Ranks of a class share one simulation: build each class's files once.
+  std::map<const RankResult*, std::string> traces;
+  for (const auto& [rank, result] : ranks) {
+    std::string& trace = traces[result];
+    if (trace.empty()) trace = TraceJson(result->timeline, trace_options).dump(1);
+    const std::string suffix = "_rank" + std::to_string(rank);
+    MEMSIM_RETURN_IF_ERROR(
+        WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", trace));
+    nlohmann::json summary = ClassSummary(spec, *result);
+    summary["rank"] = rank;
+    MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", summary));
+    MEMSIM_RETURN_IF_ERROR(WriteSnapshot(out_dir + "/snapshot" + suffix + ".pickle",
+                                         result->session->recorder(), result->timeline.peak_event(),
+                                         SnapshotOptions{}));
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -101,30 +210,49 @@ Status WriteRankFiles(const std::string& out_dir, int64_t rank, const RunSpec& s
 int SimulateCommand(int argc, const char* const* argv) {
   po::options_description options(
       "memsim simulate [options]\n\n"
-      "Simulates a training configuration on meta tensors and reports each rank's GPU memory.\n"
-      "With no options it runs the built-in default example (configs/runs/default.yaml).\n\n"
+      "Simulates a training configuration on meta tensors and reports each rank's GPU memory:\n"
+      "one simulation per pipeline stage, reported for every rank. With no options it runs the\n"
+      "built-in default example (configs/runs/default.yaml).\n\n"
       "Examples:\n"
       "  memsim simulate\n"
-      "  memsim simulate --model llama3-8b --seq-length 8192 --recompute selective\n"
+      "  memsim simulate --model llama3-8b --seq-length 8192 --recompute selective --tp 2\n"
+      "  memsim simulate --model llama3-70b --world-size 128 --tp 8 --pp 4 --sp \\\n"
+      "      --data-parallel distributed-optimizer --global-batch-size 512 --check\n"
       "  memsim simulate --config configs/runs/default.yaml --gpu A100-80GB --json\n\n"
       "Options");
-  std::string config, model, gpu, precision, attention, recompute, out_dir = "memsim_out";
-  int64_t seq_length = 0, micro_batch = 0, microbatches = 0, iterations = 0;
+  std::string config, model, gpu, precision, attention, recompute, data_parallel;
+  std::string out_dir = "memsim_out", ranks = "first-per-class";
+  int64_t seq_length = 0, micro_batch = 0, microbatches = 0, iterations = 0, global_batch = 0;
+  int64_t world_size = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
   double sample_interval_s = 0;
-  bool json = false, check = false;
+  bool json = false, check = false, sp = false;
   size_t top_n = 10;
+  int jobs = 2;
   options.add_options()("help,h", "show this help")(
-      "config", po::value(&config), "YAML run file (default: configs/runs/default.yaml)")(
+      "config", po::value(&config),
+      "YAML run file (default: configs/runs/default.yaml unless --model is given)")(
       "model", po::value(&model), "model preset name, overriding the run file's")(
       "gpu", po::value(&gpu), ("GPU preset: " + GpuPresetNames()).c_str())(
       "seq-length", po::value(&seq_length), "sequence length")(
       "micro-batch-size", po::value(&micro_batch), "micro-batch size")(
       "num-microbatches", po::value(&microbatches), "microbatches per iteration")(
+      "global-batch-size", po::value(&global_batch), "sequences per iteration over all DP ranks")(
       "precision", po::value(&precision), "fp32, bf16 or fp16")(
-      "attention", po::value(&attention), "flash or eager")(
-      "recompute", po::value(&recompute), "none, selective or full")(
+      "attention", po::value(&attention), "flash or eager")("recompute", po::value(&recompute),
+                                                            "none, selective or full")(
       "iterations", po::value(&iterations), "training iterations to record")(
-      "out", po::value(&out_dir), "output folder for traces, summaries, snapshots (default memsim_out)")(
+      "world-size", po::value(&world_size), "number of GPUs")("tp", po::value(&tp),
+                                                              "tensor-parallel size")(
+      "sp", po::bool_switch(&sp), "sequence parallelism")("pp", po::value(&pp),
+                                                          "pipeline-parallel size")(
+      "vpp", po::value(&vpp), "virtual pipeline stages per rank (interleaved 1F1B)")(
+      "cp", po::value(&cp), "context-parallel size")("ep", po::value(&ep), "expert-parallel size")(
+      "data-parallel", po::value(&data_parallel), "ddp or distributed-optimizer")(
+      "jobs,j", po::value(&jobs), "rank classes simulated at once (default 2)")(
+      "out", po::value(&out_dir),
+      "output folder for traces, summaries, snapshots (default memsim_out)")(
+      "ranks", po::value(&ranks),
+      "ranks to write files for: all, first-per-class (default) or 0,8,16")(
       "sample-interval", po::value(&sample_interval_s),
       "thin trace samples to this many seconds of virtual time (peaks are kept)")(
       "top", po::value(&top_n), "largest tensors to print (default 10)")(
@@ -144,44 +272,64 @@ int SimulateCommand(int argc, const char* const* argv) {
   }
   RunSpec spec;
   spec.gpu = FindGpu("H100-80GB");
-  Status status = config.empty() ? LoadDefaultRun(&spec) : LoadRunFile(config, &spec);
+  // No run file: the default example, unless a model is named (then plain defaults).
+  Status status = !config.empty() ? LoadRunFile(config, &spec)
+                  : model.empty() ? LoadDefaultRun(&spec)
+                                  : Status::OK();
   if (status.ok() && !model.empty()) {
     spec.model_source = model;
     status = LoadModelPreset(model, &spec.model);
   }
   if (status.ok() && !gpu.empty()) status = ParseGpu(gpu, &spec.gpu);
-  if (status.ok() && !precision.empty()) status = ParsePrecision(precision, &spec.training.precision);
-  if (status.ok() && !attention.empty()) status = ParseAttention(attention, &spec.training.attention);
-  if (status.ok() && !recompute.empty()) status = ParseRecompute(recompute, &spec.training.recompute);
+  if (status.ok() && !precision.empty())
+    status = ParsePrecision(precision, &spec.training.precision);
+  if (status.ok() && !attention.empty())
+    status = ParseAttention(attention, &spec.training.attention);
+  if (status.ok() && !recompute.empty())
+    status = ParseRecompute(recompute, &spec.training.recompute);
+  if (status.ok() && !data_parallel.empty()) {
+    status = ParseDataParallel(data_parallel, &spec.layout.data_parallel);
+  }
   if (seq_length) spec.training.seq_length = seq_length;
   if (micro_batch) spec.training.micro_batch_size = micro_batch;
   if (microbatches) spec.training.num_microbatches = microbatches;
+  if (global_batch) spec.global_batch_size = global_batch;
   if (iterations) spec.training.iterations = static_cast<int32_t>(iterations);
+  if (world_size) spec.layout.world_size = world_size;
+  if (tp) spec.layout.tp = tp;
+  if (pp) spec.layout.pp = pp;
+  if (vpp) spec.layout.vpp = vpp;
+  if (cp) spec.layout.cp = cp;
+  if (ep) spec.layout.ep = ep;
+  if (sp) spec.layout.sequence_parallel = true;
+  if (status.ok()) status = FinalizeRunSpec(&spec);
   if (status.ok()) status = EnsureWritableDirectory(out_dir);
-  RankResult result;
-  if (status.ok()) status = SimulateRank(spec, &result);
-  if (status.ok()) status = WriteRankFiles(out_dir, 0, spec, result, sample_interval_s);
+  std::vector<RankResult> results;
+  if (status.ok()) status = SimulateAllClasses(spec, jobs, &results);
+  std::vector<std::pair<int64_t, const RankResult*>> selected;
+  if (status.ok()) status = SelectRanks(ranks, results, spec.layout.world_size, &selected);
+  if (status.ok()) status = WriteRankFiles(out_dir, spec, selected, sample_interval_s);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim simulate: %s\n", status.message().c_str());
     return kExitError;
   }
+  bool all_fit = true;
+  for (const RankResult& r : results) all_fit = all_fit && r.fits();
   if (json) {
-    SummaryContext context;
-    context.gpu_name = spec.gpu->name;
-    context.gpu_usable_bytes = spec.gpu->usable_bytes();
-    nlohmann::json out = {
-        {"model", spec.model_source},
-        {"gpu", spec.gpu->name},
-        {"fits", result.fits()},
-        {"ranks", nlohmann::json::array({SummaryJson(result.session->recorder(), result.timeline,
-                                                     result.peak, context)})}};
+    nlohmann::json classes = nlohmann::json::array();
+    for (const RankResult& r : results) classes.push_back(ClassSummary(spec, r));
+    const nlohmann::json out = {{"model", spec.model_source},
+                                {"gpu", spec.gpu->name},
+                                {"world_size", spec.layout.world_size},
+                                {"fits", all_fit},
+                                {"rank_classes", classes}};
     std::cout << out.dump(2) << "\n";
   } else {
-    PrintReport(spec, result, top_n);
-    std::printf("\nWrote memory_trace_rank0.json, summary_rank0.json, snapshot_rank0.pickle to %s/\n",
-                out_dir.c_str());
+    PrintReport(spec, results, top_n);
+    std::printf("\nWrote traces, summaries and snapshots of %zu rank%s to %s/\n", selected.size(),
+                selected.size() == 1 ? "" : "s", out_dir.c_str());
   }
-  return check && !result.fits() ? kExitDoesNotFit : kExitOk;
+  return check && !all_fit ? kExitDoesNotFit : kExitOk;
 }
 
 }  // namespace memsim

@@ -3,7 +3,9 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "parallel/rank_classes.h"
 #include "simulator/peak_analysis.h"
 #include "simulator/session.h"
 #include "simulator/status.h"
@@ -12,8 +14,9 @@
 
 namespace memsim {
 
-// The simulation of one rank class.
+// The simulation of one rank class (one pipeline stage).
 struct RankResult {
+  RankClass rank_class;
   std::unique_ptr<Session> session;
   Timeline timeline;
   PeakAnalysis peak;
@@ -21,9 +24,12 @@ struct RankResult {
   bool fits() const { return oom_event < 0; }
 };
 
-// Finalizes and checks `spec`, then simulates it. User errors (bad shapes, a missing
-// kernel) come back as a Status.
-Status SimulateRank(RunSpec spec, RankResult* result);
+// Simulates the class of `spec` (which passed FinalizeRunSpec). User errors (a missing
+// kernel, a size overflow) come back as a Status.
+Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankResult* result);
+
+// Simulates every rank class on up to `jobs` threads; results in stage order.
+Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results);
 
 // The command: parses argv (after "simulate"), prints, writes files; returns the exit code.
 int SimulateCommand(int argc, const char* const* argv);

@@ -107,6 +107,14 @@ class Output:
         self._created_dirs.extend(missing)
         return path
 
+    def make_staging_dir(self, parent: Path) -> Path:
+        """A fresh hidden folder in `parent` to assemble a result folder in before
+        renaming it into place; removed again if the command fails."""
+        path = Path(tempfile.mkdtemp(dir=self.make_dir(parent), prefix=".staging-"))
+        os.chmod(path, 0o777 & ~_umask())  # mkdtemp makes it private; results are not
+        self._created_dirs.append(path)
+        return path
+
     def write(self, path: Path, writer: Callable[[str], None]) -> Path:
         """Calls writer(temporary_path), then renames the result to `path`."""
         self.make_dir(path.parent)

@@ -92,9 +92,9 @@ def run(args: argparse.Namespace) -> None:
     with Output() as out, plt.rc_context(ACADEMIC_STYLE):
         out.save_figure(heatmap_figure(grid, args.max_memory, args.figsize), args.dpi,
                         *(Path(f"{args.output}{suffix}") for suffix in (".png", ".pdf")))
-    failed = sum(cell.failed for cell in grid.values())
-    print(f"{len(grid)} layouts ({len(grid) - failed} successful, {failed} failed); "
-          f"wrote {args.output}.png and {args.output}.pdf")
+    for layout in sorted(grid):
+        print(cell_line(layout, grid[layout]))
+    print(f"Wrote {args.output}.png and {args.output}.pdf")
 
 
 def read_traces(folder: Path) -> Grid:
@@ -160,6 +160,17 @@ def _log_line(line: str, where: str, grid: Grid) -> None:
     peak = _REASON_PEAK.search(match["reason"] or "")
     if peak:
         cell.reason_peak_mb = float(peak["mb"])
+
+
+def cell_line(layout: tuple[int, int], cell: Cell) -> str:
+    """One layout as text: what the cell shows, for the terminal."""
+    tp, pp = layout
+    if cell.failed:
+        shown = [("predicted peak", cell.predicted_mb)]
+    else:
+        shown = [("peak", cell.peak_mb), ("theory", cell.theory_mb)]
+    values = "".join(f", {name} {mb / MB_PER_GB:.1f} GB" for name, mb in shown if mb is not None)
+    return f"TP={tp} PP={pp}: {'failed' if cell.failed else 'successful'}{values}"
 
 
 ACADEMIC_STYLE = {

@@ -24,6 +24,7 @@ class Iteration:
     """One iteration of a trace, times re-zeroed to its first sample."""
 
     number: int
+    start_s: float  # the first sample's timestamp (0 without samples)
     times_s: list[float]
     allocated_mb: list[float]
     reserved_mb: list[float]
@@ -85,6 +86,7 @@ def _iteration(iteration: int, entry: object, where: str) -> Iteration:
     theoretical = optional_number(entry, "theoretical_memory_MB", where)
     return Iteration(
         number=iteration,
+        start_s=times[0] if times else 0.0,
         times_s=[t - times[0] for t in times],
         allocated_mb=allocated,
         reserved_mb=reserved,
