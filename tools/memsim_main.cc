@@ -6,6 +6,7 @@
 
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/simulate.h"
+#include "tools/lib/sweep.h"
 
 namespace {
 
@@ -13,7 +14,9 @@ void PrintUsage() {
   std::printf(
       "usage: memsim <command> [options]\n\n"
       "commands:\n"
-      "  simulate   simulate one training configuration (no options: the default example)\n\n"
+      "  simulate   simulate one training configuration (no options: the default example)\n"
+      "  sweep      simulate every valid layout over value lists; logs, tables, traces\n"
+      "  merge      join the outputs of sweep shards\n\n"
       "Run 'memsim <command> --help' for a command's options and examples.\n");
 }
 
@@ -27,6 +30,8 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     if (command == "simulate") return memsim::SimulateCommand(argc - 1, argv + 1);
+    if (command == "sweep") return memsim::SweepCommand(argc - 1, argv + 1);
+    if (command == "merge") return memsim::MergeCommand(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memsim %s: internal error: %s\n", command.c_str(), e.what());
     return memsim::kExitError;

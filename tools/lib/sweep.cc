@@ -1,0 +1,453 @@
+#include "tools/lib/sweep.h"
+
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "simulator/atomic_file.h"
+#include "simulator/trace_writer.h"
+#include "tools/lib/exit_codes.h"
+#include "tools/lib/run_config.h"
+#include "tools/lib/simulate.h"
+
+namespace memsim {
+namespace {
+namespace fs = std::filesystem;
+namespace po = boost::program_options;
+using nlohmann::json;
+
+struct SweepPoint {
+  int64_t index;  // "Config K"
+  int64_t tp, pp, vpp, cp, ep, micro_batch;
+  RecomputeKind recompute;
+};
+
+Status ParseList(const std::string& text, const char* name, std::vector<int64_t>* out) {
+  out->clear();
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0) {
+      return Status::Error(std::string("--") + name + ": '" + item +
+                           "' is not a positive integer; give a list like 1,2,4,8");
+    }
+    out->push_back(v);
+  }
+  if (out->empty()) return Status::Error(std::string("--") + name + " is empty");
+  return Status::OK();
+}
+
+std::string RecomputeName(RecomputeKind kind) {
+  switch (kind) {
+    case RecomputeKind::kNone:
+      return "none";
+    case RecomputeKind::kSelective:
+      return "selective";
+    case RecomputeKind::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+std::string TraceName(const RunSpec& spec, int64_t rank) {
+  const ParallelLayout& l = spec.layout;
+  const ModelConfig& m = spec.model;
+  const TrainingConfig& t = spec.training;
+  std::ostringstream name;
+  name << "memory_trace_rank" << rank << "_wd" << l.world_size << "_tp" << l.tp << "_pp" << l.pp
+       << "_dp" << l.dp << "_exp" << l.ep << "_expNum"
+       << (m.num_experts > 0 ? std::to_string(m.num_experts) : "None") << "_l" << m.num_layers
+       << "_mbs" << t.micro_batch_size << "_nmbs" << t.num_microbatches << "_gbs"
+       << t.num_microbatches * t.micro_batch_size * l.dp << "_ts" << t.seq_length << ".json";
+  return name.str();
+}
+
+// Simulates one layout, writes its traces, returns its result record.
+json RunPoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
+              const std::string& out_dir) {
+  spec.layout.tp = point.tp;
+  spec.layout.pp = point.pp;
+  spec.layout.vpp = point.vpp;
+  spec.layout.cp = point.cp;
+  spec.layout.ep = point.ep;
+  spec.training.micro_batch_size = point.micro_batch;
+  spec.training.recompute = point.recompute;
+  if (microbatches_per_pp > 0) {
+    spec.global_batch_size = 0;
+    spec.training.num_microbatches = microbatches_per_pp * point.pp;
+  }
+  json result = {{"config", point.index},
+                 {"tp", point.tp},
+                 {"pp", point.pp},
+                 {"vpp", point.vpp},
+                 {"cp", point.cp},
+                 {"ep", point.ep},
+                 {"micro_batch_size", point.micro_batch},
+                 {"recompute", RecomputeName(point.recompute)}};
+  Status status = FinalizeRunSpec(&spec);
+  if (!status.ok()) {
+    const int64_t model_parallel = point.tp * point.pp * point.cp;
+    const int64_t dp =
+        spec.layout.world_size % model_parallel == 0 ? spec.layout.world_size / model_parallel : 0;
+    result["dp"] = dp;
+    result["status"] = "invalid";
+    result["reason"] = "invalid layout: " + status.message();
+    result["num_microbatches"] = spec.training.num_microbatches;
+    result["global_batch_size"] = spec.global_batch_size > 0
+                                      ? spec.global_batch_size
+                                      : spec.training.num_microbatches * point.micro_batch * dp;
+    return result;
+  }
+  result["dp"] = spec.layout.dp;
+  result["num_microbatches"] = spec.training.num_microbatches;
+  result["global_batch_size"] =
+      spec.training.num_microbatches * spec.training.micro_batch_size * spec.layout.dp;
+  std::vector<RankResult> classes;
+  status = SimulateAllClasses(spec, /*jobs=*/1, &classes);
+  if (!status.ok()) {
+    result["status"] = "error";
+    result["reason"] = status.message();
+    return result;
+  }
+  json stages = json::array();
+  double worst_mb = 0;
+  int64_t worst_stage = 0;
+  bool fits = true;
+  for (const RankResult& r : classes) {
+    const double peak_mb = BytesToMiB(r.timeline.peak_allocated_bytes());
+    const double reserved_mb = BytesToMiB(r.timeline.peak_reserved_bytes());
+    stages.push_back(
+        {{"stage", r.rank_class.pp_rank},
+         {"first_rank", r.rank_class.representative},
+         {"static_MB", BytesToMiB(r.timeline.iterations().back().static_allocated_bytes)},
+         {"peak_allocated_MB", peak_mb},
+         {"peak_reserved_MB", reserved_mb},
+         {"fits", r.fits()}});
+    if (reserved_mb > worst_mb) {
+      worst_mb = reserved_mb;
+      worst_stage = r.rank_class.pp_rank;
+    }
+    fits = fits && r.fits();
+    const Status write = WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative),
+                                    r.timeline, TraceOptions{0.0, -1.0});
+    if (!write.ok()) {
+      result["status"] = "error";
+      result["reason"] = write.message();
+      return result;
+    }
+  }
+  result["stages"] = stages;
+  result["max_peak_reserved_MB"] = worst_mb;
+  result["status"] = fits ? "success" : "oom";
+  if (!fits) {
+    char reason[160];
+    std::snprintf(reason, sizeof(reason),
+                  "predicted out of memory: peak %.1f MB > usable %.1f MB on stage %lld", worst_mb,
+                  BytesToMiB(spec.gpu->usable_bytes()), static_cast<long long>(worst_stage));
+    result["reason"] = reason;
+  }
+  return result;
+}
+
+// Regenerates the logs and tables from every finished layout in `out_dir`/.sweep.
+Status WriteReports(const std::string& out_dir) {
+  std::vector<json> results;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(out_dir + "/.sweep", ec)) {
+    if (entry.path().extension() != ".json") continue;
+    std::ifstream in(entry.path());
+    try {
+      results.push_back(json::parse(in));
+    } catch (const json::exception& e) {
+      return Status::Error("corrupt sweep result '" + entry.path().string() + "': " + e.what() +
+                           "; delete it and run with --resume to redo that layout");
+    }
+  }
+  std::sort(results.begin(), results.end(),
+            [](const json& a, const json& b) { return a["config"] < b["config"]; });
+  std::string success, failed;
+  std::string csv =
+      "config,tp,pp,vpp,dp,cp,ep,micro_batch_size,num_microbatches,global_batch_size,recompute,"
+      "status,max_peak_reserved_MB,stage_peaks_MB,reason\n";
+  for (const json& r : results) {
+    char head[256];
+    std::snprintf(
+        head, sizeof(head),
+        "Config %lld: TP=%lld, PP=%lld, DP=%lld, NUM_MICBATCH=%lld, GLOBAL_BATCH_SIZE=%lld",
+        r["config"].get<long long>(), r["tp"].get<long long>(), r["pp"].get<long long>(),
+        r["dp"].get<long long>(), r["num_microbatches"].get<long long>(),
+        r["global_batch_size"].get<long long>());
+    if (r["status"] == "success") {
+      success += std::string(head) + " - SUCCESS\n";
+    } else {
+      failed += std::string(head) + " - FAILED (" + r.value("reason", std::string()) + ")\n";
+    }
+    std::string stage_peaks;
+    if (r.contains("stages")) {
+      for (const json& s : r["stages"]) {
+        char v[32];
+        std::snprintf(v, sizeof(v), "%.1f", s["peak_reserved_MB"].get<double>());
+        stage_peaks += (stage_peaks.empty() ? "" : ";") + std::string(v);
+      }
+    }
+    char row[512];
+    std::snprintf(row, sizeof(row),
+                  "%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%s,%s,%.1f,%s,\"%s\"\n",
+                  r["config"].get<long long>(), r["tp"].get<long long>(), r["pp"].get<long long>(),
+                  r["vpp"].get<long long>(), r["dp"].get<long long>(), r["cp"].get<long long>(),
+                  r["ep"].get<long long>(), r["micro_batch_size"].get<long long>(),
+                  r["num_microbatches"].get<long long>(), r["global_batch_size"].get<long long>(),
+                  r["recompute"].get<std::string>().c_str(), r["status"].get<std::string>().c_str(),
+                  r.value("max_peak_reserved_MB", 0.0), stage_peaks.c_str(),
+                  r.value("reason", std::string()).c_str());
+    csv += row;
+  }
+  MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/successful_configs.log", success));
+  MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/failed_configs.log", failed));
+  MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/sweep_results.csv", csv));
+  return WriteFileAtomically(out_dir + "/sweep_results.json", json(results).dump(1));
+}
+
+Status ParseShard(const std::string& text, int64_t* index, int64_t* count) {
+  const char* task = std::getenv("SLURM_ARRAY_TASK_ID");
+  const char* tasks = std::getenv("SLURM_ARRAY_TASK_COUNT");
+  std::string shard = text;
+  if (shard.empty() && task != nullptr && tasks != nullptr) shard = std::string(task) + "/" + tasks;
+  if (shard.empty()) {
+    *index = 0;
+    *count = 1;
+    return Status::OK();
+  }
+  long long k = -1, n = -1;
+  char tail = 0;
+  if (std::sscanf(shard.c_str(), "%lld/%lld%c", &k, &n, &tail) != 2 || n <= 0 || k < 0 || k >= n) {
+    return Status::Error("--shard '" + shard + "' must be K/N with 0 <= K < N (e.g. 0/4)");
+  }
+  *index = k;
+  *count = n;
+  return Status::OK();
+}
+
+void Progress(size_t done, size_t total, double elapsed_s) {
+  if (!::isatty(STDERR_FILENO) || total == 0) return;
+  const int width = 30;
+  const int filled = static_cast<int>(width * done / total);
+  const double eta =
+      done > 0 ? elapsed_s / static_cast<double>(done) * static_cast<double>(total - done) : 0;
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu layouts, %.0f s elapsed, ~%.0f s left ",
+               std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(width - filled), '.').c_str(), done, total,
+               elapsed_s, eta);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+}  // namespace
+
+int SweepCommand(int argc, const char* const* argv) {
+  po::options_description options(
+      "memsim sweep [options]\n\n"
+      "Simulates every valid layout over the given value lists and writes traces, the seeds'\n"
+      "successful/failed logs, and CSV and JSON tables (see memsim heatmap to plot them).\n\n"
+      "Examples:\n"
+      "  memsim sweep --model gpt-485b --world-size 8192 --precision fp16 --seq-length 2048 \\\n"
+      "      --tp 1,2,4,8 --pp 2,4,8,16,32,64 --microbatches-per-pp 6 --out sweep_485b\n"
+      "  memsim sweep --model llama3-70b --world-size 1024 --global-batch-size 1024 --resume\n"
+      "  memsim sweep ... --shard 0/4    (or from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)\n\n"
+      "Options");
+  std::string config, model, gpu, precision, attention, data_parallel, out_dir = "memsim_sweep",
+                                                                       shard;
+  std::string tp_list = "1,2,4,8", pp_list = "1,2,4,8,16,32,64", vpp_list = "1", cp_list = "1",
+              ep_list = "1", mbs_list = "1", recompute_list = "none";
+  int64_t world_size = 0, seq_length = 0, global_batch = 0, microbatches_per_pp = 0, iterations = 1;
+  int jobs = 2;
+  bool resume = false, sp = false;
+  options.add_options()("help,h", "show this help")("config", po::value(&config), "YAML run file")(
+      "model", po::value(&model), "model preset")("gpu", po::value(&gpu), "GPU preset")(
+      "world-size", po::value(&world_size), "number of GPUs")("seq-length", po::value(&seq_length),
+                                                              "sequence length")(
+      "precision", po::value(&precision), "fp32, bf16 or fp16")("attention", po::value(&attention),
+                                                                "flash or eager")(
+      "data-parallel", po::value(&data_parallel), "ddp or distributed-optimizer")(
+      "sp", po::bool_switch(&sp), "sequence parallelism")("tp", po::value(&tp_list),
+                                                          "TP values (default 1,2,4,8)")(
+      "pp", po::value(&pp_list), "PP values (default 1,2,4,8,16,32,64)")(
+      "vpp", po::value(&vpp_list), "VPP values (default 1)")(
+      "cp", po::value(&cp_list), "CP values")("ep", po::value(&ep_list), "EP values")(
+      "micro-batch-size", po::value(&mbs_list), "micro-batch sizes")(
+      "recompute", po::value(&recompute_list), "recomputation kinds: none,selective,full")(
+      "global-batch-size", po::value(&global_batch), "fixed global batch")(
+      "microbatches-per-pp", po::value(&microbatches_per_pp),
+      "microbatches = this * PP (the seeds use 6); global batch follows")(
+      "iterations", po::value(&iterations), "iterations per layout (default 1)")(
+      "jobs,j", po::value(&jobs), "layouts simulated at once (default 2)")(
+      "out", po::value(&out_dir), "output folder (default memsim_sweep)")(
+      "resume", po::bool_switch(&resume), "skip layouts already finished in --out")(
+      "shard", po::value(&shard), "K/N: run every N-th layout starting at K (job arrays)");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "memsim sweep: %s (see memsim sweep --help)\n", e.what());
+    return kExitError;
+  }
+  if (vm.count("help")) {
+    std::cout << options << "\n";
+    return kExitOk;
+  }
+  RunSpec base;
+  base.gpu = FindGpu("H100-80GB");
+  base.training.iterations = static_cast<int32_t>(iterations);
+  Status status = config.empty() ? Status::OK() : LoadRunFile(config, &base);
+  if (status.ok() && !model.empty()) {
+    base.model_source = model;
+    status = LoadModelPreset(model, &base.model);
+  }
+  if (status.ok() && config.empty() && model.empty()) {
+    status = Status::Error("name a model with --model or a run file with --config");
+  }
+  if (status.ok() && !gpu.empty()) status = ParseGpu(gpu, &base.gpu);
+  if (status.ok() && !precision.empty())
+    status = ParsePrecision(precision, &base.training.precision);
+  if (status.ok() && !attention.empty())
+    status = ParseAttention(attention, &base.training.attention);
+  if (status.ok() && !data_parallel.empty())
+    status = ParseDataParallel(data_parallel, &base.layout.data_parallel);
+  if (world_size) base.layout.world_size = world_size;
+  if (seq_length) base.training.seq_length = seq_length;
+  if (global_batch) base.global_batch_size = global_batch;
+  if (vm.count("iterations")) base.training.iterations = static_cast<int32_t>(iterations);
+  base.layout.sequence_parallel = sp;
+  if (status.ok() && global_batch > 0 && microbatches_per_pp > 0) {
+    status = Status::Error("give either --global-batch-size or --microbatches-per-pp, not both");
+  }
+  std::vector<int64_t> tps, pps, vpps, cps, eps, mbss;
+  std::vector<RecomputeKind> recomputes;
+  if (status.ok()) status = ParseList(tp_list, "tp", &tps);
+  if (status.ok()) status = ParseList(pp_list, "pp", &pps);
+  if (status.ok()) status = ParseList(vpp_list, "vpp", &vpps);
+  if (status.ok()) status = ParseList(cp_list, "cp", &cps);
+  if (status.ok()) status = ParseList(ep_list, "ep", &eps);
+  if (status.ok()) status = ParseList(mbs_list, "micro-batch-size", &mbss);
+  if (status.ok()) {
+    std::stringstream stream(recompute_list);
+    std::string item;
+    while (status.ok() && std::getline(stream, item, ',')) {
+      RecomputeKind kind;
+      status = ParseRecompute(item, &kind);
+      recomputes.push_back(kind);
+    }
+  }
+  int64_t shard_index = 0, shard_count = 1;
+  if (status.ok()) status = ParseShard(shard, &shard_index, &shard_count);
+  if (status.ok()) status = EnsureWritableDirectory(out_dir + "/.sweep");
+  if (!status.ok()) {
+    std::fprintf(stderr, "memsim sweep: %s\n", status.message().c_str());
+    return kExitError;
+  }
+
+  std::vector<SweepPoint> points;
+  int64_t index = 0;
+  for (int64_t t : tps)
+    for (int64_t p : pps)
+      for (int64_t v : vpps)
+        for (int64_t c : cps)
+          for (int64_t e : eps)
+            for (int64_t m : mbss)
+              for (RecomputeKind r : recomputes) {
+                ++index;
+                if ((index - 1) % shard_count != shard_index) continue;
+                const std::string done =
+                    out_dir + "/.sweep/config_" + std::to_string(index) + ".json";
+                if (resume && fs::is_regular_file(done)) continue;
+                points.push_back({index, t, p, v, c, e, m, r});
+              }
+  std::atomic<size_t> next{0}, finished{0};
+  std::mutex io;
+  std::vector<Status> errors;
+  const auto start = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    for (size_t i = next++; i < points.size(); i = next++) {
+      const json result = RunPoint(base, points[i], microbatches_per_pp, out_dir);
+      const Status write = WriteFileAtomically(
+          out_dir + "/.sweep/config_" + std::to_string(points[i].index) + ".json", result.dump());
+      std::lock_guard<std::mutex> lock(io);
+      if (!write.ok()) errors.push_back(write);
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      Progress(++finished, points.size(), elapsed);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::max(1, jobs); ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (errors.empty()) status = WriteReports(out_dir);
+  if (!errors.empty() || !status.ok()) {
+    std::fprintf(stderr, "memsim sweep: %s\n",
+                 (errors.empty() ? status : errors[0]).message().c_str());
+    return kExitError;
+  }
+  std::printf(
+      "memsim sweep: %zu layout%s simulated (%lld in all, shard %lld/%lld); results in %s/\n",
+      points.size(), points.size() == 1 ? "" : "s", static_cast<long long>(index),
+      static_cast<long long>(shard_index), static_cast<long long>(shard_count), out_dir.c_str());
+  return kExitOk;
+}
+
+int MergeCommand(int argc, const char* const* argv) {
+  if (argc < 3 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::printf(
+        "memsim merge OUT_DIR SHARD_DIR...\n\n"
+        "Joins the outputs of sweep shards (memsim sweep --shard K/N) into OUT_DIR and rewrites\n"
+        "its logs and tables.\n\nExample:\n  memsim merge sweep_all sweep_0 sweep_1 sweep_2 "
+        "sweep_3\n");
+    return argc < 3 ? kExitError : kExitOk;
+  }
+  const std::string out_dir = argv[1];
+  Status status = EnsureWritableDirectory(out_dir + "/.sweep");
+  for (int i = 2; status.ok() && i < argc; ++i) {
+    const fs::path shard = argv[i];
+    if (!fs::is_directory(shard / ".sweep")) {
+      status = Status::Error("'" + shard.string() + "' is not a sweep output folder (no .sweep/)");
+      break;
+    }
+    std::error_code ec;
+    for (const auto& sub : {fs::path("."), fs::path(".sweep")}) {
+      for (const auto& entry : fs::directory_iterator(shard / sub, ec)) {
+        if (!entry.is_regular_file() || entry.path().extension() != ".json") continue;
+        const std::string name = entry.path().filename().string();
+        if (sub == "." && name.rfind("memory_trace_rank", 0) != 0) continue;
+        fs::copy_file(entry.path(), fs::path(out_dir) / sub / name,
+                      fs::copy_options::overwrite_existing, ec);
+        if (ec) {
+          status = Status::Error("cannot copy '" + entry.path().string() + "': " + ec.message());
+          break;
+        }
+      }
+    }
+  }
+  if (status.ok()) status = WriteReports(out_dir);
+  if (!status.ok()) {
+    std::fprintf(stderr, "memsim merge: %s\n", status.message().c_str());
+    return kExitError;
+  }
+  std::printf("memsim merge: wrote %s/\n", out_dir.c_str());
+  return kExitOk;
+}
+
+}  // namespace memsim

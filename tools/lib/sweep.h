@@ -1,0 +1,22 @@
+// `memsim sweep` and `memsim merge`: every valid layout of a model on a cluster,
+// simulated, with the seeds' logs and file names so existing heatmap tools read them.
+//
+// Output folder:
+//   memory_trace_rank{R}_wd{W}_tp{T}_pp{P}_dp{D}_exp{E}_expNum{N}_l{L}_mbs{m}_nmbs{n}_gbs{g}_ts{S}.json
+//       one per rank class (R its first rank) of every simulated layout; ts is the
+//       sequence length (memsim's names are deterministic, so a resumed sweep writes the
+//       same files);
+//   successful_configs.log / failed_configs.log
+//       "Config K: TP=.., PP=.., DP=.., NUM_MICBATCH=.., GLOBAL_BATCH_SIZE=.. - SUCCESS"
+//       or "- FAILED (why)";
+//   sweep_results.csv / sweep_results.json: every layout with its per-stage peaks;
+//   .sweep/config_K.json: each finished layout's result, written atomically, which
+//       --resume skips and merge joins.
+#pragma once
+
+namespace memsim {
+
+int SweepCommand(int argc, const char* const* argv);
+int MergeCommand(int argc, const char* const* argv);
+
+}  // namespace memsim
