@@ -41,10 +41,10 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
                          Str(m->num_attention_heads) + " attention heads");
   }
   if (m->ffn_hidden_size == 0) {
-    // Megatron-LM: 4H for GeLU; for SwiGLU, 2/3 of 4H rounded up to a multiple of 64.
+    // Megatron-LM (arguments.py): 4H for GeLU; for SwiGLU int((4H * 2/3) / 64) * 64.
     m->ffn_hidden_size = m->activation == ActivationKind::kGelu
                              ? 4 * m->hidden_size
-                             : ((8 * m->hidden_size / 3 + 63) / 64) * 64;
+                             : (8 * m->hidden_size / 3) / 64 * 64;
   }
   if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 ||
       m->attention_dropout >= 1) {

@@ -2,11 +2,12 @@
 //
 // Note [Virtual clock]
 // Real traces plot memory against wall time, so every simulated event gets a timestamp
-// from a deliberately simple roofline-style model, charged once per leaf ATen op (an op
-// that calls no other op; composite ops are charged through the ops they call):
-//   * matrix multiplies (mm, bmm, addmm, baddbmm, addbmm, fused attention):
+// from a deliberately simple roofline-style model, charged once per op the interceptor
+// sees (ops a composite op decomposes into are charged with it):
+//   * matrix multiplies (mm, bmm, addmm, baddbmm, addbmm, matmul, linear, fused attention):
 //       seconds = FLOPs / (peak_flops(dtype) * matmul_efficiency)
-//     with FLOPs = 2 * numel(A) * columns(B) for the last two tensor arguments A, B;
+//     with FLOPs = 2 * numel(A) * columns(B) for the last two tensor arguments A, B
+//     (linear: 2 * numel(input) * rows(weight); attention: from q's shape);
 //   * views and allocation-only ops (empty, view, transpose, ...): free;
 //   * every other op (elementwise, reductions, copies, optimizer updates):
 //       seconds = (bytes read + bytes written) / (memory_bandwidth * bandwidth_efficiency)

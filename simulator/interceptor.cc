@@ -19,7 +19,8 @@ namespace {
 OpCostKind ClassifyOp(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
   if (name == "aten::mm" || name == "aten::bmm" || name == "aten::addmm" ||
-      name == "aten::baddbmm" || name == "aten::addbmm" || name == "memsim::wgrad_gemm_accum_" ||
+      name == "aten::baddbmm" || name == "aten::addbmm" || name == "aten::matmul" ||
+      name == "aten::linear" || name == "memsim::wgrad_gemm_accum_" ||
       name.rfind("memsim::flash_attention", 0) == 0) {
     return OpCostKind::kMatmul;
   }
@@ -63,7 +64,7 @@ void ForEachTensor(c10::ArrayRef<c10::IValue> values, Fn&& fn) {
   }
 }
 
-// Seconds a leaf op costs on the recorder's GPU (Note [Virtual clock]).
+// What an op costs on the recorder's GPU (Note [Virtual clock]).
 struct LeafCost {
   double bytes = 0;
   double flops = 0;
@@ -91,12 +92,19 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
       b = &v.toTensor();
     }
     if (info.is_attention && a != nullptr) {
-      // Fused attention over q [B, S, heads, D] (first tensor argument): 4*B*S^2*heads*D
-      // FLOPs forward, half of it causal; backward does 2.5x the forward's work.
+      // Causal fused attention over q [B, S, heads, D]: 4*B*S^2*heads*D FLOPs, halved by
+      // the causal mask; backward does 2.5x the forward's work.
       const at::Tensor& q = args[info.is_attention_backward ? 1 : 0].toTensor();
       cost.flops = 2.0 * static_cast<double>(q.numel()) * static_cast<double>(q.size(1)) *
                    (info.is_attention_backward ? 2.5 : 1.0);
       cost.half_precision = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+    } else if (info.is_linear && args.size() >= 2 && args[0].isTensor() && args[1].isTensor()) {
+      // aten::linear(input [.., K], weight [N, K], bias): 2 * numel(input) * N.
+      const at::Tensor& input = args[0].toTensor();
+      cost.flops = 2.0 * static_cast<double>(input.numel()) *
+                   static_cast<double>(args[1].toTensor().size(0));
+      cost.half_precision =
+          input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
     } else if (info.cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
       cost.flops = 2.0 * static_cast<double>(a->numel()) * static_cast<double>(b->sizes().back());
       cost.half_precision = a->scalar_type() == at::kHalf || a->scalar_type() == at::kBFloat16;
@@ -107,6 +115,9 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
 
   recorder->PushOp(info);
   try {
+    // Ops nested inside this one (a composite's decomposition) are not intercepted: the
+    // allocations they make belong to this op, and its cost is charged as a whole.
+    c10::impl::ExcludeDispatchKeyGuard no_nested(kInterceptKey);
     op.redispatchBoxed(below, stack);
   } catch (const c10::Error& e) {
     const std::string module = recorder->names().Name(recorder->current_module());
@@ -117,13 +128,19 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     const std::string what = e.what_without_backtrace();
     if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr &&
         what.find("'Meta' backend") != std::string::npos) {
-      throw UserError(op_name + " has no Meta kernel " + where +
+      // "Could not run 'aten::index_select' with arguments from the 'Meta' backend": the
+      // op without a kernel may be one this op decomposes into.
+      const size_t open = what.find('\'');
+      const size_t close = open == std::string::npos ? open : what.find('\'', open + 1);
+      const std::string missing =
+          close == std::string::npos ? op_name : what.substr(open + 1, close - open - 1);
+      throw UserError(missing + " has no Meta kernel " + where +
                       "; add one in ops/meta_kernels.cc");
     }
     throw UserError(op_name + " failed on meta tensors " + where + ": " +
                     what.substr(0, what.find('\n')));
   }
-  const bool leaf = recorder->PopOp(info);
+  recorder->PopOp(info);
 
   const auto outputs = torch::jit::last(*stack, op.schema().returns().size());
   ForEachTensor(outputs, [&](const at::Tensor& t) {
@@ -132,7 +149,7 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     if (id >= 0) recorder->NoteTensorShape(id, t.sizes(), t.scalar_type());
     if (info.cost_kind == OpCostKind::kMemoryBound) cost.bytes += TensorBytes(t);
   });
-  if (leaf && recorder->gpu() != nullptr && info.cost_kind != OpCostKind::kFree) {
+  if (recorder->gpu() != nullptr && info.cost_kind != OpCostKind::kFree) {
     recorder->AdvanceClock(info.cost_kind == OpCostKind::kMatmul
                                ? MatmulSeconds(*recorder->gpu(), cost.flops, cost.half_precision)
                                : MemoryBoundSeconds(*recorder->gpu(), cost.bytes));

@@ -4,11 +4,13 @@
 // Note [Interception]
 // A boxed fallback is registered once on a dispatch key no real backend uses
 // (kInterceptKey). InterceptionGuard includes that key in the thread-local dispatch key
-// set, so every op called on this thread, including the ops nested inside composite ops
-// and the ops autograd runs in backward, passes through the fallback before being
-// redispatched to the keys below it. For each op the fallback
+// set, so every op called on this thread, including the ops autograd runs in backward,
+// passes through the fallback before being redispatched to the keys below it. The ops a
+// composite op decomposes into run with the key excluded: they belong to the composite
+// (measured: intercepting them too cost a third more time per layer). For each op the
+// fallback
 //   * pushes the op on the recorder's op stack, so allocations know their op;
-//   * charges leaf ops to the virtual clock (cost_model.h);
+//   * charges the op to the virtual clock (cost_model.h);
 //   * records the shape and dtype of output tensors whose storage is new;
 //   * turns "no Meta kernel" failures into a UserError naming the op and the module.
 //

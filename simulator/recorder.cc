@@ -35,7 +35,7 @@ AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
   StorageInfo& info = storages_.emplace_back();
   info.size_bytes = size_bytes;
   info.alloc_event = static_cast<int64_t>(events_.size());
-  info.op = op_stack_.empty() ? 0 : op_stack_.back().op;
+  info.op = op_stack_.empty() ? 0 : op_stack_.back();
   info.module = current_module();
   info.phase = phase_;
   info.category = CategoryForNewStorage();

@@ -66,6 +66,7 @@ struct OpInfo {
   OpCostKind cost_kind;
   bool is_attention;  // memsim::flash_attention_*: costed from q's shape
   bool is_attention_backward;
+  bool is_linear;  // aten::linear: costed from input and weight
 };
 
 enum class MarkerKind : uint8_t {
@@ -122,18 +123,14 @@ class Recorder {
 
   void PushCategory(Category category) { category_stack_.push_back(category); }
   void PopCategory() { category_stack_.pop_back(); }
-  // Op stack, maintained by the interceptor. PopOp returns whether the op was a leaf
-  // (called no other op), which is where the virtual clock charges time.
+  // Op stack, maintained by the interceptor.
   void PushOp(const OpInfo& op) {
-    if (!op_stack_.empty()) op_stack_.back().has_child = true;
-    op_stack_.push_back({op.name, false});
+    op_stack_.push_back(op.name);
     collective_depth_ += op.is_collective ? 1 : 0;
   }
-  bool PopOp(const OpInfo& op) {
-    const bool leaf = !op_stack_.back().has_child;
+  void PopOp(const OpInfo& op) {
     op_stack_.pop_back();
     collective_depth_ -= op.is_collective ? 1 : 0;
-    return leaf;
   }
   // Null when `key` was never added.
   const OpInfo* FindOp(const void* key) const {
@@ -180,11 +177,7 @@ class Recorder {
   int32_t microbatch_ = -1;
   std::vector<NameId> module_stack_;
   std::vector<Category> category_stack_;
-  struct OpFrame {
-    NameId op;
-    bool has_child;
-  };
-  std::vector<OpFrame> op_stack_;
+  std::vector<NameId> op_stack_;
   std::unordered_map<const void*, OpInfo> op_infos_;
   const GpuSpec* gpu_ = nullptr;
   int collective_depth_ = 0;

@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string_view>
 
 #include "simulator/attribution.h"
@@ -61,15 +62,22 @@ class Session {
 
 // Records everything this thread allocates into `session` while alive. Nestable; the
 // innermost wins. Not copyable or movable.
+//
+// `attribute_ops` false skips the dispatcher interceptor: allocations are still tracked
+// with their sizes, module and phase, but not their op, backward module or time (the
+// cheapest mode; benchmarks compare the two).
 class ActiveSession {
  public:
-  explicit ActiveSession(Session& session) : current_(&session.recorder()) {}
+  explicit ActiveSession(Session& session, bool attribute_ops = true)
+      : current_(&session.recorder()) {
+    if (attribute_ops) intercept_.emplace();
+  }
   ActiveSession(const ActiveSession&) = delete;
   ActiveSession& operator=(const ActiveSession&) = delete;
 
  private:
   ScopedCurrentRecorder current_;
-  InterceptionGuard intercept_;
+  std::optional<InterceptionGuard> intercept_;
 };
 
 // Names the module whose code runs inside it; paths nest ("layers.0" then "attn" gives

@@ -21,10 +21,7 @@ struct CommandResult {
   std::string err;  // stderr
 };
 
-std::string Binary() {
-  const char* path = std::getenv("MEMSIM_BINARY");
-  return path != nullptr ? path : "build/memsim";
-}
+std::string Binary() { return MEMSIM_BINARY_PATH; }
 
 CommandResult Memsim(const std::string& args) {
   const std::string dir = ::testing::TempDir() + "/memsim_cli";
@@ -126,6 +123,73 @@ TEST(Cli, HelpHasExamples) {
   const CommandResult run = Memsim("simulate --help");
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_NE(run.out.find("Examples:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace memsim
+
+namespace memsim {
+namespace {
+
+double PeakOf(const std::string& json_out) {
+  const nlohmann::json j = nlohmann::json::parse(json_out);
+  double peak = 0;
+  for (const auto& c : j["rank_classes"])
+    peak = std::max(peak, c["peak_allocated_MB"].get<double>());
+  return peak;
+}
+
+// A Llama-3-8B preset, its Hugging Face config.json and the equivalent Megatron-LM
+// arguments describe the same model, so they simulate to the same peak.
+TEST(Cli, EveryInputRouteGivesTheSameModel) {
+  const std::string dir = Temp("routes");
+  std::ofstream(dir + "/config.json") << R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": false,
+    "hidden_act": "silu", "attention_bias": false, "torch_dtype": "bfloat16",
+    "bos_token_id": 128000, "eos_token_id": 128001, "initializer_range": 0.02})";
+  const std::string layout =
+      "--world-size 8 --tp 2 --pp 2 --global-batch-size 8 --seq-length 1024 --iterations 1 "
+      "--data-parallel distributed-optimizer --json ";
+  const CommandResult preset =
+      Memsim("simulate --model llama3-8b " + layout + "--out " + dir + "/a");
+  ASSERT_EQ(preset.exit_code, 0) << preset.err;
+  const CommandResult hf =
+      Memsim("simulate --hf-config " + dir + "/config.json " + layout + "--out " + dir + "/b");
+  ASSERT_EQ(hf.exit_code, 0) << hf.err;
+  const CommandResult megatron =
+      Memsim("megatron --world-size 8 --iterations 1 --json --out " + dir +
+             "/c -- --num-layers 32 --hidden-size 4096 "
+             "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
+             "--num-query-groups 8 --seq-length 1024 --max-position-embeddings 8192 --swiglu "
+             "--normalization RMSNorm --position-embedding-type rope "
+             "--untie-embeddings-and-output-weights "
+             "--disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0 --bf16 "
+             "--micro-batch-size 1 --global-batch-size 8 --tensor-model-parallel-size 2 "
+             "--pipeline-model-parallel-size 2 --use-distributed-optimizer --vocab-size 128256 "
+             "--train-iters 1 --lr 3e-4 --use-flash-attn --transformer-impl local");
+  ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
+  EXPECT_NE(megatron.err.find("ignored (no effect on memory): --max-position-embeddings "
+                              "--train-iters --lr"),
+            std::string::npos)
+      << megatron.err;
+  const double peak = PeakOf(preset.out);
+  EXPECT_GT(peak, 0);
+  EXPECT_EQ(PeakOf(hf.out), peak);
+  EXPECT_EQ(PeakOf(megatron.out), peak);
+}
+
+TEST(Cli, MegatronRefusesWhatMemsimDoesNotModel) {
+  const CommandResult unknown = Memsim("megatron --world-size 8 -- --num-layers 2 --frobnicate 3");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("--frobnicate"), std::string::npos) << unknown.err;
+  const CommandResult fp8 = Memsim("megatron --world-size 8 -- --num-layers 2 --fp8-format hybrid");
+  EXPECT_EQ(fp8.exit_code, 2);
+  EXPECT_NE(fp8.err.find("--fp8-format"), std::string::npos) << fp8.err;
+  const CommandResult no_world = Memsim("megatron -- --num-layers 2");
+  EXPECT_NE(no_world.err.find("WORLD_SIZE"), std::string::npos) << no_world.err;
 }
 
 }  // namespace

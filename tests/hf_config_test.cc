@@ -419,10 +419,9 @@ TEST(HfConfig, Errors) {
   EXPECT_TRUE(LoadHfConfig(WriteConfig("good", Llama("")), &m).ok());
 
   const std::string malformed = ErrorOf("{\n  \"model_type\": \"llama\",\n  \"hidden_size\": }");
-  // The stray '}' is byte 45: 2 + 25 ("  \"model_type\": \"llama\",\n") + 18 ("  \"hidden_size\": }").
-  EXPECT_EQ(malformed.rfind("FILE: malformed JSON at byte 45: parse error at line 3, column 18: ",
-                            0),
-            0u)
+  // The stray '}' is byte 45: 2 bytes on line 1, 25 on line 2, the 18th of line 3.
+  EXPECT_EQ(
+      malformed.rfind("FILE: malformed JSON at byte 45: parse error at line 3, column 18: ", 0), 0u)
       << malformed;
   EXPECT_EQ(ErrorOf("[1, 2]"), "FILE: the top level must be a JSON object");
 

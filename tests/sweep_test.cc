@@ -14,9 +14,7 @@ namespace {
 namespace fs = std::filesystem;
 
 int Memsim(const std::string& args) {
-  const char* binary = std::getenv("MEMSIM_BINARY");
-  const std::string command =
-      std::string(binary != nullptr ? binary : "build/memsim") + " " + args + " >/dev/null 2>&1";
+  const std::string command = std::string(MEMSIM_BINARY_PATH) + " " + args + " >/dev/null 2>&1";
   return WEXITSTATUS(std::system(command.c_str()));
 }
 

@@ -1,10 +1,15 @@
 // memsim: GPU memory of LLM training, simulated on meta tensors.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "tools/lib/exit_codes.h"
+#include "tools/lib/megatron_command.h"
 #include "tools/lib/simulate.h"
 #include "tools/lib/sweep.h"
 
@@ -16,8 +21,31 @@ void PrintUsage() {
       "commands:\n"
       "  simulate   simulate one training configuration (no options: the default example)\n"
       "  sweep      simulate every valid layout over value lists; logs, tables, traces\n"
-      "  merge      join the outputs of sweep shards\n\n"
+      "  merge      join the outputs of sweep shards\n"
+      "  megatron   simulate a Megatron-LM launch line: memsim megatron -- <arguments>\n"
+      "  compare    plot real vs simulated memory traces, rank by rank\n"
+      "  heatmap    TP x PP heatmap of a sweep's peaks\n"
+      "  analyze    analyze a PyTorch memory snapshot pickle\n"
+      "  report     figures and tables of a simulated run's memory\n\n"
       "Run 'memsim <command> --help' for a command's options and examples.\n");
+}
+
+// The plotting and analysis commands are Python (matplotlib): run tools/plots with an
+// interpreter that has it ($MEMSIM_PYTHON, else Debian's /usr/bin/python3).
+int RunPlotsCommand(int argc, char** argv) {
+  const char* configured = std::getenv("MEMSIM_PYTHON");
+  const std::string python = configured != nullptr                     ? configured
+                             : ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3"
+                                                                       : "python3";
+  const std::string script = std::string(MEMSIM_SOURCE_DIR) + "/tools/plots/memsim_plots.py";
+  std::vector<char*> args = {const_cast<char*>(python.c_str()), const_cast<char*>(script.c_str())};
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  std::fprintf(stderr,
+               "memsim %s: cannot run %s: %s; set MEMSIM_PYTHON to a Python 3 with matplotlib\n",
+               argv[1], python.c_str(), std::strerror(errno));
+  return memsim::kExitError;
 }
 
 }  // namespace
@@ -32,6 +60,11 @@ int main(int argc, char** argv) {
     if (command == "simulate") return memsim::SimulateCommand(argc - 1, argv + 1);
     if (command == "sweep") return memsim::SweepCommand(argc - 1, argv + 1);
     if (command == "merge") return memsim::MergeCommand(argc - 1, argv + 1);
+    if (command == "megatron") return memsim::MegatronCommand(argc - 1, argv + 1);
+    if (command == "compare" || command == "heatmap" || command == "analyze" ||
+        command == "report") {
+      return RunPlotsCommand(argc, argv);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memsim %s: internal error: %s\n", command.c_str(), e.what());
     return memsim::kExitError;

@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "simulator/checked_math.h"
+
 namespace memsim {
 namespace {
 
@@ -140,10 +142,9 @@ class Reader {
   Reader(const json& root, const std::string& path) : root_(root), path_(path) {}
 
   // An absent key, or one set to null, leaves `*out` unchanged; a required one is an
-  // error. `*present` (optional) tells which.
-  Status Int(const char* key, bool required, int64_t* out, bool* present = nullptr) {
+  // error.
+  Status Int(const char* key, bool required, int64_t* out) {
     const json* v = Find(key);
-    if (present != nullptr) *present = v != nullptr;
     if (v == nullptr) return required ? Missing(key) : Status::OK();
     if (v->is_number_unsigned() && v->get<uint64_t>() > std::numeric_limits<int64_t>::max()) {
       return Status::Error(path_ + ": '" + key + "' is " + Shown(*v) + ", out of range");
@@ -343,7 +344,7 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       int64_t shared = 0;
       MEMSIM_RETURN_IF_ERROR(r.Int("n_shared_experts", false, &shared));
       if (shared < 0) return Status::Error(path + ": 'n_shared_experts' must not be negative");
-      m.moe_shared_expert_size = shared * m.moe_ffn_hidden_size;
+      m.moe_shared_expert_size = CheckedMul(shared, m.moe_ffn_hidden_size);
       int64_t freq = 1;
       MEMSIM_RETURN_IF_ERROR(r.Int("moe_layer_freq", false, &freq));
       if (freq != 1) {

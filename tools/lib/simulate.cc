@@ -11,12 +11,14 @@
 #include <thread>
 
 #include "parallel/rank_training.h"
+#include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
 #include "simulator/snapshot_writer.h"
 #include "simulator/summary_writer.h"
 #include "simulator/trace_writer.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
+#include "tools/lib/hf_config.h"
 
 namespace memsim {
 namespace po = boost::program_options;
@@ -65,6 +67,12 @@ Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>
   return Status::OK();
 }
 
+double TheoreticalMemoryMB(const RunSpec& spec) {
+  return ComputeTheoreticalMemory(spec.model, spec.training, spec.layout,
+                                  spec.training.num_microbatches)
+      .total_mb;
+}
+
 namespace {
 
 std::string RankRange(const std::vector<int64_t>& ranks) {
@@ -92,6 +100,8 @@ void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, si
               l.vpp > 1 ? (" VPP=" + std::to_string(l.vpp)).c_str() : "",
               static_cast<long long>(l.dp), static_cast<long long>(l.cp),
               static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str());
+  std::printf("Megatron-LM's theoretical estimate (first stage): %s\n",
+              FormatBytes(static_cast<int64_t>(TheoreticalMemoryMB(spec) * (1 << 20))).c_str());
   std::printf("\n%-6s %-18s %-6s %11s %11s %14s %11s  %s\n", "class", "ranks", "stage", "static",
               "peak alloc", "peak reserved", "headroom", "fits");
   for (size_t i = 0; i < results.size(); ++i) {
@@ -170,6 +180,7 @@ SummaryContext ContextFor(const RunSpec& spec, int64_t rank) {
   context.rank = rank;
   context.gpu_name = spec.gpu->name;
   context.gpu_usable_bytes = spec.gpu->usable_bytes();
+  context.theoretical_memory_mb = TheoreticalMemoryMB(spec);
   return context;
 }
 
@@ -187,6 +198,7 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
                       double sample_interval_s) {
   TraceOptions trace_options;
   trace_options.sample_interval_s = sample_interval_s;
+  trace_options.theoretical_memory_mb = TheoreticalMemoryMB(spec);
   // Ranks of a class share one simulation: build each class's files once.
   std::map<const RankResult*, std::string> traces;
   for (const auto& [rank, result] : ranks) {
@@ -220,7 +232,7 @@ int SimulateCommand(int argc, const char* const* argv) {
       "      --data-parallel distributed-optimizer --global-batch-size 512 --check\n"
       "  memsim simulate --config configs/runs/default.yaml --gpu A100-80GB --json\n\n"
       "Options");
-  std::string config, model, gpu, precision, attention, recompute, data_parallel;
+  std::string config, model, hf_config, gpu, precision, attention, recompute, data_parallel;
   std::string out_dir = "memsim_out", ranks = "first-per-class";
   int64_t seq_length = 0, micro_batch = 0, microbatches = 0, iterations = 0, global_batch = 0;
   int64_t world_size = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
@@ -232,7 +244,10 @@ int SimulateCommand(int argc, const char* const* argv) {
       "config", po::value(&config),
       "YAML run file (default: configs/runs/default.yaml unless --model is given)")(
       "model", po::value(&model), "model preset name, overriding the run file's")(
-      "gpu", po::value(&gpu), ("GPU preset: " + GpuPresetNames()).c_str())(
+      "hf-config", po::value(&hf_config),
+      "a Hugging Face config.json (Llama, Mistral, Qwen2, "
+      "Mixtral, DeepSeek-V3), overriding the model")("gpu", po::value(&gpu),
+                                                     ("GPU preset: " + GpuPresetNames()).c_str())(
       "seq-length", po::value(&seq_length), "sequence length")(
       "micro-batch-size", po::value(&micro_batch), "micro-batch size")(
       "num-microbatches", po::value(&microbatches), "microbatches per iteration")(
@@ -273,9 +288,17 @@ int SimulateCommand(int argc, const char* const* argv) {
   RunSpec spec;
   spec.gpu = FindGpu("H100-80GB");
   // No run file: the default example, unless a model is named (then plain defaults).
-  Status status = !config.empty() ? LoadRunFile(config, &spec)
-                  : model.empty() ? LoadDefaultRun(&spec)
-                                  : Status::OK();
+  Status status = !config.empty()                      ? LoadRunFile(config, &spec)
+                  : model.empty() && hf_config.empty() ? LoadDefaultRun(&spec)
+                                                       : Status::OK();
+  if (status.ok() && !hf_config.empty()) {
+    spec.model_source = hf_config;
+    std::vector<std::string> approximations;
+    status = LoadHfConfig(hf_config, &spec.model, &approximations);
+    for (const std::string& note : approximations) {
+      std::fprintf(stderr, "memsim simulate: note: %s\n", note.c_str());
+    }
+  }
   if (status.ok() && !model.empty()) {
     spec.model_source = model;
     status = LoadModelPreset(model, &spec.model);
@@ -303,33 +326,52 @@ int SimulateCommand(int argc, const char* const* argv) {
   if (ep) spec.layout.ep = ep;
   if (sp) spec.layout.sequence_parallel = true;
   if (status.ok()) status = FinalizeRunSpec(&spec);
-  if (status.ok()) status = EnsureWritableDirectory(out_dir);
-  std::vector<RankResult> results;
-  if (status.ok()) status = SimulateAllClasses(spec, jobs, &results);
-  std::vector<std::pair<int64_t, const RankResult*>> selected;
-  if (status.ok()) status = SelectRanks(ranks, results, spec.layout.world_size, &selected);
-  if (status.ok()) status = WriteRankFiles(out_dir, spec, selected, sample_interval_s);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim simulate: %s\n", status.message().c_str());
     return kExitError;
   }
+  ReportOptions report;
+  report.out_dir = out_dir;
+  report.ranks = ranks;
+  report.sample_interval_s = sample_interval_s;
+  report.top_n = top_n;
+  report.jobs = jobs;
+  report.json = json;
+  report.check = check;
+  return SimulateAndReport(spec, report, "simulate");
+}
+
+int SimulateAndReport(const RunSpec& spec, const ReportOptions& options, const char* command) {
+  Status status = EnsureWritableDirectory(options.out_dir);
+  std::vector<RankResult> results;
+  if (status.ok()) status = SimulateAllClasses(spec, options.jobs, &results);
+  std::vector<std::pair<int64_t, const RankResult*>> selected;
+  if (status.ok()) status = SelectRanks(options.ranks, results, spec.layout.world_size, &selected);
+  if (status.ok()) {
+    status = WriteRankFiles(options.out_dir, spec, selected, options.sample_interval_s);
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "memsim %s: %s\n", command, status.message().c_str());
+    return kExitError;
+  }
   bool all_fit = true;
   for (const RankResult& r : results) all_fit = all_fit && r.fits();
-  if (json) {
+  if (options.json) {
     nlohmann::json classes = nlohmann::json::array();
     for (const RankResult& r : results) classes.push_back(ClassSummary(spec, r));
     const nlohmann::json out = {{"model", spec.model_source},
                                 {"gpu", spec.gpu->name},
                                 {"world_size", spec.layout.world_size},
                                 {"fits", all_fit},
+                                {"theoretical_memory_MB", TheoreticalMemoryMB(spec)},
                                 {"rank_classes", classes}};
     std::cout << out.dump(2) << "\n";
   } else {
-    PrintReport(spec, results, top_n);
+    PrintReport(spec, results, options.top_n);
     std::printf("\nWrote traces, summaries and snapshots of %zu rank%s to %s/\n", selected.size(),
-                selected.size() == 1 ? "" : "s", out_dir.c_str());
+                selected.size() == 1 ? "" : "s", options.out_dir.c_str());
   }
-  return check && !all_fit ? kExitDoesNotFit : kExitOk;
+  return options.check && !all_fit ? kExitDoesNotFit : kExitOk;
 }
 
 }  // namespace memsim

@@ -31,6 +31,24 @@ Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankR
 // Simulates every rank class on up to `jobs` threads; results in stage order.
 Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results);
 
+// Megatron-LM's analytical estimate for `spec`'s first pipeline stage, in MiB.
+double TheoreticalMemoryMB(const RunSpec& spec);
+
+// How `simulate` reports a finalized RunSpec.
+struct ReportOptions {
+  std::string out_dir = "memsim_out";
+  std::string ranks = "first-per-class";
+  double sample_interval_s = 0;
+  size_t top_n = 10;
+  int jobs = 2;
+  bool json = false;
+  bool check = false;
+};
+
+// Simulates `spec` (which passed FinalizeRunSpec), prints the table or JSON, writes the
+// files; returns the exit code.
+int SimulateAndReport(const RunSpec& spec, const ReportOptions& options, const char* command);
+
 // The command: parses argv (after "simulate"), prints, writes files; returns the exit code.
 int SimulateCommand(int argc, const char* const* argv);
 

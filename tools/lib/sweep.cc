@@ -143,7 +143,7 @@ json RunPoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp
     }
     fits = fits && r.fits();
     const Status write = WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative),
-                                    r.timeline, TraceOptions{0.0, -1.0});
+                                    r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec)});
     if (!write.ok()) {
       result["status"] = "error";
       result["reason"] = write.message();
@@ -151,6 +151,7 @@ json RunPoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp
     }
   }
   result["stages"] = stages;
+  result["theoretical_memory_MB"] = TheoreticalMemoryMB(spec);
   result["max_peak_reserved_MB"] = worst_mb;
   result["status"] = fits ? "success" : "oom";
   if (!fits) {

@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from common import CommandParser, InputError, Output, command_parser
+from common import CommandParser, InputError, Output, command_parser, positive
 from snapshot import MB, Allocation, Snapshot, allocations, bytes_by_category, load_snapshot
 
 DESCRIPTION = """\
@@ -80,7 +80,7 @@ def parser() -> CommandParser:
     p.add_argument("name", nargs="?", metavar="NAME",
                    help="run name (default: from the path, e.g. iteration_1/rank0_... -> "
                         "iter1_rank0, else the file name without extension)")
-    p.add_argument("--dpi", type=float, default=120, help="PNG resolution (default: 120)")
+    p.add_argument("--dpi", type=positive, default=120, help="PNG resolution (default: 120)")
     return p
 
 
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> None:
     with Output() as out:
         staging = out.make_staging_dir(results)
         write_results(out, staging, analysis, name, args.dpi)
+        out.commit()
         final = unique_dir(results, f"{datetime.now():%Y%m%d_%H%M%S}_{name}")
         os.rename(staging, final)
         point_symlink(latest, final.name)
@@ -184,10 +185,11 @@ def _late_survivors(allocs: list[Allocation]) -> list[str]:
     for phase in ("backward", "optimizer"):
         alive = [a for a in allocs if a.phase == phase and a.category in SHORT_LIVED_CATEGORIES]
         if alive:
+            total = _gb(sum(a.size for a in alive))
             found.append(f"{len(alive)} {phase} allocation(s) that are not parameters, "
-                         f"gradients or optimizer state are alive ({_gb(sum(a.size for a in alive))}"
-                         f", largest: {alive[0].label}). Normal mid-step; a leak if the "
-                         "snapshot was taken after optimizer.step().")
+                         f"gradients or optimizer state are alive ({total}, largest: "
+                         f"{alive[0].label}). Normal mid-step; a leak if the snapshot was "
+                         "taken after optimizer.step().")
     return found
 
 

@@ -63,7 +63,7 @@ def typed(mapping: dict, key: str, kind: type, where: str) -> Any:
     if key not in mapping:
         raise InputError(f"{where}: missing '{key}'")
     value = mapping[key]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise InputError(f"{where}: '{key}' is a {type(value).__name__}, "
                          f"expected a {kind.__name__}")
     return value
@@ -80,21 +80,25 @@ def existing_dir(path: Path, what: str, hint: str) -> Path:
 class Output:
     """Writes a command's output files all-or-nothing.
 
-    Each file goes to a temporary name in the same folder and is renamed into place, so
-    no reader ever sees a half-written file. If the command fails part-way, the files
-    written so far and the folders this object created are removed again, so an error
-    leaves nothing new behind. Use as a context manager.
+    Files are written under temporary names beside their final ones and renamed into
+    place together when the `with` block ends without an error (or on commit()), so no
+    reader sees a half-written file. If the command fails part-way, the temporary files
+    and the folders this object created are removed and existing files are untouched:
+    an error leaves nothing new behind.
     """
 
     def __init__(self) -> None:
-        self._written: list[Path] = []
+        self._pending: list[tuple[str, Path]] = []  # (temporary file, final path)
         self._created_dirs: list[Path] = []
 
     def __enter__(self) -> Output:
         return self
 
     def __exit__(self, kind: type | None, *_: Any) -> None:
-        if kind is not None:
+        if kind is None:
+            self.commit()
+            self._created_dirs.clear()
+        else:
             self.discard()
 
     def make_dir(self, path: Path) -> Path:
@@ -115,28 +119,21 @@ class Output:
         self._created_dirs.append(path)
         return path
 
-    def write(self, path: Path, writer: Callable[[str], None]) -> Path:
-        """Calls writer(temporary_path), then renames the result to `path`."""
+    def write(self, path: Path, writer: Callable[[str], None]) -> None:
+        """Calls writer(temporary_path); the file becomes `path` on commit()."""
         self.make_dir(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
-        try:
-            writer(tmp)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; files are not
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        self._written.append(path)
-        return path
+        self._pending.append((tmp, path))
+        writer(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; outputs are not
 
-    def write_text(self, path: Path, text: str) -> Path:
-        """Writes a UTF-8 text file atomically."""
-        return self.write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    def write_text(self, path: Path, text: str) -> None:
+        """Writes a UTF-8 text file."""
+        self.write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     def save_figure(self, fig: Any, dpi: float, *paths: Path) -> None:
-        """Saves a matplotlib figure atomically to each path (format from the suffix),
-        then closes it."""
+        """Saves a matplotlib figure to each path (format from the suffix), then closes it."""
         import matplotlib.pyplot as plt
 
         try:
@@ -146,13 +143,20 @@ class Output:
         finally:
             plt.close(fig)
 
+    def commit(self) -> None:
+        """Renames every file written so far to its final name. The folders created stay
+        on record, so a later failure in the `with` block still removes them."""
+        for tmp, path in self._pending:
+            os.replace(tmp, path)
+        self._pending.clear()
+
     def discard(self) -> None:
-        """Removes everything written or created so far (newest first)."""
-        for path in reversed(self._written):
-            path.unlink(missing_ok=True)
-        for folder in self._created_dirs:  # deepest first, as make_dir collected them
+        """Removes the uncommitted files and the folders created for them."""
+        for tmp, _ in self._pending:
+            Path(tmp).unlink(missing_ok=True)
+        for folder in self._created_dirs:  # nested ones may be gone already: rmtree copes
             shutil.rmtree(folder, ignore_errors=True)
-        self._written.clear()
+        self._pending.clear()
         self._created_dirs.clear()
 
 
@@ -169,6 +173,17 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def positive(text: str) -> float:
+    """An argparse type for sizes and resolutions, which must be above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
 
 
 def command_parser(command: str, description: str) -> CommandParser:

@@ -18,7 +18,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from common import CommandParser, InputError, Output, command_parser, existing_dir
+from common import (CommandParser, InputError, Output, command_parser, existing_dir,
+                    positive)
 from traces import TRACE_GLOB, Iteration, last_iteration, trace_files, trace_rank
 
 DESCRIPTION = f"""\
@@ -57,7 +58,7 @@ def parser() -> CommandParser:
                    help="folder for the plots and the summary (default: memory_plots)")
     p.add_argument("-t", "--show-theoretical", action="store_true",
                    help="draw theoretical memory as red lines (default: off)")
-    p.add_argument("--dpi", type=float, default=100, help="PNG resolution (default: 100)")
+    p.add_argument("--dpi", type=positive, default=100, help="PNG resolution (default: 100)")
     return p
 
 
@@ -80,17 +81,17 @@ def load_pairs(real_dir: Path, sim_dir: Path) -> list[Pair]:
     """Pairs real and simulated traces by rank; ranks on one side only are skipped."""
     real = traces_by_rank(real_dir, "real")
     sim = traces_by_rank(sim_dir, "simulated")
-    for rank in sorted(real.keys() ^ sim.keys()):
-        has, lacks = ("real", "simulated") if rank in real else ("simulated", "real")
-        path = real.get(rank) or sim[rank]
-        print(f"memsim compare: warning: rank {rank} has a {has} trace ({path}) but no "
-              f"{lacks} one; skipped", file=sys.stderr)
     common = sorted(real.keys() & sim.keys())
     if not common:
         raise InputError(f"no rank has both a real trace in {real_dir} (ranks "
                          f"{_ranks(real)}) and a simulated one in {sim_dir} (ranks "
                          f"{_ranks(sim)}); point -r and -s at traces of the same ranks")
-    return [Pair(rank, plottable(real[rank]), plottable(sim[rank])) for rank in common]
+    pairs = [Pair(rank, plottable(real[rank]), plottable(sim[rank])) for rank in common]
+    for rank in sorted(real.keys() ^ sim.keys()):  # after loading: errors stay one line
+        has, lacks = ("real", "simulated") if rank in real else ("simulated", "real")
+        print(f"memsim compare: warning: rank {rank} has a {has} trace "
+              f"({real.get(rank) or sim[rank]}) but no {lacks} one; skipped", file=sys.stderr)
+    return pairs
 
 
 def plottable(path: Path) -> Iteration:

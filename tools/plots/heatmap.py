@@ -19,7 +19,8 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import LinearSegmentedColormap, Normalize
 from matplotlib.patches import Patch, Rectangle
 
-from common import CommandParser, InputError, Output, command_parser, existing_dir
+from common import (CommandParser, InputError, Output, command_parser, existing_dir,
+                    positive)
 from traces import TRACE_GLOB, load_trace, trace_files
 
 DESCRIPTION = """\
@@ -36,7 +37,8 @@ FAILED_GREY = "#e3e3e3"
 MUTED_TEXT = "#6f6f6f"
 MB_PER_GB = 1024.0
 
-_LAYOUT_NAME = re.compile(r"^memory_trace_rank\d+_wd\d+_tp(?P<tp>\d+)_pp(?P<pp>\d+)_dp\d+_.*\.json$")
+_LAYOUT_NAME = re.compile(
+    r"^memory_trace_rank\d+_wd\d+_tp(?P<tp>\d+)_pp(?P<pp>\d+)_dp\d+_.*\.json$")
 _LOG_LINE = re.compile(r"^Config\s+[^:]*:\s*TP=(?P<tp>\d+),\s*PP=(?P<pp>\d+)\b.*?\s-\s*"
                        r"(?P<status>SUCCESS|FAILED)\b\s*(?:\((?P<reason>.*)\))?\s*$")
 _REASON_PEAK = re.compile(r"\bpeak\s+(?P<mb>\d+(?:\.\d+)?)\s*MB", re.IGNORECASE)
@@ -74,19 +76,17 @@ def parser() -> CommandParser:
                    help="folder with successful_configs.log and/or failed_configs.log")
     p.add_argument("--output", type=Path, required=True,
                    help="output path without extension (writes OUTPUT.png, OUTPUT.pdf)")
-    p.add_argument("--figsize", type=float, nargs=2, metavar=("W", "H"),
+    p.add_argument("--figsize", type=positive, nargs=2, metavar=("W", "H"),
                    help="figure size in inches (default: width max(6, 1.6 x #PP), "
                         "height width/3)")
-    p.add_argument("--max-memory", type=float, default=80.0,
+    p.add_argument("--max-memory", type=positive, default=80.0,
                    help="GPU memory in GB that maps to the deepest red (default: 80)")
-    p.add_argument("--dpi", type=float, default=300, help="PNG resolution (default: 300)")
+    p.add_argument("--dpi", type=positive, default=300, help="PNG resolution (default: 300)")
     return p
 
 
 def run(args: argparse.Namespace) -> None:
     """Reads the traces and logs, then writes both figures or neither."""
-    if args.max_memory <= 0:
-        raise InputError(f"--max-memory must be positive, got {args.max_memory:g}")
     grid = read_traces(args.memory_dir)
     read_logs(args.log_dir, grid)
     with Output() as out, plt.rc_context(ACADEMIC_STYLE):

@@ -14,8 +14,10 @@ code 2, like the rest of memsim; output is written all-or-nothing.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
+from types import ModuleType
 
 from common import InputError
 
@@ -25,12 +27,13 @@ USAGE = f"usage: memsim_plots.py {{{','.join(COMMANDS)}}} [options]  (<command> 
 
 def main(argv: list[str]) -> int:
     """Runs one command and maps its failures to memsim's exit codes."""
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip() + "\n\n" + USAGE)
-        return 0 if argv else 2
-    command = argv[0]
+        return 0
+    command = argv[0] if argv else ""
     if command not in COMMANDS:
-        print(f"memsim: unknown command '{command}'; {USAGE}", file=sys.stderr)
+        problem = f"unknown command '{command}'" if command else "no command given"
+        print(f"memsim: {problem}; {USAGE}", file=sys.stderr)
         return 2
     try:
         module = load_command(command)
@@ -48,17 +51,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def load_command(command: str):
+def load_command(command: str) -> ModuleType:
     """Imports the command's module with matplotlib's file-only backend selected, so
     plotting works without a display; a missing library becomes an InputError."""
-    try:
-        import matplotlib
+    for library in ("matplotlib", "numpy"):
+        if importlib.util.find_spec(library) is None:
+            raise InputError(f"Python module '{library}' is not installed for "
+                             f"{sys.executable}; install it (Debian: apt-get install "
+                             "python3-matplotlib)")
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import numpy  # noqa: F401  (checked here so the error names the library)
-    except ImportError as e:
-        raise InputError(f"Python module '{e.name}' is not installed for {sys.executable}; "
-                         "install it (Debian: apt-get install python3-matplotlib)") from None
+    matplotlib.use("Agg")
     return importlib.import_module(command)
 
 

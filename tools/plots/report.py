@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from common import (CommandParser, InputError, Output, command_parser, existing_dir,
-                    load_json, number, optional_number, typed)
+                    load_json, number, optional_number, positive, typed)
 from traces import Iteration, load_trace
 
 DESCRIPTION = """\
@@ -71,7 +71,7 @@ def parser() -> CommandParser:
                    help="the folder memsim simulate wrote (its --out)")
     p.add_argument("-o", "--output-dir", type=Path,
                    help="where to write the report (default: RUN_DIR/report)")
-    p.add_argument("--dpi", type=float, default=120, help="PNG resolution (default: 120)")
+    p.add_argument("--dpi", type=positive, default=120, help="PNG resolution (default: 120)")
     return p
 
 
@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> None:
             out.save_figure(groups_figure(r, r.tensors, "tensors"), args.dpi,
                             out_dir / f"tensors_rank{r.rank}.png")
             if r.trace:
-                out.save_figure(timeline_figure(r), args.dpi, out_dir / f"timeline_rank{r.rank}.png")
+                out.save_figure(timeline_figure(r), args.dpi,
+                                out_dir / f"timeline_rank{r.rank}.png")
         out.write_text(out_dir / "report.txt", report_text(args.run_dir, reports))
     for r in reports:
         print(headline(r))
@@ -144,7 +145,7 @@ def _records(summary: dict, key: str, fields: tuple[str, ...], mb_key: str,
         where = f"{path}: {key}[{i}]"
         if not isinstance(entry, dict):
             raise InputError(f"{where} is not an object")
-        names = tuple(str(typed(entry, field, str, where)) for field in fields)
+        names = tuple(typed(entry, field, str, where) for field in fields)
         records.append((names, number(entry, mb_key, where)))
     return records
 
@@ -166,7 +167,8 @@ def group(records: list[tuple[tuple[str, ...], float]]) -> list[Group]:
 
 
 def title(r: RankReport) -> str:
-    """"Rank 0 (H100-80GB; class 1, stage 2, ranks 8-15)" from what the summary has."""
+    """The rank's heading, e.g. Rank 8 (H100-80GB; class 1; pipeline stage 2; stands for
+    ranks 8-15), from what the summary has."""
     s = r.summary
     parts = [str(s["gpu"])] if s.get("gpu") else []
     if s.get("rank_class") is not None:

@@ -70,11 +70,9 @@ class Frame:
 class Block:
     """One block of a segment: an allocation (active) or cached free memory."""
 
-    address: int
     size: int
     requested: int
     state: str
-    segment_type: str
     frames: tuple[Frame, ...]
 
     @property
@@ -87,9 +85,8 @@ class Block:
 class Segment:
     """One cudaMalloc'd segment (memory reserved by the caching allocator)."""
 
-    address: int
     total_size: int
-    segment_type: str
+    segment_type: str  # the allocator pool: "large" or "small"
     blocks: tuple[Block, ...]
 
 
@@ -170,16 +167,14 @@ def _segment(raw: Any, where: str) -> Segment:
     """One validated segment."""
     if not isinstance(raw, dict):
         raise InputError(f"{where} is not a dict; not a PyTorch memory snapshot")
-    total = _int(raw, "total_size", where)
-    kind = str(raw.get("segment_type", "large"))
     blocks = raw.get("blocks", [])
     if not isinstance(blocks, list):
         raise InputError(f"{where}: 'blocks' is not a list; not a PyTorch memory snapshot")
-    return Segment(_int(raw, "address", where) if "address" in raw else 0, total, kind,
-                   tuple(_block(b, kind, f"{where}, block {i}") for i, b in enumerate(blocks)))
+    return Segment(_int(raw, "total_size", where), str(raw.get("segment_type", "large")),
+                   tuple(_block(b, f"{where}, block {i}") for i, b in enumerate(blocks)))
 
 
-def _block(raw: Any, segment_type: str, where: str) -> Block:
+def _block(raw: Any, where: str) -> Block:
     """One validated block; old snapshots keep frames in the last `history` entry."""
     if not isinstance(raw, dict):
         raise InputError(f"{where} is not a dict; not a PyTorch memory snapshot")
@@ -194,11 +189,9 @@ def _block(raw: Any, segment_type: str, where: str) -> Block:
         frames = last.get("frames") if isinstance(last, dict) else None
     requested = raw.get("requested_size")
     return Block(
-        address=raw["address"] if isinstance(raw.get("address"), int) else 0,
         size=size,
         requested=requested if isinstance(requested, int) and requested > 0 else size,
         state=state,
-        segment_type=segment_type,
         frames=_frames(frames),
     )
 
@@ -216,8 +209,13 @@ def _frames(raw: Any) -> tuple[Frame, ...]:
     """Stack frames; they only inform labels, so malformed entries are skipped."""
     if not isinstance(raw, (list, tuple)):
         return ()
-    return tuple(Frame(str(f.get("filename", "")), f.get("line", 0) if isinstance(
-        f.get("line"), int) else 0, str(f.get("name", ""))) for f in raw if isinstance(f, dict))
+    return tuple(_frame(f) for f in raw if isinstance(f, dict))
+
+
+def _frame(raw: dict) -> Frame:
+    line = raw.get("line")
+    return Frame(str(raw.get("filename", "")), line if isinstance(line, int) else 0,
+                 str(raw.get("name", "")))
 
 
 def category(frames: tuple[Frame, ...]) -> str:
@@ -242,10 +240,10 @@ def label(frames: tuple[Frame, ...]) -> str:
         tensor = next((f.name for f in frames if f.filename == MEMSIM_TENSOR), "")
         where = f"{module.filename} {module.name}" if module else "<top>"
         return f"{where} {tensor}".strip()
-    user = [f for f in frames if f.filename.endswith(".py") and "/torch/" not in f.filename]
-    frame = (user or list(frames) or [None])[0]
-    if frame is None:
+    if not frames:
         return "<no stack recorded>"
+    user = [f for f in frames if f.filename.endswith(".py") and "/torch/" not in f.filename]
+    frame = (user or frames)[0]
     return f"{frame.name} ({Path(frame.filename).name}:{frame.line})"
 
 

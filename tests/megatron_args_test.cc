@@ -1,0 +1,396 @@
+// Megatron-LM launch lines mapped onto RunSpec: the model against memsim's presets, the
+// layout, batch and training switches, the memory-neutral arguments, and the errors.
+#include "tools/lib/megatron_args.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace memsim {
+namespace {
+
+std::vector<std::string> Split(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string token; in >> token;) out.push_back(token);
+  return out;
+}
+
+MegatronArgsResult Parse(const std::string& line, int64_t world_size) {
+  MegatronArgsResult result;
+  const Status s = ParseMegatronArgs(Split(line), world_size, &result);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return result;
+}
+
+std::string ErrorOf(const std::string& line, int64_t world_size = 8) {
+  MegatronArgsResult result;
+  const Status s = ParseMegatronArgs(Split(line), world_size, &result);
+  EXPECT_FALSE(s.ok()) << line;
+  EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  return s.message();
+}
+
+// Every field but the name.
+void ExpectSameModel(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_query_groups, b.num_query_groups);
+  EXPECT_EQ(a.kv_channels, b.kv_channels);
+  EXPECT_EQ(a.ffn_hidden_size, b.ffn_hidden_size);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.make_vocab_size_divisible_by, b.make_vocab_size_divisible_by);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.norm, b.norm);
+  EXPECT_EQ(a.activation, b.activation);
+  EXPECT_EQ(a.position, b.position);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.add_bias_linear, b.add_bias_linear);
+  EXPECT_EQ(a.add_qkv_bias, b.add_qkv_bias);
+  EXPECT_EQ(a.hidden_dropout, b.hidden_dropout);
+  EXPECT_EQ(a.attention_dropout, b.attention_dropout);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
+  EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
+  EXPECT_EQ(a.moe_shared_expert_size, b.moe_shared_expert_size);
+  EXPECT_EQ(a.moe_first_k_dense_layers, b.moe_first_k_dense_layers);
+  EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
+  EXPECT_EQ(a.moe_imbalance_factor, b.moe_imbalance_factor);
+  EXPECT_EQ(a.padded_vocab_size, b.padded_vocab_size);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+}
+
+// Llama 3 8B as Megatron-LM's examples/llama scripts launch it (bf16 in place of fp8),
+// with the usual memory-neutral arguments.
+constexpr char kLlama3_8B[] =
+    "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+    "--group-query-attention --num-query-groups 8 --kv-channels 128 "
+    "--seq-length 8192 --max-position-embeddings 8192 --position-embedding-type rope "
+    "--rotary-base 500000 --rotary-percent 1.0 --use-rope-scaling "
+    "--swiglu --normalization RMSNorm --norm-epsilon 1e-05 "
+    "--untie-embeddings-and-output-weights --disable-bias-linear --bf16 "
+    "--micro-batch-size 1 --global-batch-size 128 "
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --sequence-parallel "
+    "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+    "--transformer-impl transformer_engine --attention-backend fused "
+    "--vocab-size 128256 --tokenizer-type HuggingFaceTokenizer "
+    "--tokenizer-model meta-llama/Meta-Llama-3-8B "
+    "--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2000 "
+    "--weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 "
+    "--init-method-std 0.008 --train-iters 1000 "
+    "--data-path 0.5 /data/a_text_document 0.5 /data/b_text_document --split 99,1,0 "
+    "--save /ckpt --load /ckpt --save-interval 500 --ckpt-format torch_dist "
+    "--log-interval 10 --log-throughput --tensorboard-dir /tb --eval-iters 10 "
+    "--eval-interval 1000 --seed 1234 --distributed-backend nccl";
+
+TEST(MegatronArgs, Llama3_8BMatchesThePreset) {
+  MegatronArgsResult r = Parse(kLlama3_8B, 16);
+  EXPECT_EQ(r.spec.model.name, "megatron");
+  ModelConfig preset;
+  ASSERT_TRUE(LoadModelPreset("llama3-8b", &preset).ok());
+  ASSERT_TRUE(FinalizeModelConfig(&preset, 2).ok());
+  ASSERT_TRUE(FinalizeModelConfig(&r.spec.model, 2).ok());
+  ExpectSameModel(r.spec.model, preset);
+
+  const TrainingConfig& t = r.spec.training;
+  EXPECT_EQ(t.seq_length, 8192);
+  EXPECT_EQ(t.micro_batch_size, 1);
+  EXPECT_EQ(t.num_microbatches, 16);  // 128 / (1 * dp 8), dp = 16 / (TP 2 * PP 1 * CP 1)
+  EXPECT_EQ(t.precision, Precision::kBf16);
+  EXPECT_EQ(t.attention, AttentionKind::kFlash);
+  EXPECT_EQ(t.profile, ProfileKind::kTransformerEngine);
+  EXPECT_EQ(t.recompute, RecomputeKind::kNone);
+  EXPECT_EQ(t.optimizer, OptimizerKind::kAdam);
+  EXPECT_EQ(r.spec.global_batch_size, 128);
+
+  ParallelLayout& l = r.spec.layout;
+  EXPECT_EQ(l.world_size, 16);
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.pp, 1);
+  EXPECT_EQ(l.vpp, 1);
+  EXPECT_EQ(l.cp, 1);
+  EXPECT_EQ(l.ep, 1);
+  EXPECT_TRUE(l.sequence_parallel);
+  EXPECT_EQ(l.data_parallel, DataParallelKind::kDistributedOptimizer);
+  ASSERT_TRUE(FinalizeLayout(&l, r.spec.model).ok());
+  EXPECT_EQ(l.dp, 8);
+
+  const std::vector<std::string> ignored = {"--max-position-embeddings",  // RoPE: no position table
+                                            "--rotary-base",
+                                            "--rotary-percent",
+                                            "--use-rope-scaling",
+                                            "--norm-epsilon",
+                                            "--overlap-grad-reduce",
+                                            "--overlap-param-gather",
+                                            "--tokenizer-type",
+                                            "--tokenizer-model",
+                                            "--lr",
+                                            "--min-lr",
+                                            "--lr-decay-style",
+                                            "--lr-warmup-iters",
+                                            "--weight-decay",
+                                            "--clip-grad",
+                                            "--adam-beta1",
+                                            "--adam-beta2",
+                                            "--init-method-std",
+                                            "--train-iters",
+                                            "--data-path",
+                                            "--split",
+                                            "--save",
+                                            "--load",
+                                            "--save-interval",
+                                            "--ckpt-format",
+                                            "--log-interval",
+                                            "--log-throughput",
+                                            "--tensorboard-dir",
+                                            "--eval-iters",
+                                            "--eval-interval",
+                                            "--seed",
+                                            "--distributed-backend"};
+  EXPECT_EQ(r.ignored, ignored);
+}
+
+TEST(MegatronArgs, Gpt3WithInterleavedPipelineAndFullRecompute) {
+  // GPT-3 175B as in Narayanan et al. 2021 (learned positions, GeLU, biases, tied),
+  // local kernels in fp16, 96 layers on 8 stages of 3 chunks.
+  MegatronArgsResult r = Parse(
+      "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 "
+      "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 1536 "
+      "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 "
+      "--num-layers-per-virtual-pipeline-stage 4 --fp16 --transformer-impl local "
+      "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+      "--vocab-size 50257 --hidden-dropout 0.0 --attention-dropout 0.0",
+      1024);
+  const ModelConfig& m = r.spec.model;
+  EXPECT_EQ(m.ffn_hidden_size, 4 * 12288);
+  EXPECT_EQ(m.num_query_groups, 0);  // multi-head attention
+  EXPECT_EQ(m.kv_channels, 0);       // H / A
+  EXPECT_EQ(m.norm, NormKind::kLayerNorm);
+  EXPECT_EQ(m.activation, ActivationKind::kGelu);
+  EXPECT_EQ(m.position, PositionKind::kLearned);
+  EXPECT_EQ(m.max_position_embeddings, 2048);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_TRUE(m.add_bias_linear);
+  EXPECT_TRUE(m.add_qkv_bias);
+  EXPECT_EQ(m.hidden_dropout, 0.0);
+  EXPECT_EQ(m.attention_dropout, 0.0);
+  EXPECT_EQ(m.make_vocab_size_divisible_by, 128);
+  EXPECT_EQ(r.spec.layout.vpp, 3);                  // 96 / 8 stages / 4 layers per chunk
+  EXPECT_EQ(r.spec.training.num_microbatches, 96);  // 1536 / (1 * dp 16)
+  EXPECT_EQ(r.spec.training.precision, Precision::kFp16);
+  EXPECT_EQ(r.spec.training.profile, ProfileKind::kMegatronLocal);
+  EXPECT_EQ(r.spec.training.attention, AttentionKind::kEager);  // local, no --use-flash-attn
+  EXPECT_EQ(r.spec.training.recompute, RecomputeKind::kFull);
+  EXPECT_EQ(r.spec.training.recompute_method, RecomputeMethod::kUniform);
+  EXPECT_EQ(r.spec.training.recompute_num_layers, 1);
+  EXPECT_EQ(r.spec.layout.data_parallel, DataParallelKind::kDdp);
+  EXPECT_TRUE(r.ignored.empty());
+  ModelConfig model = m;
+  ASSERT_TRUE(FinalizeModelConfig(&model, 8).ok());
+  EXPECT_EQ(model.padded_vocab_size, 51200);  // a multiple of 128 * 8
+  EXPECT_TRUE(FinalizeLayout(&r.spec.layout, model).ok());
+}
+
+TEST(MegatronArgs, MegatronDefaults) {
+  // SwiGLU's default FFN is int(4H * 2/3 / 64) * 64 = 10880 for H = 4096; GQA without
+  // --num-query-groups is one group; no --global-batch-size means one microbatch;
+  // neither --bf16 nor --fp16 is fp32; --recompute-activations is selective.
+  MegatronArgsResult r = Parse(
+      "--num-layers 2 --hidden-size 4096 --num-attention-heads 32 --swiglu "
+      "--group-query-attention --seq-length 1024 --micro-batch-size 2 --vocab-size 32000 "
+      "--recompute-activations --transformer-impl local --use-flash-attn",
+      4);
+  EXPECT_EQ(r.spec.model.ffn_hidden_size, 10880);
+  EXPECT_EQ(r.spec.model.num_query_groups, 1);
+  EXPECT_EQ(r.spec.model.hidden_dropout, 0.1);
+  EXPECT_EQ(r.spec.model.attention_dropout, 0.1);
+  EXPECT_EQ(r.spec.global_batch_size, 8);  // micro 2 * dp 4
+  EXPECT_EQ(r.spec.training.num_microbatches, 1);
+  EXPECT_EQ(r.spec.training.precision, Precision::kFp32);
+  EXPECT_EQ(r.spec.training.recompute, RecomputeKind::kSelective);
+  EXPECT_EQ(r.spec.training.attention, AttentionKind::kFlash);
+  EXPECT_EQ(r.spec.training.profile, ProfileKind::kMegatronLocal);
+
+  // Without --group-query-attention Megatron-LM reads no --num-query-groups; the
+  // `=` spelling works everywhere; a dense model ignores the MoE arguments.
+  r = Parse(
+      "--num-layers=2 --hidden-size=1024 --num-attention-heads=16 --num-query-groups=4 "
+      "--seq-length=512 --micro-batch-size=1 --global-batch-size=16 --vocab-size=1000 "
+      "--moe-router-topk=4 --use-flash-attn --padded-vocab-size=1024 --bf16",
+      2);
+  EXPECT_EQ(r.spec.model.num_query_groups, 0);
+  EXPECT_EQ(r.spec.model.vocab_size, 1024);  // --padded-vocab-size is taken as is
+  EXPECT_EQ(r.spec.model.make_vocab_size_divisible_by, 1);
+  EXPECT_EQ(r.spec.training.num_microbatches, 8);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--num-query-groups", "--vocab-size",
+                                                 "--moe-router-topk", "--use-flash-attn"}));
+}
+
+TEST(MegatronArgs, MixtureOfExperts) {
+  // Mixtral 8x7B's shape matches the preset.
+  MegatronArgsResult r = Parse(
+      "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+      "--group-query-attention --num-query-groups 8 --seq-length 4096 "
+      "--position-embedding-type rope --swiglu --normalization RMSNorm "
+      "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 32000 "
+      "--num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type alltoall "
+      "--moe-grouped-gemm --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type aux_loss "
+      "--expert-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 256 --bf16",
+      64);
+  ModelConfig preset;
+  ASSERT_TRUE(LoadModelPreset("mixtral-8x7b", &preset).ok());
+  ASSERT_TRUE(FinalizeModelConfig(&preset).ok());
+  ASSERT_TRUE(FinalizeModelConfig(&r.spec.model).ok());
+  ExpectSameModel(r.spec.model, preset);
+  EXPECT_EQ(r.spec.layout.ep, 8);
+  EXPECT_EQ(r.spec.layout.etp, 0);  // = TP
+  EXPECT_EQ(r.ignored,
+            (std::vector<std::string>{"--moe-token-dispatcher-type", "--moe-grouped-gemm",
+                                      "--moe-aux-loss-coeff", "--moe-router-load-balancing-type"}));
+
+  // DeepSeek-V3's layer pattern: 3 dense layers, then 58 with 256 experts and a shared one.
+  r = Parse(
+      "--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-heads 128 "
+      "--kv-channels 128 --seq-length 4096 --position-embedding-type rope --swiglu "
+      "--normalization RMSNorm --untie-embeddings-and-output-weights --disable-bias-linear "
+      "--vocab-size 129280 --num-experts 256 --moe-router-topk 8 --moe-ffn-hidden-size 2048 "
+      "--moe-shared-expert-intermediate-size 2048 --moe-layer-freq ([0]*3+[1]*58) "
+      "--moe-expert-capacity-factor 1.5 --expert-tensor-parallel-size 1 "
+      "--micro-batch-size 1 --bf16",
+      8);
+  const ModelConfig& m = r.spec.model;
+  EXPECT_EQ(m.num_experts, 256);
+  EXPECT_EQ(m.moe_router_topk, 8);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 2048);
+  EXPECT_EQ(m.moe_shared_expert_size, 2048);
+  EXPECT_EQ(m.moe_first_k_dense_layers, 3);
+  EXPECT_EQ(m.moe_capacity_factor, 1.5);
+  EXPECT_EQ(r.spec.layout.etp, 1);
+
+  // The other spellings of the same pattern.
+  for (const char* freq : {"[0]*3+[1]*58", "1", "[1]*61"}) {
+    r = Parse(
+        std::string("--num-layers 61 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+                    "--micro-batch-size 1 --vocab-size 100 --num-experts 4 --moe-layer-freq ") +
+            freq,
+        1);
+    EXPECT_EQ(r.spec.model.moe_first_k_dense_layers, freq[1] == '0' ? 3 : 0) << freq;
+  }
+  r = Parse(
+      "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --vocab-size 100 --num-experts 4 --moe-layer-freq [0,0,1,1]",
+      1);
+  EXPECT_EQ(r.spec.model.moe_first_k_dense_layers, 2);
+}
+
+TEST(MegatronArgs, UnevenPipelineStages) {
+  // Only the first stage named: the other 3 stages share 27 layers, 9 each.
+  MegatronArgsResult r = Parse(
+      "--num-layers 30 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 "
+      "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 3",
+      8);
+  EXPECT_EQ(r.spec.layout.first_stage_layers, 3);
+  EXPECT_EQ(r.spec.layout.last_stage_layers, 9);
+  EXPECT_EQ(r.spec.training.num_microbatches, 4);  // 8 / (1 * dp 2)
+  ModelConfig model = r.spec.model;
+  ASSERT_TRUE(FinalizeModelConfig(&model).ok());
+  EXPECT_TRUE(FinalizeLayout(&r.spec.layout, model).ok());
+
+  r = Parse(
+      "--num-layers 30 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --vocab-size 100 --pipeline-model-parallel-size 4 "
+      "--decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 8",
+      4);
+  EXPECT_EQ(r.spec.layout.first_stage_layers, 6);
+  EXPECT_EQ(r.spec.layout.last_stage_layers, 8);
+}
+
+TEST(MegatronArgs, Errors) {
+  const std::string base =
+      "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+      "--micro-batch-size 1 --vocab-size 100 ";
+  EXPECT_EQ(ErrorOf(base + "--foo 3"),
+            "unknown Megatron-LM argument '--foo'; if it does not change memory, drop it from "
+            "the arguments given to memsim");
+  EXPECT_EQ(ErrorOf(base + "--fp8-format hybrid"),
+            "--fp8-format changes memory in a way memsim does not model (FP8 training); drop it "
+            "to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 2"),
+            "--cpu-offloading-num-layers changes memory in a way memsim does not model "
+            "(activation offloading to CPU); drop it to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-token-dispatcher-type flex"),
+            "--moe-token-dispatcher-type 'flex' is not modelled (memsim supports allgather, "
+            "alltoall)");
+  EXPECT_EQ(ErrorOf(base + "--recompute-granularity selective --recompute-modules core_attn mlp"),
+            "--recompute-modules changes memory in a way memsim does not model (selective "
+            "recomputation of modules other than core_attn); drop it to simulate the run "
+            "without it");
+  EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type a2a", 8),
+            "--cp-comm-type a2a changes memory in a way memsim does not model (context-parallel "
+            "communication other than p2p); drop it to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-layer-freq ([1]*3+[0]*1)"),
+            "--moe-layer-freq '([1]*3+[0]*1)' is not modelled (memsim models dense layers "
+            "followed by MoE layers, e.g. '([0]*3+[1]*1)', or 1)");
+  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-layer-freq ([0]*1+[1]*2)"),
+            "--moe-layer-freq '([0]*1+[1]*2)' describes 3 layers, not --num-layers 4");
+  EXPECT_EQ(ErrorOf(base + "--position-embedding-type mrope"),
+            "--position-embedding-type 'mrope' is not modelled (memsim supports "
+            "learned_absolute, rope)");
+  EXPECT_EQ(ErrorOf(base + "--optimizer muon"),
+            "--optimizer 'muon' is not modelled (memsim supports adam, sgd)");
+
+  EXPECT_EQ(ErrorOf(base + "--tensor-model-parallel-size"),
+            "--tensor-model-parallel-size needs a value");
+  EXPECT_EQ(ErrorOf("--num-layers --hidden-size 64"), "--num-layers needs a value");
+  EXPECT_EQ(ErrorOf(base + "--bf16=true"), "--bf16 takes no value, got '--bf16=true'");
+  EXPECT_EQ(ErrorOf(base + "pretrain_gpt.py"),
+            "unexpected argument 'pretrain_gpt.py': Megatron-LM arguments start with --");
+  EXPECT_EQ(ErrorOf(base + "--tensor-model-parallel-size two"),
+            "--tensor-model-parallel-size expects an integer, got 'two'");
+  EXPECT_EQ(ErrorOf(base + "--global-batch-size 1.5"),
+            "--global-batch-size expects an integer, got '1.5'");
+  EXPECT_EQ(ErrorOf(base + "--hidden-dropout high"),
+            "--hidden-dropout expects a number, got 'high'");
+
+  EXPECT_EQ(ErrorOf(base + "--global-batch-size 12 --tensor-model-parallel-size 1", 8),
+            "--global-batch-size 12 is not a positive multiple of --micro-batch-size 1 x "
+            "data-parallel size 8 = 8");
+  EXPECT_EQ(ErrorOf(base + "--tensor-model-parallel-size 3", 8),
+            "world size 8 is not a multiple of TP*PP*CP = 3*1*1 = 3");
+  EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-size 0"),
+            "--pipeline-model-parallel-size must be positive, got 0");
+  EXPECT_EQ(ErrorOf("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --micro-batch-size 1 "
+                    "--vocab-size 100"),
+            "missing --seq-length (Megatron-LM requires it)");
+  EXPECT_EQ(ErrorOf("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+                    "--micro-batch-size 1"),
+            "missing --vocab-size: memsim does not read tokenizers, so give the vocabulary size "
+            "(e.g. --vocab-size 128256 for Llama 3)");
+  EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-size 2 "
+                           "--num-layers-per-virtual-pipeline-stage 3",
+                    8),
+            "--num-layers-per-virtual-pipeline-stage 3 does not split the 4 layers over 2 "
+            "pipeline stages evenly; memsim does not model uneven virtual stages");
+  EXPECT_EQ(ErrorOf(base + "--recompute-granularity full"),
+            "--recompute-granularity full needs --recompute-method (uniform or block) and "
+            "--recompute-num-layers (Megatron-LM requires both)");
+  EXPECT_EQ(ErrorOf(base + "--recompute-activations --recompute-num-layers 1"),
+            "--recompute-method and --recompute-num-layers need --recompute-granularity full "
+            "(Megatron-LM rejects them otherwise)");
+  EXPECT_EQ(ErrorOf(base + "--bf16 --fp16"), "--bf16 and --fp16 exclude each other");
+  EXPECT_EQ(ErrorOf(base + "--fp16 --accumulate-allreduce-grads-in-fp32"),
+            "--accumulate-allreduce-grads-in-fp32 changes memory in a way memsim does not model "
+            "(fp32 gradients in fp16 training); drop it to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--max-position-embeddings 64"),
+            "--max-position-embeddings 64 is smaller than --seq-length 128 (Megatron-LM rejects "
+            "it)");
+  EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-size 4 "
+                           "--decoder-last-pipeline-num-layers 2"),
+            "the 2 layers left by --decoder-first/last-pipeline-num-layers do not split evenly "
+            "over the other 3 pipeline stages");
+}
+
+}  // namespace
+}  // namespace memsim

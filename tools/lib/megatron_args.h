@@ -1,0 +1,35 @@
+// Megatron-LM's pretrain_gpt.py arguments -> RunSpec, for `memsim megatron -- ARGS`.
+//
+// Arguments are spelled exactly as Megatron-LM spells them, as `--arg value` or
+// `--arg=value`. Every argument falls in one of three lists (megatron_args.cc):
+//   * read: it decides memory and memsim models it (sizes, parallelism, precision, ...);
+//   * memory-neutral: accepted and reported in `ignored` (learning rate, data, logging, ...);
+//   * not modelled: it changes memory in a way memsim does not simulate (FP8, CPU
+//     offloading, ...): an error naming it.
+// An argument in none of the lists is an error too: memsim cannot tell whether it
+// changes memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "simulator/status.h"
+#include "tools/lib/run_config.h"
+
+namespace memsim {
+
+struct MegatronArgsResult {
+  // model.name "megatron"; training.num_microbatches = global batch / (micro batch * dp).
+  // Neither model nor layout is finalized.
+  RunSpec spec;
+  // Arguments that do not change memory (or not with the others given), as spelled,
+  // in the order given, each once.
+  std::vector<std::string> ignored;
+};
+
+// `world_size` is the number of ranks (Megatron-LM takes it from WORLD_SIZE).
+Status ParseMegatronArgs(const std::vector<std::string>& args, int64_t world_size,
+                         MegatronArgsResult* out);
+
+}  // namespace memsim
