@@ -19,13 +19,13 @@ at::Tensor Shard(const at::Tensor& t, int64_t shards) {
 }  // namespace
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind,
-                                                 int64_t shards)
-    : store_(store), kind_(kind), shards_(shards) {
+                                                 int64_t shards, int64_t expert_shards)
+    : store_(store), kind_(kind), shards_(shards), expert_shards_(expert_shards) {
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   CategoryScope category(Category::kOptimizerState);
   at::NoGradGuard no_grad;
   for (Parameter& p : store->parameters()) {
-    const at::Tensor shard = Shard(p.data, shards_);
+    const at::Tensor shard = Shard(p.data, p.expert ? expert_shards_ : shards_);
     masters_.push_back(store->precision() == Precision::kFp32 ? shard
                                                               : shard.clone().to(at::kFloat));
   }
@@ -43,7 +43,7 @@ void MixedPrecisionOptimizer::Step() {
   {
     CategoryScope category(Category::kGradient);
     for (Parameter& p : store_->parameters()) {
-      const at::Tensor grad = Shard(p.main_grad, shards_);
+      const at::Tensor grad = Shard(p.main_grad, p.expert ? expert_shards_ : shards_);
       master_grads_.push_back(store_->precision() == Precision::kFp16 ? grad.to(at::kFloat) : grad);
     }
   }
@@ -63,7 +63,9 @@ void MixedPrecisionOptimizer::Step() {
   }
   if (store_->precision() != Precision::kFp32) {
     size_t i = 0;
-    for (Parameter& p : store_->parameters()) Shard(p.data, shards_).copy_(masters_[i++]);
+    for (Parameter& p : store_->parameters()) {
+      Shard(p.data, p.expert ? expert_shards_ : shards_).copy_(masters_[i++]);
+    }
   }
   if (store_->precision() != Precision::kFp16) master_grads_.clear();  // views only
 }

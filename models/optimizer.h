@@ -29,8 +29,10 @@ namespace memsim {
 class MixedPrecisionOptimizer {
  public:
   // Allocates the master parameters (in the setup phase, as optimizer construction does).
-  // `shards`: the data-parallel size with a distributed optimizer, else 1.
-  MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind, int64_t shards = 1);
+  // `shards`: the data-parallel size with a distributed optimizer, else 1;
+  // `expert_shards` the same for routed experts' parameters (expert data parallelism).
+  MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind, int64_t shards = 1,
+                          int64_t expert_shards = 1);
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
 
@@ -41,6 +43,7 @@ class MixedPrecisionOptimizer {
   ParameterStore* store_;
   OptimizerKind kind_;
   int64_t shards_;
+  int64_t expert_shards_;
   int64_t step_ = 0;
   std::vector<at::Tensor> masters_;       // fp32; the parameters themselves for fp32
   std::vector<at::Tensor> master_grads_;  // fp16 training: owned copies; else main_grad

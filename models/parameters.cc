@@ -23,7 +23,7 @@ at::ScalarType ParameterStore::grad_dtype() const {
   return precision_ == Precision::kFp16 ? at::kHalf : at::kFloat;
 }
 
-Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> shape) {
+Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> shape, bool expert) {
   CategoryScope category(Category::kParameter);
   const std::string module = CurrentRecorder() != nullptr
                                  ? CurrentRecorder()->names().Name(ModuleScope::Current())
@@ -33,7 +33,7 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
   int64_t numel = 1;
   for (int64_t d : shape) numel = CheckedMul(numel, d);
   num_elements_ = CheckedAdd(num_elements_, numel);
-  parameters_.push_back({module.empty() ? name : module + "." + name, std::move(data), {}});
+  parameters_.push_back({module.empty() ? name : module + "." + name, std::move(data), {}, expert});
   return &parameters_.back();
 }
 

@@ -27,6 +27,7 @@ struct Parameter {
   std::string name;      // full module path + name, e.g. "decoder.layers.0.mlp.fc1.weight"
   at::Tensor data;       // training dtype, requires_grad (so autograd reaches the layers)
   at::Tensor main_grad;  // view into ParameterStore's gradient buffer; see the Note
+  bool expert = false;   // a routed expert's weight: sharded over expert data parallelism
 };
 
 class ParameterStore {
@@ -37,7 +38,7 @@ class ParameterStore {
 
   // Creates a parameter on meta, recorded as a parameter of the current module.
   // The returned pointer stays valid for the store's lifetime.
-  Parameter* Add(const std::string& name, std::vector<int64_t> shape);
+  Parameter* Add(const std::string& name, std::vector<int64_t> shape, bool expert = false);
   // Allocates the contiguous gradient buffer and points every main_grad into it.
   // REQUIRES: called once, after every Add.
   void AllocateGradBuffer();

@@ -88,6 +88,11 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
     if (layer_norm) layer.mlp_norm_bias = store->Add("bias", {H});
   }
   ModuleScope s("mlp");
+  layer.moe = model_.num_experts > 0 && index >= model_.moe_first_k_dense_layers;
+  if (layer.moe) {
+    layer.experts = CreateMoeParameters(model_, {shard_.ep, shard_.etp, shard_.tp}, store);
+    return layer;
+  }
   {
     ModuleScope f("linear_fc1");
     layer.fc1_weight = store->Add("weight", {fc1_out, H});
@@ -173,6 +178,9 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
 
 at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   ModuleScope scope("mlp");
+  if (layer.moe) {
+    return MoeForward(model_, {shard_.ep, shard_.etp, shard_.tp}, layer.experts, ln_out);
+  }
   at::Tensor h;
   {
     ModuleScope s("linear_fc1");

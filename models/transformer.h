@@ -18,6 +18,8 @@
 //     mlp.linear_fc1.bias                    (F/tp or 2F/tp)      if add_bias_linear
 //     mlp.linear_fc2.weight                  (H, F/tp)
 //     mlp.linear_fc2.bias                    (H)                  if add_bias_linear
+//     MoE layers (num_experts > 0, from layer moe_first_k_dense_layers on) replace
+//     mlp.linear_fc1/fc2 with a router and experts: see moe.h
 //   decoder.final_layernorm.weight / .bias   (H)                  last stage
 //   output_layer.weight                      (V/tp, H)            last stage; with tied
 //                                                                 embeddings and pp > 1 a
@@ -42,6 +44,7 @@
 
 #include "models/layers.h"
 #include "models/model_config.h"
+#include "models/moe.h"
 #include "models/parameters.h"
 
 namespace memsim {
@@ -51,6 +54,8 @@ struct ModelShard {
   int64_t tp = 1;
   bool sequence_parallel = false;
   int64_t cp = 1;
+  int64_t ep = 1;   // expert parallel
+  int64_t etp = 1;  // expert tensor parallel
   // Per virtual pipeline chunk: [first layer, first layer + count). Chunk 0 of the first
   // stage holds the embedding; the last chunk of the last stage the output layer.
   std::vector<std::pair<int64_t, int64_t>> chunks;
@@ -105,6 +110,8 @@ class TransformerModel {
     Parameter* fc1_bias;
     Parameter* fc2_weight;
     Parameter* fc2_bias;
+    bool moe;  // the MLP is a mixture of experts (moe.h) instead of fc1/fc2
+    MoeParameters experts;
   };
 
   Layer CreateLayer(int64_t index, ParameterStore* store);

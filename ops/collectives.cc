@@ -25,7 +25,11 @@ at::Tensor ReduceScatterMeta(const at::Tensor& t, int64_t group) {
   return at::empty(sizes, t.options());
 }
 
-at::Tensor AllToAllMeta(const at::Tensor& t, int64_t) { return at::empty_like(t); }
+at::Tensor AllToAllMeta(const at::Tensor& t, int64_t, int64_t rows) {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] = rows;
+  return at::empty(sizes, t.options());
+}
 void SendMeta(const at::Tensor&) {}
 at::Tensor& RecvMeta(at::Tensor& t) { return t; }
 
@@ -44,7 +48,7 @@ void RegisterCollectives() {
     def->def("comm_all_reduce_(Tensor(a!) t, int group) -> Tensor(a!)");
     def->def("comm_all_gather(Tensor t, int group) -> Tensor");
     def->def("comm_reduce_scatter(Tensor t, int group) -> Tensor");
-    def->def("comm_all_to_all(Tensor t, int group) -> Tensor");
+    def->def("comm_all_to_all(Tensor t, int group, int rows) -> Tensor");
     def->def("comm_send(Tensor t) -> ()");
     def->def("comm_recv_(Tensor(a!) t) -> Tensor(a!)");
     static auto* meta = new torch::Library(torch::Library::IMPL, "memsim", c10::DispatchKey::Meta,
@@ -81,9 +85,10 @@ at::Tensor ReduceScatter(const at::Tensor& t, int64_t group_size) {
   return op.call(t, group_size);
 }
 
-at::Tensor AllToAll(const at::Tensor& t, int64_t group_size) {
-  static const auto op = Op<at::Tensor(const at::Tensor&, int64_t)>("memsim::comm_all_to_all");
-  return op.call(t, group_size);
+at::Tensor AllToAll(const at::Tensor& t, int64_t group_size, int64_t output_rows) {
+  static const auto op =
+      Op<at::Tensor(const at::Tensor&, int64_t, int64_t)>("memsim::comm_all_to_all");
+  return op.call(t, group_size, output_rows);
 }
 
 void Send(const at::Tensor& t) {

@@ -8,7 +8,7 @@
 //   memsim::comm_all_reduce_(Tensor(a!) t, int group) -> Tensor(a!)        in place
 //   memsim::comm_all_gather(Tensor t, int group) -> Tensor                 [group * d0, ...]
 //   memsim::comm_reduce_scatter(Tensor t, int group) -> Tensor             [d0 / group, ...]
-//   memsim::comm_all_to_all(Tensor t, int group) -> Tensor                 like t
+//   memsim::comm_all_to_all(Tensor t, int group, int rows) -> Tensor       [rows, ...]
 //   memsim::comm_send(Tensor t) -> ()
 //   memsim::comm_recv_(Tensor(a!) t) -> Tensor(a!)                         in place
 #pragma once
@@ -22,7 +22,8 @@ void RegisterCollectives();
 at::Tensor AllReduceInPlace(const at::Tensor& t, int64_t group_size);
 at::Tensor AllGather(const at::Tensor& t, int64_t group_size);
 at::Tensor ReduceScatter(const at::Tensor& t, int64_t group_size);
-at::Tensor AllToAll(const at::Tensor& t, int64_t group_size);
+// Token exchange: this rank sends t's rows and receives `output_rows` rows.
+at::Tensor AllToAll(const at::Tensor& t, int64_t group_size, int64_t output_rows);
 void Send(const at::Tensor& t);
 void ReceiveInto(const at::Tensor& t);
 

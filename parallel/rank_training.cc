@@ -46,6 +46,8 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
   shard.tp = layout.tp;
   shard.sequence_parallel = layout.sequence_parallel;
   shard.cp = layout.cp;
+  shard.ep = layout.ep;
+  shard.etp = layout.etp;
   shard.first_stage = pp_rank == 0;
   shard.last_stage = pp_rank == layout.pp - 1;
   for (int64_t chunk = 0; chunk < layout.vpp; ++chunk) {
@@ -63,7 +65,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
   TransformerModel model(model_config, training, shard, &store);
   store.AllocateGradBuffer();
   const bool sharded_optimizer = layout.data_parallel != DataParallelKind::kDdp;
-  MixedPrecisionOptimizer optimizer(&store, training.optimizer, sharded_optimizer ? layout.dp : 1);
+  MixedPrecisionOptimizer optimizer(&store, training.optimizer, sharded_optimizer ? layout.dp : 1,
+                                    sharded_optimizer ? layout.edp : 1);
   const std::vector<PipelineStep> schedule =
       PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches);
   const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());

@@ -4,8 +4,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include "models/parameters.h"
 #include "models/transformer.h"
+
 #include "parallel/layout.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/rank_classes.h"
@@ -265,6 +267,106 @@ TEST(Layout, ReportsTheBrokenRule) {
   l.world_size = 4;
   l.ep = 2;
   EXPECT_EQ(check(l), "EP=2 needs a mixture-of-experts model (num_experts > 0)");
+}
+
+}  // namespace
+}  // namespace memsim
+
+namespace memsim {
+namespace {
+
+ModelConfig SmallMoe(double capacity_factor) {
+  ModelConfig m;
+  m.num_layers = 2;
+  m.hidden_size = 256;
+  m.num_attention_heads = 8;
+  m.num_query_groups = 4;
+  m.ffn_hidden_size = 512;
+  m.vocab_size = 1024;
+  m.norm = NormKind::kRmsNorm;
+  m.activation = ActivationKind::kSwiglu;
+  m.position = PositionKind::kRope;
+  m.tie_embeddings = false;
+  m.add_bias_linear = m.add_qkv_bias = false;
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_capacity_factor = capacity_factor;
+  EXPECT_TRUE(FinalizeModelConfig(&m, 2).ok());
+  return m;
+}
+
+// Sizes of the tensors the all-to-all token exchange allocated in forward.
+std::vector<int64_t> AllToAllBytes(const ModelConfig& m, const ParallelLayout& layout,
+                                   const TrainingConfig& t) {
+  Session session;
+  {
+    ActiveSession active(session);
+    RunRankTraining(m, t, layout, 0, session);
+  }
+  const Recorder& r = session.recorder();
+  std::vector<int64_t> sizes;
+  for (const StorageInfo& s : r.storages()) {
+    if (r.names().Name(s.op) == "memsim::comm_all_to_all" && s.phase == Phase::kForward) {
+      sizes.push_back(s.size_bytes);
+    }
+  }
+  return sizes;
+}
+
+// Mixtral-style MoE on TP2 PP1 EP2: each all-to-all carries the rank's dispatched tokens,
+// E * ceil(cf * T*K / E) rows of H bf16 values, T = S*B/tp tokens with sequence parallelism.
+TEST(ExpertParallel, AllToAllBuffersScaleWithCapacityFactor) {
+  TrainingConfig t;
+  t.seq_length = 512;
+  t.micro_batch_size = 2;
+  t.iterations = 1;
+  ParallelLayout layout;
+  layout.world_size = 8;
+  layout.tp = 2;
+  layout.ep = 2;
+  layout.sequence_parallel = true;
+  const int64_t tokens = 512 * 2 / 2;  // T = 512
+  for (double cf : {1.0, 1.5, 2.0}) {
+    const ModelConfig m = SmallMoe(cf);
+    ParallelLayout l = layout;
+    ASSERT_TRUE(FinalizeLayout(&l, m).ok());
+    const int64_t rows = 8 * static_cast<int64_t>(std::ceil(cf * tokens * 2 / 8));
+    const std::vector<int64_t> sizes = AllToAllBytes(m, l, t);
+    // Dispatch and combine, per MoE layer: 2 layers x 2.
+    ASSERT_EQ(sizes.size(), 4u) << cf;
+    for (int64_t bytes : sizes) EXPECT_EQ(bytes, rows * 256 * 2) << cf;
+  }
+}
+
+TEST(ExpertParallel, ExpertsShardOverEpAndMixtralHasItsParameterCount) {
+  ModelConfig m;
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 14336;
+  m.vocab_size = 32000;
+  m.norm = NormKind::kRmsNorm;
+  m.activation = ActivationKind::kSwiglu;
+  m.position = PositionKind::kRope;
+  m.tie_embeddings = false;
+  m.add_bias_linear = m.add_qkv_bias = false;
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  auto count = [&](int64_t ep) {
+    Session session;
+    ActiveSession active(session);
+    TrainingConfig t;
+    ParameterStore store(Precision::kBf16);
+    ModelShard shard = ModelShard::Whole(m);
+    shard.ep = ep;
+    TransformerModel model(m, t, shard, &store);
+    return store.num_elements();
+  };
+  EXPECT_EQ(count(1), 46702792704);  // mistralai/Mixtral-8x7B-v0.1
+  // With EP=8 each rank holds one expert per layer: 7/8 of the expert weights go.
+  EXPECT_EQ(count(8), 46702792704 - int64_t{32} * 7 * 3 * 4096 * 14336);
 }
 
 }  // namespace

@@ -220,11 +220,9 @@ Status FinalizeRunSpec(RunSpec* spec) {
                          std::to_string(seq_divisor));
   }
   if (l.data_parallel == DataParallelKind::kZero2 || l.data_parallel == DataParallelKind::kFsdp ||
-      l.cp > 1 || spec->model.num_experts > 0) {
+      l.cp > 1) {
     return Status::Error(std::string("not modelled yet: ") +
-                         (spec->model.num_experts > 0 ? "mixture-of-experts layers"
-                          : l.cp > 1                  ? "context parallelism"
-                                                      : "ZeRO-2/FSDP data parallelism") +
+                         (l.cp > 1 ? "context parallelism" : "ZeRO-2/FSDP data parallelism") +
                          "; see the README's limits");
   }
   return ValidateTrainingConfig(t, spec->model);
