@@ -70,6 +70,7 @@ constexpr char kLlama3_8B[] =
     "--rotary-base 500000 --rotary-percent 1.0 --use-rope-scaling "
     "--swiglu --normalization RMSNorm --norm-epsilon 1e-05 "
     "--untie-embeddings-and-output-weights --disable-bias-linear --bf16 "
+    "--attention-dropout 0.0 --hidden-dropout 0.0 "
     "--micro-batch-size 1 --global-batch-size 128 "
     "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --sequence-parallel "
     "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
@@ -234,6 +235,7 @@ TEST(MegatronArgs, MixtureOfExperts) {
       "--group-query-attention --num-query-groups 8 --seq-length 4096 "
       "--position-embedding-type rope --swiglu --normalization RMSNorm "
       "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 32000 "
+      "--attention-dropout 0.0 --hidden-dropout 0.0 "
       "--num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type alltoall "
       "--moe-grouped-gemm --moe-aux-loss-coeff 1e-2 --moe-router-load-balancing-type aux_loss "
       "--expert-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 256 --bf16",

@@ -1,0 +1,434 @@
+#!/usr/bin/python3
+"""Runs memsim's benchmarks in one go, prints a table of medians and writes BENCHMARKS.md.
+
+Run from the repository root after building (this script builds nothing):
+    cmake --build build -j1 --target memsim memsim_bench
+    /usr/bin/python3 benchmarks/run_benchmarks.py [--quick] [--output BENCHMARKS.md]
+
+Measures: one GPT layer forward+backward (build/memsim_bench, with and without op
+attribution) against the PyTorch TorchDispatchMode tracer (benchmarks/python_tracer.py);
+the Llama-3-70B per-layout command; the 24-layout GPT-485B sweep; scaling with
+microbatches and with world size. Wall time is measured around each child process and
+peak RSS comes from that child's rusage (os.wait4, ru_maxrss). The exit status is nonzero
+only when something failed to run; a missed bar is reported as MISS, not as a failure.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEMSIM = os.path.join("build", "memsim")
+MEMSIM_BENCH = os.path.join("build", "memsim_bench")
+TRACER = os.path.join("benchmarks", "python_tracer.py")
+
+# The issue's bars.
+BAR_LAYER_MS = 0.15
+BAR_SPEEDUP = 10.0
+BAR_SWEEP_S = 30.0
+BAR_RSS_MB = 1000.0  # 1 GB; MB = 10^6 bytes
+
+LAYOUT_ARGS = ["simulate", "--model", "llama3-70b", "--world-size", "128", "--tp", "8",
+               "--pp", "4", "--sp", "--data-parallel", "distributed-optimizer",
+               "--seq-length", "8192", "--global-batch-size", "512", "--micro-batch-size", "1",
+               "--recompute", "selective", "--iterations", "2"]
+SWEEP_ARGS = ["sweep", "--model", "gpt-485b", "--world-size", "8192", "--precision", "fp16",
+              "--seq-length", "2048", "--tp", "1,2,4,8", "--pp", "2,4,8,16,32,64",
+              "--microbatches-per-pp", "6", "--data-parallel", "distributed-optimizer",
+              "--jobs", "2"]
+SCALING_MICROBATCHES = [8, 64, 512]
+SCALING_WORLD_SIZES = [128, 1024, 8192, 16384]
+SCALING_FIXED_MICROBATCHES = 8
+
+
+class RunError(Exception):
+    pass
+
+
+def replace_arg(args, name, value):
+    """Returns args with option `name`'s value replaced (or the option dropped if value is None)."""
+    out = list(args)
+    i = out.index(name)
+    if value is None:
+        del out[i:i + 2]
+    else:
+        out[i + 1] = str(value)
+    return out
+
+
+def run_child(argv, workdir):
+    """Runs argv; returns (wall seconds, peak RSS in MB, stdout). Raises RunError on failure."""
+    stdout_path = os.path.join(workdir, "stdout.txt")
+    stderr_path = os.path.join(workdir, "stderr.txt")
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") \
+        else (status >> 8)
+    with open(stdout_path, "r", errors="replace") as f:
+        stdout = f.read()
+    if proc.returncode != 0:
+        with open(stderr_path, "r", errors="replace") as f:
+            tail = (f.read().strip().splitlines() or ["(no stderr)"])[-1]
+        raise RunError("%s exited with %d: %s" % (" ".join(argv[:2]), proc.returncode, tail))
+    return wall, usage.ru_maxrss * 1024 / 1e6, stdout  # ru_maxrss is KiB on Linux
+
+
+def run_memsim(args, runs):
+    """Runs `build/memsim args --out <tmp>` `runs` times; returns lists of walls and RSS."""
+    walls, rss = [], []
+    for _ in range(runs):
+        tmp = tempfile.mkdtemp(prefix="memsim_bench_")
+        try:
+            wall, peak, _ = run_child([MEMSIM] + list(args) + ["--out", os.path.join(tmp, "out")], tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        walls.append(wall)
+        rss.append(peak)
+    return walls, rss
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def python_for_tracer():
+    if importlib.util.find_spec("torch") is not None:
+        return sys.executable
+    if os.path.exists("/usr/bin/python3"):
+        return "/usr/bin/python3"
+    raise RunError("no Python with torch found for the tracer (run with /usr/bin/python3)")
+
+
+def sh(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO).stdout.strip()
+    except OSError:
+        return ""
+
+
+def machine_info():
+    info = {"nproc": sh(["nproc"]) or str(os.cpu_count())}
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info["cpu"] = cpu or platform.processor() or "unknown"
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem = "%.1f GiB" % (int(line.split()[1]) / 1024 / 1024)
+                    break
+    except OSError:
+        pass
+    info["memory"] = mem or "unknown"
+    os_name = ""
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    os_name = line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    info["os"] = "%s (Linux %s)" % (os_name or platform.system(), platform.release())
+    info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    commit = sh(["git", "rev-parse", "--short=12", "HEAD"]) or "unknown"
+    if sh(["git", "status", "--porcelain", "--untracked-files=no"]):
+        commit += " (with uncommitted changes)"
+    info["commit"] = commit
+    built = []
+    for path in (MEMSIM, MEMSIM_BENCH):
+        mtime = os.path.getmtime(os.path.join(REPO, path))
+        built.append("%s %s" % (path, datetime.datetime.fromtimestamp(
+            mtime, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")))
+    info["binaries"] = ", ".join(built)
+    return info
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------- measurements
+
+def measure_layer(quick, tmp):
+    log("[1/5] per layer: build/memsim_bench (BM_GptLayer, 5 repetitions x >= 1 s each)")
+    _, _, out = run_child([MEMSIM_BENCH, "--benchmark_format=json"], tmp)
+    try:
+        data = json.loads(out)
+    except ValueError:
+        raise RunError("memsim_bench printed no JSON")
+    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+    layer = {}
+    for b in data.get("benchmarks", []):
+        if b.get("aggregate_name") != "median" or "BM_GptLayer" not in b.get("run_name", ""):
+            continue
+        key = "attribution" if "attribution:1" in b["run_name"] else "no_attribution"
+        layer[key] = {"median_ms": b["real_time"] * scale[b.get("time_unit", "ns")],
+                      "events_per_layer": b.get("events_per_layer"),
+                      "repetitions": b.get("repetitions"), "iterations": b.get("iterations")}
+    if set(layer) != {"attribution", "no_attribution"}:
+        raise RunError("memsim_bench JSON lacks BM_GptLayer/attribution:1 or :0 medians")
+    iterations = 50 if quick else 1000
+    log("[2/5] per layer: Python TorchDispatchMode tracer (%d iterations)" % iterations)
+    _, _, out = run_child([python_for_tracer(), TRACER, "--iterations", str(iterations)], tmp)
+    try:
+        layer["python"] = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RunError("python_tracer.py printed no JSON")
+    return layer
+
+
+def measure_layout(quick):
+    runs = 1 if quick else 5
+    log("[3/5] per layout: Llama-3-70B, %d run(s)" % runs)
+    walls, rss = run_memsim(LAYOUT_ARGS, runs)
+    return {"runs": runs, "walls": walls, "median_s": statistics.median(walls),
+            "peak_rss_mb": max(rss)}
+
+
+def measure_sweep(quick):
+    log("[4/5] sweep: GPT-485B, 24 layouts, --jobs 2")
+    walls, rss = run_memsim(SWEEP_ARGS, 1)
+    if not quick and walls[0] < 60:
+        more_walls, more_rss = run_memsim(SWEEP_ARGS, 2)
+        walls += more_walls
+        rss += more_rss
+    return {"runs": len(walls), "walls": walls, "median_s": statistics.median(walls),
+            "peak_rss_mb": max(rss)}
+
+
+def measure_scaling(quick):
+    log("[5/5] scaling: microbatches %s, world sizes %s (1 run each)"
+        % (SCALING_MICROBATCHES, SCALING_WORLD_SIZES))
+    base = replace_arg(LAYOUT_ARGS, "--global-batch-size", None)
+    rows = []
+    for mb in SCALING_MICROBATCHES:
+        walls, rss = run_memsim(base + ["--num-microbatches", str(mb)], 1)
+        rows.append({"kind": "microbatches", "world_size": 128, "microbatches": mb,
+                     "wall_s": walls[0], "peak_rss_mb": rss[0]})
+    for ws in SCALING_WORLD_SIZES:
+        args = replace_arg(base, "--world-size", ws) + [
+            "--num-microbatches", str(SCALING_FIXED_MICROBATCHES)]
+        walls, rss = run_memsim(args, 1)
+        rows.append({"kind": "world_size", "world_size": ws,
+                     "microbatches": SCALING_FIXED_MICROBATCHES,
+                     "wall_s": walls[0], "peak_rss_mb": rss[0]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- reporting
+
+def verdict(ok):
+    return "PASS" if ok else "MISS"
+
+
+def build_rows(results):
+    """Returns (table rows [(measurement, value, bar, status)], bar rows) from what ran."""
+    rows, bars = [], []
+    layer = results.get("layer")
+    if layer:
+        att = layer["attribution"]["median_ms"]
+        noatt = layer["no_attribution"]["median_ms"]
+        py = layer["python"]["median_ms"]
+        rows.append(("per layer, memsim, attribution on (median of %d reps)"
+                     % layer["attribution"]["repetitions"], "%.3f ms" % att,
+                     "<= %.2f ms" % BAR_LAYER_MS, verdict(att <= BAR_LAYER_MS)))
+        rows.append(("per layer, memsim, attribution off (median of %d reps)"
+                     % layer["no_attribution"]["repetitions"], "%.3f ms" % noatt, "", ""))
+        rows.append(("per layer, Python TorchDispatchMode tracer (median of %d iters, %s attn)"
+                     % (layer["python"]["iterations"], layer["python"]["attention"]),
+                     "%.3f ms" % py, "", ""))
+        rows.append(("speed-up python / memsim (attribution on)", "%.1fx" % (py / att),
+                     ">= %.0fx" % BAR_SPEEDUP, verdict(py / att >= BAR_SPEEDUP)))
+        rows.append(("speed-up python / memsim (attribution off)", "%.1fx" % (py / noatt),
+                     "", ""))
+        bars.append(("per layer <= %.2f ms with attribution" % BAR_LAYER_MS, "%.3f ms" % att,
+                     verdict(att <= BAR_LAYER_MS)))
+        bars.append((">= %.0fx faster than the Python tracer" % BAR_SPEEDUP, "%.1fx" % (py / att),
+                     verdict(py / att >= BAR_SPEEDUP)))
+    layout = results.get("layout")
+    if layout:
+        rows.append(("per layout, Llama-3-70B 128 GPUs (median of %d runs)" % layout["runs"],
+                     "%.2f s" % layout["median_s"], "", ""))
+        rows.append(("per layout, peak RSS (max over runs)", "%.0f MB" % layout["peak_rss_mb"],
+                     "< %.0f MB" % BAR_RSS_MB, verdict(layout["peak_rss_mb"] < BAR_RSS_MB)))
+    sweep = results.get("sweep")
+    if sweep:
+        how = "median of %d runs" % sweep["runs"] if sweep["runs"] > 1 else "1 run"
+        rows.append(("sweep, GPT-485B 24 layouts --jobs 2 (%s)" % how, "%.2f s" % sweep["median_s"],
+                     "< %.0f s" % BAR_SWEEP_S, verdict(sweep["median_s"] < BAR_SWEEP_S)))
+        rows.append(("sweep, peak RSS (max over runs)", "%.0f MB" % sweep["peak_rss_mb"],
+                     "< %.0f MB" % BAR_RSS_MB, verdict(sweep["peak_rss_mb"] < BAR_RSS_MB)))
+        bars.append(("24-layout sweep < %.0f s" % BAR_SWEEP_S, "%.2f s" % sweep["median_s"],
+                     verdict(sweep["median_s"] < BAR_SWEEP_S)))
+    if layout:
+        bars.append(("per-layout peak RSS < 1 GB", "%.0f MB" % layout["peak_rss_mb"],
+                     verdict(layout["peak_rss_mb"] < BAR_RSS_MB)))
+    if sweep:
+        bars.append(("sweep peak RSS < 1 GB", "%.0f MB" % sweep["peak_rss_mb"],
+                     verdict(sweep["peak_rss_mb"] < BAR_RSS_MB)))
+    for r in results.get("scaling") or []:
+        if r["kind"] == "microbatches":
+            label = "scaling, 128 GPUs, %d microbatches" % r["microbatches"]
+        else:
+            label = "scaling, %d GPUs (DP %d), %d microbatches" % (
+                r["world_size"], r["world_size"] // 32, r["microbatches"])
+        rows.append((label, "%.2f s, %.0f MB" % (r["wall_s"], r["peak_rss_mb"]), "", ""))
+    return rows, bars
+
+
+def text_table(rows, headers):
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    lines = [fmt.format(*headers), fmt.format(*["-" * w for w in widths])]
+    lines += [fmt.format(*r) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def md_table(rows, headers):
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(path, info, results, rows, bars, args, failures, load_before, load_after,
+                   total_s):
+    cmd_layout = "build/memsim " + " ".join(LAYOUT_ARGS) + " --out <tmp>"
+    cmd_sweep = "build/memsim " + " ".join(SWEEP_ARGS) + " --out <tmp>"
+    layer = results.get("layer") or {}
+    lines = [
+        "# memsim benchmarks",
+        "",
+        "Generated by `/usr/bin/python3 benchmarks/run_benchmarks.py%s` (see "
+        "[benchmarks/README.md](benchmarks/README.md) for what each number means)."
+        % (" --quick" if args.quick else ""),
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        "| CPUs (`nproc`) | %s |" % info["nproc"],
+        "| CPU | %s |" % info["cpu"],
+        "| Memory | %s |" % info["memory"],
+        "| OS | %s |" % info["os"],
+        "| Date | %s |" % info["date"],
+        "| Git commit | %s |" % info["commit"],
+        "| Binaries | %s |" % info["binaries"],
+        "| Load average (1/5/15 min) before / after | %s / %s |" % (load_before, load_after),
+        "| Total run time | %.0f s |" % total_s,
+        "",
+    ]
+    if args.note:
+        lines += ["**Note:** " + args.note, ""]
+    if args.quick:
+        lines += ["**Quick run** (`--quick`): fewer repetitions; use a full run for reference "
+                  "numbers.", ""]
+    if failures:
+        lines += ["## Failures", ""] + ["- " + f for f in failures] + [""]
+    lines += ["## Bars (from the issue)", "", md_table(bars, ["Bar", "Measured", "Result"]), "",
+              "## Results", "", md_table(rows, ["Measurement", "Value", "Bar", "Result"]), ""]
+    if layer:
+        py = layer["python"]
+        lines += [
+            "Per layer: one GPT layer (hidden 4096, seq 2048, 32 heads, bf16, micro batch 1, "
+            "flash attention) forward + backward on meta tensors. memsim: `BM_GptLayer` in "
+            "`build/memsim_bench` with full tracking (%.0f recorded events per layer); Python: "
+            "`benchmarks/python_tracer.py`, the same layer in PyTorch %s under a "
+            "`TorchDispatchMode` recording every op's output bytes (%.0f ops per layer), "
+            "%s attention, measured in the same run."
+            % (layer["attribution"]["events_per_layer"] or 0, py.get("torch", "?"),
+               py["ops_per_layer"], py["attention"]),
+            "",
+        ]
+    lines += [
+        "Commands (`<tmp>` is a fresh temporary folder, removed afterwards):",
+        "",
+        "- per layout: `%s`" % cmd_layout,
+        "- sweep: `%s`" % cmd_sweep,
+        "- scaling, microbatches: the per-layout command with `--num-microbatches N` instead of "
+        "`--global-batch-size 512` (N = %s)" % ", ".join(map(str, SCALING_MICROBATCHES)),
+        "- scaling, world size: the same with `--world-size W --num-microbatches %d` (W = %s; TP 8, "
+        "PP 4, DP = W / 32); memsim simulates one rank per rank class, so the time should not grow "
+        "with W" % (SCALING_FIXED_MICROBATCHES, ", ".join(map(str, SCALING_WORLD_SIZES))),
+        "",
+        "Wall time is measured around each process (output files included); peak RSS is the "
+        "process's `ru_maxrss` (MB = 10^6 bytes). Scaling rows are single runs.",
+        "",
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Runs memsim's benchmarks and writes BENCHMARKS.md.")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer repetitions (1 run per command, 50 Python iterations)")
+    parser.add_argument("--output", default="BENCHMARKS.md",
+                        help="Markdown report, relative to the repository root (default BENCHMARKS.md)")
+    parser.add_argument("--note", default="", help="a remark to put at the top of the report")
+    args = parser.parse_args(argv)
+
+    for path in (MEMSIM, MEMSIM_BENCH):
+        if not os.access(os.path.join(REPO, path), os.X_OK):
+            print("run_benchmarks: %s not found; build it first: cmake --build build -j1 --target "
+                  "memsim memsim_bench" % path, file=sys.stderr)
+            return 2
+
+    info = machine_info()
+    load_before = loadavg()
+    start = time.perf_counter()
+    results, failures = {}, []
+    tmp = tempfile.mkdtemp(prefix="memsim_bench_")
+    try:
+        steps = [("layer", lambda: measure_layer(args.quick, tmp)),
+                 ("layout", lambda: measure_layout(args.quick)),
+                 ("sweep", lambda: measure_sweep(args.quick)),
+                 ("scaling", lambda: measure_scaling(args.quick))]
+        for name, fn in steps:
+            try:
+                results[name] = fn()
+            except (RunError, OSError) as e:
+                failures.append("%s: %s" % (name, e))
+                log("run_benchmarks: %s failed: %s" % (name, e))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    total_s = time.perf_counter() - start
+    load_after = loadavg()
+
+    rows, bars = build_rows(results)
+    print(text_table(rows, ["Measurement", "Value", "Bar", "Result"]))
+    print()
+    print(text_table(bars, ["Bar", "Measured", "Result"]))
+    for f in failures:
+        print("FAILED: " + f)
+    output = os.path.join(REPO, args.output) if not os.path.isabs(args.output) else args.output
+    write_markdown(output, info, results, rows, bars, args, failures, load_before, load_after,
+                   total_s)
+    print("\nwrote %s (%.0f s)" % (os.path.relpath(output, REPO), total_s))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
