@@ -270,7 +270,8 @@ def build_rows(results):
                      verdict(py / att >= BAR_SPEEDUP)))
     layout = results.get("layout")
     if layout:
-        rows.append(("per layout, Llama-3-70B 128 GPUs (median of %d runs)" % layout["runs"],
+        how = "median of %d runs" % layout["runs"] if layout["runs"] > 1 else "1 run"
+        rows.append(("per layout, Llama-3-70B 128 GPUs (%s)" % how,
                      "%.2f s" % layout["median_s"], "", ""))
         rows.append(("per layout, peak RSS (max over runs)", "%.0f MB" % layout["peak_rss_mb"],
                      "< %.0f MB" % BAR_RSS_MB, verdict(layout["peak_rss_mb"] < BAR_RSS_MB)))
@@ -289,14 +290,33 @@ def build_rows(results):
     if sweep:
         bars.append(("sweep peak RSS < 1 GB", "%.0f MB" % sweep["peak_rss_mb"],
                      verdict(sweep["peak_rss_mb"] < BAR_RSS_MB)))
-    for r in results.get("scaling") or []:
-        if r["kind"] == "microbatches":
-            label = "scaling, 128 GPUs, %d microbatches" % r["microbatches"]
-        else:
-            label = "scaling, %d GPUs (DP %d), %d microbatches" % (
-                r["world_size"], r["world_size"] // 32, r["microbatches"])
-        rows.append((label, "%.2f s, %.0f MB" % (r["wall_s"], r["peak_rss_mb"]), "", ""))
     return rows, bars
+
+
+def scaling_rows(results):
+    """Returns the scaling table's rows and a one-line reading of it."""
+    scaling = results.get("scaling") or []
+    rows = [(r["kind"].replace("_", " "), r["world_size"], r["world_size"] // 32, r["microbatches"],
+             "%.2f s" % r["wall_s"], "%.0f MB" % r["peak_rss_mb"]) for r in scaling]
+    by_mb = [r for r in scaling if r["kind"] == "microbatches"]
+    by_ws = [r for r in scaling if r["kind"] == "world_size"]
+    notes = []
+    if len(by_mb) >= 2:
+        first, last = by_mb[0], by_mb[-1]
+        notes.append("microbatches x%.0f (%d -> %d): wall x%.1f, RSS x%.1f" % (
+            last["microbatches"] / first["microbatches"], first["microbatches"],
+            last["microbatches"], last["wall_s"] / first["wall_s"],
+            last["peak_rss_mb"] / first["peak_rss_mb"]))
+    if len(by_ws) >= 2:
+        walls = [r["wall_s"] for r in by_ws]
+        rss = [r["peak_rss_mb"] for r in by_ws]
+        notes.append("world size x%.0f (%d -> %d): wall max/min %.2f, RSS max/min %.2f" % (
+            by_ws[-1]["world_size"] / by_ws[0]["world_size"], by_ws[0]["world_size"],
+            by_ws[-1]["world_size"], max(walls) / min(walls), max(rss) / min(rss)))
+    return rows, "; ".join(notes)
+
+
+SCALING_HEADERS = ["Scaling", "World size", "DP", "Microbatches", "Wall (1 run)", "Peak RSS"]
 
 
 def text_table(rows, headers):
@@ -362,6 +382,13 @@ def write_markdown(path, info, results, rows, bars, args, failures, load_before,
                py["ops_per_layer"], py["attention"]),
             "",
         ]
+    srows, sreading = scaling_rows(results)
+    if srows:
+        lines += ["## Scaling", "", md_table(srows, SCALING_HEADERS), "", sreading + ".", "",
+                  "Expected: time and memory grow with the microbatches (every microbatch's "
+                  "forward and backward is simulated and recorded) but not with the world size "
+                  "(memsim simulates one rank per rank class; TP 8 x PP 4 gives 4 classes at "
+                  "any DP).", ""]
     lines += [
         "Commands (`<tmp>` is a fresh temporary folder, removed afterwards):",
         "",
@@ -420,13 +447,19 @@ def main(argv=None):
     rows, bars = build_rows(results)
     print(text_table(rows, ["Measurement", "Value", "Bar", "Result"]))
     print()
+    srows, sreading = scaling_rows(results)
+    if srows:
+        print()
+        print(text_table(srows, SCALING_HEADERS))
+        print(sreading)
+    print()
     print(text_table(bars, ["Bar", "Measured", "Result"]))
     for f in failures:
         print("FAILED: " + f)
     output = os.path.join(REPO, args.output) if not os.path.isabs(args.output) else args.output
     write_markdown(output, info, results, rows, bars, args, failures, load_before, load_after,
                    total_s)
-    print("\nwrote %s (%.0f s)" % (os.path.relpath(output, REPO), total_s))
+    print("\nwrote %s (%.0f s)" % (args.output, total_s))
     return 1 if failures else 0
 
 

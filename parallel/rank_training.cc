@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <map>
+#include <stdexcept>
 #include <utility>
 
 #include "models/optimizer.h"
@@ -16,6 +17,23 @@
 
 namespace memsim {
 namespace {
+
+// Note [Microbatch replication]
+// Every microbatch of an iteration runs the same ops on tensors of the same shapes, so
+// after the first two (the first pays one-off costs such as growing Megatron's global
+// buffer; the second is the steady state) a stage's forward and backward steps record
+// the same allocations and frees. memsim runs microbatches 0 and 1 for real and appends
+// copies of microbatch 1's steps for the rest (Recorder::AppendReplica), mapping each
+// copied backward's frees to the storages its copied forward allocated. The event log,
+// and so every number derived from it, is what running them all would record (a test
+// compares the two); the cost no longer grows with ops times microbatches. A step whose
+// copy would refer to storages it cannot map runs for real instead.
+constexpr int64_t kTemplateMicrobatch = 1;
+
+struct StepTemplate {
+  int64_t begin_event, end_event;
+  double begin_s, duration_s;
+};
 
 // What a microbatch-chunk keeps between its forward and its backward.
 struct InFlight {
@@ -58,7 +76,8 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
 }
 
 void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& training,
-                     const ParallelLayout& layout, int64_t pp_rank, Session& session) {
+                     const ParallelLayout& layout, int64_t pp_rank, Session& session,
+                     bool replicate_microbatches) {
   session.SetPhase(Phase::kSetup);
   ParameterStore store(training.precision);
   const ModelShard shard = ShardFor(layout, model_config, pp_rank);
@@ -79,11 +98,37 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
     optimizer.ZeroGrad();
     session.BeginIteration(it);
     std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
+    std::map<std::pair<bool, int64_t>, StepTemplate> templates;       // (forward, chunk)
+    std::map<std::pair<int64_t, int64_t>, Recorder::IdMap> replicas;  // (microbatch, chunk)
+    Recorder& recorder = session.recorder();
     for (const PipelineStep& step : schedule) {
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
+      session.SetPhase(step.forward ? Phase::kForward : Phase::kBackward);
       const auto key = std::make_pair(step.microbatch, step.chunk);
+      const auto template_key = std::make_pair(step.forward, step.chunk);
+      auto found = templates.find(template_key);
+      const bool replicated_forward = replicas.count(key) > 0;
+      if (replicate_microbatches && step.microbatch > kTemplateMicrobatch &&
+          found != templates.end() && (step.forward || replicated_forward)) {
+        const StepTemplate& t = found->second;
+        Recorder::IdMap ids;
+        const Recorder::IdMap outer = step.forward ? Recorder::IdMap() : replicas[key];
+        if (recorder.AppendReplica(t.begin_event, t.end_event, recorder.now_s() - t.begin_s, outer,
+                                   &ids)) {
+          recorder.AdvanceClock(t.duration_s);
+          if (step.forward) {
+            replicas[key] = std::move(ids);
+          } else {
+            replicas.erase(key);
+          }
+          continue;
+        }
+        if (!step.forward)
+          throw std::logic_error("memsim: a replicated backward step cannot be copied");
+      }
+      const int64_t begin_event = static_cast<int64_t>(recorder.events().size());
+      const double begin_s = recorder.now_s();
       if (step.forward) {
-        session.SetPhase(Phase::kForward);
         InFlight& f = in_flight[key];
         if (!model.ChunkHasEmbedding(step.chunk)) {
           f.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);
@@ -95,7 +140,6 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
           if (layout.deallocate_pipeline_outputs) DeallocateOutput(f);
         }
       } else {
-        session.SetPhase(Phase::kBackward);
         InFlight f = std::move(in_flight.at(key));
         in_flight.erase(key);
         if (model.ChunkHasLoss(step.chunk)) {
@@ -109,6 +153,10 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
           BackwardFrom(f, grad);
         }
         if (f.input.defined()) Send(f.input.grad());
+      }
+      if (step.microbatch == kTemplateMicrobatch) {
+        templates[template_key] = {begin_event, static_cast<int64_t>(recorder.events().size()),
+                                   begin_s, recorder.now_s() - begin_s};
       }
     }
     session.SetPhase(Phase::kOptimizer);

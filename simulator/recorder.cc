@@ -118,6 +118,46 @@ void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::
   info.dtype = dtype;
 }
 
+bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdMap& outer,
+                             IdMap* ids) {
+  // Check first: every free must name a storage the template allocated or `outer` maps.
+  std::unordered_set<int64_t> allocated;
+  for (int64_t e = begin; e < end; ++e) {
+    const MemoryEvent& event = events_[static_cast<size_t>(e)];
+    if (event.is_alloc) {
+      allocated.insert(event.storage_id);
+    } else if (allocated.count(event.storage_id) == 0 && outer.count(event.storage_id) == 0) {
+      return false;
+    }
+  }
+  ids->clear();
+  for (int64_t e = begin; e < end; ++e) {
+    const MemoryEvent event = events_[static_cast<size_t>(e)];  // copy: events_ grows
+    if (event.is_alloc) {
+      const int64_t id = static_cast<int64_t>(storages_.size());
+      StorageInfo info = storages_[static_cast<size_t>(event.storage_id)];
+      info.alloc_event = static_cast<int64_t>(events_.size());
+      info.free_event = -1;
+      info.iteration = iteration_;
+      info.microbatch = microbatch_;
+      storages_.push_back(info);
+      live_records_.push_back(nullptr);
+      (*ids)[event.storage_id] = id;
+      events_.push_back({id, event.time_s + time_offset_s, true});
+      live_bytes_ += info.size_bytes;
+      peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
+    } else {
+      auto own = ids->find(event.storage_id);
+      const int64_t id = own != ids->end() ? own->second : outer.at(event.storage_id);
+      StorageInfo& info = storages_[static_cast<size_t>(id)];
+      info.free_event = static_cast<int64_t>(events_.size());
+      events_.push_back({id, event.time_s + time_offset_s, false});
+      live_bytes_ -= info.size_bytes;
+    }
+  }
+  return true;
+}
+
 void Recorder::AddMarker(MarkerKind kind, std::string_view label) {
   markers_.push_back({kind, static_cast<int64_t>(events_.size()), now_s_, iteration_, microbatch_,
                       phase_, label.empty() ? 0 : names_.Intern(label)});

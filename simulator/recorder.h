@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -150,6 +151,16 @@ class Recorder {
   void AdvanceClock(double seconds) { now_s_ += seconds; }
 
   void AddMarker(MarkerKind kind, std::string_view label = {});
+
+  // --- Replication (Note [Microbatch replication] in parallel/rank_training.cc). ---
+  using IdMap = std::unordered_map<int64_t, int64_t>;
+  // Appends a copy of events [begin, end), shifted by `time_offset_s`, stamped with the
+  // current iteration and microbatch. Storages the copied events allocate get new ids,
+  // written to `*ids` (template id -> new id); a copied free of a storage allocated
+  // before `begin` is translated through `outer`. Returns false and appends nothing if a
+  // free refers to a storage neither maps. The copies have no tensors behind them.
+  bool AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdMap& outer,
+                     IdMap* ids);
 
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }

@@ -67,17 +67,18 @@ c10::IValue TraceEntry(const std::string& action, int64_t address, int64_t size_
   return entry;
 }
 
-// Replays the recorder, logging each allocator action as a device_traces entry.
+// Replays the recorder, logging each allocator action as a device_traces entry. Entries
+// are kept as plain structs and turned into pickle values only for the ones written.
 class TraceBuilder final : public AllocatorObserver {
  public:
   TraceBuilder(const Recorder& recorder, int64_t max_entries)
       : recorder_(recorder), max_entries_(max_entries) {}
 
   void OnSegmentAlloc(int64_t address, int64_t size_bytes, PoolKind) override {
-    Add(TraceEntry("segment_alloc", address, size_bytes, now_s_, NewList()));
+    Add({Action::kSegmentAlloc, address, size_bytes, now_s_, -1});
   }
   void OnSegmentFree(int64_t address, int64_t size_bytes, PoolKind) override {
-    Add(TraceEntry("segment_free", address, size_bytes, now_s_, NewList()));
+    Add({Action::kSegmentFree, address, size_bytes, now_s_, -1});
   }
 
   void Replay(CachingAllocatorModel& allocator, int64_t through_event) {
@@ -91,12 +92,11 @@ class TraceBuilder final : public AllocatorObserver {
         const auto allocation = *allocator.Malloc(bytes);
         blocks_[id] = allocation;
         storage_at_address_[allocation.address] = id;
-        Add(TraceEntry("alloc", allocation.address, bytes, now_s_, StorageFrames(recorder_, id)));
+        Add({Action::kAlloc, allocation.address, bytes, now_s_, id});
       } else {
         const auto allocation = blocks_.at(id);
-        for (const char* action : {"free_requested", "free_completed"}) {
-          Add(TraceEntry(action, allocation.address, bytes, now_s_, StorageFrames(recorder_, id)));
-        }
+        Add({Action::kFreeRequested, allocation.address, bytes, now_s_, id});
+        Add({Action::kFreeCompleted, allocation.address, bytes, now_s_, id});
         allocator.Free(allocation.block_id);
         storage_at_address_.erase(allocation.address);
         blocks_.erase(id);
@@ -105,16 +105,38 @@ class TraceBuilder final : public AllocatorObserver {
   }
 
   List TakeEntries() {
+    static const char* const kActionNames[] = {"alloc", "free_requested", "free_completed",
+                                               "segment_alloc", "segment_free"};
     List list = NewList();
-    for (c10::IValue& entry : entries_) list.push_back(std::move(entry));
+    list.reserve(entries_.size());
+    for (const Entry& e : entries_) {
+      list.push_back(
+          TraceEntry(kActionNames[static_cast<int>(e.action)], e.address, e.size_bytes, e.time_s,
+                     e.storage_id >= 0 ? StorageFrames(recorder_, e.storage_id) : NewList()));
+    }
     return list;
   }
   // Storage id of the allocated block at `address`.
   int64_t StorageAt(int64_t address) const { return storage_at_address_.at(address); }
 
  private:
-  void Add(c10::IValue entry) {
-    entries_.push_back(std::move(entry));
+  enum class Action : uint8_t {
+    kAlloc,
+    kFreeRequested,
+    kFreeCompleted,
+    kSegmentAlloc,
+    kSegmentFree
+  };
+  struct Entry {
+    Action action;
+    int64_t address;
+    int64_t size_bytes;
+    double time_s;
+    int64_t storage_id;  // -1 for segment actions
+  };
+
+  void Add(const Entry& entry) {
+    entries_.push_back(entry);
     if (max_entries_ > 0 && static_cast<int64_t>(entries_.size()) > max_entries_) {
       entries_.pop_front();
     }
@@ -123,7 +145,7 @@ class TraceBuilder final : public AllocatorObserver {
   const Recorder& recorder_;
   int64_t max_entries_;
   double now_s_ = 0;
-  std::deque<c10::IValue> entries_;
+  std::deque<Entry> entries_;
   std::unordered_map<int64_t, CachingAllocatorModel::Allocation> blocks_;  // by storage id
   std::unordered_map<int64_t, int64_t> storage_at_address_;
 };

@@ -31,7 +31,8 @@ namespace memsim {
 
 struct SnapshotOptions {
   int32_t device = 0;
-  // Keep at most this many device_traces entries (the latest ones); 0: all.
+  // Keep at most this many device_traces entries (the latest ones, as PyTorch's
+  // _record_memory_history(max_entries=...) does); 0: all.
   int64_t max_trace_entries = 0;
 };
 

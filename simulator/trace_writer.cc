@@ -60,8 +60,13 @@ nlohmann::json TraceJson(const Timeline& timeline, const TraceOptions& options) 
     const int64_t reserved_at_start =
         it.begin_event > 0 ? points[static_cast<size_t>(it.begin_event - 1)].reserved_bytes : 0;
     samples.push_back(Sample(it.begin_time_s, reserved_at_start, it.static_allocated_bytes));
-    for (int64_t i :
-         ThinnedIndices(points, it.begin_event, it.end_event, options.sample_interval_s)) {
+    double interval_s = options.sample_interval_s;
+    if (interval_s <= 0 && options.max_intervals_per_iteration > 0 &&
+        it.end_event - it.begin_event > 6 * options.max_intervals_per_iteration) {
+      interval_s = (it.end_time_s - it.begin_time_s) /
+                   static_cast<double>(options.max_intervals_per_iteration);
+    }
+    for (int64_t i : ThinnedIndices(points, it.begin_event, it.end_event, interval_s)) {
       const TimelinePoint& p = points[static_cast<size_t>(i)];
       samples.push_back(Sample(p.time_s, p.reserved_bytes, p.allocated_bytes));
     }

@@ -24,6 +24,9 @@ struct TraceOptions {
   // matters, and the peak, survive: max(allocated_memory_MB) == peak_allocated_MB.
   double sample_interval_s = 0.0;
   double theoretical_memory_mb = -1.0;
+  // With sample_interval_s == 0: thin each iteration to this many intervals (about 6
+  // samples each at most); 0 keeps one sample per event.
+  int64_t max_intervals_per_iteration = 0;
 };
 
 nlohmann::json TraceJson(const Timeline& timeline, const TraceOptions& options);

@@ -371,3 +371,52 @@ TEST(ExpertParallel, ExpertsShardOverEpAndMixtralHasItsParameterCount) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Note [Microbatch replication]: copying the steady state's events gives the same event
+// log (sizes, order, attribution) as running every microbatch.
+TEST(MicrobatchReplication, EqualsRunningEveryMicrobatch) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 8);
+  TrainingConfig t = Fp16Eager(x);
+  t.num_microbatches = 8;
+  for (int64_t vpp : {1, 2}) {
+    ParallelLayout layout;
+    layout.world_size = 4;
+    layout.pp = 2;
+    layout.vpp = vpp;
+    layout.data_parallel = DataParallelKind::kDistributedOptimizer;
+    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    for (int64_t stage : {0, 1}) {
+      Session full, replicated;
+      {
+        ActiveSession active(full);
+        RunRankTraining(m, t, layout, stage, full, /*replicate_microbatches=*/false);
+      }
+      {
+        ActiveSession active(replicated);
+        RunRankTraining(m, t, layout, stage, replicated, /*replicate_microbatches=*/true);
+      }
+      const Recorder& a = full.recorder();
+      const Recorder& b = replicated.recorder();
+      ASSERT_EQ(a.events().size(), b.events().size()) << "vpp " << vpp << " stage " << stage;
+      for (size_t e = 0; e < a.events().size(); ++e) {
+        const StorageInfo& sa = a.storages()[static_cast<size_t>(a.events()[e].storage_id)];
+        const StorageInfo& sb = b.storages()[static_cast<size_t>(b.events()[e].storage_id)];
+        ASSERT_EQ(a.events()[e].is_alloc, b.events()[e].is_alloc) << e;
+        ASSERT_EQ(sa.size_bytes, sb.size_bytes) << e;
+        ASSERT_EQ(sa.microbatch, sb.microbatch) << e;
+        ASSERT_EQ(a.names().Name(sa.module), b.names().Name(sb.module)) << e;
+        ASSERT_DOUBLE_EQ(a.events()[e].time_s, b.events()[e].time_s) << e;
+      }
+      const Timeline ta = Timeline::Replay(a), tb = Timeline::Replay(b);
+      EXPECT_EQ(ta.peak_allocated_bytes(), tb.peak_allocated_bytes());
+      EXPECT_EQ(ta.peak_reserved_bytes(), tb.peak_reserved_bytes());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace memsim

@@ -199,6 +199,7 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
   TraceOptions trace_options;
   trace_options.sample_interval_s = sample_interval_s;
   trace_options.theoretical_memory_mb = TheoreticalMemoryMB(spec);
+  trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
   // Ranks of a class share one simulation: build each class's files once.
   std::map<const RankResult*, std::string> traces;
   for (const auto& [rank, result] : ranks) {
@@ -210,9 +211,11 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
     nlohmann::json summary = ClassSummary(spec, *result);
     summary["rank"] = rank;
     MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", summary));
+    SnapshotOptions snapshot_options;
+    snapshot_options.max_trace_entries = 100000;  // PyTorch's usual max_entries
     MEMSIM_RETURN_IF_ERROR(WriteSnapshot(out_dir + "/snapshot" + suffix + ".pickle",
                                          result->session->recorder(), result->timeline.peak_event(),
-                                         SnapshotOptions{}));
+                                         snapshot_options));
   }
   return Status::OK();
 }

@@ -143,7 +143,7 @@ json RunPoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp
     }
     fits = fits && r.fits();
     const Status write = WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative),
-                                    r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec)});
+                                    r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec), 5000});
     if (!write.ok()) {
       result["status"] = "error";
       result["reason"] = write.message();
