@@ -117,6 +117,10 @@ def sh(argv):
         return ""
 
 
+def binary_mtimes():
+    return {path: os.path.getmtime(os.path.join(REPO, path)) for path in (MEMSIM, MEMSIM_BENCH)}
+
+
 def machine_info():
     info = {"nproc": sh(["nproc"]) or str(os.cpu_count())}
     cpu = ""
@@ -360,6 +364,8 @@ def write_markdown(path, info, results, rows, bars, args, failures, load_before,
         "| Total run time | %.0f s |" % total_s,
         "",
     ]
+    for warning in getattr(args, "warnings", []):
+        lines += ["**Warning:** " + warning + ".", ""]
     if args.note:
         lines += ["**Note:** " + args.note, ""]
     if args.quick:
@@ -416,6 +422,7 @@ def main(argv=None):
                         help="Markdown report, relative to the repository root (default BENCHMARKS.md)")
     parser.add_argument("--note", default="", help="a remark to put at the top of the report")
     args = parser.parse_args(argv)
+    args.warnings = []
 
     for path in (MEMSIM, MEMSIM_BENCH):
         if not os.access(os.path.join(REPO, path), os.X_OK):
@@ -424,6 +431,7 @@ def main(argv=None):
             return 2
 
     info = machine_info()
+    mtimes_before = binary_mtimes()
     load_before = loadavg()
     start = time.perf_counter()
     results, failures = {}, []
@@ -443,6 +451,15 @@ def main(argv=None):
         shutil.rmtree(tmp, ignore_errors=True)
     total_s = time.perf_counter() - start
     load_after = loadavg()
+    try:
+        rebuilt = [p for p, t in binary_mtimes().items() if t != mtimes_before[p]]
+    except OSError:
+        rebuilt = [MEMSIM, MEMSIM_BENCH]
+    if rebuilt:
+        warning = ("%s changed during the run (rebuilt?): the numbers mix two builds; run again"
+                   % ", ".join(rebuilt))
+        log("run_benchmarks: warning: " + warning)
+        args.warnings.append(warning)
 
     rows, bars = build_rows(results)
     print(text_table(rows, ["Measurement", "Value", "Bar", "Result"]))

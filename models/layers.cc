@@ -355,9 +355,17 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // DotProductAttention (megatron/core/transformer/dot_product_attention.py).
   at::Tensor key = k;
   at::Tensor value = v;
-  if (groups != heads) {  // repeat_interleave the kv heads to every query head
-    key = k.repeat_interleave(heads / groups, 2);
-    value = v.repeat_interleave(heads / groups, 2);
+  if (groups != heads) {
+    // Megatron's key.repeat_interleave(heads / groups, dim=2): a new [S, B, A, D] copy of
+    // each kv head per query head (written as expand + reshape: the Tensor-repeats
+    // overload it decomposes into has no Meta kernel).
+    auto repeat = [&](const at::Tensor& t) {
+      return t.unsqueeze(3)
+          .expand({seq, batch, groups, heads / groups, head_dim})
+          .reshape({seq, batch, heads, head_dim});
+    };
+    key = repeat(k);
+    value = repeat(v);
   }
   const at::Tensor q3 = q.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
   const at::Tensor k3 = key.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
