@@ -43,7 +43,7 @@ nlohmann::json SummaryJson(const Recorder& recorder, const Timeline& timeline,
                        {"microbatch", s.microbatch}});
   }
   json modules = json::array();
-  for (size_t i = 0; i < peak.modules.size() && i < 30; ++i) {
+  for (size_t i = 0; i < peak.modules.size(); ++i) {
     modules.push_back(
         {{"module", peak.modules[i].module}, {"MB", BytesToMiB(peak.modules[i].bytes)}});
   }
