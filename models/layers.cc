@@ -326,6 +326,7 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
 }
 
 at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype) {
+  if (!persistent_) return at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(dtype));
   const int64_t numel = c10::multiply_integers(shape);
   at::Tensor& buffer = buffers_[dtype];
   if (!buffer.defined() || buffer.numel() < numel) {

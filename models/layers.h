@@ -18,15 +18,25 @@
 
 namespace memsim {
 
-// Megatron's global memory buffer (parallel_state.get_global_memory_buffer()), "mpu":
-// one workspace per dtype, allocated on first use and replaced by a larger one when a
-// larger view is asked. The eager attention's baddbmm input and sequence parallelism's
-// all-gather both take their views from it.
+// Where the eager attention's baddbmm input and sequence parallelism's all-gather output
+// live. This is where the two profiles differ in memory:
+//   Megatron-Core local layers: Megatron's global memory buffer (parallel_state.
+//     get_global_memory_buffer(), "mpu"), one workspace per dtype allocated on first use,
+//     replaced by a larger one when a larger view is asked, and kept: part of static
+//     memory from the second iteration on;
+//   Transformer Engine layers: TE's Linear/LayerNormLinear all-gather into a fresh
+//     tensor, and its UnfusedDotProductAttention hands baddbmm a fresh torch.empty: each
+//     use allocates and frees.
+// (TE's LayerNormLinear/LayerNormMLP save the same tensors as LayerNorm followed by
+// Megatron's linears at 16 bits: LayerNorm input, its output, mu/rsigma, fc1 and
+// activation outputs; they differ with FP8, which memsim does not model.)
 class GlobalMemoryBuffer : public torch::CustomClassHolder {
  public:
+  explicit GlobalMemoryBuffer(bool persistent = true) : persistent_(persistent) {}
   at::Tensor Get(at::IntArrayRef shape, at::ScalarType dtype);
 
  private:
+  bool persistent_;
   std::map<at::ScalarType, at::Tensor> buffers_;
 };
 

@@ -59,7 +59,8 @@ enum class AttentionKind { kFlash, kEager };
 enum class RecomputeKind { kNone, kSelective, kFull };
 enum class RecomputeMethod { kUniform, kBlock };
 enum class OptimizerKind { kAdam, kSgd };
-// Which real implementation's kernels (and so saved tensors) the layers mirror.
+// Which real implementation's kernels the layers mirror (GlobalMemoryBuffer in layers.h
+// says where they differ).
 enum class ProfileKind { kMegatronLocal, kTransformerEngine };
 
 struct TrainingConfig {

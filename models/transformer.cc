@@ -16,7 +16,8 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       training_(training),
       shard_(shard),
       activation_dtype_(store->param_dtype()),
-      workspace_(c10::make_intrusive<GlobalMemoryBuffer>()) {
+      workspace_(c10::make_intrusive<GlobalMemoryBuffer>(
+          /*persistent=*/training.profile == ProfileKind::kMegatronLocal)) {
   const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
   const bool layer_norm = model.norm == NormKind::kLayerNorm;
   if (shard.first_stage) {

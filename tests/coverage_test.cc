@@ -15,14 +15,21 @@ struct Variant {
   AttentionKind attention;
   RecomputeKind recompute;
   Precision precision;
+  ProfileKind profile;
 };
 
 TEST(OpCoverage, EveryPresetAttentionAndRecomputationRuns) {
   const std::vector<std::string> presets = ModelPresetNames();
   ASSERT_GE(presets.size(), 9u);
-  const Variant variants[] = {{AttentionKind::kFlash, RecomputeKind::kNone, Precision::kBf16},
-                              {AttentionKind::kEager, RecomputeKind::kSelective, Precision::kFp16},
-                              {AttentionKind::kEager, RecomputeKind::kFull, Precision::kFp32}};
+  const Variant variants[] = {
+      {AttentionKind::kFlash, RecomputeKind::kNone, Precision::kBf16, ProfileKind::kMegatronLocal},
+      {AttentionKind::kEager, RecomputeKind::kSelective, Precision::kFp16,
+       ProfileKind::kMegatronLocal},
+      {AttentionKind::kEager, RecomputeKind::kFull, Precision::kFp32, ProfileKind::kMegatronLocal},
+      {AttentionKind::kFlash, RecomputeKind::kNone, Precision::kBf16,
+       ProfileKind::kTransformerEngine},
+      {AttentionKind::kEager, RecomputeKind::kSelective, Precision::kBf16,
+       ProfileKind::kTransformerEngine}};
   for (const std::string& name : presets) {
     for (const Variant& v : variants) {
       SCOPED_TRACE(name + " attention " + std::to_string(static_cast<int>(v.attention)) +
@@ -39,6 +46,7 @@ TEST(OpCoverage, EveryPresetAttentionAndRecomputationRuns) {
       spec.training.attention = v.attention;
       spec.training.recompute = v.recompute;
       spec.training.precision = v.precision;
+      spec.training.profile = v.profile;
       spec.layout.world_size = 8;
       spec.layout.tp = 2;
       spec.layout.pp = 2;

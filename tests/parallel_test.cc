@@ -420,3 +420,38 @@ TEST(MicrobatchReplication, EqualsRunningEveryMicrobatch) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Megatron-Core's local layers keep the global memory buffer (the eager baddbmm input,
+// [B*A/t, S, S] 16-bit, shared with the sequence-parallel all-gather) across iterations;
+// Transformer Engine's layers allocate per use. Static memory differs by the buffer.
+TEST(Profiles, LocalKeepsTheGlobalBufferTransformerEngineDoesNot) {
+  const Shape x{512, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 2, 2);
+  TrainingConfig t = Fp16Eager(x);
+  ParallelLayout layout;
+  layout.world_size = 2;
+  layout.tp = 2;
+  layout.sequence_parallel = true;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  auto static_memory = [&](ProfileKind profile) {
+    TrainingConfig tt = t;
+    tt.profile = profile;
+    Session session;
+    {
+      ActiveSession active(session);
+      RunRankTraining(m, tt, layout, 0, session);
+    }
+    return Timeline::Replay(session.recorder()).iterations().back().static_allocated_bytes;
+  };
+  // B*A/t = 2*8/2 = 8 score matrices of 512^2 fp16 = 4 MiB (more than the all-gather's
+  // S*B*H*2 = 512 KiB, so the buffer has that size).
+  EXPECT_EQ(
+      static_memory(ProfileKind::kMegatronLocal) - static_memory(ProfileKind::kTransformerEngine),
+      int64_t{8} * 512 * 512 * 2);
+}
+
+}  // namespace
+}  // namespace memsim

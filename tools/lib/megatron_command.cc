@@ -94,11 +94,6 @@ int MegatronCommand(int argc, const char* const* argv) {
     for (const std::string& a : parsed.ignored) list += (list.empty() ? "" : " ") + a;
     std::fprintf(stderr, "memsim megatron: ignored (no effect on memory): %s\n", list.c_str());
   }
-  if (parsed.spec.training.profile == ProfileKind::kTransformerEngine) {
-    std::fprintf(stderr,
-                 "memsim megatron: note: --transformer-impl transformer_engine is simulated with "
-                 "Megatron-Core's local kernels (same saved tensors without FP8)\n");
-  }
   return SimulateAndReport(parsed.spec, report, "megatron");
 }
 

@@ -140,6 +140,13 @@ Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
       text, {{"uniform", RecomputeMethod::kUniform}, {"block", RecomputeMethod::kBlock}}, out,
       "recompute method");
 }
+Status ParseProfile(const std::string& text, ProfileKind* out) {
+  return ParseChoice<ProfileKind>(text,
+                                  {{"local", ProfileKind::kMegatronLocal},
+                                   {"transformer_engine", ProfileKind::kTransformerEngine}},
+                                  out, "profile");
+}
+
 Status ParseOptimizer(const std::string& text, OptimizerKind* out) {
   return ParseChoice<OptimizerKind>(
       text, {{"adam", OptimizerKind::kAdam}, {"sgd", OptimizerKind::kSgd}}, out, "optimizer");
@@ -318,6 +325,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          return ReadEnum(v, source, "optimizer", &ParseOptimizer, &t->optimizer);
        }},
       {"dropout", [&](const YAML::Node& v) { return Read(v, source, "dropout", &t->dropout); }},
+      {"profile",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "profile", &ParseProfile, &t->profile);
+       }},
       {"global_batch_size",
        [&](const YAML::Node& v) {
          return Read(v, source, "global_batch_size", global_batch_size);

@@ -50,6 +50,7 @@ Status ParseAttention(const std::string& text, AttentionKind* out);
 Status ParseRecompute(const std::string& text, RecomputeKind* out);
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
 Status ParseOptimizer(const std::string& text, OptimizerKind* out);
+Status ParseProfile(const std::string& text, ProfileKind* out);
 Status ParseGpu(const std::string& text, const GpuSpec** out);
 Status ParseDataParallel(const std::string& text, DataParallelKind* out);
 Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, ParallelLayout* layout);

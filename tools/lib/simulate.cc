@@ -235,7 +235,8 @@ int SimulateCommand(int argc, const char* const* argv) {
       "      --data-parallel distributed-optimizer --global-batch-size 512 --check\n"
       "  memsim simulate --config configs/runs/default.yaml --gpu A100-80GB --json\n\n"
       "Options");
-  std::string config, model, hf_config, gpu, precision, attention, recompute, data_parallel;
+  std::string config, model, hf_config, gpu, precision, attention, recompute, data_parallel,
+      profile;
   std::string out_dir = "memsim_out", ranks = "first-per-class";
   int64_t seq_length = 0, micro_batch = 0, microbatches = 0, iterations = 0, global_batch = 0;
   int64_t world_size = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
