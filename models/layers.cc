@@ -8,6 +8,7 @@
 
 #include "ops/collectives.h"
 #include "ops/transformer_kernels.h"
+#include "parallel/context_parallel.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -341,7 +342,8 @@ at::Tensor Swiglu(const at::Tensor& input) { return SwigluFunction::apply(input)
 at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::apply(input); }
 
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace) {
+                         AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
+                         int64_t cp) {
   const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t groups = k.size(2);
   if (kind == AttentionKind::kFlash) {
@@ -349,7 +351,8 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
     at::Tensor qb = q.transpose(0, 1).contiguous();
     at::Tensor kb = k.transpose(0, 1).contiguous();
     at::Tensor vb = v.transpose(0, 1).contiguous();
-    at::Tensor out = FlashAttentionFunction::apply(qb, kb, vb, dropout_p);
+    at::Tensor out = cp > 1 ? ContextParallelAttention(qb, kb, vb, cp, dropout_p)
+                            : FlashAttentionFunction::apply(qb, kb, vb, dropout_p);
     // 'b s h d -> s b (h d)'
     return out.transpose(0, 1).contiguous().view({seq, batch, heads * head_dim});
   }

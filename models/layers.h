@@ -97,8 +97,11 @@ at::Tensor RotaryEmbedding(const at::Tensor& input);
 //     Saves q and k (for QK^T), softmax output, dropout mask and output, v.
 //   flash: FlashAttention-2 after Megatron's rearrange to [B, S, heads, D]: saves the
 //     contiguous q, k, v, the output and a float32 log-sum-exp [B, A, S].
+// `cp` > 1: the sequence is split over cp ranks and flash attention runs as ring
+// attention (parallel/context_parallel.h).
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace);
+                         AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
+                         int64_t cp = 1);
 
 // Megatron's vocab_parallel_cross_entropy on logits [S, B, V/tp] in the training dtype:
 // upcasts to a float32 copy, turns it into softmax in place (all-reducing the max, the

@@ -42,7 +42,8 @@ TrainingConfig Fp16Eager(const Shape& x) {
 }
 
 // Bytes allocated in forward and alive when it ends, for one tensor-parallel rank.
-int64_t ForwardBytes(const Shape& x, int64_t layers, const TrainingConfig& t, int64_t tp, bool sp) {
+int64_t ForwardBytes(const Shape& x, int64_t layers, const TrainingConfig& t, int64_t tp, bool sp,
+                     int64_t cp = 1) {
   const ModelConfig m = Gpt(x, layers, tp);
   Session session;
   ActiveSession active(session);
@@ -50,6 +51,7 @@ int64_t ForwardBytes(const Shape& x, int64_t layers, const TrainingConfig& t, in
   ModelShard shard = ModelShard::Whole(m);
   shard.tp = tp;
   shard.sequence_parallel = sp;
+  shard.cp = cp;
   TransformerModel model(m, t, shard, &store);
   store.AllocateGradBuffer();
   session.SetPhase(Phase::kForward);
@@ -63,8 +65,8 @@ int64_t ForwardBytes(const Shape& x, int64_t layers, const TrainingConfig& t, in
   return bytes;
 }
 
-int64_t PerLayer(const Shape& x, const TrainingConfig& t, int64_t tp, bool sp) {
-  return ForwardBytes(x, 2, t, tp, sp) - ForwardBytes(x, 1, t, tp, sp);
+int64_t PerLayer(const Shape& x, const TrainingConfig& t, int64_t tp, bool sp, int64_t cp = 1) {
+  return ForwardBytes(x, 2, t, tp, sp, cp) - ForwardBytes(x, 1, t, tp, sp, cp);
 }
 
 const Shape kShapes[] = {{128, 2, 256, 8}, {256, 1, 512, 16}, {64, 4, 128, 8}};
@@ -451,6 +453,55 @@ TEST(Profiles, LocalKeepsTheGlobalBufferTransformerEngineDoesNot) {
   EXPECT_EQ(
       static_memory(ProfileKind::kMegatronLocal) - static_memory(ProfileKind::kTransformerEngine),
       int64_t{8} * 512 * 512 * 2);
+}
+
+}  // namespace
+}  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Context parallelism: a layer keeps what flash attention keeps at sequence S/cp, except
+// that ring attention saves k and v stacked into its send buffer ([2, B, S/cp, G, D],
+// the same bytes as the two copies) and no RNG state: 36 s'bh + 4 a s' b + 16 s'b bytes
+// with s' = S/cp (b > 1).
+TEST(ContextParallel, ActivationsShrinkWithTheSequenceShard) {
+  const Shape x{1024, 2, 256, 8};
+  TrainingConfig t = Fp16Eager(x);
+  t.attention = AttentionKind::kFlash;
+  for (int64_t cp : {2, 4}) {
+    const int64_t s = x.s / cp;
+    EXPECT_EQ(PerLayer(x, t, 1, false, cp), 36 * s * x.b * x.h + 4 * x.a * s * x.b + 16 * s * x.b)
+        << "cp=" << cp;
+  }
+}
+
+// The ring's receive buffers: cp - 1 per layer in forward, each like the stacked kv
+// (2 * B * S/cp * H values in 16 bits), all alive until the layer's attention ends.
+TEST(ContextParallel, RingReceiveBuffers) {
+  const Shape x{1024, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 1);
+  TrainingConfig t = Fp16Eager(x);
+  t.attention = AttentionKind::kFlash;
+  for (int64_t cp : {2, 4}) {
+    Session session;
+    ActiveSession active(session);
+    ParameterStore store(t.precision);
+    ModelShard shard = ModelShard::Whole(m);
+    shard.cp = cp;
+    TransformerModel model(m, t, shard, &store);
+    store.AllocateGradBuffer();
+    session.SetPhase(Phase::kForward);
+    at::Tensor loss = model.Forward();
+    const Recorder& r = session.recorder();
+    const int64_t kv_bytes = 2 * x.b * (x.s / cp) * x.h * 2;
+    int64_t buffers = 0;
+    for (const StorageInfo& st : r.storages()) {
+      buffers += r.names().Name(st.op) == "aten::empty_like" && st.size_bytes == kv_bytes &&
+                 r.names().Name(st.module).find("core_attention") != std::string::npos;
+    }
+    EXPECT_EQ(buffers, cp - 1) << "cp=" << cp;
+  }
 }
 
 }  // namespace

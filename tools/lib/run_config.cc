@@ -226,11 +226,17 @@ Status FinalizeRunSpec(RunSpec* spec) {
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
   }
-  if (l.data_parallel == DataParallelKind::kZero2 || l.data_parallel == DataParallelKind::kFsdp ||
-      l.cp > 1) {
-    return Status::Error(std::string("not modelled yet: ") +
-                         (l.cp > 1 ? "context parallelism" : "ZeRO-2/FSDP data parallelism") +
-                         "; see the README's limits");
+  if (l.data_parallel == DataParallelKind::kZero2 || l.data_parallel == DataParallelKind::kFsdp) {
+    return Status::Error(
+        "not modelled yet: ZeRO-2/FSDP data parallelism; use ddp or distributed-optimizer");
+  }
+  if (l.cp > 1 && t.attention != AttentionKind::kFlash) {
+    return Status::Error("context parallelism needs flash attention (as Megatron-LM's CP does)");
+  }
+  if (l.cp > 1 && t.seq_length % (2 * l.cp) != 0) {
+    return Status::Error("sequence length " + std::to_string(t.seq_length) +
+                         " must be divisible by 2*CP = " + std::to_string(2 * l.cp) +
+                         " (causal load balancing splits it into 2*CP chunks)");
   }
   return ValidateTrainingConfig(t, spec->model);
 }

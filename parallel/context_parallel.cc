@@ -1,0 +1,81 @@
+#include "parallel/context_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <vector>
+
+#include "ops/collectives.h"
+#include "ops/transformer_kernels.h"
+
+namespace memsim {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+struct RingAttentionFunction : public Function<RingAttentionFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, int64_t cp, double dropout_p) {
+    const at::Tensor kv = at::stack({k, v});  // the send buffer of step 0
+    std::vector<at::Tensor> received;
+    std::vector<at::Tensor> step_outputs;
+    std::vector<at::Tensor> step_lse;
+    at::Tensor current = kv;
+    for (int64_t step = 0; step < cp; ++step) {
+      if (step + 1 < cp) {
+        received.push_back(at::empty_like(kv));
+        Send(current);
+        ReceiveInto(received.back());
+      }
+      auto [out, lse, rng] = FlashAttentionForward(q, current[0], current[1], dropout_p, true);
+      step_outputs.push_back(out);
+      step_lse.push_back(lse);
+      if (step + 1 < cp) current = received.back();
+    }
+    // Merge the steps' outputs with their log-sum-exps.
+    at::Tensor out = at::empty_like(q);
+    at::Tensor lse = at::empty_like(step_lse[0]);
+    ctx->save_for_backward({q, kv, out, lse});
+    ctx->saved_data["cp"] = cp;
+    ctx->saved_data["dropout_p"] = dropout_p;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor& q = s[0];
+    const at::Tensor& kv = s[1];
+    const int64_t cp = ctx->saved_data["cp"].toInt();
+    const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    at::Tensor dq = at::empty_like(q);
+    // Two double buffers, each carrying kv and its gradient around the ring.
+    std::vector<int64_t> buffer_shape = {2};
+    for (int64_t d : kv.sizes()) buffer_shape.push_back(d);
+    at::Tensor buffers[2] = {at::empty(buffer_shape, kv.options()),
+                             at::empty(buffer_shape, kv.options())};
+    const at::Tensor grad = grads[0].contiguous();
+    for (int64_t step = 0; step < cp; ++step) {
+      const at::Tensor& current = step == 0 ? kv : buffers[step % 2][0];
+      if (step + 1 < cp) {
+        Send(buffers[step % 2]);
+        ReceiveInto(buffers[(step + 1) % 2]);
+      }
+      auto [dq_step, dk_step, dv_step] =
+          FlashAttentionBackward(grad, q, current[0], current[1], s[2], s[3], dropout_p, true);
+      dq.add_(dq_step);
+    }
+    const at::Tensor dkv = buffers[(cp - 1) % 2][1];
+    return {dq, dkv[0].contiguous(), dkv[1].contiguous(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ContextParallelAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    int64_t cp, double dropout_p) {
+  return RingAttentionFunction::apply(q, k, v, cp, dropout_p);
+}
+
+}  // namespace memsim
