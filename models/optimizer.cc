@@ -25,7 +25,9 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, Optimize
   CategoryScope category(Category::kOptimizerState);
   at::NoGradGuard no_grad;
   for (Parameter& p : store->parameters()) {
-    const at::Tensor shard = Shard(p.data, p.expert ? expert_shards_ : shards_);
+    const at::Tensor shard = p.shard_data.defined()
+                                 ? p.shard_data.detach()
+                                 : Shard(p.data, p.expert ? expert_shards_ : shards_);
     masters_.push_back(store->precision() == Precision::kFp32 ? shard
                                                               : shard.clone().to(at::kFloat));
   }
@@ -43,7 +45,9 @@ void MixedPrecisionOptimizer::Step() {
   {
     CategoryScope category(Category::kGradient);
     for (Parameter& p : store_->parameters()) {
-      const at::Tensor grad = Shard(p.main_grad, p.expert ? expert_shards_ : shards_);
+      const at::Tensor grad = p.shard_grad.defined()
+                                  ? p.shard_grad
+                                  : Shard(p.main_grad, p.expert ? expert_shards_ : shards_);
       master_grads_.push_back(store_->precision() == Precision::kFp16 ? grad.to(at::kFloat) : grad);
     }
   }
@@ -64,7 +68,9 @@ void MixedPrecisionOptimizer::Step() {
   if (store_->precision() != Precision::kFp32) {
     size_t i = 0;
     for (Parameter& p : store_->parameters()) {
-      Shard(p.data, p.expert ? expert_shards_ : shards_).copy_(masters_[i++]);
+      (p.shard_data.defined() ? p.shard_data.detach()
+                              : Shard(p.data, p.expert ? expert_shards_ : shards_))
+          .copy_(masters_[i++]);
     }
   }
   if (store_->precision() != Precision::kFp16) master_grads_.clear();  // views only

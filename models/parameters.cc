@@ -33,17 +33,22 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
   int64_t numel = 1;
   for (int64_t d : shape) numel = CheckedMul(numel, d);
   num_elements_ = CheckedAdd(num_elements_, numel);
-  parameters_.push_back({module.empty() ? name : module + "." + name, std::move(data), {}, expert});
+  parameters_.push_back(
+      {module.empty() ? name : module + "." + name, std::move(data), {}, expert, unit_, {}, {}});
   return &parameters_.back();
 }
 
-void ParameterStore::AllocateGradBuffer() {
+void ParameterStore::AllocateGradBuffer(bool root_only) {
   CategoryScope category(Category::kGradient);
   ModuleScope scope(ModuleScope::Absolute{"ddp.grad_buffer"});
-  grad_buffer_ =
-      at::zeros({num_elements_}, at::TensorOptions().device(at::kMeta).dtype(grad_dtype()));
+  int64_t elements = 0;
+  for (const Parameter& p : parameters_) {
+    if (!root_only || p.unit < 0) elements = CheckedAdd(elements, p.data.numel());
+  }
+  grad_buffer_ = at::zeros({elements}, at::TensorOptions().device(at::kMeta).dtype(grad_dtype()));
   int64_t offset = 0;
   for (Parameter& p : parameters_) {
+    if (root_only && p.unit >= 0) continue;
     const int64_t n = p.data.numel();
     p.main_grad = grad_buffer_.narrow(0, offset, n).view(p.data.sizes());
     offset += n;

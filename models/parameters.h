@@ -28,6 +28,13 @@ struct Parameter {
   at::Tensor data;       // training dtype, requires_grad (so autograd reaches the layers)
   at::Tensor main_grad;  // view into ParameterStore's gradient buffer; see the Note
   bool expert = false;   // a routed expert's weight: sharded over expert data parallelism
+  int64_t unit = -1;     // the layer it belongs to (FSDP's wrapping unit); -1: root
+  // ZeRO-2/FSDP: this rank's fp32 gradient shard, which the optimizer reads instead of
+  // main_grad (parallel/sharded_data_parallel.h).
+  at::Tensor shard_grad;
+  // FSDP: this rank's persistent 1/dp of the parameter; `data` has storage only while
+  // the layer is gathered.
+  at::Tensor shard_data;
 };
 
 class ParameterStore {
@@ -39,9 +46,12 @@ class ParameterStore {
   // Creates a parameter on meta, recorded as a parameter of the current module.
   // The returned pointer stays valid for the store's lifetime.
   Parameter* Add(const std::string& name, std::vector<int64_t> shape, bool expert = false);
-  // Allocates the contiguous gradient buffer and points every main_grad into it.
+  // Parameters added from now on belong to layer `unit` (-1: outside every layer).
+  void set_unit(int64_t unit) { unit_ = unit; }
+  // Allocates the contiguous gradient buffer and points every main_grad into it (every
+  // parameter's, or with `root_only` those outside the layers: FSDP shards the rest).
   // REQUIRES: called once, after every Add.
-  void AllocateGradBuffer();
+  void AllocateGradBuffer(bool root_only = false);
 
   const std::deque<Parameter>& parameters() const { return parameters_; }
   std::deque<Parameter>& parameters() { return parameters_; }
@@ -55,6 +65,7 @@ class ParameterStore {
   Precision precision_;
   std::deque<Parameter> parameters_;  // deque: pointers stay valid
   int64_t num_elements_ = 0;
+  int64_t unit_ = -1;
   at::Tensor grad_buffer_;
 };
 

@@ -37,7 +37,11 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
     ModuleScope decoder("decoder");
     for (const auto& [first, count] : shard.chunks) {
       std::vector<Layer>& chunk = chunks_.emplace_back();
-      for (int64_t l = first; l < first + count; ++l) chunk.push_back(CreateLayer(l, store));
+      for (int64_t l = first; l < first + count; ++l) {
+        store->set_unit(l);
+        chunk.push_back(CreateLayer(l, store));
+      }
+      store->set_unit(-1);
     }
     if (shard.last_stage) {
       ModuleScope s("final_layernorm");
@@ -223,7 +227,9 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     for (int64_t i = first; i < last; ++i) {
       Layer& layer = layers[static_cast<size_t>(i)];
       ModuleScope s("layers." + std::to_string(layer.index));
-      hidden = LayerForward(layer, hidden);
+      auto forward = [this, &layer](const at::Tensor& x) { return LayerForward(layer, x); };
+      hidden =
+          shard_.wrap_layer ? shard_.wrap_layer(layer.index, hidden, forward) : forward(hidden);
     }
     return hidden;
   };

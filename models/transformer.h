@@ -39,6 +39,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,10 @@ struct ModelShard {
   std::vector<std::pair<int64_t, int64_t>> chunks;
   bool first_stage = true;
   bool last_stage = true;
+  // Runs layer `index`'s forward (`run`) on `input`; set by data parallelism that works
+  // per layer (FSDP gathers the layer's parameters around it). Empty: run it directly.
+  using LayerFn = std::function<at::Tensor(const at::Tensor&)>;
+  std::function<at::Tensor(int64_t index, const at::Tensor& input, const LayerFn& run)> wrap_layer;
 
   // The whole model on one rank.
   static ModelShard Whole(const ModelConfig& model) {

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "models/transformer.h"
 #include "ops/collectives.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/sharded_data_parallel.h"
 
 namespace memsim {
 namespace {
@@ -80,9 +82,25 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
                      bool replicate_microbatches) {
   session.SetPhase(Phase::kSetup);
   ParameterStore store(training.precision);
-  const ModelShard shard = ShardFor(layout, model_config, pp_rank);
+  ModelShard shard = ShardFor(layout, model_config, pp_rank);
+  std::unique_ptr<FullyShardedDataParallel> fsdp;
+  if (layout.data_parallel == DataParallelKind::kFsdp) {
+    shard.wrap_layer = [&fsdp](int64_t unit, const at::Tensor& input,
+                               const ModelShard::LayerFn& run) {
+      return fsdp->RunLayer(unit, input, run);
+    };
+  }
   TransformerModel model(model_config, training, shard, &store);
-  store.AllocateGradBuffer();
+  switch (layout.data_parallel) {
+    case DataParallelKind::kZero2:
+      AllocateZero2Gradients(&store, layout.dp);
+      break;
+    case DataParallelKind::kFsdp:
+      fsdp = std::make_unique<FullyShardedDataParallel>(&store, layout.dp);
+      break;
+    default:
+      store.AllocateGradBuffer();
+  }
   const bool sharded_optimizer = layout.data_parallel != DataParallelKind::kDdp;
   MixedPrecisionOptimizer optimizer(&store, training.optimizer, sharded_optimizer ? layout.dp : 1,
                                     sharded_optimizer ? layout.edp : 1);
@@ -93,7 +111,7 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
   for (int32_t it = 0; it < training.iterations; ++it) {
     {
       at::NoGradGuard no_grad;
-      store.grad_buffer().zero_();  // model.zero_grad_buffer()
+      if (store.grad_buffer().defined()) store.grad_buffer().zero_();  // zero_grad_buffer()
     }
     optimizer.ZeroGrad();
     session.BeginIteration(it);

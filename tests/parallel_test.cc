@@ -12,6 +12,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/rank_classes.h"
 #include "parallel/rank_training.h"
+#include "parallel/sharded_data_parallel.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
 
@@ -501,6 +502,86 @@ TEST(ContextParallel, RingReceiveBuffers) {
                  r.names().Name(st.module).find("core_attention") != std::string::npos;
     }
     EXPECT_EQ(buffers, cp - 1) << "cp=" << cp;
+  }
+}
+
+}  // namespace
+}  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// FSDP (ZeRO-3), bf16: layer parameters, their fp32 gradient shards and optimizer state
+// all fall as 1/DP; the root unit (embeddings, final norm) stays whole with its gradient
+// buffer. While a layer runs forward its full parameters are gathered: one layer's in
+// forward, two in backward (BACKWARD_PRE prefetch).
+TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 4);
+  const int64_t h = 128;
+  const int64_t layer_params = 12 * h * h + 13 * h;
+  const int64_t root_params = 1024 * h + 128 * h + 2 * h;  // word + position embeddings, final norm
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  for (int64_t dp : {2, 4, 8}) {
+    ParallelLayout layout;
+    layout.world_size = dp;
+    layout.data_parallel = DataParallelKind::kFsdp;
+    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    Session session;
+    {
+      ActiveSession active(session);
+      RunRankTraining(m, t, layout, 0, session);
+    }
+    const Recorder& r = session.recorder();
+    int64_t iteration1 = -1;
+    for (const Marker& mk : r.markers()) {
+      if (mk.kind == MarkerKind::kIterationBegin && mk.iteration == 1) iteration1 = mk.event_index;
+    }
+    int64_t state = 0;
+    ForEachLiveStorage(r, iteration1 - 1, [&](int64_t id) {
+      const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+      if (s.category == Category::kParameter || s.category == Category::kGradient ||
+          s.category == Category::kOptimizerState) {
+        state += s.size_bytes;
+      }
+    });
+    // Layers: 2 (bf16 shard) + 4 (fp32 grad shard) + 4 + 8 (master, Adam), all / dp.
+    // Root: 2 + 4 whole, 12 / dp.
+    EXPECT_EQ(state, 4 * layer_params * 18 / dp + root_params * 6 + root_params * 12 / dp)
+        << "dp=" << dp;
+    // Gathered parameters alive over the step, beyond the persistent ones.
+    int64_t live = 0, peak_forward = 0, peak_backward = 0, persistent = 0;
+    for (int64_t e = 0; e < static_cast<int64_t>(r.events().size()); ++e) {
+      const MemoryEvent& ev = r.events()[static_cast<size_t>(e)];
+      const StorageInfo& s = r.storages()[static_cast<size_t>(ev.storage_id)];
+      if (s.category != Category::kParameter) continue;
+      live += ev.is_alloc ? s.size_bytes : -s.size_bytes;
+      if (s.phase == Phase::kSetup) persistent = live;
+      if (s.phase == Phase::kForward) peak_forward = std::max(peak_forward, live - persistent);
+      if (s.phase == Phase::kBackward) peak_backward = std::max(peak_backward, live - persistent);
+    }
+    EXPECT_EQ(peak_forward, layer_params * 2) << "dp=" << dp;
+    EXPECT_EQ(peak_backward, 2 * layer_params * 2) << "dp=" << dp;
+  }
+}
+
+// ZeRO-2: parameters whole (2 bytes), gradients as fp32 shards (4/dp) plus one bucket,
+// optimizer state sharded (12/dp).
+TEST(Zero2, GradientsShardedWithOneBucket) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 2);
+  const int64_t params = 1024 * 128 + 128 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
+  for (int64_t dp : {2, 4}) {
+    ParallelLayout layout;
+    layout.world_size = dp;
+    layout.data_parallel = DataParallelKind::kZero2;
+    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    const int64_t bucket_bytes = kGradientBucketElements * 4;  // fp32 (bf16 training)
+    EXPECT_EQ(ModelStateBytes(m, t, layout), params * 2 + params * 16 / dp + bucket_bytes)
+        << "dp=" << dp;
   }
 }
 

@@ -226,9 +226,10 @@ Status FinalizeRunSpec(RunSpec* spec) {
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
   }
-  if (l.data_parallel == DataParallelKind::kZero2 || l.data_parallel == DataParallelKind::kFsdp) {
+  if (l.data_parallel == DataParallelKind::kFsdp && (l.pp > 1 || l.tp > 1 || l.ep > 1)) {
     return Status::Error(
-        "not modelled yet: ZeRO-2/FSDP data parallelism; use ddp or distributed-optimizer");
+        "FSDP is modelled on its own (TP=PP=EP=1); combine TP/PP with "
+        "distributed-optimizer instead");
   }
   if (l.cp > 1 && t.attention != AttentionKind::kFlash) {
     return Status::Error("context parallelism needs flash attention (as Megatron-LM's CP does)");

@@ -1,0 +1,192 @@
+#include "parallel/sharded_data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+#include "ops/collectives.h"
+#include "simulator/checked_math.h"
+#include "simulator/session.h"
+
+namespace memsim {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+int64_t ShardElements(int64_t numel, int64_t dp) { return (numel + dp - 1) / dp; }
+
+// Frees a tensor's storage, keeping the tensor (FSDP's storage.resize_(0)).
+void FreeStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)));
+  storage->set_nbytes(0);
+}
+
+// Gives a tensor whose storage was freed its bytes back (the all-gather's output).
+void AllocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const auto bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+// One fp32 buffer holding every parameter's gradient shard, views handed out.
+at::Tensor AllocateShardGrads(std::vector<Parameter*> params, int64_t dp) {
+  int64_t elements = 0;
+  for (const Parameter* p : params)
+    elements = CheckedAdd(elements, ShardElements(p->data.numel(), dp));
+  CategoryScope category(Category::kGradient);
+  ModuleScope scope(ModuleScope::Absolute{"sharded_dp.grad_shards"});
+  at::Tensor buffer =
+      at::zeros({elements}, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+  int64_t offset = 0;
+  for (Parameter* p : params) {
+    const int64_t n = ShardElements(p->data.numel(), dp);
+    p->shard_grad = buffer.narrow(0, offset, n);
+    offset += n;
+  }
+  return buffer;
+}
+
+// The layer's boundaries, around its forward: identity there; in backward, the output
+// side runs first (FSDP's pre-backward hook), the input side last (post-backward). The
+// FSDP object is passed as an integer (autograd's saved data holds IValues); it outlives
+// every backward of the step.
+struct PreBackwardHook : public Function<PreBackwardHook> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            FullyShardedDataParallel* fsdp, int64_t unit) {
+    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
+    ctx->saved_data["unit"] = unit;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt())
+        ->PreBackward(ctx->saved_data["unit"].toInt());
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+struct PostBackwardHook : public Function<PostBackwardHook> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            FullyShardedDataParallel* fsdp, int64_t unit) {
+    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
+    ctx->saved_data["unit"] = unit;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt())
+        ->PostBackward(ctx->saved_data["unit"].toInt());
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void AllocateZero2Gradients(ParameterStore* store, int64_t dp) {
+  std::vector<Parameter*> params;
+  int64_t largest = 0;
+  for (Parameter& p : store->parameters()) {
+    params.push_back(&p);
+    largest = std::max<int64_t>(largest, p.data.numel());
+  }
+  AllocateShardGrads(params, dp);
+  // Every main_grad aliases the front of one bucket: on meta the values do not matter,
+  // and the bytes are what a rank holds while a bucket fills and is reduce-scattered.
+  at::Tensor bucket;
+  {
+    CategoryScope category(Category::kGradient);
+    ModuleScope scope(ModuleScope::Absolute{"sharded_dp.grad_bucket"});
+    bucket = at::zeros({std::max(kGradientBucketElements, largest)},
+                       at::TensorOptions().device(at::kMeta).dtype(store->grad_dtype()));
+  }
+  for (Parameter* p : params) {
+    p->main_grad = bucket.narrow(0, 0, p->data.numel()).view(p->data.sizes());
+  }
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore* store, int64_t dp)
+    : store_(store), dp_(dp) {
+  store->AllocateGradBuffer(/*root_only=*/true);
+  std::vector<Parameter*> sharded;
+  for (Parameter& p : store->parameters()) {
+    if (p.unit < 0) continue;
+    sharded.push_back(&p);
+    units_[p.unit].params.push_back(&p);
+  }
+  shard_grad_buffers_.push_back(AllocateShardGrads(sharded, dp));
+  for (auto& [index, unit] : units_) {
+    ModuleScope scope(ModuleScope::Absolute{"fsdp.layers." + std::to_string(index)});
+    int64_t grad_elements = 0;
+    for (Parameter* p : unit.params) grad_elements = CheckedAdd(grad_elements, p->data.numel());
+    unit.full_grads =
+        at::empty({grad_elements}, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+    int64_t offset = 0;
+    for (Parameter* p : unit.params) {
+      p->main_grad = unit.full_grads.narrow(0, offset, p->data.numel()).view(p->data.sizes());
+      offset += p->data.numel();
+      CategoryScope category(Category::kParameter);
+      p->shard_data = at::empty({ShardElements(p->data.numel(), dp)}, p->data.options());
+      FreeStorage(p->data);
+    }
+    FreeStorage(unit.full_grads);
+  }
+}
+
+void FullyShardedDataParallel::Gather(int64_t index) {
+  auto it = units_.find(index);
+  if (it == units_.end() || it->second.gathered) return;
+  CategoryScope category(Category::kParameter);
+  for (size_t i = 0; i < it->second.params.size(); ++i) {
+    AllocateStorage(it->second.params[i]->data);
+    ReceiveInto(it->second.params[i]->data);  // all_gather_into_tensor from the shards
+  }
+  it->second.gathered = true;
+}
+
+void FullyShardedDataParallel::Reshard(int64_t index) {
+  auto it = units_.find(index);
+  if (it == units_.end() || !it->second.gathered) return;
+  for (Parameter* p : it->second.params) FreeStorage(p->data);
+  it->second.gathered = false;
+}
+
+at::Tensor FullyShardedDataParallel::RunLayer(int64_t unit, const at::Tensor& input,
+                                              const ModelShard::LayerFn& run) {
+  Gather(unit);
+  const bool recomputing =
+      CurrentRecorder() != nullptr && CurrentRecorder()->phase() == Phase::kBackward;
+  at::Tensor x = input.requires_grad() ? PostBackwardHook::apply(input, this, unit) : input;
+  at::Tensor out = run(x);
+  if (!recomputing) Reshard(unit);  // recomputation in backward keeps them for backward
+  return out.requires_grad() ? PreBackwardHook::apply(out, this, unit) : out;
+}
+
+void FullyShardedDataParallel::PreBackward(int64_t unit) {
+  Gather(unit);
+  Gather(unit - 1);  // BACKWARD_PRE prefetch of the layer whose backward comes next
+  auto it = units_.find(unit);
+  if (it == units_.end()) return;
+  CategoryScope category(Category::kGradient);
+  AllocateStorage(it->second.full_grads);
+  it->second.full_grads.zero_();
+}
+
+void FullyShardedDataParallel::PostBackward(int64_t unit) {
+  auto it = units_.find(unit);
+  if (it == units_.end()) return;
+  for (Parameter* p : it->second.params) {
+    // reduce_scatter_tensor of the full gradient into a fresh shard (over the largest
+    // multiple of dp elements), accumulated into the fp32 gradient shard.
+    const int64_t even = p->data.numel() / dp_ * dp_;
+    if (even == 0) continue;
+    const at::Tensor reduced = ReduceScatter(p->main_grad.reshape({-1}).narrow(0, 0, even), dp_);
+    p->shard_grad.narrow(0, 0, reduced.numel()).add_(reduced);
+  }
+  FreeStorage(it->second.full_grads);
+  Reshard(unit);
+}
+
+}  // namespace memsim
