@@ -162,13 +162,13 @@ std::unique_ptr<at::ObserverContext> OnBackwardNodeStart(const at::RecordFunctio
   const auto seq = static_cast<uint64_t>(fn.seqNr());
   // AccumulateGrad and other engine-made nodes carry no forward sequence number.
   const bool has_seq = fn.seqNr() >= 0 && seq != std::numeric_limits<uint64_t>::max();
-  recorder->PushAbsoluteModule(has_seq ? recorder->ModuleForSequenceNr(seq)
-                                       : recorder->current_module());
+  recorder->PushBackwardNodeModule(has_seq ? recorder->ModuleForSequenceNr(seq)
+                                           : recorder->current_module());
   return nullptr;
 }
 
 void OnBackwardNodeEnd(const at::RecordFunction&, at::ObserverContext*) {
-  if (Recorder* recorder = CurrentRecorder()) recorder->PopModule();
+  if (Recorder* recorder = CurrentRecorder()) recorder->PopBackwardNodeModule();
 }
 
 }  // namespace

@@ -5,10 +5,11 @@
 
 namespace memsim {
 
-std::string StorageShapeString(const StorageInfo& s) {
+std::string StorageShapeString(const Recorder& recorder, const StorageInfo& s) {
   if (s.ndim < 0) return "untyped[" + std::to_string(s.size_bytes) + " bytes]";
   std::string out = std::string(c10::toString(s.dtype)) + "[";
-  for (int i = 0; i < s.ndim; ++i) out += (i ? ", " : "") + std::to_string(s.dims[i]);
+  const c10::IntArrayRef dims = recorder.ShapeOf(s);
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
   return out + "]";
 }
 

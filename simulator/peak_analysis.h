@@ -37,7 +37,7 @@ struct PeakAnalysis {
 // REQUIRES: `timeline` was replayed from `recorder`.
 PeakAnalysis AnalyzePeak(const Recorder& recorder, const Timeline& timeline, size_t top_n);
 
-// "bfloat16[8192, 1, 4096]" or "untyped[N bytes]".
-std::string StorageShapeString(const StorageInfo& storage);
+// "BFloat16[8192, 1, 4096]" or "untyped[N bytes]".
+std::string StorageShapeString(const Recorder& recorder, const StorageInfo& storage);
 
 }  // namespace memsim

@@ -95,7 +95,13 @@ void Recorder::PopModule() {
 }
 
 void Recorder::RecordModuleChange() {
-  module_changes_.emplace_back(at::sequence_number::peek(), current_module());
+  const uint64_t seq = at::sequence_number::peek();
+  // No node was created since the last change: it is superseded.
+  if (!module_changes_.empty() && module_changes_.back().first == seq) {
+    module_changes_.back().second = current_module();
+    return;
+  }
+  module_changes_.emplace_back(seq, current_module());
 }
 
 NameId Recorder::ModuleForSequenceNr(uint64_t seq) const {
@@ -113,8 +119,9 @@ void Recorder::Retag(int64_t storage_id, Category category) {
 void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::ScalarType dtype) {
   StorageInfo& info = storages_[static_cast<size_t>(storage_id)];
   if (info.ndim >= 0) return;
-  info.ndim = static_cast<int8_t>(std::min<size_t>(sizes.size(), kMaxTrackedDims));
-  std::copy_n(sizes.begin(), info.ndim, info.dims);
+  info.ndim = static_cast<int8_t>(std::min<size_t>(sizes.size(), 127));
+  info.shape_offset = static_cast<int64_t>(shape_dims_.size());
+  shape_dims_.insert(shape_dims_.end(), sizes.begin(), sizes.begin() + info.ndim);
   info.dtype = dtype;
 }
 

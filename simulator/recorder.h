@@ -35,8 +35,6 @@ struct AllocationRecord {
   c10::DataPtr underlying;
 };
 
-inline constexpr int kMaxTrackedDims = 8;
-
 // Everything known about one storage. Indexed by storage id (dense, from 0).
 struct StorageInfo {
   int64_t size_bytes = 0;    // exact requested size (nbytes of the storage)
@@ -48,10 +46,12 @@ struct StorageInfo {
   Category category = Category::kUnattributed;
   int32_t iteration = -1;
   int32_t microbatch = -1;
-  // Shape and dtype of the first tensor seen viewing this storage as an op output.
+  // Shape and dtype of the first tensor seen viewing this storage as an op output: the
+  // dims are Recorder::shape_dims()[shape_offset, shape_offset + ndim) (a pool, so that
+  // replicated storages share their template's and the record stays small).
   int8_t ndim = -1;  // -1: no tensor seen
   c10::ScalarType dtype = c10::ScalarType::Undefined;
-  int64_t dims[kMaxTrackedDims] = {};
+  int64_t shape_offset = 0;
 };
 
 struct MemoryEvent {
@@ -117,6 +117,10 @@ class Recorder {
   NameId PushChildModule(std::string_view child_name);
   void PushAbsoluteModule(NameId module);
   void PopModule();
+  // The same for a backward node's module (Note [Backward attribution]): nodes created
+  // while it runs belong to scopes opened inside it, so no change point is recorded.
+  void PushBackwardNodeModule(NameId module) { module_stack_.push_back(module); }
+  void PopBackwardNodeModule() { module_stack_.pop_back(); }
   NameId current_module() const { return module_stack_.empty() ? 0 : module_stack_.back(); }
   // The module that was current when the autograd node with sequence number `seq` was
   // created in forward (see Note [Backward attribution] in interceptor.cc).
@@ -167,6 +171,13 @@ class Recorder {
   const std::vector<StorageInfo>& storages() const { return storages_; }
   const std::vector<Marker>& markers() const { return markers_; }
   const NameTable& names() const { return names_; }
+  const std::vector<int64_t>& shape_dims() const { return shape_dims_; }
+  // The dims of a storage's shape (empty if no tensor was seen).
+  c10::IntArrayRef ShapeOf(const StorageInfo& storage) const {
+    return storage.ndim <= 0 ? c10::IntArrayRef()
+                             : c10::IntArrayRef(shape_dims_.data() + storage.shape_offset,
+                                                static_cast<size_t>(storage.ndim));
+  }
   NameTable& names() { return names_; }
   // Bytes currently alive (sum of exact sizes), and the most ever alive.
   int64_t live_bytes() const { return live_bytes_; }
@@ -181,6 +192,7 @@ class Recorder {
   std::vector<StorageInfo> storages_;
   std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed
   std::vector<Marker> markers_;
+  std::vector<int64_t> shape_dims_;
   NameTable names_;
 
   Phase phase_ = Phase::kSetup;

@@ -51,7 +51,7 @@ List StorageFrames(const Recorder& recorder, int64_t storage_id) {
                          std::string(PhaseName(s.phase)) +
                              " iteration=" + std::to_string(s.iteration) +
                              " microbatch=" + std::to_string(s.microbatch)));
-  frames.push_back(Frame("memsim://tensor", 0, StorageShapeString(s)));
+  frames.push_back(Frame("memsim://tensor", 0, StorageShapeString(recorder, s)));
   return frames;
 }
 

@@ -34,7 +34,7 @@ nlohmann::json SummaryJson(const Recorder& recorder, const Timeline& timeline,
     const std::string& module = names.Name(s.module);
     tensors.push_back({{"size_bytes", s.size_bytes},
                        {"size_MB", BytesToMiB(s.size_bytes)},
-                       {"tensor", StorageShapeString(s)},
+                       {"tensor", StorageShapeString(recorder, s)},
                        {"op", names.Name(s.op)},
                        {"module", module.empty() ? "<top>" : module},
                        {"phase", PhaseName(s.phase)},

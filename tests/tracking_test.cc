@@ -44,8 +44,7 @@ TEST(Tracking, ViewsAllocateNothingAndFreesFollowLastReference) {
   // The op the model called; the add.Tensor it decomposes into belongs to it.
   EXPECT_EQ(r.names().Name(r.storages()[1].op), "aten::add.Scalar");
   EXPECT_EQ(r.storages()[1].ndim, 2);
-  EXPECT_EQ(r.storages()[1].dims[0], 4);
-  EXPECT_EQ(r.storages()[1].dims[1], 8);
+  EXPECT_EQ(r.ShapeOf(r.storages()[1]), c10::IntArrayRef({4, 8}));
   EXPECT_EQ(r.storages()[1].dtype, at::kFloat);
   EXPECT_EQ(r.peak_live_bytes(), 256);
 }

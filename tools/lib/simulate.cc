@@ -139,7 +139,7 @@ void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, si
     const StorageInfo& s = rec.storages()[static_cast<size_t>(worst->peak.largest_storages[i])];
     const std::string& module = rec.names().Name(s.module);
     std::printf("  %10s  %-28s %-10s %-44s %s\n", FormatBytes(s.size_bytes).c_str(),
-                StorageShapeString(s).c_str(), std::string(PhaseName(s.phase)).c_str(),
+                StorageShapeString(rec, s).c_str(), std::string(PhaseName(s.phase)).c_str(),
                 (module.empty() ? std::string("<top>") : module).c_str(),
                 rec.names().Name(s.op).c_str());
   }
