@@ -55,7 +55,8 @@ at::Tensor AllocateShardGrads(std::vector<Parameter*> params, int64_t dp) {
 // side runs first (FSDP's pre-backward hook), the input side last (post-backward). The
 // FSDP object is passed as an integer (autograd's saved data holds IValues); it outlives
 // every backward of the step.
-struct PreBackwardHook : public Function<PreBackwardHook> {
+template <bool kPreBackward>
+struct BackwardHook : public Function<BackwardHook<kPreBackward>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             FullyShardedDataParallel* fsdp, int64_t unit) {
     ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
@@ -63,25 +64,18 @@ struct PreBackwardHook : public Function<PreBackwardHook> {
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt())
-        ->PreBackward(ctx->saved_data["unit"].toInt());
+    auto* fsdp = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt());
+    const int64_t unit = ctx->saved_data["unit"].toInt();
+    if (kPreBackward) {
+      fsdp->PreBackward(unit);
+    } else {
+      fsdp->PostBackward(unit);
+    }
     return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
-
-struct PostBackwardHook : public Function<PostBackwardHook> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            FullyShardedDataParallel* fsdp, int64_t unit) {
-    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
-    ctx->saved_data["unit"] = unit;
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt())
-        ->PostBackward(ctx->saved_data["unit"].toInt());
-    return {grads[0], at::Tensor(), at::Tensor()};
-  }
-};
+using PreBackwardHook = BackwardHook<true>;
+using PostBackwardHook = BackwardHook<false>;
 
 }  // namespace
 

@@ -16,9 +16,9 @@
 #include "simulator/snapshot_writer.h"
 #include "simulator/summary_writer.h"
 #include "simulator/trace_writer.h"
+#include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
-#include "tools/lib/hf_config.h"
 
 namespace memsim {
 namespace po = boost::program_options;
@@ -233,115 +233,50 @@ int SimulateCommand(int argc, const char* const* argv) {
       "  memsim simulate --model llama3-8b --seq-length 8192 --recompute selective --tp 2\n"
       "  memsim simulate --model llama3-70b --world-size 128 --tp 8 --pp 4 --sp \\\n"
       "      --data-parallel distributed-optimizer --global-batch-size 512 --check\n"
+      "  memsim simulate --hf-config Mixtral-8x7B/config.json --world-size 64 --tp 2 --pp 4 --ep "
+      "8\n"
       "  memsim simulate --config configs/runs/default.yaml --gpu A100-80GB --json\n\n"
       "Options");
-  std::string config, model, hf_config, gpu, precision, attention, recompute, data_parallel,
-      profile;
-  std::string out_dir = "memsim_out", ranks = "first-per-class";
-  int64_t seq_length = 0, micro_batch = 0, microbatches = 0, iterations = 0, global_batch = 0;
-  int64_t world_size = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
-  double sample_interval_s = 0;
-  bool json = false, check = false, sp = false;
-  size_t top_n = 10;
-  int jobs = 2;
-  options.add_options()("help,h", "show this help")(
-      "config", po::value(&config),
-      "YAML run file (default: configs/runs/default.yaml unless --model is given)")(
-      "model", po::value(&model), "model preset name, overriding the run file's")(
-      "hf-config", po::value(&hf_config),
-      "a Hugging Face config.json (Llama, Mistral, Qwen2, "
-      "Mixtral, DeepSeek-V3), overriding the model")("gpu", po::value(&gpu),
-                                                     ("GPU preset: " + GpuPresetNames()).c_str())(
-      "seq-length", po::value(&seq_length), "sequence length")(
-      "micro-batch-size", po::value(&micro_batch), "micro-batch size")(
+  SpecOptions spec_options;
+  std::string recompute;
+  int64_t micro_batch = 0, microbatches = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
+  ReportOptions report;
+  options.add_options()("help,h", "show this help");
+  AddSpecOptions(&options, &spec_options);
+  options.add_options()("micro-batch-size", po::value(&micro_batch), "micro-batch size")(
       "num-microbatches", po::value(&microbatches), "microbatches per iteration")(
-      "global-batch-size", po::value(&global_batch), "sequences per iteration over all DP ranks")(
-      "precision", po::value(&precision), "fp32, bf16 or fp16")(
-      "attention", po::value(&attention), "flash or eager")("recompute", po::value(&recompute),
-                                                            "none, selective or full")(
-      "iterations", po::value(&iterations), "training iterations to record")(
-      "world-size", po::value(&world_size), "number of GPUs")("tp", po::value(&tp),
-                                                              "tensor-parallel size")(
-      "sp", po::bool_switch(&sp), "sequence parallelism")("pp", po::value(&pp),
-                                                          "pipeline-parallel size")(
+      "recompute", po::value(&recompute), "none, selective or full")(
+      "tp", po::value(&tp), "tensor-parallel size")("pp", po::value(&pp), "pipeline-parallel size")(
       "vpp", po::value(&vpp), "virtual pipeline stages per rank (interleaved 1F1B)")(
       "cp", po::value(&cp), "context-parallel size")("ep", po::value(&ep), "expert-parallel size")(
-      "data-parallel", po::value(&data_parallel), "ddp or distributed-optimizer")(
-      "jobs,j", po::value(&jobs), "rank classes simulated at once (default 2)")(
-      "out", po::value(&out_dir),
+      "jobs,j", po::value(&report.jobs), "rank classes simulated at once (default 2)")(
+      "out", po::value(&report.out_dir),
       "output folder for traces, summaries, snapshots (default memsim_out)")(
-      "ranks", po::value(&ranks),
+      "ranks", po::value(&report.ranks),
       "ranks to write files for: all, first-per-class (default) or 0,8,16")(
-      "sample-interval", po::value(&sample_interval_s),
+      "sample-interval", po::value(&report.sample_interval_s),
       "thin trace samples to this many seconds of virtual time (peaks are kept)")(
-      "top", po::value(&top_n), "largest tensors to print (default 10)")(
-      "json", po::bool_switch(&json), "print the result as JSON")(
-      "check", po::bool_switch(&check), "exit with code 3 if any rank does not fit");
+      "top", po::value(&report.top_n), "largest tensors to print (default 10)")(
+      "json", po::bool_switch(&report.json), "print the result as JSON")(
+      "check", po::bool_switch(&report.check), "exit with code 3 if any rank does not fit");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(options).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "memsim simulate: %s (see memsim simulate --help)\n", e.what());
-    return kExitError;
-  }
-  if (vm.count("help")) {
-    std::cout << options << "\n";
-    return kExitOk;
-  }
+  if (auto exit_code = ParseCommandLine(argc, argv, options, "simulate", &vm)) return *exit_code;
   RunSpec spec;
-  spec.gpu = FindGpu("H100-80GB");
-  // No run file: the default example, unless a model is named (then plain defaults).
-  Status status = !config.empty()                      ? LoadRunFile(config, &spec)
-                  : model.empty() && hf_config.empty() ? LoadDefaultRun(&spec)
-                                                       : Status::OK();
-  if (status.ok() && !hf_config.empty()) {
-    spec.model_source = hf_config;
-    std::vector<std::string> approximations;
-    status = LoadHfConfig(hf_config, &spec.model, &approximations);
-    for (const std::string& note : approximations) {
-      std::fprintf(stderr, "memsim simulate: note: %s\n", note.c_str());
-    }
-  }
-  if (status.ok() && !model.empty()) {
-    spec.model_source = model;
-    status = LoadModelPreset(model, &spec.model);
-  }
-  if (status.ok() && !gpu.empty()) status = ParseGpu(gpu, &spec.gpu);
-  if (status.ok() && !precision.empty())
-    status = ParsePrecision(precision, &spec.training.precision);
-  if (status.ok() && !attention.empty())
-    status = ParseAttention(attention, &spec.training.attention);
+  Status status = BuildRunSpec(spec_options, /*default_run=*/true, "simulate", &spec);
   if (status.ok() && !recompute.empty())
     status = ParseRecompute(recompute, &spec.training.recompute);
-  if (status.ok() && !data_parallel.empty()) {
-    status = ParseDataParallel(data_parallel, &spec.layout.data_parallel);
-  }
-  if (seq_length) spec.training.seq_length = seq_length;
   if (micro_batch) spec.training.micro_batch_size = micro_batch;
   if (microbatches) spec.training.num_microbatches = microbatches;
-  if (global_batch) spec.global_batch_size = global_batch;
-  if (iterations) spec.training.iterations = static_cast<int32_t>(iterations);
-  if (world_size) spec.layout.world_size = world_size;
   if (tp) spec.layout.tp = tp;
   if (pp) spec.layout.pp = pp;
   if (vpp) spec.layout.vpp = vpp;
   if (cp) spec.layout.cp = cp;
   if (ep) spec.layout.ep = ep;
-  if (sp) spec.layout.sequence_parallel = true;
   if (status.ok()) status = FinalizeRunSpec(&spec);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim simulate: %s\n", status.message().c_str());
     return kExitError;
   }
-  ReportOptions report;
-  report.out_dir = out_dir;
-  report.ranks = ranks;
-  report.sample_interval_s = sample_interval_s;
-  report.top_n = top_n;
-  report.jobs = jobs;
-  report.json = json;
-  report.check = check;
   return SimulateAndReport(spec, report, "simulate");
 }
 

@@ -18,6 +18,7 @@
 
 #include "simulator/atomic_file.h"
 #include "simulator/trace_writer.h"
+#include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/run_config.h"
 #include "tools/lib/simulate.h"
@@ -269,70 +270,33 @@ int SweepCommand(int argc, const char* const* argv) {
       "  memsim sweep --model llama3-70b --world-size 1024 --global-batch-size 1024 --resume\n"
       "  memsim sweep ... --shard 0/4    (or from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)\n\n"
       "Options");
-  std::string config, model, gpu, precision, attention, data_parallel, out_dir = "memsim_sweep",
-                                                                       shard;
+  SpecOptions spec_options;
+  spec_options.iterations = 1;
+  std::string out_dir = "memsim_sweep", shard;
   std::string tp_list = "1,2,4,8", pp_list = "1,2,4,8,16,32,64", vpp_list = "1", cp_list = "1",
               ep_list = "1", mbs_list = "1", recompute_list = "none";
-  int64_t world_size = 0, seq_length = 0, global_batch = 0, microbatches_per_pp = 0, iterations = 1;
+  int64_t microbatches_per_pp = 0;
   int jobs = 2;
-  bool resume = false, sp = false;
-  options.add_options()("help,h", "show this help")("config", po::value(&config), "YAML run file")(
-      "model", po::value(&model), "model preset")("gpu", po::value(&gpu), "GPU preset")(
-      "world-size", po::value(&world_size), "number of GPUs")("seq-length", po::value(&seq_length),
-                                                              "sequence length")(
-      "precision", po::value(&precision), "fp32, bf16 or fp16")("attention", po::value(&attention),
-                                                                "flash or eager")(
-      "data-parallel", po::value(&data_parallel), "ddp or distributed-optimizer")(
-      "sp", po::bool_switch(&sp), "sequence parallelism")("tp", po::value(&tp_list),
-                                                          "TP values (default 1,2,4,8)")(
+  bool resume = false;
+  options.add_options()("help,h", "show this help");
+  AddSpecOptions(&options, &spec_options);
+  options.add_options()("tp", po::value(&tp_list), "TP values (default 1,2,4,8)")(
       "pp", po::value(&pp_list), "PP values (default 1,2,4,8,16,32,64)")(
       "vpp", po::value(&vpp_list), "VPP values (default 1)")(
       "cp", po::value(&cp_list), "CP values")("ep", po::value(&ep_list), "EP values")(
       "micro-batch-size", po::value(&mbs_list), "micro-batch sizes")(
       "recompute", po::value(&recompute_list), "recomputation kinds: none,selective,full")(
-      "global-batch-size", po::value(&global_batch), "fixed global batch")(
       "microbatches-per-pp", po::value(&microbatches_per_pp),
       "microbatches = this * PP (the seeds use 6); global batch follows")(
-      "iterations", po::value(&iterations), "iterations per layout (default 1)")(
       "jobs,j", po::value(&jobs), "layouts simulated at once (default 2)")(
       "out", po::value(&out_dir), "output folder (default memsim_sweep)")(
       "resume", po::bool_switch(&resume), "skip layouts already finished in --out")(
       "shard", po::value(&shard), "K/N: run every N-th layout starting at K (job arrays)");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(options).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "memsim sweep: %s (see memsim sweep --help)\n", e.what());
-    return kExitError;
-  }
-  if (vm.count("help")) {
-    std::cout << options << "\n";
-    return kExitOk;
-  }
+  if (auto exit_code = ParseCommandLine(argc, argv, options, "sweep", &vm)) return *exit_code;
   RunSpec base;
-  base.gpu = FindGpu("H100-80GB");
-  base.training.iterations = static_cast<int32_t>(iterations);
-  Status status = config.empty() ? Status::OK() : LoadRunFile(config, &base);
-  if (status.ok() && !model.empty()) {
-    base.model_source = model;
-    status = LoadModelPreset(model, &base.model);
-  }
-  if (status.ok() && config.empty() && model.empty()) {
-    status = Status::Error("name a model with --model or a run file with --config");
-  }
-  if (status.ok() && !gpu.empty()) status = ParseGpu(gpu, &base.gpu);
-  if (status.ok() && !precision.empty())
-    status = ParsePrecision(precision, &base.training.precision);
-  if (status.ok() && !attention.empty())
-    status = ParseAttention(attention, &base.training.attention);
-  if (status.ok() && !data_parallel.empty())
-    status = ParseDataParallel(data_parallel, &base.layout.data_parallel);
-  if (world_size) base.layout.world_size = world_size;
-  if (seq_length) base.training.seq_length = seq_length;
-  if (global_batch) base.global_batch_size = global_batch;
-  if (vm.count("iterations")) base.training.iterations = static_cast<int32_t>(iterations);
-  base.layout.sequence_parallel = sp;
+  Status status = BuildRunSpec(spec_options, /*default_run=*/false, "sweep", &base);
+  const int64_t global_batch = spec_options.global_batch_size;
   if (status.ok() && global_batch > 0 && microbatches_per_pp > 0) {
     status = Status::Error("give either --global-batch-size or --microbatches-per-pp, not both");
   }

@@ -1,0 +1,92 @@
+#include "tools/lib/command_line.h"
+
+#include <cstdio>
+#include <iostream>
+#include <vector>
+
+#include "tools/lib/exit_codes.h"
+#include "tools/lib/hf_config.h"
+
+namespace memsim {
+namespace po = boost::program_options;
+
+void AddSpecOptions(po::options_description* options, SpecOptions* v) {
+  options->add_options()("config", po::value(&v->config), "YAML run file")(
+      "model", po::value(&v->model),
+      "model preset name (configs/models), overriding the run file's")(
+      "hf-config", po::value(&v->hf_config),
+      "a Hugging Face config.json (Llama, Mistral, Qwen2, Mixtral, DeepSeek-V3)")(
+      "gpu", po::value(&v->gpu), ("GPU preset: " + GpuPresetNames()).c_str())(
+      "world-size", po::value(&v->world_size), "number of GPUs")(
+      "seq-length", po::value(&v->seq_length), "sequence length")(
+      "global-batch-size", po::value(&v->global_batch_size),
+      "sequences per iteration over all data-parallel ranks")("precision", po::value(&v->precision),
+                                                              "fp32, bf16 or fp16")(
+      "attention", po::value(&v->attention), "flash or eager")(
+      "profile", po::value(&v->profile),
+      "kernels mirrored: local (Megatron-Core) or transformer_engine")(
+      "data-parallel", po::value(&v->data_parallel),
+      "ddp, distributed-optimizer (ZeRO-1), zero2 or fsdp")(
+      "sp", po::bool_switch(&v->sequence_parallel), "sequence parallelism")(
+      "iterations", po::value(&v->iterations), "training iterations to record");
+}
+
+Status BuildRunSpec(const SpecOptions& v, bool default_run, const char* command, RunSpec* spec) {
+  spec->gpu = FindGpu("H100-80GB");
+  Status status;
+  if (!v.config.empty()) {
+    status = LoadRunFile(v.config, spec);
+  } else if (v.model.empty() && v.hf_config.empty()) {
+    status = default_run ? LoadDefaultRun(spec)
+                         : Status::Error("name a model with --model, --hf-config or --config");
+  }
+  if (status.ok() && !v.model.empty()) {
+    spec->model_source = v.model;
+    status = LoadModelPreset(v.model, &spec->model);
+  }
+  if (status.ok() && !v.hf_config.empty()) {
+    spec->model_source = v.hf_config;
+    std::vector<std::string> approximations;
+    status = LoadHfConfig(v.hf_config, &spec->model, &approximations);
+    for (const std::string& note : approximations) {
+      std::fprintf(stderr, "memsim %s: note: %s\n", command, note.c_str());
+    }
+  }
+  if (status.ok() && !v.gpu.empty()) status = ParseGpu(v.gpu, &spec->gpu);
+  if (status.ok() && !v.precision.empty())
+    status = ParsePrecision(v.precision, &spec->training.precision);
+  if (status.ok() && !v.attention.empty())
+    status = ParseAttention(v.attention, &spec->training.attention);
+  if (status.ok() && !v.profile.empty()) status = ParseProfile(v.profile, &spec->training.profile);
+  if (status.ok() && !v.data_parallel.empty()) {
+    status = ParseDataParallel(v.data_parallel, &spec->layout.data_parallel);
+  }
+  if (status.ok() && (v.iterations < 0 || v.iterations > 1000)) {
+    status = Status::Error("--iterations must be in [1, 1000]");
+  }
+  if (v.world_size) spec->layout.world_size = v.world_size;
+  if (v.seq_length) spec->training.seq_length = v.seq_length;
+  if (v.global_batch_size) spec->global_batch_size = v.global_batch_size;
+  if (v.iterations) spec->training.iterations = static_cast<int32_t>(v.iterations);
+  if (v.sequence_parallel) spec->layout.sequence_parallel = true;
+  return status;
+}
+
+std::optional<int> ParseCommandLine(int argc, const char* const* argv,
+                                    const po::options_description& options, const char* command,
+                                    po::variables_map* vm) {
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).run(), *vm);
+    po::notify(*vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "memsim %s: %s (see memsim %s --help)\n", command, e.what(), command);
+    return kExitError;
+  }
+  if (vm->count("help")) {
+    std::cout << options << "\n";
+    return kExitOk;
+  }
+  return std::nullopt;
+}
+
+}  // namespace memsim

@@ -1,0 +1,34 @@
+// What `memsim simulate` and `memsim sweep` share on their command lines: parsing, and the
+// options that say what is trained, how and on what.
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <optional>
+#include <string>
+
+#include "tools/lib/run_config.h"
+
+namespace memsim {
+
+struct SpecOptions {
+  std::string config, model, hf_config, gpu, precision, attention, data_parallel, profile;
+  int64_t world_size = 0, seq_length = 0, global_batch_size = 0, iterations = 0;
+  bool sequence_parallel = false;
+};
+
+void AddSpecOptions(boost::program_options::options_description* options, SpecOptions* values);
+
+// Loads the base (--config run file, --model preset or --hf-config) and applies the other
+// options. With none of the three, `default_run` loads the built-in default example;
+// otherwise it is an error.
+Status BuildRunSpec(const SpecOptions& values, bool default_run, const char* command,
+                    RunSpec* spec);
+
+// Parses argv. Returns the exit code to stop with (after --help, or a one-line error for
+// bad options), or nullopt to go on.
+std::optional<int> ParseCommandLine(int argc, const char* const* argv,
+                                    const boost::program_options::options_description& options,
+                                    const char* command, boost::program_options::variables_map* vm);
+
+}  // namespace memsim
