@@ -28,21 +28,20 @@ void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad)
   if (main_grad.defined() && grad.defined()) main_grad.add_(grad);
 }
 
+// What a linear layer's backward needs besides the saved input and weight.
+struct LinearState : public torch::CustomClassHolder {
+  at::Tensor weight_main_grad;
+  at::Tensor bias_main_grad;  // undefined without a bias
+  LinearParallelism parallelism;
+};
+
 struct LinearFunction : public Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias,
-                            const at::Tensor& weight_main_grad,
-                            const c10::optional<at::Tensor>& bias_main_grad, int64_t gather_group,
-                            int64_t all_reduce_group,
-                            c10::intrusive_ptr<GlobalMemoryBuffer> workspace) {
+                            c10::intrusive_ptr<LinearState> state) {
     ctx->save_for_backward({input, weight});
-    ctx->saved_data["weight_main_grad"] = weight_main_grad;
-    ctx->saved_data["bias_main_grad"] = bias_main_grad.value_or(at::Tensor());
-    ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->saved_data["gather_group"] = gather_group;
-    ctx->saved_data["all_reduce_group"] = all_reduce_group;
-    const at::Tensor total_input = Gather(input, gather_group, workspace);
-    if (workspace) ctx->saved_data["workspace"] = c10::IValue::make_capsule(std::move(workspace));
+    const at::Tensor total_input = Gather(input, state->parallelism);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     at::Tensor out = at::matmul(total_input, weight.t());
     if (bias.has_value()) out = out + *bias;  // out of place, as Megatron writes it
     return out;
@@ -52,38 +51,32 @@ struct LinearFunction : public Function<LinearFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& input = saved[0];
     const at::Tensor& weight = saved[1];
-    const int64_t gather_group = ctx->saved_data["gather_group"].toInt();
-    c10::intrusive_ptr<GlobalMemoryBuffer> workspace;
-    if (gather_group > 1) {
-      workspace = c10::static_intrusive_pointer_cast<GlobalMemoryBuffer>(
-          ctx->saved_data["workspace"].toCapsule());
-    }
-    const at::Tensor total_input = Gather(input, gather_group, workspace);
+    const auto state =
+        c10::static_intrusive_pointer_cast<LinearState>(ctx->saved_data["state"].toCapsule());
+    const LinearParallelism& parallelism = state->parallelism;
+    const at::Tensor total_input = Gather(input, parallelism);
     const at::Tensor grad_output = grads[0].contiguous();
     at::Tensor grad_input = grad_output.matmul(weight);
-    if (gather_group > 1) {
-      grad_input = ReduceScatter(grad_input, gather_group);
-    } else if (ctx->saved_data["all_reduce_group"].toInt() > 1) {
-      AllReduceInPlace(grad_input, ctx->saved_data["all_reduce_group"].toInt());
+    if (parallelism.gather_input_group > 1) {
+      grad_input = ReduceScatter(grad_input, parallelism.gather_input_group);
+    } else if (parallelism.all_reduce_input_grad_group > 1) {
+      AllReduceInPlace(grad_input, parallelism.all_reduce_input_grad_group);
     }
-    const int64_t out_features = grad_output.size(-1);
-    const at::Tensor grad_2d = grad_output.view({-1, out_features});
-    WgradGemmAccumulate(ctx->saved_data["weight_main_grad"].toTensor(),
-                        total_input.reshape({-1, total_input.size(-1)}), grad_2d);
-    if (ctx->saved_data["has_bias"].toBool()) {
-      AccumulateIntoMainGrad(ctx->saved_data["bias_main_grad"].toTensor(), grad_2d.sum(0));
+    const at::Tensor grad_2d = grad_output.view({-1, grad_output.size(-1)});
+    WgradGemmAccumulate(state->weight_main_grad, total_input.reshape({-1, total_input.size(-1)}),
+                        grad_2d);
+    if (state->bias_main_grad.defined()) {
+      AccumulateIntoMainGrad(state->bias_main_grad, grad_2d.sum(0));
     }
-    return {grad_input,   at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
   // The sequence-parallel all-gather into the workspace (all_gather_into_tensor).
-  static at::Tensor Gather(const at::Tensor& input, int64_t group,
-                           const c10::intrusive_ptr<GlobalMemoryBuffer>& workspace) {
-    if (group <= 1) return input;
+  static at::Tensor Gather(const at::Tensor& input, const LinearParallelism& parallelism) {
+    if (parallelism.gather_input_group <= 1) return input;
     std::vector<int64_t> sizes = input.sizes().vec();
-    sizes[0] *= group;
-    at::Tensor buffer = workspace->Get(sizes, input.scalar_type());
+    sizes[0] *= parallelism.gather_input_group;
+    at::Tensor buffer = parallelism.workspace->Get(sizes, input.scalar_type());
     ReceiveInto(buffer);  // stands in for NCCL writing the gathered shards in place
     return buffer;
   }
@@ -293,9 +286,11 @@ c10::optional<at::Tensor> DataOf(Parameter* p) {
 
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                   const LinearParallelism& parallelism) {
-  return LinearFunction::apply(input, weight.data, DataOf(bias), weight.main_grad, MainGradOf(bias),
-                               parallelism.gather_input_group,
-                               parallelism.all_reduce_input_grad_group, parallelism.workspace);
+  auto state = c10::make_intrusive<LinearState>();
+  state->weight_main_grad = weight.main_grad;
+  if (bias != nullptr) state->bias_main_grad = bias->main_grad;
+  state->parallelism = parallelism;
+  return LinearFunction::apply(input, weight.data, DataOf(bias), std::move(state));
 }
 
 at::Tensor LayerNorm(const at::Tensor& input, Parameter& weight, Parameter* bias) {
