@@ -94,3 +94,57 @@ TEST(Sweep, ResumedShardsEqualOneRun) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// The seeds' sweep: the 485B GPT on 8,192 GPUs, TP {1,2,4,8} x PP {2..64}, sequence 2048,
+// micro batch 1, 6 x PP microbatches, fp16, distributed optimizer. All 24 layouts get a
+// line; a run killed midway and resumed ends with the same files; the heatmap reads them.
+TEST(Sweep, SeedsSweepKilledAndResumedMatchesAndPlots) {
+  const std::string args =
+      "sweep --model gpt-485b --world-size 8192 --precision fp16 --seq-length 2048 "
+      "--tp 1,2,4,8 --pp 2,4,8,16,32,64 --microbatches-per-pp 6 "
+      "--data-parallel distributed-optimizer --jobs 2 ";
+  const std::string full = Dir("seeds_full");
+  ASSERT_EQ(Memsim(args + "--out " + full), 0);
+  int lines = 0;
+  for (const char* log : {"/successful_configs.log", "/failed_configs.log"}) {
+    std::stringstream stream(Read(full + log));
+    std::string line;
+    while (std::getline(stream, line)) ++lines;
+  }
+  EXPECT_EQ(lines, 24);
+  // 96 layers do not split over 64 stages: those four layouts fail as invalid.
+  EXPECT_NE(Read(full + "/failed_configs.log")
+                .find("Config 24: TP=8, PP=64, DP=16, NUM_MICBATCH=384, GLOBAL_BATCH_SIZE=6144 - "
+                      "FAILED (invalid layout: PP*VPP=64*1 does not divide 96 layers"),
+            std::string::npos);
+
+  // Kill a run after its first results land, then resume it.
+  const std::string killed = Dir("seeds_killed");
+  const std::string command = std::string(MEMSIM_BINARY_PATH) + " " + args + "--out " + killed +
+                              " >/dev/null 2>&1 & pid=$!; "
+                              "while [ ! -f " +
+                              killed +
+                              "/.sweep/config_2.json ]; do sleep 0.05; done; "
+                              "kill -9 $pid; wait $pid 2>/dev/null; true";
+  ASSERT_EQ(std::system(("bash -c '" + command + "'").c_str()), 0);
+  ASSERT_EQ(Memsim(args + "--resume --out " + killed), 0);
+  for (const char* file : {"successful_configs.log", "failed_configs.log", "sweep_results.csv"}) {
+    EXPECT_EQ(Read(full + "/" + file), Read(killed + "/" + file)) << file;
+  }
+  // No temporary file survives the kill.
+  for (const auto& entry : fs::recursive_directory_iterator(killed)) {
+    EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
+  }
+  const std::string heatmap = full + "/heatmap";
+  ASSERT_EQ(Memsim("heatmap --memory-dir " + full + " --log-dir " + full + " --output " + heatmap +
+                   " --dpi 40"),
+            0);
+  EXPECT_TRUE(fs::is_regular_file(heatmap + ".png"));
+  EXPECT_TRUE(fs::is_regular_file(heatmap + ".pdf"));
+}
+
+}  // namespace
+}  // namespace memsim

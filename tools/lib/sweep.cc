@@ -224,6 +224,19 @@ Status WriteReports(const std::string& out_dir) {
   return WriteFileAtomically(out_dir + "/sweep_results.json", json(results).dump(1));
 }
 
+// A run killed while writing leaves its temporary files ("name.tmp.PID", never a partial
+// result): a resumed run removes them.
+void RemoveStaleTemporaries(const std::string& out_dir) {
+  std::error_code ec;
+  for (const std::string& dir : {out_dir, out_dir + "/.sweep"}) {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().filename().string().find(".tmp.") != std::string::npos) {
+        fs::remove(entry.path(), ec);
+      }
+    }
+  }
+}
+
 Status ParseShard(const std::string& text, int64_t* index, int64_t* count) {
   const char* task = std::getenv("SLURM_ARRAY_TASK_ID");
   const char* tasks = std::getenv("SLURM_ARRAY_TASK_COUNT");
@@ -320,6 +333,7 @@ int SweepCommand(int argc, const char* const* argv) {
   int64_t shard_index = 0, shard_count = 1;
   if (status.ok()) status = ParseShard(shard, &shard_index, &shard_count);
   if (status.ok()) status = EnsureWritableDirectory(out_dir + "/.sweep");
+  if (status.ok() && resume) RemoveStaleTemporaries(out_dir);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim sweep: %s\n", status.message().c_str());
     return kExitError;
