@@ -2,6 +2,7 @@
 // writes, and one-line errors with exit code 2 for bad input.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -26,7 +27,8 @@ std::string Binary() { return MEMSIM_BINARY_PATH; }
 CommandResult Memsim(const std::string& args) {
   const std::string dir = ::testing::TempDir() + "/memsim_cli";
   fs::create_directories(dir);
-  const std::string err_path = dir + "/stderr.txt";
+  // Per process: ctest runs test cases in parallel.
+  const std::string err_path = dir + "/stderr." + std::to_string(::getpid()) + ".txt";
   const std::string command = Binary() + " " + args + " 2>" + err_path;
   CommandResult run{};
   FILE* pipe = popen(command.c_str(), "r");
