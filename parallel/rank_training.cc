@@ -16,6 +16,7 @@
 #include "ops/collectives.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/sharded_data_parallel.h"
+#include "simulator/status.h"
 
 namespace memsim {
 namespace {
@@ -28,8 +29,9 @@ namespace {
 // copies of microbatch 1's steps for the rest (Recorder::AppendReplica), mapping each
 // copied backward's frees to the storages its copied forward allocated. The event log,
 // and so every number derived from it, is what running them all would record (a test
-// compares the two); the cost no longer grows with ops times microbatches. A step whose
-// copy would refer to storages it cannot map runs for real instead.
+// compares the two); the cost no longer grows with ops times microbatches. A forward
+// step whose copy would refer to storages it cannot map runs for real instead (and so
+// does its backward); a backward whose forward was copied must be copied too.
 constexpr int64_t kTemplateMicrobatch = 1;
 
 struct StepTemplate {
@@ -141,8 +143,12 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
           }
           continue;
         }
-        if (!step.forward)
-          throw std::logic_error("memsim: a replicated backward step cannot be copied");
+        if (!step.forward) {
+          // Its forward was copied, so there are no tensors to run it for real.
+          throw UserError("memsim bug: the backward of microbatch " +
+                          std::to_string(step.microbatch) +
+                          " cannot be copied; rerun without microbatch replication");
+        }
       }
       const int64_t begin_event = static_cast<int64_t>(recorder.events().size());
       const double begin_s = recorder.now_s();
@@ -185,8 +191,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
 
 void RunTraining(const ModelConfig& model, const TrainingConfig& training, Session& session) {
   ParallelLayout layout;
-  ModelConfig finalized = model;
-  (void)FinalizeLayout(&layout, finalized);
+  const Status status = FinalizeLayout(&layout, model);
+  if (!status.ok()) throw UserError(status.message());
   RunRankTraining(model, training, layout, 0, session);
 }
 

@@ -86,7 +86,7 @@ void AllocateZero2Gradients(ParameterStore* store, int64_t dp) {
     params.push_back(&p);
     largest = std::max<int64_t>(largest, p.data.numel());
   }
-  AllocateShardGrads(params, dp);
+  AllocateShardGrads(params, dp);  // the shard_grad views keep the buffer alive
   // Every main_grad aliases the front of one bucket: on meta the values do not matter,
   // and the bytes are what a rank holds while a bucket fills and is reduce-scattered.
   at::Tensor bucket;
@@ -110,7 +110,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore* store, int64_
     sharded.push_back(&p);
     units_[p.unit].params.push_back(&p);
   }
-  shard_grad_buffers_.push_back(AllocateShardGrads(sharded, dp));
+  AllocateShardGrads(sharded, dp);  // the shard_grad views keep the buffer alive
   for (auto& [index, unit] : units_) {
     ModuleScope scope(ModuleScope::Absolute{"fsdp.layers." + std::to_string(index)});
     int64_t grad_elements = 0;

@@ -64,7 +64,6 @@ class FullyShardedDataParallel {
   ParameterStore* store_;
   int64_t dp_;
   std::map<int64_t, Unit> units_;
-  std::vector<at::Tensor> shard_grad_buffers_;
 };
 
 }  // namespace memsim

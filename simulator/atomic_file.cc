@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -21,7 +22,10 @@ Status WriteFileAtomically(const std::string& path, std::string_view contents) {
                            "': " + ec.message() + "; choose a writable output folder");
     }
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // Unique per call: threads of one process may write files at once.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) {

@@ -8,7 +8,8 @@
 
 namespace memsim {
 
-// Writes `contents` to `path` by writing `path`.tmp.<pid> and renaming it over `path`.
+// Writes `contents` to `path` by writing `path`.tmp.<pid>.<n> and renaming it over `path`.
+// Thread-safe.
 // Creates missing parent directories. On failure nothing is left at `path` (an older
 // file there stays untouched) and the message names the path and the OS error.
 Status WriteFileAtomically(const std::string& path, std::string_view contents);

@@ -44,9 +44,9 @@ const OpInfo& LookupOp(Recorder& recorder, const c10::OperatorHandle& op) {
   const bool is_collective =
       schema.name().rfind("memsim::", 0) == 0 && schema.name().find("comm_") != std::string::npos;
   const bool is_attention = schema.name().rfind("memsim::flash_attention", 0) == 0;
-  return recorder.AddOp(
-      &schema, {recorder.names().Intern(name), is_collective, ClassifyOp(schema), is_attention,
-                schema.name() == "memsim::flash_attention_backward"});
+  return recorder.AddOp(&schema, {recorder.names().Intern(name), is_collective, ClassifyOp(schema),
+                                  is_attention, schema.name() == "memsim::flash_attention_backward",
+                                  schema.name() == "aten::linear"});
 }
 
 int64_t TensorBytes(const at::Tensor& t) {

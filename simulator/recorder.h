@@ -3,8 +3,8 @@
 // each allocation is stamped with.
 //
 // Threading: a Recorder is used by one thread at a time, the thread it is active on
-// (see RecorderActivation). Every tensor it tracked may outlive it: on destruction it
-// detaches the allocation records still alive, whose later frees are then ignored.
+// (see ScopedCurrentRecorder and ActiveSession). Every tensor it tracked may outlive it: on
+// destruction it detaches the allocation records still alive, whose later frees are then ignored.
 #pragma once
 
 #include <c10/core/Allocator.h>
@@ -123,7 +123,7 @@ class Recorder {
   void PopBackwardNodeModule() { module_stack_.pop_back(); }
   NameId current_module() const { return module_stack_.empty() ? 0 : module_stack_.back(); }
   // The module that was current when the autograd node with sequence number `seq` was
-  // created in forward (see Note [Backward attribution] in interceptor.cc).
+  // created in forward (see Note [Backward attribution] in interceptor.h).
   NameId ModuleForSequenceNr(uint64_t seq) const;
 
   void PushCategory(Category category) { category_stack_.push_back(category); }

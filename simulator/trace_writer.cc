@@ -20,7 +20,7 @@ std::vector<int64_t> ThinnedIndices(const std::vector<TimelinePoint>& points, in
   int64_t bucket_start = begin;
   while (bucket_start < end) {
     const double bucket_end_s = points[static_cast<size_t>(bucket_start)].time_s + interval_s;
-    int64_t bucket_end = bucket_start;
+    int64_t bucket_end = bucket_start + 1;  // a bucket always takes its first point
     int64_t lo_alloc = bucket_start, hi_alloc = bucket_start;
     int64_t lo_reserved = bucket_start, hi_reserved = bucket_start;
     while (bucket_end < end && points[static_cast<size_t>(bucket_end)].time_s < bucket_end_s) {

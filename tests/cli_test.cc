@@ -115,6 +115,7 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
   ExpectOneLineError(Memsim("simulate --out /proc/memsim_not_writable"),
                      "/proc/memsim_not_writable");
   ExpectOneLineError(Memsim("simulate --no-such-flag"), "no-such-flag");
+  ExpectOneLineError(Memsim("simulate --sample-interval -1"), "--sample-interval");
   ExpectOneLineError(Memsim("frobnicate"), "unknown command 'frobnicate'");
   // A file in the way of the output folder.
   std::ofstream(dir + "/file") << "x";

@@ -92,6 +92,21 @@ TEST(Sweep, ResumedShardsEqualOneRun) {
   EXPECT_NE(Memsim("sweep --model gpt3-1.3b --shard 3/2 --out " + Dir("bad")), 0);
 }
 
+// Layouts that differ only in recomputation get their own trace files (the seeds' names
+// gain a suffix only when it is not the default).
+TEST(Sweep, RecomputationVariantsDoNotOverwriteEachOther) {
+  const std::string out = Dir("recompute");
+  ASSERT_EQ(Memsim("sweep --model gpt3-1.3b --world-size 4 --seq-length 256 --tp 2 --pp 2 "
+                   "--recompute none,full --microbatches-per-pp 2 --out " +
+                   out),
+            0);
+  const std::string base =
+      out + "/memory_trace_rank0_wd4_tp2_pp2_dp1_exp1_expNumNone_l24_mbs1_nmbs4_gbs4_ts256";
+  EXPECT_TRUE(fs::is_regular_file(base + ".json"));
+  EXPECT_TRUE(fs::is_regular_file(base + "_rcfull.json"));
+  EXPECT_NE(Read(base + ".json"), Read(base + "_rcfull.json"));
+}
+
 }  // namespace
 }  // namespace memsim
 

@@ -88,7 +88,6 @@ int MegatronCommand(int argc, const char* const* argv) {
     std::fprintf(stderr, "memsim megatron: %s\n", status.message().c_str());
     return kExitError;
   }
-  parsed.spec.model_source = "megatron arguments";
   if (!parsed.ignored.empty()) {
     std::string list;
     for (const std::string& a : parsed.ignored) list += (list.empty() ? "" : " ") + a;

@@ -1,5 +1,7 @@
 #include "tools/lib/run_config.h"
 
+#include "simulator/checked_math.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -201,13 +203,25 @@ Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, Parall
   return ApplyKeys(node, source, "layout", handlers);
 }
 
+Status FinalizeRunSpecUnchecked(RunSpec* spec);
+
 Status FinalizeRunSpec(RunSpec* spec) {
+  try {
+    return FinalizeRunSpecUnchecked(spec);
+  } catch (const std::overflow_error&) {
+    return Status::Error(
+        "the configuration's sizes overflow 64 bits (world size, layout "
+        "sizes, batch or sequence length too large)");
+  }
+}
+
+Status FinalizeRunSpecUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
   MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
   const ParallelLayout& l = spec->layout;
   TrainingConfig& t = spec->training;
   if (spec->global_batch_size > 0) {
-    const int64_t per_step = t.micro_batch_size * l.dp;
+    const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
     if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
       return Status::Error("global batch " + std::to_string(spec->global_batch_size) +
                            " is not a multiple of micro batch * DP = " +

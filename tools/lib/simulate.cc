@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -37,12 +38,22 @@ Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankR
     const std::string what = e.what_without_backtrace();
     return Status::Error("simulating pipeline stage " + std::to_string(rank_class.pp_rank) +
                          " failed: " + what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {
+    // Anything else is a memsim bug; it must still end as one line, never an abort of
+    // the worker thread this may run on.
+    return Status::Error("internal error simulating pipeline stage " +
+                         std::to_string(rank_class.pp_rank) + ": " + e.what());
   }
-  const Recorder& recorder = result->session->recorder();
-  result->timeline = Timeline::Replay(recorder);
-  result->peak = AnalyzePeak(recorder, result->timeline, 50);
-  if (spec.gpu != nullptr && result->timeline.peak_reserved_bytes() > spec.gpu->usable_bytes()) {
-    result->oom_event = FindOutOfMemoryEvent(recorder, spec.gpu->usable_bytes());
+  try {
+    const Recorder& recorder = result->session->recorder();
+    result->timeline = Timeline::Replay(recorder);
+    result->peak = AnalyzePeak(recorder, result->timeline, kLargestTensorsKept);
+    if (spec.gpu != nullptr && result->timeline.peak_reserved_bytes() > spec.gpu->usable_bytes()) {
+      result->oom_event = FindOutOfMemoryEvent(recorder, spec.gpu->usable_bytes());
+    }
+  } catch (const std::exception& e) {
+    return Status::Error("internal error replaying pipeline stage " +
+                         std::to_string(rank_class.pp_rank) + ": " + e.what());
   }
   return Status::OK();
 }
@@ -200,22 +211,29 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
   trace_options.sample_interval_s = sample_interval_s;
   trace_options.theoretical_memory_mb = TheoreticalMemoryMB(spec);
   trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
+  SnapshotOptions snapshot_options;
+  snapshot_options.max_trace_entries = 100000;  // PyTorch's usual max_entries
   // Ranks of a class share one simulation: build each class's files once.
-  std::map<const RankResult*, std::string> traces;
+  struct ClassFiles {
+    std::string trace, snapshot;
+    nlohmann::json summary;
+  };
+  std::map<const RankResult*, ClassFiles> files;
   for (const auto& [rank, result] : ranks) {
-    std::string& trace = traces[result];
-    if (trace.empty()) trace = TraceJson(result->timeline, trace_options).dump(1);
+    ClassFiles& f = files[result];
+    if (f.trace.empty()) {
+      f.trace = TraceJson(result->timeline, trace_options).dump(1);
+      f.snapshot = SnapshotPickle(result->session->recorder(), result->timeline.peak_event(),
+                                  snapshot_options);
+      f.summary = ClassSummary(spec, *result);
+    }
     const std::string suffix = "_rank" + std::to_string(rank);
     MEMSIM_RETURN_IF_ERROR(
-        WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", trace));
-    nlohmann::json summary = ClassSummary(spec, *result);
-    summary["rank"] = rank;
-    MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", summary));
-    SnapshotOptions snapshot_options;
-    snapshot_options.max_trace_entries = 100000;  // PyTorch's usual max_entries
-    MEMSIM_RETURN_IF_ERROR(WriteSnapshot(out_dir + "/snapshot" + suffix + ".pickle",
-                                         result->session->recorder(), result->timeline.peak_event(),
-                                         snapshot_options));
+        WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", f.trace));
+    f.summary["rank"] = rank;
+    MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", f.summary));
+    MEMSIM_RETURN_IF_ERROR(
+        WriteFileAtomically(out_dir + "/snapshot" + suffix + ".pickle", f.snapshot));
   }
   return Status::OK();
 }
@@ -256,7 +274,7 @@ int SimulateCommand(int argc, const char* const* argv) {
       "ranks to write files for: all, first-per-class (default) or 0,8,16")(
       "sample-interval", po::value(&report.sample_interval_s),
       "thin trace samples to this many seconds of virtual time (peaks are kept)")(
-      "top", po::value(&report.top_n), "largest tensors to print (default 10)")(
+      "top", po::value(&report.top_n), "largest tensors to print (default 10, at most 50)")(
       "json", po::bool_switch(&report.json), "print the result as JSON")(
       "check", po::bool_switch(&report.check), "exit with code 3 if any rank does not fit");
   po::variables_map vm;
@@ -267,6 +285,9 @@ int SimulateCommand(int argc, const char* const* argv) {
     status = ParseRecompute(recompute, &spec.training.recompute);
   if (micro_batch) spec.training.micro_batch_size = micro_batch;
   if (microbatches) spec.training.num_microbatches = microbatches;
+  if (status.ok() && !(report.sample_interval_s >= 0 && std::isfinite(report.sample_interval_s))) {
+    status = Status::Error("--sample-interval must be a non-negative number of seconds");
+  }
   if (tp) spec.layout.tp = tp;
   if (pp) spec.layout.pp = pp;
   if (vpp) spec.layout.vpp = vpp;

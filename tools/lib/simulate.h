@@ -14,6 +14,9 @@
 
 namespace memsim {
 
+// Largest tensors alive at the peak that summaries list and --top may print.
+inline constexpr size_t kLargestTensorsKept = 50;
+
 // The simulation of one rank class (one pipeline stage).
 struct RankResult {
   RankClass rank_class;

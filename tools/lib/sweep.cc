@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "simulator/atomic_file.h"
+#include "simulator/checked_math.h"
 #include "simulator/trace_writer.h"
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
@@ -73,13 +74,19 @@ std::string TraceName(const RunSpec& spec, int64_t rank) {
        << "_dp" << l.dp << "_exp" << l.ep << "_expNum"
        << (m.num_experts > 0 ? std::to_string(m.num_experts) : "None") << "_l" << m.num_layers
        << "_mbs" << t.micro_batch_size << "_nmbs" << t.num_microbatches << "_gbs"
-       << t.num_microbatches * t.micro_batch_size * l.dp << "_ts" << t.seq_length << ".json";
+       << t.num_microbatches * t.micro_batch_size * l.dp << "_ts" << t.seq_length;
+  // Beyond the seeds' fields, only when not the default, so the seeds' names stay as they
+  // are and layouts that differ in these do not overwrite each other.
+  if (l.vpp > 1) name << "_vpp" << l.vpp;
+  if (l.cp > 1) name << "_cp" << l.cp;
+  if (t.recompute != RecomputeKind::kNone) name << "_rc" << RecomputeName(t.recompute);
+  name << ".json";
   return name.str();
 }
 
 // Simulates one layout, writes its traces, returns its result record.
-json RunPoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
-              const std::string& out_dir) {
+json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
+                   const std::string& out_dir) {
   spec.layout.tp = point.tp;
   spec.layout.pp = point.pp;
   spec.layout.vpp = point.vpp;
@@ -101,9 +108,14 @@ json RunPoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp
                  {"recompute", RecomputeName(point.recompute)}};
   Status status = FinalizeRunSpec(&spec);
   if (!status.ok()) {
-    const int64_t model_parallel = point.tp * point.pp * point.cp;
-    const int64_t dp =
-        spec.layout.world_size % model_parallel == 0 ? spec.layout.world_size / model_parallel : 0;
+    int64_t model_parallel = 0;
+    try {
+      model_parallel = CheckedMul(CheckedMul(point.tp, point.pp), point.cp);
+    } catch (const std::overflow_error&) {
+    }
+    const int64_t dp = model_parallel > 0 && spec.layout.world_size % model_parallel == 0
+                           ? spec.layout.world_size / model_parallel
+                           : 0;
     result["dp"] = dp;
     result["status"] = "invalid";
     result["reason"] = "invalid layout: " + status.message();
@@ -165,6 +177,29 @@ json RunPoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp
   return result;
 }
 
+// SimulatePoint, with any exception (a memsim bug) turned into an error record: this runs
+// on worker threads, where an escaping exception would abort the whole sweep.
+json RunPoint(const RunSpec& spec, const SweepPoint& point, int64_t microbatches_per_pp,
+              const std::string& out_dir) {
+  try {
+    return SimulatePoint(spec, point, microbatches_per_pp, out_dir);
+  } catch (const std::exception& e) {
+    return {{"config", point.index},
+            {"tp", point.tp},
+            {"pp", point.pp},
+            {"vpp", point.vpp},
+            {"cp", point.cp},
+            {"ep", point.ep},
+            {"micro_batch_size", point.micro_batch},
+            {"recompute", RecomputeName(point.recompute)},
+            {"dp", 0},
+            {"num_microbatches", 0},
+            {"global_batch_size", 0},
+            {"status", "error"},
+            {"reason", std::string("internal error: ") + e.what()}};
+  }
+}
+
 // Regenerates the logs and tables from every finished layout in `out_dir`/.sweep.
 Status WriteReports(const std::string& out_dir) {
   std::vector<json> results;
@@ -206,17 +241,20 @@ Status WriteReports(const std::string& out_dir) {
         stage_peaks += (stage_peaks.empty() ? "" : ";") + std::string(v);
       }
     }
-    char row[512];
-    std::snprintf(row, sizeof(row),
-                  "%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%lld,%s,%s,%.1f,%s,\"%s\"\n",
-                  r["config"].get<long long>(), r["tp"].get<long long>(), r["pp"].get<long long>(),
-                  r["vpp"].get<long long>(), r["dp"].get<long long>(), r["cp"].get<long long>(),
-                  r["ep"].get<long long>(), r["micro_batch_size"].get<long long>(),
-                  r["num_microbatches"].get<long long>(), r["global_batch_size"].get<long long>(),
-                  r["recompute"].get<std::string>().c_str(), r["status"].get<std::string>().c_str(),
-                  r.value("max_peak_reserved_MB", 0.0), stage_peaks.c_str(),
-                  r.value("reason", std::string()).c_str());
-    csv += row;
+    std::ostringstream row;
+    for (const char* key : {"config", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
+                            "num_microbatches", "global_batch_size"}) {
+      row << r[key].get<long long>() << ",";
+    }
+    char peak[32];
+    std::snprintf(peak, sizeof(peak), "%.1f", r.value("max_peak_reserved_MB", 0.0));
+    std::string reason = r.value("reason", std::string());
+    for (size_t q = reason.find('"'); q != std::string::npos; q = reason.find('"', q + 2)) {
+      reason.insert(q, 1, '"');  // CSV escapes a quote by doubling it
+    }
+    row << r["recompute"].get<std::string>() << "," << r["status"].get<std::string>() << "," << peak
+        << "," << stage_peaks << ",\"" << reason << "\"\n";
+    csv += row.str();
   }
   MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/successful_configs.log", success));
   MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/failed_configs.log", failed));
@@ -405,18 +443,22 @@ int MergeCommand(int argc, const char* const* argv) {
       status = Status::Error("'" + shard.string() + "' is not a sweep output folder (no .sweep/)");
       break;
     }
-    std::error_code ec;
     for (const auto& sub : {fs::path("."), fs::path(".sweep")}) {
+      std::error_code ec;
       for (const auto& entry : fs::directory_iterator(shard / sub, ec)) {
+        if (!status.ok()) break;
         if (!entry.is_regular_file() || entry.path().extension() != ".json") continue;
         const std::string name = entry.path().filename().string();
         if (sub == "." && name.rfind("memory_trace_rank", 0) != 0) continue;
-        fs::copy_file(entry.path(), fs::path(out_dir) / sub / name,
-                      fs::copy_options::overwrite_existing, ec);
-        if (ec) {
-          status = Status::Error("cannot copy '" + entry.path().string() + "': " + ec.message());
-          break;
-        }
+        // Copied atomically: a killed merge never leaves a truncated result behind.
+        std::ifstream in(entry.path(), std::ios::binary);
+        const std::string contents((std::istreambuf_iterator<char>(in)), {});
+        status = in.bad()
+                     ? Status::Error("cannot read '" + entry.path().string() + "'")
+                     : WriteFileAtomically((fs::path(out_dir) / sub / name).string(), contents);
+      }
+      if (status.ok() && ec) {
+        status = Status::Error("cannot list '" + (shard / sub).string() + "': " + ec.message());
       }
     }
   }
