@@ -204,3 +204,39 @@ TEST(Summary, BreaksThePeakDownByCategory) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// PyTorch's own memory_viz (Debian's python3-torch 1.13 ships the older _memory_viz whose
+// `stats` reads a bare list of segments and asserts each segment's total_size equals its
+// blocks' sizes) accepts memsim's segments and finds the same totals. Skipped where that
+// Python has no torch.
+TEST(SnapshotWriter, PyTorchMemoryVizStatsAgree) {
+  if (std::system("/usr/bin/python3 -c 'import torch.cuda._memory_viz' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no python3-torch for /usr/bin/python3";
+  }
+  MlpRun run;
+  const Timeline timeline = Timeline::Replay(run.session.recorder());
+  const std::string dir = ::testing::TempDir() + "/memsim_memory_viz_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/snapshot.pickle";
+  ASSERT_TRUE(WriteSnapshot(path, run.session.recorder(), timeline.peak_event(), {}).ok());
+  const std::string command =
+      "/usr/bin/python3 -c \"import pickle; from torch.cuda import _memory_viz as mv; "
+      "s = mv.stats(pickle.load(open('" +
+      path +
+      "', 'rb'))['segments']); "
+      "print(int(s['total_size']), int(s.get('active_allocated', 0)))\"";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  long long total = 0, active = 0;
+  const int read = fscanf(pipe, "%lld %lld", &total, &active);
+  ASSERT_EQ(pclose(pipe), 0);
+  ASSERT_EQ(read, 2);
+  EXPECT_EQ(total, 2 * kMiB);  // one small-pool segment
+  EXPECT_EQ(active, timeline.peak_allocated_bytes());
+}
+
+}  // namespace
+}  // namespace memsim
