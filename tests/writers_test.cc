@@ -227,7 +227,7 @@ TEST(SnapshotWriter, PyTorchMemoryVizStatsAgree) {
       "s = mv.stats(pickle.load(open('" +
       path +
       "', 'rb'))['segments']); "
-      "print(int(s['total_size']), int(s.get('active_allocated', 0)))\"";
+      "print(s['total_size'].value, s['active_allocated'].value)\"";
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   long long total = 0, active = 0;
