@@ -84,6 +84,18 @@ std::string TraceName(const RunSpec& spec, int64_t rank) {
   return name.str();
 }
 
+// The fields of a layout's result record that say which layout it is.
+json PointRecord(const SweepPoint& point) {
+  return {{"config", point.index},
+          {"tp", point.tp},
+          {"pp", point.pp},
+          {"vpp", point.vpp},
+          {"cp", point.cp},
+          {"ep", point.ep},
+          {"micro_batch_size", point.micro_batch},
+          {"recompute", RecomputeName(point.recompute)}};
+}
+
 // Simulates one layout, writes its traces, returns its result record.
 json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
                    const std::string& out_dir) {
@@ -98,14 +110,7 @@ json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_p
     spec.global_batch_size = 0;
     spec.training.num_microbatches = microbatches_per_pp * point.pp;
   }
-  json result = {{"config", point.index},
-                 {"tp", point.tp},
-                 {"pp", point.pp},
-                 {"vpp", point.vpp},
-                 {"cp", point.cp},
-                 {"ep", point.ep},
-                 {"micro_batch_size", point.micro_batch},
-                 {"recompute", RecomputeName(point.recompute)}};
+  json result = PointRecord(point);
   Status status = FinalizeRunSpec(&spec);
   if (!status.ok()) {
     int64_t model_parallel = 0;
@@ -184,19 +189,13 @@ json RunPoint(const RunSpec& spec, const SweepPoint& point, int64_t microbatches
   try {
     return SimulatePoint(spec, point, microbatches_per_pp, out_dir);
   } catch (const std::exception& e) {
-    return {{"config", point.index},
-            {"tp", point.tp},
-            {"pp", point.pp},
-            {"vpp", point.vpp},
-            {"cp", point.cp},
-            {"ep", point.ep},
-            {"micro_batch_size", point.micro_batch},
-            {"recompute", RecomputeName(point.recompute)},
-            {"dp", 0},
-            {"num_microbatches", 0},
-            {"global_batch_size", 0},
-            {"status", "error"},
-            {"reason", std::string("internal error: ") + e.what()}};
+    json result = PointRecord(point);
+    result.update({{"dp", 0},
+                   {"num_microbatches", 0},
+                   {"global_batch_size", 0},
+                   {"status", "error"},
+                   {"reason", std::string("internal error: ") + e.what()}});
+    return result;
   }
 }
 
