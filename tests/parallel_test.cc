@@ -587,3 +587,34 @@ TEST(Zero2, GradientsShardedWithOneBucket) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Interleaved 1F1B: stage r holds (pp - r - 1) * 2 + (vpp - 1) * pp + 1 model chunks in
+// flight, so neighbouring middle stages differ by two chunks' activations (here one
+// layer per chunk: Table 2's bytes, the LayerNorm statistics and the deallocated
+// output's 2-byte stub each).
+TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
+  const Shape x{512, 2, 512, 8};
+  const ModelConfig m = Gpt(x, 8);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.num_microbatches = 8;
+  t.iterations = 1;
+  ParallelLayout layout;
+  layout.world_size = 4;
+  layout.pp = 4;
+  layout.vpp = 2;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  for (int64_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 2, r, 8)), (4 - r - 1) * 2 + (2 - 1) * 4 + 1);
+  }
+  const int64_t p1 = StagePeak(m, t, layout, 1), p2 = StagePeak(m, t, layout, 2);
+  const int64_t sbh = x.s * x.b * x.h;
+  const int64_t chunk = 34 * sbh + 5 * x.a * x.s * x.s * x.b + 16 * x.s * x.b + 2;
+  EXPECT_EQ(p1 - p2, 2 * chunk);
+}
+
+}  // namespace
+}  // namespace memsim
