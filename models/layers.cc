@@ -29,6 +29,23 @@ void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad)
 }
 
 // What a linear layer's backward needs besides the saved input and weight.
+// The main_grads a parameterized layer's backward accumulates into, kept out of the
+// Function's tensor inputs (autograd would track them as inputs for nothing).
+struct MainGrads : public torch::CustomClassHolder {
+  MainGrads(at::Tensor w, at::Tensor b) : weight(std::move(w)), bias(std::move(b)) {}
+  at::Tensor weight;
+  at::Tensor bias;  // undefined without a bias
+};
+
+c10::intrusive_ptr<MainGrads> MainGradsOf(Parameter& weight, Parameter* bias) {
+  return c10::make_intrusive<MainGrads>(weight.main_grad,
+                                        bias != nullptr ? bias->main_grad : at::Tensor());
+}
+
+c10::intrusive_ptr<MainGrads> SavedMainGrads(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<MainGrads>(ctx->saved_data["main_grads"].toCapsule());
+}
+
 struct LinearState : public torch::CustomClassHolder {
   at::Tensor weight_main_grad;
   at::Tensor bias_main_grad;  // undefined without a bias
@@ -85,13 +102,11 @@ struct LinearFunction : public Function<LinearFunction> {
 struct LayerNormFunction : public Function<LayerNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias,
-                            const at::Tensor& weight_main_grad,
-                            const c10::optional<at::Tensor>& bias_main_grad) {
+                            c10::intrusive_ptr<MainGrads> main_grads) {
     auto [out, mean, rstd] =
         at::native_layer_norm(input, {input.size(-1)}, weight, bias, /*eps=*/1e-5);
     ctx->save_for_backward({input, weight, bias.value_or(at::Tensor()), mean, rstd});
-    ctx->saved_data["weight_main_grad"] = weight_main_grad;
-    ctx->saved_data["bias_main_grad"] = bias_main_grad.value_or(at::Tensor());
+    ctx->saved_data["main_grads"] = c10::IValue::make_capsule(std::move(main_grads));
     return out;
   }
 
@@ -99,37 +114,38 @@ struct LayerNormFunction : public Function<LayerNormFunction> {
     const auto s = ctx->get_saved_variables();
     auto [grad_input, grad_weight, grad_bias] = at::native_layer_norm_backward(
         grads[0], s[0], {s[0].size(-1)}, s[3], s[4], s[1], s[2], {true, true, s[2].defined()});
-    AccumulateIntoMainGrad(ctx->saved_data["weight_main_grad"].toTensor(), grad_weight);
+    const auto main_grads = SavedMainGrads(ctx);
+    AccumulateIntoMainGrad(main_grads->weight, grad_weight);
     grad_weight.reset();
-    AccumulateIntoMainGrad(ctx->saved_data["bias_main_grad"].toTensor(), grad_bias);
-    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    AccumulateIntoMainGrad(main_grads->bias, grad_bias);
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 struct RmsNormFunction : public Function<RmsNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& weight_main_grad) {
+                            c10::intrusive_ptr<MainGrads> main_grads) {
     const int64_t rows = input.numel() / input.size(-1);
     at::Tensor invvar = at::empty({rows}, input.options().dtype(at::kFloat));
     at::Tensor out = at::empty_like(input);
     ctx->save_for_backward({input, weight, invvar});
-    ctx->saved_data["weight_main_grad"] = weight_main_grad;
+    ctx->saved_data["main_grads"] = c10::IValue::make_capsule(std::move(main_grads));
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     at::Tensor grad_input = at::empty_like(s[0]);
-    AccumulateIntoMainGrad(ctx->saved_data["weight_main_grad"].toTensor(), at::empty_like(s[1]));
+    AccumulateIntoMainGrad(SavedMainGrads(ctx)->weight, at::empty_like(s[1]));
     return {grad_input, at::Tensor(), at::Tensor()};
   }
 };
 
 struct EmbeddingFunction : public Function<EmbeddingFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& indices,
-                            const at::Tensor& weight, const at::Tensor& weight_main_grad) {
+                            const at::Tensor& weight, c10::intrusive_ptr<MainGrads> main_grads) {
     ctx->save_for_backward({indices});
-    ctx->saved_data["main_grad"] = weight_main_grad;
+    ctx->saved_data["main_grads"] = c10::IValue::make_capsule(std::move(main_grads));
     ctx->saved_data["num_weights"] = weight.size(0);
     return at::embedding(weight, indices);
   }
@@ -139,21 +155,20 @@ struct EmbeddingFunction : public Function<EmbeddingFunction> {
     at::Tensor grad_weight = at::embedding_dense_backward(
         grads[0], indices, ctx->saved_data["num_weights"].toInt(), /*padding_idx=*/-1,
         /*scale_grad_by_freq=*/false);
-    AccumulateIntoMainGrad(ctx->saved_data["main_grad"].toTensor(), grad_weight);
+    AccumulateIntoMainGrad(SavedMainGrads(ctx)->weight, grad_weight);
     return {at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 struct AddBiasFunction : public Function<AddBiasFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
-                            const at::Tensor& bias_main_grad) {
-    ctx->saved_data["main_grad"] = bias_main_grad;
+                            c10::intrusive_ptr<MainGrads> main_grads) {
+    ctx->saved_data["main_grads"] = c10::IValue::make_capsule(std::move(main_grads));
     return x + bias;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& grad = grads[0];
-    AccumulateIntoMainGrad(ctx->saved_data["main_grad"].toTensor(),
-                           grad.reshape({-1, grad.size(-1)}).sum(0));
+    AccumulateIntoMainGrad(SavedMainGrads(ctx)->weight, grad.reshape({-1, grad.size(-1)}).sum(0));
     return {grad, at::Tensor(), at::Tensor()};
   }
 };
@@ -275,9 +290,6 @@ struct CheckpointFunction : public Function<CheckpointFunction> {
   }
 };
 
-c10::optional<at::Tensor> MainGradOf(Parameter* p) {
-  return p != nullptr ? c10::optional<at::Tensor>(p->main_grad) : c10::nullopt;
-}
 c10::optional<at::Tensor> DataOf(Parameter* p) {
   return p != nullptr ? c10::optional<at::Tensor>(p->data) : c10::nullopt;
 }
@@ -294,16 +306,15 @@ at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
 }
 
 at::Tensor LayerNorm(const at::Tensor& input, Parameter& weight, Parameter* bias) {
-  return LayerNormFunction::apply(input, weight.data, DataOf(bias), weight.main_grad,
-                                  MainGradOf(bias));
+  return LayerNormFunction::apply(input, weight.data, DataOf(bias), MainGradsOf(weight, bias));
 }
 
 at::Tensor RmsNorm(const at::Tensor& input, Parameter& weight) {
-  return RmsNormFunction::apply(input, weight.data, weight.main_grad);
+  return RmsNormFunction::apply(input, weight.data, MainGradsOf(weight, nullptr));
 }
 
 at::Tensor Embedding(const at::Tensor& indices, Parameter& weight) {
-  return EmbeddingFunction::apply(indices, weight.data, weight.main_grad);
+  return EmbeddingFunction::apply(indices, weight.data, MainGradsOf(weight, nullptr));
 }
 
 at::Tensor Dropout(const at::Tensor& input, double p) {
@@ -312,7 +323,8 @@ at::Tensor Dropout(const at::Tensor& input, double p) {
 }
 
 at::Tensor AddBias(const at::Tensor& x, Parameter& bias) {
-  return AddBiasFunction::apply(x, bias.data, bias.main_grad);
+  // The bias is the "weight" of its MainGrads.
+  return AddBiasFunction::apply(x, bias.data, MainGradsOf(bias, nullptr));
 }
 
 at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor& residual,
