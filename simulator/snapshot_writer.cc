@@ -109,10 +109,20 @@ class TraceBuilder final : public AllocatorObserver {
                                                "segment_alloc", "segment_free"};
     List list = NewList();
     list.reserve(entries_.size());
+    // A storage's alloc and frees share one frames list (and the pickle memoizes it).
+    std::unordered_map<int64_t, List> frames;
+    const List no_frames = NewList();
     for (const Entry& e : entries_) {
-      list.push_back(
-          TraceEntry(kActionNames[static_cast<int>(e.action)], e.address, e.size_bytes, e.time_s,
-                     e.storage_id >= 0 ? StorageFrames(recorder_, e.storage_id) : NewList()));
+      List entry_frames = no_frames;
+      if (e.storage_id >= 0) {
+        auto it = frames.find(e.storage_id);
+        if (it == frames.end()) {
+          it = frames.emplace(e.storage_id, StorageFrames(recorder_, e.storage_id)).first;
+        }
+        entry_frames = it->second;
+      }
+      list.push_back(TraceEntry(kActionNames[static_cast<int>(e.action)], e.address, e.size_bytes,
+                                e.time_s, entry_frames));
     }
     return list;
   }
