@@ -258,6 +258,7 @@ int SimulateCommand(int argc, const char* const* argv) {
   SpecOptions spec_options;
   std::string recompute;
   int64_t micro_batch = 0, microbatches = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
+  int64_t first_stage_layers = 0, last_stage_layers = 0;
   ReportOptions report;
   options.add_options()("help,h", "show this help");
   AddSpecOptions(&options, &spec_options);
@@ -267,6 +268,9 @@ int SimulateCommand(int argc, const char* const* argv) {
       "tp", po::value(&tp), "tensor-parallel size")("pp", po::value(&pp), "pipeline-parallel size")(
       "vpp", po::value(&vpp), "virtual pipeline stages per rank (interleaved 1F1B)")(
       "cp", po::value(&cp), "context-parallel size")("ep", po::value(&ep), "expert-parallel size")(
+      "first-stage-layers", po::value(&first_stage_layers),
+      "layers on the first pipeline stage (uneven split, with --last-stage-layers)")(
+      "last-stage-layers", po::value(&last_stage_layers), "layers on the last pipeline stage")(
       "jobs,j", po::value(&report.jobs), "rank classes simulated at once (default 2)")(
       "out", po::value(&report.out_dir),
       "output folder for traces, summaries, snapshots (default memsim_out)")(
@@ -293,6 +297,8 @@ int SimulateCommand(int argc, const char* const* argv) {
   if (vpp) spec.layout.vpp = vpp;
   if (cp) spec.layout.cp = cp;
   if (ep) spec.layout.ep = ep;
+  if (first_stage_layers) spec.layout.first_stage_layers = first_stage_layers;
+  if (last_stage_layers) spec.layout.last_stage_layers = last_stage_layers;
   if (status.ok()) status = FinalizeRunSpec(&spec);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim simulate: %s\n", status.message().c_str());
