@@ -9,6 +9,7 @@
 #include "parallel/rank_training.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
+#include "tests/test_models.h"
 
 namespace memsim {
 namespace {
@@ -18,11 +19,7 @@ struct Shape {
 };
 
 ModelConfig GptConfig(const Shape& shape, int64_t layers) {
-  ModelConfig m;
-  m.num_layers = layers;
-  m.hidden_size = shape.h;
-  m.num_attention_heads = shape.a;
-  m.vocab_size = 1024;
+  ModelConfig m = test::Gpt(layers, shape.h, shape.a);
   EXPECT_TRUE(FinalizeModelConfig(&m).ok());
   return m;
 }
@@ -172,23 +169,7 @@ int64_t ParameterCount(ModelConfig m) {
   return store.num_elements();
 }
 
-ModelConfig Llama(int64_t layers, int64_t hidden, int64_t heads, int64_t groups, int64_t ffn,
-                  int64_t vocab) {
-  ModelConfig m;
-  m.num_layers = layers;
-  m.hidden_size = hidden;
-  m.num_attention_heads = heads;
-  m.num_query_groups = groups;
-  m.ffn_hidden_size = ffn;
-  m.vocab_size = vocab;
-  m.norm = NormKind::kRmsNorm;
-  m.activation = ActivationKind::kSwiglu;
-  m.position = PositionKind::kRope;
-  m.tie_embeddings = false;
-  m.add_bias_linear = false;
-  m.add_qkv_bias = false;
-  return m;
-}
+using test::Llama;
 
 TEST(ParameterCount, PublishedTotals) {
   // Hugging Face model cards' exact counts (the vocabularies are multiples of 128).

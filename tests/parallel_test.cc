@@ -15,6 +15,7 @@
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
+#include "tests/test_models.h"
 
 namespace memsim {
 namespace {
@@ -24,11 +25,7 @@ struct Shape {
 };
 
 ModelConfig Gpt(const Shape& x, int64_t layers, int64_t tp = 1) {
-  ModelConfig m;
-  m.num_layers = layers;
-  m.hidden_size = x.h;
-  m.num_attention_heads = x.a;
-  m.vocab_size = 1024;
+  ModelConfig m = test::Gpt(layers, x.h, x.a);
   EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
   return m;
 }
@@ -279,18 +276,7 @@ namespace memsim {
 namespace {
 
 ModelConfig SmallMoe(double capacity_factor) {
-  ModelConfig m;
-  m.num_layers = 2;
-  m.hidden_size = 256;
-  m.num_attention_heads = 8;
-  m.num_query_groups = 4;
-  m.ffn_hidden_size = 512;
-  m.vocab_size = 1024;
-  m.norm = NormKind::kRmsNorm;
-  m.activation = ActivationKind::kSwiglu;
-  m.position = PositionKind::kRope;
-  m.tie_embeddings = false;
-  m.add_bias_linear = m.add_qkv_bias = false;
+  ModelConfig m = test::Llama(2, 256, 8, 4, 512, 1024);
   m.num_experts = 8;
   m.moe_router_topk = 2;
   m.moe_capacity_factor = capacity_factor;
@@ -342,20 +328,7 @@ TEST(ExpertParallel, AllToAllBuffersScaleWithCapacityFactor) {
 }
 
 TEST(ExpertParallel, ExpertsShardOverEpAndMixtralHasItsParameterCount) {
-  ModelConfig m;
-  m.num_layers = 32;
-  m.hidden_size = 4096;
-  m.num_attention_heads = 32;
-  m.num_query_groups = 8;
-  m.ffn_hidden_size = 14336;
-  m.vocab_size = 32000;
-  m.norm = NormKind::kRmsNorm;
-  m.activation = ActivationKind::kSwiglu;
-  m.position = PositionKind::kRope;
-  m.tie_embeddings = false;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.num_experts = 8;
-  m.moe_router_topk = 2;
+  ModelConfig m = test::Mixtral8x7b();
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
   auto count = [&](int64_t ep) {
     Session session;

@@ -2,6 +2,7 @@
 // hand from its formulas; every expected number below is derived in the comments, not
 // taken from the code under test. MB = 2^20 bytes.
 #include "parallel/theoretical_memory.h"
+#include "tests/test_models.h"
 
 #include <gtest/gtest.h>
 
@@ -15,11 +16,7 @@ void ExpectClose(double actual, double expected) {
 }
 
 ModelConfig Gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab, int64_t tp) {
-  ModelConfig m;
-  m.num_layers = layers;
-  m.hidden_size = hidden;
-  m.num_attention_heads = heads;
-  m.vocab_size = vocab;
+  ModelConfig m = test::Gpt(layers, hidden, heads, vocab);
   EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
   return m;
 }
@@ -101,18 +98,7 @@ TEST(TheoreticalMemory, LlamaSwigluGqaOnTp2) {
   // Llama 3 8B: L=32, H=4096, A=32, G=8, D=128, F=14336, V=128256 (a multiple of 128*2),
   // RMSNorm (1 param per norm element), SwiGLU (x 3/2), untied; TP 2, world 16 (dp 8),
   // distributed optimizer, SP + selective, S=8192, B=1.
-  ModelConfig m;
-  m.num_layers = 32;
-  m.hidden_size = 4096;
-  m.num_attention_heads = 32;
-  m.num_query_groups = 8;
-  m.ffn_hidden_size = 14336;
-  m.vocab_size = 128256;
-  m.norm = NormKind::kRmsNorm;
-  m.activation = ActivationKind::kSwiglu;
-  m.position = PositionKind::kRope;
-  m.tie_embeddings = false;
-  m.add_bias_linear = m.add_qkv_bias = false;
+  ModelConfig m = test::Llama(32, 4096, 32, 8, 14336, 128256);
   ASSERT_TRUE(FinalizeModelConfig(&m, 2).ok());
   const ParallelLayout l = Layout(m, 16, 2, 1, DataParallelKind::kDistributedOptimizer, true);
   const TheoreticalMemory r =
