@@ -1,6 +1,7 @@
 // Hugging Face config.json files of the supported families, with their published values,
 // mapped onto ModelConfig; and every way a file can be rejected.
 #include "tools/lib/hf_config.h"
+#include "tests/test_models.h"
 
 #include <gtest/gtest.h>
 
@@ -25,32 +26,6 @@ std::string WriteConfig(const std::string& folder, const std::string& text) {
 
 // Every field but the name and the dropout probabilities (the presets keep
 // ModelConfig's 0.1; these decoders train without dropout).
-void ExpectSameArchitecture(const ModelConfig& a, const ModelConfig& b) {
-  EXPECT_EQ(a.num_layers, b.num_layers);
-  EXPECT_EQ(a.hidden_size, b.hidden_size);
-  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
-  EXPECT_EQ(a.num_query_groups, b.num_query_groups);
-  EXPECT_EQ(a.kv_channels, b.kv_channels);
-  EXPECT_EQ(a.ffn_hidden_size, b.ffn_hidden_size);
-  EXPECT_EQ(a.vocab_size, b.vocab_size);
-  EXPECT_EQ(a.make_vocab_size_divisible_by, b.make_vocab_size_divisible_by);
-  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
-  EXPECT_EQ(a.norm, b.norm);
-  EXPECT_EQ(a.activation, b.activation);
-  EXPECT_EQ(a.position, b.position);
-  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
-  EXPECT_EQ(a.add_bias_linear, b.add_bias_linear);
-  EXPECT_EQ(a.add_qkv_bias, b.add_qkv_bias);
-  EXPECT_EQ(a.num_experts, b.num_experts);
-  EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
-  EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
-  EXPECT_EQ(a.moe_shared_expert_size, b.moe_shared_expert_size);
-  EXPECT_EQ(a.moe_first_k_dense_layers, b.moe_first_k_dense_layers);
-  EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
-  EXPECT_EQ(a.moe_imbalance_factor, b.moe_imbalance_factor);
-  EXPECT_EQ(a.padded_vocab_size, b.padded_vocab_size);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-}
 
 void ExpectLlamaArchitecture(const ModelConfig& m) {
   EXPECT_EQ(m.norm, NormKind::kRmsNorm);
@@ -112,7 +87,7 @@ TEST(HfConfig, Llama3_8B) {
   ModelConfig preset;
   ASSERT_TRUE(LoadModelPreset("llama3-8b", &preset).ok());
   ASSERT_TRUE(FinalizeModelConfig(&preset, 2).ok());
-  ExpectSameArchitecture(m, preset);
+  test::ExpectSameArchitecture(m, preset);
 }
 
 TEST(HfConfig, LlamaHeadDimBiasesAndTiedEmbeddings) {
@@ -286,7 +261,7 @@ TEST(HfConfig, Mixtral8x7B) {
   ModelConfig preset;
   ASSERT_TRUE(LoadModelPreset("mixtral-8x7b", &preset).ok());
   ASSERT_TRUE(FinalizeModelConfig(&preset).ok());
-  ExpectSameArchitecture(m, preset);
+  test::ExpectSameArchitecture(m, preset);
 }
 
 // deepseek-ai/DeepSeek-V3/config.json (auto_map and rope_scaling shortened).
@@ -370,7 +345,7 @@ TEST(HfConfig, DeepseekV3) {
   ModelConfig preset;
   ASSERT_TRUE(LoadModelPreset("deepseek-v3-style", &preset).ok());
   ASSERT_TRUE(FinalizeModelConfig(&preset, 8).ok());
-  ExpectSameArchitecture(m, preset);
+  test::ExpectSameArchitecture(m, preset);
 }
 
 TEST(HfConfig, NameFromHuggingFaceCacheOrModelType) {

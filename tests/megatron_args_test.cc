@@ -1,6 +1,7 @@
 // Megatron-LM launch lines mapped onto RunSpec: the model against memsim's presets, the
 // layout, batch and training switches, the memory-neutral arguments, and the errors.
 #include "tools/lib/megatron_args.h"
+#include "tests/test_models.h"
 
 #include <gtest/gtest.h>
 
@@ -32,34 +33,6 @@ std::string ErrorOf(const std::string& line, int64_t world_size = 8) {
 }
 
 // Every field but the name.
-void ExpectSameModel(const ModelConfig& a, const ModelConfig& b) {
-  EXPECT_EQ(a.num_layers, b.num_layers);
-  EXPECT_EQ(a.hidden_size, b.hidden_size);
-  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
-  EXPECT_EQ(a.num_query_groups, b.num_query_groups);
-  EXPECT_EQ(a.kv_channels, b.kv_channels);
-  EXPECT_EQ(a.ffn_hidden_size, b.ffn_hidden_size);
-  EXPECT_EQ(a.vocab_size, b.vocab_size);
-  EXPECT_EQ(a.make_vocab_size_divisible_by, b.make_vocab_size_divisible_by);
-  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
-  EXPECT_EQ(a.norm, b.norm);
-  EXPECT_EQ(a.activation, b.activation);
-  EXPECT_EQ(a.position, b.position);
-  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
-  EXPECT_EQ(a.add_bias_linear, b.add_bias_linear);
-  EXPECT_EQ(a.add_qkv_bias, b.add_qkv_bias);
-  EXPECT_EQ(a.hidden_dropout, b.hidden_dropout);
-  EXPECT_EQ(a.attention_dropout, b.attention_dropout);
-  EXPECT_EQ(a.num_experts, b.num_experts);
-  EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
-  EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
-  EXPECT_EQ(a.moe_shared_expert_size, b.moe_shared_expert_size);
-  EXPECT_EQ(a.moe_first_k_dense_layers, b.moe_first_k_dense_layers);
-  EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
-  EXPECT_EQ(a.moe_imbalance_factor, b.moe_imbalance_factor);
-  EXPECT_EQ(a.padded_vocab_size, b.padded_vocab_size);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-}
 
 // Llama 3 8B as Megatron-LM's examples/llama scripts launch it (bf16 in place of fp8),
 // with the usual memory-neutral arguments.
@@ -92,7 +65,7 @@ TEST(MegatronArgs, Llama3_8BMatchesThePreset) {
   ASSERT_TRUE(LoadModelPreset("llama3-8b", &preset).ok());
   ASSERT_TRUE(FinalizeModelConfig(&preset, 2).ok());
   ASSERT_TRUE(FinalizeModelConfig(&r.spec.model, 2).ok());
-  ExpectSameModel(r.spec.model, preset);
+  test::ExpectSameArchitecture(r.spec.model, preset, /*compare_dropout=*/true);
 
   const TrainingConfig& t = r.spec.training;
   EXPECT_EQ(t.seq_length, 8192);
@@ -244,7 +217,7 @@ TEST(MegatronArgs, MixtureOfExperts) {
   ASSERT_TRUE(LoadModelPreset("mixtral-8x7b", &preset).ok());
   ASSERT_TRUE(FinalizeModelConfig(&preset).ok());
   ASSERT_TRUE(FinalizeModelConfig(&r.spec.model).ok());
-  ExpectSameModel(r.spec.model, preset);
+  test::ExpectSameArchitecture(r.spec.model, preset, /*compare_dropout=*/true);
   EXPECT_EQ(r.spec.layout.ep, 8);
   EXPECT_EQ(r.spec.layout.etp, 0);  // = TP
   EXPECT_EQ(r.ignored,

@@ -1,6 +1,8 @@
 // Model configurations the tests share (plain values; each test finalizes them).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include "models/model_config.h"
 
 namespace memsim::test {
@@ -35,6 +37,40 @@ inline ModelConfig Mixtral8x7b() {
   m.num_experts = 8;
   m.moe_router_topk = 2;
   return m;
+}
+
+// Every field that decides memory is equal (dropout too when `compare_dropout`: Hugging
+// Face configs carry no training dropout).
+inline void ExpectSameArchitecture(const ModelConfig& a, const ModelConfig& b,
+                                   bool compare_dropout = false) {
+  if (compare_dropout) {
+    EXPECT_EQ(a.hidden_dropout, b.hidden_dropout);
+    EXPECT_EQ(a.attention_dropout, b.attention_dropout);
+  }
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_query_groups, b.num_query_groups);
+  EXPECT_EQ(a.kv_channels, b.kv_channels);
+  EXPECT_EQ(a.ffn_hidden_size, b.ffn_hidden_size);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.make_vocab_size_divisible_by, b.make_vocab_size_divisible_by);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.norm, b.norm);
+  EXPECT_EQ(a.activation, b.activation);
+  EXPECT_EQ(a.position, b.position);
+  EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
+  EXPECT_EQ(a.add_bias_linear, b.add_bias_linear);
+  EXPECT_EQ(a.add_qkv_bias, b.add_qkv_bias);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
+  EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
+  EXPECT_EQ(a.moe_shared_expert_size, b.moe_shared_expert_size);
+  EXPECT_EQ(a.moe_first_k_dense_layers, b.moe_first_k_dense_layers);
+  EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
+  EXPECT_EQ(a.moe_imbalance_factor, b.moe_imbalance_factor);
+  EXPECT_EQ(a.padded_vocab_size, b.padded_vocab_size);
+  EXPECT_EQ(a.head_dim, b.head_dim);
 }
 
 }  // namespace memsim::test
