@@ -47,6 +47,7 @@ c10::intrusive_ptr<MainGrads> SavedMainGrads(AutogradContext* ctx) {
 }
 
 struct LinearState : public torch::CustomClassHolder {
+  Parameter* weight;  // for its store's weight-gradient mode (Note [Weight gradients])
   at::Tensor weight_main_grad;
   at::Tensor bias_main_grad;  // undefined without a bias
   LinearParallelism parallelism;
@@ -80,8 +81,17 @@ struct LinearFunction : public Function<LinearFunction> {
       AllReduceInPlace(grad_input, parallelism.all_reduce_input_grad_group);
     }
     const at::Tensor grad_2d = grad_output.view({-1, grad_output.size(-1)});
-    WgradGemmAccumulate(state->weight_main_grad, total_input.reshape({-1, total_input.size(-1)}),
-                        grad_2d);
+    const at::Tensor input_2d = total_input.reshape({-1, total_input.size(-1)});
+    ParameterStore* store = state->weight->store;
+    if (store == nullptr || store->gradient_accumulation_fusion()) {
+      WgradGemmAccumulate(state->weight_main_grad, input_2d, grad_2d);
+      if (store != nullptr && state->weight_main_grad.defined()) {
+        // The dummy autograd receives as this weight's gradient: the cached one.
+        store->DummyWgrad(weight.sizes());
+      }
+    } else {
+      AccumulateIntoMainGrad(state->weight_main_grad, grad_2d.t().mm(input_2d));
+    }
     if (state->bias_main_grad.defined()) {
       AccumulateIntoMainGrad(state->bias_main_grad, grad_2d.sum(0));
     }
@@ -299,6 +309,7 @@ c10::optional<at::Tensor> DataOf(Parameter* p) {
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                   const LinearParallelism& parallelism) {
   auto state = c10::make_intrusive<LinearState>();
+  state->weight = &weight;
   state->weight_main_grad = weight.main_grad;
   if (bias != nullptr) state->bias_main_grad = bias->main_grad;
   state->parallelism = parallelism;
@@ -353,6 +364,17 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          int64_t cp) {
   const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t groups = k.size(2);
+  if (kind == AttentionKind::kFused) {
+    // Transformer Engine's FusedAttention (cuDNN) reads q, k, v in Megatron's [S, B, A, D]
+    // layout and writes out in it: no copies. It keeps the same tensors for backward as
+    // FlashAttention (its softmax statistics [B, A, S, 1] float32 are the size of the
+    // log-sum-exp), so the flash kernel is called on [B, S, A, D] views.
+    at::Tensor out = cp > 1 ? ContextParallelAttention(q.transpose(0, 1), k.transpose(0, 1),
+                                                       v.transpose(0, 1), cp, dropout_p)
+                            : FlashAttentionFunction::apply(q.transpose(0, 1), k.transpose(0, 1),
+                                                            v.transpose(0, 1), dropout_p);
+    return out.transpose(0, 1).reshape({seq, batch, heads * head_dim});
+  }
   if (kind == AttentionKind::kFlash) {
     // Megatron's FlashSelfAttention: rearrange 's b ... -> b s ...' and make contiguous.
     at::Tensor qb = q.transpose(0, 1).contiguous();

@@ -90,6 +90,39 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   return Status::OK();
 }
 
+const char* AttentionName(AttentionKind attention) {
+  switch (attention) {
+    case AttentionKind::kFlash:
+      return "flash";
+    case AttentionKind::kFused:
+      return "fused";
+    case AttentionKind::kEager:
+      return "eager";
+  }
+  return "?";
+}
+
+Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& training,
+                         int compute_capability, AttentionKind* out) {
+  const bool fp32 = training.precision == Precision::kFp32;
+  const bool fused = choice.fused && !fp32 && !(compute_capability < 90 && choice.deterministic);
+  const bool flash = choice.flash && !fp32;
+  if (compute_capability >= 90 && fused) {
+    *out = AttentionKind::kFused;
+  } else if (flash) {
+    *out = AttentionKind::kFlash;
+  } else if (fused) {
+    *out = AttentionKind::kFused;
+  } else if (choice.unfused) {
+    *out = AttentionKind::kEager;
+  } else {
+    return Status::Error(
+        "Transformer Engine has no attention backend for this run: flash and fused attention "
+        "are disabled or do not support it, and so is unfused attention (NVTE_UNFUSED_ATTN=0)");
+  }
+  return Status::OK();
+}
+
 const char* PrecisionName(Precision precision) {
   switch (precision) {
     case Precision::kFp32:

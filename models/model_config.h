@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "simulator/status.h"
@@ -55,7 +56,23 @@ struct ModelConfig {
 };
 
 enum class Precision { kFp32, kBf16, kFp16 };
-enum class AttentionKind { kFlash, kEager };
+// Which attention kernel runs (and so what it keeps for backward):
+//   kFlash  FlashAttention-2: contiguous [B, S, A, D] copies of q, k, v, out, and the
+//           float32 log-sum-exp [B, A, S];
+//   kFused  cuDNN fused attention (Transformer Engine's FusedAttention): q, k, v and out
+//           in place ([S, B, A, D] views, no copies) and float32 statistics [B, A, S, 1];
+//   kEager  unfused: the [B*A, S, S] scores and probabilities are materialised.
+enum class AttentionKind { kFlash, kFused, kEager };
+
+// Transformer Engine's choice of attention backend (get_attention_backend in
+// transformer_engine/pytorch/attention/dot_product_attention/utils.py, TE 2.18): the
+// backends the launch allows (NVTE_FLASH_ATTN, NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN, or
+// Megatron's --attention-backend) and whether non-deterministic kernels are allowed
+// (NVTE_ALLOW_NONDETERMINISTIC_ALGO, --deterministic-mode).
+struct TeAttentionChoice {
+  bool flash = true, fused = true, unfused = true;
+  bool deterministic = false;
+};
 enum class RecomputeKind { kNone, kSelective, kFull };
 enum class RecomputeMethod { kUniform, kBlock };
 enum class OptimizerKind { kAdam, kSgd };
@@ -70,12 +87,21 @@ struct TrainingConfig {
   int32_t iterations = 2;        // the real tracer records two
   Precision precision = Precision::kBf16;
   AttentionKind attention = AttentionKind::kFlash;
+  // Set: `attention` is chosen as Transformer Engine chooses it, for the GPU
+  // (SelectTeAttention), when the run is finalized.
+  std::optional<TeAttentionChoice> te_attention;
   ProfileKind profile = ProfileKind::kMegatronLocal;
   RecomputeKind recompute = RecomputeKind::kNone;
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;
   int64_t recompute_num_layers = 1;
   OptimizerKind optimizer = OptimizerKind::kAdam;
   bool dropout = true;  // false: every dropout probability is treated as 0
+  // Megatron's gradient accumulation fusion (off: --no-gradient-accumulation-fusion);
+  // Note [Weight gradients] in models/parameters.h.
+  bool gradient_accumulation_fusion = true;
+  // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
+  // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
+  int64_t cublas_workspace_bytes = -1;
 };
 
 // Fills derived fields (head_dim, num_query_groups, ffn_hidden_size, padded vocabulary
@@ -84,6 +110,15 @@ Status FinalizeModelConfig(ModelConfig* model, int64_t tp = 1);
 Status ValidateTrainingConfig(const TrainingConfig& training, const ModelConfig& model);
 
 const char* PrecisionName(Precision precision);
+const char* AttentionName(AttentionKind attention);
+
+// Transformer Engine's backend for `training` on a GPU of `compute_capability`
+// (80: A100, 90: H100): unfused for float32; else on 9.x and later cuDNN fused attention
+// before FlashAttention (TE drops flash where fused is available), and on 8.x
+// FlashAttention-2 before fused (and fused not at all when deterministic). An error when
+// the allowed backends leave none.
+Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& training,
+                         int compute_capability, AttentionKind* out);
 // Parameter dtype in forward/backward.
 int64_t ParamBytesPerElement(Precision precision);
 

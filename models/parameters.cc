@@ -34,8 +34,18 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
   for (int64_t d : shape) numel = CheckedMul(numel, d);
   num_elements_ = CheckedAdd(num_elements_, numel);
   parameters_.push_back(
-      {module.empty() ? name : module + "." + name, std::move(data), {}, expert, unit_, {}, {}});
+      {module.empty() ? name : module + "." + name, std::move(data), {}, expert, unit_, {}, {}, this});
   return &parameters_.back();
+}
+
+const at::Tensor& ParameterStore::DummyWgrad(at::IntArrayRef shape) {
+  at::Tensor& dummy = dummy_wgrads_[shape.vec()];
+  if (!dummy.defined()) {
+    CategoryScope category(Category::kGradient);
+    ModuleScope scope(ModuleScope::Absolute{"transformer_engine.dummy_wgrad"});
+    dummy = at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
+  }
+  return dummy;
 }
 
 void ParameterStore::AllocateGradBuffer(bool root_only) {

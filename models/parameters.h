@@ -6,22 +6,37 @@
 // backward (layers.cc) accumulates weight gradients into `main_grad`, a view into one
 // contiguous gradient buffer (Megatron's DDP ParamAndGradBuffer), fp32 for fp32 and bf16
 // training (accumulate_allreduce_grads_in_fp32) and fp16 for fp16 training. The
+// weight gradient reaches main_grad one of two ways (Note [Weight gradients]). The
 // optimizer (optimizer.h) adds fp32 master copies for 16-bit parameters, and fp32
 // master gradients for fp16. Bytes per parameter, non-distributed:
 //   fp32: 4 param + 4 grad + 8 Adam                          = 16
 //   bf16: 2 param + 4 grad + 4 master + 8 Adam               = 18
 //   fp16: 2 param + 2 grad + 4 master + 4 master grad + 8 Adam = 20
+//
+// Note [Weight gradients]
+// Megatron-LM's linear layers (Transformer Engine's, and its own ColumnParallelLinear /
+// RowParallelLinear with TE installed) put dW into main_grad in one of two ways:
+//   * gradient accumulation fusion (the default): the wgrad GEMM accumulates into
+//     main_grad in place. Autograd still needs a weight gradient so that the DDP hook
+//     runs on the main thread, and Megatron returns TE's cached dummy
+//     (get_dummy_wgrad, transformer_engine/pytorch/module/base.py, TE 2.18): one
+//     torch.empty per distinct (shape, dtype), kept for the whole run;
+//   * --no-gradient-accumulation-fusion: dW is a new tensor in the parameter dtype; the
+//     DDP hook (_make_backward_post_hook) adds it into main_grad and drops it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "models/model_config.h"
 
 namespace memsim {
+
+class ParameterStore;
 
 struct Parameter {
   std::string name;      // full module path + name, e.g. "decoder.layers.0.mlp.fc1.weight"
@@ -35,11 +50,15 @@ struct Parameter {
   // FSDP: this rank's persistent 1/dp of the parameter; `data` has storage only while
   // the layer is gathered.
   at::Tensor shard_data;
+  ParameterStore* store = nullptr;  // the store that made it (outlives it)
 };
 
 class ParameterStore {
  public:
-  explicit ParameterStore(Precision precision) : precision_(precision) {}
+  // `gradient_accumulation_fusion`: how weight gradients reach main_grad (Note [Weight
+  // gradients]).
+  explicit ParameterStore(Precision precision, bool gradient_accumulation_fusion = true)
+      : precision_(precision), gradient_accumulation_fusion_(gradient_accumulation_fusion) {}
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 
@@ -60,9 +79,14 @@ class ParameterStore {
   at::ScalarType param_dtype() const;
   at::ScalarType grad_dtype() const;
   const at::Tensor& grad_buffer() const { return grad_buffer_; }
+  bool gradient_accumulation_fusion() const { return gradient_accumulation_fusion_; }
+  // TE's cached dummy weight gradient of `shape` in the parameter dtype, made on first use.
+  const at::Tensor& DummyWgrad(at::IntArrayRef shape);
 
  private:
   Precision precision_;
+  bool gradient_accumulation_fusion_;
+  std::map<std::vector<int64_t>, at::Tensor> dummy_wgrads_;
   std::deque<Parameter> parameters_;  // deque: pointers stay valid
   int64_t num_elements_ = 0;
   int64_t unit_ = -1;

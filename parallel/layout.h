@@ -30,6 +30,8 @@ struct ParallelLayout {
   bool sequence_parallel = false;
   int64_t pp = 1;   // pipeline parallel
   int64_t vpp = 1;  // virtual pipeline stages (model chunks) per pipeline rank
+  // Interleaving runs microbatches through each chunk in groups of this many; 0: pp.
+  int64_t microbatch_group_size = 0;
   int64_t cp = 1;   // context parallel
   int64_t ep = 1;   // expert parallel
   int64_t etp = 0;  // expert tensor parallel; 0: = tp

@@ -1,27 +1,53 @@
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace memsim {
 
-std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_rank,
-                                           int64_t num_microbatches) {
-  const int64_t total = num_microbatches * vpp;
-  int64_t warmup;
-  if (vpp == 1) {
-    warmup = std::min(pp - pp_rank - 1, num_microbatches);
-  } else if (num_microbatches == pp) {
-    warmup = total;  // all_warmup_microbatches
-  } else {
-    warmup = std::min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, total);
+Status CheckMicrobatchGroup(int64_t pp, int64_t vpp, int64_t num_microbatches, int64_t group) {
+  if (vpp == 1) return Status::OK();
+  if (group < pp || group > num_microbatches) {
+    return Status::Error("interleaved pipelining needs the microbatch group size per virtual stage (" +
+                         std::to_string(group) + ") in [PP=" + std::to_string(pp) + ", microbatches=" +
+                         std::to_string(num_microbatches) + "] (Megatron-LM rejects it)");
   }
-  // Virtual microbatch k -> (microbatch, chunk), in groups of pp microbatches per chunk.
+  const int64_t remainder = num_microbatches % group;
+  if (remainder > 0 && remainder < pp) {
+    return Status::Error("interleaved pipelining: " + std::to_string(num_microbatches) +
+                         " microbatches leave a last group of " + std::to_string(remainder) +
+                         ", fewer than PP=" + std::to_string(pp) + " (Megatron-LM rejects it)");
+  }
+  return Status::OK();
+}
+
+std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_rank,
+                                           int64_t num_microbatches, int64_t group) {
+  if (group == 0) group = pp;
+  if (pp_rank < 0 || pp_rank >= pp || num_microbatches < 1 ||
+      !CheckMicrobatchGroup(pp, vpp, num_microbatches, group).ok()) {
+    throw std::invalid_argument("PipelineSchedule: arguments outside its REQUIRES");
+  }
+  const int64_t total = num_microbatches * vpp;
+  // get_pp_rank_microbatches: everything is warm-up when the count reaches the total.
+  const int64_t warmup =
+      std::min(vpp == 1 ? pp - pp_rank - 1 : (pp - pp_rank - 1) * 2 + (vpp - 1) * group, total);
+  // get_schedule_table: microbatches in groups of `group` (the last group takes the rest),
+  // each group run through chunk 0, 1, ... in turn; backward visits chunks in reverse.
+  std::vector<PipelineStep> table;
+  table.reserve(static_cast<size_t>(total));
+  for (int64_t first = 0; first < num_microbatches; first += group) {
+    const int64_t end = first + group >= num_microbatches ? num_microbatches : first + group;
+    for (int64_t chunk = 0; chunk < vpp; ++chunk) {
+      for (int64_t mb = first; mb < end; ++mb) table.push_back({true, mb, chunk});
+    }
+    if (end == num_microbatches) break;
+  }
   auto step = [&](int64_t k, bool forward) {
-    const int64_t in_group = k % (pp * vpp);
-    int64_t chunk = in_group / pp;
-    if (!forward) chunk = vpp - 1 - chunk;
-    const int64_t microbatch = (k / (pp * vpp)) * pp + in_group % pp;
-    return PipelineStep{forward, microbatch, chunk};
+    PipelineStep s = table[static_cast<size_t>(k)];
+    s.forward = forward;
+    if (!forward) s.chunk = vpp - 1 - s.chunk;
+    return s;
   };
   std::vector<PipelineStep> steps;
   steps.reserve(static_cast<size_t>(2 * total));

@@ -6,13 +6,18 @@
 // backward has not. 1F1B (forward_backward_pipelining_without_interleaving): stage r
 // warms up with min(pp - r - 1, m) forwards, then alternates one forward and one
 // backward, so it holds at most min(pp - r, m) microbatches. Interleaved 1F1B with vpp
-// model chunks per stage: (pp - r - 1) * 2 + (vpp - 1) * pp warm-up forwards (all of
-// them when m == pp), chunk of virtual microbatch k = (k mod pp*vpp) / pp, so the first
-// stage holds 1 + (pp - 1)/(pp * vpp) times the activations of 1F1B.
+// model chunks per stage and microbatches run in groups of g (--microbatch-group-size-
+// per-virtual-pipeline-stage, default pp) through each chunk in turn:
+// (pp - r - 1) * 2 + (vpp - 1) * g warm-up forwards, all of them when that reaches
+// m * vpp (get_pp_rank_microbatches in Megatron-Core 0.20's schedules.py; the older
+// rule "all warm-up when m == pp" is gone). With m >> pp the first stage holds
+// 1 + (pp - 1)/(pp * vpp) times the activations of 1F1B.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "simulator/status.h"
 
 namespace memsim {
 
@@ -22,10 +27,15 @@ struct PipelineStep {
   int64_t chunk;  // model chunk on this stage (0 without interleaving)
 };
 
-// REQUIRES: 0 <= pp_rank < pp, vpp >= 1, num_microbatches >= 1 and, when vpp > 1,
-// num_microbatches a multiple of pp (Megatron's requirement for interleaving).
+// Megatron-LM's rules for the microbatch group size g of interleaving (vpp > 1):
+// pp <= g <= m, and the last group (m mod g) empty or at least pp.
+Status CheckMicrobatchGroup(int64_t pp, int64_t vpp, int64_t num_microbatches, int64_t group);
+
+// `group` 0 means pp (Megatron's default).
+// REQUIRES: 0 <= pp_rank < pp, vpp >= 1, num_microbatches >= 1, CheckMicrobatchGroup ok
+// (std::invalid_argument otherwise).
 std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_rank,
-                                           int64_t num_microbatches);
+                                           int64_t num_microbatches, int64_t group = 0);
 
 // The most microbatch-chunks whose forward has run and backward has not, over the schedule.
 int64_t MaxInFlight(const std::vector<PipelineStep>& schedule);

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "models/parameters.h"
 #include "models/transformer.h"
 #include "ops/collectives.h"
+#include "ops/library_workspaces.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/status.h"
@@ -61,6 +63,52 @@ void BackwardFrom(const InFlight& f, const at::Tensor& grad) {
       /*accumulate_grad=*/true, /*outputs=*/{});
 }
 
+// The CUDA libraries' GEMM workspaces (Note [Library workspaces]), allocated where the
+// real run first needs each and kept to the end: PyTorch's cuBLAS workspace of the forward
+// thread at the first forward step and of autograd's backward thread at the first
+// backward step, when the stage runs a GEMM through PyTorch at all; Transformer Engine's
+// at the first forward step of a stage with TE layers.
+class LibraryWorkspaces {
+ public:
+  LibraryWorkspaces(const GpuSpec* gpu, const ModelConfig& model, const TrainingConfig& training,
+                    const ModelShard& shard) {
+    if (gpu == nullptr) return;  // no GPU, no libraries (unit tests of the model alone)
+    // PyTorch GEMMs: every linear layer in the local implementation; under TE, the output
+    // layer (Megatron's ColumnParallelLinear), unfused attention's bmm and the MoE router.
+    const bool has_layers = std::any_of(shard.chunks.begin(), shard.chunks.end(),
+                                        [](const auto& c) { return c.second > 0; });
+    const bool torch_gemms =
+        training.profile == ProfileKind::kMegatronLocal || shard.last_stage ||
+        (has_layers && (training.attention == AttentionKind::kEager || model.num_experts > 0));
+    cublas_bytes_ = torch_gemms ? (training.cublas_workspace_bytes >= 0
+                                       ? training.cublas_workspace_bytes
+                                       : DefaultCublasWorkspaceBytes(*gpu))
+                                : 0;
+    te_bytes_ = training.profile == ProfileKind::kTransformerEngine && has_layers
+                    ? TransformerEngineWorkspaceBytes(*gpu)
+                    : 0;
+  }
+  LibraryWorkspaces(const LibraryWorkspaces&) = delete;
+  LibraryWorkspaces& operator=(const LibraryWorkspaces&) = delete;
+
+  void BeforeForward() {
+    Allocate(te_bytes_, "transformer_engine.gemm_workspace", &te_);
+    Allocate(cublas_bytes_, "cublas_workspace.forward_thread", &forward_);
+  }
+  void BeforeBackward() { Allocate(cublas_bytes_, "cublas_workspace.backward_thread", &backward_); }
+
+ private:
+  static void Allocate(int64_t bytes, const char* name, at::Tensor* out) {
+    if (bytes == 0 || out->defined()) return;
+    ModuleScope scope(ModuleScope::Absolute{name});
+    CategoryScope category(Category::kWorkspace);
+    *out = at::empty({bytes}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+  }
+
+  int64_t cublas_bytes_ = 0, te_bytes_ = 0;
+  at::Tensor forward_, backward_, te_;
+};
+
 }  // namespace
 
 ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int64_t pp_rank) {
@@ -83,7 +131,7 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
                      const ParallelLayout& layout, int64_t pp_rank, Session& session,
                      bool replicate_microbatches) {
   session.SetPhase(Phase::kSetup);
-  ParameterStore store(training.precision);
+  ParameterStore store(training.precision, training.gradient_accumulation_fusion);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   if (layout.data_parallel == DataParallelKind::kFsdp) {
@@ -107,8 +155,10 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
   MixedPrecisionOptimizer optimizer(&store, training.optimizer, sharded_optimizer ? layout.dp : 1,
                                     sharded_optimizer ? layout.edp : 1);
   const std::vector<PipelineStep> schedule =
-      PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches);
+      PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
+                       layout.microbatch_group_size);
   const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());
+  LibraryWorkspaces workspaces(session.gpu(), model_config, training, shard);
 
   for (int32_t it = 0; it < training.iterations; ++it) {
     {
@@ -149,6 +199,11 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
                           std::to_string(step.microbatch) +
                           " cannot be copied; rerun without microbatch replication");
         }
+      }
+      if (step.forward) {
+        workspaces.BeforeForward();
+      } else {
+        workspaces.BeforeBackward();
       }
       const int64_t begin_event = static_cast<int64_t>(recorder.events().size());
       const double begin_s = recorder.now_s();

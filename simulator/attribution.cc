@@ -32,6 +32,8 @@ std::string_view CategoryName(Category category) {
       return "temporaries";
     case Category::kCommunication:
       return "communication";
+    case Category::kWorkspace:
+      return "workspaces";
   }
   return "unknown";
 }

@@ -29,8 +29,9 @@ enum class Category : uint8_t {
   kActivation,
   kTemporary,
   kCommunication,
+  kWorkspace,  // CUDA libraries' scratch memory (Note [Library workspaces])
 };
-inline constexpr int kNumCategories = 7;
+inline constexpr int kNumCategories = 8;
 
 std::string_view PhaseName(Phase phase);
 std::string_view CategoryName(Category category);

@@ -12,13 +12,13 @@ std::vector<IterationSummary> IterationRanges(const Recorder& recorder) {
   for (const Marker& m : recorder.markers()) {
     if (m.kind == MarkerKind::kIterationBegin) {
       if (!ranges.empty() && ranges.back().end_event < 0) ranges.back().end_event = m.event_index;
-      ranges.push_back({m.iteration, m.event_index, -1, 0, 0, 0, -1, m.time_s, m.time_s});
+      ranges.push_back({m.iteration, m.event_index, -1, 0, 0, 0, 0, -1, m.time_s, m.time_s});
     } else if (m.kind == MarkerKind::kIterationEnd && !ranges.empty()) {
       ranges.back().end_event = m.event_index;
       ranges.back().end_time_s = m.time_s;
     }
   }
-  if (ranges.empty()) ranges.push_back({0, 0, num_events, 0, 0, 0, -1, 0.0, recorder.now_s()});
+  if (ranges.empty()) ranges.push_back({0, 0, num_events, 0, 0, 0, 0, -1, 0.0, recorder.now_s()});
   if (ranges.back().end_event < 0) {
     ranges.back().end_event = num_events;
     ranges.back().end_time_s = recorder.now_s();
@@ -55,6 +55,7 @@ Timeline Timeline::Replay(const Recorder& recorder) {
   timeline.iterations_ = IterationRanges(recorder);
   for (IterationSummary& it : timeline.iterations_) {
     it.static_allocated_bytes = timeline.AllocatedBefore(it.begin_event);
+    it.end_allocated_bytes = timeline.AllocatedBefore(it.end_event);
     it.peak_allocated_bytes = it.static_allocated_bytes;
     it.peak_reserved_bytes =
         it.begin_event > 0

@@ -24,6 +24,9 @@ struct IterationSummary {
   int64_t begin_event;             // first event of the iteration
   int64_t end_event;               // one past its last event
   int64_t static_allocated_bytes;  // allocated at its start (Session::BeginIteration)
+  // Allocated after its last event: after the optimizer step, when Megatron-LM's
+  // training_log reads torch.cuda.memory_allocated() ("mem-allocated-bytes").
+  int64_t end_allocated_bytes;
   int64_t peak_allocated_bytes;
   int64_t peak_reserved_bytes;
   int64_t peak_event;  // event after which allocated memory peaked; -1: at the start

@@ -197,3 +197,67 @@ TEST(Cli, MegatronRefusesWhatMemsimDoesNotModel) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// A validation case as validation/import_megatron_ci.py writes one, minus `drop`.
+std::string ValidationCaseYaml(const std::string& name, const std::string& extra_arg,
+                               const std::string& drop) {
+  std::string yaml = "name: " + name +
+                     "\n"
+                     "source: {repository: NVIDIA/Megatron-LM, commit: abc, config: c.yaml, "
+                     "golden_values: g.json}\n"
+                     "gpu: H100-80GB\nworld_size: 1\nrank: 0\n"
+                     "env: {CUBLAS_WORKSPACE_CONFIG: ':4096:8'}\n"
+                     "args:\n  --num-layers: 2\n  --hidden-size: 256\n  --num-attention-heads: 4\n"
+                     "  --seq-length: 128\n  --micro-batch-size: 1\n  --vocab-size: 1000\n"
+                     "  --bf16: true\n" +
+                     extra_arg +
+                     "measured: {iteration: 2, max_allocated_bytes: 100000000, "
+                     "allocated_bytes: 50000000}\n";
+  if (!drop.empty()) {
+    const size_t at = yaml.find(drop + ":");
+    yaml.erase(at, yaml.find('\n', at) - at + 1);
+  }
+  return yaml;
+}
+
+TEST(Cli, ValidateReportsEveryBadCaseAndStillRunsTheOthers) {
+  const std::string dir = Temp("validate");
+  fs::create_directories(dir + "/cases");
+  std::ofstream(dir + "/cases/a_good.yaml") << ValidationCaseYaml("good", "", "");
+  std::ofstream(dir + "/cases/b_missing.yaml") << ValidationCaseYaml("missing", "", "gpu");
+  std::ofstream(dir + "/cases/c_unknown.yaml")
+      << ValidationCaseYaml("unknown", "  --no-such-flag: true\n", "");
+  std::ofstream(dir + "/tolerances.yaml") << "{}\n";
+  const CommandResult run = Memsim("validate --cases " + dir + "/cases --tolerances " + dir +
+                                   "/tolerances.yaml --json " + dir + "/out.json");
+  EXPECT_EQ(run.exit_code, 2);
+  // The file with a missing field is named with the field, on one line.
+  EXPECT_NE(run.err.find("b_missing.yaml: missing field 'gpu'"), std::string::npos) << run.err;
+  // Both loadable cases ran and are in the table: the good one with numbers (far from the
+  // made-up measurement, so outside the default 0.5%), the unknown argument refused.
+  EXPECT_NE(run.out.find("good"), std::string::npos);
+  EXPECT_NE(run.out.find("OUTSIDE"), std::string::npos);
+  EXPECT_NE(run.out.find("REFUSED: unknown Megatron-LM argument '--no-such-flag'"),
+            std::string::npos)
+      << run.out;
+  const nlohmann::json result = nlohmann::json::parse(std::ifstream(dir + "/out.json"));
+  EXPECT_EQ(result["cases"].size(), 2u);
+}
+
+TEST(Cli, ValidateToleranceAboveHalfAPercentNeedsAReason) {
+  const std::string dir = Temp("validate_tolerance");
+  fs::create_directories(dir + "/cases");
+  std::ofstream(dir + "/cases/a.yaml") << ValidationCaseYaml("a", "", "");
+  std::ofstream(dir + "/tolerances.yaml") << "a: {max_allocated_pct: 3}\n";
+  const CommandResult run =
+      Memsim("validate --cases " + dir + "/cases --tolerances " + dir + "/tolerances.yaml");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.err.find("needs a 'reason'"), std::string::npos) << run.err;
+  EXPECT_EQ(Lines(run.err), 1);
+}
+
+}  // namespace
+}  // namespace memsim

@@ -19,14 +19,14 @@ std::vector<std::string> Split(const std::string& line) {
 
 MegatronArgsResult Parse(const std::string& line, int64_t world_size) {
   MegatronArgsResult result;
-  const Status s = ParseMegatronArgs(Split(line), world_size, &result);
+  const Status s = ParseMegatronArgs(Split(line), {}, world_size, &result);
   EXPECT_TRUE(s.ok()) << s.message();
   return result;
 }
 
 std::string ErrorOf(const std::string& line, int64_t world_size = 8) {
   MegatronArgsResult result;
-  const Status s = ParseMegatronArgs(Split(line), world_size, &result);
+  const Status s = ParseMegatronArgs(Split(line), {}, world_size, &result);
   EXPECT_FALSE(s.ok()) << line;
   EXPECT_EQ(s.message().find('\n'), std::string::npos);
   return s.message();

@@ -180,6 +180,54 @@ TEST(PipelineSchedule, InterleavedFirstStageHoldsMore) {
   }
 }
 
+// Megatron-Core 0.20's get_pp_rank_microbatches: warm-up (pp - r - 1) * 2 + (vpp - 1) * g,
+// clamped to all m * vpp steps; in flight = warm-up + 1 unless everything is warm-up.
+TEST(PipelineSchedule, InterleavedWarmupFollowsMegatronCore) {
+  struct Case {
+    int64_t pp, vpp, m, group;
+    std::vector<int64_t> in_flight;  // per stage, worked by hand from the formula
+  };
+  const Case cases[] = {
+      // m == pp: stages 0 and 1 warm up everything (10, 8 >= 8), 2 and 3 do not (6, 4).
+      {4, 2, 4, 0, {8, 8, 7, 5}},
+      // 32 layers, PP 4, one layer per virtual stage (vpp 8), 4 microbatches: the last
+      // stage warms up 28 of 32 and so holds 29, not all 32 (the pre-2025 rule).
+      {4, 8, 4, 0, {32, 32, 31, 29}},
+      // Groups of 3 on PP 2: warm-up 2 + 3 = 5 and 0 + 3 = 3.
+      {2, 2, 6, 3, {6, 4}},
+  };
+  for (const Case& c : cases) {
+    for (int64_t r = 0; r < c.pp; ++r) {
+      EXPECT_EQ(MaxInFlight(PipelineSchedule(c.pp, c.vpp, r, c.m, c.group)),
+                c.in_flight[static_cast<size_t>(r)])
+          << c.pp << " " << c.vpp << " " << c.m << " " << c.group << " stage " << r;
+    }
+  }
+  // Groups of 3: each group runs chunk 0 then chunk 1 (get_schedule_table).
+  const auto schedule = PipelineSchedule(2, 2, 1, 6, 3);
+  std::vector<std::pair<int64_t, int64_t>> forwards;
+  for (const PipelineStep& s : schedule) {
+    if (s.forward) forwards.emplace_back(s.microbatch, s.chunk);
+  }
+  const std::vector<std::pair<int64_t, int64_t>> expected = {
+      {0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1}};
+  EXPECT_EQ(forwards, expected);
+  // The first backward is of the last chunk of microbatch 0: the last stage frees one
+  // microbatch's logits before it makes the next.
+  EXPECT_FALSE(schedule[4].forward);
+  EXPECT_EQ(schedule[4].chunk, 1);
+  EXPECT_EQ(schedule[4].microbatch, 0);
+}
+
+TEST(PipelineSchedule, MicrobatchGroupRules) {
+  EXPECT_TRUE(CheckMicrobatchGroup(4, 2, 8, 4).ok());
+  EXPECT_TRUE(CheckMicrobatchGroup(4, 2, 10, 5).ok());
+  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 8, 3).ok());   // smaller than PP
+  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 8, 9).ok());   // more than the microbatches
+  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 6, 4).ok());   // last group of 2 < PP
+  EXPECT_TRUE(CheckMicrobatchGroup(4, 1, 3, 0).ok());    // no interleaving, no rule
+}
+
 int64_t StagePeak(const ModelConfig& m, const TrainingConfig& t, const ParallelLayout& layout,
                   int64_t pp_rank) {
   Session session;

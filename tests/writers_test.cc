@@ -41,6 +41,9 @@ TEST(Timeline, StaticMemoryIsRoundedParametersStateAndInputs) {
   EXPECT_EQ(timeline.iterations()[0].static_allocated_bytes, 3 * 4096 + 1024);
   // Iteration 1 also starts with iteration 0's loss alive (4 B -> 512).
   EXPECT_EQ(timeline.iterations()[1].static_allocated_bytes, 3 * 4096 + 1024 + 512);
+  // After each optimizer step the same is alive: state, inputs and that iteration's loss.
+  EXPECT_EQ(timeline.iterations()[0].end_allocated_bytes, 3 * 4096 + 1024 + 512);
+  EXPECT_EQ(timeline.iterations()[1].end_allocated_bytes, 3 * 4096 + 1024 + 512);
   // Everything is in one 2 MiB small-pool segment.
   EXPECT_EQ(timeline.peak_reserved_bytes(), 2 * kMiB);
   EXPECT_GT(timeline.points().back().time_s, 0.0);  // the virtual clock ran

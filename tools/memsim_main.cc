@@ -12,6 +12,7 @@
 #include "tools/lib/megatron_command.h"
 #include "tools/lib/simulate.h"
 #include "tools/lib/sweep.h"
+#include "tools/lib/validate.h"
 
 namespace {
 
@@ -23,6 +24,7 @@ void PrintUsage() {
       "  sweep      simulate every valid layout over value lists; logs, tables, traces\n"
       "  merge      join the outputs of sweep shards\n"
       "  megatron   simulate a Megatron-LM launch line: memsim megatron -- <arguments>\n"
+      "  validate   compare memsim with the real measurements in validation/\n"
       "  compare    plot real vs simulated memory traces, rank by rank\n"
       "  heatmap    TP x PP heatmap of a sweep's peaks\n"
       "  analyze    analyze a PyTorch memory snapshot pickle\n"
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
     if (command == "sweep") return memsim::SweepCommand(argc - 1, argv + 1);
     if (command == "merge") return memsim::MergeCommand(argc - 1, argv + 1);
     if (command == "megatron") return memsim::MegatronCommand(argc - 1, argv + 1);
+    if (command == "validate") return memsim::ValidateCommand(argc - 1, argv + 1);
     if (command == "compare" || command == "heatmap" || command == "analyze" ||
         command == "report") {
       return RunPlotsCommand(argc, argv);

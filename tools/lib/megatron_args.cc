@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "ops/library_workspaces.h"
 #include "simulator/checked_math.h"
 
 namespace memsim {
@@ -60,6 +61,7 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--pipeline-model-parallel-size", Arity::kValue},
       {"--num-layers-per-virtual-pipeline-stage", Arity::kValue},
       {"--num-virtual-stages-per-pipeline-rank", Arity::kValue},
+      {"--microbatch-group-size-per-virtual-pipeline-stage", Arity::kValue},
       {"--decoder-first-pipeline-num-layers", Arity::kValue},
       {"--decoder-last-pipeline-num-layers", Arity::kValue},
       {"--context-parallel-size", Arity::kValue},
@@ -82,6 +84,7 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--attention-backend", Arity::kValue},
       {"--use-flash-attn", Arity::kFlag},
       {"--optimizer", Arity::kValue},
+      {"--no-gradient-accumulation-fusion", Arity::kFlag},
       // Recomputation and memory management.
       {"--recompute-activations", Arity::kFlag},
       {"--recompute-granularity", Arity::kValue},
@@ -113,6 +116,7 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--adlr-autoresume-interval",
              "--app-tag-run-name",
              "--app-tag-run-version",
+             "--async-strategy",
              "--check-weight-hash-across-dp-replicas-interval",
              "--ckpt-convert-format",
              "--ckpt-convert-save",
@@ -138,6 +142,7 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--error-injection-type",
              "--eval-interval",
              "--eval-iters",
+             "--fim-rate",
              "--exit-duration-in-mins",
              "--exit-interval",
              "--fp8-amax-compute-algo",
@@ -260,6 +265,7 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--apply-layernorm-1p",
              "--apply-query-key-layer-scaling",
              "--async-save",
+             "--async-ckpt-use-cpu-shm",
              "--attention-softmax-in-fp32",
              "--auto-detect-ckpt-format",
              "--calculate-per-token-loss",
@@ -278,6 +284,7 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--dist-ckpt-optim-fully-reshardable",
              "--enable-experimental",
              "--eod-mask-loss",
+             "--fim-data",
              "--exit-on-missing-checkpoint",
              "--exit-signal-handler",
              "--finetune",
@@ -317,7 +324,6 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--no-ckpt-fully-parallel-save",
              "--no-create-attention-mask-in-dataloader",
              "--no-fp8-wgrad",
-             "--no-gradient-accumulation-fusion",
              "--no-gradient-reduce-div-fusion",
              "--no-initialization",
              "--no-load-optim",
@@ -363,6 +369,7 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--use-rope-scaling",
              "--use-sharp",
              "--use-tp-pp-dp-mapping",
+             "--verify-integrity",
          }) {
       (*m)[name] = Arity::kFlag;
     }
@@ -404,8 +411,6 @@ const std::map<std::string, std::string>& UnmodelledArgs() {
       {"--hybrid-mlp-ratio", "hybrid Mamba models"},
       {"--hybrid-override-pattern", "hybrid Mamba models"},
       {"--is-hybrid-model", "hybrid Mamba models"},
-      {"--microbatch-group-size-per-virtual-pipeline-stage",
-       "a custom interleaved-schedule microbatch grouping"},
       {"--moe-enable-deepep", "the DeepEP token dispatcher"},
       {"--moe-extended-tp", "extended expert tensor parallelism"},
       {"--moe-layer-recompute", "MoE-layer recomputation"},
@@ -593,10 +598,16 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
       return Status::Error(std::string("missing ") + required + " (Megatron-LM requires it)");
     }
   }
-  if (!a.Has("--vocab-size") && !a.Has("--padded-vocab-size")) {
+  // The vocabulary: --vocab-size, else what the tokenizer has. Of the tokenizers that
+  // read files, memsim knows GPT2BPETokenizer's (GPT-2's vocab.json: 50,257 tokens),
+  // pretrain_gpt.py's default.
+  const std::string tokenizer = a.Text("--tokenizer-type", "GPT2BPETokenizer");
+  const bool gpt2_vocabulary = tokenizer == "GPT2BPETokenizer";
+  if (!a.Has("--vocab-size") && !a.Has("--padded-vocab-size") && !gpt2_vocabulary) {
     return Status::Error(
-        "missing --vocab-size: memsim does not read tokenizers, so give the vocabulary size "
-        "(e.g. --vocab-size 128256 for Llama 3)");
+        "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type " +
+        tokenizer + ")" +
+        ", so give the vocabulary size (e.g. --vocab-size 128256 for Llama 3)");
   }
 
   // Model shape, with Megatron-LM's defaults.
@@ -624,6 +635,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     a.Ignore("--vocab-size");
     a.Ignore("--make-vocab-size-divisible-by");
   } else {
+    if (gpt2_vocabulary && !a.Has("--vocab-size")) m.vocab_size = 50257;
     MEMSIM_RETURN_IF_ERROR(a.Int("--vocab-size", &m.vocab_size));
     m.make_vocab_size_divisible_by = 128;
     MEMSIM_RETURN_IF_ERROR(
@@ -760,6 +772,9 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     l.vpp = m.num_layers / l.pp / per_chunk;
   }
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-virtual-stages-per-pipeline-rank", &l.vpp));
+  MEMSIM_RETURN_IF_ERROR(
+      a.Int("--microbatch-group-size-per-virtual-pipeline-stage", &l.microbatch_group_size));
+  if (l.vpp == 1) a.Ignore("--microbatch-group-size-per-virtual-pipeline-stage");
 
   // Data parallelism and the microbatches of one iteration.
   if (a.Has("--use-distributed-optimizer")) {
@@ -811,12 +826,15 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     if (a.Text(name, "fp32") != "fp32") return NotModelled(name, "low-precision optimizer states");
     a.Ignore(name);
   }
+  t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--optimizer", {"adam", "sgd"}, "adam", &text));
   t.optimizer = text == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdam;
 
-  // Kernels: Transformer Engine (Megatron-LM's default) runs flash or cuDNN fused
-  // attention unless told "unfused"; the local implementation is eager unless
-  // --use-flash-attn.
+  // Kernels: Transformer Engine (Megatron-LM's default) picks its attention backend per
+  // GPU from the backends allowed (--attention-backend sets NVTE_FLASH_ATTN,
+  // NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN; "auto" leaves the environment's); "local"
+  // swaps in Megatron's own unfused DotProductAttention. The local implementation is
+  // unfused unless --use-flash-attn.
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--transformer-impl", {"local", "transformer_engine"},
                                 "transformer_engine", &text));
   const bool local = text == "local";
@@ -827,10 +845,24 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   if (local) {
     t.attention = a.Has("--use-flash-attn") ? AttentionKind::kFlash : AttentionKind::kEager;
     a.Ignore("--attention-backend");
-  } else {
-    t.attention =
-        backend == "unfused" || backend == "local" ? AttentionKind::kEager : AttentionKind::kFlash;
+  } else if (backend == "local") {
+    t.attention = AttentionKind::kEager;
     a.Ignore("--use-flash-attn");
+  } else {
+    TeAttentionChoice choice;
+    if (backend != "auto") {
+      choice.flash = backend == "flash";
+      choice.fused = backend == "fused";
+      choice.unfused = backend == "unfused";
+    }
+    t.te_attention = choice;
+    a.Ignore("--use-flash-attn");
+  }
+  // --deterministic-mode sets NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 and, unless the
+  // environment has one, CUBLAS_WORKSPACE_CONFIG=:4096:8 (megatron/training/determinism.py).
+  if (a.Has("--deterministic-mode")) {
+    if (t.te_attention) t.te_attention->deterministic = true;
+    t.cublas_workspace_bytes = 4096 * 1024 * 8;
   }
 
   // Recomputation, with Megatron-LM's rules.
@@ -882,19 +914,101 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   return Status::OK();
 }
 
+
+// Environment variables of a launch. Modelled ones change what the CUDA libraries
+// allocate or which attention kernel runs; neutral ones tune communication, logging and
+// kernel scheduling without changing any tensor's size.
+const std::set<std::string>& ModelledEnv() {
+  static const auto* names = new std::set<std::string>{
+      "CUBLAS_WORKSPACE_CONFIG", "NVTE_FLASH_ATTN",         "NVTE_FUSED_ATTN",
+      "NVTE_UNFUSED_ATTN",       "PYTORCH_CUDA_ALLOC_CONF", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+  };
+  return *names;
+}
+
+const std::set<std::string>& NeutralEnv() {
+  static const auto* names = new std::set<std::string>{
+      "CUDA_DEVICE_MAX_CONNECTIONS",  // stream scheduling
+      "NCCL_ALGO",
+      "NCCL_DEBUG",
+      "NCCL_NVLS_ENABLE",
+      "NON_DETERMINSTIC_RESULTS",  // the functional tests' own switches, as they spell them
+      "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE",
+      "NVTE_BWD_LAYERNORM_SM_MARGIN",  // SMs left free for communication
+      "NVTE_FWD_LAYERNORM_SM_MARGIN",
+      "NVTE_CPU_OFFLOAD_V1",  // selects an offloading implementation; offloading is refused
+      "N_REPEAT",
+      "N_REPEATS",
+      "PYTHONWARNINGS",
+      "SKIP_PYTEST",
+      "THROUGHPUT_START_STEP",
+  };
+  return *names;
+}
+
+Status ApplyEnvironment(const std::map<std::string, std::string>& env, const Args& a,
+                        MegatronArgsResult* out) {
+  TrainingConfig& t = out->spec.training;
+  for (const auto& [name, value] : env) {
+    if (NeutralEnv().count(name)) {
+      out->ignored.push_back(name);
+    } else if (!ModelledEnv().count(name)) {
+      return Status::Error("unknown environment variable " + name +
+                           "; if it does not change memory, leave it out of the environment "
+                           "given to memsim");
+    }
+  }
+  auto get = [&env](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  if (env.count("CUBLAS_WORKSPACE_CONFIG")) {
+    MEMSIM_RETURN_IF_ERROR(
+        ParseCublasWorkspaceConfig(get("CUBLAS_WORKSPACE_CONFIG"), &t.cublas_workspace_bytes));
+  }
+  if (const std::string conf = get("PYTORCH_CUDA_ALLOC_CONF"); !conf.empty()) {
+    // expandable_segments maps segments in pages and changes reserved memory, not the
+    // blocks handed out; other settings change how blocks are split and cached.
+    if (conf != "expandable_segments:True") {
+      return Status::Error("PYTORCH_CUDA_ALLOC_CONF '" + conf +
+                           "' is not modelled (memsim models the default allocator and "
+                           "expandable_segments:True); drop it to simulate without it");
+    }
+    out->ignored.push_back("PYTORCH_CUDA_ALLOC_CONF");
+  }
+  if (t.te_attention) {
+    // Explicit backends come from --attention-backend, which overrides these.
+    if (a.Text("--attention-backend", "auto") == "auto") {
+      t.te_attention->flash = get("NVTE_FLASH_ATTN") != "0";
+      t.te_attention->fused = get("NVTE_FUSED_ATTN") != "0";
+      t.te_attention->unfused = get("NVTE_UNFUSED_ATTN") != "0";
+    }
+    if (get("NVTE_ALLOW_NONDETERMINISTIC_ALGO") == "0") t.te_attention->deterministic = true;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
-Status ParseMegatronArgs(const std::vector<std::string>& args, int64_t world_size,
+std::vector<std::string> ModelledEnvNames() {
+  return {ModelledEnv().begin(), ModelledEnv().end()};
+}
+
+Status ParseMegatronArgs(const std::vector<std::string>& args,
+                         const std::map<std::string, std::string>& env, int64_t world_size,
                          MegatronArgsResult* out) {
   Args parsed;
   MEMSIM_RETURN_IF_ERROR(parsed.Parse(args));
   MegatronArgsResult result;
   try {
     MEMSIM_RETURN_IF_ERROR(Build(parsed, world_size, &result));
+    MEMSIM_RETURN_IF_ERROR(ApplyEnvironment(env, parsed, &result));
   } catch (const std::overflow_error&) {
     return Status::Error("the Megatron-LM arguments give sizes too large for 64-bit counts");
   }
-  result.ignored = parsed.Ignored();
+  std::vector<std::string> ignored = parsed.Ignored();
+  ignored.insert(ignored.end(), result.ignored.begin(), result.ignored.end());
+  result.ignored = std::move(ignored);
   *out = std::move(result);
   return Status::OK();
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,15 @@ struct MegatronArgsResult {
   std::vector<std::string> ignored;
 };
 
-// `world_size` is the number of ranks (Megatron-LM takes it from WORLD_SIZE).
-Status ParseMegatronArgs(const std::vector<std::string>& args, int64_t world_size,
+// `world_size` is the number of ranks (Megatron-LM takes it from WORLD_SIZE). `env` holds
+// the launch's environment variables; each must be one memsim knows (MegatronEnvNames):
+// those that change memory are modelled, the others are listed in `ignored`.
+Status ParseMegatronArgs(const std::vector<std::string>& args,
+                         const std::map<std::string, std::string>& env, int64_t world_size,
                          MegatronArgsResult* out);
+
+// The environment variables memsim models (CUBLAS_WORKSPACE_CONFIG, NVTE_*_ATTN, ...):
+// what `memsim megatron` reads from its own environment.
+std::vector<std::string> ModelledEnvNames();
 
 }  // namespace memsim

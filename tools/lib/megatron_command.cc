@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -73,8 +74,12 @@ int MegatronCommand(int argc, const char* const* argv) {
     return kExitError;
   }
   const std::vector<std::string> args(argv + i, argv + argc);
+  std::map<std::string, std::string> env;
+  for (const std::string& name : ModelledEnvNames()) {
+    if (const char* value = std::getenv(name.c_str())) env[name] = value;
+  }
   MegatronArgsResult parsed;
-  Status status = ParseMegatronArgs(args, world_size, &parsed);
+  Status status = ParseMegatronArgs(args, env, world_size, &parsed);
   if (status.ok()) status = ParseGpu(gpu_name, &parsed.spec.gpu);
   if (status.ok() && iterations != 0) {
     if (iterations < 0 || iterations > 1000) {

@@ -1,6 +1,8 @@
 #include "tools/lib/run_config.h"
 
 #include "simulator/checked_math.h"
+#include "parallel/pipeline_schedule.h"
+#include "tools/lib/yaml_reader.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,21 +14,6 @@ namespace memsim {
 namespace {
 namespace fs = std::filesystem;
 
-std::string Where(const std::string& source, const YAML::Node& node) {
-  return source + ":" + std::to_string(node.Mark().line + 1);
-}
-
-template <typename T>
-Status Read(const YAML::Node& node, const std::string& source, const std::string& key, T* out) {
-  try {
-    *out = node.as<T>();
-    return Status::OK();
-  } catch (const YAML::Exception&) {
-    return Status::Error(Where(source, node) + ": '" + key + "' has a value of the wrong type ('" +
-                         node.as<std::string>("?") + "')");
-  }
-}
-
 template <typename E>
 Status ReadEnum(const YAML::Node& node, const std::string& source, const std::string& key,
                 Status (*parse)(const std::string&, E*), E* out) {
@@ -36,37 +23,6 @@ Status ReadEnum(const YAML::Node& node, const std::string& source, const std::st
   return s.ok() ? s : Status::Error(Where(source, node) + ": " + key + ": " + s.message());
 }
 
-// Applies each key of `node` with the handler of the same name; unknown keys are errors.
-using Handler = std::function<Status(const YAML::Node&)>;
-Status ApplyKeys(const YAML::Node& node, const std::string& source, const std::string& what,
-                 const std::map<std::string, Handler>& handlers) {
-  if (!node.IsMap()) return Status::Error(Where(source, node) + ": " + what + " must be a mapping");
-  for (const auto& entry : node) {
-    const std::string key = entry.first.as<std::string>();
-    auto it = handlers.find(key);
-    if (it == handlers.end()) {
-      std::string known;
-      for (const auto& [name, _] : handlers) known += (known.empty() ? "" : ", ") + name;
-      return Status::Error(Where(source, entry.first) + ": unknown key '" + key + "' in " + what +
-                           " (known: " + known + ")");
-    }
-    MEMSIM_RETURN_IF_ERROR(it->second(entry.second));
-  }
-  return Status::OK();
-}
-
-Status LoadYamlFile(const std::string& path, YAML::Node* out) {
-  if (!fs::is_regular_file(path)) return Status::Error("cannot read '" + path + "': no such file");
-  try {
-    *out = YAML::LoadFile(path);
-  } catch (const YAML::ParserException& e) {
-    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) +
-                         ": malformed YAML: " + e.msg);
-  } catch (const YAML::Exception& e) {
-    return Status::Error("cannot read '" + path + "': " + e.what());
-  }
-  return Status::OK();
-}
 
 template <typename E>
 Status ParseChoice(const std::string& text, const std::map<std::string, E>& choices, E* out,
@@ -128,7 +84,11 @@ Status ParsePrecision(const std::string& text, Precision* out) {
 }
 Status ParseAttention(const std::string& text, AttentionKind* out) {
   return ParseChoice<AttentionKind>(
-      text, {{"flash", AttentionKind::kFlash}, {"eager", AttentionKind::kEager}}, out, "attention");
+      text,
+      {{"flash", AttentionKind::kFlash},
+       {"fused", AttentionKind::kFused},
+       {"eager", AttentionKind::kEager}},
+      out, "attention");
 }
 Status ParseRecompute(const std::string& text, RecomputeKind* out) {
   return ParseChoice<RecomputeKind>(text,
@@ -174,10 +134,10 @@ Status ParseDataParallel(const std::string& text, DataParallelKind* out) {
 }
 
 Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, ParallelLayout* l) {
-  auto i64 = [&](const char* key, int64_t* field) -> std::pair<std::string, Handler> {
+  auto i64 = [&](const char* key, int64_t* field) -> std::pair<std::string, YamlKeyHandler> {
     return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
   };
-  std::map<std::string, Handler> handlers = {
+  std::map<std::string, YamlKeyHandler> handlers = {
       i64("world_size", &l->world_size),
       i64("tp", &l->tp),
       i64("pp", &l->pp),
@@ -217,6 +177,11 @@ Status FinalizeRunSpec(RunSpec* spec) {
 
 Status FinalizeRunSpecUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
+  if (spec->training.te_attention && spec->gpu != nullptr) {
+    MEMSIM_RETURN_IF_ERROR(SelectTeAttention(*spec->training.te_attention, spec->training,
+                                             spec->gpu->compute_capability,
+                                             &spec->training.attention));
+  }
   MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
   const ParallelLayout& l = spec->layout;
   TrainingConfig& t = spec->training;
@@ -229,11 +194,8 @@ Status FinalizeRunSpecUnchecked(RunSpec* spec) {
     }
     t.num_microbatches = spec->global_batch_size / per_step;
   }
-  if (l.vpp > 1 && t.num_microbatches % l.pp != 0) {
-    return Status::Error("interleaved pipelining needs the number of microbatches (" +
-                         std::to_string(t.num_microbatches) +
-                         ") to be a multiple of PP=" + std::to_string(l.pp));
-  }
+  MEMSIM_RETURN_IF_ERROR(CheckMicrobatchGroup(
+      l.pp, l.vpp, t.num_microbatches, l.microbatch_group_size == 0 ? l.pp : l.microbatch_group_size));
   const int64_t seq_divisor = l.cp * (l.sequence_parallel ? l.tp : 1);
   if (t.seq_length % seq_divisor != 0) {
     return Status::Error("sequence length " + std::to_string(t.seq_length) +
@@ -245,8 +207,9 @@ Status FinalizeRunSpecUnchecked(RunSpec* spec) {
         "FSDP is modelled on its own (TP=PP=EP=1); combine TP/PP with "
         "distributed-optimizer instead");
   }
-  if (l.cp > 1 && t.attention != AttentionKind::kFlash) {
-    return Status::Error("context parallelism needs flash attention (as Megatron-LM's CP does)");
+  if (l.cp > 1 && t.attention == AttentionKind::kEager) {
+    return Status::Error(
+        "context parallelism needs flash or fused attention (as Megatron-LM's CP does)");
   }
   if (l.cp > 1 && t.seq_length % (2 * l.cp) != 0) {
     return Status::Error("sequence length " + std::to_string(t.seq_length) +
@@ -262,16 +225,16 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
     MEMSIM_RETURN_IF_ERROR(Read(node["base"], source, "base", &base));
     MEMSIM_RETURN_IF_ERROR(LoadModelPreset(base, m));
   }
-  auto i64 = [&](const char* key, int64_t* field) -> std::pair<std::string, Handler> {
+  auto i64 = [&](const char* key, int64_t* field) -> std::pair<std::string, YamlKeyHandler> {
     return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
   };
-  auto f64 = [&](const char* key, double* field) -> std::pair<std::string, Handler> {
+  auto f64 = [&](const char* key, double* field) -> std::pair<std::string, YamlKeyHandler> {
     return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
   };
-  auto flag = [&](const char* key, bool* field) -> std::pair<std::string, Handler> {
+  auto flag = [&](const char* key, bool* field) -> std::pair<std::string, YamlKeyHandler> {
     return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
   };
-  std::map<std::string, Handler> handlers = {
+  std::map<std::string, YamlKeyHandler> handlers = {
       {"base", [](const YAML::Node&) { return Status::OK(); }},
       {"name", [&](const YAML::Node& v) { return Read(v, source, "name", &m->name); }},
       {"architecture", [](const YAML::Node&) { return Status::OK(); }},  // applied first
@@ -307,7 +270,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
 Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, TrainingConfig* t,
                          int64_t* global_batch_size) {
   int64_t iterations = t->iterations;
-  std::map<std::string, Handler> handlers = {
+  std::map<std::string, YamlKeyHandler> handlers = {
       {"seq_length",
        [&](const YAML::Node& v) { return Read(v, source, "seq_length", &t->seq_length); }},
       {"micro_batch_size",
@@ -381,7 +344,7 @@ Status LoadModelPreset(const std::string& name, ModelConfig* model) {
 Status LoadRunFile(const std::string& path, RunSpec* spec) {
   YAML::Node node;
   MEMSIM_RETURN_IF_ERROR(LoadYamlFile(path, &node));
-  std::map<std::string, Handler> handlers = {
+  std::map<std::string, YamlKeyHandler> handlers = {
       {"model",
        [&](const YAML::Node& v) {
          if (v.IsScalar()) {

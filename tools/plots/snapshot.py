@@ -31,6 +31,7 @@ MEMSIM_CATEGORIES = {
     "activations": "Activations",
     "temporaries": "Temporaries",
     "communication": "Communication",
+    "workspaces": "Workspaces",
     "unattributed": "Unknown",
 }
 # Checked in this order, so a MoE layer's attention counts as Expert/MoE.

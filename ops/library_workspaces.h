@@ -1,0 +1,39 @@
+// Workspaces the CUDA libraries allocate through PyTorch's caching allocator.
+//
+// Note [Library workspaces]
+// GEMM libraries need scratch memory. Two kinds of it sit in torch.cuda.memory_allocated()
+// for the whole run, so they are part of static memory and of every peak:
+//   * PyTorch's cuBLAS/cuBLASLt workspace (aten/src/ATen/cuda/CublasHandlePool.cpp,
+//     PyTorch 2.x): one allocation of getChosenWorkspaceSize() per (cuBLAS handle, CUDA
+//     stream) pair, made at the first GEMM of that pair and never freed. Handles are
+//     per thread, and autograd runs CUDA backward on its own device thread, so a training
+//     step makes two: the forward thread's and the backward thread's. cuBLASLt shares the
+//     same map (TORCH_CUBLASLT_UNIFIED_WORKSPACE, on by default). The size is
+//     CUBLAS_WORKSPACE_CONFIG's sum of SIZE_KiB * COUNT over its ":SIZE:COUNT" pairs, else
+//     32 MiB on compute capability 9.x, 10.x and 12.x and 4096 KiB * 2 + 16 KiB * 8 on
+//     older GPUs.
+//   * Transformer Engine's GEMM workspace (transformer_engine/pytorch/cpp_extensions/
+//     gemm.py, get_cublas_workspace, TE 2.18): one torch.empty of 32 MiB + 1 KiB on
+//     compute capability >= 9 (4 MiB before), cached per device, at TE's first GEMM.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "simulator/cost_model.h"
+#include "simulator/status.h"
+
+namespace memsim {
+
+// PyTorch's cuBLAS workspace for `gpu` when CUBLAS_WORKSPACE_CONFIG is unset.
+int64_t DefaultCublasWorkspaceBytes(const GpuSpec& gpu);
+
+// Parses CUBLAS_WORKSPACE_CONFIG as PyTorch does (":4096:8" -> 32 MiB). PyTorch warns and
+// falls back to its default on text it cannot parse; memsim makes that an error instead,
+// since the user surely meant something else.
+Status ParseCublasWorkspaceConfig(const std::string& text, int64_t* bytes);
+
+// Transformer Engine's GEMM workspace for `gpu`.
+int64_t TransformerEngineWorkspaceBytes(const GpuSpec& gpu);
+
+}  // namespace memsim

@@ -1,0 +1,512 @@
+#include "tools/lib/validate.h"
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "simulator/atomic_file.h"
+#include "tools/lib/command_line.h"
+#include "tools/lib/exit_codes.h"
+#include "tools/lib/megatron_args.h"
+#include "tools/lib/simulate.h"
+#include "tools/lib/yaml_reader.h"
+
+namespace memsim {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kDefaultTolerancePct = 0.5;
+
+Status ReadStringMap(const YAML::Node& node, const std::string& source, const std::string& what,
+                     std::map<std::string, std::string>* out) {
+  if (!node.IsMap()) return Status::Error(Where(source, node) + ": " + what + " must be a mapping");
+  for (const auto& entry : node) {
+    std::string value;
+    MEMSIM_RETURN_IF_ERROR(Read(entry.second, source, entry.first.Scalar(), &value));
+    (*out)[entry.first.Scalar()] = value;
+  }
+  return Status::OK();
+}
+
+// MODEL_ARGS -> a launch line, as tests/functional_tests/shell_test_utils/_run_training.sh
+// builds it: `true` is a bare flag, a list gives its items as values, anything else is
+// one value as written.
+Status ReadModelArgs(const YAML::Node& node, const std::string& source,
+                     std::vector<std::string>* out) {
+  if (!node.IsMap()) return Status::Error(Where(source, node) + ": args must be a mapping");
+  for (const auto& entry : node) {
+    const std::string key = entry.first.Scalar();
+    const YAML::Node& value = entry.second;
+    if (value.IsSequence()) {
+      out->push_back(key);
+      for (const auto& item : value) out->push_back(item.Scalar());
+    } else if (value.IsScalar()) {
+      const std::string text = value.Scalar();
+      if (text == "true") {
+        out->push_back(key);
+      } else if (text == "false") {
+        return Status::Error(Where(source, value) + ": args: " + key +
+                             " is false; leave the argument out instead");
+      } else {
+        out->push_back(key);
+        out->push_back(text);
+      }
+    } else {
+      return Status::Error(Where(source, value) + ": args: " + key +
+                           " must be a value, true, or a list");
+    }
+  }
+  return Status::OK();
+}
+
+// A file's required key, checked after its keys were read.
+Status Require(bool present, const std::string& path, const std::string& field) {
+  return present ? Status::OK()
+                 : Status::Error(path + ": missing field '" + field +
+                                 "' (see validation/README.md for a case's fields)");
+}
+
+}  // namespace
+
+Status LoadValidationCase(const std::string& path, ValidationCase* out) {
+  YAML::Node root;
+  MEMSIM_RETURN_IF_ERROR(LoadYamlFile(path, &root));
+  ValidationCase c;
+  c.path = path;
+  std::set<std::string> seen;
+  auto keep = [&](const std::string& key, YamlKeyHandler read) {
+    return std::pair<std::string, YamlKeyHandler>(key, [&seen, key, read](const YAML::Node& v) {
+      seen.insert(key);
+      return read(v);
+    });
+  };
+  auto text = [&](const std::string& key, std::string* field) {
+    return keep(key, [&, key, field](const YAML::Node& v) { return Read(v, path, key, field); });
+  };
+  auto integer = [&](const std::string& key, int64_t* field) {
+    return keep(key, [&, key, field](const YAML::Node& v) { return Read(v, path, key, field); });
+  };
+  std::string test_type;
+  int64_t allocated = -1;
+  const std::map<std::string, YamlKeyHandler> measured_keys = {
+      integer("iteration", &c.iteration),
+      integer("max_allocated_bytes", &c.max_allocated_bytes),
+      keep("allocated_bytes",
+           [&](const YAML::Node& v) { return Read(v, path, "allocated_bytes", &allocated); }),
+  };
+  std::string recipe;
+  const std::map<std::string, YamlKeyHandler> source_keys = {
+      text("repository", &c.source_repository), text("commit", &c.source_commit),
+      text("config", &c.source_config),         text("golden_values", &c.source_golden_values),
+      text("recipe", &recipe),
+  };
+  const std::map<std::string, YamlKeyHandler> keys = {
+      text("name", &c.name),
+      text("test_type", &test_type),
+      text("gpu", &c.gpu),
+      integer("world_size", &c.world_size),
+      integer("rank", &c.rank),
+      keep("source",
+           [&](const YAML::Node& v) { return ApplyKeys(v, path, "source", source_keys); }),
+      keep("env", [&](const YAML::Node& v) { return ReadStringMap(v, path, "env", &c.env); }),
+      keep("args", [&](const YAML::Node& v) { return ReadModelArgs(v, path, &c.args); }),
+      keep("measured",
+           [&](const YAML::Node& v) { return ApplyKeys(v, path, "measured", measured_keys); }),
+  };
+  MEMSIM_RETURN_IF_ERROR(ApplyKeys(root, path, "a validation case", keys));
+  for (const char* field : {"name", "gpu", "world_size", "rank", "args", "repository", "commit",
+                            "config", "golden_values", "iteration", "max_allocated_bytes"}) {
+    MEMSIM_RETURN_IF_ERROR(Require(seen.count(field) > 0, path, field));
+  }
+  if (c.world_size <= 0 || c.rank < 0 || c.rank >= c.world_size) {
+    return Status::Error(path + ": rank " + std::to_string(c.rank) + " is not in [0, world_size " +
+                         std::to_string(c.world_size) + ")");
+  }
+  if (c.max_allocated_bytes <= 0) {
+    return Status::Error(path + ": measured.max_allocated_bytes must be positive");
+  }
+  if (seen.count("allocated_bytes")) c.allocated_bytes = allocated;
+  *out = std::move(c);
+  return Status::OK();
+}
+
+Status LoadTolerances(const std::string& path, std::map<std::string, Tolerance>* out) {
+  YAML::Node root;
+  MEMSIM_RETURN_IF_ERROR(LoadYamlFile(path, &root));
+  if (!root.IsMap()) return Status::Error(path + ": must map case names to tolerances");
+  for (const auto& entry : root) {
+    const std::string name = entry.first.Scalar();
+    Tolerance t;
+    const std::map<std::string, YamlKeyHandler> keys = {
+        {"max_allocated_pct",
+         [&](const YAML::Node& v) { return Read(v, path, "max_allocated_pct", &t.max_allocated_pct); }},
+        {"allocated_pct",
+         [&](const YAML::Node& v) { return Read(v, path, "allocated_pct", &t.allocated_pct); }},
+        {"reason", [&](const YAML::Node& v) { return Read(v, path, "reason", &t.reason); }},
+        {"refused",
+         [&](const YAML::Node& v) { return Read(v, path, "refused", &t.expected_refusal); }},
+    };
+    MEMSIM_RETURN_IF_ERROR(ApplyKeys(entry.second, path, "the tolerance of " + name, keys));
+    if (!(t.max_allocated_pct >= 0 && t.allocated_pct >= 0)) {
+      return Status::Error(Where(path, entry.first) + ": " + name +
+                           ": tolerances must be non-negative percentages");
+    }
+    if ((t.max_allocated_pct > kDefaultTolerancePct || t.allocated_pct > kDefaultTolerancePct) &&
+        t.reason.empty()) {
+      return Status::Error(Where(path, entry.first) + ": " + name +
+                           ": a tolerance above 0.5% needs a 'reason' naming what is not modelled");
+    }
+    (*out)[name] = t;
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// One compared value of one case.
+struct Comparison {
+  std::string metric;  // "max allocated" or "allocated after step"
+  int64_t real_bytes = 0;
+  int64_t memsim_bytes = 0;
+  double tolerance_pct = 0;
+  double error_pct() const {
+    return 100.0 * static_cast<double>(memsim_bytes - real_bytes) / static_cast<double>(real_bytes);
+  }
+  bool within() const { return std::fabs(error_pct()) <= tolerance_pct + 1e-9; }
+};
+
+struct CaseResult {
+  ValidationCase validation_case;
+  Tolerance tolerance;
+  std::string refusal;  // memsim could not run it: why
+  std::vector<Comparison> comparisons;
+  std::string attention_backend;
+  // What the case's row says: ok, OUTSIDE, refused (expected), REFUSED, NOW ACCEPTED.
+  std::string status() const {
+    if (!refusal.empty()) return tolerance.expected_refusal.empty() ? "REFUSED" : "refused";
+    if (!tolerance.expected_refusal.empty()) return "NOW ACCEPTED";
+    for (const Comparison& c : comparisons) {
+      if (!c.within()) return "OUTSIDE";
+    }
+    return "ok";
+  }
+  bool passed() const { return status() == "ok" || status() == "refused"; }
+};
+
+void RunCase(const ValidationCase& c, CaseResult* result) {
+  result->validation_case = c;
+  MegatronArgsResult parsed;
+  Status status = ParseMegatronArgs(c.args, c.env, c.world_size, &parsed);
+  RunSpec& spec = parsed.spec;
+  if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
+  if (status.ok()) status = FinalizeRunSpec(&spec);
+  std::vector<RankClass> classes;
+  if (status.ok()) classes = RankClasses(spec.layout);
+  const RankClass* logged = nullptr;
+  for (const RankClass& rc : classes) {
+    if (std::find(rc.ranks.begin(), rc.ranks.end(), c.rank) != rc.ranks.end()) logged = &rc;
+  }
+  RankResult run;
+  if (status.ok()) status = SimulateRankClass(spec, *logged, &run);
+  if (!status.ok()) {
+    result->refusal = status.message();
+    return;
+  }
+  result->attention_backend = AttentionName(spec.training.attention);
+  const Tolerance& t = result->tolerance;
+  result->comparisons.push_back({"max allocated", c.max_allocated_bytes,
+                                 run.timeline.peak_allocated_bytes(), t.max_allocated_pct});
+  if (c.allocated_bytes) {
+    result->comparisons.push_back({"allocated after step", *c.allocated_bytes,
+                                   run.timeline.iterations().back().end_allocated_bytes,
+                                   t.allocated_pct});
+  }
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string Fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%+.*f", decimals, v);
+  return buf;
+}
+
+std::string MiB(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+// The checkout's commit, or "unknown" outside a git checkout.
+std::string SourceCommit() {
+  const std::string command =
+      "git -C '" + std::string(MEMSIM_SOURCE_DIR) + "' rev-parse --short=12 HEAD 2>/dev/null";
+  std::string out;
+  if (FILE* pipe = ::popen(command.c_str(), "r")) {
+    char buf[64];
+    while (std::fgets(buf, sizeof(buf), pipe)) out += buf;
+    ::pclose(pipe);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+struct Aggregate {
+  std::vector<double> abs_errors;  // every compared value's |error %|
+  double worst = 0;
+  std::string worst_case;
+  int passed = 0, failed = 0, refused = 0;
+};
+
+Aggregate Summarize(const std::vector<CaseResult>& results) {
+  Aggregate a;
+  for (const CaseResult& r : results) {
+    (r.passed() ? a.passed : a.failed)++;
+    if (!r.refusal.empty()) a.refused++;
+    for (const Comparison& c : r.comparisons) {
+      a.abs_errors.push_back(std::fabs(c.error_pct()));
+      if (std::fabs(c.error_pct()) > std::fabs(a.worst)) {
+        a.worst = c.error_pct();
+        a.worst_case = r.validation_case.name + " (" + c.metric + ")";
+      }
+    }
+  }
+  return a;
+}
+
+void PrintTable(const std::vector<CaseResult>& results) {
+  std::printf("%-62s %-10s %5s  %-21s %10s %10s %8s %9s  %s\n", "case", "gpu", "rank", "metric",
+              "real MiB", "memsim MiB", "error %", "tol %", "status");
+  for (const CaseResult& r : results) {
+    const ValidationCase& c = r.validation_case;
+    if (!r.refusal.empty()) {
+      std::printf("%-62s %-10s %5lld  %-21s %10s %10s %8s %9s  %s: %s\n", c.name.c_str(),
+                  c.gpu.c_str(), static_cast<long long>(c.rank), "-", "-", "-", "-", "-",
+                  r.status().c_str(), r.refusal.c_str());
+      continue;
+    }
+    for (const Comparison& m : r.comparisons) {
+      std::printf("%-62s %-10s %5lld  %-21s %10s %10s %8s %9.2f  %s\n", c.name.c_str(),
+                  c.gpu.c_str(), static_cast<long long>(c.rank), m.metric.c_str(),
+                  MiB(m.real_bytes).c_str(), MiB(m.memsim_bytes).c_str(),
+                  Fixed(m.error_pct(), 2).c_str(), m.tolerance_pct,
+                  m.within() ? "ok" : r.status().c_str());
+    }
+  }
+  const Aggregate a = Summarize(results);
+  std::printf("\n%zu cases: %d within tolerance, %d not (%d refused by memsim); |error| median "
+              "%.2f%%, worst %s%% (%s)\n",
+              results.size(), a.passed, a.failed, a.refused, Median(a.abs_errors),
+              Fixed(a.worst, 2).c_str(), a.worst_case.c_str());
+}
+
+std::string MarkdownReport(const std::vector<CaseResult>& results) {
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  const Aggregate a = Summarize(results);
+  std::string md =
+      "# Validation: memsim against real runs\n\n"
+      "Generated by `memsim validate --report VALIDATION.md` on " +
+      std::string(date) + " at memsim commit " + SourceCommit() +
+      "; do not edit by hand.\n\n"
+      "Each row is one real measurement (validation/cases/, sources below): the memory that\n"
+      "the logging rank of a Megatron-LM functional test recorded in TensorBoard, against\n"
+      "memsim's number for the same rank. `max allocated` is\n"
+      "`torch.cuda.memory_stats()[\"allocated_bytes.all.peak\"]` (since process start);\n"
+      "`allocated after step` is `torch.cuda.memory_allocated()` after the optimizer step.\n"
+      "Error = (memsim - real) / real. Tolerances and the reason for each one above 0.5% are\n"
+      "in validation/tolerances.yaml.\n\n";
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "**%zu cases: %d within tolerance, %d not, %d refused by memsim. |error| median "
+                "%.2f%%, worst %s%% (%s).**\n\n",
+                results.size(), a.passed, a.failed, a.refused, Median(a.abs_errors),
+                Fixed(a.worst, 2).c_str(), a.worst_case.c_str());
+  md += line;
+  md +=
+      "| case | GPU | rank | attention | metric | real MiB | memsim MiB | error % | tolerance % | "
+      "status |\n| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |\n";
+  for (const CaseResult& r : results) {
+    const ValidationCase& c = r.validation_case;
+    if (!r.refusal.empty()) {
+      md += "| " + c.name + " | " + c.gpu + " | " + std::to_string(c.rank) + " | | | | | | | " +
+            r.status() + ": " + r.refusal + " |\n";
+      continue;
+    }
+    for (const Comparison& m : r.comparisons) {
+      char tol[32];
+      std::snprintf(tol, sizeof(tol), "%.2f", m.tolerance_pct);
+      md += "| " + c.name + " | " + c.gpu + " | " + std::to_string(c.rank) + " | " +
+            r.attention_backend + " | " + m.metric + " | " + MiB(m.real_bytes) + " | " +
+            MiB(m.memsim_bytes) + " | " + Fixed(m.error_pct(), 2) + " | " + tol + " | " +
+            (m.within() ? "ok" : r.status()) + " |\n";
+    }
+  }
+  md += "\n## Why the tolerances above 0.5% are what they are\n\n";
+  for (const CaseResult& r : results) {
+    if (!r.tolerance.reason.empty()) md += "- " + r.validation_case.name + ": " + r.tolerance.reason + "\n";
+  }
+  md += "\n## Sources\n\n";
+  for (const CaseResult& r : results) {
+    const ValidationCase& c = r.validation_case;
+    md += "- " + c.name + ": " + c.source_repository + "@" + c.source_commit.substr(0, 12) +
+          " `" + c.source_config + "`, `" + c.source_golden_values + "`\n";
+  }
+  return md;
+}
+
+nlohmann::json JsonReport(const std::vector<CaseResult>& results) {
+  nlohmann::json cases = nlohmann::json::array();
+  for (const CaseResult& r : results) {
+    nlohmann::json metrics = nlohmann::json::array();
+    for (const Comparison& m : r.comparisons) {
+      metrics.push_back({{"metric", m.metric},
+                         {"real_bytes", m.real_bytes},
+                         {"memsim_bytes", m.memsim_bytes},
+                         {"error_pct", m.error_pct()},
+                         {"tolerance_pct", m.tolerance_pct},
+                         {"within", m.within()}});
+    }
+    cases.push_back({{"case", r.validation_case.name},
+                     {"gpu", r.validation_case.gpu},
+                     {"rank", r.validation_case.rank},
+                     {"status", r.status()},
+                     {"refusal", r.refusal},
+                     {"attention_backend", r.attention_backend},
+                     {"metrics", metrics}});
+  }
+  const Aggregate a = Summarize(results);
+  return {{"commit", SourceCommit()},
+          {"cases", cases},
+          {"median_abs_error_pct", Median(a.abs_errors)},
+          {"worst_error_pct", a.worst},
+          {"passed", a.passed},
+          {"failed", a.failed}};
+}
+
+}  // namespace
+
+int ValidateCommand(int argc, const char* const* argv) {
+  const std::string root = std::string(MEMSIM_SOURCE_DIR) + "/validation";
+  std::string cases_dir = root + "/cases", tolerances_path = root + "/tolerances.yaml";
+  std::string filter = ".*", report_path, json_path;
+  int jobs = 2;
+  po::options_description options(
+      "memsim validate [options]\n\n"
+      "Runs memsim on every real measurement in validation/cases/ and compares: a table of\n"
+      "case, GPU, rank, metric, real, memsim, error; median and worst. Exits 2 when any case\n"
+      "is outside its tolerance (validation/tolerances.yaml), after reporting all of them.\n\n"
+      "Examples:\n"
+      "  memsim validate\n"
+      "  memsim validate --filter 'tp2_pp2' --jobs 2\n"
+      "  memsim validate --report VALIDATION.md --json validation.json\n\n"
+      "Options");
+  options.add_options()("help,h", "show this help")(
+      "filter", po::value(&filter), "only cases whose name matches this regular expression")(
+      "jobs,j", po::value(&jobs), "cases simulated at once (default 2)")(
+      "cases", po::value(&cases_dir), "folder of case files (default validation/cases)")(
+      "tolerances", po::value(&tolerances_path),
+      "tolerance file (default validation/tolerances.yaml)")(
+      "report", po::value(&report_path), "write the Markdown report (VALIDATION.md) here")(
+      "json", po::value(&json_path), "write the results as JSON here");
+  po::variables_map vm;
+  if (auto exit_code = ParseCommandLine(argc, argv, options, "validate", &vm)) return *exit_code;
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "memsim validate: %s\n", message.c_str());
+    return kExitError;
+  };
+  if (jobs < 1 || jobs > 256) return fail("--jobs must be in [1, 256]");
+  std::regex pattern;
+  try {
+    pattern = std::regex(filter);
+  } catch (const std::regex_error&) {
+    return fail("--filter '" + filter + "' is not a valid regular expression");
+  }
+  std::map<std::string, Tolerance> tolerances;
+  if (Status s = LoadTolerances(tolerances_path, &tolerances); !s.ok()) return fail(s.message());
+  std::error_code ec;
+  std::vector<std::string> paths;
+  for (const auto& entry : fs::directory_iterator(cases_dir, ec)) {
+    if (entry.path().extension() == ".yaml") paths.push_back(entry.path().string());
+  }
+  if (ec) return fail("cannot read the case folder '" + cases_dir + "': " + ec.message());
+  std::sort(paths.begin(), paths.end());
+
+  // Every case file is read before anything runs: all bad files are reported together.
+  std::vector<ValidationCase> cases;
+  std::set<std::string> names;
+  int bad_files = 0;
+  for (const std::string& path : paths) {
+    ValidationCase c;
+    if (Status s = LoadValidationCase(path, &c); !s.ok()) {
+      std::fprintf(stderr, "memsim validate: %s\n", s.message().c_str());
+      ++bad_files;
+      continue;
+    }
+    if (!names.insert(c.name).second) {
+      std::fprintf(stderr, "memsim validate: %s: a second case named '%s'\n", path.c_str(),
+                   c.name.c_str());
+      ++bad_files;
+    }
+    if (std::regex_search(c.name, pattern)) cases.push_back(std::move(c));
+  }
+  for (const auto& [name, _] : tolerances) {
+    if (!names.count(name)) {
+      std::fprintf(stderr, "memsim validate: %s: tolerance for '%s', which is no case\n",
+                   tolerances_path.c_str(), name.c_str());
+      ++bad_files;
+    }
+  }
+  if (cases.empty() && bad_files == 0) return fail("no case matches --filter '" + filter + "'");
+
+  std::vector<CaseResult> results(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto it = tolerances.find(cases[i].name);
+    if (it != tolerances.end()) results[i].tolerance = it->second;
+  }
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < cases.size(); i = next++) RunCase(cases[i], &results[i]);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min<int>(jobs, static_cast<int>(cases.size())); ++t) {
+    pool.emplace_back(worker);
+  }
+  worker();
+  for (std::thread& t : pool) t.join();
+
+  PrintTable(results);
+  if (!report_path.empty()) {
+    if (Status s = WriteFileAtomically(report_path, MarkdownReport(results)); !s.ok()) {
+      return fail(s.message());
+    }
+  }
+  if (!json_path.empty()) {
+    if (Status s = WriteFileAtomically(json_path, JsonReport(results).dump(2)); !s.ok()) {
+      return fail(s.message());
+    }
+  }
+  const bool all_passed =
+      bad_files == 0 && std::all_of(results.begin(), results.end(),
+                                    [](const CaseResult& r) { return r.passed(); });
+  return all_passed ? kExitOk : kExitError;
+}
+
+}  // namespace memsim

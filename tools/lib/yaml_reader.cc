@@ -1,0 +1,42 @@
+#include "tools/lib/yaml_reader.h"
+
+#include <filesystem>
+
+namespace memsim {
+namespace fs = std::filesystem;
+
+std::string Where(const std::string& source, const YAML::Node& node) {
+  return source + ":" + std::to_string(node.Mark().line + 1);
+}
+
+Status ApplyKeys(const YAML::Node& node, const std::string& source, const std::string& what,
+                 const std::map<std::string, YamlKeyHandler>& handlers) {
+  if (!node.IsMap()) return Status::Error(Where(source, node) + ": " + what + " must be a mapping");
+  for (const auto& entry : node) {
+    const std::string key = entry.first.as<std::string>();
+    auto it = handlers.find(key);
+    if (it == handlers.end()) {
+      std::string known;
+      for (const auto& [name, _] : handlers) known += (known.empty() ? "" : ", ") + name;
+      return Status::Error(Where(source, entry.first) + ": unknown key '" + key + "' in " + what +
+                           " (known: " + known + ")");
+    }
+    MEMSIM_RETURN_IF_ERROR(it->second(entry.second));
+  }
+  return Status::OK();
+}
+
+Status LoadYamlFile(const std::string& path, YAML::Node* out) {
+  if (!fs::is_regular_file(path)) return Status::Error("cannot read '" + path + "': no such file");
+  try {
+    *out = YAML::LoadFile(path);
+  } catch (const YAML::ParserException& e) {
+    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) +
+                         ": malformed YAML: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    return Status::Error("cannot read '" + path + "': " + e.what());
+  }
+  return Status::OK();
+}
+
+}  // namespace memsim
