@@ -47,7 +47,8 @@ c10::intrusive_ptr<MainGrads> SavedMainGrads(AutogradContext* ctx) {
 }
 
 struct LinearState : public torch::CustomClassHolder {
-  Parameter* weight;  // for its store's weight-gradient mode (Note [Weight gradients])
+  // The weight's store: how dW reaches main_grad (Note [Weight gradients]); null: fused.
+  ParameterStore* store = nullptr;
   at::Tensor weight_main_grad;
   at::Tensor bias_main_grad;  // undefined without a bias
   LinearParallelism parallelism;
@@ -82,7 +83,7 @@ struct LinearFunction : public Function<LinearFunction> {
     }
     const at::Tensor grad_2d = grad_output.view({-1, grad_output.size(-1)});
     const at::Tensor input_2d = total_input.reshape({-1, total_input.size(-1)});
-    ParameterStore* store = state->weight->store;
+    ParameterStore* store = state->store;
     if (store == nullptr || store->gradient_accumulation_fusion()) {
       WgradGemmAccumulate(state->weight_main_grad, input_2d, grad_2d);
       if (store != nullptr && state->weight_main_grad.defined()) {
@@ -309,7 +310,7 @@ c10::optional<at::Tensor> DataOf(Parameter* p) {
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                   const LinearParallelism& parallelism) {
   auto state = c10::make_intrusive<LinearState>();
-  state->weight = &weight;
+  state->store = weight.store;
   state->weight_main_grad = weight.main_grad;
   if (bias != nullptr) state->bias_main_grad = bias->main_grad;
   state->parallelism = parallelism;

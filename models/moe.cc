@@ -25,6 +25,7 @@ at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t ou
   Parameter block{weight.name, rows ? weight.data.narrow(0, 0, out) : weight.data.narrow(1, 0, out),
                   rows ? weight.main_grad.narrow(0, 0, out) : weight.main_grad.narrow(1, 0, out),
                   true};
+  block.store = weight.store;
   return Linear(tokens, block, nullptr);
 }
 

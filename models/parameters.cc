@@ -41,7 +41,8 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
 const at::Tensor& ParameterStore::DummyWgrad(at::IntArrayRef shape) {
   at::Tensor& dummy = dummy_wgrads_[shape.vec()];
   if (!dummy.defined()) {
-    CategoryScope category(Category::kGradient);
+    // TE's buffer, not a gradient Megatron's model-state formulas count.
+    CategoryScope category(Category::kWorkspace);
     ModuleScope scope(ModuleScope::Absolute{"transformer_engine.dummy_wgrad"});
     dummy = at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
   }

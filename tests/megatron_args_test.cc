@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace memsim {
@@ -201,6 +202,111 @@ TEST(MegatronArgs, MegatronDefaults) {
                                                  "--moe-router-topk", "--use-flash-attn"}));
 }
 
+TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
+  const std::string base =
+      "--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+      "--micro-batch-size 4 --bf16 ";
+  // pretrain_gpt.py's default tokenizer is GPT2BPETokenizer, whose vocab.json holds 50,257
+  // tokens; --vocab-size wins where given.
+  MegatronArgsResult r = Parse(base, 8);
+  EXPECT_EQ(r.spec.model.vocab_size, 50257);
+  EXPECT_EQ(Parse(base + "--vocab-size 1000", 8).spec.model.vocab_size, 1000);
+
+  // Transformer Engine (the default) picks the attention backend per GPU once the run is
+  // finalized; --attention-backend narrows the choice; local is unfused.
+  EXPECT_TRUE(r.spec.training.te_attention.has_value());
+  EXPECT_FALSE(r.spec.training.te_attention->deterministic);
+  EXPECT_TRUE(r.spec.training.gradient_accumulation_fusion);
+  EXPECT_EQ(r.spec.training.cublas_workspace_bytes, -1);
+  r = Parse(base + "--attention-backend unfused --deterministic-mode "
+                   "--no-gradient-accumulation-fusion",
+            8);
+  ASSERT_TRUE(r.spec.training.te_attention.has_value());
+  EXPECT_FALSE(r.spec.training.te_attention->flash);
+  EXPECT_FALSE(r.spec.training.te_attention->fused);
+  EXPECT_TRUE(r.spec.training.te_attention->unfused);
+  EXPECT_TRUE(r.spec.training.te_attention->deterministic);
+  EXPECT_FALSE(r.spec.training.gradient_accumulation_fusion);
+  // --deterministic-mode sets CUBLAS_WORKSPACE_CONFIG=:4096:8: 8 x 4096 KiB.
+  EXPECT_EQ(r.spec.training.cublas_workspace_bytes, 32 * 1024 * 1024);
+  EXPECT_FALSE(Parse(base + "--attention-backend local", 8).spec.training.te_attention);
+
+  // The environment: modelled variables change the spec, neutral ones are listed as
+  // ignored, unknown ones are refused.
+  MegatronArgsResult e;
+  ASSERT_TRUE(ParseMegatronArgs(Split(base),
+                                {{"CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8"},
+                                 {"NVTE_FUSED_ATTN", "0"},
+                                 {"NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0"},
+                                 {"NCCL_ALGO", "Ring"}},
+                                8, &e)
+                  .ok());
+  EXPECT_EQ(e.spec.training.cublas_workspace_bytes, 4096 * 1024 * 2 + 16 * 1024 * 8);
+  EXPECT_FALSE(e.spec.training.te_attention->fused);
+  EXPECT_TRUE(e.spec.training.te_attention->flash);
+  EXPECT_TRUE(e.spec.training.te_attention->deterministic);
+  EXPECT_NE(std::find(e.ignored.begin(), e.ignored.end(), "NCCL_ALGO"), e.ignored.end());
+  Status s = ParseMegatronArgs(Split(base), {{"MY_SETTING", "1"}}, 8, &e);
+  EXPECT_EQ(s.message(),
+            "unknown environment variable MY_SETTING; if it does not change memory, leave it "
+            "out of the environment given to memsim");
+  s = ParseMegatronArgs(Split(base), {{"CUBLAS_WORKSPACE_CONFIG", "4096"}}, 8, &e);
+  EXPECT_EQ(s.message(), "CUBLAS_WORKSPACE_CONFIG '4096' has no :SIZE_KIB:COUNT pair (e.g. :4096:8)");
+  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"}}, 8, &e);
+  EXPECT_FALSE(s.ok());
+
+  // Interleaving's microbatch group size is read, and checked against Megatron's rules.
+  r = Parse("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+            "--micro-batch-size 1 --global-batch-size 12 --pipeline-model-parallel-size 2 "
+            "--num-layers-per-virtual-pipeline-stage 2 "
+            "--microbatch-group-size-per-virtual-pipeline-stage 3",
+            2);
+  EXPECT_EQ(r.spec.layout.microbatch_group_size, 3);
+  EXPECT_EQ(r.spec.layout.vpp, 2);
+}
+
+TEST(AttentionBackend, ChosenAsTransformerEngineChooses) {
+  TrainingConfig bf16;
+  bf16.precision = Precision::kBf16;
+  TrainingConfig fp32 = bf16;
+  fp32.precision = Precision::kFp32;
+  const TeAttentionChoice all;
+  TeAttentionChoice deterministic;
+  deterministic.deterministic = true;
+  TeAttentionChoice no_fused;
+  no_fused.fused = false;
+  TeAttentionChoice unfused_only;
+  unfused_only.flash = unfused_only.fused = false;
+  TeAttentionChoice none = unfused_only;
+  none.unfused = false;
+  struct Case {
+    TeAttentionChoice choice;
+    const TrainingConfig* training;
+    int cc;
+    AttentionKind expected;
+  };
+  const Case cases[] = {
+      {all, &bf16, 90, AttentionKind::kFused},           // Hopper: cuDNN before flash
+      {all, &bf16, 80, AttentionKind::kFlash},           // Ampere: FlashAttention-2 first
+      {deterministic, &bf16, 90, AttentionKind::kFused},  // Hopper keeps fused
+      {no_fused, &bf16, 90, AttentionKind::kFlash},
+      {unfused_only, &bf16, 90, AttentionKind::kEager},
+      {all, &fp32, 90, AttentionKind::kEager},           // no fused kernel takes fp32
+  };
+  for (const Case& c : cases) {
+    AttentionKind got = AttentionKind::kFlash;
+    ASSERT_TRUE(SelectTeAttention(c.choice, *c.training, c.cc, &got).ok());
+    EXPECT_EQ(got, c.expected) << c.cc << " " << AttentionName(c.expected);
+  }
+  // Ampere, deterministic, flash disabled: fused is not deterministic there either.
+  TeAttentionChoice ampere = deterministic;
+  ampere.flash = false;
+  AttentionKind got;
+  ASSERT_TRUE(SelectTeAttention(ampere, bf16, 80, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kEager);
+  EXPECT_FALSE(SelectTeAttention(none, bf16, 90, &got).ok());
+}
+
 TEST(MegatronArgs, MixtureOfExperts) {
   // Mixtral 8x7B's shape matches the preset.
   MegatronArgsResult r = Parse(
@@ -340,9 +446,10 @@ TEST(MegatronArgs, Errors) {
                     "--vocab-size 100"),
             "missing --seq-length (Megatron-LM requires it)");
   EXPECT_EQ(ErrorOf("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-                    "--micro-batch-size 1"),
-            "missing --vocab-size: memsim does not read tokenizers, so give the vocabulary size "
-            "(e.g. --vocab-size 128256 for Llama 3)");
+                    "--micro-batch-size 1 --tokenizer-type HuggingFaceTokenizer"),
+            "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type "
+            "HuggingFaceTokenizer), so give the vocabulary size (e.g. --vocab-size 128256 for "
+            "Llama 3)");
   EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-size 2 "
                            "--num-layers-per-virtual-pipeline-stage 3",
                     8),
