@@ -99,6 +99,9 @@ struct TrainingConfig {
   // Megatron's gradient accumulation fusion (off: --no-gradient-accumulation-fusion);
   // Note [Weight gradients] in models/parameters.h.
   bool gradient_accumulation_fusion = true;
+  // --moe-grouped-gemm: Transformer Engine's GroupedLinear runs the local experts (with its
+  // multi-stream GEMM workspaces, Note [Library workspaces]).
+  bool moe_grouped_gemm = false;
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;

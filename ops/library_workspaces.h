@@ -14,7 +14,10 @@
 //     older GPUs.
 //   * Transformer Engine's GEMM workspace (transformer_engine/pytorch/cpp_extensions/
 //     gemm.py, get_cublas_workspace, TE 2.18): one torch.empty of 32 MiB + 1 KiB on
-//     compute capability >= 9 (4 MiB before), cached per device, at TE's first GEMM.
+//     compute capability >= 9 (4 MiB before), cached per device, at TE's first GEMM;
+//     grouped GEMMs (GroupedLinear, --moe-grouped-gemm) use a separate list of
+//     kTeGroupedGemmStreams more of the same size (one per compute stream,
+//     transformer_engine/common/util/multi_stream.cpp), made at the first grouped GEMM.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +36,9 @@ int64_t DefaultCublasWorkspaceBytes(const GpuSpec& gpu);
 // since the user surely meant something else.
 Status ParseCublasWorkspaceConfig(const std::string& text, int64_t* bytes);
 
-// Transformer Engine's GEMM workspace for `gpu`.
+inline constexpr int kTeGroupedGemmStreams = 4;
+
+// Transformer Engine's GEMM workspace for `gpu` (each of them).
 int64_t TransformerEngineWorkspaceBytes(const GpuSpec& gpu);
 
 }  // namespace memsim

@@ -87,12 +87,17 @@ class LibraryWorkspaces {
     te_bytes_ = training.profile == ProfileKind::kTransformerEngine && has_layers
                     ? TransformerEngineWorkspaceBytes(*gpu)
                     : 0;
+    const bool grouped_gemms = training.moe_grouped_gemm && model.num_experts > 0 && has_layers;
+    te_grouped_.resize(grouped_gemms ? kTeGroupedGemmStreams : 0);
   }
   LibraryWorkspaces(const LibraryWorkspaces&) = delete;
   LibraryWorkspaces& operator=(const LibraryWorkspaces&) = delete;
 
   void BeforeForward() {
     Allocate(te_bytes_, "transformer_engine.gemm_workspace", &te_);
+    for (at::Tensor& w : te_grouped_) {
+      Allocate(te_bytes_, "transformer_engine.grouped_gemm_workspace", &w);
+    }
     Allocate(cublas_bytes_, "cublas_workspace.forward_thread", &forward_);
   }
   void BeforeBackward() { Allocate(cublas_bytes_, "cublas_workspace.backward_thread", &backward_); }
@@ -107,6 +112,7 @@ class LibraryWorkspaces {
 
   int64_t cublas_bytes_ = 0, te_bytes_ = 0;
   at::Tensor forward_, backward_, te_;
+  std::vector<at::Tensor> te_grouped_;  // one per TE compute stream with grouped GEMMs
 };
 
 }  // namespace

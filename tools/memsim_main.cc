@@ -13,12 +13,13 @@
 #include "tools/lib/simulate.h"
 #include "tools/lib/sweep.h"
 #include "tools/lib/validate.h"
+#include "tools/lib/version.h"
 
 namespace {
 
 void PrintUsage() {
   std::printf(
-      "usage: memsim <command> [options]\n\n"
+      "usage: memsim <command> [options]      (memsim --version: the modelled releases)\n\n"
       "commands:\n"
       "  simulate   simulate one training configuration (no options: the default example)\n"
       "  sweep      simulate every valid layout over value lists; logs, tables, traces\n"
@@ -58,6 +59,12 @@ int main(int argc, char** argv) {
     return argc < 2 ? memsim::kExitError : memsim::kExitOk;
   }
   const std::string command = argv[1];
+  if (command == "--version") {
+    std::printf("memsim %s\nmodels %s, %s, %s\n", memsim::kMemsimVersion,
+                memsim::kModelledMegatronCore, memsim::kModelledTransformerEngine,
+                memsim::kModelledPyTorch);
+    return memsim::kExitOk;
+  }
   try {
     if (command == "simulate") return memsim::SimulateCommand(argc - 1, argv + 1);
     if (command == "sweep") return memsim::SweepCommand(argc - 1, argv + 1);

@@ -52,6 +52,7 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--moe-expert-capacity-factor", Arity::kValue},
       {"--moe-layer-freq", Arity::kValue},
       {"--moe-token-dispatcher-type", Arity::kValue},
+      {"--moe-grouped-gemm", Arity::kFlag},
       // Batch and sequence.
       {"--seq-length", Arity::kValue},
       {"--micro-batch-size", Arity::kValue},
@@ -304,7 +305,6 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--log-world-size-to-tensorboard",
              "--manual-gc",
              "--mock-data",
-             "--moe-grouped-gemm",
              "--moe-per-layer-logging",
              "--moe-permute-fusion",
              "--moe-router-enable-expert-bias",
@@ -673,8 +673,10 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
                                              "--moe-expert-capacity-factor",
                                              "--moe-token-dispatcher-type",
                                              "--expert-tensor-parallel-size"};
+  t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
   if (m.num_experts == 0) {
     for (const std::string& name : moe_args) a.Ignore(name);
+    a.Ignore("--moe-grouped-gemm");
   } else {
     m.moe_router_topk = 2;
     MEMSIM_RETURN_IF_ERROR(a.Int("--moe-router-topk", &m.moe_router_topk));
