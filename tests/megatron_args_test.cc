@@ -326,9 +326,10 @@ TEST(MegatronArgs, MixtureOfExperts) {
   test::ExpectSameArchitecture(r.spec.model, preset, /*compare_dropout=*/true);
   EXPECT_EQ(r.spec.layout.ep, 8);
   EXPECT_EQ(r.spec.layout.etp, 0);  // = TP
+  EXPECT_TRUE(r.spec.training.moe_grouped_gemm);  // TE's grouped-GEMM workspaces
   EXPECT_EQ(r.ignored,
-            (std::vector<std::string>{"--moe-token-dispatcher-type", "--moe-grouped-gemm",
-                                      "--moe-aux-loss-coeff", "--moe-router-load-balancing-type"}));
+            (std::vector<std::string>{"--moe-token-dispatcher-type", "--moe-aux-loss-coeff",
+                                      "--moe-router-load-balancing-type"}));
 
   // DeepSeek-V3's layer pattern: 3 dense layers, then 58 with 256 experts and a shared one.
   r = Parse(
