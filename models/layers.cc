@@ -236,32 +236,65 @@ struct FlashAttentionFunction : public Function<FlashAttentionFunction> {
   }
 };
 
-// Megatron's vocab_parallel_cross_entropy at tp=1 (megatron/core/tensor_parallel/
-// cross_entropy.py): logits.float(); subtract the max, exp and divide in place; save the
-// softmax; backward subtracts the one-hot target and scales by the incoming gradient in
-// place and returns that float32 buffer (autograd casts it to the logits' dtype).
+// Megatron's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py):
+// logits.float(); subtract the max, exp and divide in place; save the softmax; backward
+// subtracts the one-hot target and scales by the incoming gradient in place and returns
+// that float32 buffer (autograd casts it to the logits' dtype).
+//
+// The fused version (--cross-entropy-loss-fusion, megatron/core/fusions/
+// fused_cross_entropy.py) runs the same steps as @jit_fuser (torch.compile) functions.
+// A compiled function that mutates its input computes the result into a new buffer and
+// copies it back, so each in-place step holds a second float32 logits-sized buffer while it
+// runs (seen in the validation suite: +1 such buffer at the peak); its backward casts to
+// the logits' dtype itself.
 struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
+  // `out = fn(out)` in place, as eager PyTorch (fused == false) or a compiled graph writing
+  // a mutated input back (fused == true) does it.
+  template <typename Fn>
+  static void InPlace(at::Tensor& out, bool fused, Fn&& fn) {
+    if (!fused) {
+      fn(out, out);
+      return;
+    }
+    at::Tensor result = at::empty_like(out);
+    fn(out, result);
+    out.copy_(result);
+  }
+
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& labels, int64_t tp_group) {
+                            const at::Tensor& labels, int64_t tp_group, bool fused) {
     at::Tensor logits_fp32 = logits.to(at::kFloat);
     at::Tensor logits_max = std::get<0>(logits_fp32.max(-1));
     if (tp_group > 1) AllReduceInPlace(logits_max, tp_group);
-    logits_fp32.sub_(logits_max.unsqueeze(-1));
     // The target's logit (on the rank whose vocabulary shard holds it; all-reduced).
     at::Tensor predicted = logits_fp32.gather(-1, labels.unsqueeze(-1)).squeeze(-1);
     if (tp_group > 1) AllReduceInPlace(predicted, tp_group);
-    logits_fp32.exp_();
+    InPlace(logits_fp32, fused, [&](const at::Tensor& in, at::Tensor& out) {
+      at::sub_out(out, in, logits_max.unsqueeze(-1));
+      at::exp_out(out, out);
+    });
     at::Tensor sum_exp = logits_fp32.sum(-1);
     if (tp_group > 1) AllReduceInPlace(sum_exp, tp_group);
     at::Tensor loss = at::log(sum_exp).sub_(predicted);
-    logits_fp32.div_(sum_exp.unsqueeze(-1));
+    InPlace(logits_fp32, fused, [&](const at::Tensor& in, at::Tensor& out) {
+      at::div_out(out, in, sum_exp.unsqueeze(-1));
+    });
     ctx->save_for_backward({logits_fp32, labels});
+    ctx->saved_data["fused"] = fused;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     at::Tensor softmax = ctx->get_saved_variables()[0];
-    softmax.mul_(grads[0].unsqueeze(-1));
-    return {softmax, at::Tensor(), at::Tensor()};
+    const bool fused = ctx->saved_data["fused"].toBool();
+    InPlace(softmax, fused, [&](const at::Tensor& in, at::Tensor& out) {
+      at::mul_out(out, in, grads[0].unsqueeze(-1));
+    });
+    if (fused) {
+      const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+      return {softmax.to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    return {softmax, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -426,8 +459,9 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
       .view({seq, batch, heads * head_dim});
 }
 
-at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels, int64_t tp_group) {
-  return VocabCrossEntropyFunction::apply(logits, labels, tp_group);
+at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels, int64_t tp_group,
+                             bool fused) {
+  return VocabCrossEntropyFunction::apply(logits, labels, tp_group, fused);
 }
 
 at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {

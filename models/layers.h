@@ -107,8 +107,10 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // upcasts to a float32 copy, turns it into softmax in place (all-reducing the max, the
 // target logits and the sum over the tensor-parallel group) and saves it; backward
 // writes the gradient into that buffer in place. Returns the float32 loss [S, B].
+// `fused`: Megatron's --cross-entropy-loss-fusion (native), whose compiled steps hold a
+// second float32 buffer while they run (layers.cc).
 at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
-                             int64_t tp_group = 1);
+                             int64_t tp_group = 1, bool fused = false);
 
 // Megatron's CheckpointFunction (activation recomputation): runs `fn` saving nothing but
 // its inputs, and runs it again in backward, in the module that was current here.

@@ -102,6 +102,8 @@ struct TrainingConfig {
   // --moe-grouped-gemm: Transformer Engine's GroupedLinear runs the local experts (with its
   // multi-stream GEMM workspaces, Note [Library workspaces]).
   bool moe_grouped_gemm = false;
+  // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy).
+  bool cross_entropy_fusion = false;
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;

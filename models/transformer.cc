@@ -287,7 +287,8 @@ at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& la
   {
     ModuleScope s("output_layer");
     at::Tensor logits = Linear(hidden, *output_weight_, nullptr, ColumnParallel());  // [S, B, V/tp]
-    loss = VocabCrossEntropy(logits, labels.transpose(0, 1).contiguous(), shard_.tp);  // [S, B]
+    loss = VocabCrossEntropy(logits, labels.transpose(0, 1).contiguous(), shard_.tp,
+                             training_.cross_entropy_fusion);  // [S, B]
   }
   // loss_func: masked mean over tokens.
   ModuleScope s("loss");

@@ -105,6 +105,14 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   return Status::OK();
 }
 
+int64_t OptimizerShards(const ParallelLayout& layout, bool experts) {
+  if (layout.data_parallel == DataParallelKind::kDdp) return 1;
+  if (layout.data_parallel != DataParallelKind::kDistributedOptimizer) {
+    return experts ? layout.edp : layout.dp;  // ZeRO-2, FSDP: memsim's own sharding
+  }
+  return (experts ? layout.edp : layout.dp * layout.cp) / layout.distributed_optimizer_instances;
+}
+
 RankCoordinates CoordinatesOf(const ParallelLayout& l, int64_t rank) {
   RankCoordinates c;
   c.tp_rank = rank % l.tp;

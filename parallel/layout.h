@@ -39,6 +39,9 @@ struct ParallelLayout {
   int64_t first_stage_layers = 0;
   int64_t last_stage_layers = 0;
   DataParallelKind data_parallel = DataParallelKind::kDdp;
+  // Distributed optimizer: replicas of the optimizer state (--num-distributed-optimizer-
+  // instances); each shards over data-parallel (x context-parallel) ranks / instances.
+  int64_t distributed_optimizer_instances = 1;
   bool deallocate_pipeline_outputs = true;  // Megatron-LM sets it for every run
 
   int64_t dp = 1;   // derived: world / (tp * pp * cp)
@@ -54,6 +57,11 @@ struct RankCoordinates {
 // and the numbers ("TP=3 does not divide 32 attention heads").
 // REQUIRES: `model` passed FinalizeModelConfig with this layout's tp.
 Status FinalizeLayout(ParallelLayout* layout, const ModelConfig& model);
+
+// How many ranks share one copy of the distributed optimizer's state: Megatron's
+// intra-instance data-parallel group, DP x CP (dense) or expert DP (routed experts),
+// over the instances. 1 without a distributed optimizer.
+int64_t OptimizerShards(const ParallelLayout& layout, bool experts);
 
 RankCoordinates CoordinatesOf(const ParallelLayout& layout, int64_t rank);
 int64_t RankOf(const ParallelLayout& layout, const RankCoordinates& c);

@@ -157,9 +157,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
     default:
       store.AllocateGradBuffer();
   }
-  const bool sharded_optimizer = layout.data_parallel != DataParallelKind::kDdp;
-  MixedPrecisionOptimizer optimizer(&store, training.optimizer, sharded_optimizer ? layout.dp : 1,
-                                    sharded_optimizer ? layout.edp : 1);
+  MixedPrecisionOptimizer optimizer(&store, training.optimizer, OptimizerShards(layout, false),
+                                    OptimizerShards(layout, true));
   const std::vector<PipelineStep> schedule =
       PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
                        layout.microbatch_group_size);

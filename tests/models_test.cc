@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "models/layers.h"
 #include "models/model_config.h"
 #include "models/parameters.h"
 #include "models/transformer.h"
@@ -218,6 +219,51 @@ TEST(ModelConfig, PadsVocabularyLikeMegatron) {
   m.vocab_size = 50257;
   ASSERT_TRUE(FinalizeModelConfig(&m, /*tp=*/8).ok());
   EXPECT_EQ(m.padded_vocab_size, 51200);  // multiple of 1024
+}
+
+}  // namespace
+}  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Peak of exact requested bytes while the cross-entropy runs forward on bf16 logits
+// [S, B, V] that need a gradient; then backward, reporting the gradient's dtype.
+constexpr int64_t kS = 16, kB = 2, kV = 64;
+int64_t CrossEntropyForwardPeakBytes(bool fused, at::ScalarType* grad_dtype) {
+  Session session;
+  {
+    ActiveSession active(session);
+    auto meta = at::TensorOptions().device(at::kMeta);
+    at::Tensor logits = at::empty({kS, kB, kV}, meta.dtype(at::kBFloat16)).requires_grad_(true);
+    at::Tensor labels = at::empty({kS, kB}, meta.dtype(at::kLong));
+    at::Tensor loss = VocabCrossEntropy(logits, labels, /*tp_group=*/1, fused);
+    session.BeginIteration(0);  // marks the end of the forward on the timeline
+    loss.sum().backward();
+    *grad_dtype = logits.grad().scalar_type();
+  }
+  const Timeline timeline = Timeline::Replay(session.recorder());
+  int64_t peak = 0;
+  const int64_t forward_end = timeline.iterations().front().begin_event;
+  for (int64_t e = 0; e < forward_end; ++e) {
+    peak = std::max(peak, timeline.points()[static_cast<size_t>(e)].requested_bytes);
+  }
+  return peak;
+}
+
+// Unfused forward: logits bf16 (S*B*V*2 = 4096 B), int64 labels (S*B*8 = 256 B), the
+// logits' float32 copy turned into the softmax in place (8192 B), and four [S, B] float32
+// vectors (max, target logit, sum of exps, loss: 4 * 128 B). --cross-entropy-loss-fusion (native): each compiled in-place
+// step holds one more float32 buffer of the logits' size while it runs, the last one
+// with all of the above alive. Both hand back a bf16 gradient.
+TEST(Activations, FusedCrossEntropyHoldsOneMoreFloat32Logits) {
+  at::ScalarType unfused_dtype, fused_dtype;
+  const int64_t unfused = CrossEntropyForwardPeakBytes(false, &unfused_dtype);
+  const int64_t fused = CrossEntropyForwardPeakBytes(true, &fused_dtype);
+  EXPECT_EQ(unfused, kS * kB * kV * (2 + 4) + kS * kB * 8 + 4 * kS * kB * 4);
+  EXPECT_EQ(fused - unfused, kS * kB * kV * 4);
+  EXPECT_EQ(unfused_dtype, at::kBFloat16);
+  EXPECT_EQ(fused_dtype, at::kBFloat16);
 }
 
 }  // namespace

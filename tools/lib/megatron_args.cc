@@ -53,6 +53,8 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--moe-layer-freq", Arity::kValue},
       {"--moe-token-dispatcher-type", Arity::kValue},
       {"--moe-grouped-gemm", Arity::kFlag},
+      {"--cross-entropy-loss-fusion", Arity::kFlag},
+      {"--cross-entropy-fusion-impl", Arity::kValue},
       // Batch and sequence.
       {"--seq-length", Arity::kValue},
       {"--micro-batch-size", Arity::kValue},
@@ -384,8 +386,6 @@ const std::map<std::string, std::string>& UnmodelledArgs() {
       {"--account-for-embedding-in-pipeline-split", "pipeline splits counting the embedding"},
       {"--account-for-loss-in-pipeline-split", "pipeline splits counting the loss"},
       {"--cpu-offloading", "activation offloading to CPU"},
-      {"--cross-entropy-fusion-impl", "the fused cross-entropy kernels"},
-      {"--cross-entropy-loss-fusion", "the fused cross-entropy kernels"},
       {"--decoder-num-layers", "encoder-decoder models"},
       {"--decoder-seq-length", "encoder-decoder models"},
       {"--decrease-batch-size-if-needed", "batch sizes that change during training"},
@@ -782,11 +782,8 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   if (a.Has("--use-distributed-optimizer")) {
     l.data_parallel = DataParallelKind::kDistributedOptimizer;
   }
-  if (a.Text("--num-distributed-optimizer-instances", "1") != "1") {
-    return NotModelled("--num-distributed-optimizer-instances",
-                       "a distributed optimizer sharded over part of data parallelism");
-  }
-  a.Ignore("--num-distributed-optimizer-instances");
+  MEMSIM_RETURN_IF_ERROR(
+      a.Int("--num-distributed-optimizer-instances", &l.distributed_optimizer_instances));
   if (a.Text("--data-parallel-sharding-strategy", "no_shard") != "no_shard") {
     return NotModelled("--data-parallel-sharding-strategy", "FSDP");
   }
@@ -829,6 +826,17 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     a.Ignore(name);
   }
   t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
+  // The native fused cross-entropy (megatron/core/fusions/fused_cross_entropy.py) is
+  // modelled (VocabCrossEntropy); TE's (a kernel over the 16-bit logits) is not.
+  if (a.Has("--cross-entropy-loss-fusion")) {
+    MEMSIM_RETURN_IF_ERROR(
+        Choice(a, "--cross-entropy-fusion-impl", {"native", "te"}, "native", &text));
+    if (text == "te") {
+      return NotModelled("--cross-entropy-fusion-impl te", "Transformer Engine's cross-entropy kernel");
+    }
+    t.cross_entropy_fusion = true;
+  }
+  a.Ignore("--cross-entropy-fusion-impl");
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--optimizer", {"adam", "sgd"}, "adam", &text));
   t.optimizer = text == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdam;
 
