@@ -49,6 +49,9 @@ struct ModelConfig {
   int64_t moe_first_k_dense_layers = 0;  // DeepSeek: the first layers are dense
   double moe_capacity_factor = 0.0;      // 0: dropless
   double moe_imbalance_factor = 1.0;     // dropless: busiest expert's load over the mean
+  bool moe_router_fp32 = false;          // --moe-router-dtype fp32: logits and probs in fp32
+  double moe_aux_loss_coeff = 0.0;       // > 0: the load-balancing loss keeps [T, E] fp32 scores
+  double moe_z_loss_coeff = 0.0;         // > 0: the z-loss keeps the router logits
 
   // Derived by FinalizeModelConfig.
   int64_t padded_vocab_size = 0;  // V
@@ -56,6 +59,9 @@ struct ModelConfig {
 };
 
 enum class Precision { kFp32, kBf16, kFp16 };
+// Megatron-Core's MoE token dispatchers (--moe-token-dispatcher-type; allgather is its
+// default).
+enum class MoeDispatcher { kAllGather, kAllToAll };
 // Which attention kernel runs (and so what it keeps for backward):
 //   kFlash  FlashAttention-2: contiguous [B, S, A, D] copies of q, k, v, out, and the
 //           float32 log-sum-exp [B, A, S];
@@ -102,6 +108,8 @@ struct TrainingConfig {
   // --moe-grouped-gemm: Transformer Engine's GroupedLinear runs the local experts (with its
   // multi-stream GEMM workspaces, Note [Library workspaces]).
   bool moe_grouped_gemm = false;
+  MoeDispatcher moe_dispatcher = MoeDispatcher::kAllGather;
+  bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
   // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy).
   bool cross_entropy_fusion = false;
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;

@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <cmath>
 
+#include "ops/collectives.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "simulator/session.h"
@@ -76,55 +79,237 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
   return params;
 }
 
-at::Tensor MoeForward(const ModelConfig& m, const MoeParallelism& p, MoeParameters& params,
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+at::TensorOptions Meta(at::ScalarType dtype) {
+  return at::TensorOptions().device(at::kMeta).dtype(dtype);
+}
+
+// moe_utils.permute's index: which row of the input each output row copies. Unfused
+// (dropless branch): routing_map.T.contiguous() [M, X] bool and its stable argsort int64
+// [M*X], whose first `rows` entries modulo X are the index (int64 [rows]); the argsort
+// buffer lives on while a view of it does (the alltoall probabilities keep one). Fused
+// (TE's moe_permute): one int32 row_id_map [X, 2M + 1].
+struct Permutation {
+  at::Tensor index;  // saved by the tokens' permute
+  at::Tensor order;  // unfused: the argsort buffer
+  int64_t inputs;    // X
+};
+
+Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, bool fused) {
+  Permutation p{at::Tensor(), at::Tensor(), inputs};
+  if (fused) {
+    p.index = at::empty({inputs, 2 * map_columns + 1}, Meta(at::kInt));
+    return p;
+  }
+  at::Tensor map_t = at::empty({map_columns, inputs}, Meta(at::kBool));
+  p.order = at::empty({map_columns * inputs}, Meta(at::kLong));
+  map_t.reset();
+  p.index = at::empty({rows}, Meta(at::kLong));
+  return p;
+}
+
+// tokens [X, H] -> [rows, H] (index_select, or TE's kernel); backward scatters the
+// gradient into a new zeroed [X, H].
+struct PermuteFunction : public Function<PermuteFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens,
+                            const at::Tensor& index, int64_t rows) {
+    ctx->save_for_backward({index});
+    ctx->saved_data["inputs"] = tokens.size(0);
+    return at::empty({rows, tokens.size(1)}, tokens.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor grad = at::zeros({ctx->saved_data["inputs"].toInt(), grads[0].size(1)},
+                                grads[0].options());
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+// unpermute without probabilities: [rows, H] -> a new zeroed [X, H] scatter-added into;
+// backward gathers [rows, H]. Its saved index is a stride-0 view of the permutation's.
+struct UnpermuteFunction : public Function<UnpermuteFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows_in, int64_t inputs) {
+    ctx->saved_data["rows"] = rows_in.size(0);
+    return at::zeros({inputs, rows_in.size(1)}, rows_in.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty({ctx->saved_data["rows"].toInt(), grads[0].size(1)}, grads[0].options()),
+            at::Tensor()};
+  }
+};
+
+// The probabilities of the permuted rows, [rows] p, from [X, E] p.
+//   alltoall: probs.T.contiguous() [E, X] (temporary) indexed with the argsort's view,
+//     which autograd keeps (and so the whole argsort); backward: zeros [E*X] p. (`keep`
+//     is what it keeps; the allgather path keeps its own.)
+//   allgather: probs[:, local].contiguous() [X, E_local] (temporary), transposed and made
+//     contiguous [E_local, X] and masked_select'ed with the transposed local map
+//     [E_local, X] bool: both kept for backward; backward: zeros [E_local, X] p, then the
+//     column slice's zeros [X, E] p.
+struct PermuteProbsFunction : public Function<PermuteProbsFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& probs, const at::Tensor& keep,
+                            int64_t columns, int64_t rows, bool masked_select) {
+    const int64_t inputs = probs.size(0);
+    at::Tensor out;
+    if (masked_select) {
+      at::Tensor local = at::empty({inputs, columns}, probs.options());
+      at::Tensor local_t = at::empty({columns, inputs}, probs.options());
+      local.reset();
+      at::Tensor mask = at::empty({columns, inputs}, Meta(at::kBool));
+      out = at::empty({rows}, probs.options());
+      ctx->save_for_backward({local_t, mask});
+    } else {
+      at::Tensor probs_t = at::empty({probs.size(1), inputs}, probs.options());
+      out = at::empty({rows}, probs.options());
+      ctx->save_for_backward({keep});
+    }
+    ctx->saved_data["masked_select"] = masked_select;
+    ctx->saved_data["input_sizes"] = probs.sizes().vec();
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::TensorOptions options = grads[0].options();
+    at::Tensor grad;
+    if (ctx->saved_data["masked_select"].toBool()) {
+      at::Tensor grad_t = at::zeros(saved[0].sizes(), options);
+      grad = at::zeros(ctx->saved_data["input_sizes"].toIntVector(), options);
+    } else {
+      // zeros [E*X] p, the transposed view of [E, X] that is the gradient of [X, E].
+      const std::vector<int64_t> sizes = ctx->saved_data["input_sizes"].toIntVector();
+      grad = at::zeros({sizes[1] * sizes[0]}, options).view({sizes[1], sizes[0]}).t();
+    }
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// gather_from_sequence_parallel_region over `group`: a new [group * rows, ...] (or, with
+// `buffer`, a view of Megatron's persistent global buffer); backward reduce-scatters.
+struct AllGatherRowsFunction : public Function<AllGatherRowsFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t group,
+                            c10::intrusive_ptr<GlobalMemoryBuffer> buffer) {
+    ctx->saved_data["group"] = group;
+    if (!buffer) return AllGather(input, group);
+    std::vector<int64_t> sizes = input.sizes().vec();
+    sizes[0] *= group;
+    at::Tensor out = buffer->Get(sizes, input.scalar_type());
+    ReceiveInto(out);
+    ctx->saved_data["buffer"] = c10::IValue::make_capsule(std::move(buffer));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t group = ctx->saved_data["group"].toInt();
+    if (!ctx->saved_data.count("buffer")) {
+      return {ReduceScatter(grads[0].contiguous(), group), at::Tensor(), at::Tensor()};
+    }
+    // Megatron reduce-scatters into the same global buffer: no new memory.
+    const auto buffer = c10::static_intrusive_pointer_cast<GlobalMemoryBuffer>(
+        ctx->saved_data["buffer"].toCapsule());
+    std::vector<int64_t> sizes = grads[0].sizes().vec();
+    sizes[0] /= group;
+    at::Tensor out = buffer->Get(sizes, grads[0].scalar_type());
+    ReceiveInto(out);
+    return {out, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor AllGatherRows(const at::Tensor& input, int64_t group,
+                         c10::intrusive_ptr<GlobalMemoryBuffer> buffer = {}) {
+  if (group == 1) return input;
+  return AllGatherRowsFunction::apply(input, group, std::move(buffer));
+}
+
+// Returns `probs` unchanged and makes its backward run `loss`'s (Megatron's
+// MoEAuxLossAutoScaler): the loss's graph, and what it saved, lives until backward.
+struct AttachLossFunction : public Function<AttachLossFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& probs, const at::Tensor& loss) {
+    ctx->saved_data["loss_sizes"] = loss.sizes().vec();
+    return probs.view_as(probs);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], at::ones(ctx->saved_data["loss_sizes"].toIntVector(),
+                               grads[0].options().dtype(at::kFloat))};
+  }
+};
+
+// Returns `x` and keeps `kept` alive until backward (an index a kernel saved).
+struct KeepFunction : public Function<KeepFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& kept) {
+    ctx->save_for_backward({kept});
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+struct Routing {
+  at::Tensor probs;        // [T, E] p, zero but for the top-K (autograd keeps top-K indices)
+  at::Tensor routing_map;  // [T, E] bool
+};
+
+// TopKRouter (router.py, moe_utils.topk_routing_with_score_function).
+Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens) {
+  ModuleScope s("router");
+  const int64_t K = m.moe_router_topk;
+  // The gating GEMM writes the router dtype directly (TE's GEMM; a bf16 [T, E] here then
+  // its fp32 copy).
+  at::Tensor logits = Linear(tokens, router, nullptr);  // [T, E]
+  if (m.moe_router_fp32) logits = logits.to(at::kFloat);
+  auto [scores, top] = at::topk(logits, K, -1);  // [T, K] p and int64: TopkBackward keeps top
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(logits.scalar_type());  // [T, K]
+  probs = at::zeros_like(logits).scatter(1, top, probs);                            // [T, E]
+  at::Tensor routing_map = at::empty(logits.sizes(), Meta(at::kBool));
+  if (m.moe_aux_loss_coeff > 0) {
+    // The load-balancing loss: softmax over all experts in fp32 (kept for backward), its
+    // per-expert sums against the tokens per expert.
+    at::Tensor all_scores = at::softmax(logits, -1, at::kFloat);  // [T, E]
+    at::Tensor tokens_per_expert = at::empty({m.num_experts}, Meta(at::kFloat));
+    probs = AttachLossFunction::apply(probs, (all_scores.sum(0) * tokens_per_expert).sum());
+  }
+  if (m.moe_z_loss_coeff > 0) {
+    probs = AttachLossFunction::apply(probs, at::logsumexp(logits, {-1}).square().mean());
+  }
+  return {probs, routing_map};
+}
+
+// The routed experts on N (token, expert) rows and their probabilities [N] p (experts.py):
+// fc1, activation, the activation times the probabilities (in p, then the training
+// dtype), fc2. SequentialMLP runs the local experts one by one and concatenates their
+// outputs (a second [N, H] while the pieces are alive).
+at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
+                   MoeParameters& params, const at::Tensor& x, const at::Tensor& probs) {
+  ModuleScope e("experts");
+  const int64_t fe = m.moe_ffn_hidden_size / p.etp;
+  at::Tensor h;
+  {
+    ModuleScope f("linear_fc1");
+    h = GroupedLinear(x, *params.experts_fc1, Fc1Width(m, fe), /*rows=*/true);
+  }
+  h = Activation(m, h);
+  h = (h * probs.unsqueeze(-1)).to(x.scalar_type());
+  ModuleScope f("linear_fc2");
+  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false);  // [N, H]
+  if (!t.moe_grouped_gemm && m.num_experts / p.ep > 1) h = h.clone();  // torch.cat
+  return h;
+}
+
+}  // namespace
+
+at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
+                      MoeParameters& params,
+                      const c10::intrusive_ptr<GlobalMemoryBuffer>& global_buffer,
                       const at::Tensor& hidden) {
-  const int64_t H = m.hidden_size, K = m.moe_router_topk;
+  const int64_t H = m.hidden_size, E = m.num_experts, local = E / p.ep;
   const at::Tensor tokens = hidden.reshape({-1, H});  // [T, H]
   const int64_t T = tokens.size(0);
-  at::Tensor probs, indices;
-  {
-    // TopKRouter: logits, softmax in float32, top-k.
-    ModuleScope s("router");
-    const at::Tensor logits = Linear(tokens, *params.router, nullptr);  // [T, E]
-    const at::Tensor scores = at::softmax(logits.to(at::kFloat), -1);
-    std::tie(probs, indices) = at::topk(scores, K, -1);  // [T, K] each
-  }
-  const int64_t D = DispatchedTokens(m, T), R = ReceivedTokens(m, T);
-  at::Tensor expert_out;
-  at::Tensor token_index;
-  {
-    ModuleScope s("token_dispatcher");
-    // permute: the routed tokens sorted by expert (padded to capacity with a factor).
-    token_index = at::empty({D}, tokens.options().dtype(at::kLong));
-    const at::Tensor permuted = tokens.index_select(0, token_index);  // [D, H]
-    at::Tensor received = AllToAllTokens(permuted, p.ep, R);          // [R, H]
-    ModuleScope e("experts");
-    const int64_t fe = m.moe_ffn_hidden_size / p.etp;
-    at::Tensor h;
-    {
-      ModuleScope f("linear_fc1");
-      h = GroupedLinear(received, *params.experts_fc1, Fc1Width(m, fe), /*rows=*/true);
-    }
-    received.reset();
-    h = Activation(m, h);
-    {
-      ModuleScope f("linear_fc2");
-      h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false);  // [R, H]
-    }
-    if (p.etp > 1) h = ReduceFromTensorParallelRegion(h, p.etp);
-    expert_out = AllToAllTokens(h, p.ep, D);  // [D, H]
-  }
-  at::Tensor out;
-  {
-    // unpermute: weight each expert output by its routing probability, sum per token.
-    ModuleScope s("token_combine");
-    const at::Tensor weights =
-        probs.reshape({-1}).narrow(0, 0, std::min<int64_t>(D, T * K)).to(expert_out.scalar_type());
-    at::Tensor weighted = expert_out.narrow(0, 0, weights.size(0)) * weights.unsqueeze(-1);
-    out = at::zeros({T, H}, tokens.options())
-              .index_add(0, token_index.narrow(0, 0, weights.size(0)), weighted);
-  }
+  at::Tensor shared;
   if (params.shared_fc1 != nullptr) {
+    // Shared experts run first, on the same input, over the attention tp group.
     ModuleScope s("shared_experts");
     at::Tensor h;
     {
@@ -133,9 +318,64 @@ at::Tensor MoeForward(const ModelConfig& m, const MoeParallelism& p, MoeParamete
     }
     h = Activation(m, h);
     ModuleScope f("linear_fc2");
-    h = ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), p.tp);
-    out = out + h;
+    shared = ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), p.tp);
   }
+  Routing routing = Route(m, *params.router, tokens);
+  const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;
+  const int64_t R = ReceivedTokens(m, T), N = R * p.etp;
+  at::Tensor out;
+  if (t.moe_dispatcher == MoeDispatcher::kAllGather) {
+    ModuleScope s("token_dispatcher");
+    const int64_t group = p.ep * p.etp, gathered = T * group;
+    at::Tensor map = AllGather(routing.routing_map, group);  // [T_g, E] bool
+    const at::Tensor probs = AllGatherRows(routing.probs, group);  // [T_g, E] p
+    const at::Tensor hidden_g = AllGatherRows(tokens, group, global_buffer);  // [T_g, H]
+    params.kept_map = at::empty({gathered, local}, Meta(at::kBool));  // local_map
+    map.reset();
+    const Permutation perm = MakePermutation(gathered, local, N, t.moe_permute_fusion);
+    const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
+                                                               /*masked_select=*/true);
+    at::Tensor x = PermuteFunction::apply(hidden_g, perm.index, N);
+    x = Experts(m, t, p, params, x, local_probs);
+    ModuleScope c("token_combine");
+    x = UnpermuteFunction::apply(x, gathered);  // [T_g, H]
+    if (fp32_probs) x = x.to(at::kFloat);
+    out = ReduceScatterToSequenceParallelRegion(x, group).to(tokens.scalar_type());  // [T, H]
+  } else {
+    ModuleScope s("token_dispatcher");
+    params.kept_probs = routing.probs;
+    params.kept_map = routing.routing_map;
+    const int64_t D = DispatchedTokens(m, T);
+    const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion);
+    at::Tensor x = PermuteFunction::apply(tokens, perm.index, D);  // [D, H]
+    at::Tensor probs = PermuteProbsFunction::apply(
+        routing.probs, t.moe_permute_fusion ? perm.index : perm.order, E, D,
+        /*masked_select=*/false);  // [D] p
+    x = AllToAllTokens(x, p.ep, R);                                        // [R, H]
+    probs = AllToAllTokens(probs.unsqueeze(-1), p.ep, R).squeeze(-1);     // [R] p
+    x = AllGatherRows(x, p.etp);                                           // [N, H]
+    probs = AllGatherRows(probs, p.etp);                                   // [N] p
+    if (local > 1) {
+      // sort_chunks_by_idxs: split + cat (new buffers), or TE's chunk sort with an int32
+      // [N] map it keeps.
+      x = x.clone();
+      probs = probs.clone();
+      if (t.moe_permute_fusion) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
+    }
+    x = Experts(m, t, p, params, x, probs);
+    ModuleScope c("token_combine");
+    if (local > 1) {
+      x = x.clone();
+      if (t.moe_permute_fusion) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
+    }
+    if (p.etp > 1) {
+      if (fp32_probs) x = x.to(at::kFloat);
+      x = ReduceScatterToSequenceParallelRegion(x, p.etp).to(tokens.scalar_type());  // [R, H]
+    }
+    x = AllToAllTokens(x, p.ep, D);        // [D, H]
+    out = UnpermuteFunction::apply(x, T);  // [T, H]
+  }
+  if (shared.defined()) out = out + shared;
   return out.view(hidden.sizes());
 }
 

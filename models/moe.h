@@ -1,5 +1,6 @@
-// A mixture-of-experts MLP as Megatron-Core's MoELayer runs it (megatron/core/transformer/
-// moe/: TopKRouter, MoEAlltoAllTokenDispatcher, GroupedMLP, shared experts).
+// A mixture-of-experts MLP as Megatron-Core 0.20's MoELayer runs it (megatron/core/
+// transformer/moe/: TopKRouter, MoEAllGatherTokenDispatcher or MoEAlltoAllTokenDispatcher,
+// TEGroupedMLP or SequentialMLP, shared experts).
 //
 // Parameters of one MoE layer on a rank (legend in model_config.h; E_local = E/ep,
 // F_e = moe_ffn_hidden_size, etp = expert tensor parallelism, F_s = shared expert size):
@@ -8,15 +9,25 @@
 //   mlp.experts.linear_fc2.weight     (H, E_local * F_e/etp)
 //   mlp.shared_experts.linear_fc1     (2F_s/tp, H), linear_fc2 (H, F_s/tp)   if F_s > 0
 //
-// Tokens, for T tokens on the rank and top-K routing:
-//   dispatched D = T*K (dropless) or E * ceil(cf * T*K / E) (capacity factor cf: each
-//     expert takes at most that many of a rank's tokens, and is padded to it);
-//   received R = D on balanced routing; dropless with imbalance factor f, the busiest
-//     rank receives ceil(f * D).
-// Saved for backward: router softmax [T, E] float32 and top-K indices; the permuted
-// tokens [D, H] (dispatch) and the received tokens [R, H] (fc1 input), fc1 output
-// [R, 2F_e/etp], activation [R, F_e/etp]; the returned expert outputs [D, H] and probs
-// (combine).
+// Tokens: T = S*B/(tp*cp) on the rank (Megatron trains MoE with tp > 1 only under
+// sequence parallelism); top-K routing; p = the probabilities' dtype (fp32 with
+// --moe-router-dtype fp32, else the training dtype). Per rank, the experts process
+// N = etp * R (token, expert) pairs, R = T*K, or E * ceil(cf * T*K / E) with capacity
+// factor cf, or ceil(f * T*K) for a dropless run whose busiest rank takes f times the mean.
+//
+// Kept for backward, per layer (Note: what autograd saves, as Megatron's code does):
+//   router: its input [T, H]; top-K indices int64 [T, K] and softmax fp32 [T, K];
+//     with an aux loss the full softmax fp32 [T, E]; with a z-loss the logits [T, E] p;
+//   allgather dispatcher (gathers over etp*ep, T_g = T*etp*ep): the gathered hidden states
+//     in Megatron's persistent global buffer ([T_g, H], shared by every layer); the local
+//     probabilities transposed [E_local, T_g] p and their mask [E_local, T_g] bool (masked
+//     select); the local routing map [T_g, E_local] bool (kept until the layer's next
+//     forward); the permutation index (int64 [N], or TE's int32 map [T_g, 2 E_local + 1]);
+//   alltoall dispatcher: probabilities [T, E] p and routing map [T, E] bool (kept until the
+//     layer's next forward); the permutation (int64 [T*K] and, through the permuted
+//     probabilities, the whole int64 argsort [E*T]; or TE's int32 map [T, 2E + 1]);
+//   experts: their input [N, H], fc1 output, activation, probability-weighted activation
+//     [N, F_e/etp] each, and the probabilities [N] p (TEGroupedMLP and SequentialMLP alike).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -39,6 +50,10 @@ struct MoeParameters {
   Parameter* experts_fc2 = nullptr;
   Parameter* shared_fc1 = nullptr;  // null without shared experts
   Parameter* shared_fc2 = nullptr;
+  // What the dispatcher keeps as attributes until this layer's next forward (the routing
+  // map, and for alltoall the probabilities).
+  at::Tensor kept_map;
+  at::Tensor kept_probs;
 };
 
 // Creates the MoE layer's parameters under the current module ("mlp").
@@ -49,8 +64,11 @@ MoeParameters CreateMoeParameters(const ModelConfig& model, const MoeParallelism
 int64_t DispatchedTokens(const ModelConfig& model, int64_t tokens);
 int64_t ReceivedTokens(const ModelConfig& model, int64_t tokens);
 
-// hidden [S', B, H] -> [S', B, H].
-at::Tensor MoeForward(const ModelConfig& model, const MoeParallelism& parallel,
-                      MoeParameters& params, const at::Tensor& hidden);
+// hidden [S', B, H] -> [S', B, H]. `global_buffer` is Megatron's persistent "mpu" buffer,
+// into which the allgather dispatcher gathers the hidden states.
+at::Tensor MoeForward(const ModelConfig& model, const TrainingConfig& training,
+                      const MoeParallelism& parallel, MoeParameters& params,
+                      const c10::intrusive_ptr<GlobalMemoryBuffer>& global_buffer,
+                      const at::Tensor& hidden);
 
 }  // namespace memsim

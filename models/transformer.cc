@@ -17,7 +17,12 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       shard_(shard),
       activation_dtype_(store->param_dtype()),
       workspace_(c10::make_intrusive<GlobalMemoryBuffer>(
-          /*persistent=*/training.profile == ProfileKind::kMegatronLocal)) {
+          /*persistent=*/training.profile == ProfileKind::kMegatronLocal)),
+      // The allgather dispatcher gathers into Megatron's persistent "mpu" buffer whatever
+      // the layers' kernels are: the local layers' one, or one of its own under TE.
+      moe_buffer_(training.profile == ProfileKind::kMegatronLocal
+                      ? workspace_
+                      : c10::make_intrusive<GlobalMemoryBuffer>(/*persistent=*/true)) {
   const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
   const bool layer_norm = model.norm == NormKind::kLayerNorm;
   if (shard.first_stage) {
@@ -184,7 +189,8 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
 at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   ModuleScope scope("mlp");
   if (layer.moe) {
-    return MoeForward(model_, {shard_.ep, shard_.etp, shard_.tp}, layer.experts, ln_out);
+    return MoeForward(model_, training_, {shard_.ep, shard_.etp, shard_.tp}, layer.experts,
+                      moe_buffer_, ln_out);
   }
   at::Tensor h;
   {

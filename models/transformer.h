@@ -141,6 +141,7 @@ class TransformerModel {
   Parameter* final_norm_bias_ = nullptr;
   Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied on one stage
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
+  c10::intrusive_ptr<GlobalMemoryBuffer> moe_buffer_;  // Megatron's "mpu" buffer for MoE
 };
 
 }  // namespace memsim

@@ -327,9 +327,9 @@ TEST(MegatronArgs, MixtureOfExperts) {
   EXPECT_EQ(r.spec.layout.ep, 8);
   EXPECT_EQ(r.spec.layout.etp, 0);  // = TP
   EXPECT_TRUE(r.spec.training.moe_grouped_gemm);  // TE's grouped-GEMM workspaces
-  EXPECT_EQ(r.ignored,
-            (std::vector<std::string>{"--moe-token-dispatcher-type", "--moe-aux-loss-coeff",
-                                      "--moe-router-load-balancing-type"}));
+  EXPECT_EQ(r.spec.training.moe_dispatcher, MoeDispatcher::kAllToAll);
+  EXPECT_EQ(r.spec.model.moe_aux_loss_coeff, 1e-2);  // the loss keeps [T, E] fp32 scores
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--moe-router-load-balancing-type"}));
 
   // DeepSeek-V3's layer pattern: 3 dense layers, then 58 with 256 experts and a shared one.
   r = Parse(

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include "models/parameters.h"
 #include "models/transformer.h"
@@ -350,13 +351,16 @@ std::vector<int64_t> AllToAllBytes(const ModelConfig& m, const ParallelLayout& l
   return sizes;
 }
 
-// Mixtral-style MoE on TP2 PP1 EP2: each all-to-all carries the rank's dispatched tokens,
-// E * ceil(cf * T*K / E) rows of H bf16 values, T = S*B/tp tokens with sequence parallelism.
+// Mixtral-style MoE on TP2 PP1 EP2 with the alltoall dispatcher: each all-to-all of tokens
+// carries the rank's dispatched tokens, E * ceil(cf * T*K / E) rows of H bf16 values,
+// T = S*B/tp tokens with sequence parallelism; the probabilities travel beside them, one
+// bf16 value a row.
 TEST(ExpertParallel, AllToAllBuffersScaleWithCapacityFactor) {
   TrainingConfig t;
   t.seq_length = 512;
   t.micro_batch_size = 2;
   t.iterations = 1;
+  t.moe_dispatcher = MoeDispatcher::kAllToAll;
   ParallelLayout layout;
   layout.world_size = 8;
   layout.tp = 2;
@@ -368,11 +372,57 @@ TEST(ExpertParallel, AllToAllBuffersScaleWithCapacityFactor) {
     ParallelLayout l = layout;
     ASSERT_TRUE(FinalizeLayout(&l, m).ok());
     const int64_t rows = 8 * static_cast<int64_t>(std::ceil(cf * tokens * 2 / 8));
-    const std::vector<int64_t> sizes = AllToAllBytes(m, l, t);
-    // Dispatch and combine, per MoE layer: 2 layers x 2.
-    ASSERT_EQ(sizes.size(), 4u) << cf;
-    for (int64_t bytes : sizes) EXPECT_EQ(bytes, rows * 256 * 2) << cf;
+    std::vector<int64_t> sizes = AllToAllBytes(m, l, t);
+    std::sort(sizes.begin(), sizes.end());
+    // Per MoE layer (2 layers): the probabilities, the tokens out and the tokens back.
+    EXPECT_EQ(sizes, (std::vector<int64_t>{rows * 2, rows * 2, rows * 256 * 2, rows * 256 * 2,
+                                           rows * 256 * 2, rows * 256 * 2}))
+        << cf;
   }
+}
+
+// Megatron's default allgather dispatcher on EP2 (etp = tp = 1, T = S*B tokens): the
+// hidden states of both ranks are gathered into Megatron's persistent global buffer,
+// [2T, H] bf16 once for all layers; the local probabilities [E_local, 2T] bf16 and their
+// mask [E_local, 2T] bool are saved per layer.
+TEST(ExpertParallel, AllGatherDispatcherUsesThePersistentGlobalBuffer) {
+  ModelConfig m = test::Llama(2, 256, 8, 4, 512, 1024);
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t;
+  t.seq_length = 128;
+  t.micro_batch_size = 2;
+  t.iterations = 1;
+  t.profile = ProfileKind::kTransformerEngine;
+  ParallelLayout l;
+  l.world_size = 2;
+  l.ep = 2;
+  ASSERT_TRUE(FinalizeLayout(&l, m).ok());
+  Session session;
+  {
+    ActiveSession active(session);
+    RunRankTraining(m, t, l, 0, session);
+  }
+  const Recorder& r = session.recorder();
+  const int64_t gathered = 2 * 128 * 2;  // 2T
+  std::vector<int64_t> global_buffers;
+  int64_t masks = 0, local_probs = 0;
+  for (const StorageInfo& s : r.storages()) {
+    const std::string& module = r.names().Name(s.module);
+    if (module == "mpu.global_memory_buffer") global_buffers.push_back(s.size_bytes);
+    if (s.phase != Phase::kForward || module.find("token_dispatcher") == std::string::npos) {
+      continue;
+    }
+    if (s.dtype == at::kBool && s.size_bytes == 4 * gathered) ++masks;  // E_local = 4
+    if (s.dtype == at::kBFloat16 && s.size_bytes == 4 * gathered * 2) ++local_probs;
+  }
+  EXPECT_EQ(global_buffers, std::vector<int64_t>{gathered * 256 * 2});
+  // Per layer (one microbatch): 4 * 2T bools three times (the permutation's transposed
+  // map, the kept local map [2T, 4], masked_select's transposed mask [4, 2T]) and 4 * 2T
+  // bf16 probabilities twice (the local slice [2T, 4] and its transpose [4, 2T]).
+  EXPECT_EQ(masks, 2 * 3);
+  EXPECT_EQ(local_probs, 2 * 2);
 }
 
 TEST(ExpertParallel, ExpertsShardOverEpAndMixtralHasItsParameterCount) {

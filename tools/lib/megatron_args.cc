@@ -53,6 +53,10 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--moe-layer-freq", Arity::kValue},
       {"--moe-token-dispatcher-type", Arity::kValue},
       {"--moe-grouped-gemm", Arity::kFlag},
+      {"--moe-permute-fusion", Arity::kFlag},
+      {"--moe-router-dtype", Arity::kValue},
+      {"--moe-aux-loss-coeff", Arity::kValue},
+      {"--moe-z-loss-coeff", Arity::kValue},
       {"--cross-entropy-loss-fusion", Arity::kFlag},
       {"--cross-entropy-fusion-impl", Arity::kValue},
       // Batch and sequence.
@@ -180,16 +184,13 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--mid-level-dataset-surplus",
              "--min-loss-scale",
              "--min-lr",
-             "--moe-aux-loss-coeff",
              "--moe-input-jitter-eps",
              "--moe-router-bias-update-rate",
-             "--moe-router-dtype",
              "--moe-router-group-topk",
              "--moe-router-num-groups",
              "--moe-router-score-function",
              "--moe-router-topk-scaling-factor",
              "--moe-token-drop-policy",
-             "--moe-z-loss-coeff",
              "--mtp-loss-scaling-factor",
              "--nccl-communicator-config-path",
              "--non-persistent-ckpt-type",
@@ -308,7 +309,6 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--manual-gc",
              "--mock-data",
              "--moe-per-layer-logging",
-             "--moe-permute-fusion",
              "--moe-router-enable-expert-bias",
              "--moe-router-force-load-balancing",
              "--moe-router-fusion",
@@ -672,6 +672,10 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
                                              "--moe-shared-expert-intermediate-size",
                                              "--moe-expert-capacity-factor",
                                              "--moe-token-dispatcher-type",
+                                             "--moe-router-dtype",
+                                             "--moe-aux-loss-coeff",
+                                             "--moe-z-loss-coeff",
+                                             "--moe-permute-fusion",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
   if (m.num_experts == 0) {
@@ -690,7 +694,17 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     }
     MEMSIM_RETURN_IF_ERROR(
         Choice(a, "--moe-token-dispatcher-type", {"allgather", "alltoall"}, "allgather", &text));
-    a.Ignore("--moe-token-dispatcher-type");  // memsim does not tell the two apart
+    t.moe_dispatcher = text == "alltoall" ? MoeDispatcher::kAllToAll : MoeDispatcher::kAllGather;
+    t.moe_permute_fusion = a.Has("--moe-permute-fusion");
+    // The router's dtype: fp32 logits and probabilities, or (unset) the training dtype.
+    MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-router-dtype", {"fp32", "none"}, "none", &text));
+    m.moe_router_fp32 = text == "fp32";
+    MEMSIM_RETURN_IF_ERROR(a.Float("--moe-aux-loss-coeff", &m.moe_aux_loss_coeff));
+    MEMSIM_RETURN_IF_ERROR(a.Float("--moe-z-loss-coeff", &m.moe_z_loss_coeff));
+    if (a.Has("--moe-router-load-balancing-type") &&
+        a.Values("--moe-router-load-balancing-type") == std::vector<std::string>{"none"}) {
+      m.moe_aux_loss_coeff = 0;  // no load-balancing loss is computed
+    }
     MEMSIM_RETURN_IF_ERROR(a.Int("--expert-tensor-parallel-size", &l.etp));
   }
 
