@@ -1,6 +1,9 @@
 #include "models/model_config.h"
 
+#include <algorithm>
 #include <string>
+
+#include "simulator/checked_math.h"
 
 namespace memsim {
 namespace {
@@ -9,6 +12,15 @@ std::string Str(int64_t v) { return std::to_string(v); }
 
 Status Positive(int64_t value, const char* name) {
   if (value <= 0) return Status::Error(std::string(name) + " must be positive, got " + Str(value));
+  return Status::OK();
+}
+
+// Note [Limits].
+Status AtMost(int64_t value, int64_t limit, const char* name) {
+  if (value > limit) {
+    return Status::Error(std::string(name) + " " + Str(value) + " is above memsim's limit of " +
+                         Str(limit));
+  }
   return Status::OK();
 }
 
@@ -21,6 +33,18 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   MEMSIM_RETURN_IF_ERROR(Positive(m->vocab_size, "vocab_size"));
   MEMSIM_RETURN_IF_ERROR(Positive(m->make_vocab_size_divisible_by, "make_vocab_size_divisible_by"));
   MEMSIM_RETURN_IF_ERROR(Positive(tp, "tensor parallel size"));
+  MEMSIM_RETURN_IF_ERROR(AtMost(m->num_layers, kMaxLayers, "num_layers"));
+  for (auto [value, name] :
+       {std::pair{m->hidden_size, "hidden_size"}, {m->num_attention_heads, "num_attention_heads"},
+        {m->vocab_size, "vocab_size"}, {m->num_query_groups, "num_query_groups"},
+        {m->kv_channels, "kv_channels"}, {m->ffn_hidden_size, "ffn_hidden_size"},
+        {m->num_experts, "num_experts"}, {m->moe_ffn_hidden_size, "moe_ffn_hidden_size"},
+        {m->moe_shared_expert_size, "moe_shared_expert_size"},
+        {m->max_position_embeddings, "max_position_embeddings"},
+        {m->make_vocab_size_divisible_by, "make_vocab_size_divisible_by"},
+        {tp, "tensor parallel size"}}) {
+    MEMSIM_RETURN_IF_ERROR(AtMost(value, kMaxDimension, name));
+  }
   if (m->num_query_groups < 0 || m->kv_channels < 0 || m->ffn_hidden_size < 0 ||
       m->num_experts < 0 || m->moe_ffn_hidden_size < 0 || m->moe_shared_expert_size < 0 ||
       m->max_position_embeddings < 0 || m->moe_first_k_dense_layers < 0) {
@@ -43,8 +67,8 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   if (m->ffn_hidden_size == 0) {
     // Megatron-LM (arguments.py): 4H for GeLU; for SwiGLU int((4H * 2/3) / 64) * 64.
     m->ffn_hidden_size = m->activation == ActivationKind::kGelu
-                             ? 4 * m->hidden_size
-                             : (8 * m->hidden_size / 3) / 64 * 64;
+                             ? CheckedMul(4, m->hidden_size)
+                             : CheckedMul(8, m->hidden_size) / 3 / 64 * 64;
   }
   if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 ||
       m->attention_dropout >= 1) {
@@ -67,8 +91,8 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     }
   }
   // Megatron-LM's _vocab_size_with_padding: a multiple of divisible_by * tp.
-  const int64_t multiple = m->make_vocab_size_divisible_by * tp;
-  m->padded_vocab_size = (m->vocab_size + multiple - 1) / multiple * multiple;
+  const int64_t multiple = CheckedMul(m->make_vocab_size_divisible_by, tp);
+  m->padded_vocab_size = CheckedMul(CheckedAdd(m->vocab_size, multiple - 1) / multiple, multiple);
   return Status::OK();
 }
 
@@ -77,6 +101,20 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   MEMSIM_RETURN_IF_ERROR(Positive(t.micro_batch_size, "micro_batch_size"));
   MEMSIM_RETURN_IF_ERROR(Positive(t.num_microbatches, "num_microbatches"));
   MEMSIM_RETURN_IF_ERROR(Positive(t.iterations, "iterations"));
+  MEMSIM_RETURN_IF_ERROR(AtMost(t.seq_length, kMaxDimension, "seq_length"));
+  MEMSIM_RETURN_IF_ERROR(AtMost(t.micro_batch_size, kMaxDimension, "micro_batch_size"));
+  MEMSIM_RETURN_IF_ERROR(AtMost(t.num_microbatches, kMaxMicrobatches, "num_microbatches"));
+  // The largest tensors a layer makes must have a 64-bit byte count (fp32, [S, B, X] for
+  // the widest X; the [B*A, S, S] scores of eager attention): overflow_error otherwise,
+  // which the callers turn into a one-line error.
+  const int64_t widest = std::max({m.hidden_size, m.ffn_hidden_size, m.padded_vocab_size,
+                                   CheckedMul(m.num_attention_heads, m.head_dim)});
+  CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.micro_batch_size), widest), 8);
+  if (t.attention == AttentionKind::kEager) {
+    CheckedMul(CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.seq_length), t.micro_batch_size),
+                          m.num_attention_heads),
+               8);
+  }
   if (m.position == PositionKind::kLearned && m.max_position_embeddings > 0 &&
       t.seq_length > m.max_position_embeddings) {
     return Status::Error("seq_length " + Str(t.seq_length) + " exceeds max_position_embeddings " +

@@ -33,6 +33,28 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
     if (value <= 0)
       return Status::Error(std::string(name) + " must be positive, got " + Str(value));
   }
+  if (l->world_size > kMaxWorldSize) {
+    return Status::Error("world size " + Str(l->world_size) + " is above memsim's limit of " +
+                         Str(kMaxWorldSize) + " GPUs");
+  }
+  for (auto [value, name] : {std::pair{l->tp, "TP"}, {l->pp, "PP"}, {l->cp, "CP"}, {l->ep, "EP"},
+                             {l->etp, "ETP"}}) {
+    if (value > l->world_size) {
+      return Status::Error(std::string(name) + "=" + Str(value) + " is larger than the world size " +
+                           Str(l->world_size));
+    }
+  }
+  if (l->vpp > m.num_layers) {
+    return Status::Error("VPP=" + Str(l->vpp) + " is more virtual stages than the " +
+                         Str(m.num_layers) + " layers");
+  }
+  if (l->first_stage_layers < 0 || l->last_stage_layers < 0 ||
+      l->first_stage_layers > m.num_layers || l->last_stage_layers > m.num_layers) {
+    return Status::Error("first/last stage layers must be in [0, " + Str(m.num_layers) + "]");
+  }
+  if (l->distributed_optimizer_instances <= 0) {
+    return Status::Error("distributed optimizer instances must be positive");
+  }
   if (l->etp < 0) return Status::Error("ETP must not be negative");
   if (l->etp == 0) l->etp = l->tp;
   const int64_t model_parallel = CheckedMul(CheckedMul(l->tp, l->pp), l->cp);
@@ -58,7 +80,7 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   if (l->vpp > 1 && l->pp == 1) {
     return Status::Error("VPP=" + Str(l->vpp) + " needs pipeline parallelism (PP > 1)");
   }
-  const int64_t chunks = l->pp * l->vpp;
+  const int64_t chunks = CheckedMul(l->pp, l->vpp);
   if (l->first_stage_layers == 0 && l->last_stage_layers == 0) {
     if (m.num_layers % chunks != 0) {
       return Status::Error("PP*VPP=" + Str(l->pp) + "*" + Str(l->vpp) + " does not divide " +
@@ -101,6 +123,11 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
                          " needs a mixture-of-experts model (num_experts > 0)");
   } else {
     l->edp = l->dp;
+  }
+  const int64_t instances = l->distributed_optimizer_instances;
+  if (instances > 1 && (l->dp * l->cp % instances != 0 || l->edp % instances != 0)) {
+    return Status::Error(Str(instances) + " distributed optimizer instances do not divide DP*CP = " +
+                         Str(l->dp * l->cp) + " (and expert DP = " + Str(l->edp) + ")");
   }
   return Status::OK();
 }

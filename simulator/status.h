@@ -11,11 +11,30 @@
 
 namespace memsim {
 
+// `text` with every control character (below 0x20, and 0x7f) written as \xNN.
+inline std::string EscapeControl(std::string text) {
+  static const char* const kHex = "0123456789abcdef";
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 class Status {
  public:
   Status() = default;  // OK
   static Status OK() { return Status(); }
-  static Status Error(std::string message) { return Status(std::move(message)); }
+  // Control characters in `message` (input echoed back, a newline) are written as \xNN,
+  // so that a message is always one printable line.
+  static Status Error(std::string message) { return Status(EscapeControl(std::move(message))); }
 
   bool ok() const { return !failed_; }
   const std::string& message() const { return message_; }

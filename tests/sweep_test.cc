@@ -140,9 +140,9 @@ TEST(Sweep, SeedsSweepKilledAndResumedMatchesAndPlots) {
   const std::string killed = Dir("seeds_killed");
   const std::string command = std::string(MEMSIM_BINARY_PATH) + " " + args + "--out " + killed +
                               " >/dev/null 2>&1 & pid=$!; "
-                              "while [ ! -f " +
+                              "until ls " +
                               killed +
-                              "/.sweep/config_2.json ]; do sleep 0.05; done; "
+                              "/.sweep/layout_*.json >/dev/null 2>&1; do sleep 0.05; done; "
                               "kill -9 $pid; wait $pid 2>/dev/null; true";
   ASSERT_EQ(std::system(("bash -c '" + command + "'").c_str()), 0);
   ASSERT_EQ(Memsim(args + "--resume --out " + killed), 0);

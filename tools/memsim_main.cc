@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "simulator/status.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/megatron_command.h"
 #include "tools/lib/simulate.h"
@@ -76,9 +77,11 @@ int main(int argc, char** argv) {
       return RunPlotsCommand(argc, argv);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "memsim %s: internal error: %s\n", command.c_str(), e.what());
+    std::fprintf(stderr, "memsim %s: internal error: %s\n", memsim::EscapeControl(command).c_str(),
+                 memsim::EscapeControl(e.what()).c_str());
     return memsim::kExitError;
   }
-  std::fprintf(stderr, "memsim: unknown command '%s' (see memsim --help)\n", command.c_str());
+  std::fprintf(stderr, "memsim: unknown command '%s' (see memsim --help)\n",
+               memsim::EscapeControl(command).c_str());
   return memsim::kExitError;
 }

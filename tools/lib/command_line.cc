@@ -17,9 +17,9 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v) {
       "hf-config", po::value(&v->hf_config),
       "a Hugging Face config.json (Llama, Mistral, Qwen2, Mixtral, DeepSeek-V3)")(
       "gpu", po::value(&v->gpu), ("GPU preset: " + GpuPresetNames()).c_str())(
-      "world-size", po::value(&v->world_size), "number of GPUs")(
-      "seq-length", po::value(&v->seq_length), "sequence length")(
-      "global-batch-size", po::value(&v->global_batch_size),
+      "world-size", PositiveValue(&v->world_size, "world-size"), "number of GPUs")(
+      "seq-length", PositiveValue(&v->seq_length, "seq-length"), "sequence length")(
+      "global-batch-size", PositiveValue(&v->global_batch_size, "global-batch-size"),
       "sequences per iteration over all data-parallel ranks")("precision", po::value(&v->precision),
                                                               "fp32, bf16 or fp16")(
       "attention", po::value(&v->attention), "flash or eager")(
@@ -28,7 +28,7 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v) {
       "data-parallel", po::value(&v->data_parallel),
       "ddp, distributed-optimizer (ZeRO-1), zero2 or fsdp")(
       "sp", po::bool_switch(&v->sequence_parallel), "sequence parallelism")(
-      "iterations", po::value(&v->iterations), "training iterations to record");
+      "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record");
 }
 
 Status BuildRunSpec(const SpecOptions& v, bool default_run, const char* command, RunSpec* spec) {
@@ -79,7 +79,8 @@ std::optional<int> ParseCommandLine(int argc, const char* const* argv,
     po::store(po::command_line_parser(argc, argv).options(options).run(), *vm);
     po::notify(*vm);
   } catch (const po::error& e) {
-    std::fprintf(stderr, "memsim %s: %s (see memsim %s --help)\n", command, e.what(), command);
+    std::fprintf(stderr, "memsim %s: %s (see memsim %s --help)\n", command,
+                 EscapeControl(e.what()).c_str(), command);
     return kExitError;
   }
   if (vm->count("help")) {

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <string>
 
 #include "tools/lib/run_config.h"
 
@@ -18,6 +19,18 @@ struct SpecOptions {
 };
 
 void AddSpecOptions(boost::program_options::options_description* options, SpecOptions* values);
+
+// A numeric option that must be positive: 0 and negatives are a one-line error naming
+// the option (a value given as 0 never means "not given").
+template <typename T>
+boost::program_options::typed_value<T>* PositiveValue(T* out, const std::string& name) {
+  return boost::program_options::value(out)->notifier([name](const T& value) {
+    if (!(value > 0)) {
+      throw boost::program_options::error("--" + name + " must be positive, got " +
+                                          std::to_string(value));
+    }
+  });
+}
 
 // Loads the base (--config run file, --model preset or --hf-config) and applies the other
 // options. With none of the three, `default_run` loads the built-in default example;

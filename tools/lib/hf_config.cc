@@ -1,5 +1,7 @@
 #include "tools/lib/hf_config.h"
 
+#include "tools/lib/json_reader.h"
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -207,20 +209,7 @@ class Reader {
 };
 
 Status ParseFile(const std::string& path, json* out) {
-  if (!fs::is_regular_file(path)) return Status::Error("cannot read '" + path + "': no such file");
-  std::ifstream in(path);
-  if (!in) return Status::Error("cannot read '" + path + "': " + std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    *out = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    // what() reads "[json.exception.parse_error.101] parse error at line L, column C: ...".
-    const std::string what = e.what();
-    const size_t tag_end = what.find("] ");
-    return Status::Error(path + ": malformed JSON at byte " + std::to_string(e.byte) + ": " +
-                         (tag_end == std::string::npos ? what : what.substr(tag_end + 2)));
-  }
+  MEMSIM_RETURN_IF_ERROR(ParseJsonFile(path, out));
   if (!out->is_object()) return Status::Error(path + ": the top level must be a JSON object");
   return Status::OK();
 }

@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cstdlib>
 #include <map>
-#include <regex>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -561,21 +560,44 @@ Status ParseMoeLayerFreq(const std::string& text, int64_t num_layers, int64_t* d
                     "' is not modelled (memsim models dense layers followed by MoE layers, e.g. "
                     "'([0]*3+[1]*" +
                     Str(std::max<int64_t>(num_layers - 3, 1)) + ")', or 1)");
-  std::smatch m;
   int64_t zeros = 0, ones = 0;
-  if (s == "1") {
-    return Status::OK();
-  } else if (std::regex_match(s, m, std::regex(R"(\[0\](?:\*(\d{1,9}))?\+\[1\]\*(\d{1,9}))"))) {
-    zeros = m[1].matched ? std::stoll(m[1]) : 1;
-    ones = std::stoll(m[2]);
-  } else if (std::regex_match(s, m, std::regex(R"(\[1\]\*(\d{1,9}))"))) {
-    ones = std::stoll(m[1]);
-  } else if (std::regex_match(s, std::regex(R"(\[0(,0)*(,1)*\]|\[1(,1)*\])"))) {
-    zeros = std::count(s.begin(), s.end(), '0');
-    ones = std::count(s.begin(), s.end(), '1');
-  } else {
-    return unsupported;
-  }
+  // "[0]*K" or "[0]" (K = 1), "[1]*N": the count after "*", up to 9 digits.
+  auto repeat = [](const std::string& part, char digit, int64_t* count) {
+    const std::string head = std::string("[") + digit + "]";
+    if (part.rfind(head, 0) != 0) return false;
+    if (part == head) {
+      *count = 1;
+      return true;
+    }
+    const std::string tail = part.substr(head.size());
+    if (tail.size() < 2 || tail.size() > 10 || tail[0] != '*' ||
+        !std::all_of(tail.begin() + 1, tail.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return false;
+    }
+    *count = std::stoll(tail.substr(1));
+    return true;
+  };
+  // "[0,...,0,1,...,1]" or "[1,...,1]", scanned without recursion (a list may be long).
+  auto list = [&](const std::string& text_list) {
+    if (text_list.size() < 3 || text_list.front() != '[' || text_list.back() != ']') return false;
+    bool seen_one = false;
+    for (size_t i = 1; i + 1 < text_list.size(); i += 2) {
+      const char c = text_list[i];
+      const char next = text_list[i + 1];
+      if ((c != '0' && c != '1') || (next != ',' && i + 2 != text_list.size())) return false;
+      if (c == '0' && seen_one) return false;  // dense layers come first
+      seen_one = seen_one || c == '1';
+      (c == '0' ? zeros : ones) += 1;
+    }
+    return true;
+  };
+  if (s == "1") return Status::OK();
+  const size_t plus = s.find('+');
+  const bool parsed = plus != std::string::npos
+                          ? repeat(s.substr(0, plus), '0', &zeros) &&
+                                repeat(s.substr(plus + 1), '1', &ones)
+                          : repeat(s, '1', &ones) || list(s);
+  if (!parsed) return unsupported;
   if (zeros + ones != num_layers) {
     return Status::Error("--moe-layer-freq '" + text + "' describes " + Str(zeros + ones) +
                          " layers, not --num-layers " + Str(num_layers));

@@ -1,92 +1,71 @@
 #include "tools/lib/megatron_command.h"
 
+#include <boost/program_options.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/megatron_args.h"
 #include "tools/lib/simulate.h"
 
 namespace memsim {
+namespace po = boost::program_options;
 
 int MegatronCommand(int argc, const char* const* argv) {
-  // memsim megatron [--world-size N] [--gpu G] [--out DIR] [--json] [--check] -- ARGS...
-  ReportOptions report;
+  // memsim's own options come before "--", Megatron-LM's arguments after it.
+  int separator = 1;
+  while (separator < argc && std::string(argv[separator]) != "--") ++separator;
+  po::options_description options(
+      "memsim megatron [options] -- <pretrain_gpt.py arguments>\n\n"
+      "Simulates a Megatron-LM launch line. The world size comes from --world-size or\n"
+      "WORLD_SIZE; CUBLAS_WORKSPACE_CONFIG, NVTE_FLASH_ATTN, NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN,\n"
+      "NVTE_ALLOW_NONDETERMINISTIC_ALGO and PYTORCH_CUDA_ALLOC_CONF are read from the\n"
+      "environment. Arguments that do not change memory are listed as ignored; one that\n"
+      "changes memory in a way memsim does not model is refused.\n\n"
+      "Example:\n"
+      "  WORLD_SIZE=16 memsim megatron -- --num-layers 32 --hidden-size 4096 \\\n"
+      "      --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 \\\n"
+      "      --micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 4 \\\n"
+      "      --bf16 --use-distributed-optimizer --vocab-size 50257 --lr 1e-4\n\n"
+      "Options");
+  int64_t world_size = 0, iterations = 0;
   std::string gpu_name = "H100-80GB";
-  int64_t world_size = 0;
-  int64_t iterations = 0;
-  int i = 1;
-  for (; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "memsim megatron: %s needs a value\n", name);
-        std::exit(kExitError);
-      }
-      return argv[++i];
-    };
-    if (arg == "--") {
-      ++i;
-      break;
-    } else if (arg == "--help" || arg == "-h") {
-      std::printf(
-          "memsim megatron [--world-size N] [--gpu GPU] [--iterations N] [--out DIR] [--json] "
-          "[--check] -- "
-          "<pretrain_gpt.py arguments>\n\n"
-          "Simulates a Megatron-LM launch line. World size comes from --world-size or WORLD_SIZE.\n"
-          "Arguments that do not change memory are listed as ignored; one that changes memory in "
-          "a\n"
-          "way memsim does not model is refused.\n\nExample:\n"
-          "  WORLD_SIZE=16 memsim megatron -- --num-layers 32 --hidden-size 4096 \\\n"
-          "      --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 \\\n"
-          "      --micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 4 \\\n"
-          "      --bf16 --use-distributed-optimizer --vocab-size 50257 --lr 1e-4\n");
-      return kExitOk;
-    } else if (arg == "--world-size") {
-      world_size = std::atoll(value("--world-size"));
-    } else if (arg == "--iterations") {
-      iterations = std::atoll(value("--iterations"));
-    } else if (arg == "--gpu") {
-      gpu_name = value("--gpu");
-    } else if (arg == "--out") {
-      report.out_dir = value("--out");
-    } else if (arg == "--json") {
-      report.json = true;
-    } else if (arg == "--check") {
-      report.check = true;
-    } else {
-      std::fprintf(stderr,
-                   "memsim megatron: unknown option '%s'; put Megatron-LM's arguments after --\n",
-                   arg.c_str());
-      return kExitError;
+  ReportOptions report;
+  options.add_options()("help,h", "show this help")(
+      "world-size", PositiveValue(&world_size, "world-size"), "number of GPUs")(
+      "gpu", po::value(&gpu_name), ("GPU preset: " + GpuPresetNames()).c_str())(
+      "iterations", PositiveValue(&iterations, "iterations"), "training iterations to record");
+  AddReportOptions(&options, &report);
+  po::variables_map vm;
+  if (auto exit_code = ParseCommandLine(separator, argv, options, "megatron", &vm)) {
+    return *exit_code;
+  }
+  Status status = CheckReportOptions(report);
+  if (status.ok() && world_size == 0) {
+    const char* env = std::getenv("WORLD_SIZE");
+    char* end = nullptr;
+    world_size = env != nullptr ? std::strtoll(env, &end, 10) : 0;
+    if (env == nullptr || *env == '\0' || *end != '\0' || world_size <= 0) {
+      status = Status::Error("give the number of GPUs with --world-size or WORLD_SIZE (a "
+                             "positive integer)");
     }
   }
-  if (world_size == 0) {
-    const char* env = std::getenv("WORLD_SIZE");
-    world_size = env != nullptr ? std::atoll(env) : 0;
-  }
-  if (world_size <= 0) {
-    std::fprintf(stderr,
-                 "memsim megatron: give the number of GPUs with --world-size or WORLD_SIZE\n");
-    return kExitError;
-  }
-  const std::vector<std::string> args(argv + i, argv + argc);
+  if (status.ok() && iterations > 1000) status = Status::Error("--iterations must be in [1, 1000]");
   std::map<std::string, std::string> env;
   for (const std::string& name : ModelledEnvNames()) {
     if (const char* value = std::getenv(name.c_str())) env[name] = value;
   }
   MegatronArgsResult parsed;
-  Status status = ParseMegatronArgs(args, env, world_size, &parsed);
+  const std::vector<std::string> args(argv + std::min(separator + 1, argc), argv + argc);
+  if (status.ok()) status = ParseMegatronArgs(args, env, world_size, &parsed);
   if (status.ok()) status = ParseGpu(gpu_name, &parsed.spec.gpu);
   if (status.ok() && iterations != 0) {
-    if (iterations < 0 || iterations > 1000) {
-      status = Status::Error("--iterations must be in [1, 1000]");
-    } else {
-      parsed.spec.training.iterations = static_cast<int32_t>(iterations);
-    }
+    parsed.spec.training.iterations = static_cast<int32_t>(iterations);
   }
   if (status.ok()) status = FinalizeRunSpec(&parsed.spec);
   if (!status.ok()) {
@@ -96,7 +75,8 @@ int MegatronCommand(int argc, const char* const* argv) {
   if (!parsed.ignored.empty()) {
     std::string list;
     for (const std::string& a : parsed.ignored) list += (list.empty() ? "" : " ") + a;
-    std::fprintf(stderr, "memsim megatron: ignored (no effect on memory): %s\n", list.c_str());
+    std::fprintf(stderr, "memsim megatron: ignored (no effect on memory): %s\n",
+                 EscapeControl(list).c_str());
   }
   return SimulateAndReport(parsed.spec, report, "megatron");
 }

@@ -220,6 +220,9 @@ Status FinalizeRunSpecUnchecked(RunSpec* spec) {
 }
 
 Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelConfig* m) {
+  if (!node.IsMap()) {
+    return Status::Error(Where(source, node) + ": a model must be a mapping of keys to values");
+  }
   if (node["base"]) {
     std::string base;
     MEMSIM_RETURN_IF_ERROR(Read(node["base"], source, "base", &base));
@@ -328,6 +331,19 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
 }
 
 Status LoadModelPreset(const std::string& name, ModelConfig* model) {
+  // The presets being loaded on this thread, outermost first: a `base:` chain that comes
+  // back to one of them is a cycle.
+  thread_local std::vector<std::string> chain;
+  if (std::find(chain.begin(), chain.end(), name) != chain.end()) {
+    std::string cycle;
+    for (const std::string& n : chain) cycle += n + " -> ";
+    return Status::Error("model preset '" + chain.front() + "': its base chain is a cycle (" +
+                         cycle + name + ")");
+  }
+  chain.push_back(name);
+  struct Pop {
+    ~Pop() { chain.pop_back(); }
+  } pop;
   const std::string path = ConfigDir() + "/models/" + name + ".yaml";
   if (name.empty() || name.find('/') != std::string::npos || !fs::is_regular_file(path)) {
     std::string known;

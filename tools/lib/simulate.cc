@@ -20,6 +20,7 @@
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
+#include "tools/lib/parallel_for.h"
 
 namespace memsim {
 namespace po = boost::program_options;
@@ -63,17 +64,8 @@ Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>
   results->clear();
   results->resize(classes.size());
   std::vector<Status> statuses(classes.size());
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < classes.size(); i = next++) {
-      statuses[i] = SimulateRankClass(spec, classes[i], &(*results)[i]);
-    }
-  };
-  const int threads = std::max(1, std::min<int>(jobs, static_cast<int>(classes.size())));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+  ParallelFor(classes.size(), jobs,
+              [&](size_t i) { statuses[i] = SimulateRankClass(spec, classes[i], &(*results)[i]); });
   for (const Status& s : statuses) MEMSIM_RETURN_IF_ERROR(s);
   return Status::OK();
 }
@@ -93,7 +85,7 @@ std::string RankRange(const std::vector<int64_t>& ranks) {
          std::to_string(ranks.size()) + ")";
 }
 
-void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, size_t top_n) {
+void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, int64_t top_n) {
   const GpuSpec& gpu = *spec.gpu;
   const TrainingConfig& t = spec.training;
   const ParallelLayout& l = spec.layout;
@@ -146,7 +138,8 @@ void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, si
   std::printf("  %-18s %12s\n", "allocator rounding",
               FormatBytes(worst->peak.allocated_bytes - worst->peak.requested_bytes).c_str());
   std::printf("\nLargest tensors alive at that peak:\n");
-  for (size_t i = 0; i < worst->peak.largest_storages.size() && i < top_n; ++i) {
+  for (size_t i = 0; i < worst->peak.largest_storages.size() && static_cast<int64_t>(i) < top_n;
+       ++i) {
     const StorageInfo& s = rec.storages()[static_cast<size_t>(worst->peak.largest_storages[i])];
     const std::string& module = rec.names().Name(s.module);
     std::printf("  %10s  %-28s %-10s %-44s %s\n", FormatBytes(s.size_bytes).c_str(),
@@ -240,6 +233,31 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
 
 }  // namespace
 
+void AddReportOptions(po::options_description* options, ReportOptions* report) {
+  options->add_options()("jobs,j", PositiveValue(&report->jobs, "jobs"),
+                         "rank classes simulated at once (default 2)")(
+      "out", po::value(&report->out_dir),
+      "output folder for traces, summaries, snapshots (default memsim_out)")(
+      "ranks", po::value(&report->ranks),
+      "ranks to write files for: all, first-per-class (default) or 0,8,16")(
+      "sample-interval", po::value(&report->sample_interval_s),
+      "thin trace samples to this many seconds of virtual time (peaks are kept)")(
+      "top", PositiveValue(&report->top_n, "top"),
+      "largest tensors to print (default 10, at most 50)")(
+      "json", po::bool_switch(&report->json), "print the result as JSON")(
+      "check", po::bool_switch(&report->check), "exit with code 3 if any rank does not fit");
+}
+
+Status CheckReportOptions(const ReportOptions& report) {
+  if (report.top_n > static_cast<int64_t>(kLargestTensorsKept)) {
+    return Status::Error("--top must be at most " + std::to_string(kLargestTensorsKept));
+  }
+  if (!(report.sample_interval_s >= 0 && std::isfinite(report.sample_interval_s))) {
+    return Status::Error("--sample-interval must be a non-negative number of seconds");
+  }
+  return Status::OK();
+}
+
 int SimulateCommand(int argc, const char* const* argv) {
   po::options_description options(
       "memsim simulate [options]\n\n"
@@ -262,25 +280,16 @@ int SimulateCommand(int argc, const char* const* argv) {
   ReportOptions report;
   options.add_options()("help,h", "show this help");
   AddSpecOptions(&options, &spec_options);
-  options.add_options()("micro-batch-size", po::value(&micro_batch), "micro-batch size")(
-      "num-microbatches", po::value(&microbatches), "microbatches per iteration")(
+  options.add_options()("micro-batch-size", PositiveValue(&micro_batch, "micro-batch-size"), "micro-batch size")(
+      "num-microbatches", PositiveValue(&microbatches, "num-microbatches"), "microbatches per iteration")(
       "recompute", po::value(&recompute), "none, selective or full")(
-      "tp", po::value(&tp), "tensor-parallel size")("pp", po::value(&pp), "pipeline-parallel size")(
-      "vpp", po::value(&vpp), "virtual pipeline stages per rank (interleaved 1F1B)")(
-      "cp", po::value(&cp), "context-parallel size")("ep", po::value(&ep), "expert-parallel size")(
-      "first-stage-layers", po::value(&first_stage_layers),
+      "tp", PositiveValue(&tp, "tp"), "tensor-parallel size")("pp", PositiveValue(&pp, "pp"), "pipeline-parallel size")(
+      "vpp", PositiveValue(&vpp, "vpp"), "virtual pipeline stages per rank (interleaved 1F1B)")(
+      "cp", PositiveValue(&cp, "cp"), "context-parallel size")("ep", PositiveValue(&ep, "ep"), "expert-parallel size")(
+      "first-stage-layers", PositiveValue(&first_stage_layers, "first-stage-layers"),
       "layers on the first pipeline stage (uneven split, with --last-stage-layers)")(
-      "last-stage-layers", po::value(&last_stage_layers), "layers on the last pipeline stage")(
-      "jobs,j", po::value(&report.jobs), "rank classes simulated at once (default 2)")(
-      "out", po::value(&report.out_dir),
-      "output folder for traces, summaries, snapshots (default memsim_out)")(
-      "ranks", po::value(&report.ranks),
-      "ranks to write files for: all, first-per-class (default) or 0,8,16")(
-      "sample-interval", po::value(&report.sample_interval_s),
-      "thin trace samples to this many seconds of virtual time (peaks are kept)")(
-      "top", po::value(&report.top_n), "largest tensors to print (default 10, at most 50)")(
-      "json", po::bool_switch(&report.json), "print the result as JSON")(
-      "check", po::bool_switch(&report.check), "exit with code 3 if any rank does not fit");
+      "last-stage-layers", PositiveValue(&last_stage_layers, "last-stage-layers"), "layers on the last pipeline stage");
+  AddReportOptions(&options, &report);
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(argc, argv, options, "simulate", &vm)) return *exit_code;
   RunSpec spec;
@@ -289,9 +298,7 @@ int SimulateCommand(int argc, const char* const* argv) {
     status = ParseRecompute(recompute, &spec.training.recompute);
   if (micro_batch) spec.training.micro_batch_size = micro_batch;
   if (microbatches) spec.training.num_microbatches = microbatches;
-  if (status.ok() && !(report.sample_interval_s >= 0 && std::isfinite(report.sample_interval_s))) {
-    status = Status::Error("--sample-interval must be a non-negative number of seconds");
-  }
+  if (status.ok()) status = CheckReportOptions(report);
   if (tp) spec.layout.tp = tp;
   if (pp) spec.layout.pp = pp;
   if (vpp) spec.layout.vpp = vpp;

@@ -1,6 +1,8 @@
 // `memsim simulate`: run one training configuration and report every rank's memory.
 #pragma once
 
+#include <boost/program_options/options_description.hpp>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,11 +44,17 @@ struct ReportOptions {
   std::string out_dir = "memsim_out";
   std::string ranks = "first-per-class";
   double sample_interval_s = 0;
-  size_t top_n = 10;
+  int64_t top_n = 10;  // 1..kLargestTensorsKept
   int jobs = 2;
   bool json = false;
   bool check = false;
 };
+
+// The report options every simulating command takes (--jobs --out --ranks
+// --sample-interval --top --json --check), and their checks beyond parsing.
+void AddReportOptions(boost::program_options::options_description* options,
+                      ReportOptions* report);
+Status CheckReportOptions(const ReportOptions& report);
 
 // Simulates `spec` (which passed FinalizeRunSpec), prints the table or JSON, writes the
 // files; returns the exit code.

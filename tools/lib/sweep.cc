@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <map>
+#include <set>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +23,9 @@
 #include "simulator/trace_writer.h"
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
+#include "tools/lib/json_reader.h"
 #include "tools/lib/run_config.h"
+#include "tools/lib/parallel_for.h"
 #include "tools/lib/simulate.h"
 
 namespace memsim {
@@ -96,9 +100,86 @@ json PointRecord(const SweepPoint& point) {
           {"recompute", RecomputeName(point.recompute)}};
 }
 
+// The file under .sweep/ that holds a layout's record: named by the layout itself, so a
+// resumed sweep over a changed grid never takes one layout's result for another's.
+std::string RecordName(const SweepPoint& p) {
+  return "layout_tp" + std::to_string(p.tp) + "_pp" + std::to_string(p.pp) + "_vpp" +
+         std::to_string(p.vpp) + "_cp" + std::to_string(p.cp) + "_ep" + std::to_string(p.ep) +
+         "_mbs" + std::to_string(p.micro_batch) + "_rc" + RecomputeName(p.recompute) + ".json";
+}
+
+// What every layout of one sweep shares (model, cluster, batch, precision): records of
+// another run in the same folder are refused, not mixed in.
+std::string RunIdentity(const RunSpec& spec, int64_t microbatches_per_pp) {
+  const ModelConfig& m = spec.model;
+  const TrainingConfig& t = spec.training;
+  std::ostringstream id;
+  id << spec.model_source << " L" << m.num_layers << " H" << m.hidden_size << " V"
+     << m.vocab_size << " E" << m.num_experts << " on " << spec.layout.world_size << "x"
+     << spec.gpu->name << " " << PrecisionName(t.precision) << " seq " << t.seq_length
+     << (microbatches_per_pp > 0 ? " microbatches/pp " + std::to_string(microbatches_per_pp)
+                                 : " gbs " + std::to_string(spec.global_batch_size))
+     << " " << DataParallelName(spec.layout.data_parallel) << " iterations " << t.iterations;
+  return id.str();
+}
+
+// Reads a layout's record, checking every field the reports read.
+Status LoadSweepRecord(const std::string& path, json* out) {
+  MEMSIM_RETURN_IF_ERROR(ParseJsonFile(path, out));
+  const json& r = *out;
+  auto bad = [&](const std::string& what) {
+    return Status::Error("sweep result '" + path + "': " + what +
+                         "; delete it and run with --resume to redo that layout");
+  };
+  if (!r.is_object()) return bad("not a JSON object");
+  for (const char* key : {"config", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
+                          "num_microbatches", "global_batch_size"}) {
+    if (!r.contains(key) || !r[key].is_number_integer()) {
+      return bad(std::string("missing or non-integer '") + key + "'");
+    }
+  }
+  for (const char* key : {"recompute", "status", "run"}) {
+    if (!r.contains(key) || !r[key].is_string()) return bad(std::string("missing '") + key + "'");
+  }
+  if (r.contains("reason") && !r["reason"].is_string()) return bad("'reason' is not text");
+  if (r.contains("max_peak_reserved_MB") && !r["max_peak_reserved_MB"].is_number()) {
+    return bad("'max_peak_reserved_MB' is not a number");
+  }
+  if (r.contains("stages")) {
+    if (!r["stages"].is_array()) return bad("'stages' is not a list");
+    for (const json& stage : r["stages"]) {
+      if (!stage.is_object() || !stage.contains("peak_reserved_MB") ||
+          !stage["peak_reserved_MB"].is_number()) {
+        return bad("a stage without a numeric 'peak_reserved_MB'");
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// The records in `dir`/.sweep, by file name.
+Status LoadSweepRecords(const std::string& dir, std::map<std::string, json>* records) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir + "/.sweep", ec)) {
+    if (entry.path().extension() != ".json") continue;
+    json record;
+    MEMSIM_RETURN_IF_ERROR(LoadSweepRecord(entry.path().string(), &record));
+    (*records)[entry.path().filename().string()] = std::move(record);
+  }
+  if (ec) return Status::Error("cannot list '" + dir + "/.sweep': " + ec.message());
+  return Status::OK();
+}
+
+// One layout's outcome: its record, unless writing its traces failed (then `io` says why
+// and no record is kept, so that --resume redoes it).
+struct PointOutcome {
+  json record;
+  Status io;
+};
+
 // Simulates one layout, writes its traces, returns its result record.
-json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
-                   const std::string& out_dir) {
+PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
+                           const std::string& out_dir) {
   spec.layout.tp = point.tp;
   spec.layout.pp = point.pp;
   spec.layout.vpp = point.vpp;
@@ -106,12 +187,18 @@ json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_p
   spec.layout.ep = point.ep;
   spec.training.micro_batch_size = point.micro_batch;
   spec.training.recompute = point.recompute;
+  json result = PointRecord(point);
+  result["run"] = RunIdentity(spec, microbatches_per_pp);
+  Status status;
   if (microbatches_per_pp > 0) {
     spec.global_batch_size = 0;
-    spec.training.num_microbatches = microbatches_per_pp * point.pp;
+    try {
+      spec.training.num_microbatches = CheckedMul(microbatches_per_pp, point.pp);
+    } catch (const std::overflow_error&) {
+      status = Status::Error("--microbatches-per-pp x PP overflows 64 bits");
+    }
   }
-  json result = PointRecord(point);
-  Status status = FinalizeRunSpec(&spec);
+  if (status.ok()) status = FinalizeRunSpec(&spec);
   if (!status.ok()) {
     int64_t model_parallel = 0;
     try {
@@ -128,7 +215,7 @@ json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_p
     result["global_batch_size"] = spec.global_batch_size > 0
                                       ? spec.global_batch_size
                                       : spec.training.num_microbatches * point.micro_batch * dp;
-    return result;
+    return {result, Status::OK()};
   }
   result["dp"] = spec.layout.dp;
   result["num_microbatches"] = spec.training.num_microbatches;
@@ -139,7 +226,7 @@ json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_p
   if (!status.ok()) {
     result["status"] = "error";
     result["reason"] = status.message();
-    return result;
+    return {result, Status::OK()};
   }
   json stages = json::array();
   double worst_mb = 0;
@@ -162,11 +249,7 @@ json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_p
     fits = fits && r.fits();
     const Status write = WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative),
                                     r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec), 5000});
-    if (!write.ok()) {
-      result["status"] = "error";
-      result["reason"] = write.message();
-      return result;
-    }
+    if (!write.ok()) return {json(), write};
   }
   result["stages"] = stages;
   result["theoretical_memory_MB"] = TheoreticalMemoryMB(spec);
@@ -179,39 +262,35 @@ json SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_p
                   BytesToMiB(spec.gpu->usable_bytes()), static_cast<long long>(worst_stage));
     result["reason"] = reason;
   }
-  return result;
+  return {result, Status::OK()};
 }
 
 // SimulatePoint, with any exception (a memsim bug) turned into an error record: this runs
 // on worker threads, where an escaping exception would abort the whole sweep.
-json RunPoint(const RunSpec& spec, const SweepPoint& point, int64_t microbatches_per_pp,
-              const std::string& out_dir) {
+PointOutcome RunPoint(const RunSpec& spec, const SweepPoint& point, int64_t microbatches_per_pp,
+                      const std::string& out_dir) {
   try {
     return SimulatePoint(spec, point, microbatches_per_pp, out_dir);
   } catch (const std::exception& e) {
     json result = PointRecord(point);
-    result.update({{"dp", 0},
+    result.update({{"run", RunIdentity(spec, microbatches_per_pp)},
+                   {"dp", 0},
                    {"num_microbatches", 0},
                    {"global_batch_size", 0},
                    {"status", "error"},
                    {"reason", std::string("internal error: ") + e.what()}});
-    return result;
+    return {result, Status::OK()};
   }
 }
 
-// Regenerates the logs and tables from every finished layout in `out_dir`/.sweep.
-Status WriteReports(const std::string& out_dir) {
+// Regenerates the logs and tables from the finished layouts in `out_dir`/.sweep: those
+// named in `only` (the sweep's grid), or every one when `only` is null (merge).
+Status WriteReports(const std::string& out_dir, const std::set<std::string>* only) {
+  std::map<std::string, json> records;
+  MEMSIM_RETURN_IF_ERROR(LoadSweepRecords(out_dir, &records));
   std::vector<json> results;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(out_dir + "/.sweep", ec)) {
-    if (entry.path().extension() != ".json") continue;
-    std::ifstream in(entry.path());
-    try {
-      results.push_back(json::parse(in));
-    } catch (const json::exception& e) {
-      return Status::Error("corrupt sweep result '" + entry.path().string() + "': " + e.what() +
-                           "; delete it and run with --resume to redo that layout");
-    }
+  for (auto& [name, record] : records) {
+    if (only == nullptr || only->count(name)) results.push_back(std::move(record));
   }
   std::sort(results.begin(), results.end(),
             [](const json& a, const json& b) { return a["config"] < b["config"]; });
@@ -336,9 +415,9 @@ int SweepCommand(int argc, const char* const* argv) {
       "cp", po::value(&cp_list), "CP values")("ep", po::value(&ep_list), "EP values")(
       "micro-batch-size", po::value(&mbs_list), "micro-batch sizes")(
       "recompute", po::value(&recompute_list), "recomputation kinds: none,selective,full")(
-      "microbatches-per-pp", po::value(&microbatches_per_pp),
+      "microbatches-per-pp", PositiveValue(&microbatches_per_pp, "microbatches-per-pp"),
       "microbatches = this * PP (the seeds use 6); global batch follows")(
-      "jobs,j", po::value(&jobs), "layouts simulated at once (default 2)")(
+      "jobs,j", PositiveValue(&jobs, "jobs"), "layouts simulated at once (default 2)")(
       "out", po::value(&out_dir), "output folder (default memsim_sweep)")(
       "resume", po::bool_switch(&resume), "skip layouts already finished in --out")(
       "shard", po::value(&shard), "K/N: run every N-th layout starting at K (job arrays)");
@@ -371,12 +450,30 @@ int SweepCommand(int argc, const char* const* argv) {
   if (status.ok()) status = ParseShard(shard, &shard_index, &shard_count);
   if (status.ok()) status = EnsureWritableDirectory(out_dir + "/.sweep");
   if (status.ok() && resume) RemoveStaleTemporaries(out_dir);
+  // A used folder holds another run's layouts: continue it only on purpose (--resume),
+  // and only the same run.
+  std::map<std::string, json> existing;
+  if (status.ok()) status = LoadSweepRecords(out_dir, &existing);
+  const std::string run = status.ok() ? RunIdentity(base, microbatches_per_pp) : "";
+  if (status.ok() && !existing.empty() && !resume) {
+    status = Status::Error("'" + out_dir + "' already holds " + std::to_string(existing.size()) +
+                           " layouts of a sweep; continue it with --resume or choose another --out");
+  }
+  for (const auto& [name, record] : existing) {
+    if (!status.ok()) break;
+    if (record["run"] != run) {
+      status = Status::Error("--resume: '" + out_dir + "' holds a sweep of another run (" +
+                             record["run"].get<std::string>() + "); this one is " + run +
+                             "; choose another --out");
+    }
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "memsim sweep: %s\n", status.message().c_str());
     return kExitError;
   }
 
   std::vector<SweepPoint> points;
+  std::set<std::string> grid;  // every layout of the sweep, all shards
   int64_t index = 0;
   for (int64_t t : tps)
     for (int64_t p : pps)
@@ -385,36 +482,34 @@ int SweepCommand(int argc, const char* const* argv) {
           for (int64_t e : eps)
             for (int64_t m : mbss)
               for (RecomputeKind r : recomputes) {
-                ++index;
+                const SweepPoint point{++index, t, p, v, c, e, m, r};
+                grid.insert(RecordName(point));
                 if ((index - 1) % shard_count != shard_index) continue;
-                const std::string done =
-                    out_dir + "/.sweep/config_" + std::to_string(index) + ".json";
-                if (resume && fs::is_regular_file(done)) continue;
-                points.push_back({index, t, p, v, c, e, m, r});
+                if (existing.count(RecordName(point))) continue;  // finished before --resume
+                points.push_back(point);
               }
-  std::atomic<size_t> next{0}, finished{0};
+  std::atomic<size_t> finished{0};
   std::mutex io;
   std::vector<Status> errors;
   const auto start = std::chrono::steady_clock::now();
-  auto worker = [&] {
-    for (size_t i = next++; i < points.size(); i = next++) {
-      const json result = RunPoint(base, points[i], microbatches_per_pp, out_dir);
-      const Status write = WriteFileAtomically(
-          out_dir + "/.sweep/config_" + std::to_string(points[i].index) + ".json", result.dump());
-      std::lock_guard<std::mutex> lock(io);
-      if (!write.ok()) errors.push_back(write);
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      Progress(++finished, points.size(), elapsed);
+  ParallelFor(points.size(), jobs, [&](size_t i) {
+    const PointOutcome outcome = RunPoint(base, points[i], microbatches_per_pp, out_dir);
+    Status write = outcome.io;
+    if (write.ok()) {
+      write = WriteFileAtomically(out_dir + "/.sweep/" + RecordName(points[i]),
+                                  outcome.record.dump());
     }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::max(1, jobs); ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  if (errors.empty()) status = WriteReports(out_dir);
+    std::lock_guard<std::mutex> lock(io);
+    if (!write.ok()) errors.push_back(write);
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    Progress(++finished, points.size(), elapsed);
+  });
+  if (errors.empty()) status = WriteReports(out_dir, &grid);
   if (!errors.empty() || !status.ok()) {
-    std::fprintf(stderr, "memsim sweep: %s\n",
+    // Layouts whose outputs could not be written keep no record: --resume redoes them.
+    std::fprintf(stderr, "memsim sweep: %s%s\n",
+                 errors.empty() ? "" : "I/O error (rerun with --resume once fixed): ",
                  (errors.empty() ? status : errors[0]).message().c_str());
     return kExitError;
   }
@@ -435,33 +530,55 @@ int MergeCommand(int argc, const char* const* argv) {
     return argc < 3 ? kExitError : kExitOk;
   }
   const std::string out_dir = argv[1];
-  Status status = EnsureWritableDirectory(out_dir + "/.sweep");
+  // Every shard is read and checked before anything is written: a bad shard leaves the
+  // output as it was, and the error names the shard's file.
+  Status status;
+  std::vector<std::pair<fs::path, std::string>> copies;  // (source, path under out_dir)
+  std::string run;
   for (int i = 2; status.ok() && i < argc; ++i) {
     const fs::path shard = argv[i];
     if (!fs::is_directory(shard / ".sweep")) {
       status = Status::Error("'" + shard.string() + "' is not a sweep output folder (no .sweep/)");
       break;
     }
-    for (const auto& sub : {fs::path("."), fs::path(".sweep")}) {
-      std::error_code ec;
-      for (const auto& entry : fs::directory_iterator(shard / sub, ec)) {
-        if (!status.ok()) break;
-        if (!entry.is_regular_file() || entry.path().extension() != ".json") continue;
-        const std::string name = entry.path().filename().string();
-        if (sub == "." && name.rfind("memory_trace_rank", 0) != 0) continue;
-        // Copied atomically: a killed merge never leaves a truncated result behind.
-        std::ifstream in(entry.path(), std::ios::binary);
-        const std::string contents((std::istreambuf_iterator<char>(in)), {});
-        status = in.bad()
-                     ? Status::Error("cannot read '" + entry.path().string() + "'")
-                     : WriteFileAtomically((fs::path(out_dir) / sub / name).string(), contents);
+    std::map<std::string, json> records;
+    status = LoadSweepRecords(shard.string(), &records);
+    for (const auto& [name, record] : records) {
+      if (!status.ok()) break;
+      if (run.empty()) run = record["run"].get<std::string>();
+      if (record["run"] != run) {
+        status = Status::Error("'" + (shard / ".sweep" / name).string() +
+                               "' is a layout of another run (" +
+                               record["run"].get<std::string>() + ", not " + run + ")");
       }
-      if (status.ok() && ec) {
-        status = Status::Error("cannot list '" + (shard / sub).string() + "': " + ec.message());
+      copies.emplace_back(shard / ".sweep" / name, ".sweep/" + name);
+    }
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(shard, ec)) {
+      if (!status.ok()) break;
+      const std::string name = entry.path().filename().string();
+      if (!entry.is_regular_file() || entry.path().extension() != ".json" ||
+          name.rfind("memory_trace_rank", 0) != 0) {
+        continue;
       }
+      json trace;
+      status = ParseJsonFile(entry.path().string(), &trace);
+      copies.emplace_back(entry.path(), name);
+    }
+    if (status.ok() && ec) {
+      status = Status::Error("cannot list '" + shard.string() + "': " + ec.message());
     }
   }
-  if (status.ok()) status = WriteReports(out_dir);
+  if (status.ok()) status = EnsureWritableDirectory(out_dir + "/.sweep");
+  for (const auto& [source, target] : copies) {
+    if (!status.ok()) break;
+    // Copied atomically: a killed merge never leaves a truncated result behind.
+    std::ifstream in(source, std::ios::binary);
+    const std::string contents((std::istreambuf_iterator<char>(in)), {});
+    status = in.bad() ? Status::Error("cannot read '" + source.string() + "'")
+                      : WriteFileAtomically((fs::path(out_dir) / target).string(), contents);
+  }
+  if (status.ok()) status = WriteReports(out_dir, /*only=*/nullptr);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim merge: %s\n", status.message().c_str());
     return kExitError;

@@ -10,8 +10,12 @@
 //       "Config K: TP=.., PP=.., DP=.., NUM_MICBATCH=.., GLOBAL_BATCH_SIZE=.. - SUCCESS"
 //       or "- FAILED (why)";
 //   sweep_results.csv / sweep_results.json: every layout with its per-stage peaks;
-//   .sweep/config_K.json: each finished layout's result, written atomically, which
-//       --resume skips and merge joins.
+//   .sweep/layout_tp.._pp.._vpp.._cp.._ep.._mbs.._rc...json: each finished layout's result,
+//       named by the layout and tagged with the run (model, cluster, batch), written
+//       atomically. A sweep into a folder that has results needs --resume, which skips
+//       the layouts finished before for the same run and refuses another run's folder;
+//       a layout whose traces could not be written keeps no result, so --resume redoes it.
+//       merge checks every shard's results and traces before it writes anything.
 #pragma once
 
 namespace memsim {

@@ -17,6 +17,7 @@
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/megatron_args.h"
+#include "tools/lib/parallel_for.h"
 #include "tools/lib/simulate.h"
 #include "tools/lib/yaml_reader.h"
 
@@ -30,7 +31,7 @@ constexpr double kDefaultTolerancePct = 0.5;
 
 Status ReadStringMap(const YAML::Node& node, const std::string& source, const std::string& what,
                      std::map<std::string, std::string>* out) {
-  if (!node.IsMap()) return Status::Error(Where(source, node) + ": " + what + " must be a mapping");
+  MEMSIM_RETURN_IF_ERROR(CheckKeys(node, source, what));
   for (const auto& entry : node) {
     std::string value;
     MEMSIM_RETURN_IF_ERROR(Read(entry.second, source, entry.first.Scalar(), &value));
@@ -44,7 +45,7 @@ Status ReadStringMap(const YAML::Node& node, const std::string& source, const st
 // one value as written.
 Status ReadModelArgs(const YAML::Node& node, const std::string& source,
                      std::vector<std::string>* out) {
-  if (!node.IsMap()) return Status::Error(Where(source, node) + ": args must be a mapping");
+  MEMSIM_RETURN_IF_ERROR(CheckKeys(node, source, "args"));
   for (const auto& entry : node) {
     const std::string key = entry.first.Scalar();
     const YAML::Node& value = entry.second;
@@ -144,7 +145,7 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
 Status LoadTolerances(const std::string& path, std::map<std::string, Tolerance>* out) {
   YAML::Node root;
   MEMSIM_RETURN_IF_ERROR(LoadYamlFile(path, &root));
-  if (!root.IsMap()) return Status::Error(path + ": must map case names to tolerances");
+  MEMSIM_RETURN_IF_ERROR(CheckKeys(root, path, "the tolerances"));
   for (const auto& entry : root) {
     const std::string name = entry.first.Scalar();
     Tolerance t;
@@ -453,7 +454,7 @@ int ValidateCommand(int argc, const char* const* argv) {
       "Options");
   options.add_options()("help,h", "show this help")(
       "filter", po::value(&filter), "only cases whose name matches this regular expression")(
-      "jobs,j", po::value(&jobs), "cases simulated at once (default 2)")(
+      "jobs,j", PositiveValue(&jobs, "jobs"), "cases simulated at once (default 2)")(
       "cases", po::value(&cases_dir), "folder of case files (default validation/cases)")(
       "tolerances", po::value(&tolerances_path),
       "tolerance file (default validation/tolerances.yaml)")(
@@ -514,16 +515,7 @@ int ValidateCommand(int argc, const char* const* argv) {
     auto it = tolerances.find(cases[i].name);
     if (it != tolerances.end()) results[i].tolerance = it->second;
   }
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < cases.size(); i = next++) RunCase(cases[i], &results[i]);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min<int>(jobs, static_cast<int>(cases.size())); ++t) {
-    pool.emplace_back(worker);
-  }
-  worker();
-  for (std::thread& t : pool) t.join();
+  ParallelFor(cases.size(), jobs, [&](size_t i) { RunCase(cases[i], &results[i]); });
 
   PrintTable(results);
   if (!report_path.empty()) {

@@ -9,11 +9,29 @@ std::string Where(const std::string& source, const YAML::Node& node) {
   return source + ":" + std::to_string(node.Mark().line + 1);
 }
 
+Status CheckKeys(const YAML::Node& node, const std::string& source, const std::string& what) {
+  if (!node.IsMap()) return Status::Error(Where(source, node) + ": " + what + " must be a mapping");
+  std::map<std::string, int> first_line;
+  for (const auto& entry : node) {
+    if (!entry.first.IsScalar()) {
+      return Status::Error(Where(source, entry.first) + ": keys in " + what +
+                           " must be plain names");
+    }
+    const int line = entry.first.Mark().line + 1;
+    if (auto [it, fresh] = first_line.emplace(entry.first.Scalar(), line); !fresh) {
+      return Status::Error(source + ":" + std::to_string(line) + ": '" + entry.first.Scalar() +
+                           "' given twice in " + what + " (first at line " +
+                           std::to_string(it->second) + ")");
+    }
+  }
+  return Status::OK();
+}
+
 Status ApplyKeys(const YAML::Node& node, const std::string& source, const std::string& what,
                  const std::map<std::string, YamlKeyHandler>& handlers) {
-  if (!node.IsMap()) return Status::Error(Where(source, node) + ": " + what + " must be a mapping");
+  MEMSIM_RETURN_IF_ERROR(CheckKeys(node, source, what));
   for (const auto& entry : node) {
-    const std::string key = entry.first.as<std::string>();
+    const std::string key = entry.first.Scalar();
     auto it = handlers.find(key);
     if (it == handlers.end()) {
       std::string known;

@@ -27,6 +27,10 @@ Status Read(const YAML::Node& node, const std::string& source, const std::string
   }
 }
 
+// `node` is a mapping whose keys are plain scalars, each given once (YAML parsers keep
+// the last of repeated keys; memsim refuses them, naming both lines).
+Status CheckKeys(const YAML::Node& node, const std::string& source, const std::string& what);
+
 // Applies each key of the mapping `node` with the handler of the same name; unknown keys
 // are errors listing the known ones. `what` names the mapping in messages.
 using YamlKeyHandler = std::function<Status(const YAML::Node&)>;
