@@ -109,11 +109,18 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   // which the callers turn into a one-line error.
   const int64_t widest = std::max({m.hidden_size, m.ffn_hidden_size, m.padded_vocab_size,
                                    CheckedMul(m.num_attention_heads, m.head_dim)});
-  CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.micro_batch_size), widest), 8);
+  int64_t largest = CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.micro_batch_size), widest), 8);
   if (t.attention == AttentionKind::kEager) {
-    CheckedMul(CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.seq_length), t.micro_batch_size),
-                          m.num_attention_heads),
-               8);
+    largest = std::max(
+        largest, CheckedMul(CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.seq_length),
+                                                  t.micro_batch_size),
+                                       m.num_attention_heads),
+                            8));
+  }
+  if (largest > kMaxTensorBytes) {
+    return Status::Error("a layer's largest tensor would take " + Str(largest) +
+                         " bytes, above memsim's limit of " + Str(kMaxTensorBytes) +
+                         " (1 PiB): reduce the sequence length or the micro-batch size");
   }
   if (m.position == PositionKind::kLearned && m.max_position_embeddings > 0 &&
       t.seq_length > m.max_position_embeddings) {

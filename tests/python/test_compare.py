@@ -124,6 +124,16 @@ class CompareBadInputTest(CliTestCase):
         path.write_text(path.read_text()[:50])
         self.assert_fails(path, "not valid JSON")
 
+    def test_deeply_nested_json(self) -> None:
+        path = self.sim / "memory_trace_rank0.json"
+        path.write_text("[" * 100000 + "]" * 100000)
+        self.assert_fails(path, "nested too deeply")
+
+    def test_integer_beyond_pythons_digit_limit(self) -> None:
+        path = self.sim / "memory_trace_rank0.json"
+        path.write_text('{"1": ' + "9" * 5000 + "}")
+        self.assert_fails(path, "not usable JSON")
+
     def test_not_a_trace(self) -> None:
         path = write_json(self.real / "memory_trace_rank0.json", {"samples": []})
         self.assert_fails(path, "not an iteration number")

@@ -132,6 +132,11 @@ class HeatmapTest(CliTestCase):
         self.logs = self.tmp / "no_logs"
         self.assert_fails(self.logs, "does not exist")
 
+    def test_grid_too_large_to_draw(self) -> None:
+        for pp in range(1, 66):  # 65 PP values, one over the limit
+            write_json(self.mem / trace_name(0, 1, pp + 100), {"0": trace_iteration([(0, 1.0)])})
+        self.assert_fails(self.mem, "PP values, more than the 64")
+
     def test_unparsable_log_line(self) -> None:
         self.successful.append("Config 7: TP=two, PP=4 - SUCCESS")
         self.write_logs()

@@ -199,9 +199,9 @@ nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r) {
 
 Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
                       const std::vector<std::pair<int64_t, const RankResult*>>& ranks,
-                      double sample_interval_s) {
+                      const ReportOptions& options) {
   TraceOptions trace_options;
-  trace_options.sample_interval_s = sample_interval_s;
+  trace_options.sample_interval_s = options.sample_interval_s;
   trace_options.theoretical_memory_mb = TheoreticalMemoryMB(spec);
   trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
   SnapshotOptions snapshot_options;
@@ -212,6 +212,7 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
     nlohmann::json summary;
   };
   std::map<const RankResult*, ClassFiles> files;
+  double total_bytes = 0;
   for (const auto& [rank, result] : ranks) {
     ClassFiles& f = files[result];
     if (f.trace.empty()) {
@@ -220,6 +221,20 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
                                   snapshot_options);
       f.summary = ClassSummary(spec, *result);
     }
+    total_bytes += static_cast<double>(f.trace.size() + f.snapshot.size()) + 4096;
+  }
+  // Say no before writing anything: --ranks all on a million GPUs would fill a disk.
+  const double limit_bytes = options.max_output_gib * (1 << 30);
+  if (total_bytes > limit_bytes) {
+    char message[256];
+    std::snprintf(message, sizeof(message),
+                  "the files of %zu ranks would take %.1f GiB, above --max-output %.1f GiB; "
+                  "choose fewer --ranks (first-per-class) or raise --max-output",
+                  ranks.size(), total_bytes / (1 << 30), options.max_output_gib);
+    return Status::Error(message);
+  }
+  for (const auto& [rank, result] : ranks) {
+    ClassFiles& f = files[result];
     const std::string suffix = "_rank" + std::to_string(rank);
     MEMSIM_RETURN_IF_ERROR(
         WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", f.trace));
@@ -245,7 +260,9 @@ void AddReportOptions(po::options_description* options, ReportOptions* report) {
       "top", PositiveValue(&report->top_n, "top"),
       "largest tensors to print (default 10, at most 50)")(
       "json", po::bool_switch(&report->json), "print the result as JSON")(
-      "check", po::bool_switch(&report->check), "exit with code 3 if any rank does not fit");
+      "check", po::bool_switch(&report->check), "exit with code 3 if any rank does not fit")(
+      "max-output", PositiveValue(&report->max_output_gib, "max-output"),
+      "most GiB of files to write (default 4); more is refused before writing");
 }
 
 Status CheckReportOptions(const ReportOptions& report) {
@@ -321,7 +338,7 @@ int SimulateAndReport(const RunSpec& spec, const ReportOptions& options, const c
   std::vector<std::pair<int64_t, const RankResult*>> selected;
   if (status.ok()) status = SelectRanks(options.ranks, results, spec.layout.world_size, &selected);
   if (status.ok()) {
-    status = WriteRankFiles(options.out_dir, spec, selected, options.sample_interval_s);
+    status = WriteRankFiles(options.out_dir, spec, selected, options);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "memsim %s: %s\n", command, status.message().c_str());

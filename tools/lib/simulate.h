@@ -48,6 +48,7 @@ struct ReportOptions {
   int jobs = 2;
   bool json = false;
   bool check = false;
+  double max_output_gib = 4;  // refuse to write more files than this
 };
 
 // The report options every simulating command takes (--jobs --out --ranks

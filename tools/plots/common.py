@@ -32,6 +32,10 @@ def load_json(path: Path) -> Any:
             "the file is truncated or corrupt, regenerate it") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a UTF-8 JSON file; regenerate it") from None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply to be a memsim or PyTorch file") from None
+    except ValueError as e:  # e.g. an integer beyond Python's digit limit
+        raise InputError(f"{path}: not usable JSON ({e})") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
 

@@ -85,10 +85,19 @@ def parser() -> CommandParser:
     return p
 
 
+# A readable heatmap has a few dozen columns and rows; hundreds take minutes and gigabytes
+# to draw and show nothing.
+MAX_GRID_VALUES = 64
+
+
 def run(args: argparse.Namespace) -> None:
     """Reads the traces and logs, then writes both figures or neither."""
     grid = read_traces(args.memory_dir)
     read_logs(args.log_dir, grid)
+    for axis, values in (("TP", {tp for tp, _ in grid}), ("PP", {pp for _, pp in grid})):
+        if len(values) > MAX_GRID_VALUES:
+            raise InputError(f"{args.memory_dir}: {len(values)} {axis} values, more than the "
+                             f"{MAX_GRID_VALUES} a heatmap can show; plot a subset of the sweep")
     with Output() as out, plt.rc_context(ACADEMIC_STYLE):
         out.save_figure(heatmap_figure(grid, args.max_memory, args.figsize), args.dpi,
                         *(Path(f"{args.output}{suffix}") for suffix in (".png", ".pdf")))
