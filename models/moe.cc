@@ -25,9 +25,11 @@ at::Tensor Activation(const ModelConfig& model, const at::Tensor& x) {
 // A grouped GEMM over the local experts' concatenated weights: memory and FLOPs equal one
 // [tokens, in] x [in, out] GEMM against one expert's block (views of the parameter).
 at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t out, bool rows) {
-  Parameter block{weight.name, rows ? weight.data.narrow(0, 0, out) : weight.data.narrow(1, 0, out),
-                  rows ? weight.main_grad.narrow(0, 0, out) : weight.main_grad.narrow(1, 0, out),
-                  true};
+  Parameter block;
+  block.name = weight.name;
+  block.data = rows ? weight.data.narrow(0, 0, out) : weight.data.narrow(1, 0, out);
+  block.main_grad = rows ? weight.main_grad.narrow(0, 0, out) : weight.main_grad.narrow(1, 0, out);
+  block.expert = true;
   block.store = weight.store;
   return Linear(tokens, block, nullptr);
 }

@@ -3,10 +3,12 @@
 #   tools/dev.sh example [simulate options]   the default example (memsim simulate)
 #   tools/dev.sh test                          every test (ctest)
 #   tools/dev.sh build                         only the build
+#   tools/dev.sh sanitize                      every test again, built with ASan and UBSan
+#   tools/dev.sh fuzz [SECONDS]                each fuzz target for SECONDS (default 600)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake g++ make ccache libtorch-dev nlohmann-json3-dev libyaml-cpp-dev
+packages=(cmake g++ clang libclang-rt-14-dev make ccache libtorch-dev nlohmann-json3-dev libyaml-cpp-dev
           libboost-program-options-dev libgtest-dev libbenchmark-dev python3 python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
@@ -18,14 +20,31 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
+command=${1:-example}
+shift || true
+if [ "$command" = sanitize ] || [ "$command" = fuzz ]; then
+  # clang, Debug (assertions on) at -O1, address and undefined-behaviour sanitizers and
+  # libFuzzer's coverage; LibTorch itself is not instrumented, so its containers carry no
+  # annotations for ASan to check.
+  cmake -S . -B build-sanitize -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
+        -DMEMSIM_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
+  cmake --build build-sanitize -j2 >&2
+  cd build-sanitize
+  export ASAN_OPTIONS=detect_container_overflow=0:detect_leaks=0
+  export UBSAN_OPTIONS=print_stacktrace=1
+  if [ "$command" = fuzz ]; then
+    export MEMSIM_FUZZ_SECONDS=${1:-600}
+    exec ctest --output-on-failure -j2 -R '^fuzz_' --timeout $((MEMSIM_FUZZ_SECONDS + 120))
+  fi
+  exec ctest --output-on-failure -j2 "$@"
+fi
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j2 >&2
 
-command=${1:-example}
-shift || true
 case "$command" in
   example) exec build/memsim simulate "$@" ;;
   test) cd build && exec ctest --output-on-failure -j2 "$@" ;;
   build) ;;
-  *) echo "usage: tools/dev.sh example|test|build" >&2; exit 2 ;;
+  *) echo "usage: tools/dev.sh example|test|build|sanitize|fuzz [SECONDS]" >&2; exit 2 ;;
 esac

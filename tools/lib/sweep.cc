@@ -123,40 +123,6 @@ std::string RunIdentity(const RunSpec& spec, int64_t microbatches_per_pp) {
   return id.str();
 }
 
-// Reads a layout's record, checking every field the reports read.
-Status LoadSweepRecord(const std::string& path, json* out) {
-  MEMSIM_RETURN_IF_ERROR(ParseJsonFile(path, out));
-  const json& r = *out;
-  auto bad = [&](const std::string& what) {
-    return Status::Error("sweep result '" + path + "': " + what +
-                         "; delete it and run with --resume to redo that layout");
-  };
-  if (!r.is_object()) return bad("not a JSON object");
-  for (const char* key : {"config", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
-                          "num_microbatches", "global_batch_size"}) {
-    if (!r.contains(key) || !r[key].is_number_integer()) {
-      return bad(std::string("missing or non-integer '") + key + "'");
-    }
-  }
-  for (const char* key : {"recompute", "status", "run"}) {
-    if (!r.contains(key) || !r[key].is_string()) return bad(std::string("missing '") + key + "'");
-  }
-  if (r.contains("reason") && !r["reason"].is_string()) return bad("'reason' is not text");
-  if (r.contains("max_peak_reserved_MB") && !r["max_peak_reserved_MB"].is_number()) {
-    return bad("'max_peak_reserved_MB' is not a number");
-  }
-  if (r.contains("stages")) {
-    if (!r["stages"].is_array()) return bad("'stages' is not a list");
-    for (const json& stage : r["stages"]) {
-      if (!stage.is_object() || !stage.contains("peak_reserved_MB") ||
-          !stage["peak_reserved_MB"].is_number()) {
-        return bad("a stage without a numeric 'peak_reserved_MB'");
-      }
-    }
-  }
-  return Status::OK();
-}
-
 // The records in `dir`/.sweep, by file name.
 Status LoadSweepRecords(const std::string& dir, std::map<std::string, json>* records) {
   std::error_code ec;
@@ -387,6 +353,39 @@ void Progress(size_t done, size_t total, double elapsed_s) {
 }
 
 }  // namespace
+
+Status LoadSweepRecord(const std::string& path, json* out) {
+  MEMSIM_RETURN_IF_ERROR(ParseJsonFile(path, out));
+  const json& r = *out;
+  auto bad = [&](const std::string& what) {
+    return Status::Error("sweep result '" + path + "': " + what +
+                         "; delete it and run with --resume to redo that layout");
+  };
+  if (!r.is_object()) return bad("not a JSON object");
+  for (const char* key : {"config", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
+                          "num_microbatches", "global_batch_size"}) {
+    if (!r.contains(key) || !r[key].is_number_integer()) {
+      return bad(std::string("missing or non-integer '") + key + "'");
+    }
+  }
+  for (const char* key : {"recompute", "status", "run"}) {
+    if (!r.contains(key) || !r[key].is_string()) return bad(std::string("missing '") + key + "'");
+  }
+  if (r.contains("reason") && !r["reason"].is_string()) return bad("'reason' is not text");
+  if (r.contains("max_peak_reserved_MB") && !r["max_peak_reserved_MB"].is_number()) {
+    return bad("'max_peak_reserved_MB' is not a number");
+  }
+  if (r.contains("stages")) {
+    if (!r["stages"].is_array()) return bad("'stages' is not a list");
+    for (const json& stage : r["stages"]) {
+      if (!stage.is_object() || !stage.contains("peak_reserved_MB") ||
+          !stage["peak_reserved_MB"].is_number()) {
+        return bad("a stage without a numeric 'peak_reserved_MB'");
+      }
+    }
+  }
+  return Status::OK();
+}
 
 int SweepCommand(int argc, const char* const* argv) {
   po::options_description options(

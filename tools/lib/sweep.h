@@ -18,7 +18,17 @@
 //       merge checks every shard's results and traces before it writes anything.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "simulator/status.h"
+
 namespace memsim {
+
+// Reads one layout's record (.sweep/*.json), checking every field the reports read; an
+// error names the file and says how to redo the layout.
+Status LoadSweepRecord(const std::string& path, nlohmann::json* out);
 
 int SweepCommand(int argc, const char* const* argv);
 int MergeCommand(int argc, const char* const* argv);
