@@ -1,5 +1,7 @@
 #include "simulator/recorder.h"
 
+#include "simulator/checked_math.h"
+
 #include <ATen/SequenceNumber.h>
 
 #include <algorithm>
@@ -42,7 +44,7 @@ AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
   info.iteration = iteration_;
   info.microbatch = microbatch_;
   events_.push_back({id, now_s_, true});
-  live_bytes_ += size_bytes;
+  live_bytes_ = CheckedAdd(live_bytes_, size_bytes);  // throws before a count can wrap
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   auto* record = new AllocationRecord{this, id, c10::DataPtr()};
   live_records_.push_back(record);

@@ -68,7 +68,6 @@ nlohmann::json SummaryJson(const Recorder& recorder, const Timeline& timeline,
   };
   if (context.gpu_usable_bytes > 0) {
     summary["gpu_usable_MB"] = BytesToMiB(context.gpu_usable_bytes);
-    summary["headroom_MB"] = BytesToMiB(context.gpu_usable_bytes - timeline.peak_reserved_bytes());
   }
   return summary;
 }

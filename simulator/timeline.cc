@@ -73,21 +73,29 @@ Timeline Timeline::Replay(const Recorder& recorder) {
   return timeline;
 }
 
-int64_t FindOutOfMemoryEvent(const Recorder& recorder, int64_t capacity_bytes) {
+CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes) {
   CachingAllocatorModel allocator(CachingAllocatorConfig{capacity_bytes});
   std::vector<int64_t> block_of_storage(recorder.storages().size(), -1);
   const auto& events = recorder.events();
+  CapacityReplay replay;
   for (size_t e = 0; e < events.size(); ++e) {
     const size_t id = static_cast<size_t>(events[e].storage_id);
     if (events[e].is_alloc) {
+      const AllocatorStats before = allocator.stats();
       auto allocation = allocator.Malloc(recorder.storages()[id].size_bytes);
-      if (!allocation) return static_cast<int64_t>(e);
+      if (!allocation) {
+        replay.oom_event = static_cast<int64_t>(e);
+        replay.allocated_bytes_at_oom = before.allocated_bytes;
+        replay.reserved_bytes_at_oom = before.reserved_bytes;
+        break;
+      }
       block_of_storage[id] = allocation->block_id;
     } else {
       allocator.Free(block_of_storage[id]);
     }
   }
-  return -1;
+  replay.peak_reserved_bytes = allocator.stats().peak_reserved_bytes;
+  return replay;
 }
 
 }  // namespace memsim

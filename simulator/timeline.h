@@ -60,10 +60,21 @@ class Timeline {
   int64_t peak_event_ = -1;
 };
 
-// Replays `recorder` against a device of `capacity_bytes` (the caching allocator frees
-// its cache and retries before giving up, as PyTorch does). Returns the index of the
-// event whose allocation fails with out-of-memory, or -1 if the whole recording fits.
-int64_t FindOutOfMemoryEvent(const Recorder& recorder, int64_t capacity_bytes);
+// The recording replayed on a device of a given capacity: the caching allocator frees its
+// cache and retries before giving up, as PyTorch does, so a step fits exactly when no
+// segment it needs can be reserved (not when the unlimited peak is below the capacity).
+struct CapacityReplay {
+  int64_t oom_event = -1;  // the allocation that fails; -1: the whole recording fits
+  // Reserved memory at its highest before the end (or the failure): <= the capacity.
+  int64_t peak_reserved_bytes = 0;
+  // At the failing allocation, before it: what was allocated and reserved.
+  int64_t allocated_bytes_at_oom = 0;
+  int64_t reserved_bytes_at_oom = 0;
+  bool fits() const { return oom_event < 0; }
+};
+
+// Replays `recorder` against a device of `capacity_bytes`.
+CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes);
 
 // Calls `fn(storage_id)` for every storage alive right after event `event`.
 template <typename Fn>

@@ -98,6 +98,10 @@ TEST(Robustness, DeeplyNestedJson) {
   }
   ExpectOneLineError(Memsim("simulate --hf-config " + dir + "/config.json"),
                      "JSON nested deeper than 64 levels");
+  // Found by fuzzing the sweep-record reader: a number beyond a double's range.
+  std::ofstream(dir + "/huge.json") << "{\"hidden_size\": 2e22222222222}";
+  ExpectOneLineError(Memsim("simulate --hf-config " + dir + "/huge.json"),
+                     "unusable JSON: number overflow parsing");
 }
 
 // D5: a --moe-layer-freq list of 12,000 entries (std::regex recursed on it).
@@ -189,6 +193,11 @@ TEST(Robustness, YamlShapesAndEchoedInput) {
   ExpectOneLineError(Memsim("simulate --model scalar", env), "a model must be a mapping");
   ExpectOneLineError(Memsim("simulate --model dup", env),
                      "dup.yaml:4: 'num_layers' given twice in");
+  {
+    std::ofstream deep(dir + "/deep.yaml");
+    deep << "model: " << std::string(100000, '[') << std::string(100000, ']') << "\n";
+  }
+  ExpectOneLineError(Memsim("simulate --config " + dir + "/deep.yaml"), "levels deep");
   const CommandRun echoed = Memsim("simulate --model $'bad\\x1b[31mname'");
   EXPECT_EQ(echoed.exit_code, 2);
   EXPECT_EQ(echoed.err.find('\x1b'), std::string::npos) << echoed.err;

@@ -163,3 +163,54 @@ TEST(Sweep, SeedsSweepKilledAndResumedMatchesAndPlots) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Verdicts over a sweep whose layouts straddle the GPU's capacity (Llama-3-8B at sequence
+// 8192 on 8 A100-80GB, TP 1-8, micro batch 1 or 4): every layout that fits has
+// non-negative headroom and a peak reserved on the GPU within its usable memory, every one
+// that does not names the allocation that fails; and the sweep's verdict and peak for a
+// layout are simulate's for the same layout.
+TEST(Sweep, VerdictsAreConsistentAndAgreeWithSimulate) {
+  const std::string out = Dir("verdicts");
+  const std::string common =
+      "--model llama3-8b --world-size 8 --seq-length 8192 --gpu A100-80GB "
+      "--data-parallel distributed-optimizer ";
+  ASSERT_EQ(Memsim("sweep " + common + "--tp 1,2,4,8 --pp 1 --micro-batch-size 1,4 --out " + out),
+            0);
+  const nlohmann::json sweep = nlohmann::json::parse(Read(out + "/sweep_results.json"));
+  int fitting = 0, failing = 0;
+  for (const nlohmann::json& layout : sweep) {
+    const std::string json_path = out + "/simulate.json";
+    const std::string args = "simulate " + common + "--tp " + layout["tp"].dump() + " --pp 1 " +
+                             "--micro-batch-size " + layout["micro_batch_size"].dump() +
+                             " --json --out " + out + "/sim > " + json_path;
+    ASSERT_EQ(std::system((std::string(MEMSIM_BINARY_PATH) + " " + args + " 2>/dev/null").c_str()),
+              0);
+    const nlohmann::json simulated = nlohmann::json::parse(Read(json_path));
+    for (const nlohmann::json& rank_class : simulated["rank_classes"]) {
+      if (rank_class["fits"].get<bool>()) {
+        ++fitting;
+        EXPECT_GE(rank_class["headroom_MB"].get<double>(), 0.0);
+        EXPECT_LE(rank_class["peak_reserved_on_gpu_MB"].get<double>(),
+                  rank_class["gpu_usable_MB"].get<double>());
+      } else {
+        ++failing;
+        EXPECT_FALSE(rank_class.contains("headroom_MB"));
+        EXPECT_NE(rank_class["out_of_memory"].get<std::string>().find("first allocation that fails"),
+                  std::string::npos);
+      }
+    }
+    // Sweep and simulate: the same verdict and the same peak for the layout.
+    EXPECT_EQ(layout["status"] == "success", simulated["fits"].get<bool>()) << layout.dump();
+    EXPECT_EQ(layout["stages"][0]["peak_allocated_MB"], simulated["rank_classes"][0]["peak_allocated_MB"])
+        << layout.dump();
+  }
+  // The grid straddles the capacity.
+  EXPECT_GT(fitting, 0);
+  EXPECT_GT(failing, 0);
+}
+
+}  // namespace
+}  // namespace memsim

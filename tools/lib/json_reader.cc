@@ -36,6 +36,12 @@ Status ParseJsonFile(const std::string& path, nlohmann::json* out) {
     const size_t tag_end = what.find("] ");
     return Status::Error(path + ": malformed JSON at byte " + std::to_string(e.byte) + ": " +
                          (tag_end == std::string::npos ? what : what.substr(tag_end + 2)));
+  } catch (const nlohmann::json::exception& e) {
+    // Found by fuzzing: a number too large for a double ("2e2222") is out_of_range.
+    const std::string what = e.what();
+    const size_t tag_end = what.find("] ");
+    return Status::Error(path + ": unusable JSON: " +
+                         (tag_end == std::string::npos ? what : what.substr(tag_end + 2)));
   }
   return Status::OK();
 }

@@ -49,8 +49,8 @@ Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankR
     const Recorder& recorder = result->session->recorder();
     result->timeline = Timeline::Replay(recorder);
     result->peak = AnalyzePeak(recorder, result->timeline, kLargestTensorsKept);
-    if (spec.gpu != nullptr && result->timeline.peak_reserved_bytes() > spec.gpu->usable_bytes()) {
-      result->oom_event = FindOutOfMemoryEvent(recorder, spec.gpu->usable_bytes());
+    if (spec.gpu != nullptr) {
+      result->on_gpu = ReplayWithCapacity(recorder, spec.gpu->usable_bytes());
     }
   } catch (const std::exception& e) {
     return Status::Error("internal error replaying pipeline stage " +
@@ -85,6 +85,31 @@ std::string RankRange(const std::vector<int64_t>& ranks) {
          std::to_string(ranks.size()) + ")";
 }
 
+}  // namespace
+
+std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu) {
+  const Recorder& rec = r.session->recorder();
+  const MemoryEvent& event = rec.events()[static_cast<size_t>(r.on_gpu.oom_event)];
+  const StorageInfo& s = rec.storages()[static_cast<size_t>(event.storage_id)];
+  const std::string& module = rec.names().Name(s.module);
+  char text[512];
+  std::snprintf(text, sizeof(text),
+                "Out of memory on stage %lld (rank %lld): the first allocation that fails is %s "
+                "(%s) by %s in %s, %s of iteration %d, microbatch %d, with %s allocated and %s "
+                "reserved of %s usable",
+                static_cast<long long>(r.rank_class.pp_rank),
+                static_cast<long long>(r.rank_class.representative),
+                FormatBytes(s.size_bytes).c_str(), StorageShapeString(rec, s).c_str(),
+                rec.names().Name(s.op).c_str(), module.empty() ? "<top>" : module.c_str(),
+                std::string(PhaseName(s.phase)).c_str(), s.iteration, s.microbatch,
+                FormatBytes(r.on_gpu.allocated_bytes_at_oom).c_str(),
+                FormatBytes(r.on_gpu.reserved_bytes_at_oom).c_str(),
+                FormatBytes(gpu.usable_bytes()).c_str());
+  return text;
+}
+
+namespace {
+
 void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, int64_t top_n) {
   const GpuSpec& gpu = *spec.gpu;
   const TrainingConfig& t = spec.training;
@@ -109,13 +134,19 @@ void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, in
               "peak alloc", "peak reserved", "headroom", "fits");
   for (size_t i = 0; i < results.size(); ++i) {
     const RankResult& r = results[i];
+    // On the GPU when it fits (never above its memory); else what the step would reserve.
+    const int64_t reserved =
+        r.fits() ? r.on_gpu.peak_reserved_bytes : r.timeline.peak_reserved_bytes();
     std::printf("%-6zu %-18s %-6lld %11s %11s %14s %11s  %s\n", i,
                 RankRange(r.rank_class.ranks).c_str(), static_cast<long long>(r.rank_class.pp_rank),
                 FormatBytes(r.timeline.iterations().back().static_allocated_bytes).c_str(),
                 FormatBytes(r.timeline.peak_allocated_bytes()).c_str(),
-                FormatBytes(r.timeline.peak_reserved_bytes()).c_str(),
-                FormatBytes(gpu.usable_bytes() - r.timeline.peak_reserved_bytes()).c_str(),
+                FormatBytes(reserved).c_str(),
+                r.fits() ? FormatBytes(r.headroom_bytes(gpu)).c_str() : "-",
                 r.fits() ? "yes" : "NO (out of memory)");
+  }
+  for (const RankResult& r : results) {
+    if (!r.fits()) std::printf("\n%s\n", DescribeOutOfMemory(r, gpu).c_str());
   }
   // Why: the class with the highest peak.
   const RankResult* worst = &results[0];
@@ -194,6 +225,12 @@ nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r) {
   summary["pp_stage"] = r.rank_class.pp_rank;
   summary["ranks"] = r.rank_class.ranks;
   summary["fits"] = r.fits();
+  if (r.fits()) {
+    summary["peak_reserved_on_gpu_MB"] = BytesToMiB(r.on_gpu.peak_reserved_bytes);
+    summary["headroom_MB"] = BytesToMiB(r.headroom_bytes(*spec.gpu));
+  } else {
+    summary["out_of_memory"] = DescribeOutOfMemory(r, *spec.gpu);
+  }
   return summary;
 }
 

@@ -25,13 +25,23 @@ struct RankResult {
   std::unique_ptr<Session> session;
   Timeline timeline;
   PeakAnalysis peak;
-  int64_t oom_event = -1;  // first allocation that fails on the GPU's usable memory
-  bool fits() const { return oom_event < 0; }
+  // The recording replayed on the GPU's usable memory: the verdict, and the headroom.
+  CapacityReplay on_gpu;
+  bool fits() const { return on_gpu.fits(); }
+  // Usable memory minus the peak reserved on the GPU; >= 0 whenever the step fits.
+  int64_t headroom_bytes(const GpuSpec& gpu) const {
+    return gpu.usable_bytes() - on_gpu.peak_reserved_bytes;
+  }
 };
 
 // Simulates the class of `spec` (which passed FinalizeRunSpec). User errors (a missing
 // kernel, a size overflow) come back as a Status.
 Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankResult* result);
+
+// "Out of memory on stage S (rank R): the first allocation that fails is ..." with its
+// size, shape, op, module, phase, iteration, microbatch, and the memory at that moment.
+// REQUIRES: !r.fits().
+std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu);
 
 // Simulates every rank class on up to `jobs` threads; results in stage order.
 Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results);

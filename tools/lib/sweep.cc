@@ -196,8 +196,7 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
   }
   json stages = json::array();
   double worst_mb = 0;
-  int64_t worst_stage = 0;
-  bool fits = true;
+  const RankResult* failing = nullptr;  // the first stage that runs out of memory
   for (const RankResult& r : classes) {
     const double peak_mb = BytesToMiB(r.timeline.peak_allocated_bytes());
     const double reserved_mb = BytesToMiB(r.timeline.peak_reserved_bytes());
@@ -208,11 +207,8 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
          {"peak_allocated_MB", peak_mb},
          {"peak_reserved_MB", reserved_mb},
          {"fits", r.fits()}});
-    if (reserved_mb > worst_mb) {
-      worst_mb = reserved_mb;
-      worst_stage = r.rank_class.pp_rank;
-    }
-    fits = fits && r.fits();
+    worst_mb = std::max(worst_mb, reserved_mb);
+    if (failing == nullptr && !r.fits()) failing = &r;
     const Status write = WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative),
                                     r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec), 5000});
     if (!write.ok()) return {json(), write};
@@ -220,13 +216,16 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
   result["stages"] = stages;
   result["theoretical_memory_MB"] = TheoreticalMemoryMB(spec);
   result["max_peak_reserved_MB"] = worst_mb;
-  result["status"] = fits ? "success" : "oom";
-  if (!fits) {
-    char reason[160];
-    std::snprintf(reason, sizeof(reason),
-                  "predicted out of memory: peak %.1f MB > usable %.1f MB on stage %lld", worst_mb,
-                  BytesToMiB(spec.gpu->usable_bytes()), static_cast<long long>(worst_stage));
-    result["reason"] = reason;
+  result["status"] = failing == nullptr ? "success" : "oom";
+  if (failing != nullptr) {
+    // "peak X MB" as the seeds' logs (and the heatmap) read it, then why.
+    char peak[160];
+    std::snprintf(peak, sizeof(peak),
+                  "predicted out of memory: peak %.1f MB > usable %.1f MB on stage %lld; ",
+                  BytesToMiB(failing->timeline.peak_reserved_bytes()),
+                  BytesToMiB(spec.gpu->usable_bytes()),
+                  static_cast<long long>(failing->rank_class.pp_rank));
+    result["reason"] = peak + DescribeOutOfMemory(*failing, *spec.gpu);
   }
   return {result, Status::OK()};
 }
@@ -399,7 +398,7 @@ int SweepCommand(int argc, const char* const* argv) {
       "  memsim sweep ... --shard 0/4    (or from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)\n\n"
       "Options");
   SpecOptions spec_options;
-  spec_options.iterations = 1;
+  spec_options.iterations = 2;  // the steady state: optimizer states exist from the second
   std::string out_dir = "memsim_sweep", shard;
   std::string tp_list = "1,2,4,8", pp_list = "1,2,4,8,16,32,64", vpp_list = "1", cp_list = "1",
               ep_list = "1", mbs_list = "1", recompute_list = "none";

@@ -1,5 +1,7 @@
 #include "tools/lib/yaml_reader.h"
 
+#include <yaml-cpp/depthguard.h>
+
 #include <filesystem>
 
 namespace memsim {
@@ -48,6 +50,10 @@ Status LoadYamlFile(const std::string& path, YAML::Node* out) {
   if (!fs::is_regular_file(path)) return Status::Error("cannot read '" + path + "': no such file");
   try {
     *out = YAML::LoadFile(path);
+  } catch (const YAML::DeepRecursion& e) {
+    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) +
+                         ": YAML nested more than " + std::to_string(e.depth()) +
+                         " levels deep; no memsim file nests more than a few");
   } catch (const YAML::ParserException& e) {
     return Status::Error(path + ":" + std::to_string(e.mark.line + 1) +
                          ": malformed YAML: " + e.msg);
