@@ -52,7 +52,7 @@ Status WriteFileAtomically(const std::string& path, std::string_view contents) {
 Status EnsureWritableDirectory(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) {
+  if (ec || !fs::is_directory(dir, ec)) {
     return Status::Error("output folder '" + dir + "' cannot be created" +
                          (ec ? ": " + ec.message() : std::string(": a file is in the way")) +
                          "; pass a writable --out");

@@ -1,6 +1,8 @@
 // The memsim command line, run as a user runs it: the default example, the files it
 // writes, and one-line errors with exit code 2 for bad input.
 #include <gtest/gtest.h>
+
+#include "tests/command_runner.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,31 +18,9 @@ namespace memsim {
 namespace {
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int exit_code;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using test::CommandResult;
 
-std::string Binary() { return MEMSIM_BINARY_PATH; }
-
-CommandResult Memsim(const std::string& args) {
-  const std::string dir = ::testing::TempDir() + "/memsim_cli";
-  fs::create_directories(dir);
-  // Per process: ctest runs test cases in parallel.
-  const std::string err_path = dir + "/stderr." + std::to_string(::getpid()) + ".txt";
-  const std::string command = Binary() + " " + args + " 2>" + err_path;
-  CommandResult run{};
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  run.err.assign(std::istreambuf_iterator<char>(err), {});
-  return run;
-}
+CommandResult Memsim(const std::string& args) { return test::RunMemsim(args); }
 
 std::string Temp(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/memsim_cli_" + name;

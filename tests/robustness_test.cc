@@ -2,10 +2,9 @@
 // hang or a partial file: one test per defect found from outside (issue 16, D1-D15),
 // run through the memsim binary as a user runs it.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
+#include "tests/command_runner.h"
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,10 +13,7 @@ namespace memsim {
 namespace {
 namespace fs = std::filesystem;
 
-struct CommandRun {
-  int exit_code;  // -1: killed by a signal
-  std::string out, err;
-};
+using CommandRun = test::CommandResult;
 
 std::string Dir(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/memsim_robust_" + name;
@@ -26,21 +22,8 @@ std::string Dir(const std::string& name) {
   return dir;
 }
 
-// Runs `memsim ARGS` with `env` prepended to the command line.
 CommandRun Memsim(const std::string& args, const std::string& env = "") {
-  const std::string err_path = Dir("stderr_" + std::to_string(::getpid())) + "/err.txt";
-  const std::string command =
-      env + " " + std::string(MEMSIM_BINARY_PATH) + " " + args + " 2>" + err_path;
-  CommandRun run{};
-  FILE* pipe = popen(command.c_str(), "r");
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) run.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  run.err.assign(std::istreambuf_iterator<char>(err), {});
-  return run;
+  return test::RunMemsim(args, env);
 }
 
 // Exit 2 with exactly one line on stderr that contains `expected`.
@@ -57,6 +40,12 @@ std::string ConfigDir(const std::string& name,
   fs::create_directories(dir + "/models");
   for (const auto& [preset, text] : presets) std::ofstream(dir + "/models/" + preset + ".yaml") << text;
   return dir;
+}
+
+// Found by fuzzing run files: a preset name longer than the OS allows in a path made the
+// file lookup throw.
+TEST(Robustness, PresetNameTooLongForAPath) {
+  ExpectOneLineError(Memsim("simulate --model " + std::string(5000, 'h')), "unknown model preset");
 }
 
 // D1: a preset whose base is itself, or a longer cycle.

@@ -14,7 +14,8 @@ struct TooDeep {};
 }  // namespace
 
 Status ParseJsonFile(const std::string& path, nlohmann::json* out) {
-  if (!std::filesystem::is_regular_file(path)) {
+  std::error_code ec;  // (the throwing overload fails on names the OS rejects)
+  if (!std::filesystem::is_regular_file(path, ec)) {
     return Status::Error("cannot read '" + path + "': no such file");
   }
   std::ifstream in(path);

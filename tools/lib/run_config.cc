@@ -345,7 +345,8 @@ Status LoadModelPreset(const std::string& name, ModelConfig* model) {
     ~Pop() { chain.pop_back(); }
   } pop;
   const std::string path = ConfigDir() + "/models/" + name + ".yaml";
-  if (name.empty() || name.find('/') != std::string::npos || !fs::is_regular_file(path)) {
+  std::error_code ec;  // a name too long for the OS is unknown, not an exception
+  if (name.empty() || name.find('/') != std::string::npos || !fs::is_regular_file(path, ec)) {
     std::string known;
     for (const std::string& n : ModelPresetNames()) known += (known.empty() ? "" : ", ") + n;
     return Status::Error("unknown model preset '" + name + "' (known: " + known + ")");

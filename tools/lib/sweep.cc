@@ -535,7 +535,8 @@ int MergeCommand(int argc, const char* const* argv) {
   std::string run;
   for (int i = 2; status.ok() && i < argc; ++i) {
     const fs::path shard = argv[i];
-    if (!fs::is_directory(shard / ".sweep")) {
+    std::error_code not_found;
+    if (!fs::is_directory(shard / ".sweep", not_found)) {
       status = Status::Error("'" + shard.string() + "' is not a sweep output folder (no .sweep/)");
       break;
     }

@@ -47,7 +47,10 @@ Status ApplyKeys(const YAML::Node& node, const std::string& source, const std::s
 }
 
 Status LoadYamlFile(const std::string& path, YAML::Node* out) {
-  if (!fs::is_regular_file(path)) return Status::Error("cannot read '" + path + "': no such file");
+  std::error_code ec;  // the throwing overload fails on names the OS rejects
+  if (!fs::is_regular_file(path, ec)) {
+    return Status::Error("cannot read '" + path + "': no such file");
+  }
   try {
     *out = YAML::LoadFile(path);
   } catch (const YAML::DeepRecursion& e) {
