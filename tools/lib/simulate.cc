@@ -3,13 +3,11 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "parallel/rank_training.h"
 #include "parallel/theoretical_memory.h"

@@ -16,7 +16,6 @@
 #include <iostream>
 #include <mutex>
 #include <sstream>
-#include <thread>
 
 #include "simulator/atomic_file.h"
 #include "simulator/checked_math.h"

@@ -4,14 +4,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <regex>
 #include <set>
-#include <thread>
 
 #include "simulator/atomic_file.h"
 #include "tools/lib/command_line.h"
