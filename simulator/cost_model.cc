@@ -17,10 +17,12 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
 
 const std::vector<GpuSpec>& GpuPresets() {
   // Peaks from NVIDIA's SXM data sheets (dense, no sparsity); memory as nvidia-smi shows it.
+  // Links as in a DGX node: NVLink 3 (600 GB/s both ways) and one 200 Gb/s HDR adapter per
+  // A100; NVLink 4 (900 GB/s) and one 400 Gb/s NDR adapter per H100/H200.
   static const std::vector<GpuSpec> presets = {
-      {"A100-80GB", 81920 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 2.039e12},
-      {"H100-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12},
-      {"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12},
+      {"A100-80GB", 81920 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 2.039e12, 300e9, 25e9},
+      {"H100-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 450e9, 50e9},
+      {"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12, 450e9, 50e9},
   };
   return presets;
 }

@@ -26,15 +26,21 @@ namespace memsim {
 
 struct GpuSpec {
   std::string name;
-  int64_t memory_bytes;   // total device memory as nvidia-smi reports it
-  int64_t context_bytes;  // taken by the CUDA context and NCCL before PyTorch allocates
-  int compute_capability; // major * 10 + minor: 80 (A100), 90 (H100, H200)
-  double half_flops;      // dense bf16/fp16 tensor-core peak, FLOP/s
-  double fp32_flops;      // dense fp32 peak (no TF32), FLOP/s
+  int64_t memory_bytes;    // total device memory as nvidia-smi reports it
+  int64_t context_bytes;   // taken by the CUDA context and NCCL before PyTorch allocates
+  int compute_capability;  // major * 10 + minor: 80 (A100), 90 (H100, H200)
+  double half_flops;       // dense bf16/fp16 tensor-core peak, FLOP/s
+  double fp32_flops;       // dense fp32 peak (no TF32), FLOP/s
   double bandwidth_bytes_per_s;
+  // Links, per GPU and direction (Note [Communication time] in parallel/step_time.h):
+  // NVLink inside a node, the GPU's network adapter between nodes.
+  double nvlink_bytes_per_s;
+  double network_bytes_per_s;
+  int64_t gpus_per_node = 8;
   double matmul_efficiency = 0.6;
   double bandwidth_efficiency = 0.7;
   double kernel_launch_s = 3e-6;
+  double link_efficiency = 0.8;  // NCCL's bus bandwidth as a fraction of the link's
 
   // What the caching allocator can reserve before cudaMalloc fails.
   int64_t usable_bytes() const { return memory_bytes - context_bytes; }

@@ -11,6 +11,7 @@
 #include "simulator/status.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/megatron_command.h"
+#include "tools/lib/plan.h"
 #include "tools/lib/simulate.h"
 #include "tools/lib/sweep.h"
 #include "tools/lib/validate.h"
@@ -23,6 +24,7 @@ void PrintUsage() {
       "usage: memsim <command> [options]      (memsim --version: the modelled releases)\n\n"
       "commands:\n"
       "  simulate   simulate one training configuration (no options: the default example)\n"
+      "  plan       which layout to run: search the layouts, rank those that fit by step time\n"
       "  sweep      simulate every valid layout over value lists; logs, tables, traces\n"
       "  merge      join the outputs of sweep shards\n"
       "  megatron   simulate a Megatron-LM launch line: memsim megatron -- <arguments>\n"
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (command == "simulate") return memsim::SimulateCommand(argc - 1, argv + 1);
+    if (command == "plan") return memsim::PlanCommand(argc - 1, argv + 1);
     if (command == "sweep") return memsim::SweepCommand(argc - 1, argv + 1);
     if (command == "merge") return memsim::MergeCommand(argc - 1, argv + 1);
     if (command == "megatron") return memsim::MegatronCommand(argc - 1, argv + 1);

@@ -1,7 +1,12 @@
 #include "tools/lib/command_line.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <vector>
 
 #include "tools/lib/exit_codes.h"
@@ -29,6 +34,37 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v) {
       "ddp, distributed-optimizer (ZeRO-1), zero2 or fsdp")(
       "sp", po::bool_switch(&v->sequence_parallel), "sequence parallelism")(
       "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record");
+}
+
+Status ParseIntList(const std::string& text, const char* name, std::vector<int64_t>* out) {
+  out->clear();
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0 || errno == ERANGE) {
+      return Status::Error(std::string("--") + name + ": '" + EscapeControl(item) +
+                           "' is not a positive integer; give a list like 1,2,4,8");
+    }
+    out->push_back(v);
+  }
+  if (out->empty()) return Status::Error(std::string("--") + name + " is empty");
+  return Status::OK();
+}
+
+void ShowProgress(const char* unit, size_t done, size_t total, double elapsed_s) {
+  if (!::isatty(STDERR_FILENO) || total == 0) return;
+  const int width = 30;
+  const int filled = static_cast<int>(width * done / total);
+  const double eta =
+      done > 0 ? elapsed_s / static_cast<double>(done) * static_cast<double>(total - done) : 0;
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu %s, %.0f s elapsed, ~%.0f s left ",
+               std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(width - filled), '.').c_str(), done, total, unit,
+               elapsed_s, eta);
+  if (done == total) std::fprintf(stderr, "\n");
 }
 
 Status BuildRunSpec(const SpecOptions& v, bool default_run, const char* command, RunSpec* spec) {

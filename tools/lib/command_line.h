@@ -4,9 +4,10 @@
 
 #include <boost/program_options.hpp>
 
+#include <cstdint>
 #include <optional>
 #include <string>
-#include <string>
+#include <vector>
 
 #include "tools/lib/run_config.h"
 
@@ -31,6 +32,12 @@ boost::program_options::typed_value<T>* PositiveValue(T* out, const std::string&
     }
   });
 }
+
+// Parses a comma-separated list of positive integers ("1,2,4,8") given as --`name`.
+Status ParseIntList(const std::string& text, const char* name, std::vector<int64_t>* out);
+
+// A progress bar on stderr when it is a terminal: "[###...] done/total `unit`, elapsed, left".
+void ShowProgress(const char* unit, size_t done, size_t total, double elapsed_s);
 
 // Loads the base (--config run file, --model preset or --hf-config) and applies the other
 // options. With none of the three, `default_run` loads the built-in default example;

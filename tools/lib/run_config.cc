@@ -1,7 +1,7 @@
 #include "tools/lib/run_config.h"
 
-#include "simulator/checked_math.h"
 #include "parallel/pipeline_schedule.h"
+#include "simulator/checked_math.h"
 #include "tools/lib/yaml_reader.h"
 
 #include <algorithm>
@@ -22,7 +22,6 @@ Status ReadEnum(const YAML::Node& node, const std::string& source, const std::st
   Status s = parse(text, out);
   return s.ok() ? s : Status::Error(Where(source, node) + ": " + key + ": " + s.message());
 }
-
 
 template <typename E>
 Status ParseChoice(const std::string& text, const std::map<std::string, E>& choices, E* out,
@@ -83,19 +82,32 @@ Status ParsePrecision(const std::string& text, Precision* out) {
       out, "precision");
 }
 Status ParseAttention(const std::string& text, AttentionKind* out) {
-  return ParseChoice<AttentionKind>(
-      text,
-      {{"flash", AttentionKind::kFlash},
-       {"fused", AttentionKind::kFused},
-       {"eager", AttentionKind::kEager}},
-      out, "attention");
+  return ParseChoice<AttentionKind>(text,
+                                    {{"flash", AttentionKind::kFlash},
+                                     {"fused", AttentionKind::kFused},
+                                     {"eager", AttentionKind::kEager}},
+                                    out, "attention");
 }
+namespace {
+// The recomputation kinds by name, cheapest in memory last: the one table parsing and
+// printing use.
+const std::map<std::string, RecomputeKind>& RecomputeNames() {
+  static const std::map<std::string, RecomputeKind> names = {
+      {"none", RecomputeKind::kNone},
+      {"selective", RecomputeKind::kSelective},
+      {"full", RecomputeKind::kFull}};
+  return names;
+}
+}  // namespace
+
 Status ParseRecompute(const std::string& text, RecomputeKind* out) {
-  return ParseChoice<RecomputeKind>(text,
-                                    {{"none", RecomputeKind::kNone},
-                                     {"selective", RecomputeKind::kSelective},
-                                     {"full", RecomputeKind::kFull}},
-                                    out, "recompute");
+  return ParseChoice<RecomputeKind>(text, RecomputeNames(), out, "recompute");
+}
+std::string RecomputeName(RecomputeKind kind) {
+  for (const auto& [name, value] : RecomputeNames()) {
+    if (value == kind) return name;
+  }
+  return "?";
 }
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
   return ParseChoice<RecomputeMethod>(
@@ -194,8 +206,9 @@ Status FinalizeRunSpecUnchecked(RunSpec* spec) {
     }
     t.num_microbatches = spec->global_batch_size / per_step;
   }
-  MEMSIM_RETURN_IF_ERROR(CheckMicrobatchGroup(
-      l.pp, l.vpp, t.num_microbatches, l.microbatch_group_size == 0 ? l.pp : l.microbatch_group_size));
+  MEMSIM_RETURN_IF_ERROR(
+      CheckMicrobatchGroup(l.pp, l.vpp, t.num_microbatches,
+                           l.microbatch_group_size == 0 ? l.pp : l.microbatch_group_size));
   const int64_t seq_divisor = l.cp * (l.sequence_parallel ? l.tp : 1);
   if (t.seq_length % seq_divisor != 0) {
     return Status::Error("sequence length " + std::to_string(t.seq_length) +

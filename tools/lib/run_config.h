@@ -48,6 +48,7 @@ Status LoadDefaultRun(RunSpec* spec);
 Status ParsePrecision(const std::string& text, Precision* out);
 Status ParseAttention(const std::string& text, AttentionKind* out);
 Status ParseRecompute(const std::string& text, RecomputeKind* out);
+std::string RecomputeName(RecomputeKind kind);  // as ParseRecompute reads it
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
 Status ParseOptimizer(const std::string& text, OptimizerKind* out);
 Status ParseProfile(const std::string& text, ProfileKind* out);

@@ -6,15 +6,15 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
-#include <map>
-#include <set>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "simulator/atomic_file.h"
@@ -23,8 +23,8 @@
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/json_reader.h"
-#include "tools/lib/run_config.h"
 #include "tools/lib/parallel_for.h"
+#include "tools/lib/run_config.h"
 #include "tools/lib/simulate.h"
 
 namespace memsim {
@@ -38,35 +38,6 @@ struct SweepPoint {
   int64_t tp, pp, vpp, cp, ep, micro_batch;
   RecomputeKind recompute;
 };
-
-Status ParseList(const std::string& text, const char* name, std::vector<int64_t>* out) {
-  out->clear();
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v <= 0) {
-      return Status::Error(std::string("--") + name + ": '" + item +
-                           "' is not a positive integer; give a list like 1,2,4,8");
-    }
-    out->push_back(v);
-  }
-  if (out->empty()) return Status::Error(std::string("--") + name + " is empty");
-  return Status::OK();
-}
-
-std::string RecomputeName(RecomputeKind kind) {
-  switch (kind) {
-    case RecomputeKind::kNone:
-      return "none";
-    case RecomputeKind::kSelective:
-      return "selective";
-    case RecomputeKind::kFull:
-      return "full";
-  }
-  return "?";
-}
 
 std::string TraceName(const RunSpec& spec, int64_t rank) {
   const ParallelLayout& l = spec.layout;
@@ -113,9 +84,9 @@ std::string RunIdentity(const RunSpec& spec, int64_t microbatches_per_pp) {
   const ModelConfig& m = spec.model;
   const TrainingConfig& t = spec.training;
   std::ostringstream id;
-  id << spec.model_source << " L" << m.num_layers << " H" << m.hidden_size << " V"
-     << m.vocab_size << " E" << m.num_experts << " on " << spec.layout.world_size << "x"
-     << spec.gpu->name << " " << PrecisionName(t.precision) << " seq " << t.seq_length
+  id << spec.model_source << " L" << m.num_layers << " H" << m.hidden_size << " V" << m.vocab_size
+     << " E" << m.num_experts << " on " << spec.layout.world_size << "x" << spec.gpu->name << " "
+     << PrecisionName(t.precision) << " seq " << t.seq_length
      << (microbatches_per_pp > 0 ? " microbatches/pp " + std::to_string(microbatches_per_pp)
                                  : " gbs " + std::to_string(spec.global_batch_size))
      << " " << DataParallelName(spec.layout.data_parallel) << " iterations " << t.iterations;
@@ -337,19 +308,6 @@ Status ParseShard(const std::string& text, int64_t* index, int64_t* count) {
   return Status::OK();
 }
 
-void Progress(size_t done, size_t total, double elapsed_s) {
-  if (!::isatty(STDERR_FILENO) || total == 0) return;
-  const int width = 30;
-  const int filled = static_cast<int>(width * done / total);
-  const double eta =
-      done > 0 ? elapsed_s / static_cast<double>(done) * static_cast<double>(total - done) : 0;
-  std::fprintf(stderr, "\r[%s%s] %zu/%zu layouts, %.0f s elapsed, ~%.0f s left ",
-               std::string(static_cast<size_t>(filled), '#').c_str(),
-               std::string(static_cast<size_t>(width - filled), '.').c_str(), done, total,
-               elapsed_s, eta);
-  if (done == total) std::fprintf(stderr, "\n");
-}
-
 }  // namespace
 
 Status LoadSweepRecord(const std::string& path, json* out) {
@@ -428,12 +386,12 @@ int SweepCommand(int argc, const char* const* argv) {
   }
   std::vector<int64_t> tps, pps, vpps, cps, eps, mbss;
   std::vector<RecomputeKind> recomputes;
-  if (status.ok()) status = ParseList(tp_list, "tp", &tps);
-  if (status.ok()) status = ParseList(pp_list, "pp", &pps);
-  if (status.ok()) status = ParseList(vpp_list, "vpp", &vpps);
-  if (status.ok()) status = ParseList(cp_list, "cp", &cps);
-  if (status.ok()) status = ParseList(ep_list, "ep", &eps);
-  if (status.ok()) status = ParseList(mbs_list, "micro-batch-size", &mbss);
+  if (status.ok()) status = ParseIntList(tp_list, "tp", &tps);
+  if (status.ok()) status = ParseIntList(pp_list, "pp", &pps);
+  if (status.ok()) status = ParseIntList(vpp_list, "vpp", &vpps);
+  if (status.ok()) status = ParseIntList(cp_list, "cp", &cps);
+  if (status.ok()) status = ParseIntList(ep_list, "ep", &eps);
+  if (status.ok()) status = ParseIntList(mbs_list, "micro-batch-size", &mbss);
   if (status.ok()) {
     std::stringstream stream(recompute_list);
     std::string item;
@@ -453,8 +411,9 @@ int SweepCommand(int argc, const char* const* argv) {
   if (status.ok()) status = LoadSweepRecords(out_dir, &existing);
   const std::string run = status.ok() ? RunIdentity(base, microbatches_per_pp) : "";
   if (status.ok() && !existing.empty() && !resume) {
-    status = Status::Error("'" + out_dir + "' already holds " + std::to_string(existing.size()) +
-                           " layouts of a sweep; continue it with --resume or choose another --out");
+    status =
+        Status::Error("'" + out_dir + "' already holds " + std::to_string(existing.size()) +
+                      " layouts of a sweep; continue it with --resume or choose another --out");
   }
   for (const auto& [name, record] : existing) {
     if (!status.ok()) break;
@@ -493,14 +452,14 @@ int SweepCommand(int argc, const char* const* argv) {
     const PointOutcome outcome = RunPoint(base, points[i], microbatches_per_pp, out_dir);
     Status write = outcome.io;
     if (write.ok()) {
-      write = WriteFileAtomically(out_dir + "/.sweep/" + RecordName(points[i]),
-                                  outcome.record.dump());
+      write =
+          WriteFileAtomically(out_dir + "/.sweep/" + RecordName(points[i]), outcome.record.dump());
     }
     std::lock_guard<std::mutex> lock(io);
     if (!write.ok()) errors.push_back(write);
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    Progress(++finished, points.size(), elapsed);
+    ShowProgress("layouts", ++finished, points.size(), elapsed);
   });
   if (errors.empty()) status = WriteReports(out_dir, &grid);
   if (!errors.empty() || !status.ok()) {
@@ -546,8 +505,8 @@ int MergeCommand(int argc, const char* const* argv) {
       if (run.empty()) run = record["run"].get<std::string>();
       if (record["run"] != run) {
         status = Status::Error("'" + (shard / ".sweep" / name).string() +
-                               "' is a layout of another run (" +
-                               record["run"].get<std::string>() + ", not " + run + ")");
+                               "' is a layout of another run (" + record["run"].get<std::string>() +
+                               ", not " + run + ")");
       }
       copies.emplace_back(shard / ".sweep" / name, ".sweep/" + name);
     }

@@ -1,0 +1,274 @@
+// memsim plan: the step-time arithmetic by hand, and the search (pruning, dominance,
+// screening with fewer microbatches, verification) against brute force.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "parallel/step_time.h"
+#include "tests/command_runner.h"
+#include "tests/test_models.h"
+#include "tools/lib/plan.h"
+
+namespace memsim {
+namespace {
+
+const GpuSpec& H100() { return *FindGpu("H100-80GB"); }
+
+TEST(StepTime, PipelineTermByHand) {
+  // m * slowest + (sum - slowest) / v.
+  EXPECT_DOUBLE_EQ(PipelineSeconds({1, 2, 3}, 4, 1), 4 * 3 + 3.0);
+  EXPECT_DOUBLE_EQ(PipelineSeconds({1, 2, 3}, 4, 2), 4 * 3 + 1.5);
+  EXPECT_DOUBLE_EQ(PipelineSeconds({2}, 8, 1), 16);
+}
+
+TEST(StepTime, CollectivesByHand) {
+  // H100: NVLink 450 GB/s, network 50 GB/s, 80% of it achieved, 8 GPUs a node.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(H100(), CollectiveKind::kAllReduce, 1e9, 8, 1),
+                   2 * 7.0 / 8 * 1e9 / (450e9 * 0.8));
+  // Eight GPUs eight ranks apart span 64 ranks: the network.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(H100(), CollectiveKind::kAllReduce, 1e9, 8, 8),
+                   2 * 7.0 / 8 * 1e9 / (50e9 * 0.8));
+  // Four GPUs two apart span 8 ranks: one node.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(H100(), CollectiveKind::kAllGather, 1e9, 4, 2),
+                   3.0 / 4 * 1e9 / (450e9 * 0.8));
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(H100(), CollectiveKind::kReduceScatter, 1e9, 1, 1), 0);
+}
+
+TEST(StepTime, WholeStepByHand) {
+  ModelConfig model = test::Gpt(4, 1024, 16);
+  TrainingConfig training;
+  training.seq_length = 1024;
+  training.micro_batch_size = 1;
+  training.num_microbatches = 4;
+  ParallelLayout layout;
+  layout.world_size = 8;
+  layout.tp = 2;
+  layout.pp = 2;
+  layout.data_parallel = DataParallelKind::kDistributedOptimizer;
+  ASSERT_TRUE(FinalizeModelConfig(&model, layout.tp).ok());
+  ASSERT_TRUE(FinalizeLayout(&layout, model).ok());
+  ASSERT_EQ(layout.dp, 2);
+  std::vector<StageClock> clocks(2);
+  clocks[0] = {0.4, 4, 0.01, 1000000000, 500000000};
+  clocks[1] = {0.6, 4, 0.02, 1000000000, 500000000};
+  const StepTime step = EstimateStepTime(model, training, layout, H100(), clocks);
+
+  // TP: 4 all-reduces per layer of [1024, 1, 1024] bf16 over 2 GPUs (NVLink), 2 layers.
+  const double nvlink = 450e9 * 0.8;
+  const double activation = 1024.0 * 1024 * 2;
+  const double comm = 2 * 4 * (2 * 0.5 * activation / nvlink);
+  const double t0 = 0.1 + comm, t1 = 0.15 + comm;
+  // DP over 2 GPUs, 2 ranks apart: reduce-scatter the grads, all-gather the params (NVLink).
+  const double dp = 0.5 * 1e9 / nvlink + 0.5 * 0.5e9 / nvlink;
+  EXPECT_NEAR(step.total_s, 4 * t1 + t0 + dp + 0.02, 1e-12);
+  EXPECT_NEAR(step.compute_s, 4 * 0.15, 1e-12);
+  EXPECT_NEAR(step.model_parallel_comm_s, 4 * comm, 1e-12);
+  EXPECT_NEAR(step.bubble_s, t0, 1e-12);
+  EXPECT_NEAR(step.data_parallel_comm_s, dp, 1e-12);
+  EXPECT_NEAR(step.optimizer_s, 0.02, 1e-12);
+  // 4 microbatches of 1 x 1024 tokens on each of 2 data-parallel replicas, 8 GPUs.
+  EXPECT_NEAR(step.tokens_per_s_per_gpu, 4 * 1024 * 2 / step.total_s / 8, 1e-9);
+}
+
+// A GPU like an H100 with `usable_bytes` of memory, to put layouts on both sides of it.
+GpuSpec SmallGpu(int64_t usable_bytes) {
+  GpuSpec gpu = H100();
+  gpu.memory_bytes = gpu.context_bytes + usable_bytes;
+  return gpu;
+}
+
+RunSpec SmallRun(const GpuSpec* gpu) {
+  RunSpec base;
+  base.model = test::Gpt(4, 512, 8, 4096);
+  base.model_source = "test gpt";
+  base.gpu = gpu;
+  base.layout.world_size = 4;
+  base.training.seq_length = 512;
+  base.training.iterations = 2;
+  base.global_batch_size = 32;
+  return base;
+}
+
+PlanGrid SmallGrid() {
+  PlanGrid grid;
+  grid.tp = {1, 2};
+  grid.pp = {1, 2};
+  grid.vpp = {1, 2};
+  grid.cp = {1};
+  grid.ep = {1};
+  grid.micro_batch = {1, 4};
+  grid.recompute = {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull};
+  grid.data_parallel = {DataParallelKind::kDistributedOptimizer, DataParallelKind::kDdp};
+  return grid;
+}
+
+std::string Key(const PlanLayout& l) { return PlanLayoutName(l); }
+
+// Every layout of the grid simulated with all its microbatches.
+std::map<std::string, PlanEntry> BruteForce(const RunSpec& base, const PlanGrid& grid) {
+  std::map<std::string, PlanEntry> all;
+  for (DataParallelKind d : grid.data_parallel)
+    for (int64_t tp : grid.tp)
+      for (int64_t pp : grid.pp)
+        for (int64_t vpp : grid.vpp)
+          for (int64_t mbs : grid.micro_batch)
+            for (RecomputeKind r : grid.recompute) {
+              PlanLayout l;
+              l.tp = tp, l.pp = pp, l.vpp = vpp, l.micro_batch = mbs, l.recompute = r;
+              l.data_parallel = d;
+              all[Key(l)] = SimulatePlanLayout(base, l, /*screen=*/false);
+            }
+  return all;
+}
+
+// The capacity sits between layouts' peaks, so that the search meets every verdict: some
+// layouts fit only with recomputation, some not at all, some are ruled out by setup alone.
+TEST(Plan, RankingMatchesBruteForce) {
+  const GpuSpec roomy = H100();
+  const PlanGrid grid = SmallGrid();
+  std::vector<int64_t> none_peaks;
+  for (const auto& [name, e] : BruteForce(SmallRun(&roomy), grid)) {
+    if (e.verdict == PlanVerdict::kFits && e.layout.recompute == RecomputeKind::kNone) {
+      none_peaks.push_back(*std::max_element(e.stage_peak_reserved_bytes.begin(),
+                                             e.stage_peak_reserved_bytes.end()));
+    }
+  }
+  ASSERT_GT(none_peaks.size(), 4u);
+  std::sort(none_peaks.begin(), none_peaks.end());
+  const GpuSpec gpu = SmallGpu(none_peaks[none_peaks.size() / 2]);
+  const RunSpec base = SmallRun(&gpu);
+
+  const std::map<std::string, PlanEntry> brute = BruteForce(base, grid);
+  std::vector<PlanEntry> planned;
+  PlanSettings settings;
+  settings.progress = false;
+  settings.verify = 100;  // every layout that fits is verified: times compare exactly
+  ASSERT_TRUE(RunPlan(base, grid, settings, &planned).ok());
+  ASSERT_EQ(planned.size(), brute.size());
+
+  // Brute force's ranking, less the layouts a sibling with less recomputation dominates.
+  auto sibling_fits = [&](const PlanLayout& l) {
+    for (RecomputeKind r : grid.recompute) {
+      if (r >= l.recompute) break;
+      PlanLayout s = l;
+      s.recompute = r;
+      if (brute.at(Key(s)).verdict == PlanVerdict::kFits) return true;
+    }
+    return false;
+  };
+  std::vector<const PlanEntry*> expected;
+  for (const auto& [name, e] : brute) {
+    if (e.verdict == PlanVerdict::kFits && !sibling_fits(e.layout)) expected.push_back(&e);
+  }
+  std::sort(expected.begin(), expected.end(),
+            [](const PlanEntry* a, const PlanEntry* b) { return PlanRanksBefore(*a, *b); });
+  ASSERT_FALSE(expected.empty());
+
+  std::map<PlanVerdict, int> seen;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const PlanEntry& p = planned[i];
+    const PlanEntry& b = brute.at(Key(p.layout));
+    ++seen[p.verdict];
+    SCOPED_TRACE(Key(p.layout) + ": " + p.reason);
+    if (i < expected.size()) {
+      ASSERT_EQ(p.verdict, PlanVerdict::kFits);
+      EXPECT_EQ(Key(p.layout), Key(expected[i]->layout));
+      EXPECT_TRUE(p.verified);
+      EXPECT_DOUBLE_EQ(p.step.total_s, expected[i]->step.total_s);
+      EXPECT_EQ(p.headroom_bytes, expected[i]->headroom_bytes);
+      continue;
+    }
+    EXPECT_NE(p.verdict, PlanVerdict::kFits);
+    switch (p.verdict) {
+      case PlanVerdict::kDominated:
+        EXPECT_EQ(b.verdict, PlanVerdict::kFits);
+        EXPECT_TRUE(sibling_fits(p.layout));
+        break;
+      case PlanVerdict::kPruned:
+      case PlanVerdict::kOutOfMemory:
+        EXPECT_EQ(b.verdict, PlanVerdict::kOutOfMemory);
+        break;
+      default:
+        EXPECT_EQ(p.verdict, b.verdict);
+    }
+  }
+  EXPECT_GT(seen[PlanVerdict::kFits], 0);
+  EXPECT_GT(seen[PlanVerdict::kOutOfMemory], 0);
+  EXPECT_GT(seen[PlanVerdict::kDominated], 0);
+  EXPECT_GT(seen[PlanVerdict::kInvalid], 0);
+}
+
+// Screening (fewer microbatches) decides as the full simulation does and times each
+// microbatch as it does: the step times agree without verification.
+TEST(Plan, ScreeningAgreesWithFullSimulation) {
+  const GpuSpec gpu = H100();
+  const RunSpec base = SmallRun(&gpu);
+  PlanGrid grid = SmallGrid();
+  grid.recompute = {RecomputeKind::kNone, RecomputeKind::kFull};
+  grid.data_parallel = {DataParallelKind::kDistributedOptimizer};
+  for (int64_t tp : grid.tp)
+    for (int64_t pp : grid.pp)
+      for (int64_t vpp : grid.vpp)
+        for (int64_t mbs : grid.micro_batch)
+          for (RecomputeKind r : grid.recompute) {
+            PlanLayout l;
+            l.tp = tp, l.pp = pp, l.vpp = vpp, l.micro_batch = mbs, l.recompute = r;
+            const PlanEntry full = SimulatePlanLayout(base, l, /*screen=*/false);
+            const PlanEntry screened = SimulatePlanLayout(base, l, /*screen=*/true);
+            SCOPED_TRACE(Key(l));
+            ASSERT_EQ(screened.verdict, full.verdict);
+            if (full.verdict != PlanVerdict::kFits) continue;
+            EXPECT_EQ(screened.stage_peak_reserved_bytes, full.stage_peak_reserved_bytes);
+            EXPECT_NEAR(screened.step.total_s, full.step.total_s, 1e-9 * full.step.total_s);
+          }
+}
+
+// Setup alone over the GPU: pruned without simulating a step, and truly out of memory.
+TEST(Plan, PrunesWhatSetupAloneRulesOut) {
+  const GpuSpec gpu = SmallGpu(int64_t{40} << 20);  // 40 MiB
+  const RunSpec base = SmallRun(&gpu);
+  PlanGrid grid = SmallGrid();
+  grid.micro_batch = {1};
+  std::vector<PlanEntry> planned;
+  PlanSettings settings;
+  settings.progress = false;
+  ASSERT_TRUE(RunPlan(base, grid, settings, &planned).ok());
+  int pruned = 0;
+  for (const PlanEntry& p : planned) {
+    if (p.verdict != PlanVerdict::kPruned) continue;
+    ++pruned;
+    EXPECT_EQ(SimulatePlanLayout(base, p.layout, /*screen=*/false).verdict,
+              PlanVerdict::kOutOfMemory)
+        << Key(p.layout);
+  }
+  EXPECT_GT(pruned, 0);
+}
+
+TEST(Plan, CommandWritesRankedReport) {
+  const std::string out = ::testing::TempDir() + "/memsim_plan_cli";
+  std::filesystem::remove_all(out);
+  const test::CommandResult run = test::RunMemsim(
+      "plan --model gpt3-1.3b --world-size 8 --seq-length 1024 --global-batch-size 16 "
+      "--tp 1,2 --pp 1,2 --vpp 1 --recompute none,full --out " +
+      out);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("| 1 | TP"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("Memory versus sequence length"), std::string::npos);
+  for (const char* file : {"/plan.md", "/plan.csv", "/plan.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(out + file)) << file;
+  }
+  // What the plan needs and does not default.
+  EXPECT_EQ(test::RunMemsim("plan --model gpt3-1.3b --world-size 8").exit_code, 2);
+  EXPECT_EQ(test::RunMemsim("plan --model gpt3-1.3b --global-batch-size 8").exit_code, 2);
+  EXPECT_EQ(test::RunMemsim("plan --model gpt3-1.3b --world-size 8 --global-batch-size 8 "
+                            "--tp 0")
+                .exit_code,
+            2);
+  EXPECT_EQ(test::RunMemsim("plan --help").exit_code, 0);
+}
+
+}  // namespace
+}  // namespace memsim

@@ -1,0 +1,744 @@
+#include "tools/lib/plan.h"
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "parallel/layout.h"
+#include "simulator/atomic_file.h"
+#include "simulator/timeline.h"
+#include "tools/lib/command_line.h"
+#include "tools/lib/exit_codes.h"
+#include "tools/lib/format.h"
+#include "tools/lib/parallel_for.h"
+#include "tools/lib/simulate.h"
+
+namespace memsim {
+namespace {
+namespace po = boost::program_options;
+using nlohmann::json;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double GiB(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
+
+// `base` with `layout` applied, not yet finalized.
+RunSpec Apply(const RunSpec& base, const PlanLayout& layout) {
+  RunSpec spec = base;
+  spec.layout.tp = layout.tp;
+  spec.layout.pp = layout.pp;
+  spec.layout.vpp = layout.vpp;
+  spec.layout.cp = layout.cp;
+  spec.layout.ep = layout.ep;
+  spec.layout.sequence_parallel = layout.tp > 1;
+  spec.layout.data_parallel = layout.data_parallel;
+  spec.training.micro_batch_size = layout.micro_batch;
+  spec.training.recompute = layout.recompute;
+  return spec;
+}
+
+// What the clock measured on one stage's last iteration.
+StageClock ClockOf(const RankResult& r, int64_t microbatches) {
+  const Recorder& recorder = r.session->recorder();
+  const IterationSummary& it = r.timeline.iterations().back();
+  double optimizer_begin_s = it.end_time_s;
+  for (const Marker& marker : recorder.markers()) {
+    if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kOptimizer &&
+        marker.iteration == it.iteration) {
+      optimizer_begin_s = marker.time_s;
+    }
+  }
+  StageClock clock;
+  clock.compute_s = optimizer_begin_s - it.begin_time_s;
+  clock.optimizer_s = it.end_time_s - optimizer_begin_s;
+  clock.microbatches = microbatches;
+  ForEachLiveStorage(recorder, it.end_event - 1, [&](int64_t id) {
+    const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
+    if (s.category == Category::kGradient) clock.gradient_bytes += s.size_bytes;
+    if (s.category == Category::kParameter) clock.parameter_bytes += s.size_bytes;
+  });
+  return clock;
+}
+
+// Microbatches that hold as many in flight as any larger count (Note [Plan search] 4).
+int64_t ScreeningMicrobatches(const ParallelLayout& layout, int64_t microbatches) {
+  const int64_t saturating = layout.vpp > 1 ? 2 * layout.pp : std::max<int64_t>(2, layout.pp);
+  return std::min(microbatches, saturating);
+}
+
+// Note [Plan search] 2: whether the memory that lives through the whole step already
+// exceeds the GPU; `reason` says where.
+Status SetupExceedsGpu(const RunSpec& spec, bool* exceeds, std::string* reason) {
+  RunSpec setup = spec;
+  setup.training.iterations = 0;  // RunRankTraining: the setup, no step
+  std::vector<RankResult> stages;
+  MEMSIM_RETURN_IF_ERROR(SimulateAllClasses(setup, /*jobs=*/1, &stages));
+  *exceeds = false;
+  for (const RankResult& r : stages) {
+    const int64_t bytes = r.timeline.peak_allocated_bytes();
+    if (bytes > spec.gpu->usable_bytes()) {
+      *exceeds = true;
+      *reason = "parameters, gradient buffers and master weights alone take " + FormatBytes(bytes) +
+                " on stage " + std::to_string(r.rank_class.pp_rank) + ", over the usable " +
+                FormatBytes(spec.gpu->usable_bytes());
+      return Status::OK();
+    }
+  }
+  return Status::OK();
+}
+
+// Ranked: fits by PlanRanksBefore, then the other verdicts in enum order, then grid order.
+void Rank(std::vector<PlanEntry>* entries) {
+  std::stable_sort(entries->begin(), entries->end(), [](const PlanEntry& a, const PlanEntry& b) {
+    if (a.verdict != b.verdict) return static_cast<int>(a.verdict) < static_cast<int>(b.verdict);
+    return a.verdict == PlanVerdict::kFits && PlanRanksBefore(a, b);
+  });
+}
+
+// A layout that fitted when screened did not fit with every microbatch: the layouts of its
+// group with more recomputation were marked dominated by it, so they are simulated now, in
+// order, until one fits (which then dominates the rest).
+void ReviveDominated(const RunSpec& base, const PlanGrid& grid, const PlanLayout& failed,
+                     std::vector<PlanEntry>* entries) {
+  auto same_group = [&](const PlanLayout& l) {
+    return l.tp == failed.tp && l.pp == failed.pp && l.vpp == failed.vpp && l.cp == failed.cp &&
+           l.ep == failed.ep && l.micro_batch == failed.micro_batch &&
+           l.data_parallel == failed.data_parallel;
+  };
+  std::string fitting;
+  for (RecomputeKind recompute : grid.recompute) {
+    for (PlanEntry& e : *entries) {
+      if (!same_group(e.layout) || e.layout.recompute != recompute ||
+          e.verdict != PlanVerdict::kDominated) {
+        continue;
+      }
+      if (!fitting.empty()) {
+        e.reason = fitting + " fits with less recomputation and is no slower";
+        continue;
+      }
+      e = SimulatePlanLayout(base, e.layout, /*screen=*/true);
+      if (e.verdict == PlanVerdict::kFits) fitting = PlanLayoutName(e.layout);
+    }
+  }
+}
+
+}  // namespace
+
+std::string PlanLayoutName(const PlanLayout& l) {
+  std::ostringstream name;
+  name << "TP" << l.tp << " PP" << l.pp << " VPP" << l.vpp << " CP" << l.cp << " EP" << l.ep
+       << " mbs" << l.micro_batch << " recompute=" << RecomputeName(l.recompute) << " "
+       << DataParallelName(l.data_parallel);
+  return name.str();
+}
+
+bool PlanRanksBefore(const PlanEntry& a, const PlanEntry& b) {
+  if (a.step.total_s != b.step.total_s) return a.step.total_s < b.step.total_s;
+  if (a.headroom_bytes != b.headroom_bytes) return a.headroom_bytes > b.headroom_bytes;
+  return PlanLayoutName(a.layout) < PlanLayoutName(b.layout);
+}
+
+const char* PlanVerdictName(PlanVerdict verdict) {
+  switch (verdict) {
+    case PlanVerdict::kFits:
+      return "fits";
+    case PlanVerdict::kOutOfMemory:
+      return "out_of_memory";
+    case PlanVerdict::kPruned:
+      return "pruned";
+    case PlanVerdict::kDominated:
+      return "dominated";
+    case PlanVerdict::kInvalid:
+      return "invalid";
+    case PlanVerdict::kError:
+      return "error";
+  }
+  return "?";
+}
+
+PlanGrid DefaultPlanGrid(const RunSpec& base) {
+  PlanGrid grid;
+  const ModelConfig& m = base.model;
+  const int64_t node = base.gpu->gpus_per_node;
+  for (int64_t tp = 1; tp <= node; tp *= 2) grid.tp.push_back(tp);
+  for (int64_t pp = 1; pp <= std::min<int64_t>(m.num_layers, 64); ++pp) {
+    if (m.num_layers % pp == 0 && base.layout.world_size % pp == 0) grid.pp.push_back(pp);
+  }
+  grid.vpp = {1, 2};
+  grid.cp = base.training.seq_length >= 8192 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1};
+  grid.ep = {1};
+  for (int64_t ep = 2; m.num_experts > 0 && ep <= std::min<int64_t>(m.num_experts, 8); ep *= 2) {
+    if (m.num_experts % ep == 0) grid.ep.push_back(ep);
+  }
+  grid.micro_batch = {1};
+  grid.recompute = {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull};
+  grid.data_parallel = {DataParallelKind::kDistributedOptimizer};
+  return grid;
+}
+
+PlanEntry SimulatePlanLayout(const RunSpec& base, const PlanLayout& layout, bool screen) {
+  PlanEntry entry;
+  entry.layout = layout;
+  RunSpec spec = Apply(base, layout);
+  Status status = FinalizeRunSpec(&spec);
+  if (!status.ok()) {
+    entry.verdict = PlanVerdict::kInvalid;
+    entry.reason = status.message();
+    return entry;
+  }
+  entry.dp = spec.layout.dp;
+  entry.microbatches = spec.training.num_microbatches;
+  RunSpec run = spec;
+  if (screen) {
+    const int64_t fewer = ScreeningMicrobatches(spec.layout, spec.training.num_microbatches);
+    if (fewer < spec.training.num_microbatches) {
+      RunSpec screened = Apply(base, layout);
+      screened.global_batch_size = 0;
+      screened.training.num_microbatches = fewer;
+      if (FinalizeRunSpec(&screened).ok()) run = screened;
+    }
+  }
+  entry.verified = run.training.num_microbatches == spec.training.num_microbatches;
+  std::vector<RankResult> stages;
+  status = SimulateAllClasses(run, /*jobs=*/1, &stages);
+  if (!status.ok()) {
+    entry.verdict = PlanVerdict::kError;
+    entry.reason = status.message();
+    return entry;
+  }
+  std::vector<StageClock> clocks;
+  entry.headroom_bytes = spec.gpu->usable_bytes();
+  for (const RankResult& r : stages) {
+    entry.stage_peak_reserved_bytes.push_back(r.timeline.peak_reserved_bytes());
+    clocks.push_back(ClockOf(r, run.training.num_microbatches));
+    if (!r.fits() && entry.oom_stage < 0) {
+      entry.oom_stage = r.rank_class.pp_rank;
+      entry.over_bytes = r.timeline.peak_reserved_bytes() - spec.gpu->usable_bytes();
+      entry.reason = DescribeOutOfMemory(r, *spec.gpu);
+    }
+    if (r.fits())
+      entry.headroom_bytes = std::min(entry.headroom_bytes, r.headroom_bytes(*spec.gpu));
+  }
+  if (entry.oom_stage >= 0) {
+    entry.verdict = PlanVerdict::kOutOfMemory;
+    return entry;
+  }
+  entry.verdict = PlanVerdict::kFits;
+  entry.step = EstimateStepTime(spec.model, spec.training, spec.layout, *spec.gpu, clocks);
+  return entry;
+}
+
+Status RunPlan(const RunSpec& base, const PlanGrid& grid, const PlanSettings& settings,
+               std::vector<PlanEntry>* entries) {
+  if (base.gpu == nullptr || base.global_batch_size <= 0) {
+    return Status::Error("plan needs a GPU and a global batch size (--global-batch-size)");
+  }
+  // Layouts that differ only in recomputation form one group (Note [Plan search] 3).
+  std::vector<PlanLayout> groups;
+  for (DataParallelKind d : grid.data_parallel)
+    for (int64_t tp : grid.tp)
+      for (int64_t pp : grid.pp)
+        for (int64_t vpp : grid.vpp)
+          for (int64_t cp : grid.cp)
+            for (int64_t ep : grid.ep)
+              for (int64_t mbs : grid.micro_batch) {
+                PlanLayout l;
+                l.tp = tp, l.pp = pp, l.vpp = vpp, l.cp = cp, l.ep = ep, l.micro_batch = mbs;
+                l.data_parallel = d;
+                groups.push_back(l);
+              }
+  std::vector<std::vector<PlanEntry>> results(groups.size());
+  std::atomic<size_t> finished{0};
+  std::mutex progress;
+  const auto start = std::chrono::steady_clock::now();
+  ParallelFor(groups.size(), settings.jobs, [&](size_t g) {
+    std::vector<PlanEntry>& out = results[g];
+    bool pruned = false, fits = false;
+    std::string pruned_reason, fitting_name;
+    for (RecomputeKind recompute : grid.recompute) {
+      PlanLayout layout = groups[g];
+      layout.recompute = recompute;
+      PlanEntry entry;
+      entry.layout = layout;
+      RunSpec spec = Apply(base, layout);
+      const Status valid = FinalizeRunSpec(&spec);
+      if (!valid.ok()) {
+        entry.verdict = PlanVerdict::kInvalid;
+        entry.reason = valid.message();
+      } else if (fits) {
+        entry.verdict = PlanVerdict::kDominated;
+        entry.reason = fitting_name + " fits with less recomputation and is no slower";
+      } else {
+        if (!pruned && pruned_reason.empty()) {
+          const Status setup = SetupExceedsGpu(spec, &pruned, &pruned_reason);
+          if (!setup.ok()) pruned_reason = "setup: " + setup.message();
+        }
+        if (pruned) {
+          entry.verdict = PlanVerdict::kPruned;
+          entry.reason = pruned_reason;
+        } else {
+          entry = SimulatePlanLayout(base, layout, /*screen=*/true);
+          if (entry.verdict == PlanVerdict::kFits) {
+            fits = true;
+            fitting_name = PlanLayoutName(layout);
+          }
+        }
+      }
+      if (entry.dp == 0 && valid.ok()) {
+        entry.dp = spec.layout.dp;
+        entry.microbatches = spec.training.num_microbatches;
+      }
+      out.push_back(std::move(entry));
+    }
+    if (settings.progress) {
+      std::lock_guard<std::mutex> lock(progress);
+      ShowProgress("layout groups", ++finished, groups.size(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  });
+  entries->clear();
+  for (auto& group : results) {
+    for (PlanEntry& e : group) entries->push_back(std::move(e));
+  }
+  // Note [Plan search] 5: verify the best until the top `verify` are all verified.
+  for (;;) {
+    Rank(entries);
+    std::vector<size_t> unverified;
+    for (size_t i = 0; i < entries->size() && static_cast<int64_t>(i) < settings.verify; ++i) {
+      const PlanEntry& e = (*entries)[i];
+      if (e.verdict == PlanVerdict::kFits && !e.verified) unverified.push_back(i);
+    }
+    if (unverified.empty()) break;
+    ParallelFor(unverified.size(), settings.jobs, [&](size_t k) {
+      PlanEntry& e = (*entries)[unverified[k]];
+      e = SimulatePlanLayout(base, e.layout, /*screen=*/false);
+      e.verified = true;
+    });
+    for (size_t i : unverified) {
+      if ((*entries)[i].verdict != PlanVerdict::kFits) {
+        ReviveDominated(base, grid, (*entries)[i].layout, entries);
+      }
+    }
+  }
+  return Status::OK();
+}
+
+namespace {
+
+std::string Fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", digits, value);
+  return text;
+}
+
+// The largest micro batch of `entry`'s layout that fits (doubling while the global batch
+// divides), with its entry; `entry` itself when no larger one fits.
+PlanEntry LargestMicroBatch(const RunSpec& base, const PlanEntry& entry) {
+  PlanEntry best = entry;
+  for (PlanLayout next = entry.layout;;) {
+    next.micro_batch *= 2;
+    if (base.global_batch_size % (next.micro_batch * entry.dp) != 0) break;
+    PlanEntry tried = SimulatePlanLayout(base, next, /*screen=*/false);
+    if (tried.verdict != PlanVerdict::kFits) break;
+    best = std::move(tried);
+  }
+  return best;
+}
+
+struct SequencePoint {
+  int64_t seq_length;
+  PlanEntry entry;
+};
+
+// Memory of `layout` from a quarter of the target sequence length, doubling, up to the
+// first length that does not fit (at most 16x the target).
+std::vector<SequencePoint> SequenceCurve(const RunSpec& base, const PlanLayout& layout, int jobs) {
+  std::vector<SequencePoint> points;
+  const int64_t target = base.training.seq_length;
+  for (int64_t seq = std::max<int64_t>(target / 4, 128); seq <= 16 * target; seq *= 2) {
+    points.push_back({seq, PlanEntry()});
+  }
+  ParallelFor(points.size(), jobs, [&](size_t i) {
+    RunSpec spec = base;
+    spec.training.seq_length = points[i].seq_length;
+    points[i].entry = SimulatePlanLayout(spec, layout, /*screen=*/true);
+  });
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (points[i].entry.verdict != PlanVerdict::kFits) {
+      points.resize(i + 1);
+      break;
+    }
+  }
+  return points;
+}
+
+// The step-time component where `slower` loses most to `faster`, in words.
+std::string WhyFaster(const StepTime& faster, const StepTime& slower) {
+  const std::pair<const char*, double> parts[] = {
+      {"compute on the slowest stage (with recomputation)", slower.compute_s - faster.compute_s},
+      {"tensor/expert-parallel communication",
+       slower.model_parallel_comm_s - faster.model_parallel_comm_s},
+      {"pipeline bubble", slower.bubble_s - faster.bubble_s},
+      {"data-parallel communication", slower.data_parallel_comm_s - faster.data_parallel_comm_s},
+      {"optimizer step", slower.optimizer_s - faster.optimizer_s}};
+  const auto* most =
+      std::max_element(std::begin(parts), std::end(parts),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  return std::string("mostly less ") + most->first + " (" + Fixed(most->second, 3) + " s)";
+}
+
+// An invalid layout's rule: its reason with the numbers taken out, so that layouts that
+// break the same rule are counted together.
+std::string RuleOf(const std::string& reason) {
+  std::string rule;
+  for (char c : reason) {
+    const bool digit = c >= '0' && c <= '9';
+    if (digit && !rule.empty() && rule.back() == 'N') continue;
+    rule += digit ? 'N' : c;
+  }
+  return rule;
+}
+
+std::string StepRow(size_t rank, const PlanEntry& e) {
+  std::ostringstream row;
+  row << "| " << rank << " | " << PlanLayoutName(e.layout) << " | " << e.dp << " | "
+      << e.microbatches << " | " << Fixed(e.step.total_s, 3) << " | "
+      << Fixed(e.step.tokens_per_s_per_gpu, 0) << " | "
+      << Fixed(100.0 * e.step.bubble_s / e.step.total_s, 1) << "% | "
+      << Fixed(GiB(e.headroom_bytes), 2) << " GiB | " << (e.verified ? "yes" : "screened")
+      << " |\n";
+  return row.str();
+}
+
+struct PlanReport {
+  std::string title;
+  std::vector<PlanEntry> entries;
+  std::vector<PlanEntry> largest_micro_batch;  // for the best layouts, in rank order
+  std::vector<SequencePoint> sequence_curve;   // for the best layout
+  int64_t shown = 10;
+  double seconds = 0;
+};
+
+std::string RenderMarkdown(const PlanReport& report, const GpuSpec& gpu) {
+  std::map<PlanVerdict, int64_t> counts;
+  for (const PlanEntry& e : report.entries) ++counts[e.verdict];
+  std::ostringstream md;
+  md << "# memsim plan: " << report.title << "\n\n"
+     << report.entries.size() << " layouts searched in " << Fixed(report.seconds, 1)
+     << " s: " << counts[PlanVerdict::kFits] << " fit, " << counts[PlanVerdict::kOutOfMemory]
+     << " out of memory, " << counts[PlanVerdict::kPruned] << " pruned (setup alone over the GPU), "
+     << counts[PlanVerdict::kDominated] << " dominated (fit with less recomputation), "
+     << counts[PlanVerdict::kInvalid] << " invalid, " << counts[PlanVerdict::kError]
+     << " failed.\n\n";
+  std::vector<const PlanEntry*> fitting;
+  for (const PlanEntry& e : report.entries) {
+    if (e.verdict == PlanVerdict::kFits) fitting.push_back(&e);
+  }
+  if (fitting.empty()) {
+    md << "**No layout fits.**\n\n";
+  } else {
+    md << "## Layouts that fit, fastest first\n\n"
+       << "Step time from the virtual clock (Note [Step time] in parallel/step_time.h): it ranks "
+          "layouts, it is not a performance prediction. Headroom: usable memory minus the peak "
+          "reserved of the fullest stage. Screened: simulated with fewer microbatches (same "
+          "memory, Note [Plan search]).\n\n"
+       << "| # | layout | DP | microbatches | step (s) | tokens/s/GPU | bubble | headroom | "
+          "verified |\n|---|---|---|---|---|---|---|---|---|\n";
+    for (size_t i = 0; i < fitting.size() && static_cast<int64_t>(i) < report.shown; ++i) {
+      md << StepRow(i + 1, *fitting[i]);
+    }
+    md << "\n";
+    for (size_t i = 0; i + 1 < fitting.size() && i < 3; ++i) {
+      const StepTime& a = fitting[i]->step;
+      const StepTime& b = fitting[i + 1]->step;
+      md << "- #" << i + 1 << " beats #" << i + 2 << " by "
+         << Fixed(100.0 * (b.total_s - a.total_s) / b.total_s, 1) << "% ("
+         << Fixed(b.total_s - a.total_s, 3) << " s per step): " << WhyFaster(a, b) << ".\n";
+    }
+    md << "\n";
+  }
+  if (!report.largest_micro_batch.empty()) {
+    md << "## Largest micro batch that fits\n\n| # | layout | micro batch | step (s) | "
+          "tokens/s/GPU | headroom |\n|---|---|---|---|---|---|\n";
+    for (size_t i = 0; i < report.largest_micro_batch.size(); ++i) {
+      const PlanEntry& e = report.largest_micro_batch[i];
+      md << "| " << i + 1 << " | " << PlanLayoutName(fitting[i]->layout) << " | "
+         << e.layout.micro_batch << " | " << Fixed(e.step.total_s, 3) << " | "
+         << Fixed(e.step.tokens_per_s_per_gpu, 0) << " | " << Fixed(GiB(e.headroom_bytes), 2)
+         << " GiB |\n";
+    }
+    md << "\n";
+  }
+  if (!report.sequence_curve.empty()) {
+    md << "## Memory versus sequence length (#1, same global batch in sequences)\n\n"
+       << "| sequence length | peak reserved (fullest stage) | fits |\n|---|---|---|\n";
+    for (const SequencePoint& p : report.sequence_curve) {
+      const auto& peaks = p.entry.stage_peak_reserved_bytes;
+      md << "| " << p.seq_length << " | "
+         << (peaks.empty() ? std::string("-")
+                           : Fixed(GiB(*std::max_element(peaks.begin(), peaks.end())), 2) + " GiB")
+         << " | "
+         << (p.entry.verdict == PlanVerdict::kFits
+                 ? std::string("yes")
+                 : std::string("no, ") + PlanVerdictName(p.entry.verdict) + ": " + p.entry.reason)
+         << " |\n";
+    }
+    md << "\n(usable: " << Fixed(GiB(gpu.usable_bytes()), 2) << " GiB)\n\n";
+  }
+  // Why the others do not run, grouped.
+  struct Group {
+    int64_t count = 0;
+    int64_t min_over = INT64_MAX, max_over = 0;
+    std::string example;
+  };
+  std::map<std::string, Group> groups;
+  for (const PlanEntry& e : report.entries) {
+    std::string key;
+    switch (e.verdict) {
+      case PlanVerdict::kFits:
+        continue;
+      case PlanVerdict::kOutOfMemory:
+        key = "out of memory on stage " + std::to_string(e.oom_stage);
+        break;
+      case PlanVerdict::kPruned:
+        key = "pruned: setup alone (parameters, gradient buffers, master weights) exceeds the GPU";
+        break;
+      case PlanVerdict::kDominated:
+        key = "not simulated: the same layout with less recomputation fits and is no slower";
+        break;
+      case PlanVerdict::kInvalid:
+        key = "invalid: " + RuleOf(e.reason);
+        break;
+      case PlanVerdict::kError:
+        key = "failed: " + e.reason;
+        break;
+    }
+    Group& g = groups[key];
+    if (g.count++ == 0) g.example = PlanLayoutName(e.layout) + ": " + e.reason;
+    if (e.verdict == PlanVerdict::kOutOfMemory) {
+      g.min_over = std::min(g.min_over, e.over_bytes);
+      g.max_over = std::max(g.max_over, e.over_bytes);
+    }
+  }
+  if (!groups.empty()) {
+    md << "## Why the others do not run\n\n";
+    for (const auto& [key, g] : groups) {
+      md << "- " << key << ": " << g.count << " layout" << (g.count == 1 ? "" : "s");
+      if (g.max_over > 0) {
+        md << ", over by " << Fixed(GiB(g.min_over), 2) << "-" << Fixed(GiB(g.max_over), 2)
+           << " GiB";
+      }
+      md << ". E.g. " << g.example << "\n";
+    }
+  }
+  return md.str();
+}
+
+json EntryJson(const PlanEntry& e) {
+  json j = {{"tp", e.layout.tp},
+            {"pp", e.layout.pp},
+            {"vpp", e.layout.vpp},
+            {"cp", e.layout.cp},
+            {"ep", e.layout.ep},
+            {"dp", e.dp},
+            {"micro_batch_size", e.layout.micro_batch},
+            {"num_microbatches", e.microbatches},
+            {"recompute", RecomputeName(e.layout.recompute)},
+            {"data_parallel", DataParallelName(e.layout.data_parallel)},
+            {"verdict", PlanVerdictName(e.verdict)},
+            {"verified", e.verified}};
+  if (!e.reason.empty()) j["reason"] = e.reason;
+  if (!e.stage_peak_reserved_bytes.empty()) {
+    json peaks = json::array();
+    for (int64_t b : e.stage_peak_reserved_bytes) peaks.push_back(GiB(b));
+    j["stage_peak_reserved_GiB"] = peaks;
+  }
+  if (e.verdict == PlanVerdict::kFits) {
+    j["step_s"] = e.step.total_s;
+    j["tokens_per_s_per_gpu"] = e.step.tokens_per_s_per_gpu;
+    j["step_parts_s"] = {{"compute", e.step.compute_s},
+                         {"model_parallel_comm", e.step.model_parallel_comm_s},
+                         {"bubble", e.step.bubble_s},
+                         {"data_parallel_comm", e.step.data_parallel_comm_s},
+                         {"optimizer", e.step.optimizer_s}};
+    j["headroom_GiB"] = GiB(e.headroom_bytes);
+  }
+  if (e.verdict == PlanVerdict::kOutOfMemory) {
+    j["oom_stage"] = e.oom_stage;
+    j["over_GiB"] = GiB(e.over_bytes);
+  }
+  return j;
+}
+
+std::string Csv(const std::vector<PlanEntry>& entries) {
+  std::string csv =
+      "rank,tp,pp,vpp,cp,ep,dp,micro_batch_size,num_microbatches,recompute,data_parallel,"
+      "verdict,verified,step_s,tokens_per_s_per_gpu,headroom_GiB,max_peak_reserved_GiB,reason\n";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const PlanEntry& e = entries[i];
+    const auto& peaks = e.stage_peak_reserved_bytes;
+    std::string reason = e.reason;
+    for (size_t q = reason.find('"'); q != std::string::npos; q = reason.find('"', q + 2)) {
+      reason.insert(q, 1, '"');
+    }
+    std::ostringstream row;
+    row << (e.verdict == PlanVerdict::kFits ? std::to_string(i + 1) : "") << "," << e.layout.tp
+        << "," << e.layout.pp << "," << e.layout.vpp << "," << e.layout.cp << "," << e.layout.ep
+        << "," << e.dp << "," << e.layout.micro_batch << "," << e.microbatches << ","
+        << RecomputeName(e.layout.recompute) << "," << DataParallelName(e.layout.data_parallel)
+        << "," << PlanVerdictName(e.verdict) << "," << (e.verified ? "yes" : "no") << ","
+        << (e.verdict == PlanVerdict::kFits ? Fixed(e.step.total_s, 4) : "") << ","
+        << (e.verdict == PlanVerdict::kFits ? Fixed(e.step.tokens_per_s_per_gpu, 1) : "") << ","
+        << (e.verdict == PlanVerdict::kFits ? Fixed(GiB(e.headroom_bytes), 3) : "") << ","
+        << (peaks.empty() ? "" : Fixed(GiB(*std::max_element(peaks.begin(), peaks.end())), 3))
+        << ",\"" << reason << "\"\n";
+    csv += row.str();
+  }
+  return csv;
+}
+
+Status ParseKinds(const std::string& text, PlanGrid* grid, bool recompute) {
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    if (recompute) {
+      RecomputeKind kind;
+      MEMSIM_RETURN_IF_ERROR(ParseRecompute(item, &kind));
+      grid->recompute.push_back(kind);
+    } else {
+      DataParallelKind kind;
+      MEMSIM_RETURN_IF_ERROR(ParseDataParallel(item, &kind));
+      grid->data_parallel.push_back(kind);
+    }
+  }
+  // Least recomputation first (Note [Plan search] 3).
+  std::sort(grid->recompute.begin(), grid->recompute.end());
+  grid->recompute.erase(std::unique(grid->recompute.begin(), grid->recompute.end()),
+                        grid->recompute.end());
+  return Status::OK();
+}
+
+}  // namespace
+
+int PlanCommand(int argc, const char* const* argv) {
+  po::options_description options(
+      "memsim plan [options]\n\n"
+      "Which layout to run: searches TP, PP, VPP, CP, EP, micro batch, recomputation and the\n"
+      "data-parallel kind for a model on a cluster, ranks the layouts that fit by step time\n"
+      "(virtual clock, pipeline bubble, recomputation and communication counted), gives the\n"
+      "largest micro batch and memory versus sequence length for the best, and says why the\n"
+      "others fail. Writes plan.md, plan.csv and plan.json into --out.\n\n"
+      "Examples:\n"
+      "  memsim plan --model llama3-70b --gpu H100 --world-size 64 --seq-length 8192 \\\n"
+      "      --global-batch-size 512\n"
+      "  memsim plan --model gpt3-1.3b --world-size 8 --seq-length 2048 --global-batch-size 64 \\\n"
+      "      --tp 1,2 --pp 1,2 --recompute none,full --out plan_small\n\n"
+      "Options");
+  SpecOptions spec_options;
+  spec_options.iterations = 2;
+  std::string out_dir = "memsim_plan", tp_list, pp_list, vpp_list, cp_list, ep_list, mbs_list,
+              recompute_list;
+  PlanSettings settings;
+  int64_t shown = 10;
+  options.add_options()("help,h", "show this help");
+  AddSpecOptions(&options, &spec_options);
+  options.add_options()("tp", po::value(&tp_list), "TP values (default: powers of 2 up to a node)")(
+      "pp", po::value(&pp_list), "PP values (default: divisors of the layers and GPUs, to 64)")(
+      "vpp", po::value(&vpp_list), "VPP values (default 1,2)")(
+      "cp", po::value(&cp_list), "CP values (default 1, and 2 from sequence 8192)")(
+      "ep", po::value(&ep_list), "EP values (default: powers of 2 dividing the experts, to 8)")(
+      "micro-batch-size", po::value(&mbs_list), "micro-batch sizes (default 1)")(
+      "recompute", po::value(&recompute_list), "recomputation kinds (default none,selective,full)")(
+      "jobs,j", PositiveValue(&settings.jobs, "jobs"), "simulations at once (default 2)")(
+      "verify", PositiveValue(&settings.verify, "verify"),
+      "best layouts simulated with every microbatch (default 3)")(
+      "top", PositiveValue(&shown, "top"), "layouts listed (default 10)")(
+      "out", po::value(&out_dir), "output folder (default memsim_plan)");
+  po::variables_map vm;
+  if (auto exit_code = ParseCommandLine(argc, argv, options, "plan", &vm)) return *exit_code;
+  // --data-parallel is a list here: the base run takes the first.
+  const std::string data_parallel_list = spec_options.data_parallel;
+  spec_options.data_parallel.clear();
+  RunSpec base;
+  Status status = BuildRunSpec(spec_options, /*default_run=*/false, "plan", &base);
+  if (status.ok() && spec_options.world_size == 0) {
+    status = Status::Error("give the number of GPUs with --world-size");
+  }
+  if (status.ok() && base.global_batch_size <= 0) {
+    status = Status::Error("give the global batch (sequences per step) with --global-batch-size");
+  }
+  PlanGrid grid;
+  if (status.ok()) grid = DefaultPlanGrid(base);
+  const std::pair<const std::string*, std::vector<int64_t>*> lists[] = {
+      {&tp_list, &grid.tp}, {&pp_list, &grid.pp}, {&vpp_list, &grid.vpp},
+      {&cp_list, &grid.cp}, {&ep_list, &grid.ep}, {&mbs_list, &grid.micro_batch}};
+  const char* names[] = {"tp", "pp", "vpp", "cp", "ep", "micro-batch-size"};
+  for (size_t i = 0; i < 6 && status.ok(); ++i) {
+    if (!lists[i].first->empty()) status = ParseIntList(*lists[i].first, names[i], lists[i].second);
+  }
+  if (status.ok() && !recompute_list.empty()) {
+    grid.recompute.clear();
+    status = ParseKinds(recompute_list, &grid, /*recompute=*/true);
+  }
+  if (status.ok() && !data_parallel_list.empty()) {
+    grid.data_parallel.clear();
+    status = ParseKinds(data_parallel_list, &grid, /*recompute=*/false);
+  }
+  if (status.ok()) status = EnsureWritableDirectory(out_dir);
+  if (!status.ok()) {
+    std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
+    return kExitError;
+  }
+
+  PlanReport report;
+  report.shown = shown;
+  report.title = base.model_source + " on " + std::to_string(base.layout.world_size) + " x " +
+                 base.gpu->name + " (usable " + FormatBytes(base.gpu->usable_bytes()) + "), " +
+                 PrecisionName(base.training.precision) + ", sequence " +
+                 std::to_string(base.training.seq_length) + ", global batch " +
+                 std::to_string(base.global_batch_size) + " sequences";
+  const auto start = std::chrono::steady_clock::now();
+  status = RunPlan(base, grid, settings, &report.entries);
+  std::vector<const PlanEntry*> best;
+  for (const PlanEntry& e : report.entries) {
+    if (e.verdict == PlanVerdict::kFits && best.size() < 3) best.push_back(&e);
+  }
+  if (status.ok() && !best.empty()) {
+    report.largest_micro_batch.resize(best.size());
+    ParallelFor(best.size(), settings.jobs, [&](size_t i) {
+      report.largest_micro_batch[i] = LargestMicroBatch(base, *best[i]);
+    });
+    report.sequence_curve = SequenceCurve(base, best[0]->layout, settings.jobs);
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!status.ok()) {
+    std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
+    return kExitError;
+  }
+  const std::string markdown = RenderMarkdown(report, *base.gpu);
+  json all = json::array();
+  for (const PlanEntry& e : report.entries) all.push_back(EntryJson(e));
+  status = WriteFileAtomically(out_dir + "/plan.md", markdown);
+  if (status.ok()) status = WriteFileAtomically(out_dir + "/plan.csv", Csv(report.entries));
+  if (status.ok()) {
+    status = WriteFileAtomically(out_dir + "/plan.json",
+                                 json({{"run", report.title}, {"layouts", all}}).dump(1));
+  }
+  std::fputs(markdown.c_str(), stdout);
+  if (!status.ok()) {
+    std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
+    return kExitError;
+  }
+  std::printf("\nWrote %s/plan.md, plan.csv and plan.json\n", out_dir.c_str());
+  return kExitOk;
+}
+
+}  // namespace memsim

@@ -1,0 +1,97 @@
+// `memsim plan`: which layout to run. Searches the layouts of a model on a cluster for a
+// training target (sequence length, global batch), ranks the ones that fit by step time
+// (Note [Step time] in parallel/step_time.h) and says why the others do not.
+//
+// Note [Plan search]
+// Every layout of the grid is accounted for, with the cheapest work that decides it:
+//   1. invalid: FinalizeRunSpec refuses it; the rule it breaks is kept.
+//   2. pruned: its setup alone (parameters, gradient buffers and the optimizer's master
+//      copies, all alive through the whole step) allocates more than the GPU's usable
+//      memory on some stage, so the step cannot fit; only the setup is simulated.
+//   3. dominated: layouts that differ only in recomputation are tried with the least
+//      recomputation first; once one fits, those recomputing more are not simulated (they
+//      only add work on the clock, so they are never faster).
+//   4. screened: the rest are simulated with min(m, k) microbatches, k = max(2, pp)
+//      (2 * pp interleaved): past k the schedule holds no more microbatches in flight,
+//      so memory does not grow with m, and the step time scales the measured
+//      per-microbatch times to m (Note [Step time]).
+//   5. verified: the best `verify` layouts are simulated again with all m microbatches,
+//      and that simulation's verdict and times are the ones reported; a layout whose
+//      verdict changes is reported so, never ranked on the screened one.
+// Sequence parallelism is on whenever TP > 1 (it only saves memory; Megatron-LM requires it
+// for MoE with TP).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/step_time.h"
+#include "simulator/status.h"
+#include "tools/lib/run_config.h"
+
+namespace memsim {
+
+// The values searched; every combination is one layout.
+struct PlanGrid {
+  std::vector<int64_t> tp, pp, vpp, cp, ep, micro_batch;
+  std::vector<RecomputeKind> recompute;  // least recomputation first
+  std::vector<DataParallelKind> data_parallel;
+};
+
+// The grid a user gets without giving lists: TP up to a node, PP dividing the layers and the
+// GPUs (to 64), VPP 1 and 2, CP 1 and 2 from sequence 8192 on, EP dividing the experts up
+// to 8, micro batch 1, every recomputation, the distributed optimizer.
+PlanGrid DefaultPlanGrid(const RunSpec& base);
+
+struct PlanLayout {
+  int64_t tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, micro_batch = 1;
+  RecomputeKind recompute = RecomputeKind::kNone;
+  DataParallelKind data_parallel = DataParallelKind::kDistributedOptimizer;
+};
+// "TP4 PP2 VPP1 CP1 EP1 mbs1 recompute=none distributed-optimizer"
+std::string PlanLayoutName(const PlanLayout& layout);
+
+enum class PlanVerdict { kFits, kOutOfMemory, kPruned, kDominated, kInvalid, kError };
+const char* PlanVerdictName(PlanVerdict verdict);
+
+struct PlanEntry {
+  PlanLayout layout;
+  PlanVerdict verdict = PlanVerdict::kInvalid;
+  std::string reason;  // every verdict but kFits: why
+  int64_t dp = 0, microbatches = 0;
+  StepTime step;  // kFits
+  // kFits: the smallest headroom over the stages; kOutOfMemory: the first stage that runs
+  // out and by how much its unlimited peak reserved exceeds the usable memory.
+  int64_t headroom_bytes = 0;
+  int64_t oom_stage = -1;
+  int64_t over_bytes = 0;
+  std::vector<int64_t> stage_peak_reserved_bytes;  // simulated verdicts, per stage
+  bool verified = false;  // simulated with every microbatch (Note [Plan search] 5)
+};
+
+// The ranking of layouts that fit: faster first; on a tie (the clock times the distributed
+// optimizer's reduce-scatter and all-gather like DDP's all-reduce) more headroom first, then
+// by name.
+bool PlanRanksBefore(const PlanEntry& a, const PlanEntry& b);
+
+struct PlanSettings {
+  int jobs = 2;
+  int64_t verify = 3;  // layouts verified with every microbatch
+  bool progress = true;
+};
+
+// Searches `grid` for `base` (its model, GPU, world size, sequence and global batch; its
+// layout's other fields apply to every layout). Entries come ranked: the layouts that fit
+// by step time (fastest first, verified ones before screened ones), then the others.
+// REQUIRES: base.global_batch_size > 0, base.gpu set.
+Status RunPlan(const RunSpec& base, const PlanGrid& grid, const PlanSettings& settings,
+               std::vector<PlanEntry>* entries);
+
+// Simulates one layout of `base` (with all its microbatches unless `screen`), returning its
+// entry (verdict kFits, kOutOfMemory, kInvalid or kError).
+PlanEntry SimulatePlanLayout(const RunSpec& base, const PlanLayout& layout, bool screen);
+
+int PlanCommand(int argc, const char* const* argv);
+
+}  // namespace memsim
