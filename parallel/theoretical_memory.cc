@@ -11,8 +11,9 @@ constexpr double kBytesPerMegabyte = 1024.0 * 1024.0;  // NUM_BYTES_IN_MEGABYTE
 // agrees with it to rounding.
 
 // compute_weight_and_optimizer_memory, without multi-latent attention and MTP (memsim
-// has neither). Sets the parameter counts of `out`; returns bytes.
-double WeightAndOptimizerBytes(const ModelConfig& m, const ParallelLayout& l,
+// has neither), for pipeline stage `stage` (Note [Theoretical memory per stage]). Sets
+// the parameter counts of `out`; returns bytes.
+double WeightAndOptimizerBytes(const ModelConfig& m, const ParallelLayout& l, int64_t stage,
                                TheoreticalMemory* out) {
   const double H = static_cast<double>(m.hidden_size);
   const double A = static_cast<double>(m.num_attention_heads);
@@ -49,6 +50,22 @@ double WeightAndOptimizerBytes(const ModelConfig& m, const ParallelLayout& l,
   const double pp = static_cast<double>(l.pp), tp = static_cast<double>(l.tp);
   double shard = (transformer_block / pp + embedding_size) / tp;
   if (!m.tie_embeddings && l.pp == 1) shard += embedding_size / tp;
+  if (stage > 0) {
+    // Its layers, and on the last stage the final norm and the output layer (a copy of the
+    // embedding when tied).
+    double dense = 0, moe_layers = 0;
+    for (int64_t chunk = 0; chunk < l.vpp; ++chunk) {
+      const int64_t first = FirstLayerOfStage(l, m, stage, chunk);
+      const int64_t count = LayersOnStage(l, m, stage, chunk);
+      const int64_t dense_count =
+          moe ? std::clamp<int64_t>(m.moe_first_k_dense_layers - first, 0, count) : count;
+      dense += static_cast<double>(dense_count);
+      moe_layers += static_cast<double>(count - dense_count);
+    }
+    shard = layer_dense * dense + layer_moe * moe_layers;
+    if (stage == l.pp - 1) shard += final_layernorm + embedding_size;
+    shard /= tp;
+  }
   out->num_parameters_on_most_loaded_shard = shard;
 
   const double bytes_per_parameter =
@@ -56,37 +73,54 @@ double WeightAndOptimizerBytes(const ModelConfig& m, const ParallelLayout& l,
   return shard * bytes_per_parameter;
 }
 
-// The part both activation formulas share: embedding input and dropout (pp microbatches
-// in flight), then the pipeline schedule's factor.
-double WithEmbeddingAndSchedule(double layers_bytes, const TrainingConfig& t, const ModelConfig& m,
-                                const ParallelLayout& l, int64_t num_microbatches) {
+// The part both activation formulas share, for one layer's bytes per microbatch: the
+// layers and (first stage) the embedding's input and dropout, times the microbatches in
+// flight (Note [Theoretical memory per stage]).
+double WithEmbeddingAndSchedule(double layer_bytes, const TrainingConfig& t, const ModelConfig& m,
+                                const ParallelLayout& l, int64_t num_microbatches, int64_t stage) {
   const double S = static_cast<double>(t.seq_length);
   const double B = static_cast<double>(t.micro_batch_size);
   const double H = static_cast<double>(m.hidden_size);
-  const double pp = static_cast<double>(l.pp);
-  double bytes = layers_bytes;
-  bytes += 8 * S * B * pp;  // input to the embedding
-  bytes += S * B * H * pp;  // dropout in the embedding
-  if (l.vpp > 1) {
-    // Megatron-LM's virtual_pipeline_model_parallel_size is None unless interleaved.
-    bytes *= 1 + (pp - 1) / (pp * static_cast<double>(l.vpp));
-  } else if (l.pp > 1) {
-    bytes *= std::min(1.0, static_cast<double>(num_microbatches) / pp);
+  const double L = static_cast<double>(m.num_layers);
+  const double pp = static_cast<double>(l.pp), vpp = static_cast<double>(l.vpp);
+  const double m_count = static_cast<double>(num_microbatches);
+  if (stage == 0) {
+    // Megatron-LM: pp microbatches of L/pp layers, then the schedule's factor.
+    double bytes = layer_bytes * L;
+    bytes += 8 * S * B * pp;  // input to the embedding
+    bytes += S * B * H * pp;  // dropout in the embedding
+    if (l.vpp > 1) {
+      // Megatron-LM's virtual_pipeline_model_parallel_size is None unless interleaved.
+      bytes *= 1 + (pp - 1) / (pp * vpp);
+    } else if (l.pp > 1) {
+      bytes *= std::min(1.0, m_count / pp);
+    }
+    return bytes;
   }
-  return bytes;
+  double layers = 0;
+  for (int64_t chunk = 0; chunk < l.vpp; ++chunk) {
+    layers += static_cast<double>(LayersOnStage(l, m, stage, chunk));
+  }
+  // Microbatches in flight: 1F1B's warmup plus one, or the interleaved schedule's warmup
+  // (2 per later stage, pp per extra chunk) plus one, in chunks, over vpp chunks.
+  const double later = pp - static_cast<double>(stage) - 1;
+  const double in_flight = l.vpp > 1 ? (2 * later + (vpp - 1) * pp + 1) / vpp : later + 1;
+  return layer_bytes * layers * std::min(m_count, in_flight);
 }
 
 }  // namespace
 
 TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& m, const TrainingConfig& t,
-                                           const ParallelLayout& l, int64_t num_microbatches) {
+                                           const ParallelLayout& l, int64_t num_microbatches,
+                                           int64_t pp_rank) {
   TheoreticalMemory r;
-  r.weight_and_optimizer_mb = WeightAndOptimizerBytes(m, l, &r) / kBytesPerMegabyte;
+  r.weight_and_optimizer_mb = WeightAndOptimizerBytes(m, l, pp_rank, &r) / kBytesPerMegabyte;
+  // The output layer and loss: Megatron-LM counts them when pp == 1; per stage, on the last.
+  const bool output_layer = pp_rank == l.pp - 1;
 
   const double S = static_cast<double>(t.seq_length);
   const double B = static_cast<double>(t.micro_batch_size);
   const double H = static_cast<double>(m.hidden_size);
-  const double L = static_cast<double>(m.num_layers);
   const double V = static_cast<double>(m.padded_vocab_size);
   const double tp = static_cast<double>(l.tp);
   double activation_bytes;
@@ -96,15 +130,15 @@ TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& m, const TrainingC
     r.activation_formula = TheoreticalActivationFormula::kSequenceParallelSelective;
     // Table 2 of Korthikanti et al. 2022 with the FFN width: per layer
     // s*b*h*(18 + 4F/h), for pp microbatches of L/pp layers on the first stage.
-    const double layers = S * B * H * (18 + 4 * (m.ffn_hidden_size / H)) * L;
-    activation_bytes = WithEmbeddingAndSchedule(layers, t, m, l, num_microbatches);
-    if (l.pp == 1) activation_bytes += S * B * H * 4 * (1 + V / H);  // output layer and loss
+    const double layer = S * B * H * (18 + 4 * (m.ffn_hidden_size / H));
+    activation_bytes = WithEmbeddingAndSchedule(layer, t, m, l, num_microbatches, pp_rank);
+    if (output_layer) activation_bytes += S * B * H * 4 * (1 + V / H);
     activation_bytes /= tp;  // TP and sequence parallelism split all of it
   } else {
     r.activation_formula = TheoreticalActivationFormula::kWithoutSequenceParallel;
-    const double layers = S * B * H * (10 + 24 / tp) * L;
-    activation_bytes = WithEmbeddingAndSchedule(layers, t, m, l, num_microbatches);
-    if (l.pp == 1) {
+    const double layer = S * B * H * (10 + 24 / tp);
+    activation_bytes = WithEmbeddingAndSchedule(layer, t, m, l, num_microbatches, pp_rank);
+    if (output_layer) {
       // Logits (split over TP) and the final norm's output, 2 bytes each.
       activation_bytes += (S * B * V / tp + S * B * H) * 2;
     }
@@ -113,6 +147,29 @@ TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& m, const TrainingC
   r.activation_mb = activation_bytes / kBytesPerMegabyte;
   r.total_mb = r.weight_and_optimizer_mb + r.activation_mb;
   return r;
+}
+
+std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const TrainingConfig& t,
+                                                  const ParallelLayout& l, int64_t pp_rank) {
+  std::vector<std::string> caveats;
+  if (pp_rank > 0) caveats.push_back("a later stage: memsim's extension of the formula");
+  if (m.num_experts > 0) {
+    caveats.push_back("MoE: experts divided by TP only (EP, ETP ignored), no routing activations");
+  }
+  if (l.cp > 1) caveats.push_back("context parallelism ignored");
+  if (t.recompute == RecomputeKind::kFull) caveats.push_back("full recomputation ignored");
+  if (t.recompute == RecomputeKind::kSelective && !l.sequence_parallel) {
+    caveats.push_back("selective recomputation ignored without sequence parallelism");
+  }
+  if (m.num_query_groups != m.num_attention_heads) caveats.push_back("activations ignore GQA");
+  if (m.activation == ActivationKind::kSwiglu &&
+      !(l.sequence_parallel && t.recompute == RecomputeKind::kSelective)) {
+    caveats.push_back("activations ignore SwiGLU's width");
+  }
+  if (l.first_stage_layers > 0 || l.last_stage_layers > 0) {
+    caveats.push_back("uneven pipeline stages ignored on the first stage");
+  }
+  return caveats;
 }
 
 const char* TheoreticalActivationFormulaName(TheoreticalActivationFormula formula) {

@@ -17,9 +17,19 @@
 //     whatever the recomputation. Neither looks at kv_channels, GQA, SwiGLU, MoE routing,
 //     CP, uneven pipeline stages, flash attention or full recomputation.
 // MB are 2^20 bytes, as Megatron-LM's NUM_BYTES_IN_MEGABYTE.
+//
+// Note [Theoretical memory per stage]
+// Megatron-LM estimates the first stage only. For a later stage s memsim applies the same
+// per-layer terms to what s holds: its own layers (dense and MoE), the final norm and the
+// output layer on the last stage (a copy of the embedding when tied); activations for the
+// microbatches its schedule keeps in flight, min(m, pp - s) in 1F1B or
+// min(m, (2 (pp - s - 1) + (vpp - 1) pp + 1) / vpp) interleaved, and the output layer and
+// loss on the last. Stage 0 is Megatron-LM's number exactly.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "models/model_config.h"
 #include "parallel/layout.h"
@@ -33,7 +43,7 @@ enum class TheoreticalActivationFormula {
 
 struct TheoreticalMemory {
   double num_parameters = 0;                       // whole model, as Megatron counts it
-  double num_parameters_on_most_loaded_shard = 0;  // the first pipeline stage's rank
+  double num_parameters_on_most_loaded_shard = 0;  // the stage's rank (first: most loaded)
   double weight_and_optimizer_mb = 0;
   double activation_mb = 0;
   double total_mb = 0;
@@ -41,10 +51,18 @@ struct TheoreticalMemory {
       TheoreticalActivationFormula::kWithoutSequenceParallel;
 };
 
+// The estimate for pipeline stage `pp_rank` (0: Megatron-LM's own).
 // REQUIRES: `model` passed FinalizeModelConfig with `layout.tp`, `layout` passed
-// FinalizeLayout, num_microbatches > 0.
+// FinalizeLayout, num_microbatches > 0, 0 <= pp_rank < layout.pp.
 TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& model, const TrainingConfig& training,
-                                           const ParallelLayout& layout, int64_t num_microbatches);
+                                           const ParallelLayout& layout, int64_t num_microbatches,
+                                           int64_t pp_rank = 0);
+
+// Where the estimate is known not to cover the configuration ("MoE: experts divided by TP
+// only ..."); empty when it does.
+std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& model,
+                                                  const TrainingConfig& training,
+                                                  const ParallelLayout& layout, int64_t pp_rank);
 
 const char* TheoreticalActivationFormulaName(TheoreticalActivationFormula formula);
 

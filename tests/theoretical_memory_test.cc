@@ -212,5 +212,44 @@ TEST(TheoreticalMemory, FormulaNames) {
       "without sequence parallelism");
 }
 
+// Note [Theoretical memory per stage]: stage 0 is Megatron-LM's number; the last stage of
+// a two-stage GPT holds its two layers, the final norm and the output layer, and one
+// microbatch in flight.
+TEST(TheoreticalMemory, LaterStageByHand) {
+  const ModelConfig m = Gpt(4, 1024, 16, 1024, 1);
+  const ParallelLayout l = Layout(m, 2, 1, 2, DataParallelKind::kDdp, /*sequence_parallel=*/false);
+  const TrainingConfig t = Training(1024, 1, RecomputeKind::kNone);
+  const TheoreticalMemory first = ComputeTheoreticalMemory(m, t, l, 4);
+  const TheoreticalMemory stage0 = ComputeTheoreticalMemory(m, t, l, 4, 0);
+  EXPECT_EQ(first.total_mb, stage0.total_mb);
+
+  const TheoreticalMemory last = ComputeTheoreticalMemory(m, t, l, 4, 1);
+  // Layer: 2*H*(4H + 2) + 4*H^2 = 2048*4098 + 4,194,304 = 12,587,008 parameters.
+  // Last stage: 2 layers + final norm 2*H + output layer H*V = 25,174,016 + 2048 + 1,048,576.
+  const double params = 2 * 12587008.0 + 2048 + 1048576;
+  ExpectClose(last.num_parameters_on_most_loaded_shard, params);
+  ExpectClose(last.weight_and_optimizer_mb, params * 18 / kMB);  // DDP: 18 bytes each
+  // Activations: per layer S*B*H*(10 + 24/tp) = 1024*1024*34 bytes, 2 layers, one
+  // microbatch in flight (pp - s = 1); logits and final norm output (S*B*V + S*B*H)*2;
+  // all times 1.05.
+  const double activations = (2 * 1024.0 * 1024 * 34 + (1024.0 * 1024 + 1024.0 * 1024) * 2) * 1.05;
+  ExpectClose(last.activation_mb, activations / kMB);
+
+  const auto caveats = TheoreticalMemoryCaveats(m, t, l, 1);
+  ASSERT_EQ(caveats.size(), 1u);
+  EXPECT_EQ(caveats[0], "a later stage: memsim's extension of the formula");
+  EXPECT_TRUE(TheoreticalMemoryCaveats(m, t, l, 0).empty());
+}
+
+// Interleaved: stage s keeps (2 (pp - s - 1) + (vpp - 1) pp + 1) / vpp microbatches in
+// flight; for pp = 4, vpp = 2, stage 2: (2 + 4 + 1) / 2 = 3.5, of its 2 layers (one per chunk).
+TEST(TheoreticalMemory, InterleavedLaterStageByHand) {
+  const ModelConfig m = Gpt(8, 1024, 16, 1024, 1);
+  const ParallelLayout l = Layout(m, 4, 1, 4, DataParallelKind::kDdp, false, /*vpp=*/2);
+  const TheoreticalMemory r =
+      ComputeTheoreticalMemory(m, Training(1024, 1, RecomputeKind::kNone), l, 8, 2);
+  ExpectClose(r.activation_mb, 3.5 * 2 * 1024.0 * 1024 * 34 * 1.05 / kMB);
+}
+
 }  // namespace
 }  // namespace memsim

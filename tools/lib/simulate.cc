@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -68,9 +69,9 @@ Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>
   return Status::OK();
 }
 
-double TheoreticalMemoryMB(const RunSpec& spec) {
+double TheoreticalMemoryMB(const RunSpec& spec, int64_t pp_rank) {
   return ComputeTheoreticalMemory(spec.model, spec.training, spec.layout,
-                                  spec.training.num_microbatches)
+                                  spec.training.num_microbatches, pp_rank)
       .total_mb;
 }
 
@@ -126,23 +127,33 @@ void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, in
               l.vpp > 1 ? (" VPP=" + std::to_string(l.vpp)).c_str() : "",
               static_cast<long long>(l.dp), static_cast<long long>(l.cp),
               static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str());
-  std::printf("Megatron-LM's theoretical estimate (first stage): %s\n",
-              FormatBytes(static_cast<int64_t>(TheoreticalMemoryMB(spec) * (1 << 20))).c_str());
-  std::printf("\n%-6s %-18s %-6s %11s %11s %14s %11s  %s\n", "class", "ranks", "stage", "static",
-              "peak alloc", "peak reserved", "headroom", "fits");
+  std::printf("\n%-6s %-18s %-6s %11s %11s %14s %11s %13s  %s\n", "class", "ranks", "stage",
+              "static", "peak alloc", "peak reserved", "headroom", "Megatron est.", "fits");
   for (size_t i = 0; i < results.size(); ++i) {
     const RankResult& r = results[i];
     // On the GPU when it fits (never above its memory); else what the step would reserve.
     const int64_t reserved =
         r.fits() ? r.on_gpu.peak_reserved_bytes : r.timeline.peak_reserved_bytes();
-    std::printf("%-6zu %-18s %-6lld %11s %11s %14s %11s  %s\n", i,
+    const double estimate_mb = TheoreticalMemoryMB(spec, r.rank_class.pp_rank);
+    std::printf("%-6zu %-18s %-6lld %11s %11s %14s %11s %13s  %s\n", i,
                 RankRange(r.rank_class.ranks).c_str(), static_cast<long long>(r.rank_class.pp_rank),
                 FormatBytes(r.timeline.iterations().back().static_allocated_bytes).c_str(),
                 FormatBytes(r.timeline.peak_allocated_bytes()).c_str(),
                 FormatBytes(reserved).c_str(),
                 r.fits() ? FormatBytes(r.headroom_bytes(gpu)).c_str() : "-",
+                FormatBytes(static_cast<int64_t>(estimate_mb * (1 << 20))).c_str(),
                 r.fits() ? "yes" : "NO (out of memory)");
   }
+  // Where Megatron-LM's formula is known not to cover this run, once per caveat.
+  std::vector<std::string> caveats;
+  for (const RankResult& r : results) {
+    for (const std::string& c : TheoreticalMemoryCaveats(spec.model, t, l, r.rank_class.pp_rank)) {
+      if (std::find(caveats.begin(), caveats.end(), c) == caveats.end()) caveats.push_back(c);
+    }
+  }
+  std::printf("Megatron est.: Megatron-LM's theoretical_memory_usage formula per stage%s",
+              caveats.empty() ? ".\n" : "; it does not cover:\n");
+  for (const std::string& c : caveats) std::printf("  - %s\n", c.c_str());
   for (const RankResult& r : results) {
     if (!r.fits()) std::printf("\n%s\n", DescribeOutOfMemory(r, gpu).c_str());
   }
@@ -208,18 +219,20 @@ Status SelectRanks(const std::string& text, const std::vector<RankResult>& resul
   return Status::OK();
 }
 
-SummaryContext ContextFor(const RunSpec& spec, int64_t rank) {
+SummaryContext ContextFor(const RunSpec& spec, const RankClass& rank_class) {
   SummaryContext context;
-  context.rank = rank;
+  context.rank = rank_class.representative;
   context.gpu_name = spec.gpu->name;
   context.gpu_usable_bytes = spec.gpu->usable_bytes();
-  context.theoretical_memory_mb = TheoreticalMemoryMB(spec);
+  context.theoretical_memory_mb = TheoreticalMemoryMB(spec, rank_class.pp_rank);
   return context;
 }
 
 nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r) {
-  nlohmann::json summary = SummaryJson(r.session->recorder(), r.timeline, r.peak,
-                                       ContextFor(spec, r.rank_class.representative));
+  nlohmann::json summary =
+      SummaryJson(r.session->recorder(), r.timeline, r.peak, ContextFor(spec, r.rank_class));
+  summary["theoretical_memory_caveats"] =
+      TheoreticalMemoryCaveats(spec.model, spec.training, spec.layout, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
   summary["ranks"] = r.rank_class.ranks;
   summary["fits"] = r.fits();
@@ -237,7 +250,6 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
                       const ReportOptions& options) {
   TraceOptions trace_options;
   trace_options.sample_interval_s = options.sample_interval_s;
-  trace_options.theoretical_memory_mb = TheoreticalMemoryMB(spec);
   trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
   SnapshotOptions snapshot_options;
   snapshot_options.max_trace_entries = 100000;  // PyTorch's usual max_entries
@@ -251,6 +263,7 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
   for (const auto& [rank, result] : ranks) {
     ClassFiles& f = files[result];
     if (f.trace.empty()) {
+      trace_options.theoretical_memory_mb = TheoreticalMemoryMB(spec, result->rank_class.pp_rank);
       f.trace = TraceJson(result->timeline, trace_options).dump(1);
       f.snapshot = SnapshotPickle(result->session->recorder(), result->timeline.peak_event(),
                                   snapshot_options);
@@ -388,7 +401,7 @@ int SimulateAndReport(const RunSpec& spec, const ReportOptions& options, const c
                                 {"gpu", spec.gpu->name},
                                 {"world_size", spec.layout.world_size},
                                 {"fits", all_fit},
-                                {"theoretical_memory_MB", TheoreticalMemoryMB(spec)},
+                                {"theoretical_memory_MB", TheoreticalMemoryMB(spec, 0)},
                                 {"rank_classes", classes}};
     std::cout << out.dump(2) << "\n";
   } else {

@@ -46,8 +46,9 @@ std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu);
 // Simulates every rank class on up to `jobs` threads; results in stage order.
 Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results);
 
-// Megatron-LM's analytical estimate for `spec`'s first pipeline stage, in MiB.
-double TheoreticalMemoryMB(const RunSpec& spec);
+// Megatron-LM's analytical estimate for pipeline stage `pp_rank` of `spec`, in MiB (Note
+// [Theoretical memory per stage] in parallel/theoretical_memory.h).
+double TheoreticalMemoryMB(const RunSpec& spec, int64_t pp_rank);
 
 // How `simulate` reports a finalized RunSpec.
 struct ReportOptions {

@@ -180,11 +180,11 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
     worst_mb = std::max(worst_mb, reserved_mb);
     if (failing == nullptr && !r.fits()) failing = &r;
     const Status write = WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative),
-                                    r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec), 5000});
+                                    r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec, r.rank_class.pp_rank), 5000});
     if (!write.ok()) return {json(), write};
   }
   result["stages"] = stages;
-  result["theoretical_memory_MB"] = TheoreticalMemoryMB(spec);
+  result["theoretical_memory_MB"] = TheoreticalMemoryMB(spec, 0);  // Megatron-LM's own
   result["max_peak_reserved_MB"] = worst_mb;
   result["status"] = failing == nullptr ? "success" : "oom";
   if (failing != nullptr) {
