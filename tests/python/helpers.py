@@ -35,7 +35,7 @@ def write_json(path: Path, data: Any) -> Path:
 def trace_iteration(samples: list[tuple[float, float]], peak: float | None = None,
                     static: float | None = None, theory: float | None = None) -> dict:
     """One iteration of a Megatron-schema trace from (timestamp_s, allocated_MB) samples;
-    reserved is allocated rounded up to 512 MB. Optional fields are left out when None."""
+    reserved is allocated rounded up to 512 MiB. Optional fields are left out when None."""
     entry: dict[str, Any] = {"samples": [
         {"timestamp_s": t, "reserved_memory_MB": -(-mb // 512) * 512, "allocated_memory_MB": mb}
         for t, mb in samples]}

@@ -146,10 +146,10 @@ class AnalyzeTest(CliTestCase):
         self.assertEqual(allocated, (512 + 256 + 128 + 64 + 32 + 16 + 8 + 4 + 2) * MB)
         self.assertEqual(reserved, allocated + (150 + 2 + 20) * MB)
         lines = section(self.report, "Memory efficiency")
-        self.assertIn(f"Reserved:   {reserved / 2**30:,.2f} GB ({reserved} bytes)", lines)
-        self.assertIn(f"Allocated:  {allocated / 2**30:,.2f} GB ({allocated} bytes)", lines)
+        self.assertIn(f"Reserved:   {reserved / 2**30:,.2f} GiB ({reserved} bytes)", lines)
+        self.assertIn(f"Allocated:  {allocated / 2**30:,.2f} GiB ({allocated} bytes)", lines)
         wasted = reserved - allocated
-        self.assertIn(f"Cache/fragmentation (reserved - allocated): {wasted / 2**30:,.2f} GB "
+        self.assertIn(f"Cache/fragmentation (reserved - allocated): {wasted / 2**30:,.2f} GiB "
                       f"({wasted} bytes)", lines)
         self.assertIn(f"Efficiency: {allocated / reserved * 100:.2f}% (poor)", lines)
 
@@ -165,19 +165,19 @@ class AnalyzeTest(CliTestCase):
 
     def test_fragmentation_and_recommendations(self) -> None:
         fragmentation = "\n".join(section(self.report, "Fragmentation analysis"))
-        self.assertIn("Cached free blocks: 3, 172.0 MB in total", fragmentation)
-        self.assertIn("Largest free block: 150.0 MB", fragmentation)
-        self.assertIn("(size - requested): 4.5 MB", fragmentation)  # 9 blocks, 0.5 MB each
+        self.assertIn("Cached free blocks: 3, 172.0 MiB in total", fragmentation)
+        self.assertIn("Largest free block: 150.0 MiB", fragmentation)
+        self.assertIn("(size - requested): 4.5 MiB", fragmentation)  # 9 blocks, 0.5 MiB each
         recommendations = self.report.split("== Recommendations\n", 1)[1]
         self.assertIn("High cache overhead", recommendations)
-        self.assertIn("1 cached free block(s) of 100 MB or more", recommendations)
-        self.assertIn("1 segment(s) (0.02 GB) hold no live allocation", recommendations)
+        self.assertIn("1 cached free block(s) of 100 MiB or more", recommendations)
+        self.assertIn("1 segment(s) (0.02 GiB) hold no live allocation", recommendations)
 
     def test_readme(self) -> None:
         readme = (self.run_dir / "README.md").read_text()
         self.assertTrue(readme.startswith("# Memory snapshot analysis: iter1_rank0"))
         self.assertIn("High cache overhead", readme)
-        self.assertIn("- Expert/MoE: 0.50 GB", readme)
+        self.assertIn("- Expert/MoE: 0.50 GiB", readme)
 
 
 def assert_categories(test: unittest.TestCase, report: str, blocks: list) -> None:
@@ -226,7 +226,7 @@ class AnalyzeFormatsTest(CliTestCase):
         assert_categories(self, report, KEYWORD_BLOCKS[:3])
         allocated, reserved = expected_totals(segments)
         self.assertIn(f"({allocated} bytes)", report)
-        self.assertIn("Rounding inside allocations (size - requested): 0.0 MB", report)
+        self.assertIn("Rounding inside allocations (size - requested): 0.0 MiB", report)
 
     def test_second_run_moves_latest(self) -> None:
         path = write_pickle(self.tmp / "s.pickle", snapshot_dict(KEYWORD_BLOCKS[:2], [], 1))

@@ -54,7 +54,7 @@ class CompareTest(CliTestCase):
                           "memory_comparison_rank_1.png", "peak_overview.png"])
         self.assertEqual(result.stderr.count("\n"), 1)
         self.assertIn("warning: rank 2 has a simulated trace", result.stderr)
-        self.assertIn("real peak MB", result.stdout)
+        self.assertIn("real peak MiB", result.stdout)
 
         with open(self.out / "comparison_summary.csv", newline="") as f:
             rows = {int(row["rank"]): row for row in csv.DictReader(f)}

@@ -29,7 +29,7 @@ class HeatmapTest(CliTestCase):
         super().setUp()
         self.mem, self.logs = self.tmp / "traces", self.tmp / "logs"
         self.output = self.tmp / "figures" / "sweep_heatmap"
-        # (tp, pp) -> per-rank peaks (MB) and theory; rank 1 is the worst rank.
+        # (tp, pp) -> per-rank peaks (MiB) and theory; rank 1 is the worst rank.
         self.peaks = {(1, 4): ([40 * GB, 50 * GB], 60 * GB), (2, 2): ([30 * GB, 35 * GB], 90 * GB),
                       (2, 4): ([20 * GB, 22 * GB], -1)}
         for (tp, pp), (peaks, theory) in self.peaks.items():
@@ -82,10 +82,10 @@ class HeatmapTest(CliTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(self.layouts(result.stdout), {
             (1, 1): "failed",
-            (1, 2): "failed, predicted peak 95.5 GB",
-            (1, 4): "successful, peak 50.0 GB, theory 60.0 GB",
-            (2, 2): "successful, peak 35.0 GB, theory 90.0 GB",
-            (2, 4): "successful, peak 22.0 GB",
+            (1, 2): "failed, predicted peak 95.5 GiB",
+            (1, 4): "successful, peak 50.0 GiB, theory 60.0 GiB",
+            (2, 2): "successful, peak 35.0 GiB, theory 90.0 GiB",
+            (2, 4): "successful, peak 22.0 GiB",
             (3, 2): "failed",
         })
 
@@ -94,7 +94,7 @@ class HeatmapTest(CliTestCase):
         result = self.heatmap("--figsize", 5, 2, "--max-memory", 40)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(self.layouts(result.stdout)[(2, 2)],
-                         "successful, peak 35.0 GB, theory 90.0 GB")
+                         "successful, peak 35.0 GiB, theory 90.0 GiB")
         self.assert_png(Path(f"{self.output}.png"), 100, 50)
 
     def test_help_names_the_memsim_command(self) -> None:

@@ -87,7 +87,7 @@ class ReportTest(CliTestCase):
         self.check_rank0(ranks[0])
 
     def check_rank0(self, text: str) -> None:
-        self.assertTrue(text.startswith("Rank 0 (H100-80GB): peak allocated 5,000.0 MB in "
+        self.assertTrue(text.startswith("Rank 0 (H100-80GB): peak allocated 5,000.0 MiB in "
                                         "backward at t=1.250 s"), text[:200])
         self.assertNotIn("theoretical", text.splitlines()[0])  # -1: unknown
         self.assertEqual(rows(text, "Memory by phase"), [

@@ -154,7 +154,7 @@ def recommendations(a: Analysis) -> list[str]:
                      "expandable_segments:True, or fewer distinct tensor sizes.")
     large = [s for s in a.free_blocks if s >= LARGE_FREE_BLOCK]
     if large:
-        found.append(f"{len(large)} cached free block(s) of 100 MB or more hold "
+        found.append(f"{len(large)} cached free block(s) of 100 MiB or more hold "
                      f"{_gb(sum(large))} unused (largest {_mb(large[0])}); tensors that do "
                      "not fit them force new segments. torch.cuda.empty_cache() returns "
                      "whole free segments.")
@@ -168,7 +168,7 @@ def recommendations(a: Analysis) -> list[str]:
 
 
 def _repeated_allocations(allocs: list[Allocation]) -> list[str]:
-    """Many same-size short-lived blocks from one place alive together, 100 MB or more:
+    """Many same-size short-lived blocks from one place alive together, 100 MiB or more:
     one added per step is a leak. (Parameters, gradients and optimizer state come in
     many same-size tensors by design.)"""
     groups = Counter((a.label, a.size) for a in allocs if a.category in SHORT_LIVED_CATEGORIES)
@@ -194,11 +194,11 @@ def _late_survivors(allocs: list[Allocation]) -> list[str]:
 
 
 def _mb(n: int) -> str:
-    return f"{n / MB:,.1f} MB"
+    return f"{n / MB:,.1f} MiB"
 
 
 def _gb(n: int) -> str:
-    return f"{n / GB:,.2f} GB"
+    return f"{n / GB:,.2f} GiB"
 
 
 def summary_text(a: Analysis) -> str:
@@ -335,7 +335,7 @@ def top_consumers_figure(a: Analysis) -> plt.Figure:
     ax.barh(y, [x.size / MB for x in top], color=[_colour(x.category) for x in top])
     ax.set_yticks(y, [_short(x.label) for x in top], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("Size (MB)")
+    ax.set_xlabel("Size (MiB)")
     ax.set_title(f"Top {len(top)} live allocations")
     ax.grid(True, axis="x", alpha=0.3)
     shown = dict.fromkeys(x.category for x in top)
@@ -360,10 +360,10 @@ def category_figure(a: Analysis) -> plt.Figure:
     sizes = [a.by_category[c] / GB for c in names]
     bars = ax.bar(names, sizes, color=[_colour(c) for c in names])
     for bar, c in zip(bars, names):
-        ax.annotate(f"{a.by_category[c] / GB:.2f} GB\n{counts[c]} blocks",
+        ax.annotate(f"{a.by_category[c] / GB:.2f} GiB\n{counts[c]} blocks",
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
                     va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
-    ax.set_ylabel("Allocated memory (GB)")
+    ax.set_ylabel("Allocated memory (GiB)")
     ax.set_title("Memory by category")
     ax.margins(y=0.18)
     ax.tick_params(axis="x", labelrotation=20)
@@ -386,7 +386,7 @@ def size_distribution_figure(a: Analysis) -> plt.Figure:
         ax.hist(np.clip(mb, low, None), bins=bins, color=colour, edgecolor="white")
         if high > low * 1.01:
             ax.set_xscale("log")
-        ax.set_xlabel("Block size (MB)")
+        ax.set_xlabel("Block size (MiB)")
         ax.set_ylabel("Blocks")
         ax.set_title(f"{title}: {len(sizes)} blocks, {_gb(sum(sizes))}")
         ax.grid(True, alpha=0.3)
@@ -402,9 +402,9 @@ def efficiency_figure(a: Analysis) -> plt.Figure:
     bars = bars_ax.bar(["Reserved", "Allocated", "Wasted"], values,
                        color=["#8c8c8c", "#4c72b0", "#dd8452"])
     for bar, value in zip(bars, values):
-        bars_ax.annotate(f"{value:.2f} GB", (bar.get_x() + bar.get_width() / 2, value),
+        bars_ax.annotate(f"{value:.2f} GiB", (bar.get_x() + bar.get_width() / 2, value),
                          ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
-    bars_ax.set_ylabel("Memory (GB)")
+    bars_ax.set_ylabel("Memory (GiB)")
     bars_ax.set_title("Reserved vs allocated")
     bars_ax.margins(y=0.12)
     pct = s.efficiency_pct

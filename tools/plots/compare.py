@@ -27,7 +27,7 @@ Compare real and simulated memory traces ({TRACE_GLOB}, paired by rank).
 
 Writes to OUTPUT_DIR:
   memory_comparison_rank_{{R}}.png  allocated memory over the last iteration of each run
-  comparison_summary.csv           per rank: peaks, errors and static memory (MB)
+  comparison_summary.csv           per rank: peaks, errors and static memory (MiB)
   peak_overview.png                every rank's real and simulated peak
 
 abs_error_MB is |sim - real|; rel_error_pct and static_error_MB are signed (sim - real),
@@ -150,8 +150,8 @@ def csv_text(rows: list[dict]) -> str:
 
 def table_text(rows: list[dict]) -> str:
     """The summary as an aligned table for the terminal."""
-    header = ["rank", "real peak MB", "sim peak MB", "|error| MB", "error %",
-              "real static MB", "sim static MB", "static err MB"]
+    header = ["rank", "real peak MiB", "sim peak MiB", "|error| MiB", "error %",
+              "real static MiB", "sim static MiB", "static err MiB"]
     lines = [header] + [[str(row["rank"])] + [_cell(row[k]) for k in CSV_COLUMNS[1:]]
                         for row in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -165,7 +165,7 @@ def _cell(value: float | None) -> str:
 
 def memory_unit(largest_mb: float) -> tuple[str, float]:
     """GB once values reach a gigabyte (readable tick labels), else MB."""
-    return ("GB", MB_PER_GB) if largest_mb >= MB_PER_GB else ("MB", 1.0)
+    return ("GiB", MB_PER_GB) if largest_mb >= MB_PER_GB else ("MiB", 1.0)
 
 
 def rank_figure(pair: Pair, show_theoretical: bool) -> plt.Figure:

@@ -29,7 +29,7 @@ Draw the peak memory of a TP x PP sweep as a heatmap (writes OUTPUT.png and OUTP
 Successful layouts are coloured white to red by peak / --max-memory and labelled with
 the measured (Actual) and theoretical (Theory) peak; failed layouts are grey, with the
 predicted peak when the failure reason or a trace gives one; hatching marks layouts
-that succeeded although theory predicted >= --max-memory. GB = MB / 1024."""
+that succeeded although theory predicted >= --max-memory. GiB = MiB / 1024."""
 
 LOGS = ("successful_configs.log", "failed_configs.log")
 DEEP_RED = (214 / 255, 39 / 255, 40 / 255)
@@ -80,7 +80,7 @@ def parser() -> CommandParser:
                    help="figure size in inches (default: width max(6, 1.6 x #PP), "
                         "height width/3)")
     p.add_argument("--max-memory", type=positive, default=80.0,
-                   help="GPU memory in GB that maps to the deepest red (default: 80)")
+                   help="GPU memory in GiB that maps to the deepest red (default: 80)")
     p.add_argument("--dpi", type=positive, default=300, help="PNG resolution (default: 300)")
     return p
 
@@ -178,7 +178,7 @@ def cell_line(layout: tuple[int, int], cell: Cell) -> str:
         shown = [("predicted peak", cell.predicted_mb)]
     else:
         shown = [("peak", cell.peak_mb), ("theory", cell.theory_mb)]
-    values = "".join(f", {name} {mb / MB_PER_GB:.1f} GB" for name, mb in shown if mb is not None)
+    values = "".join(f", {name} {mb / MB_PER_GB:.1f} GiB" for name, mb in shown if mb is not None)
     return f"TP={tp} PP={pp}: {'failed' if cell.failed else 'successful'}{values}"
 
 
@@ -222,7 +222,7 @@ def heatmap_figure(grid: Grid, max_memory_gb: float,
     ax.set_ylabel("Tensor-parallel size (TP)")
     colorbar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.015,
                             fraction=0.04)
-    colorbar.set_label("Peak memory (GB)")
+    colorbar.set_label("Peak memory (GiB)")
     colorbar.outline.set_linewidth(0.5)
     ax.legend(handles=_legend_handles(cmap, max_memory_gb), loc="lower center",
               bbox_to_anchor=(0.5, 1.01), ncol=3, frameon=False, handlelength=1.6)
@@ -243,7 +243,7 @@ def _draw_cell(ax: plt.Axes, xy: tuple[int, int], cell: Cell, cmap: LinearSegmen
         ax.add_patch(Rectangle(corner, 1, 1, facecolor=FAILED_GREY, edgecolor="white", lw=1.5))
         ax.text(x, y, "\u2014", ha="center", va="center", color=MUTED_TEXT, fontsize=fontsize + 2)
         if cell.predicted_mb is not None:
-            ax.text(x, y + 0.3, f"pred. {cell.predicted_mb / MB_PER_GB:.1f}GB", ha="center",
+            ax.text(x, y + 0.3, f"pred. {cell.predicted_mb / MB_PER_GB:.1f} GiB", ha="center",
                     va="center", color=MUTED_TEXT, fontsize=fontsize * 0.8)
         return
     if cell.peak_mb is None:
@@ -254,10 +254,10 @@ def _draw_cell(ax: plt.Axes, xy: tuple[int, int], cell: Cell, cmap: LinearSegmen
     peak_gb = cell.peak_mb / MB_PER_GB
     colour = cmap(norm(peak_gb))
     ax.add_patch(Rectangle(corner, 1, 1, facecolor=colour, edgecolor="white", lw=1.5))
-    lines = [f"Actual: {peak_gb:.1f}GB"]
+    lines = [f"Actual: {peak_gb:.1f} GiB"]
     backdrop = None
     if cell.theory_mb is not None:
-        lines.append(f"Theory: {cell.theory_mb / MB_PER_GB:.1f}GB")
+        lines.append(f"Theory: {cell.theory_mb / MB_PER_GB:.1f} GiB")
         if cell.theory_mb / MB_PER_GB >= norm.vmax:
             ax.add_patch(Rectangle(corner, 1, 1, fill=False, hatch="///", edgecolor="white",
                                    lw=0))
@@ -273,5 +273,5 @@ def _legend_handles(cmap: LinearSegmentedColormap, max_memory_gb: float) -> list
         Patch(facecolor=cmap(0.7), edgecolor="none", label="Successful"),
         Patch(facecolor=FAILED_GREY, edgecolor="none", label="Failed / OOM"),
         Patch(facecolor=cmap(0.7), edgecolor="white", hatch="///",
-              label=f"Theory \u2265 {max_memory_gb:g} GB"),
+              label=f"Theory \u2265 {max_memory_gb:g} GiB"),
     ]

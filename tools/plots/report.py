@@ -54,7 +54,7 @@ class RankReport:
 
     rank: int
     summary: dict
-    phases: dict[str, float]  # phase -> peak allocated MB, in training order
+    phases: dict[str, float]  # phase -> peak allocated MiB, in training order
     modules: list[Group]  # (module pattern,), largest first
     tensors: list[Group]  # (module pattern, op), largest first
     trace: list[Iteration] | None
@@ -209,7 +209,7 @@ def headline(r: RankReport) -> str:
 
 
 def _mb(value: float) -> str:
-    return f"{value:,.1f} MB"
+    return f"{value:,.1f} MiB"
 
 
 def report_text(run_dir: Path, reports: list[RankReport]) -> str:
@@ -217,7 +217,7 @@ def report_text(run_dir: Path, reports: list[RankReport]) -> str:
     lines = [f"memsim report for {run_dir}", ""]
     for r in reports:
         lines += [f"==== {headline(r)}", "", "-- Memory by phase",
-                  *_table(["phase", "peak allocated MB"],
+                  *_table(["phase", "peak allocated MiB"],
                           [[p, f"{mb:,.1f}"] for p, mb in r.phases.items()], 1)]
         if r.number("static_memory_MB") is not None:
             lines.append(f"static memory (last iteration): {_mb(r.number('static_memory_MB'))}")
@@ -225,7 +225,7 @@ def report_text(run_dir: Path, reports: list[RankReport]) -> str:
         if isinstance(breakdown, dict):
             lines.append("at the peak: " + ", ".join(
                 f"{k} {v:,.1f}" for k, v in breakdown.items() if isinstance(v, (int, float))) +
-                " (MB)")
+                " (MiB)")
         lines += ["", f"-- Memory by module (the {sum(g.count for g in r.modules)} modules "
                   "the summary lists at the peak; layers.N merged into layers.*)",
                   *_table(["module", "MB", "modules"],
@@ -259,8 +259,8 @@ def phases_figure(r: RankReport) -> plt.Figure:
                                       ("gpu_usable_MB", "usable GPU memory", "red", ":")):
         if r.number(key) is not None:
             ax.axhline(r.number(key) / 1024, color=colour, linestyle=style,
-                       label=f"{label} ({r.number(key) / 1024:.2f} GB)")
-    ax.set_ylabel("Peak allocated memory (GB)")
+                       label=f"{label} ({r.number(key) / 1024:.2f} GiB)")
+    ax.set_ylabel("Peak allocated memory (GiB)")
     ax.set_title(f"{title(r)}: memory by phase", fontsize=10)
     ax.margins(y=0.15)
     ax.grid(True, axis="y", alpha=0.3)
@@ -288,7 +288,7 @@ def groups_figure(r: RankReport, groups: list[Group], what: str) -> plt.Figure:
     ax.set_yticks(y, [f"{'  '.join(g.key)}  (x{g.count} {unit})" if g.count > 1
                       else "  ".join(g.key) for g in top], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("Memory (GB)")
+    ax.set_xlabel("Memory (GiB)")
     ax.grid(True, axis="x", alpha=0.3)
     return fig
 
@@ -308,7 +308,7 @@ def timeline_figure(r: RankReport) -> plt.Figure:
         ax.plot([peak_time], [r.number("peak_allocated_MB") / 1024], "v", color="red",
                 label="peak allocated")
     ax.set_xlabel("Simulated time (s)")
-    ax.set_ylabel("Memory (GB)")
+    ax.set_ylabel("Memory (GiB)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"{title(r)}: memory over time", fontsize=10)
     ax.grid(True, alpha=0.3)
