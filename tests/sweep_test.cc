@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -70,6 +71,36 @@ TEST(Sweep, WritesSeedsLogsAndNames) {
   const nlohmann::json table = nlohmann::json::parse(Read(out + "/sweep_results.json"));
   EXPECT_EQ(table.size(), 9u);
   EXPECT_NE(Read(out + "/sweep_results.csv").find("config,tp,pp"), std::string::npos);
+}
+
+// Lists of sequence lengths and micro batches: every combination is its own layout, with
+// its own record and traces (ts and mbs in the seeds' names), and memory grows with both.
+TEST(Sweep, SequenceLengthAndMicroBatchLists) {
+  const std::string out = Dir("seq");
+  ASSERT_EQ(Memsim("sweep --model gpt3-1.3b --world-size 2 --tp 2 --pp 1 --precision bf16 "
+                   "--global-batch-size 4 --seq-length 256,512 --micro-batch-size 1,2 --out " +
+                   out),
+            0);
+  const nlohmann::json table = nlohmann::json::parse(Read(out + "/sweep_results.json"));
+  ASSERT_EQ(table.size(), 4u);
+  std::map<std::pair<int64_t, int64_t>, double> peak;  // (mbs, seq) -> MiB
+  for (const nlohmann::json& r : table) {
+    ASSERT_EQ(r["status"], "success") << r.dump();
+    peak[{r["micro_batch_size"].get<int64_t>(), r["seq_length"].get<int64_t>()}] =
+        r["max_peak_reserved_MB"].get<double>();
+  }
+  EXPECT_LT(peak.at({1, 256}), peak.at({1, 512}));
+  EXPECT_LT(peak.at({1, 256}), peak.at({2, 256}));
+  EXPECT_LT(peak.at({2, 256}), peak.at({2, 512}));
+  // TP=2 on 2 GPUs: DP 1; global batch 4 = micro batch x microbatches.
+  for (const char* name : {"mbs1_nmbs4_gbs4_ts256", "mbs1_nmbs4_gbs4_ts512",
+                           "mbs2_nmbs2_gbs4_ts256", "mbs2_nmbs2_gbs4_ts512"}) {
+    EXPECT_TRUE(fs::is_regular_file(
+        out + "/memory_trace_rank0_wd2_tp2_pp1_dp1_exp1_expNumNone_l24_" + name + ".json"))
+        << name;
+  }
+  EXPECT_EQ(
+      Memsim("sweep --model gpt3-1.3b --world-size 2 --seq-length 256,0 --out " + out + "_bad"), 2);
 }
 
 TEST(Sweep, ResumedShardsEqualOneRun) {
@@ -198,13 +229,15 @@ TEST(Sweep, VerdictsAreConsistentAndAgreeWithSimulate) {
       } else {
         ++failing;
         EXPECT_FALSE(rank_class.contains("headroom_MB"));
-        EXPECT_NE(rank_class["out_of_memory"].get<std::string>().find("first allocation that fails"),
-                  std::string::npos);
+        EXPECT_NE(
+            rank_class["out_of_memory"].get<std::string>().find("first allocation that fails"),
+            std::string::npos);
       }
     }
     // Sweep and simulate: the same verdict and the same peak for the layout.
     EXPECT_EQ(layout["status"] == "success", simulated["fits"].get<bool>()) << layout.dump();
-    EXPECT_EQ(layout["stages"][0]["peak_allocated_MB"], simulated["rank_classes"][0]["peak_allocated_MB"])
+    EXPECT_EQ(layout["stages"][0]["peak_allocated_MB"],
+              simulated["rank_classes"][0]["peak_allocated_MB"])
         << layout.dump();
   }
   // The grid straddles the capacity.

@@ -15,7 +15,8 @@
 namespace memsim {
 namespace po = boost::program_options;
 
-void AddSpecOptions(po::options_description* options, SpecOptions* v) {
+void AddSpecOptions(po::options_description* options, SpecOptions* v,
+                    std::string* seq_length_list) {
   options->add_options()("config", po::value(&v->config), "YAML run file")(
       "model", po::value(&v->model),
       "model preset name (configs/models), overriding the run file's")(
@@ -23,7 +24,6 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v) {
       "a Hugging Face config.json (Llama, Mistral, Qwen2, Mixtral, DeepSeek-V3)")(
       "gpu", po::value(&v->gpu), ("GPU preset: " + GpuPresetNames()).c_str())(
       "world-size", PositiveValue(&v->world_size, "world-size"), "number of GPUs")(
-      "seq-length", PositiveValue(&v->seq_length, "seq-length"), "sequence length")(
       "global-batch-size", PositiveValue(&v->global_batch_size, "global-batch-size"),
       "sequences per iteration over all data-parallel ranks")("precision", po::value(&v->precision),
                                                               "fp32, bf16 or fp16")(
@@ -34,6 +34,13 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v) {
       "ddp, distributed-optimizer (ZeRO-1), zero2 or fsdp")(
       "sp", po::bool_switch(&v->sequence_parallel), "sequence parallelism")(
       "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record");
+  if (seq_length_list != nullptr) {
+    options->add_options()("seq-length", po::value(seq_length_list),
+                           "sequence lengths, a list like 2048,4096");
+  } else {
+    options->add_options()("seq-length", PositiveValue(&v->seq_length, "seq-length"),
+                           "sequence length");
+  }
 }
 
 Status ParseIntList(const std::string& text, const char* name, std::vector<int64_t>* out) {

@@ -19,7 +19,10 @@ struct SpecOptions {
   bool sequence_parallel = false;
 };
 
-void AddSpecOptions(boost::program_options::options_description* options, SpecOptions* values);
+// With `seq_length_list`, --seq-length takes a list ("2048,4096") into it instead of
+// one value into values->seq_length.
+void AddSpecOptions(boost::program_options::options_description* options, SpecOptions* values,
+                    std::string* seq_length_list = nullptr);
 
 // A numeric option that must be positive: 0 and negatives are a one-line error naming
 // the option (a value given as 0 never means "not given").

@@ -3,8 +3,8 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -92,18 +92,17 @@ std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu) {
   const StorageInfo& s = rec.storages()[static_cast<size_t>(event.storage_id)];
   const std::string& module = rec.names().Name(s.module);
   char text[512];
-  std::snprintf(text, sizeof(text),
-                "Out of memory on stage %lld (rank %lld): the first allocation that fails is %s "
-                "(%s) by %s in %s, %s of iteration %d, microbatch %d, with %s allocated and %s "
-                "reserved of %s usable",
-                static_cast<long long>(r.rank_class.pp_rank),
-                static_cast<long long>(r.rank_class.representative),
-                FormatBytes(s.size_bytes).c_str(), StorageShapeString(rec, s).c_str(),
-                rec.names().Name(s.op).c_str(), module.empty() ? "<top>" : module.c_str(),
-                std::string(PhaseName(s.phase)).c_str(), s.iteration, s.microbatch,
-                FormatBytes(r.on_gpu.allocated_bytes_at_oom).c_str(),
-                FormatBytes(r.on_gpu.reserved_bytes_at_oom).c_str(),
-                FormatBytes(gpu.usable_bytes()).c_str());
+  std::snprintf(
+      text, sizeof(text),
+      "Out of memory on stage %lld (rank %lld): the first allocation that fails is %s "
+      "(%s) by %s in %s, %s of iteration %d, microbatch %d, with %s allocated and %s "
+      "reserved of %s usable",
+      static_cast<long long>(r.rank_class.pp_rank),
+      static_cast<long long>(r.rank_class.representative), FormatBytes(s.size_bytes).c_str(),
+      StorageShapeString(rec, s).c_str(), rec.names().Name(s.op).c_str(),
+      module.empty() ? "<top>" : module.c_str(), std::string(PhaseName(s.phase)).c_str(),
+      s.iteration, s.microbatch, FormatBytes(r.on_gpu.allocated_bytes_at_oom).c_str(),
+      FormatBytes(r.on_gpu.reserved_bytes_at_oom).c_str(), FormatBytes(gpu.usable_bytes()).c_str());
   return text;
 }
 
@@ -306,8 +305,8 @@ void AddReportOptions(po::options_description* options, ReportOptions* report) {
       "sample-interval", po::value(&report->sample_interval_s),
       "thin trace samples to this many seconds of virtual time (peaks are kept)")(
       "top", PositiveValue(&report->top_n, "top"),
-      "largest tensors to print (default 10, at most 50)")(
-      "json", po::bool_switch(&report->json), "print the result as JSON")(
+      "largest tensors to print (default 10, at most 50)")("json", po::bool_switch(&report->json),
+                                                           "print the result as JSON")(
       "check", po::bool_switch(&report->check), "exit with code 3 if any rank does not fit")(
       "max-output", PositiveValue(&report->max_output_gib, "max-output"),
       "most GiB of files to write (default 4); more is refused before writing");
@@ -345,15 +344,19 @@ int SimulateCommand(int argc, const char* const* argv) {
   ReportOptions report;
   options.add_options()("help,h", "show this help");
   AddSpecOptions(&options, &spec_options);
-  options.add_options()("micro-batch-size", PositiveValue(&micro_batch, "micro-batch-size"), "micro-batch size")(
-      "num-microbatches", PositiveValue(&microbatches, "num-microbatches"), "microbatches per iteration")(
-      "recompute", po::value(&recompute), "none, selective or full")(
-      "tp", PositiveValue(&tp, "tp"), "tensor-parallel size")("pp", PositiveValue(&pp, "pp"), "pipeline-parallel size")(
+  options.add_options()("micro-batch-size", PositiveValue(&micro_batch, "micro-batch-size"),
+                        "micro-batch size")(
+      "num-microbatches", PositiveValue(&microbatches, "num-microbatches"),
+      "microbatches per iteration")("recompute", po::value(&recompute), "none, selective or full")(
+      "tp", PositiveValue(&tp, "tp"), "tensor-parallel size")("pp", PositiveValue(&pp, "pp"),
+                                                              "pipeline-parallel size")(
       "vpp", PositiveValue(&vpp, "vpp"), "virtual pipeline stages per rank (interleaved 1F1B)")(
-      "cp", PositiveValue(&cp, "cp"), "context-parallel size")("ep", PositiveValue(&ep, "ep"), "expert-parallel size")(
+      "cp", PositiveValue(&cp, "cp"), "context-parallel size")("ep", PositiveValue(&ep, "ep"),
+                                                               "expert-parallel size")(
       "first-stage-layers", PositiveValue(&first_stage_layers, "first-stage-layers"),
       "layers on the first pipeline stage (uneven split, with --last-stage-layers)")(
-      "last-stage-layers", PositiveValue(&last_stage_layers, "last-stage-layers"), "layers on the last pipeline stage");
+      "last-stage-layers", PositiveValue(&last_stage_layers, "last-stage-layers"),
+      "layers on the last pipeline stage");
   AddReportOptions(&options, &report);
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(argc, argv, options, "simulate", &vm)) return *exit_code;

@@ -35,7 +35,7 @@ using nlohmann::json;
 
 struct SweepPoint {
   int64_t index;  // "Config K"
-  int64_t tp, pp, vpp, cp, ep, micro_batch;
+  int64_t tp, pp, vpp, cp, ep, micro_batch, seq_length;
   RecomputeKind recompute;
 };
 
@@ -67,6 +67,7 @@ json PointRecord(const SweepPoint& point) {
           {"cp", point.cp},
           {"ep", point.ep},
           {"micro_batch_size", point.micro_batch},
+          {"seq_length", point.seq_length},
           {"recompute", RecomputeName(point.recompute)}};
 }
 
@@ -75,18 +76,20 @@ json PointRecord(const SweepPoint& point) {
 std::string RecordName(const SweepPoint& p) {
   return "layout_tp" + std::to_string(p.tp) + "_pp" + std::to_string(p.pp) + "_vpp" +
          std::to_string(p.vpp) + "_cp" + std::to_string(p.cp) + "_ep" + std::to_string(p.ep) +
-         "_mbs" + std::to_string(p.micro_batch) + "_rc" + RecomputeName(p.recompute) + ".json";
+         "_mbs" + std::to_string(p.micro_batch) + "_seq" + std::to_string(p.seq_length) + "_rc" +
+         RecomputeName(p.recompute) + ".json";
 }
 
-// What every layout of one sweep shares (model, cluster, batch, precision): records of
-// another run in the same folder are refused, not mixed in.
+// What every layout of one sweep shares (model, cluster, batch, precision; the sequence
+// lengths are the points'): records of another run in the same folder are refused, not
+// mixed in.
 std::string RunIdentity(const RunSpec& spec, int64_t microbatches_per_pp) {
   const ModelConfig& m = spec.model;
   const TrainingConfig& t = spec.training;
   std::ostringstream id;
   id << spec.model_source << " L" << m.num_layers << " H" << m.hidden_size << " V" << m.vocab_size
      << " E" << m.num_experts << " on " << spec.layout.world_size << "x" << spec.gpu->name << " "
-     << PrecisionName(t.precision) << " seq " << t.seq_length
+     << PrecisionName(t.precision)
      << (microbatches_per_pp > 0 ? " microbatches/pp " + std::to_string(microbatches_per_pp)
                                  : " gbs " + std::to_string(spec.global_batch_size))
      << " " << DataParallelName(spec.layout.data_parallel) << " iterations " << t.iterations;
@@ -122,6 +125,7 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
   spec.layout.cp = point.cp;
   spec.layout.ep = point.ep;
   spec.training.micro_batch_size = point.micro_batch;
+  spec.training.seq_length = point.seq_length;
   spec.training.recompute = point.recompute;
   json result = PointRecord(point);
   result["run"] = RunIdentity(spec, microbatches_per_pp);
@@ -179,8 +183,9 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
          {"fits", r.fits()}});
     worst_mb = std::max(worst_mb, reserved_mb);
     if (failing == nullptr && !r.fits()) failing = &r;
-    const Status write = WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative),
-                                    r.timeline, TraceOptions{0.0, TheoreticalMemoryMB(spec, r.rank_class.pp_rank), 5000});
+    const Status write =
+        WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative), r.timeline,
+                   TraceOptions{0.0, TheoreticalMemoryMB(spec, r.rank_class.pp_rank), 5000});
     if (!write.ok()) return {json(), write};
   }
   result["stages"] = stages;
@@ -231,7 +236,8 @@ Status WriteReports(const std::string& out_dir, const std::set<std::string>* onl
             [](const json& a, const json& b) { return a["config"] < b["config"]; });
   std::string success, failed;
   std::string csv =
-      "config,tp,pp,vpp,dp,cp,ep,micro_batch_size,num_microbatches,global_batch_size,recompute,"
+      "config,tp,pp,vpp,dp,cp,ep,micro_batch_size,num_microbatches,global_batch_size,seq_length,"
+      "recompute,"
       "status,max_peak_reserved_MB,stage_peaks_MB,reason\n";
   for (const json& r : results) {
     char head[256];
@@ -256,7 +262,7 @@ Status WriteReports(const std::string& out_dir, const std::set<std::string>* onl
     }
     std::ostringstream row;
     for (const char* key : {"config", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
-                            "num_microbatches", "global_batch_size"}) {
+                            "num_microbatches", "global_batch_size", "seq_length"}) {
       row << r[key].get<long long>() << ",";
     }
     char peak[32];
@@ -319,7 +325,7 @@ Status LoadSweepRecord(const std::string& path, json* out) {
   };
   if (!r.is_object()) return bad("not a JSON object");
   for (const char* key : {"config", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
-                          "num_microbatches", "global_batch_size"}) {
+                          "num_microbatches", "global_batch_size", "seq_length"}) {
     if (!r.contains(key) || !r[key].is_number_integer()) {
       return bad(std::string("missing or non-integer '") + key + "'");
     }
@@ -352,18 +358,20 @@ int SweepCommand(int argc, const char* const* argv) {
       "  memsim sweep --model gpt-485b --world-size 8192 --precision fp16 --seq-length 2048 \\\n"
       "      --tp 1,2,4,8 --pp 2,4,8,16,32,64 --microbatches-per-pp 6 --out sweep_485b\n"
       "  memsim sweep --model llama3-70b --world-size 1024 --global-batch-size 1024 --resume\n"
+      "  memsim sweep --model llama3-8b --world-size 8 --global-batch-size 64 --tp 1,2 --pp 1 \\\n"
+      "      --seq-length 2048,4096,8192 --micro-batch-size 1,2    (memory vs sequence length)\n"
       "  memsim sweep ... --shard 0/4    (or from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)\n\n"
       "Options");
   SpecOptions spec_options;
   spec_options.iterations = 2;  // the steady state: optimizer states exist from the second
   std::string out_dir = "memsim_sweep", shard;
   std::string tp_list = "1,2,4,8", pp_list = "1,2,4,8,16,32,64", vpp_list = "1", cp_list = "1",
-              ep_list = "1", mbs_list = "1", recompute_list = "none";
+              ep_list = "1", mbs_list = "1", recompute_list = "none", seq_list;
   int64_t microbatches_per_pp = 0;
   int jobs = 2;
   bool resume = false;
   options.add_options()("help,h", "show this help");
-  AddSpecOptions(&options, &spec_options);
+  AddSpecOptions(&options, &spec_options, &seq_list);
   options.add_options()("tp", po::value(&tp_list), "TP values (default 1,2,4,8)")(
       "pp", po::value(&pp_list), "PP values (default 1,2,4,8,16,32,64)")(
       "vpp", po::value(&vpp_list), "VPP values (default 1)")(
@@ -384,7 +392,7 @@ int SweepCommand(int argc, const char* const* argv) {
   if (status.ok() && global_batch > 0 && microbatches_per_pp > 0) {
     status = Status::Error("give either --global-batch-size or --microbatches-per-pp, not both");
   }
-  std::vector<int64_t> tps, pps, vpps, cps, eps, mbss;
+  std::vector<int64_t> tps, pps, vpps, cps, eps, mbss, seqs = {base.training.seq_length};
   std::vector<RecomputeKind> recomputes;
   if (status.ok()) status = ParseIntList(tp_list, "tp", &tps);
   if (status.ok()) status = ParseIntList(pp_list, "pp", &pps);
@@ -392,6 +400,7 @@ int SweepCommand(int argc, const char* const* argv) {
   if (status.ok()) status = ParseIntList(cp_list, "cp", &cps);
   if (status.ok()) status = ParseIntList(ep_list, "ep", &eps);
   if (status.ok()) status = ParseIntList(mbs_list, "micro-batch-size", &mbss);
+  if (status.ok() && !seq_list.empty()) status = ParseIntList(seq_list, "seq-length", &seqs);
   if (status.ok()) {
     std::stringstream stream(recompute_list);
     std::string item;
@@ -437,13 +446,14 @@ int SweepCommand(int argc, const char* const* argv) {
         for (int64_t c : cps)
           for (int64_t e : eps)
             for (int64_t m : mbss)
-              for (RecomputeKind r : recomputes) {
-                const SweepPoint point{++index, t, p, v, c, e, m, r};
-                grid.insert(RecordName(point));
-                if ((index - 1) % shard_count != shard_index) continue;
-                if (existing.count(RecordName(point))) continue;  // finished before --resume
-                points.push_back(point);
-              }
+              for (int64_t seq : seqs)
+                for (RecomputeKind r : recomputes) {
+                  const SweepPoint point{++index, t, p, v, c, e, m, seq, r};
+                  grid.insert(RecordName(point));
+                  if ((index - 1) % shard_count != shard_index) continue;
+                  if (existing.count(RecordName(point))) continue;  // finished before --resume
+                  points.push_back(point);
+                }
   std::atomic<size_t> finished{0};
   std::mutex io;
   std::vector<Status> errors;
