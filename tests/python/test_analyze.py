@@ -5,6 +5,7 @@ stderr line and exit code 2 with nothing left behind."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import pickle
 import shutil
@@ -151,7 +152,8 @@ class AnalyzeTest(CliTestCase):
         wasted = reserved - allocated
         self.assertIn(f"Cache/fragmentation (reserved - allocated): {wasted / 2**30:,.2f} GiB "
                       f"({wasted} bytes)", lines)
-        self.assertIn(f"Efficiency: {allocated / reserved * 100:.2f}% (poor)", lines)
+        self.assertIn(f"Cache efficiency (allocated / reserved): {allocated / reserved * 100:.2f}% (poor)",
+                      lines)
 
     def test_categories_match_the_frames(self) -> None:
         assert_categories(self, self.report, KEYWORD_BLOCKS)
@@ -207,9 +209,39 @@ class AnalyzeFormatsTest(CliTestCase):
         self.assertIn("memsim snapshot: exact categories", report)
         assert_categories(self, report, MEMSIM_BLOCKS)
         allocated, reserved = expected_totals(snapshot)
-        self.assertIn(f"Efficiency: {allocated / reserved * 100:.2f}% (excellent)", report)
+        self.assertIn(f"Cache efficiency (allocated / reserved): {allocated / reserved * 100:.2f}% "
+                      "(excellent)", report)
         self.assertIn("decoder.layers.0.self_attention.linear_qkv aten::mm BFloat16[3, 4]", report)
         self.assertIn("1 backward allocation(s)", report)  # the temporary
+
+    def test_out_of_memory_gets_measured_advice_not_empty_cache(self) -> None:
+        """A snapshot of a run that ran out of memory: empty_cache() cannot help (PyTorch
+        already released the cache and retried); the advice memsim measured is shown, and
+        the GPU's use is reported against its usable memory, not called efficient."""
+        snapshot = snapshot_dict(MEMSIM_BLOCKS, free_mb=[150], empty_segment_mb=2)
+        out = self.tmp / "memsim_out"
+        path = write_pickle(out / "snapshot_rank3.pickle", snapshot)
+        allocated, reserved = expected_totals(snapshot)
+        usable_mb = 1000.0
+        (out / "summary_rank3.json").write_text(json.dumps({
+            "gpu_usable_MB": usable_mb, "out_of_memory": "Out of memory on stage 1 ...",
+            "advice": [{"change": "--recompute full", "effect": "...", "peak_reserved_MB": 512.0,
+                        "fits": True, "step_time_ratio": 1.25}]}))
+        self.run_ok("analyze", path, self.tmp / "results", "oom", "--dpi", 30)
+        report = (self.tmp / "results" / "latest" / "analysis_report.txt").read_text()
+        self.assertNotIn("empty_cache() would", report)
+        self.assertNotIn("empty_cache() returns", report)
+        self.assertIn("torch.cuda.empty_cache() cannot help", report)
+        self.assertIn("Measured by memsim: --recompute full gives a peak of 0.50 GiB (fits), "
+                      "step time +25.0%.", report)
+        self.assertIn(f"GPU use (reserved / usable): {reserved / (usable_mb * MB) * 100:.1f}% of "
+                      f"{usable_mb / 1024:,.2f} GiB", report)
+        # The same snapshot with no verdict beside it: the cache advice stays.
+        alone = write_pickle(self.tmp / "alone" / "snapshot.pickle", snapshot)
+        self.run_ok("analyze", alone, self.tmp / "results", "alone", "--dpi", 30)
+        report = (self.tmp / "results" / "latest" / "analysis_report.txt").read_text()
+        self.assertIn("empty_cache() would release them", report)
+        self.assertNotIn("cannot help", report)
 
     def test_old_list_format_with_history(self) -> None:
         segments = snapshot_dict(KEYWORD_BLOCKS[:3], free_mb=[], empty_segment_mb=1)["segments"]

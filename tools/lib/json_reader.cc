@@ -23,11 +23,11 @@ Status ParseJsonFile(const std::string& path, nlohmann::json* out) {
   std::stringstream text;
   text << in.rdbuf();
   try {
-    *out = nlohmann::json::parse(
-        text.str(), [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-          if (depth > kMaxJsonDepth) throw TooDeep();
-          return true;
-        });
+    *out = nlohmann::json::parse(text.str(),
+                                 [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+                                   if (depth > kMaxJsonDepth) throw TooDeep();
+                                   return true;
+                                 });
   } catch (const TooDeep&) {
     return Status::Error(path + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
                          " levels");

@@ -593,10 +593,9 @@ Status ParseMoeLayerFreq(const std::string& text, int64_t num_layers, int64_t* d
   };
   if (s == "1") return Status::OK();
   const size_t plus = s.find('+');
-  const bool parsed = plus != std::string::npos
-                          ? repeat(s.substr(0, plus), '0', &zeros) &&
-                                repeat(s.substr(plus + 1), '1', &ones)
-                          : repeat(s, '1', &ones) || list(s);
+  const bool parsed = plus != std::string::npos ? repeat(s.substr(0, plus), '0', &zeros) &&
+                                                      repeat(s.substr(plus + 1), '1', &ones)
+                                                : repeat(s, '1', &ones) || list(s);
   if (!parsed) return unsupported;
   if (zeros + ones != num_layers) {
     return Status::Error("--moe-layer-freq '" + text + "' describes " + Str(zeros + ones) +
@@ -628,8 +627,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   if (!a.Has("--vocab-size") && !a.Has("--padded-vocab-size") && !gpt2_vocabulary) {
     return Status::Error(
         "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type " +
-        tokenizer + ")" +
-        ", so give the vocabulary size (e.g. --vocab-size 128256 for Llama 3)");
+        tokenizer + ")" + ", so give the vocabulary size (e.g. --vocab-size 128256 for Llama 3)");
   }
 
   // Model shape, with Megatron-LM's defaults.
@@ -868,7 +866,8 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     MEMSIM_RETURN_IF_ERROR(
         Choice(a, "--cross-entropy-fusion-impl", {"native", "te"}, "native", &text));
     if (text == "te") {
-      return NotModelled("--cross-entropy-fusion-impl te", "Transformer Engine's cross-entropy kernel");
+      return NotModelled("--cross-entropy-fusion-impl te",
+                         "Transformer Engine's cross-entropy kernel");
     }
     t.cross_entropy_fusion = true;
   }
@@ -960,7 +959,6 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   return Status::OK();
 }
 
-
 // Environment variables of a launch. Modelled ones change what the CUDA libraries
 // allocate or which attention kernel runs; neutral ones tune communication, logging and
 // kernel scheduling without changing any tensor's size.
@@ -1036,9 +1034,7 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, const Arg
 
 }  // namespace
 
-std::vector<std::string> ModelledEnvNames() {
-  return {ModelledEnv().begin(), ModelledEnv().end()};
-}
+std::vector<std::string> ModelledEnvNames() { return {ModelledEnv().begin(), ModelledEnv().end()}; }
 
 Status ParseMegatronArgs(const std::vector<std::string>& args,
                          const std::map<std::string, std::string>& env, int64_t world_size,

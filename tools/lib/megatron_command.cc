@@ -51,8 +51,9 @@ int MegatronCommand(int argc, const char* const* argv) {
     char* end = nullptr;
     world_size = env != nullptr ? std::strtoll(env, &end, 10) : 0;
     if (env == nullptr || *env == '\0' || *end != '\0' || world_size <= 0) {
-      status = Status::Error("give the number of GPUs with --world-size or WORLD_SIZE (a "
-                             "positive integer)");
+      status = Status::Error(
+          "give the number of GPUs with --world-size or WORLD_SIZE (a "
+          "positive integer)");
     }
   }
   if (status.ok() && iterations > 1000) status = Status::Error("--iterations must be in [1, 1000]");
@@ -67,7 +68,10 @@ int MegatronCommand(int argc, const char* const* argv) {
   if (status.ok() && iterations != 0) {
     parsed.spec.training.iterations = static_cast<int32_t>(iterations);
   }
-  if (status.ok()) status = FinalizeRunSpec(&parsed.spec);
+  if (status.ok()) {
+    RunSpec checked = parsed.spec;
+    status = FinalizeRunSpec(&checked);
+  }
   if (!status.ok()) {
     std::fprintf(stderr, "memsim megatron: %s\n", status.message().c_str());
     return kExitError;

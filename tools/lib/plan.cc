@@ -45,29 +45,6 @@ RunSpec Apply(const RunSpec& base, const PlanLayout& layout) {
   return spec;
 }
 
-// What the clock measured on one stage's last iteration.
-StageClock ClockOf(const RankResult& r, int64_t microbatches) {
-  const Recorder& recorder = r.session->recorder();
-  const IterationSummary& it = r.timeline.iterations().back();
-  double optimizer_begin_s = it.end_time_s;
-  for (const Marker& marker : recorder.markers()) {
-    if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kOptimizer &&
-        marker.iteration == it.iteration) {
-      optimizer_begin_s = marker.time_s;
-    }
-  }
-  StageClock clock;
-  clock.compute_s = optimizer_begin_s - it.begin_time_s;
-  clock.optimizer_s = it.end_time_s - optimizer_begin_s;
-  clock.microbatches = microbatches;
-  ForEachLiveStorage(recorder, it.end_event - 1, [&](int64_t id) {
-    const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
-    if (s.category == Category::kGradient) clock.gradient_bytes += s.size_bytes;
-    if (s.category == Category::kParameter) clock.parameter_bytes += s.size_bytes;
-  });
-  return clock;
-}
-
 // Microbatches that hold as many in flight as any larger count (Note [Plan search] 4).
 int64_t ScreeningMicrobatches(const ParallelLayout& layout, int64_t microbatches) {
   const int64_t saturating = layout.vpp > 1 ? 2 * layout.pp : std::max<int64_t>(2, layout.pp);
@@ -214,11 +191,9 @@ PlanEntry SimulatePlanLayout(const RunSpec& base, const PlanLayout& layout, bool
     entry.reason = status.message();
     return entry;
   }
-  std::vector<StageClock> clocks;
   entry.headroom_bytes = spec.gpu->usable_bytes();
   for (const RankResult& r : stages) {
     entry.stage_peak_reserved_bytes.push_back(r.timeline.peak_reserved_bytes());
-    clocks.push_back(ClockOf(r, run.training.num_microbatches));
     if (!r.fits() && entry.oom_stage < 0) {
       entry.oom_stage = r.rank_class.pp_rank;
       entry.over_bytes = r.timeline.peak_reserved_bytes() - spec.gpu->usable_bytes();
@@ -232,7 +207,8 @@ PlanEntry SimulatePlanLayout(const RunSpec& base, const PlanLayout& layout, bool
     return entry;
   }
   entry.verdict = PlanVerdict::kFits;
-  entry.step = EstimateStepTime(spec.model, spec.training, spec.layout, *spec.gpu, clocks);
+  entry.step = EstimateStepTime(spec.model, spec.training, spec.layout, *spec.gpu,
+                                MeasuredClocks(stages, run.training.num_microbatches));
   return entry;
 }
 

@@ -16,6 +16,7 @@
 #include "simulator/snapshot_writer.h"
 #include "simulator/summary_writer.h"
 #include "simulator/trace_writer.h"
+#include "tools/lib/advice.h"
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
@@ -69,6 +70,33 @@ Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>
   return Status::OK();
 }
 
+std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
+                                       int64_t simulated_microbatches) {
+  std::vector<StageClock> clocks;
+  for (const RankResult& r : stages) {
+    const Recorder& recorder = r.session->recorder();
+    const IterationSummary& it = r.timeline.iterations().back();
+    double optimizer_begin_s = it.end_time_s;
+    for (const Marker& marker : recorder.markers()) {
+      if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kOptimizer &&
+          marker.iteration == it.iteration) {
+        optimizer_begin_s = marker.time_s;
+      }
+    }
+    StageClock clock;
+    clock.compute_s = optimizer_begin_s - it.begin_time_s;
+    clock.optimizer_s = it.end_time_s - optimizer_begin_s;
+    clock.microbatches = simulated_microbatches;
+    ForEachLiveStorage(recorder, it.end_event - 1, [&](int64_t id) {
+      const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
+      if (s.category == Category::kGradient) clock.gradient_bytes += s.size_bytes;
+      if (s.category == Category::kParameter) clock.parameter_bytes += s.size_bytes;
+    });
+    clocks.push_back(clock);
+  }
+  return clocks;
+}
+
 double TheoreticalMemoryMB(const RunSpec& spec, int64_t pp_rank) {
   return ComputeTheoreticalMemory(spec.model, spec.training, spec.layout,
                                   spec.training.num_microbatches, pp_rank)
@@ -107,6 +135,33 @@ std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu) {
 }
 
 namespace {
+
+void PrintAdvice(const std::vector<Advice>& advice, int64_t current_bytes) {
+  std::printf(
+      "\nWhat would cut the peak (each switch re-simulated; fullest stage, Note [Advice]):\n");
+  std::printf("  %-40s %14s %12s %10s  %-4s %s\n", "change", "peak reserved", "change", "step time",
+              "fits", "what it does");
+  for (const Advice& a : advice) {
+    char step[32];
+    std::snprintf(step, sizeof(step), "%+.1f%%", (a.step_time_ratio - 1) * 100);
+    std::printf("  %-40s %14s %12s %10s  %-4s %s\n", a.change.c_str(),
+                FormatBytes(a.peak_reserved_bytes).c_str(),
+                FormatBytes(a.peak_reserved_bytes - current_bytes).c_str(), step,
+                a.fits ? "yes" : "no", a.effect.c_str());
+  }
+}
+
+nlohmann::json AdviceJson(const std::vector<Advice>& advice) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Advice& a : advice) {
+    out.push_back({{"change", a.change},
+                   {"effect", a.effect},
+                   {"peak_reserved_MB", BytesToMiB(a.peak_reserved_bytes)},
+                   {"fits", a.fits},
+                   {"step_time_ratio", a.step_time_ratio}});
+  }
+  return out;
+}
 
 void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, int64_t top_n) {
   const GpuSpec& gpu = *spec.gpu;
@@ -227,9 +282,11 @@ SummaryContext ContextFor(const RunSpec& spec, const RankClass& rank_class) {
   return context;
 }
 
-nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r) {
+nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r,
+                            const std::vector<Advice>& advice) {
   nlohmann::json summary =
       SummaryJson(r.session->recorder(), r.timeline, r.peak, ContextFor(spec, r.rank_class));
+  if (!advice.empty()) summary["advice"] = AdviceJson(advice);
   summary["theoretical_memory_caveats"] =
       TheoreticalMemoryCaveats(spec.model, spec.training, spec.layout, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
@@ -246,7 +303,7 @@ nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r) {
 
 Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
                       const std::vector<std::pair<int64_t, const RankResult*>>& ranks,
-                      const ReportOptions& options) {
+                      const ReportOptions& options, const std::vector<Advice>& advice) {
   TraceOptions trace_options;
   trace_options.sample_interval_s = options.sample_interval_s;
   trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
@@ -266,7 +323,7 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
       f.trace = TraceJson(result->timeline, trace_options).dump(1);
       f.snapshot = SnapshotPickle(result->session->recorder(), result->timeline.peak_event(),
                                   snapshot_options);
-      f.summary = ClassSummary(spec, *result);
+      f.summary = ClassSummary(spec, *result, advice);
     }
     total_bytes += static_cast<double>(f.trace.size() + f.snapshot.size()) + 4096;
   }
@@ -308,6 +365,8 @@ void AddReportOptions(po::options_description* options, ReportOptions* report) {
       "largest tensors to print (default 10, at most 50)")("json", po::bool_switch(&report->json),
                                                            "print the result as JSON")(
       "check", po::bool_switch(&report->check), "exit with code 3 if any rank does not fit")(
+      "advise", po::bool_switch(&report->advise),
+      "re-simulate with each switch that could cut the peak and report by how much")(
       "max-output", PositiveValue(&report->max_output_gib, "max-output"),
       "most GiB of files to write (default 4); more is refused before writing");
 }
@@ -374,7 +433,6 @@ int SimulateCommand(int argc, const char* const* argv) {
   if (ep) spec.layout.ep = ep;
   if (first_stage_layers) spec.layout.first_stage_layers = first_stage_layers;
   if (last_stage_layers) spec.layout.last_stage_layers = last_stage_layers;
-  if (status.ok()) status = FinalizeRunSpec(&spec);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim simulate: %s\n", status.message().c_str());
     return kExitError;
@@ -382,33 +440,45 @@ int SimulateCommand(int argc, const char* const* argv) {
   return SimulateAndReport(spec, report, "simulate");
 }
 
-int SimulateAndReport(const RunSpec& spec, const ReportOptions& options, const char* command) {
-  Status status = EnsureWritableDirectory(options.out_dir);
+int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
+                      const char* command) {
+  RunSpec spec = unfinalized;
+  Status status = FinalizeRunSpec(&spec);
+  if (status.ok()) status = EnsureWritableDirectory(options.out_dir);
   std::vector<RankResult> results;
   if (status.ok()) status = SimulateAllClasses(spec, options.jobs, &results);
   std::vector<std::pair<int64_t, const RankResult*>> selected;
   if (status.ok()) status = SelectRanks(options.ranks, results, spec.layout.world_size, &selected);
+  std::vector<Advice> advice;
+  if (status.ok() && options.advise)
+    advice = AdviseOnPeak(unfinalized, spec, results, options.jobs);
   if (status.ok()) {
-    status = WriteRankFiles(options.out_dir, spec, selected, options);
+    status = WriteRankFiles(options.out_dir, spec, selected, options, advice);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "memsim %s: %s\n", command, status.message().c_str());
     return kExitError;
   }
   bool all_fit = true;
-  for (const RankResult& r : results) all_fit = all_fit && r.fits();
+  int64_t fullest_bytes = 0;
+  for (const RankResult& r : results) {
+    all_fit = all_fit && r.fits();
+    fullest_bytes = std::max(fullest_bytes, r.timeline.peak_reserved_bytes());
+  }
   if (options.json) {
     nlohmann::json classes = nlohmann::json::array();
-    for (const RankResult& r : results) classes.push_back(ClassSummary(spec, r));
-    const nlohmann::json out = {{"model", spec.model_source},
-                                {"gpu", spec.gpu->name},
-                                {"world_size", spec.layout.world_size},
-                                {"fits", all_fit},
-                                {"theoretical_memory_MB", TheoreticalMemoryMB(spec, 0)},
-                                {"rank_classes", classes}};
+    for (const RankResult& r : results) classes.push_back(ClassSummary(spec, r, {}));
+    nlohmann::json out = {{"model", spec.model_source},
+                          {"gpu", spec.gpu->name},
+                          {"world_size", spec.layout.world_size},
+                          {"fits", all_fit},
+                          {"theoretical_memory_MB", TheoreticalMemoryMB(spec, 0)},
+                          {"rank_classes", classes}};
+    if (options.advise) out["advice"] = AdviceJson(advice);
     std::cout << out.dump(2) << "\n";
   } else {
     PrintReport(spec, results, options.top_n);
+    if (options.advise) PrintAdvice(advice, fullest_bytes);
     std::printf("\nWrote traces, summaries and snapshots of %zu rank%s to %s/\n", selected.size(),
                 selected.size() == 1 ? "" : "s", options.out_dir.c_str());
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "parallel/rank_classes.h"
+#include "parallel/step_time.h"
 #include "simulator/peak_analysis.h"
 #include "simulator/session.h"
 #include "simulator/status.h"
@@ -46,6 +47,11 @@ std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu);
 // Simulates every rank class on up to `jobs` threads; results in stage order.
 Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results);
 
+// What the virtual clock measured on each stage's last iteration (results in stage order),
+// for EstimateStepTime; the stages ran `simulated_microbatches` microbatches.
+std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
+                                       int64_t simulated_microbatches);
+
 // Megatron-LM's analytical estimate for pipeline stage `pp_rank` of `spec`, in MiB (Note
 // [Theoretical memory per stage] in parallel/theoretical_memory.h).
 double TheoreticalMemoryMB(const RunSpec& spec, int64_t pp_rank);
@@ -59,18 +65,19 @@ struct ReportOptions {
   int jobs = 2;
   bool json = false;
   bool check = false;
+  bool advise = false;        // Note [Advice] in tools/lib/advice.h
   double max_output_gib = 4;  // refuse to write more files than this
 };
 
 // The report options every simulating command takes (--jobs --out --ranks
-// --sample-interval --top --json --check), and their checks beyond parsing.
-void AddReportOptions(boost::program_options::options_description* options,
-                      ReportOptions* report);
+// --sample-interval --top --json --check --advise), and their checks beyond parsing.
+void AddReportOptions(boost::program_options::options_description* options, ReportOptions* report);
 Status CheckReportOptions(const ReportOptions& report);
 
-// Simulates `spec` (which passed FinalizeRunSpec), prints the table or JSON, writes the
-// files; returns the exit code.
-int SimulateAndReport(const RunSpec& spec, const ReportOptions& options, const char* command);
+// Finalizes and simulates `unfinalized`, prints the table or JSON (and, with
+// options.advise, what would cut the peak), writes the files; returns the exit code.
+int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
+                      const char* command);
 
 // The command: parses argv (after "simulate"), prints, writes files; returns the exit code.
 int SimulateCommand(int argc, const char* const* argv);

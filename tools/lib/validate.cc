@@ -106,8 +106,10 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
   };
   std::string recipe;
   const std::map<std::string, YamlKeyHandler> source_keys = {
-      text("repository", &c.source_repository), text("commit", &c.source_commit),
-      text("config", &c.source_config),         text("golden_values", &c.source_golden_values),
+      text("repository", &c.source_repository),
+      text("commit", &c.source_commit),
+      text("config", &c.source_config),
+      text("golden_values", &c.source_golden_values),
       text("recipe", &recipe),
   };
   const std::map<std::string, YamlKeyHandler> keys = {
@@ -149,7 +151,9 @@ Status LoadTolerances(const std::string& path, std::map<std::string, Tolerance>*
     Tolerance t;
     const std::map<std::string, YamlKeyHandler> keys = {
         {"max_allocated_pct",
-         [&](const YAML::Node& v) { return Read(v, path, "max_allocated_pct", &t.max_allocated_pct); }},
+         [&](const YAML::Node& v) {
+           return Read(v, path, "max_allocated_pct", &t.max_allocated_pct);
+         }},
         {"allocated_pct",
          [&](const YAML::Node& v) { return Read(v, path, "allocated_pct", &t.allocated_pct); }},
         {"reason", [&](const YAML::Node& v) { return Read(v, path, "reason", &t.reason); }},
@@ -351,8 +355,10 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
       "in validation/tolerances.yaml.\n\n";
   md += "**" + a.Line(results.size()) + ".**\n\n";
   // Dense and mixture-of-experts cases apart: their targets differ (0.5% and 2%).
-  md += "| group | compared | median \\|error\\| max allocated | median \\|error\\| allocated after step | "
-        "worst \\|error\\| |\n| --- | ---: | ---: | ---: | ---: |\n";
+  md +=
+      "| group | compared | median \\|error\\| max allocated | median \\|error\\| allocated after "
+      "step | "
+      "worst \\|error\\| |\n| --- | ---: | ---: | ---: | ---: |\n";
   for (const bool moe : {false, true}) {
     std::vector<double> peak, after;
     int compared = 0;
@@ -393,13 +399,14 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
   }
   md += "\n## Why the tolerances above 0.5% are what they are\n\n";
   for (const CaseResult& r : results) {
-    if (!r.tolerance.reason.empty()) md += "- " + r.validation_case.name + ": " + r.tolerance.reason + "\n";
+    if (!r.tolerance.reason.empty())
+      md += "- " + r.validation_case.name + ": " + r.tolerance.reason + "\n";
   }
   md += "\n## Sources\n\n";
   for (const CaseResult& r : results) {
     const ValidationCase& c = r.validation_case;
-    md += "- " + c.name + ": " + c.source_repository + "@" + c.source_commit.substr(0, 12) +
-          " `" + c.source_config + "`, `" + c.source_golden_values + "`\n";
+    md += "- " + c.name + ": " + c.source_repository + "@" + c.source_commit.substr(0, 12) + " `" +
+          c.source_config + "`, `" + c.source_golden_values + "`\n";
   }
   return md;
 }
@@ -527,8 +534,8 @@ int ValidateCommand(int argc, const char* const* argv) {
     }
   }
   const bool all_passed =
-      bad_files == 0 && std::all_of(results.begin(), results.end(),
-                                    [](const CaseResult& r) { return r.passed(); });
+      bad_files == 0 &&
+      std::all_of(results.begin(), results.end(), [](const CaseResult& r) { return r.passed(); });
   return all_passed ? kExitOk : kExitError;
 }
 

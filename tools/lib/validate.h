@@ -41,7 +41,7 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out);
 struct Tolerance {
   double max_allocated_pct = 0.5;
   double allocated_pct = 0.5;
-  std::string reason;           // required when either is above 0.5
+  std::string reason;            // required when either is above 0.5
   std::string expected_refusal;  // non-empty: memsim cannot yet express the case
 };
 

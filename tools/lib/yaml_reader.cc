@@ -54,8 +54,8 @@ Status LoadYamlFile(const std::string& path, YAML::Node* out) {
   try {
     *out = YAML::LoadFile(path);
   } catch (const YAML::DeepRecursion& e) {
-    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) +
-                         ": YAML nested more than " + std::to_string(e.depth()) +
+    return Status::Error(path + ":" + std::to_string(e.mark.line + 1) + ": YAML nested more than " +
+                         std::to_string(e.depth()) +
                          " levels deep; no memsim file nests more than a few");
   } catch (const YAML::ParserException& e) {
     return Status::Error(path + ":" + std::to_string(e.mark.line + 1) +

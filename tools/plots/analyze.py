@@ -9,6 +9,7 @@ failed run leaves nothing behind and `latest` never points at a half-written fol
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from collections import Counter
@@ -55,6 +56,19 @@ class Analysis:
     allocs: list[Allocation]  # active blocks, largest first
     free_blocks: list[int]  # sizes of cached (inactive) blocks
     by_category: dict[str, int]
+    # memsim's summary_rank{R}.json beside its snapshot_rank{R}.pickle, when there is one.
+    companion: dict | None = None
+
+    @property
+    def out_of_memory(self) -> bool:
+        """The run this snapshot is from ran out of memory."""
+        return self.snapshot.saw_oom or bool(self.companion and "out_of_memory" in self.companion)
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """The GPU's usable memory, when the companion summary says."""
+        usable = self.companion.get("gpu_usable_MB") if self.companion else None
+        return int(usable * MB) if isinstance(usable, (int, float)) and usable > 0 else None
 
     @property
     def wasted(self) -> int:
@@ -86,7 +100,7 @@ def parser() -> CommandParser:
 
 def run(args: argparse.Namespace) -> None:
     """Analyzes, writes the run folder under a hidden name, then publishes it."""
-    analysis = analyze(load_snapshot(args.snapshot))
+    analysis = analyze(load_snapshot(args.snapshot), companion_summary(args.snapshot))
     results = args.results_dir
     latest = results / "latest"
     if latest.exists() and not latest.is_symlink():
@@ -136,16 +150,38 @@ def point_symlink(link: Path, target: str) -> None:
     os.replace(tmp, link)
 
 
-def analyze(snapshot: Snapshot) -> Analysis:
+def companion_summary(snapshot: Path) -> dict | None:
+    """memsim's summary_rank{R}.json beside snapshot_rank{R}.pickle (its verdict, usable
+    memory and measured advice), or None; one that cannot be read is an error."""
+    rank = re.fullmatch(r"snapshot_rank(\d+)", snapshot.stem)
+    path = snapshot.with_name(f"summary_rank{rank[1]}.json") if rank else None
+    if path is None or not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise InputError(f"{path}: cannot read memsim's summary beside the snapshot ({e})") from None
+    if not isinstance(summary, dict):
+        raise InputError(f"{path}: not a memsim summary (expected a JSON object)")
+    return summary
+
+
+def analyze(snapshot: Snapshot, companion: dict | None = None) -> Analysis:
     """The numbers behind the report."""
     allocs = allocations(snapshot)
     free_blocks = sorted((b.size for b in snapshot.blocks if not b.active), reverse=True)
-    return Analysis(snapshot, allocs, free_blocks, bytes_by_category(allocs))
+    return Analysis(snapshot, allocs, free_blocks, bytes_by_category(allocs), companion)
 
 
 def recommendations(a: Analysis) -> list[str]:
-    """Cache overhead, large idle blocks, empty segments and likely leaks."""
+    """Cache overhead, large idle blocks, empty segments and likely leaks; for a run that
+    ran out of memory, that the peak itself must come down, and by which switch."""
     found = []
+    if a.out_of_memory:
+        found.append("This run ran out of memory. PyTorch already releases every cached block "
+                     "and retries before it raises, so torch.cuda.empty_cache() cannot help: "
+                     "the peak itself has to come down.")
+        found.extend(_measured_advice(a.companion))
     reserved = a.snapshot.reserved
     overhead = a.wasted / reserved * 100
     if overhead > CACHE_OVERHEAD_PCT:
@@ -156,15 +192,37 @@ def recommendations(a: Analysis) -> list[str]:
     if large:
         found.append(f"{len(large)} cached free block(s) of 100 MiB or more hold "
                      f"{_gb(sum(large))} unused (largest {_mb(large[0])}); tensors that do "
-                     "not fit them force new segments. torch.cuda.empty_cache() returns "
-                     "whole free segments.")
+                     "not fit them force new segments." +
+                     ("" if a.out_of_memory else
+                      " torch.cuda.empty_cache() returns whole free segments."))
     empty = [s for s in a.snapshot.segments if not any(b.active for b in s.blocks)]
-    if empty:
+    if empty and not a.out_of_memory:
         found.append(f"{len(empty)} segment(s) ({_gb(sum(s.total_size for s in empty))}) "
                      "hold no live allocation: torch.cuda.empty_cache() would release them.")
     found.extend(_repeated_allocations(a.allocs))
     found.extend(_late_survivors(a.allocs))
     return found
+
+
+def _measured_advice(companion: dict | None) -> list[str]:
+    """The switches memsim simulate --advise re-simulated, best first, or how to get them."""
+    advice = companion.get("advice") if companion else None
+    if not isinstance(advice, list) or not advice:
+        return ["Run memsim simulate --advise on the configuration: it re-simulates each "
+                "switch that could cut the peak (recomputation, SP, the distributed "
+                "optimizer, more PP or TP, a smaller micro batch) and says by how much."]
+    lines = []
+    for entry in advice[:5]:
+        if not isinstance(entry, dict):
+            continue
+        change, peak = entry.get("change"), entry.get("peak_reserved_MB")
+        ratio, fits = entry.get("step_time_ratio"), entry.get("fits")
+        if isinstance(change, str) and isinstance(peak, (int, float)) and \
+                isinstance(ratio, (int, float)):
+            lines.append(f"Measured by memsim: {change} gives a peak of {peak / 1024:,.2f} GiB "
+                         f"({'fits' if fits else 'still does not fit'}), step time "
+                         f"{(ratio - 1) * 100:+.1f}%.")
+    return lines
 
 
 def _repeated_allocations(allocs: list[Allocation]) -> list[str]:
@@ -208,7 +266,10 @@ def summary_text(a: Analysis) -> str:
         f"Reserved:   {_gb(s.reserved)} ({s.reserved} bytes)",
         f"Allocated:  {_gb(s.allocated)} ({s.allocated} bytes)",
         f"Cache/fragmentation (reserved - allocated): {_gb(a.wasted)} ({a.wasted} bytes)",
-        f"Efficiency: {s.efficiency_pct:.2f}% ({a.rating})",
+        f"Cache efficiency (allocated / reserved): {s.efficiency_pct:.2f}% ({a.rating})",
+        *([f"GPU use (reserved / usable): {s.reserved / a.usable_bytes * 100:.1f}% of "
+           f"{_gb(a.usable_bytes)}"] if a.usable_bytes else []),
+        *(["Out of memory: yes"] if a.out_of_memory else []),
     ])
 
 
@@ -262,7 +323,8 @@ def readme_text(a: Analysis, name: str) -> str:
              "| | |", "| --- | --- |",
              f"| Reserved | {_gb(s.reserved)} |", f"| Allocated | {_gb(s.allocated)} |",
              f"| Cache/fragmentation | {_gb(a.wasted)} |",
-             f"| Efficiency | {s.efficiency_pct:.2f}% ({a.rating}) |", "",
+             f"| Cache efficiency (allocated / reserved) | {s.efficiency_pct:.2f}% "
+             f"({a.rating}) |", "",
              "## Where the memory goes", ""]
     lines += [f"- {c}: {_gb(n)} ({n / s.allocated * 100:.1f}%)"
               for c, n in list(a.by_category.items())[:6]] or ["- no live allocations"]
@@ -410,10 +472,10 @@ def efficiency_figure(a: Analysis) -> plt.Figure:
     pct = s.efficiency_pct
     gauge.barh([0], [pct], color="#4c72b0")
     gauge.barh([0], [100 - pct], left=[pct], color="#dd8452")
-    gauge.text(50, 0, f"{pct:.1f}% efficient ({a.rating})", ha="center", va="center",
+    gauge.text(50, 0, f"{pct:.1f}% of reserved allocated ({a.rating})", ha="center", va="center",
                color="white", fontsize=13, fontweight="bold")
     gauge.set_xlim(0, 100)
     gauge.set_yticks([])
     gauge.set_xlabel("% of reserved memory allocated")
-    gauge.set_title("Efficiency (allocated / reserved)")
+    gauge.set_title("Cache efficiency (allocated / reserved)")
     return fig

@@ -228,13 +228,32 @@ def report_text(run_dir: Path, reports: list[RankReport]) -> str:
                 " (MiB)")
         lines += ["", f"-- Memory by module (the {sum(g.count for g in r.modules)} modules "
                   "the summary lists at the peak; layers.N merged into layers.*)",
-                  *_table(["module", "MB", "modules"],
+                  *_table(["module", "MiB", "modules"],
                           [[g.key[0], f"{g.mb:,.1f}", str(g.count)] for g in r.modules], 1),
                   "", f"-- Tensors alive at the peak (the {sum(g.count for g in r.tensors)} "
                   "largest, grouped by module pattern and op)",
-                  *_table(["module", "op", "MB", "tensors"],
+                  *_table(["module", "op", "MiB", "tensors"],
                           [[*g.key, f"{g.mb:,.1f}", str(g.count)] for g in r.tensors], 2), ""]
+        lines += advice_lines(r.summary.get("advice"))
     return "\n".join(lines)
+
+
+def advice_lines(advice: object) -> list[str]:
+    """What would cut the peak, as memsim simulate --advise measured it by re-simulating."""
+    if not isinstance(advice, list) or not advice:
+        return []
+    rows = []
+    for a in advice:
+        if not isinstance(a, dict) or not all(k in a for k in ("change", "peak_reserved_MB", "fits",
+                                                              "step_time_ratio", "effect")):
+            raise ValueError("summary: an 'advice' entry lacks change, effect, peak_reserved_MB, "
+                             "fits or step_time_ratio")
+        rows.append([str(a["change"]), str(a["effect"]), "yes" if a["fits"] else "no",
+                     f"{float(a['peak_reserved_MB']):,.1f}",
+                     f"{(float(a['step_time_ratio']) - 1) * 100:+.1f}%"])
+    return ["-- What would cut the peak (each switch re-simulated by memsim simulate --advise)",
+            *_table(["change", "what it does", "fits", "peak reserved MiB", "step time"], rows, 3),
+            ""]
 
 
 def _table(header: list[str], rows: list[list[str]], text_columns: int) -> list[str]:

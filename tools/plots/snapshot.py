@@ -108,6 +108,8 @@ class Snapshot:
 
     path: Path
     segments: tuple[Segment, ...]
+    # The allocator's trace records an out-of-memory error ("oom" entries, PyTorch 2.x).
+    saw_oom: bool = False
 
     @property
     def exact(self) -> bool:
@@ -157,7 +159,11 @@ def load_snapshot(path: Path) -> Snapshot:
         raise InputError(f"{path}: the snapshot has no segments (nothing was reserved when "
                          "it was taken); take it at the memory peak, e.g. after the forward")
     segments = tuple(_segment(s, f"{path}: segment {i}") for i, s in enumerate(raw_segments))
-    snapshot = Snapshot(path, segments)
+    traces = data.get("device_traces") if isinstance(data, dict) else None
+    saw_oom = isinstance(traces, list) and any(
+        isinstance(device, list) and any(isinstance(e, dict) and e.get("action") == "oom"
+                                         for e in device) for device in traces)
+    snapshot = Snapshot(path, segments, saw_oom)
     if snapshot.reserved <= 0:
         raise InputError(f"{path}: the snapshot's segments reserve 0 bytes; not a usable "
                          "snapshot, take it while the model holds memory")
