@@ -143,7 +143,8 @@ TEST(Robustness, SweepFolderIntegrity) {
   ASSERT_EQ(Memsim(args + " --seq-length 256").exit_code, 0);
   ExpectOneLineError(Memsim(args + " --seq-length 256"),
                      "already holds 2 layouts of a sweep; continue it with --resume");
-  ExpectOneLineError(Memsim(args + " --seq-length 512 --resume"),
+  // Another precision is another run (a sequence length is a layout's, --seq-length lists).
+  ExpectOneLineError(Memsim(args + " --seq-length 256 --precision fp16 --resume"),
                      "holds a sweep of another run");
   // Resuming the same run over a larger grid simulates only the new layout.
   const CommandRun more = Memsim("sweep --model gpt3-1.3b --world-size 4 --tp 1,2,4 --pp 1 --out " + out +

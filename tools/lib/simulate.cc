@@ -389,7 +389,7 @@ int SimulateCommand(int argc, const char* const* argv) {
       "built-in default example (configs/runs/default.yaml).\n\n"
       "Examples:\n"
       "  memsim simulate\n"
-      "  memsim simulate --model llama3-8b --seq-length 8192 --recompute selective --tp 2\n"
+      "  memsim simulate --model llama3-8b --world-size 2 --tp 2 --seq-length 8192 --recompute selective\n"
       "  memsim simulate --model llama3-70b --world-size 128 --tp 8 --pp 4 --sp \\\n"
       "      --data-parallel distributed-optimizer --global-batch-size 512 --check\n"
       "  memsim simulate --hf-config Mixtral-8x7B/config.json --world-size 64 --tp 2 --pp 4 --ep "

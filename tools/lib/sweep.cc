@@ -359,8 +359,10 @@ int SweepCommand(int argc, const char* const* argv) {
       "      --tp 1,2,4,8 --pp 2,4,8,16,32,64 --microbatches-per-pp 6 --out sweep_485b\n"
       "  memsim sweep --model llama3-70b --world-size 1024 --global-batch-size 1024 --resume\n"
       "  memsim sweep --model llama3-8b --world-size 8 --global-batch-size 64 --tp 1,2 --pp 1 \\\n"
-      "      --seq-length 2048,4096,8192 --micro-batch-size 1,2    (memory vs sequence length)\n"
-      "  memsim sweep ... --shard 0/4    (or from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)\n\n"
+      "      --seq-length 2048,4096,8192 --micro-batch-size 1,2 --out sweep_seq    (memory vs sequence)\n"
+      "  memsim sweep --model gpt3-1.3b --world-size 8 --global-batch-size 16 --tp 1,2 --pp 1,2 "
+      "\\\n"
+      "      --shard 0/4 --out sweep_0    (K/N, or SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)\n\n"
       "Options");
   SpecOptions spec_options;
   spec_options.iterations = 2;  // the steady state: optimizer states exist from the second
@@ -487,13 +489,14 @@ int SweepCommand(int argc, const char* const* argv) {
 }
 
 int MergeCommand(int argc, const char* const* argv) {
-  if (argc < 3 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+  const bool help = argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
+  if (argc < 3 || help) {
     std::printf(
         "memsim merge OUT_DIR SHARD_DIR...\n\n"
         "Joins the outputs of sweep shards (memsim sweep --shard K/N) into OUT_DIR and rewrites\n"
         "its logs and tables.\n\nExample:\n  memsim merge sweep_all sweep_0 sweep_1 sweep_2 "
         "sweep_3\n");
-    return argc < 3 ? kExitError : kExitOk;
+    return help ? kExitOk : kExitError;
   }
   const std::string out_dir = argv[1];
   // Every shard is read and checked before anything is written: a bad shard leaves the

@@ -453,9 +453,8 @@ int ValidateCommand(int argc, const char* const* argv) {
       "case, GPU, rank, metric, real, memsim, error; median and worst. Exits 2 when any case\n"
       "is outside its tolerance (validation/tolerances.yaml), after reporting all of them.\n\n"
       "Examples:\n"
-      "  memsim validate\n"
       "  memsim validate --filter 'tp2_pp2' --jobs 2\n"
-      "  memsim validate --report VALIDATION.md --json validation.json\n\n"
+      "  memsim validate --report VALIDATION.md --json validation.json    (every case)\n\n"
       "Options");
   options.add_options()("help,h", "show this help")(
       "filter", po::value(&filter), "only cases whose name matches this regular expression")(
