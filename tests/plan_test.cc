@@ -257,7 +257,8 @@ TEST(Plan, CommandWritesRankedReport) {
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_NE(run.out.find("| 1 | TP"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("Memory versus sequence length"), std::string::npos);
-  for (const char* file : {"/plan.md", "/plan.csv", "/plan.json"}) {
+  for (const char* file : {"/plan.md", "/plan.csv", "/plan.json", "/memory_vs_sequence_length.png",
+                           "/step_time.png"}) {
     EXPECT_TRUE(std::filesystem::exists(out + file)) << file;
   }
   // What the plan needs and does not default.
@@ -268,6 +269,11 @@ TEST(Plan, CommandWritesRankedReport) {
                 .exit_code,
             2);
   EXPECT_EQ(test::RunMemsim("plan --help").exit_code, 0);
+  // The figures redrawn from plan.json; a folder without one is a one-line error.
+  EXPECT_EQ(test::RunMemsim("plan-figures " + out).exit_code, 0);
+  const test::CommandResult bad = test::RunMemsim("plan-figures " + out + "/missing");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("plan.json"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/megatron_command.h"
 #include "tools/lib/plan.h"
+#include "tools/lib/plots_runner.h"
 #include "tools/lib/simulate.h"
 #include "tools/lib/sweep.h"
 #include "tools/lib/validate.h"
@@ -32,18 +33,16 @@ void PrintUsage() {
       "  compare    plot real vs simulated memory traces, rank by rank\n"
       "  heatmap    TP x PP heatmap of a sweep's peaks\n"
       "  analyze    analyze a PyTorch memory snapshot pickle\n"
-      "  report     figures and tables of a simulated run's memory\n\n"
+      "  report     figures and tables of a simulated run's memory\n"
+      "  plan-figures  redraw memsim plan's figures from its plan.json\n\n"
       "Run 'memsim <command> --help' for a command's options and examples.\n");
 }
 
 // The plotting and analysis commands are Python (matplotlib): run tools/plots with an
-// interpreter that has it ($MEMSIM_PYTHON, else Debian's /usr/bin/python3).
+// interpreter that has it (PlotsPython).
 int RunPlotsCommand(int argc, char** argv) {
-  const char* configured = std::getenv("MEMSIM_PYTHON");
-  const std::string python = configured != nullptr                     ? configured
-                             : ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3"
-                                                                       : "python3";
-  const std::string script = std::string(MEMSIM_SOURCE_DIR) + "/tools/plots/memsim_plots.py";
+  const std::string python = memsim::PlotsPython();
+  const std::string script = memsim::PlotsScript();
   std::vector<char*> args = {const_cast<char*>(python.c_str()), const_cast<char*>(script.c_str())};
   for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
@@ -76,7 +75,7 @@ int main(int argc, char** argv) {
     if (command == "megatron") return memsim::MegatronCommand(argc - 1, argv + 1);
     if (command == "validate") return memsim::ValidateCommand(argc - 1, argv + 1);
     if (command == "compare" || command == "heatmap" || command == "analyze" ||
-        command == "report") {
+        command == "report" || command == "plan-figures") {
       return RunPlotsCommand(argc, argv);
     }
   } catch (const std::exception& e) {

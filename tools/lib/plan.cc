@@ -19,6 +19,7 @@
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
 #include "tools/lib/parallel_for.h"
+#include "tools/lib/plots_runner.h"
 #include "tools/lib/simulate.h"
 
 namespace memsim {
@@ -702,18 +703,40 @@ int PlanCommand(int argc, const char* const* argv) {
   const std::string markdown = RenderMarkdown(report, *base.gpu);
   json all = json::array();
   for (const PlanEntry& e : report.entries) all.push_back(EntryJson(e));
+  json curve = json::array();
+  for (const SequencePoint& p : report.sequence_curve) {
+    json point = {{"seq_length", p.seq_length},
+                  {"fits", p.entry.verdict == PlanVerdict::kFits},
+                  {"verdict", PlanVerdictName(p.entry.verdict)}};
+    const auto& peaks = p.entry.stage_peak_reserved_bytes;
+    if (!peaks.empty())
+      point["peak_reserved_GiB"] = GiB(*std::max_element(peaks.begin(), peaks.end()));
+    curve.push_back(point);
+  }
   status = WriteFileAtomically(out_dir + "/plan.md", markdown);
   if (status.ok()) status = WriteFileAtomically(out_dir + "/plan.csv", Csv(report.entries));
   if (status.ok()) {
     status = WriteFileAtomically(out_dir + "/plan.json",
-                                 json({{"run", report.title}, {"layouts", all}}).dump(1));
+                                 json({{"run", report.title},
+                                       {"usable_GiB", GiB(base.gpu->usable_bytes())},
+                                       {"layouts", all},
+                                       {"sequence_curve", curve}})
+                                     .dump(1));
   }
   std::fputs(markdown.c_str(), stdout);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
     return kExitError;
   }
-  std::printf("\nWrote %s/plan.md, plan.csv and plan.json\n", out_dir.c_str());
+  // The figures are matplotlib's: without it the plan stands, and says so.
+  std::string error;
+  const int figures = RunPlotsChild("plan-figures", {out_dir}, &error);
+  if (figures != 0) {
+    std::fprintf(stderr, "memsim plan: note: figures not drawn (%s); the tables are complete\n",
+                 figures < 0 ? error.c_str() : "the plotting tool failed, see above");
+  }
+  std::printf("\nWrote %s/plan.md, plan.csv, plan.json%s\n", out_dir.c_str(),
+              figures == 0 ? ", memory_vs_sequence_length.png and step_time.png" : "");
   return kExitOk;
 }
 

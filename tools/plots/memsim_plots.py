@@ -6,6 +6,7 @@
   heatmap   peak memory of a TP x PP sweep as a heatmap (PNG and PDF)
   analyze   a PyTorch memory snapshot: categories, largest allocations, fragmentation
   report    a memsim output folder: memory by phase, by module, tensors at the peak
+  plan-figures  memsim plan's figures (memsim plan runs it on its --out folder)
 
 Errors in the input are one line on stderr, `memsim <command>: <problem>`, and exit
 code 2, like the rest of memsim; output is written all-or-nothing.
@@ -21,7 +22,7 @@ from types import ModuleType
 
 from common import InputError
 
-COMMANDS = ("compare", "heatmap", "analyze", "report")
+COMMANDS = ("compare", "heatmap", "analyze", "report", "plan-figures")
 USAGE = f"usage: memsim_plots.py {{{','.join(COMMANDS)}}} [options]  (<command> --help for more)"
 
 
@@ -62,7 +63,7 @@ def load_command(command: str) -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
-    return importlib.import_module(command)
+    return importlib.import_module(command.replace("-", "_"))
 
 
 def fail(command: str, message: str) -> int:
