@@ -16,10 +16,33 @@
 namespace memsim {
 namespace po = boost::program_options;
 
-int MegatronCommand(int argc, const char* const* argv) {
-  // memsim's own options come before "--", Megatron-LM's arguments after it.
+int LaunchLineSeparator(int argc, const char* const* argv) {
   int separator = 1;
   while (separator < argc && std::string(argv[separator]) != "--") ++separator;
+  return separator;
+}
+
+Status ReadLaunchLine(const std::vector<std::string>& args, int64_t world_size,
+                      MegatronArgsResult* parsed) {
+  if (world_size == 0) {
+    const char* env = std::getenv("WORLD_SIZE");
+    char* end = nullptr;
+    world_size = env != nullptr ? std::strtoll(env, &end, 10) : 0;
+    if (env == nullptr || *env == '\0' || *end != '\0' || world_size <= 0) {
+      return Status::Error(
+          "give the number of GPUs with --world-size or WORLD_SIZE (a positive integer)");
+    }
+  }
+  std::map<std::string, std::string> env;
+  for (const std::string& name : ModelledEnvNames()) {
+    if (const char* value = std::getenv(name.c_str())) env[name] = value;
+  }
+  return ParseMegatronArgs(args, env, world_size, parsed);
+}
+
+int MegatronCommand(int argc, const char* const* argv) {
+  // memsim's own options come before "--", Megatron-LM's arguments after it.
+  const int separator = LaunchLineSeparator(argc, argv);
   po::options_description options(
       "memsim megatron [options] -- <pretrain_gpt.py arguments>\n\n"
       "Simulates a Megatron-LM launch line. The world size comes from --world-size or\n"
@@ -46,24 +69,10 @@ int MegatronCommand(int argc, const char* const* argv) {
     return *exit_code;
   }
   Status status = CheckReportOptions(report);
-  if (status.ok() && world_size == 0) {
-    const char* env = std::getenv("WORLD_SIZE");
-    char* end = nullptr;
-    world_size = env != nullptr ? std::strtoll(env, &end, 10) : 0;
-    if (env == nullptr || *env == '\0' || *end != '\0' || world_size <= 0) {
-      status = Status::Error(
-          "give the number of GPUs with --world-size or WORLD_SIZE (a "
-          "positive integer)");
-    }
-  }
   if (status.ok() && iterations > 1000) status = Status::Error("--iterations must be in [1, 1000]");
-  std::map<std::string, std::string> env;
-  for (const std::string& name : ModelledEnvNames()) {
-    if (const char* value = std::getenv(name.c_str())) env[name] = value;
-  }
   MegatronArgsResult parsed;
   const std::vector<std::string> args(argv + std::min(separator + 1, argc), argv + argc);
-  if (status.ok()) status = ParseMegatronArgs(args, env, world_size, &parsed);
+  if (status.ok()) status = ReadLaunchLine(args, world_size, &parsed);
   if (status.ok()) status = ParseGpu(gpu_name, &parsed.spec.gpu);
   if (status.ok() && iterations != 0) {
     parsed.spec.training.iterations = static_cast<int32_t>(iterations);

@@ -18,6 +18,7 @@
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
+#include "tools/lib/megatron_command.h"
 #include "tools/lib/parallel_for.h"
 #include "tools/lib/plots_runner.h"
 #include "tools/lib/simulate.h"
@@ -607,17 +608,21 @@ Status ParseKinds(const std::string& text, PlanGrid* grid, bool recompute) {
 
 int PlanCommand(int argc, const char* const* argv) {
   po::options_description options(
-      "memsim plan [options]\n\n"
+      "memsim plan [options] [-- <pretrain_gpt.py arguments>]\n\n"
       "Which layout to run: searches TP, PP, VPP, CP, EP, micro batch, recomputation and the\n"
       "data-parallel kind for a model on a cluster, ranks the layouts that fit by step time\n"
       "(virtual clock, pipeline bubble, recomputation and communication counted), gives the\n"
       "largest micro batch and memory versus sequence length for the best, and says why the\n"
-      "others fail. Writes plan.md, plan.csv and plan.json into --out.\n\n"
+      "others fail. Writes plan.md, plan.csv, plan.json and figures into --out. The model may\n"
+      "come from a Megatron-LM launch line after -- (its layout is what the plan searches).\n\n"
       "Examples:\n"
       "  memsim plan --model llama3-70b --gpu H100 --world-size 64 --seq-length 8192 \\\n"
       "      --global-batch-size 512\n"
       "  memsim plan --model gpt3-1.3b --world-size 8 --seq-length 2048 --global-batch-size 64 \\\n"
-      "      --tp 1,2 --pp 1,2 --recompute none,full --out plan_small\n\n"
+      "      --tp 1,2 --pp 1,2 --recompute none,full --out plan_small\n"
+      "  memsim plan --world-size 16 --out plan_launch -- --num-layers 32 --hidden-size 4096 \\\n"
+      "      --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 \\\n"
+      "      --micro-batch-size 1 --global-batch-size 64 --bf16 --vocab-size 50257\n\n"
       "Options");
   SpecOptions spec_options;
   spec_options.iterations = 2;
@@ -639,15 +644,39 @@ int PlanCommand(int argc, const char* const* argv) {
       "best layouts simulated with every microbatch (default 3)")(
       "top", PositiveValue(&shown, "top"), "layouts listed (default 10)")(
       "out", po::value(&out_dir), "output folder (default memsim_plan)");
+  // A Megatron-LM launch line may follow "--" (as for memsim megatron).
+  const int separator = LaunchLineSeparator(argc, argv);
   po::variables_map vm;
-  if (auto exit_code = ParseCommandLine(argc, argv, options, "plan", &vm)) return *exit_code;
-  // --data-parallel is a list here: the base run takes the first.
+  if (auto exit_code = ParseCommandLine(separator, argv, options, "plan", &vm)) return *exit_code;
+  // --data-parallel is a list here, applied per layout.
   const std::string data_parallel_list = spec_options.data_parallel;
   spec_options.data_parallel.clear();
   RunSpec base;
-  Status status = BuildRunSpec(spec_options, /*default_run=*/false, "plan", &base);
-  if (status.ok() && spec_options.world_size == 0) {
-    status = Status::Error("give the number of GPUs with --world-size");
+  Status status;
+  if (separator < argc) {
+    if (!spec_options.model.empty() || !spec_options.config.empty() ||
+        !spec_options.hf_config.empty()) {
+      status = Status::Error(
+          "give the model either with --model/--config/--hf-config or as a launch line after "
+          "--, not both");
+    }
+    MegatronArgsResult parsed;
+    const std::vector<std::string> args(argv + separator + 1, argv + argc);
+    if (status.ok()) status = ReadLaunchLine(args, spec_options.world_size, &parsed);
+    base = parsed.spec;
+    base.gpu = FindGpu("H100-80GB");
+    if (status.ok() && !spec_options.gpu.empty()) status = ParseGpu(spec_options.gpu, &base.gpu);
+    if (spec_options.seq_length) base.training.seq_length = spec_options.seq_length;
+    if (spec_options.global_batch_size) base.global_batch_size = spec_options.global_batch_size;
+    if (spec_options.iterations) {
+      base.training.iterations = static_cast<int32_t>(spec_options.iterations);
+    }
+    base.model_source = "the launch line's model";
+  } else {
+    status = BuildRunSpec(spec_options, /*default_run=*/false, "plan", &base);
+    if (status.ok() && spec_options.world_size == 0) {
+      status = Status::Error("give the number of GPUs with --world-size");
+    }
   }
   if (status.ok() && base.global_batch_size <= 0) {
     status = Status::Error("give the global batch (sequences per step) with --global-batch-size");
