@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "parallel/layout.h"
 #include "simulator/atomic_file.h"
@@ -398,6 +399,8 @@ std::string StepRow(size_t rank, const PlanEntry& e) {
 
 struct PlanReport {
   std::string title;
+  std::string markdown;  // RenderMarkdown's
+  bool figures = false;  // drawn
   std::vector<PlanEntry> entries;
   std::vector<PlanEntry> largest_micro_batch;  // for the best layouts, in rank order
   std::vector<SequencePoint> sequence_curve;   // for the best layout
@@ -604,6 +607,94 @@ Status ParseKinds(const std::string& text, PlanGrid* grid, bool recompute) {
   return Status::OK();
 }
 
+struct PlanLists {
+  std::string tp, pp, vpp, cp, ep, micro_batch, recompute, data_parallel;
+};
+
+// The grid for `base`'s cluster: DefaultPlanGrid, with each list the user gave instead.
+Status BuildGrid(const RunSpec& base, const PlanLists& lists, PlanGrid* grid) {
+  *grid = DefaultPlanGrid(base);
+  const std::tuple<const std::string*, std::vector<int64_t>*, const char*> ints[] = {
+      {&lists.tp, &grid->tp, "tp"},
+      {&lists.pp, &grid->pp, "pp"},
+      {&lists.vpp, &grid->vpp, "vpp"},
+      {&lists.cp, &grid->cp, "cp"},
+      {&lists.ep, &grid->ep, "ep"},
+      {&lists.micro_batch, &grid->micro_batch, "micro-batch-size"}};
+  for (const auto& [text, values, name] : ints) {
+    if (!text->empty()) MEMSIM_RETURN_IF_ERROR(ParseIntList(*text, name, values));
+  }
+  if (!lists.recompute.empty()) {
+    grid->recompute.clear();
+    MEMSIM_RETURN_IF_ERROR(ParseKinds(lists.recompute, grid, /*recompute=*/true));
+  }
+  if (!lists.data_parallel.empty()) {
+    grid->data_parallel.clear();
+    MEMSIM_RETURN_IF_ERROR(ParseKinds(lists.data_parallel, grid, /*recompute=*/false));
+  }
+  return Status::OK();
+}
+
+// The plan for `base`'s cluster size: searched, extended for the best layouts, rendered,
+// and written to `out_dir` (plan.md, plan.csv, plan.json, figures).
+Status PlanCluster(const RunSpec& base, const PlanLists& lists, const PlanSettings& settings,
+                   int64_t shown, const std::string& out_dir, PlanReport* report) {
+  PlanGrid grid;
+  MEMSIM_RETURN_IF_ERROR(BuildGrid(base, lists, &grid));
+  report->shown = shown;
+  report->title = base.model_source + " on " + std::to_string(base.layout.world_size) + " x " +
+                  base.gpu->name + " (usable " + FormatBytes(base.gpu->usable_bytes()) + "), " +
+                  PrecisionName(base.training.precision) + ", sequence " +
+                  std::to_string(base.training.seq_length) + ", global batch " +
+                  std::to_string(base.global_batch_size) + " sequences";
+  const auto start = std::chrono::steady_clock::now();
+  MEMSIM_RETURN_IF_ERROR(RunPlan(base, grid, settings, &report->entries));
+  std::vector<const PlanEntry*> best;
+  for (const PlanEntry& e : report->entries) {
+    if (e.verdict == PlanVerdict::kFits && best.size() < 3) best.push_back(&e);
+  }
+  if (!best.empty()) {
+    report->largest_micro_batch.resize(best.size());
+    ParallelFor(best.size(), settings.jobs, [&](size_t i) {
+      report->largest_micro_batch[i] = LargestMicroBatch(base, *best[i]);
+    });
+    report->sequence_curve = SequenceCurve(base, best[0]->layout, settings.jobs);
+  }
+  report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report->markdown = RenderMarkdown(*report, *base.gpu);
+  json all = json::array();
+  for (const PlanEntry& e : report->entries) all.push_back(EntryJson(e));
+  json curve = json::array();
+  for (const SequencePoint& p : report->sequence_curve) {
+    json point = {{"seq_length", p.seq_length},
+                  {"fits", p.entry.verdict == PlanVerdict::kFits},
+                  {"verdict", PlanVerdictName(p.entry.verdict)}};
+    const auto& peaks = p.entry.stage_peak_reserved_bytes;
+    if (!peaks.empty()) {
+      point["peak_reserved_GiB"] = GiB(*std::max_element(peaks.begin(), peaks.end()));
+    }
+    curve.push_back(point);
+  }
+  MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/plan.md", report->markdown));
+  MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/plan.csv", Csv(report->entries)));
+  MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/plan.json",
+                                             json({{"run", report->title},
+                                                   {"world_size", base.layout.world_size},
+                                                   {"usable_GiB", GiB(base.gpu->usable_bytes())},
+                                                   {"layouts", all},
+                                                   {"sequence_curve", curve}})
+                                                 .dump(1)));
+  // The figures are matplotlib's: without it the plan stands, and says so.
+  std::string error;
+  const int figures = RunPlotsChild("plan-figures", {out_dir}, &error);
+  report->figures = figures == 0;
+  if (!report->figures) {
+    std::fprintf(stderr, "memsim plan: note: figures not drawn (%s); the tables are complete\n",
+                 figures < 0 ? error.c_str() : "the plotting tool failed, see above");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 int PlanCommand(int argc, const char* const* argv) {
@@ -620,25 +711,32 @@ int PlanCommand(int argc, const char* const* argv) {
       "      --global-batch-size 512\n"
       "  memsim plan --model gpt3-1.3b --world-size 8 --seq-length 2048 --global-batch-size 64 \\\n"
       "      --tp 1,2 --pp 1,2 --recompute none,full --out plan_small\n"
+      "  memsim plan --model llama3-8b --gpus 8,16,32 --seq-length 8192 --global-batch-size 128 "
+      "\\\n"
+      "      --out plan_sizes    (a plan per cluster size, compared)\n"
       "  memsim plan --world-size 16 --out plan_launch -- --num-layers 32 --hidden-size 4096 \\\n"
       "      --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 \\\n"
       "      --micro-batch-size 1 --global-batch-size 64 --bf16 --vocab-size 50257\n\n"
       "Options");
   SpecOptions spec_options;
   spec_options.iterations = 2;
-  std::string out_dir = "memsim_plan", tp_list, pp_list, vpp_list, cp_list, ep_list, mbs_list,
-              recompute_list;
+  std::string out_dir = "memsim_plan", gpus_list;
+  PlanLists lists;
   PlanSettings settings;
   int64_t shown = 10;
   options.add_options()("help,h", "show this help");
   AddSpecOptions(&options, &spec_options);
-  options.add_options()("tp", po::value(&tp_list), "TP values (default: powers of 2 up to a node)")(
-      "pp", po::value(&pp_list), "PP values (default: divisors of the layers and GPUs, to 64)")(
-      "vpp", po::value(&vpp_list), "VPP values (default 1,2)")(
-      "cp", po::value(&cp_list), "CP values (default 1, and 2 from sequence 8192)")(
-      "ep", po::value(&ep_list), "EP values (default: powers of 2 dividing the experts, to 8)")(
-      "micro-batch-size", po::value(&mbs_list), "micro-batch sizes (default 1)")(
-      "recompute", po::value(&recompute_list), "recomputation kinds (default none,selective,full)")(
+  options.add_options()(
+      "gpus", po::value(&gpus_list),
+      "cluster sizes to plan for instead of --world-size, e.g. 32,64,128: a plan per size")(
+      "tp", po::value(&lists.tp), "TP values (default: powers of 2 up to a node)")(
+      "pp", po::value(&lists.pp), "PP values (default: divisors of the layers and GPUs, to 64)")(
+      "vpp", po::value(&lists.vpp), "VPP values (default 1,2)")(
+      "cp", po::value(&lists.cp), "CP values (default 1, and 2 from sequence 8192)")(
+      "ep", po::value(&lists.ep), "EP values (default: powers of 2 dividing the experts, to 8)")(
+      "micro-batch-size", po::value(&lists.micro_batch), "micro-batch sizes (default 1)")(
+      "recompute", po::value(&lists.recompute),
+      "recomputation kinds (default none,selective,full)")(
       "jobs,j", PositiveValue(&settings.jobs, "jobs"), "simulations at once (default 2)")(
       "verify", PositiveValue(&settings.verify, "verify"),
       "best layouts simulated with every microbatch (default 3)")(
@@ -649,7 +747,7 @@ int PlanCommand(int argc, const char* const* argv) {
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(separator, argv, options, "plan", &vm)) return *exit_code;
   // --data-parallel is a list here, applied per layout.
-  const std::string data_parallel_list = spec_options.data_parallel;
+  lists.data_parallel = spec_options.data_parallel;
   spec_options.data_parallel.clear();
   RunSpec base;
   Status status;
@@ -674,98 +772,74 @@ int PlanCommand(int argc, const char* const* argv) {
     base.model_source = "the launch line's model";
   } else {
     status = BuildRunSpec(spec_options, /*default_run=*/false, "plan", &base);
-    if (status.ok() && spec_options.world_size == 0) {
-      status = Status::Error("give the number of GPUs with --world-size");
+    if (status.ok() && spec_options.world_size == 0 && gpus_list.empty()) {
+      status = Status::Error("give the number of GPUs with --world-size (or sizes with --gpus)");
     }
   }
   if (status.ok() && base.global_batch_size <= 0) {
     status = Status::Error("give the global batch (sequences per step) with --global-batch-size");
   }
-  PlanGrid grid;
-  if (status.ok()) grid = DefaultPlanGrid(base);
-  const std::pair<const std::string*, std::vector<int64_t>*> lists[] = {
-      {&tp_list, &grid.tp}, {&pp_list, &grid.pp}, {&vpp_list, &grid.vpp},
-      {&cp_list, &grid.cp}, {&ep_list, &grid.ep}, {&mbs_list, &grid.micro_batch}};
-  const char* names[] = {"tp", "pp", "vpp", "cp", "ep", "micro-batch-size"};
-  for (size_t i = 0; i < 6 && status.ok(); ++i) {
-    if (!lists[i].first->empty()) status = ParseIntList(*lists[i].first, names[i], lists[i].second);
-  }
-  if (status.ok() && !recompute_list.empty()) {
-    grid.recompute.clear();
-    status = ParseKinds(recompute_list, &grid, /*recompute=*/true);
-  }
-  if (status.ok() && !data_parallel_list.empty()) {
-    grid.data_parallel.clear();
-    status = ParseKinds(data_parallel_list, &grid, /*recompute=*/false);
+  std::vector<int64_t> cluster_sizes = {base.layout.world_size};
+  if (status.ok() && !gpus_list.empty()) {
+    if (vm.count("world-size")) status = Status::Error("give either --world-size or --gpus");
+    if (status.ok()) status = ParseIntList(gpus_list, "gpus", &cluster_sizes);
   }
   if (status.ok()) status = EnsureWritableDirectory(out_dir);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
     return kExitError;
   }
-
-  PlanReport report;
-  report.shown = shown;
-  report.title = base.model_source + " on " + std::to_string(base.layout.world_size) + " x " +
-                 base.gpu->name + " (usable " + FormatBytes(base.gpu->usable_bytes()) + "), " +
-                 PrecisionName(base.training.precision) + ", sequence " +
-                 std::to_string(base.training.seq_length) + ", global batch " +
-                 std::to_string(base.global_batch_size) + " sequences";
-  const auto start = std::chrono::steady_clock::now();
-  status = RunPlan(base, grid, settings, &report.entries);
-  std::vector<const PlanEntry*> best;
-  for (const PlanEntry& e : report.entries) {
-    if (e.verdict == PlanVerdict::kFits && best.size() < 3) best.push_back(&e);
+  if (cluster_sizes.size() == 1) {
+    base.layout.world_size = cluster_sizes[0];
+    PlanReport report;
+    status = PlanCluster(base, lists, settings, shown, out_dir, &report);
+    if (!status.ok()) {
+      std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
+      return kExitError;
+    }
+    std::fputs(report.markdown.c_str(), stdout);
+    std::printf("\nWrote %s/plan.md, plan.csv, plan.json%s\n", out_dir.c_str(),
+                report.figures ? ", memory_vs_sequence_length.png and step_time.png" : "");
+    return kExitOk;
   }
-  if (status.ok() && !best.empty()) {
-    report.largest_micro_batch.resize(best.size());
-    ParallelFor(best.size(), settings.jobs, [&](size_t i) {
-      report.largest_micro_batch[i] = LargestMicroBatch(base, *best[i]);
-    });
-    report.sequence_curve = SequenceCurve(base, best[0]->layout, settings.jobs);
+  // A range of cluster sizes: one plan per size in its own folder, and a comparison.
+  std::ostringstream summary;
+  summary << "# memsim plan: " << base.model_source << " on " << gpus_list << " x "
+          << base.gpu->name << "\n\n| GPUs | best layout | step (s) | tokens/s/GPU | headroom | "
+          << "layouts that fit | plan |\n|---|---|---|---|---|---|---|\n";
+  for (int64_t gpus : cluster_sizes) {
+    RunSpec sized = base;
+    sized.layout.world_size = gpus;
+    const std::string dir = out_dir + "/gpus_" + std::to_string(gpus);
+    PlanReport report;
+    status = EnsureWritableDirectory(dir);
+    if (status.ok()) status = PlanCluster(sized, lists, settings, shown, dir, &report);
+    if (!status.ok()) {
+      std::fprintf(stderr, "memsim plan: %lld GPUs: %s\n", static_cast<long long>(gpus),
+                   status.message().c_str());
+      return kExitError;
+    }
+    const PlanEntry* best = nullptr;
+    int64_t fitting = 0;
+    for (const PlanEntry& e : report.entries) {
+      if (e.verdict != PlanVerdict::kFits) continue;
+      if (best == nullptr) best = &e;
+      ++fitting;
+    }
+    summary << "| " << gpus << " | " << (best ? PlanLayoutName(best->layout) : "none fits") << " | "
+            << (best ? Fixed(best->step.total_s, 3) : "-") << " | "
+            << (best ? Fixed(best->step.tokens_per_s_per_gpu, 0) : "-") << " | "
+            << (best ? Fixed(GiB(best->headroom_bytes), 2) + " GiB" : "-") << " | " << fitting
+            << " | gpus_" << gpus << "/plan.md |\n";
   }
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  status = WriteFileAtomically(out_dir + "/plan.md", summary.str());
   if (!status.ok()) {
     std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
     return kExitError;
   }
-  const std::string markdown = RenderMarkdown(report, *base.gpu);
-  json all = json::array();
-  for (const PlanEntry& e : report.entries) all.push_back(EntryJson(e));
-  json curve = json::array();
-  for (const SequencePoint& p : report.sequence_curve) {
-    json point = {{"seq_length", p.seq_length},
-                  {"fits", p.entry.verdict == PlanVerdict::kFits},
-                  {"verdict", PlanVerdictName(p.entry.verdict)}};
-    const auto& peaks = p.entry.stage_peak_reserved_bytes;
-    if (!peaks.empty())
-      point["peak_reserved_GiB"] = GiB(*std::max_element(peaks.begin(), peaks.end()));
-    curve.push_back(point);
-  }
-  status = WriteFileAtomically(out_dir + "/plan.md", markdown);
-  if (status.ok()) status = WriteFileAtomically(out_dir + "/plan.csv", Csv(report.entries));
-  if (status.ok()) {
-    status = WriteFileAtomically(out_dir + "/plan.json",
-                                 json({{"run", report.title},
-                                       {"usable_GiB", GiB(base.gpu->usable_bytes())},
-                                       {"layouts", all},
-                                       {"sequence_curve", curve}})
-                                     .dump(1));
-  }
-  std::fputs(markdown.c_str(), stdout);
-  if (!status.ok()) {
-    std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
-    return kExitError;
-  }
-  // The figures are matplotlib's: without it the plan stands, and says so.
-  std::string error;
-  const int figures = RunPlotsChild("plan-figures", {out_dir}, &error);
-  if (figures != 0) {
-    std::fprintf(stderr, "memsim plan: note: figures not drawn (%s); the tables are complete\n",
-                 figures < 0 ? error.c_str() : "the plotting tool failed, see above");
-  }
-  std::printf("\nWrote %s/plan.md, plan.csv, plan.json%s\n", out_dir.c_str(),
-              figures == 0 ? ", memory_vs_sequence_length.png and step_time.png" : "");
+  std::fputs(summary.str().c_str(), stdout);
+  std::printf("\nWrote %s/plan.md and a plan per cluster size in %s/gpus_*/\n", out_dir.c_str(),
+              out_dir.c_str());
   return kExitOk;
 }
 
