@@ -37,11 +37,11 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
     return Status::Error("world size " + Str(l->world_size) + " is above memsim's limit of " +
                          Str(kMaxWorldSize) + " GPUs");
   }
-  for (auto [value, name] : {std::pair{l->tp, "TP"}, {l->pp, "PP"}, {l->cp, "CP"}, {l->ep, "EP"},
-                             {l->etp, "ETP"}}) {
+  for (auto [value, name] :
+       {std::pair{l->tp, "TP"}, {l->pp, "PP"}, {l->cp, "CP"}, {l->ep, "EP"}, {l->etp, "ETP"}}) {
     if (value > l->world_size) {
-      return Status::Error(std::string(name) + "=" + Str(value) + " is larger than the world size " +
-                           Str(l->world_size));
+      return Status::Error(std::string(name) + "=" + Str(value) +
+                           " is larger than the world size " + Str(l->world_size));
     }
   }
   if (l->vpp > m.num_layers) {
@@ -81,11 +81,21 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
     return Status::Error("VPP=" + Str(l->vpp) + " needs pipeline parallelism (PP > 1)");
   }
   const int64_t chunks = CheckedMul(l->pp, l->vpp);
-  if (l->first_stage_layers == 0 && l->last_stage_layers == 0) {
-    if (m.num_layers % chunks != 0) {
+  const bool uneven = l->first_stage_layers != 0 || l->last_stage_layers != 0;
+  if (uneven && (l->embedding_in_split || l->loss_in_split)) {
+    return Status::Error(
+        "uneven first/last stage layers cannot be combined with counting the embedding or "
+        "the loss in the pipeline split (Megatron-Core refuses it too)");
+  }
+  const int64_t split_layers =
+      m.num_layers + (l->embedding_in_split ? 1 : 0) + (l->loss_in_split ? 1 : 0);
+  if (!uneven) {
+    if (split_layers % chunks != 0) {
       return Status::Error("PP*VPP=" + Str(l->pp) + "*" + Str(l->vpp) + " does not divide " +
-                           Str(m.num_layers) +
-                           " layers; give first/last stage layers for an uneven split");
+                           Str(split_layers) +
+                           (split_layers != m.num_layers
+                                ? " layers (with the embedding and loss counted)"
+                                : " layers; give first/last stage layers for an uneven split"));
     }
   } else {
     if (l->vpp > 1)
@@ -126,7 +136,8 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   }
   const int64_t instances = l->distributed_optimizer_instances;
   if (instances > 1 && (l->dp * l->cp % instances != 0 || l->edp % instances != 0)) {
-    return Status::Error(Str(instances) + " distributed optimizer instances do not divide DP*CP = " +
+    return Status::Error(Str(instances) +
+                         " distributed optimizer instances do not divide DP*CP = " +
                          Str(l->dp * l->cp) + " (and expert DP = " + Str(l->edp) + ")");
   }
   return Status::OK();
@@ -157,7 +168,14 @@ int64_t RankOf(const ParallelLayout& l, const RankCoordinates& c) {
 
 int64_t LayersOnStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_rank,
                       int64_t chunk) {
-  if (l.first_stage_layers == 0 && l.last_stage_layers == 0) return m.num_layers / (l.pp * l.vpp);
+  if (l.first_stage_layers == 0 && l.last_stage_layers == 0) {
+    const int64_t split_layers =
+        m.num_layers + (l.embedding_in_split ? 1 : 0) + (l.loss_in_split ? 1 : 0);
+    int64_t layers = split_layers / (l.pp * l.vpp);
+    if (l.embedding_in_split && pp_rank == 0 && chunk == 0) --layers;
+    if (l.loss_in_split && pp_rank == l.pp - 1 && chunk == l.vpp - 1) --layers;
+    return layers;
+  }
   if (pp_rank == 0) return l.first_stage_layers;
   if (pp_rank == l.pp - 1) return l.last_stage_layers;
   return (m.num_layers - l.first_stage_layers - l.last_stage_layers) / (l.pp - 2);

@@ -38,6 +38,12 @@ struct ParallelLayout {
   // Uneven pipelines: layers on the first and last stage (0: even split).
   int64_t first_stage_layers = 0;
   int64_t last_stage_layers = 0;
+  // --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the
+  // even split counts the embedding (loss) as one more layer, which the first chunk of the
+  // first stage (the last chunk of the last stage) then builds one decoder layer fewer for
+  // (get_num_layers_to_build in Megatron-Core's transformer_block.py).
+  bool embedding_in_split = false;
+  bool loss_in_split = false;
   DataParallelKind data_parallel = DataParallelKind::kDdp;
   // Distributed optimizer: replicas of the optimizer state (--num-distributed-optimizer-
   // instances); each shards over data-parallel (x context-parallel) ranks / instances.

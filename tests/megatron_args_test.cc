@@ -218,8 +218,9 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   EXPECT_FALSE(r.spec.training.te_attention->deterministic);
   EXPECT_TRUE(r.spec.training.gradient_accumulation_fusion);
   EXPECT_EQ(r.spec.training.cublas_workspace_bytes, -1);
-  r = Parse(base + "--attention-backend unfused --deterministic-mode "
-                   "--no-gradient-accumulation-fusion",
+  r = Parse(base +
+                "--attention-backend unfused --deterministic-mode "
+                "--no-gradient-accumulation-fusion",
             8);
   ASSERT_TRUE(r.spec.training.te_attention.has_value());
   EXPECT_FALSE(r.spec.training.te_attention->flash);
@@ -251,16 +252,18 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
             "unknown environment variable MY_SETTING; if it does not change memory, leave it "
             "out of the environment given to memsim");
   s = ParseMegatronArgs(Split(base), {{"CUBLAS_WORKSPACE_CONFIG", "4096"}}, 8, &e);
-  EXPECT_EQ(s.message(), "CUBLAS_WORKSPACE_CONFIG '4096' has no :SIZE_KIB:COUNT pair (e.g. :4096:8)");
+  EXPECT_EQ(s.message(),
+            "CUBLAS_WORKSPACE_CONFIG '4096' has no :SIZE_KIB:COUNT pair (e.g. :4096:8)");
   s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"}}, 8, &e);
   EXPECT_FALSE(s.ok());
 
   // Interleaving's microbatch group size is read, and checked against Megatron's rules.
-  r = Parse("--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
-            "--micro-batch-size 1 --global-batch-size 12 --pipeline-model-parallel-size 2 "
-            "--num-layers-per-virtual-pipeline-stage 2 "
-            "--microbatch-group-size-per-virtual-pipeline-stage 3",
-            2);
+  r = Parse(
+      "--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+      "--micro-batch-size 1 --global-batch-size 12 --pipeline-model-parallel-size 2 "
+      "--num-layers-per-virtual-pipeline-stage 2 "
+      "--microbatch-group-size-per-virtual-pipeline-stage 3",
+      2);
   EXPECT_EQ(r.spec.layout.microbatch_group_size, 3);
   EXPECT_EQ(r.spec.layout.vpp, 2);
 }
@@ -286,12 +289,12 @@ TEST(AttentionBackend, ChosenAsTransformerEngineChooses) {
     AttentionKind expected;
   };
   const Case cases[] = {
-      {all, &bf16, 90, AttentionKind::kFused},           // Hopper: cuDNN before flash
-      {all, &bf16, 80, AttentionKind::kFlash},           // Ampere: FlashAttention-2 first
+      {all, &bf16, 90, AttentionKind::kFused},            // Hopper: cuDNN before flash
+      {all, &bf16, 80, AttentionKind::kFlash},            // Ampere: FlashAttention-2 first
       {deterministic, &bf16, 90, AttentionKind::kFused},  // Hopper keeps fused
       {no_fused, &bf16, 90, AttentionKind::kFlash},
       {unfused_only, &bf16, 90, AttentionKind::kEager},
-      {all, &fp32, 90, AttentionKind::kEager},           // no fused kernel takes fp32
+      {all, &fp32, 90, AttentionKind::kEager},  // no fused kernel takes fp32
   };
   for (const Case& c : cases) {
     AttentionKind got = AttentionKind::kFlash;
@@ -325,7 +328,7 @@ TEST(MegatronArgs, MixtureOfExperts) {
   ASSERT_TRUE(FinalizeModelConfig(&r.spec.model).ok());
   test::ExpectSameArchitecture(r.spec.model, preset, /*compare_dropout=*/true);
   EXPECT_EQ(r.spec.layout.ep, 8);
-  EXPECT_EQ(r.spec.layout.etp, 0);  // = TP
+  EXPECT_EQ(r.spec.layout.etp, 0);                // = TP
   EXPECT_TRUE(r.spec.training.moe_grouped_gemm);  // TE's grouped-GEMM workspaces
   EXPECT_EQ(r.spec.training.moe_dispatcher, MoeDispatcher::kAllToAll);
   EXPECT_EQ(r.spec.model.moe_aux_loss_coeff, 1e-2);  // the loss keeps [T, E] fp32 scores
@@ -387,6 +390,20 @@ TEST(MegatronArgs, UnevenPipelineStages) {
       4);
   EXPECT_EQ(r.spec.layout.first_stage_layers, 6);
   EXPECT_EQ(r.spec.layout.last_stage_layers, 8);
+}
+
+TEST(MegatronArgs, EmbeddingAndLossInPipelineSplit) {
+  // Megatron-LM derives VPP from the layers with the embedding and the loss counted:
+  // (6 + 2) / PP 4 / 1 layer per virtual stage = 2.
+  const MegatronArgsResult r = Parse(
+      "--num-layers 6 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 "
+      "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 "
+      "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
+      4);
+  EXPECT_TRUE(r.spec.layout.embedding_in_split);
+  EXPECT_TRUE(r.spec.layout.loss_in_split);
+  EXPECT_EQ(r.spec.layout.vpp, 2);
 }
 
 TEST(MegatronArgs, Errors) {

@@ -210,8 +210,9 @@ TEST(PipelineSchedule, InterleavedWarmupFollowsMegatronCore) {
   for (const PipelineStep& s : schedule) {
     if (s.forward) forwards.emplace_back(s.microbatch, s.chunk);
   }
-  const std::vector<std::pair<int64_t, int64_t>> expected = {
-      {0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1}};
+  const std::vector<std::pair<int64_t, int64_t>> expected = {{0, 0}, {1, 0}, {2, 0}, {0, 1},
+                                                             {1, 1}, {2, 1}, {3, 0}, {4, 0},
+                                                             {5, 0}, {3, 1}, {4, 1}, {5, 1}};
   EXPECT_EQ(forwards, expected);
   // The first backward is of the last chunk of microbatch 0: the last stage frees one
   // microbatch's logits before it makes the next.
@@ -223,10 +224,10 @@ TEST(PipelineSchedule, InterleavedWarmupFollowsMegatronCore) {
 TEST(PipelineSchedule, MicrobatchGroupRules) {
   EXPECT_TRUE(CheckMicrobatchGroup(4, 2, 8, 4).ok());
   EXPECT_TRUE(CheckMicrobatchGroup(4, 2, 10, 5).ok());
-  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 8, 3).ok());   // smaller than PP
-  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 8, 9).ok());   // more than the microbatches
-  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 6, 4).ok());   // last group of 2 < PP
-  EXPECT_TRUE(CheckMicrobatchGroup(4, 1, 3, 0).ok());    // no interleaving, no rule
+  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 8, 3).ok());  // smaller than PP
+  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 8, 9).ok());  // more than the microbatches
+  EXPECT_FALSE(CheckMicrobatchGroup(4, 2, 6, 4).ok());  // last group of 2 < PP
+  EXPECT_TRUE(CheckMicrobatchGroup(4, 1, 3, 0).ok());   // no interleaving, no rule
 }
 
 int64_t StagePeak(const ModelConfig& m, const TrainingConfig& t, const ParallelLayout& layout,
@@ -293,6 +294,37 @@ TEST(RankClasses, EightThousandGpusSimulateOneRankPerStage) {
   EXPECT_EQ(CoordinatesOf(layout, 8).dp_rank, 1);
   EXPECT_EQ(CoordinatesOf(layout, 512).pp_rank, 1);
   EXPECT_EQ(classes[1].representative, 512);
+}
+
+// get_num_layers_to_build (Megatron-Core transformer_block.py) with the embedding and the
+// loss counted in the split: 6 layers + 2 over PP 4 x VPP 2 is 1 per chunk, and the first
+// chunk of stage 0 and the last chunk of stage 3 build none.
+TEST(Layout, EmbeddingAndLossCountedInThePipelineSplit) {
+  ModelConfig m = Gpt({128, 1, 512, 8}, 6, 1);
+  ParallelLayout l;
+  l.world_size = 4;
+  l.pp = 4;
+  l.vpp = 2;
+  l.embedding_in_split = l.loss_in_split = true;
+  ASSERT_TRUE(FinalizeLayout(&l, m).ok());
+  // (stage, chunk) -> layers, first layer; chunk c of stage r is model chunk c * 4 + r.
+  const int64_t expected[4][2][2] = {
+      {{0, 0}, {1, 3}}, {{1, 0}, {1, 4}}, {{1, 1}, {1, 5}}, {{1, 2}, {0, 6}}};
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 2; ++c) {
+      EXPECT_EQ(LayersOnStage(l, m, r, c), expected[r][c][0]) << r << "," << c;
+      EXPECT_EQ(FirstLayerOfStage(l, m, r, c), expected[r][c][1]) << r << "," << c;
+    }
+  }
+  // Only the embedding: 6 + 1 = 7 layers do not split over 4 x 2 chunks.
+  l.loss_in_split = false;
+  EXPECT_EQ(FinalizeLayout(&l, m).message(),
+            "PP*VPP=4*2 does not divide 7 layers (with the embedding and loss counted)");
+  // Not with an uneven split, as in Megatron-Core.
+  l.vpp = 1;
+  l.first_stage_layers = 1;
+  l.last_stage_layers = 1;
+  EXPECT_NE(FinalizeLayout(&l, m).message().find("cannot be combined"), std::string::npos);
 }
 
 TEST(Layout, ReportsTheBrokenRule) {

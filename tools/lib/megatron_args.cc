@@ -70,6 +70,8 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--microbatch-group-size-per-virtual-pipeline-stage", Arity::kValue},
       {"--decoder-first-pipeline-num-layers", Arity::kValue},
       {"--decoder-last-pipeline-num-layers", Arity::kValue},
+      {"--account-for-embedding-in-pipeline-split", Arity::kFlag},
+      {"--account-for-loss-in-pipeline-split", Arity::kFlag},
       {"--context-parallel-size", Arity::kValue},
       {"--cp-comm-type", Arity::kValues},
       {"--expert-model-parallel-size", Arity::kValue},
@@ -391,8 +393,6 @@ const std::map<std::string, Arity>& NeutralArgs() {
 // Arguments that change memory in ways memsim does not simulate, with what they are.
 const std::map<std::string, std::string>& UnmodelledArgs() {
   static const auto* args = new std::map<std::string, std::string>{
-      {"--account-for-embedding-in-pipeline-split", "pipeline splits counting the embedding"},
-      {"--account-for-loss-in-pipeline-split", "pipeline splits counting the loss"},
       {"--cpu-offloading", "activation offloading to CPU"},
       {"--decoder-num-layers", "encoder-decoder models"},
       {"--decoder-seq-length", "encoder-decoder models"},
@@ -782,6 +782,8 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(a.Int("--decoder-last-pipeline-num-layers", &l.last_stage_layers));
   const bool uneven =
       a.Has("--decoder-first-pipeline-num-layers") || a.Has("--decoder-last-pipeline-num-layers");
+  l.embedding_in_split = a.Has("--account-for-embedding-in-pipeline-split");
+  l.loss_in_split = a.Has("--account-for-loss-in-pipeline-split");
   if (uneven && !(a.Has("--decoder-first-pipeline-num-layers") &&
                   a.Has("--decoder-last-pipeline-num-layers"))) {
     // Megatron-LM splits the rest evenly over the other stages, the unnamed end included.
@@ -808,13 +810,16 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
           "--num-layers-per-virtual-pipeline-stage cannot be combined with uneven first/last "
           "pipeline stages (Megatron-LM asks for --num-virtual-stages-per-pipeline-rank)");
     }
-    if (per_chunk <= 0 || m.num_layers % l.pp != 0 || (m.num_layers / l.pp) % per_chunk != 0) {
+    // The embedding and the loss count as layers when the split accounts for them.
+    const int64_t split_layers =
+        m.num_layers + (l.embedding_in_split ? 1 : 0) + (l.loss_in_split ? 1 : 0);
+    if (per_chunk <= 0 || split_layers % l.pp != 0 || (split_layers / l.pp) % per_chunk != 0) {
       return Status::Error("--num-layers-per-virtual-pipeline-stage " + Str(per_chunk) +
-                           " does not split the " + Str(m.num_layers) + " layers over " +
+                           " does not split the " + Str(split_layers) + " layers over " +
                            Str(l.pp) + " pipeline stages evenly; memsim does not model " +
                            "uneven virtual stages");
     }
-    l.vpp = m.num_layers / l.pp / per_chunk;
+    l.vpp = split_layers / l.pp / per_chunk;
   }
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-virtual-stages-per-pipeline-rank", &l.vpp));
   MEMSIM_RETURN_IF_ERROR(

@@ -167,6 +167,14 @@ Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, Parall
        [&](const YAML::Node& v) {
          return Read(v, source, "deallocate_pipeline_outputs", &l->deallocate_pipeline_outputs);
        }},
+      {"embedding_in_pipeline_split",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "embedding_in_pipeline_split", &l->embedding_in_split);
+       }},
+      {"loss_in_pipeline_split",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "loss_in_pipeline_split", &l->loss_in_split);
+       }},
       {"data_parallel",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "data_parallel", &ParseDataParallel, &l->data_parallel);
