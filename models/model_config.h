@@ -51,6 +51,9 @@ struct ModelConfig {
   bool tie_embeddings = true;  // output layer reuses the input embedding
   bool add_bias_linear = true;
   bool add_qkv_bias = true;
+  // --qk-layernorm: a norm (of the model's kind) over each head's query and key, D wide,
+  // before the rotary embedding (SelfAttention.get_query_key_value_tensors).
+  bool qk_layernorm = false;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
 

@@ -88,6 +88,16 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D / tp, H});
       if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D / tp});
     }
+    if (model_.qk_layernorm) {
+      {
+        ModuleScope q("q_layernorm");
+        layer.q_norm_weight = store->Add("weight", {D});
+        if (layer_norm) layer.q_norm_bias = store->Add("bias", {D});
+      }
+      ModuleScope k("k_layernorm");
+      layer.k_norm_weight = store->Add("weight", {D});
+      if (layer_norm) layer.k_norm_bias = store->Add("bias", {D});
+    }
     ModuleScope p("linear_proj");
     layer.proj_weight = store->Add("weight", {H, A * D / tp});
     if (bias) layer.proj_bias = store->Add("bias", {H});
@@ -158,6 +168,15 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor k = parts[1];
   at::Tensor v = parts[2];
   parts.clear();
+  if (model_.qk_layernorm) {
+    // Apex's and Transformer Engine's norms save the contiguous input they normalize.
+    {
+      ModuleScope s("q_layernorm");
+      q = Norm(q.contiguous(), layer.q_norm_weight, layer.q_norm_bias);
+    }
+    ModuleScope s("k_layernorm");
+    k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
+  }
   if (model_.position == PositionKind::kRope) {
     q = RotaryEmbedding(q);
     k = RotaryEmbedding(k);

@@ -11,6 +11,8 @@
 //     input_layernorm.bias                   (H)                  LayerNorm only
 //     self_attention.linear_qkv.weight       ((A + 2G) * D / tp, H)
 //     self_attention.linear_qkv.bias         ((A + 2G) * D / tp)  if add_qkv_bias
+//     self_attention.q_layernorm.weight/.bias (D)                 if qk_layernorm (bias:
+//     self_attention.k_layernorm.weight/.bias (D)                  LayerNorm only)
 //     self_attention.linear_proj.weight      (H, A * D / tp)
 //     self_attention.linear_proj.bias        (H)                  if add_bias_linear
 //     pre_mlp_layernorm.weight / .bias       (H)
@@ -34,7 +36,9 @@
 //   pre_mlp_layernorm input 2SBH + ln output 2SBH + fc1 output 8SBH/t + GeLU output
 //   8SBH/t + mask SBH = SBH(10 + 24/t + 5AS/(Ht)); with sequence parallelism the 10SBH
 //   of LayerNorms and masks is sharded too: SBH(34/t + 5AS/(Ht)). The real kernels also
-//   keep each LayerNorm's float32 mean and rstd (2 * 2 * 4SB, /t with SP).
+//   keep each LayerNorm's float32 mean and rstd (2 * 2 * 4SB, /t with SP). With
+//   qk_layernorm the q and k norms keep their contiguous inputs and outputs, 2SB(A+G)D/t
+//   each, and float32 statistics per head row.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -107,6 +111,10 @@ class TransformerModel {
     Parameter* input_norm_bias;  // null for RMSNorm
     Parameter* qkv_weight;
     Parameter* qkv_bias;
+    Parameter* q_norm_weight;  // qk_layernorm only
+    Parameter* q_norm_bias;
+    Parameter* k_norm_weight;
+    Parameter* k_norm_bias;
     Parameter* proj_weight;
     Parameter* proj_bias;
     Parameter* mlp_norm_weight;

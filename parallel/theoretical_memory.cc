@@ -157,6 +157,7 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
     caveats.push_back("MoE: experts divided by TP only (EP, ETP ignored), no routing activations");
   }
   if (l.cp > 1) caveats.push_back("context parallelism ignored");
+  if (m.qk_layernorm) caveats.push_back("q/k norms ignored");
   if (t.recompute == RecomputeKind::kFull) caveats.push_back("full recomputation ignored");
   if (t.recompute == RecomputeKind::kSelective && !l.sequence_parallel) {
     caveats.push_back("selective recomputation ignored without sequence parallelism");

@@ -212,6 +212,56 @@ TEST(HfConfig, Qwen2_7B) {
   EXPECT_EQ(m.head_dim, 128);  // 3584 / 28
 }
 
+TEST(HfConfig, Qwen3_32BAndQwen3MoE) {
+  // Qwen/Qwen3-32B/config.json: explicit head_dim (128, not 5120 / 64) and q/k norms.
+  ModelConfig m;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Qwen3-32B", R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 5120, "initializer_range": 0.02, "intermediate_size": 25600,
+  "max_position_embeddings": 40960, "max_window_layers": 64, "model_type": "qwen3",
+  "num_attention_heads": 64, "num_hidden_layers": 64, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+})"),
+                           &m)
+                  .ok());
+  ExpectLlamaArchitecture(m);
+  EXPECT_TRUE(m.qk_layernorm);
+  EXPECT_FALSE(m.add_qkv_bias);
+  EXPECT_EQ(m.kv_channels, 128);
+  EXPECT_EQ(m.num_query_groups, 8);
+  // Qwen3-MoE (transformers 5 spelling num_local_experts): 128 experts, top 8, every layer.
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Qwen3-30B-A3B", R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "decoder_sparse_step": 1,
+  "dtype": "bfloat16", "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 6144, "max_position_embeddings": 262144, "max_window_layers": 48,
+  "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "num_local_experts": 128,
+  "output_router_logits": false, "rms_norm_eps": 1e-06,
+  "rope_parameters": {"rope_theta": 10000000, "rope_type": "default"},
+  "router_aux_loss_coef": 0.001, "tie_word_embeddings": false, "vocab_size": 151936
+})"),
+                           &m)
+                  .ok());
+  EXPECT_TRUE(m.qk_layernorm);
+  EXPECT_EQ(m.num_experts, 128);
+  EXPECT_EQ(m.moe_router_topk, 8);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 768);
+  EXPECT_EQ(m.moe_first_k_dense_layers, 0);
+  // Dense layers in between are not modelled: refused, not approximated.
+  const Status dense = LoadHfConfig(WriteConfig("Qwen3-MoE-dense-layers", R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,
+  "intermediate_size": 128, "moe_intermediate_size": 32, "num_attention_heads": 4,
+  "num_hidden_layers": 4, "num_key_value_heads": 2, "num_experts": 8,
+  "num_experts_per_tok": 2, "vocab_size": 256, "mlp_only_layers": [1]
+})"),
+                                    &m);
+  EXPECT_NE(dense.message().find("mlp_only_layers"), std::string::npos) << dense.message();
+}
+
 TEST(HfConfig, Mixtral8x7B) {
   // mistralai/Mixtral-8x7B-v0.1/config.json: Mistral's shape, 8 experts, top-2.
   ModelConfig m;

@@ -406,6 +406,15 @@ TEST(MegatronArgs, EmbeddingAndLossInPipelineSplit) {
   EXPECT_EQ(r.spec.layout.vpp, 2);
 }
 
+TEST(MegatronArgs, QkLayernorm) {
+  const MegatronArgsResult r = Parse(
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --qk-layernorm --test-mode",
+      1);
+  EXPECT_TRUE(r.spec.model.qk_layernorm);
+  EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
+}
+
 TEST(MegatronArgs, Errors) {
   const std::string base =
       "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "

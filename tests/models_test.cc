@@ -177,6 +177,12 @@ TEST(ParameterCount, PublishedTotals) {
   EXPECT_EQ(ParameterCount(Llama(32, 4096, 32, 32, 11008, 32000)), 6738415616);   // Llama-2-7B
   EXPECT_EQ(ParameterCount(Llama(32, 4096, 32, 8, 14336, 128256)), 8030261248);   // Llama-3-8B
   EXPECT_EQ(ParameterCount(Llama(80, 8192, 64, 8, 28672, 128256)), 70553706496);  // Llama-3-70B
+  // Qwen3-32B ("32.8B"): head_dim 128 and q/k norms; per layer 2H (norms) + (A+2G)DH (qkv)
+  // + HAD (proj) + 2D (q/k norms) + 3FH (SwiGLU MLP) = 487,598,336; x 64, + 2VH + H.
+  ModelConfig qwen3 = Llama(64, 5120, 64, 8, 25600, 151936);
+  qwen3.kv_channels = 128;
+  qwen3.qk_layernorm = true;
+  EXPECT_EQ(ParameterCount(qwen3), 64 * int64_t{487598336} + 2 * int64_t{151936} * 5120 + 5120);
   // GPT-3 175B (Brown et al. 2020): L=96, h=12288, a=96, vocabulary 50257 padded to
   // 50304, 2048 learned positions, tied: V*h + S*h + L*(12h^2 + 13h) + 2h.
   ModelConfig gpt3;
@@ -186,6 +192,19 @@ TEST(ParameterCount, PublishedTotals) {
   gpt3.vocab_size = 50257;
   gpt3.max_position_embeddings = 2048;
   EXPECT_EQ(ParameterCount(gpt3), 174604836864);  // "175B"
+}
+
+// --qk-layernorm adds a D-wide norm for the queries and one for the keys per layer:
+// weight only for RMSNorm (Qwen3), weight and bias for LayerNorm.
+TEST(ParameterCount, QkLayernormAddsTwoHeadWidthNormsPerLayer) {
+  ModelConfig llama = Llama(3, 256, 8, 2, 512, 1024);  // D = 32
+  const int64_t plain = ParameterCount(llama);
+  llama.qk_layernorm = true;
+  EXPECT_EQ(ParameterCount(llama) - plain, 3 * 2 * 32);
+  ModelConfig gpt = test::Gpt(2, 128, 4);  // D = 32, LayerNorm
+  const int64_t gpt_plain = ParameterCount(gpt);
+  gpt.qk_layernorm = true;
+  EXPECT_EQ(ParameterCount(gpt) - gpt_plain, 2 * 2 * 2 * 32);
 }
 
 TEST(ModelConfig, RejectsImpossibleShapes) {
@@ -253,9 +272,9 @@ int64_t CrossEntropyForwardPeakBytes(bool fused, at::ScalarType* grad_dtype) {
 
 // Unfused forward: logits bf16 (S*B*V*2 = 4096 B), int64 labels (S*B*8 = 256 B), the
 // logits' float32 copy turned into the softmax in place (8192 B), and four [S, B] float32
-// vectors (max, target logit, sum of exps, loss: 4 * 128 B). --cross-entropy-loss-fusion (native): each compiled in-place
-// step holds one more float32 buffer of the logits' size while it runs, the last one
-// with all of the above alive. Both hand back a bf16 gradient.
+// vectors (max, target logit, sum of exps, loss: 4 * 128 B). --cross-entropy-loss-fusion (native):
+// each compiled in-place step holds one more float32 buffer of the logits' size while it runs, the
+// last one with all of the above alive. Both hand back a bf16 gradient.
 TEST(Activations, FusedCrossEntropyHoldsOneMoreFloat32Logits) {
   at::ScalarType unfused_dtype, fused_dtype;
   const int64_t unfused = CrossEntropyForwardPeakBytes(false, &unfused_dtype);

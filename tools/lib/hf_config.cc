@@ -19,7 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-enum class Family { kLlama, kMistral, kQwen2, kMixtral, kDeepseekV3 };
+enum class Family { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kMixtral, kDeepseekV3 };
 
 struct FamilyInfo {
   const char* model_type;
@@ -31,6 +31,8 @@ constexpr FamilyInfo kFamilies[] = {
     {"llama", "LlamaForCausalLM", Family::kLlama},
     {"mistral", "MistralForCausalLM", Family::kMistral},
     {"qwen2", "Qwen2ForCausalLM", Family::kQwen2},
+    {"qwen3", "Qwen3ForCausalLM", Family::kQwen3},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", Family::kQwen3Moe},
     {"mixtral", "MixtralForCausalLM", Family::kMixtral},
     {"deepseek_v3", "DeepseekV3ForCausalLM", Family::kDeepseekV3},
 };
@@ -109,7 +111,8 @@ const std::set<std::string> kNeutralKeys = {
 //   sliding_window (and Qwen2's use_sliding_window, max_window_layers, layer_types): a
 //     window mask changes which scores count, not the size of what attention saves
 //     (flash keeps O and the log-sum-exp; eager masks a full S x S score matrix);
-//   Mixtral's router_aux_loss_coef, router_jitter_noise, output_router_logits and
+//   Mixtral's and Qwen3-MoE's router_aux_loss_coef, router_jitter_noise,
+//     output_router_logits (and Qwen3-MoE's norm_topk_prob, a rescaling of the top-k) and
 //     DeepSeek's routing knobs (groups, scoring, scaling, aux loss): the router's
 //     logits are [tokens, experts] whichever way experts are chosen;
 //   ep_size: DeepSeek's inference-time expert split.
@@ -120,7 +123,11 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
     case Family::kMistral:
       return {"sliding_window"};
     case Family::kQwen2:
+    case Family::kQwen3:
       return {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"};
+    case Family::kQwen3Moe:
+      return {"sliding_window", "use_sliding_window",   "max_window_layers",   "layer_types",
+              "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"};
     case Family::kMixtral:
       return {"sliding_window", "router_aux_loss_coef", "router_jitter_noise",
               "output_router_logits"};
@@ -174,6 +181,15 @@ class Reader {
     if (v == nullptr) return required ? Missing(key) : Status::OK();
     if (!v->is_string()) return WrongType(key, "a string", *v);
     *out = v->get<std::string>();
+    return Status::OK();
+  }
+  // The length of the list `key` (0 when absent).
+  Status ListSize(const char* key, size_t* size) {
+    const json* v = Find(key);
+    *size = 0;
+    if (v == nullptr) return Status::OK();
+    if (!v->is_array()) return WrongType(key, "a list", *v);
+    *size = v->size();
     return Status::OK();
   }
   // Marks `key` as read without looking at it; true when it is present and not null.
@@ -318,6 +334,29 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     case Family::kQwen2:
       MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
       break;
+    case Family::kQwen3:
+    case Family::kQwen3Moe: {
+      // Qwen3: an RMSNorm over each head's query and key (q_norm, k_norm), head_dim wide.
+      m.qk_layernorm = true;
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
+      if (family == Family::kQwen3) break;
+      // transformers 4 writes num_experts, 5 num_local_experts.
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_experts", false, &m.num_experts));
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_local_experts", m.num_experts == 0, &m.num_experts));
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
+      MEMSIM_RETURN_IF_ERROR(r.Int("moe_intermediate_size", true, &m.moe_ffn_hidden_size));
+      int64_t sparse_step = 1;
+      MEMSIM_RETURN_IF_ERROR(r.Int("decoder_sparse_step", false, &sparse_step));
+      size_t dense_layers = 0;
+      MEMSIM_RETURN_IF_ERROR(r.ListSize("mlp_only_layers", &dense_layers));
+      if (sparse_step != 1 || dense_layers > 0) {
+        return Status::Error(path + ": decoder_sparse_step " + std::to_string(sparse_step) +
+                             " or a non-empty mlp_only_layers is not modelled (memsim's MoE " +
+                             "layers are every layer)");
+      }
+      break;
+    }
     case Family::kMixtral:
       MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
       MEMSIM_RETURN_IF_ERROR(r.Int("num_local_experts", true, &m.num_experts));

@@ -41,6 +41,7 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--untie-embeddings-and-output-weights", Arity::kFlag},
       {"--disable-bias-linear", Arity::kFlag},
       {"--add-qkv-bias", Arity::kFlag},
+      {"--qk-layernorm", Arity::kFlag},
       {"--hidden-dropout", Arity::kValue},
       {"--attention-dropout", Arity::kValue},
       // Mixture of experts.
@@ -292,6 +293,7 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--ddp-average-in-collective",
              "--ddp-pad-buckets-for-high-nccl-busbw",
              "--deterministic-mode",
+             "--test-mode",  // attention's consistency check: all-gathers of 4 D-wide vectors
              "--disable-gloo-process-groups",
              "--disable-msc",
              "--disable-straggler-on-startup",
@@ -430,7 +432,6 @@ const std::map<std::string, std::string>& UnmodelledArgs() {
       {"--overlap-moe-expert-parallel-comm", "overlapped expert-parallel communication"},
       {"--pipeline-model-parallel-layout", "custom pipeline layouts"},
       {"--qk-l2-norm", "q/k normalization"},
-      {"--qk-layernorm", "q/k normalization"},
       {"--quick-geglu", "the quick-GeGLU activation"},
       {"--rampup-batch-size", "batch sizes that change during training"},
       {"--spec", "custom layer specs"},
@@ -688,6 +689,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   m.tie_embeddings = !a.Has("--untie-embeddings-and-output-weights");
   m.add_bias_linear = !a.Has("--disable-bias-linear");
   m.add_qkv_bias = m.add_bias_linear || a.Has("--add-qkv-bias");  // as Megatron-LM syncs them
+  m.qk_layernorm = a.Has("--qk-layernorm");
   m.hidden_dropout = m.attention_dropout = 0.1;
   MEMSIM_RETURN_IF_ERROR(a.Float("--hidden-dropout", &m.hidden_dropout));
   MEMSIM_RETURN_IF_ERROR(a.Float("--attention-dropout", &m.attention_dropout));

@@ -274,6 +274,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("tie_embeddings", &m->tie_embeddings),
       flag("add_bias_linear", &m->add_bias_linear),
       flag("add_qkv_bias", &m->add_qkv_bias),
+      flag("qk_layernorm", &m->qk_layernorm),
       f64("hidden_dropout", &m->hidden_dropout),
       f64("attention_dropout", &m->attention_dropout),
       i64("num_experts", &m->num_experts),
