@@ -226,6 +226,40 @@ TEST(Plan, ScreeningAgreesWithFullSimulation) {
           }
 }
 
+// ETP is searched when given: TP 2 with expert TP 1 keeps whole experts on each rank, so
+// its expert weights (and peak) are larger than with expert TP = TP.
+TEST(Plan, SearchesExpertTensorParallelism) {
+  const GpuSpec gpu = H100();
+  RunSpec base = SmallRun(&gpu);
+  base.model = test::Llama(2, 512, 8, 8, 1024, 1024);
+  base.model.num_experts = 4;
+  base.model.moe_router_topk = 2;
+  base.model.moe_ffn_hidden_size = 2048;
+  PlanGrid grid;
+  grid.tp = {2};
+  grid.pp = {1};
+  grid.vpp = {1};
+  grid.cp = {1};
+  grid.ep = {2};
+  grid.etp = {0, 1};
+  grid.micro_batch = {1};
+  grid.recompute = {RecomputeKind::kNone};
+  grid.data_parallel = {DataParallelKind::kDistributedOptimizer};
+  std::vector<PlanEntry> planned;
+  PlanSettings settings;
+  settings.progress = false;
+  ASSERT_TRUE(RunPlan(base, grid, settings, &planned).ok());
+  ASSERT_EQ(planned.size(), 2u);
+  std::map<int64_t, const PlanEntry*> by_etp;
+  for (const PlanEntry& e : planned) {
+    ASSERT_EQ(e.verdict, PlanVerdict::kFits) << Key(e.layout) << ": " << e.reason;
+    by_etp[e.layout.etp] = &e;
+  }
+  EXPECT_EQ(Key(by_etp.at(1)->layout),
+            "TP2 PP1 VPP1 CP1 EP2 ETP1 mbs1 recompute=none distributed-optimizer");
+  EXPECT_GT(by_etp.at(1)->stage_peak_reserved_bytes[0], by_etp.at(0)->stage_peak_reserved_bytes[0]);
+}
+
 // Setup alone over the GPU: pruned without simulating a step, and truly out of memory.
 TEST(Plan, PrunesWhatSetupAloneRulesOut) {
   const GpuSpec gpu = SmallGpu(int64_t{40} << 20);  // 40 MiB

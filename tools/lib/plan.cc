@@ -41,6 +41,7 @@ RunSpec Apply(const RunSpec& base, const PlanLayout& layout) {
   spec.layout.vpp = layout.vpp;
   spec.layout.cp = layout.cp;
   spec.layout.ep = layout.ep;
+  spec.layout.etp = layout.etp;
   spec.layout.sequence_parallel = layout.tp > 1;
   spec.layout.data_parallel = layout.data_parallel;
   spec.training.micro_batch_size = layout.micro_batch;
@@ -90,7 +91,7 @@ void ReviveDominated(const RunSpec& base, const PlanGrid& grid, const PlanLayout
                      std::vector<PlanEntry>* entries) {
   auto same_group = [&](const PlanLayout& l) {
     return l.tp == failed.tp && l.pp == failed.pp && l.vpp == failed.vpp && l.cp == failed.cp &&
-           l.ep == failed.ep && l.micro_batch == failed.micro_batch &&
+           l.ep == failed.ep && l.etp == failed.etp && l.micro_batch == failed.micro_batch &&
            l.data_parallel == failed.data_parallel;
   };
   std::string fitting;
@@ -114,8 +115,9 @@ void ReviveDominated(const RunSpec& base, const PlanGrid& grid, const PlanLayout
 
 std::string PlanLayoutName(const PlanLayout& l) {
   std::ostringstream name;
-  name << "TP" << l.tp << " PP" << l.pp << " VPP" << l.vpp << " CP" << l.cp << " EP" << l.ep
-       << " mbs" << l.micro_batch << " recompute=" << RecomputeName(l.recompute) << " "
+  name << "TP" << l.tp << " PP" << l.pp << " VPP" << l.vpp << " CP" << l.cp << " EP" << l.ep;
+  if (l.etp != 0) name << " ETP" << l.etp;
+  name << " mbs" << l.micro_batch << " recompute=" << RecomputeName(l.recompute) << " "
        << DataParallelName(l.data_parallel);
   return name.str();
 }
@@ -228,12 +230,14 @@ Status RunPlan(const RunSpec& base, const PlanGrid& grid, const PlanSettings& se
         for (int64_t vpp : grid.vpp)
           for (int64_t cp : grid.cp)
             for (int64_t ep : grid.ep)
-              for (int64_t mbs : grid.micro_batch) {
-                PlanLayout l;
-                l.tp = tp, l.pp = pp, l.vpp = vpp, l.cp = cp, l.ep = ep, l.micro_batch = mbs;
-                l.data_parallel = d;
-                groups.push_back(l);
-              }
+              for (int64_t etp : grid.etp)
+                for (int64_t mbs : grid.micro_batch) {
+                  PlanLayout l;
+                  l.tp = tp, l.pp = pp, l.vpp = vpp, l.cp = cp, l.ep = ep, l.micro_batch = mbs;
+                  l.etp = etp;
+                  l.data_parallel = d;
+                  groups.push_back(l);
+                }
   std::vector<std::vector<PlanEntry>> results(groups.size());
   std::atomic<size_t> finished{0};
   std::mutex progress;
@@ -529,6 +533,7 @@ json EntryJson(const PlanEntry& e) {
             {"vpp", e.layout.vpp},
             {"cp", e.layout.cp},
             {"ep", e.layout.ep},
+            {"etp", e.layout.etp},
             {"dp", e.dp},
             {"micro_batch_size", e.layout.micro_batch},
             {"num_microbatches", e.microbatches},
@@ -561,7 +566,7 @@ json EntryJson(const PlanEntry& e) {
 
 std::string Csv(const std::vector<PlanEntry>& entries) {
   std::string csv =
-      "rank,tp,pp,vpp,cp,ep,dp,micro_batch_size,num_microbatches,recompute,data_parallel,"
+      "rank,tp,pp,vpp,cp,ep,etp,dp,micro_batch_size,num_microbatches,recompute,data_parallel,"
       "verdict,verified,step_s,tokens_per_s_per_gpu,headroom_GiB,max_peak_reserved_GiB,reason\n";
   for (size_t i = 0; i < entries.size(); ++i) {
     const PlanEntry& e = entries[i];
@@ -573,9 +578,10 @@ std::string Csv(const std::vector<PlanEntry>& entries) {
     std::ostringstream row;
     row << (e.verdict == PlanVerdict::kFits ? std::to_string(i + 1) : "") << "," << e.layout.tp
         << "," << e.layout.pp << "," << e.layout.vpp << "," << e.layout.cp << "," << e.layout.ep
-        << "," << e.dp << "," << e.layout.micro_batch << "," << e.microbatches << ","
-        << RecomputeName(e.layout.recompute) << "," << DataParallelName(e.layout.data_parallel)
-        << "," << PlanVerdictName(e.verdict) << "," << (e.verified ? "yes" : "no") << ","
+        << "," << e.layout.etp << "," << e.dp << "," << e.layout.micro_batch << ","
+        << e.microbatches << "," << RecomputeName(e.layout.recompute) << ","
+        << DataParallelName(e.layout.data_parallel) << "," << PlanVerdictName(e.verdict) << ","
+        << (e.verified ? "yes" : "no") << ","
         << (e.verdict == PlanVerdict::kFits ? Fixed(e.step.total_s, 4) : "") << ","
         << (e.verdict == PlanVerdict::kFits ? Fixed(e.step.tokens_per_s_per_gpu, 1) : "") << ","
         << (e.verdict == PlanVerdict::kFits ? Fixed(GiB(e.headroom_bytes), 3) : "") << ","
@@ -608,7 +614,7 @@ Status ParseKinds(const std::string& text, PlanGrid* grid, bool recompute) {
 }
 
 struct PlanLists {
-  std::string tp, pp, vpp, cp, ep, micro_batch, recompute, data_parallel;
+  std::string tp, pp, vpp, cp, ep, etp, micro_batch, recompute, data_parallel;
 };
 
 // The grid for `base`'s cluster: DefaultPlanGrid, with each list the user gave instead.
@@ -620,6 +626,7 @@ Status BuildGrid(const RunSpec& base, const PlanLists& lists, PlanGrid* grid) {
       {&lists.vpp, &grid->vpp, "vpp"},
       {&lists.cp, &grid->cp, "cp"},
       {&lists.ep, &grid->ep, "ep"},
+      {&lists.etp, &grid->etp, "etp"},
       {&lists.micro_batch, &grid->micro_batch, "micro-batch-size"}};
   for (const auto& [text, values, name] : ints) {
     if (!text->empty()) MEMSIM_RETURN_IF_ERROR(ParseIntList(*text, name, values));
@@ -734,6 +741,7 @@ int PlanCommand(int argc, const char* const* argv) {
       "vpp", po::value(&lists.vpp), "VPP values (default 1,2)")(
       "cp", po::value(&lists.cp), "CP values (default 1, and 2 from sequence 8192)")(
       "ep", po::value(&lists.ep), "EP values (default: powers of 2 dividing the experts, to 8)")(
+      "etp", po::value(&lists.etp), "expert TP values (default: the layout's TP)")(
       "micro-batch-size", po::value(&lists.micro_batch), "micro-batch sizes (default 1)")(
       "recompute", po::value(&lists.recompute),
       "recomputation kinds (default none,selective,full)")(

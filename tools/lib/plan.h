@@ -35,6 +35,7 @@ namespace memsim {
 // The values searched; every combination is one layout.
 struct PlanGrid {
   std::vector<int64_t> tp, pp, vpp, cp, ep, micro_batch;
+  std::vector<int64_t> etp = {0};        // expert tensor parallel; 0: = TP
   std::vector<RecomputeKind> recompute;  // least recomputation first
   std::vector<DataParallelKind> data_parallel;
 };
@@ -46,10 +47,12 @@ PlanGrid DefaultPlanGrid(const RunSpec& base);
 
 struct PlanLayout {
   int64_t tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, micro_batch = 1;
+  int64_t etp = 0;  // 0: = tp
   RecomputeKind recompute = RecomputeKind::kNone;
   DataParallelKind data_parallel = DataParallelKind::kDistributedOptimizer;
 };
-// "TP4 PP2 VPP1 CP1 EP1 mbs1 recompute=none distributed-optimizer"
+// "TP4 PP2 VPP1 CP1 EP1 mbs1 recompute=none distributed-optimizer" (and "ETP1" after EP when
+// the expert tensor parallelism is not TP's)
 std::string PlanLayoutName(const PlanLayout& layout);
 
 enum class PlanVerdict { kFits, kOutOfMemory, kPruned, kDominated, kInvalid, kError };
