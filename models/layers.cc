@@ -46,6 +46,17 @@ c10::intrusive_ptr<MainGrads> SavedMainGrads(AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<MainGrads>(ctx->saved_data["main_grads"].toCapsule());
 }
 
+// The sequence-parallel all-gather into the workspace's buffer `slot`
+// (all_gather_into_tensor); the input itself without sequence parallelism.
+at::Tensor GatherSequence(const at::Tensor& input, const LinearParallelism& parallelism, int slot) {
+  if (parallelism.gather_input_group <= 1) return input;
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes[0] *= parallelism.gather_input_group;
+  at::Tensor buffer = parallelism.workspace->Get(sizes, input.scalar_type(), slot);
+  ReceiveInto(buffer);  // stands in for NCCL writing the gathered shards in place
+  return buffer;
+}
+
 struct LinearState : public torch::CustomClassHolder {
   // The weight's store: how dW reaches main_grad (Note [Weight gradients]); null: fused.
   ParameterStore* store = nullptr;
@@ -73,8 +84,12 @@ struct LinearFunction : public Function<LinearFunction> {
     const auto state =
         c10::static_intrusive_pointer_cast<LinearState>(ctx->saved_data["state"].toCapsule());
     const LinearParallelism& parallelism = state->parallelism;
-    const at::Tensor total_input = Gather(input, parallelism);
     const at::Tensor grad_output = grads[0].contiguous();
+    // A deferred weight gradient (DeferredWgrad) keeps the output gradient instead.
+    DeferredWgrad* deferred = parallelism.deferred.get();
+    const bool defer = deferred != nullptr && deferred->Accepts(deferred->grad_outputs);
+    if (defer) deferred->grad_outputs.push_back(grad_output);
+    const at::Tensor total_input = defer ? at::Tensor() : Gather(input, parallelism);
     at::Tensor grad_input = grad_output.matmul(weight);
     if (parallelism.gather_input_group > 1) {
       grad_input = ReduceScatter(grad_input, parallelism.gather_input_group);
@@ -82,16 +97,19 @@ struct LinearFunction : public Function<LinearFunction> {
       AllReduceInPlace(grad_input, parallelism.all_reduce_input_grad_group);
     }
     const at::Tensor grad_2d = grad_output.view({-1, grad_output.size(-1)});
-    const at::Tensor input_2d = total_input.reshape({-1, total_input.size(-1)});
     ParameterStore* store = state->store;
     if (store == nullptr || store->gradient_accumulation_fusion()) {
-      WgradGemmAccumulate(state->weight_main_grad, input_2d, grad_2d);
+      if (!defer) {
+        WgradGemmAccumulate(state->weight_main_grad,
+                            total_input.reshape({-1, total_input.size(-1)}), grad_2d);
+      }
       if (store != nullptr && state->weight_main_grad.defined()) {
         // The dummy autograd receives as this weight's gradient: the cached one.
         store->DummyWgrad(weight.sizes());
       }
-    } else {
-      AccumulateIntoMainGrad(state->weight_main_grad, grad_2d.t().mm(input_2d));
+    } else {  // ValidateTrainingConfig: deferring needs gradient accumulation fusion
+      AccumulateIntoMainGrad(state->weight_main_grad,
+                             grad_2d.t().mm(total_input.reshape({-1, total_input.size(-1)})));
     }
     if (state->bias_main_grad.defined()) {
       AccumulateIntoMainGrad(state->bias_main_grad, grad_2d.sum(0));
@@ -99,14 +117,8 @@ struct LinearFunction : public Function<LinearFunction> {
     return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
-  // The sequence-parallel all-gather into the workspace (all_gather_into_tensor).
   static at::Tensor Gather(const at::Tensor& input, const LinearParallelism& parallelism) {
-    if (parallelism.gather_input_group <= 1) return input;
-    std::vector<int64_t> sizes = input.sizes().vec();
-    sizes[0] *= parallelism.gather_input_group;
-    at::Tensor buffer = parallelism.workspace->Get(sizes, input.scalar_type());
-    ReceiveInto(buffer);  // stands in for NCCL writing the gathered shards in place
-    return buffer;
+    return GatherSequence(input, parallelism, /*slot=*/0);
   }
 };
 
@@ -347,7 +359,31 @@ at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
   state->weight_main_grad = weight.main_grad;
   if (bias != nullptr) state->bias_main_grad = bias->main_grad;
   state->parallelism = parallelism;
+  if (DeferredWgrad* deferred = parallelism.deferred.get()) {
+    if (deferred->Accepts(deferred->inputs)) deferred->inputs.push_back(input);
+  }
   return LinearFunction::apply(input, weight.data, DataOf(bias), std::move(state));
+}
+
+void DrainDeferredWgrad(DeferredWgrad& deferred, Parameter& weight,
+                        const LinearParallelism& parallelism) {
+  const size_t count = deferred.inputs.size();
+  if (count == 0) return;
+  at::Tensor gathered[2];
+  gathered[0] = GatherSequence(deferred.inputs[0], parallelism, /*slot=*/1);
+  for (size_t i = 0; i < count; ++i) {
+    if (i + 1 < count) {
+      gathered[(i + 1) % 2] = GatherSequence(deferred.inputs[i + 1], parallelism, 1 + (i + 1) % 2);
+    }
+    const at::Tensor& grad_output = deferred.grad_outputs[i];
+    WgradGemmAccumulate(weight.main_grad, gathered[i % 2].reshape({-1, gathered[i % 2].size(-1)}),
+                        grad_output.view({-1, grad_output.size(-1)}));
+    deferred.inputs[i].reset();
+    deferred.grad_outputs[i].reset();
+    gathered[i % 2].reset();
+  }
+  deferred.inputs.clear();
+  deferred.grad_outputs.clear();
 }
 
 at::Tensor LayerNorm(const at::Tensor& input, Parameter& weight, Parameter* bias) {
@@ -378,10 +414,10 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
   return residual + Dropout(biased, p);
 }
 
-at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype) {
+at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype, int slot) {
   if (!persistent_) return at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(dtype));
   const int64_t numel = c10::multiply_integers(shape);
-  at::Tensor& buffer = buffers_[dtype];
+  at::Tensor& buffer = buffers_[{dtype, slot}];
   if (!buffer.defined() || buffer.numel() < numel) {
     ModuleScope scope(ModuleScope::Absolute{"mpu.global_memory_buffer"});
     buffer = at::empty({numel}, at::TensorOptions().device(at::kMeta).dtype(dtype));

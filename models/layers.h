@@ -33,11 +33,27 @@ namespace memsim {
 class GlobalMemoryBuffer : public torch::CustomClassHolder {
  public:
   explicit GlobalMemoryBuffer(bool persistent = true) : persistent_(persistent) {}
-  at::Tensor Get(at::IntArrayRef shape, at::ScalarType dtype);
+  // The buffer named `slot` for `dtype` ("mpu" is 0; the wgrad drain's "mpu_0" and "mpu_1"
+  // are 1 and 2), grown to `shape`.
+  at::Tensor Get(at::IntArrayRef shape, at::ScalarType dtype, int slot = 0);
 
  private:
   bool persistent_;
-  std::map<at::ScalarType, at::Tensor> buffers_;
+  std::map<std::pair<at::ScalarType, int>, at::Tensor> buffers_;
+};
+
+// --defer-embedding-wgrad-compute on the output layer (Megatron-Core's ColumnParallelLinear
+// with its embedding_activation_buffer and grad_output_buffer): the inputs of the first
+// `limit` microbatches of a step (0: every one) are kept from forward and their output
+// gradients from backward, whose weight-gradient GEMMs are skipped; DrainDeferredWgrad
+// runs them at the pipeline flush (drain_embedding_wgrad_compute) and lets both go.
+struct DeferredWgrad : public torch::CustomClassHolder {
+  explicit DeferredWgrad(int64_t limit) : limit(limit) {}
+  bool Accepts(const std::vector<at::Tensor>& buffer) const {
+    return limit == 0 || static_cast<int64_t>(buffer.size()) < limit;
+  }
+  int64_t limit;
+  std::vector<at::Tensor> inputs, grad_outputs;
 };
 
 // How a linear layer talks to its tensor-parallel group.
@@ -49,6 +65,7 @@ struct LinearParallelism {
   // Column-parallel without sequence parallelism: all-reduce the input gradient in place.
   int64_t all_reduce_input_grad_group = 1;
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace;  // required when gathering
+  c10::intrusive_ptr<DeferredWgrad> deferred;        // the output layer, when deferring
 };
 
 // Megatron's LinearWithGradAccumulationAndAsyncCommunication with
@@ -57,6 +74,12 @@ struct LinearParallelism {
 // a [out] temporary. `bias` may be null.
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                   const LinearParallelism& parallelism = {});
+
+// The deferred weight-gradient GEMMs of `weight` (DeferredWgrad), as
+// drain_embedding_wgrad_compute runs them: with sequence parallelism each input is
+// all-gathered into one of two alternating buffers while the previous GEMM runs.
+void DrainDeferredWgrad(DeferredWgrad& deferred, Parameter& weight,
+                        const LinearParallelism& parallelism);
 
 // Apex FusedLayerNormAffineFunction (== native_layer_norm on CUDA): saves the input,
 // and float32 mean and rstd of shape [S, B, 1].

@@ -34,15 +34,18 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   MEMSIM_RETURN_IF_ERROR(Positive(m->make_vocab_size_divisible_by, "make_vocab_size_divisible_by"));
   MEMSIM_RETURN_IF_ERROR(Positive(tp, "tensor parallel size"));
   MEMSIM_RETURN_IF_ERROR(AtMost(m->num_layers, kMaxLayers, "num_layers"));
-  for (auto [value, name] :
-       {std::pair{m->hidden_size, "hidden_size"}, {m->num_attention_heads, "num_attention_heads"},
-        {m->vocab_size, "vocab_size"}, {m->num_query_groups, "num_query_groups"},
-        {m->kv_channels, "kv_channels"}, {m->ffn_hidden_size, "ffn_hidden_size"},
-        {m->num_experts, "num_experts"}, {m->moe_ffn_hidden_size, "moe_ffn_hidden_size"},
-        {m->moe_shared_expert_size, "moe_shared_expert_size"},
-        {m->max_position_embeddings, "max_position_embeddings"},
-        {m->make_vocab_size_divisible_by, "make_vocab_size_divisible_by"},
-        {tp, "tensor parallel size"}}) {
+  for (auto [value, name] : {std::pair{m->hidden_size, "hidden_size"},
+                             {m->num_attention_heads, "num_attention_heads"},
+                             {m->vocab_size, "vocab_size"},
+                             {m->num_query_groups, "num_query_groups"},
+                             {m->kv_channels, "kv_channels"},
+                             {m->ffn_hidden_size, "ffn_hidden_size"},
+                             {m->num_experts, "num_experts"},
+                             {m->moe_ffn_hidden_size, "moe_ffn_hidden_size"},
+                             {m->moe_shared_expert_size, "moe_shared_expert_size"},
+                             {m->max_position_embeddings, "max_position_embeddings"},
+                             {m->make_vocab_size_divisible_by, "make_vocab_size_divisible_by"},
+                             {tp, "tensor parallel size"}}) {
     MEMSIM_RETURN_IF_ERROR(AtMost(value, kMaxDimension, name));
   }
   if (m->num_query_groups < 0 || m->kv_channels < 0 || m->ffn_hidden_size < 0 ||
@@ -111,11 +114,11 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
                                    CheckedMul(m.num_attention_heads, m.head_dim)});
   int64_t largest = CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.micro_batch_size), widest), 8);
   if (t.attention == AttentionKind::kEager) {
-    largest = std::max(
-        largest, CheckedMul(CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.seq_length),
-                                                  t.micro_batch_size),
-                                       m.num_attention_heads),
-                            8));
+    largest =
+        std::max(largest, CheckedMul(CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.seq_length),
+                                                           t.micro_batch_size),
+                                                m.num_attention_heads),
+                                     8));
   }
   if (largest > kMaxTensorBytes) {
     return Status::Error("a layer's largest tensor would take " + Str(largest) +
@@ -126,6 +129,15 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       t.seq_length > m.max_position_embeddings) {
     return Status::Error("seq_length " + Str(t.seq_length) + " exceeds max_position_embeddings " +
                          Str(m.max_position_embeddings));
+  }
+  if (t.defer_embedding_wgrad && !t.gradient_accumulation_fusion) {
+    return Status::Error(
+        "deferring the embedding weight gradients needs gradient accumulation fusion (as "
+        "Megatron-LM asserts)");
+  }
+  if (t.wgrad_deferral_limit < 0) {
+    return Status::Error("wgrad_deferral_limit must not be negative, got " +
+                         Str(t.wgrad_deferral_limit));
   }
   if (t.recompute == RecomputeKind::kFull &&
       (t.recompute_num_layers <= 0 || t.recompute_num_layers > m.num_layers)) {

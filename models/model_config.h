@@ -128,6 +128,12 @@ struct TrainingConfig {
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
   // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy).
   bool cross_entropy_fusion = false;
+  // --defer-embedding-wgrad-compute / --wgrad-deferral-limit: the output layer's weight
+  // gradients of the first `wgrad_deferral_limit` microbatches (0: all) wait for the
+  // pipeline flush, their inputs and output gradients kept until then (DeferredWgrad in
+  // layers.h). Megatron-LM requires PP > 1 and gradient accumulation fusion.
+  bool defer_embedding_wgrad = false;
+  int64_t wgrad_deferral_limit = 0;
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;

@@ -118,15 +118,15 @@ Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, b
 // tokens [X, H] -> [rows, H] (index_select, or TE's kernel); backward scatters the
 // gradient into a new zeroed [X, H].
 struct PermuteFunction : public Function<PermuteFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens,
-                            const at::Tensor& index, int64_t rows) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens, const at::Tensor& index,
+                            int64_t rows) {
     ctx->save_for_backward({index});
     ctx->saved_data["inputs"] = tokens.size(0);
     return at::empty({rows, tokens.size(1)}, tokens.options());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    at::Tensor grad = at::zeros({ctx->saved_data["inputs"].toInt(), grads[0].size(1)},
-                                grads[0].options());
+    at::Tensor grad =
+        at::zeros({ctx->saved_data["inputs"].toInt(), grads[0].size(1)}, grads[0].options());
     return {grad, at::Tensor(), at::Tensor()};
   }
 };
@@ -295,7 +295,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   h = Activation(m, h);
   h = (h * probs.unsqueeze(-1)).to(x.scalar_type());
   ModuleScope f("linear_fc2");
-  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false);  // [N, H]
+  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false);       // [N, H]
   if (!t.moe_grouped_gemm && m.num_experts / p.ep > 1) h = h.clone();  // torch.cat
   return h;
 }
@@ -329,10 +329,10 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   if (t.moe_dispatcher == MoeDispatcher::kAllGather) {
     ModuleScope s("token_dispatcher");
     const int64_t group = p.ep * p.etp, gathered = T * group;
-    at::Tensor map = AllGather(routing.routing_map, group);  // [T_g, E] bool
-    const at::Tensor probs = AllGatherRows(routing.probs, group);  // [T_g, E] p
+    at::Tensor map = AllGather(routing.routing_map, group);                   // [T_g, E] bool
+    const at::Tensor probs = AllGatherRows(routing.probs, group);             // [T_g, E] p
     const at::Tensor hidden_g = AllGatherRows(tokens, group, global_buffer);  // [T_g, H]
-    params.kept_map = at::empty({gathered, local}, Meta(at::kBool));  // local_map
+    params.kept_map = at::empty({gathered, local}, Meta(at::kBool));          // local_map
     map.reset();
     const Permutation perm = MakePermutation(gathered, local, N, t.moe_permute_fusion);
     const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
@@ -352,11 +352,11 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     at::Tensor x = PermuteFunction::apply(tokens, perm.index, D);  // [D, H]
     at::Tensor probs = PermuteProbsFunction::apply(
         routing.probs, t.moe_permute_fusion ? perm.index : perm.order, E, D,
-        /*masked_select=*/false);  // [D] p
-    x = AllToAllTokens(x, p.ep, R);                                        // [R, H]
-    probs = AllToAllTokens(probs.unsqueeze(-1), p.ep, R).squeeze(-1);     // [R] p
-    x = AllGatherRows(x, p.etp);                                           // [N, H]
-    probs = AllGatherRows(probs, p.etp);                                   // [N] p
+        /*masked_select=*/false);                                      // [D] p
+    x = AllToAllTokens(x, p.ep, R);                                    // [R, H]
+    probs = AllToAllTokens(probs.unsqueeze(-1), p.ep, R).squeeze(-1);  // [R] p
+    x = AllGatherRows(x, p.etp);                                       // [N, H]
+    probs = AllGatherRows(probs, p.etp);                               // [N] p
     if (local > 1) {
       // sort_chunks_by_idxs: split + cat (new buffers), or TE's chunk sort with an int32
       // [N] map it keeps.

@@ -33,8 +33,14 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
   int64_t numel = 1;
   for (int64_t d : shape) numel = CheckedMul(numel, d);
   num_elements_ = CheckedAdd(num_elements_, numel);
-  parameters_.push_back(
-      {module.empty() ? name : module + "." + name, std::move(data), {}, expert, unit_, {}, {}, this});
+  parameters_.push_back({module.empty() ? name : module + "." + name,
+                         std::move(data),
+                         {},
+                         expert,
+                         unit_,
+                         {},
+                         {},
+                         this});
   return &parameters_.back();
 }
 

@@ -25,6 +25,9 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
                       : c10::make_intrusive<GlobalMemoryBuffer>(/*persistent=*/true)) {
   const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
   const bool layer_norm = model.norm == NormKind::kLayerNorm;
+  if (shard.last_stage && training.defer_embedding_wgrad) {
+    deferred_wgrad_ = c10::make_intrusive<DeferredWgrad>(training.wgrad_deferral_limit);
+  }
   if (shard.first_stage) {
     ModuleScope scope("embedding");
     {
@@ -311,7 +314,9 @@ at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& la
   at::Tensor loss;
   {
     ModuleScope s("output_layer");
-    at::Tensor logits = Linear(hidden, *output_weight_, nullptr, ColumnParallel());  // [S, B, V/tp]
+    LinearParallelism parallelism = ColumnParallel();
+    parallelism.deferred = deferred_wgrad_;
+    at::Tensor logits = Linear(hidden, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
     loss = VocabCrossEntropy(logits, labels.transpose(0, 1).contiguous(), shard_.tp,
                              training_.cross_entropy_fusion);  // [S, B]
   }
@@ -320,6 +325,12 @@ at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& la
   const at::Tensor losses = loss.transpose(0, 1).contiguous().view({-1});
   const at::Tensor mask = loss_mask.view({-1});
   return at::sum(losses * mask) / mask.sum();
+}
+
+void TransformerModel::FinishDeferredWgrad() {
+  if (deferred_wgrad_ == nullptr) return;
+  ModuleScope s("output_layer");
+  DrainDeferredWgrad(*deferred_wgrad_, *output_weight_, ColumnParallel());
 }
 
 at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input) {

@@ -101,6 +101,10 @@ class TransformerModel {
   // on both). Returns the hidden state to send on, or the scalar loss on the last chunk.
   at::Tensor ForwardChunk(int64_t chunk, const at::Tensor& input);
 
+  // The pipeline flush's deferred output-layer weight gradients (DeferredWgrad); nothing
+  // unless the shard holds the loss and training defers them.
+  void FinishDeferredWgrad();
+
   // The whole model on one rank: ForwardChunk(0, {}).
   at::Tensor Forward() { return ForwardChunk(0, at::Tensor()); }
 
@@ -149,6 +153,7 @@ class TransformerModel {
   Parameter* final_norm_bias_ = nullptr;
   Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied on one stage
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
+  c10::intrusive_ptr<DeferredWgrad> deferred_wgrad_;   // output layer; null unless deferring
   c10::intrusive_ptr<GlobalMemoryBuffer> moe_buffer_;  // Megatron's "mpu" buffer for MoE
 };
 

@@ -80,10 +80,10 @@ class LibraryWorkspaces {
     const bool torch_gemms =
         training.profile == ProfileKind::kMegatronLocal || shard.last_stage ||
         (has_layers && (training.attention == AttentionKind::kEager || model.num_experts > 0));
-    cublas_bytes_ = torch_gemms ? (training.cublas_workspace_bytes >= 0
-                                       ? training.cublas_workspace_bytes
-                                       : DefaultCublasWorkspaceBytes(*gpu))
-                                : 0;
+    cublas_bytes_ = torch_gemms
+                        ? (training.cublas_workspace_bytes >= 0 ? training.cublas_workspace_bytes
+                                                                : DefaultCublasWorkspaceBytes(*gpu))
+                        : 0;
     te_bytes_ = training.profile == ProfileKind::kTransformerEngine && has_layers
                     ? TransformerEngineWorkspaceBytes(*gpu)
                     : 0;
@@ -159,11 +159,14 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
   }
   MixedPrecisionOptimizer optimizer(&store, training.optimizer, OptimizerShards(layout, false),
                                     OptimizerShards(layout, true));
-  const std::vector<PipelineStep> schedule =
-      PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
-                       layout.microbatch_group_size);
+  const std::vector<PipelineStep> schedule = PipelineSchedule(
+      layout.pp, layout.vpp, pp_rank, training.num_microbatches, layout.microbatch_group_size);
   const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());
   LibraryWorkspaces workspaces(session.gpu(), model_config, training, shard);
+  // Deferred output-layer weight gradients keep tensors across microbatches, which copied
+  // microbatches cannot hold: the stage with the loss runs every microbatch for real.
+  const bool replicate =
+      replicate_microbatches && !(training.defer_embedding_wgrad && shard.last_stage);
 
   for (int32_t it = 0; it < training.iterations; ++it) {
     {
@@ -183,8 +186,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       const auto template_key = std::make_pair(step.forward, step.chunk);
       auto found = templates.find(template_key);
       const bool replicated_forward = replicas.count(key) > 0;
-      if (replicate_microbatches && step.microbatch > kTemplateMicrobatch &&
-          found != templates.end() && (step.forward || replicated_forward)) {
+      if (replicate && step.microbatch > kTemplateMicrobatch && found != templates.end() &&
+          (step.forward || replicated_forward)) {
         const StepTemplate& t = found->second;
         Recorder::IdMap ids;
         const Recorder::IdMap outer = step.forward ? Recorder::IdMap() : replicas[key];
@@ -243,6 +246,7 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
                                    begin_s, recorder.now_s() - begin_s};
       }
     }
+    model.FinishDeferredWgrad();  // finish_embedding_wgrad_compute, before finalize_model_grads
     session.SetPhase(Phase::kOptimizer);
     optimizer.Step();
     session.EndIteration();

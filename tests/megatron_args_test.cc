@@ -415,6 +415,30 @@ TEST(MegatronArgs, QkLayernorm) {
   EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
 }
 
+TEST(MegatronArgs, DeferredEmbeddingWgrad) {
+  const std::string line =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --defer-embedding-wgrad-compute "
+      "--wgrad-deferral-limit 2 --pipeline-model-parallel-size 2";
+  MegatronArgsResult r = Parse(line, 2);
+  EXPECT_TRUE(r.spec.training.defer_embedding_wgrad);
+  EXPECT_EQ(r.spec.training.wgrad_deferral_limit, 2);
+  // Megatron-LM refuses it without pipeline parallelism or gradient accumulation fusion.
+  r = Parse(line + " --no-gradient-accumulation-fusion", 2);
+  RunSpec spec = r.spec;
+  spec.gpu = FindGpu("H100");
+  EXPECT_NE(FinalizeRunSpec(&spec).message().find("gradient accumulation fusion"),
+            std::string::npos);
+  r = Parse(
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 "
+      "--defer-embedding-wgrad-compute",
+      1);
+  spec = r.spec;
+  spec.gpu = FindGpu("H100");
+  EXPECT_NE(FinalizeRunSpec(&spec).message().find("PP > 1"), std::string::npos);
+}
+
 TEST(MegatronArgs, Errors) {
   const std::string base =
       "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "

@@ -669,6 +669,59 @@ TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
   }
 }
 
+// --defer-embedding-wgrad-compute: the last stage keeps the output layer's 16-bit output
+// gradient [S, B, V] of the first `limit` microbatches (all with 0) until the pipeline
+// flush, while later microbatches' come and go: at most min(m, limit + 1) are alive at
+// once (m with limit 0, 1 without deferral), and none when the optimizer step begins.
+TEST(DeferredEmbeddingWgrad, KeepsOutputGradientsUntilTheFlush) {
+  const Shape x{128, 2, 128, 4};
+  const ModelConfig m = Gpt(x, 2);  // vocabulary 1024
+  ParallelLayout layout;
+  layout.world_size = 2;
+  layout.pp = 2;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const int64_t grad_bytes = x.s * x.b * m.padded_vocab_size * 2;
+  struct Case {
+    bool defer;
+    int64_t limit, most_alive;
+  };
+  for (const Case& c : {Case{false, 0, 1}, Case{true, 0, 4}, Case{true, 2, 3}, Case{true, 1, 2}}) {
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    t.num_microbatches = 4;
+    t.iterations = 1;
+    t.defer_embedding_wgrad = c.defer;
+    t.wgrad_deferral_limit = c.limit;
+    ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+    Session session;
+    {
+      ActiveSession active(session);
+      RunRankTraining(m, t, layout, /*pp_rank=*/1, session);
+    }
+    const Recorder& r = session.recorder();
+    int64_t optimizer_begin = -1;
+    for (const Marker& mk : r.markers()) {
+      if (mk.kind == MarkerKind::kPhaseBegin && mk.phase == Phase::kOptimizer) {
+        optimizer_begin = mk.event_index;
+      }
+    }
+    ASSERT_GT(optimizer_begin, 0);
+    auto is_output_grad = [&](const StorageInfo& s) {
+      return s.phase == Phase::kBackward && s.size_bytes == grad_bytes;
+    };
+    int64_t alive = 0, most = 0, at_optimizer = 0;
+    for (int64_t e = 0; e < static_cast<int64_t>(r.events().size()); ++e) {
+      const MemoryEvent& ev = r.events()[static_cast<size_t>(e)];
+      if (e == optimizer_begin) at_optimizer = alive;
+      if (!is_output_grad(r.storages()[static_cast<size_t>(ev.storage_id)])) continue;
+      alive += ev.is_alloc ? 1 : -1;
+      most = std::max(most, alive);
+    }
+    EXPECT_EQ(most, c.most_alive) << "defer " << c.defer << " limit " << c.limit;
+    EXPECT_EQ(at_optimizer, 0) << "defer " << c.defer << " limit " << c.limit;
+  }
+}
+
 // ZeRO-2: parameters whole (2 bytes), gradients as fp32 shards (4/dp) plus one bucket,
 // optimizer state sharded (12/dp).
 TEST(Zero2, GradientsShardedWithOneBucket) {

@@ -58,6 +58,8 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--moe-aux-loss-coeff", Arity::kValue},
       {"--moe-z-loss-coeff", Arity::kValue},
       {"--cross-entropy-loss-fusion", Arity::kFlag},
+      {"--defer-embedding-wgrad-compute", Arity::kFlag},
+      {"--wgrad-deferral-limit", Arity::kValue},
       {"--cross-entropy-fusion-impl", Arity::kValue},
       // Batch and sequence.
       {"--seq-length", Arity::kValue},
@@ -399,7 +401,6 @@ const std::map<std::string, std::string>& UnmodelledArgs() {
       {"--decoder-num-layers", "encoder-decoder models"},
       {"--decoder-seq-length", "encoder-decoder models"},
       {"--decrease-batch-size-if-needed", "batch sizes that change during training"},
-      {"--defer-embedding-wgrad-compute", "deferred output-layer weight gradients"},
       {"--delay-wgrad-compute", "delayed weight gradients"},
       {"--distribute-saved-activations", "saved activations split over tensor parallelism"},
       {"--enable-cuda-graph", "CUDA graphs"},
@@ -876,6 +877,9 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     a.Ignore(name);
   }
   t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
+  t.defer_embedding_wgrad = a.Has("--defer-embedding-wgrad-compute");
+  MEMSIM_RETURN_IF_ERROR(a.Int("--wgrad-deferral-limit", &t.wgrad_deferral_limit));
+  if (!t.defer_embedding_wgrad) a.Ignore("--wgrad-deferral-limit");
   // The native fused cross-entropy (megatron/core/fusions/fused_cross_entropy.py) is
   // modelled (VocabCrossEntropy); TE's (a kernel over the 16-bit logits) is not.
   if (a.Has("--cross-entropy-loss-fusion")) {

@@ -223,6 +223,11 @@ Status FinalizeRunSpecUnchecked(RunSpec* spec) {
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
   }
+  if (t.defer_embedding_wgrad && l.pp == 1) {
+    return Status::Error(
+        "deferring the embedding weight gradients needs pipeline parallelism (PP > 1), as "
+        "Megatron-LM asserts");
+  }
   if (l.data_parallel == DataParallelKind::kFsdp && (l.pp > 1 || l.tp > 1 || l.ep > 1)) {
     return Status::Error(
         "FSDP is modelled on its own (TP=PP=EP=1); combine TP/PP with "
