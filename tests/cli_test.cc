@@ -173,6 +173,13 @@ TEST(Cli, MegatronRefusesWhatMemsimDoesNotModel) {
   EXPECT_NE(fp8.err.find("--fp8-format"), std::string::npos) << fp8.err;
   const CommandResult no_world = Memsim("megatron -- --num-layers 2");
   EXPECT_NE(no_world.err.find("WORLD_SIZE"), std::string::npos) << no_world.err;
+  // The list of refusals says what each changes; what is modelled is not on it.
+  const CommandResult refused = Memsim("megatron --refused");
+  EXPECT_EQ(refused.exit_code, 0);
+  EXPECT_NE(refused.out.find("--fp8-format"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("FP8 training"), std::string::npos) << refused.out;
+  EXPECT_EQ(refused.out.find("--qk-layernorm "), std::string::npos) << refused.out;
+  EXPECT_EQ(refused.out.find("--defer-embedding-wgrad-compute"), std::string::npos);
 }
 
 }  // namespace

@@ -1054,6 +1054,8 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, const Arg
 
 }  // namespace
 
+const std::map<std::string, std::string>& UnmodelledMegatronArgs() { return UnmodelledArgs(); }
+
 std::vector<std::string> ModelledEnvNames() { return {ModelledEnv().begin(), ModelledEnv().end()}; }
 
 Status ParseMegatronArgs(const std::vector<std::string>& args,

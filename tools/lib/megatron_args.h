@@ -36,6 +36,10 @@ Status ParseMegatronArgs(const std::vector<std::string>& args,
                          const std::map<std::string, std::string>& env, int64_t world_size,
                          MegatronArgsResult* out);
 
+// The Megatron-LM arguments memsim refuses because they change memory in ways it does not
+// model, each with what it is ("--fp8-format" -> "FP8 training"), sorted by name.
+const std::map<std::string, std::string>& UnmodelledMegatronArgs();
+
 // The environment variables memsim models (CUBLAS_WORKSPACE_CONFIG, NVTE_*_ATTN, ...):
 // what `memsim megatron` reads from its own environment.
 std::vector<std::string> ModelledEnvNames();

@@ -50,16 +50,20 @@ int MegatronCommand(int argc, const char* const* argv) {
       "NVTE_ALLOW_NONDETERMINISTIC_ALGO and PYTORCH_CUDA_ALLOC_CONF are read from the\n"
       "environment. Arguments that do not change memory are listed as ignored; one that\n"
       "changes memory in a way memsim does not model is refused.\n\n"
-      "Example:\n"
+      "Examples:\n"
       "  WORLD_SIZE=16 memsim megatron -- --num-layers 32 --hidden-size 4096 \\\n"
       "      --num-attention-heads 32 --seq-length 4096 --max-position-embeddings 4096 \\\n"
       "      --micro-batch-size 1 --global-batch-size 64 --tensor-model-parallel-size 4 \\\n"
-      "      --bf16 --use-distributed-optimizer --vocab-size 50257 --lr 1e-4\n\n"
+      "      --bf16 --use-distributed-optimizer --vocab-size 50257 --lr 1e-4\n"
+      "  memsim megatron --refused    (the arguments memsim refuses, and why)\n\n"
       "Options");
   int64_t world_size = 0, iterations = 0;
   std::string gpu_name = "H100-80GB";
   ReportOptions report;
+  bool list_refused = false;
   options.add_options()("help,h", "show this help")(
+      "refused", po::bool_switch(&list_refused),
+      "list the Megatron-LM arguments memsim refuses, with what each changes, and exit")(
       "world-size", PositiveValue(&world_size, "world-size"), "number of GPUs")(
       "gpu", po::value(&gpu_name), ("GPU preset: " + GpuPresetNames()).c_str())(
       "iterations", PositiveValue(&iterations, "iterations"), "training iterations to record");
@@ -67,6 +71,12 @@ int MegatronCommand(int argc, const char* const* argv) {
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(separator, argv, options, "megatron", &vm)) {
     return *exit_code;
+  }
+  if (list_refused) {
+    for (const auto& [name, what] : UnmodelledMegatronArgs()) {
+      std::printf("%-48s %s\n", name.c_str(), what.c_str());
+    }
+    return kExitOk;
   }
   Status status = CheckReportOptions(report);
   if (status.ok() && iterations > 1000) status = Status::Error("--iterations must be in [1, 1000]");
