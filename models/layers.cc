@@ -434,6 +434,7 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          int64_t cp) {
   const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t groups = k.size(2);
+  const int64_t v_head_dim = v.size(3);  // multi-latent attention: not q's
   if (kind == AttentionKind::kFused) {
     // Transformer Engine's FusedAttention (cuDNN) reads q, k, v in Megatron's [S, B, A, D]
     // layout and writes out in it: no copies. It keeps the same tensors for backward as
@@ -443,7 +444,7 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
                                                        v.transpose(0, 1), cp, dropout_p)
                             : FlashAttentionFunction::apply(q.transpose(0, 1), k.transpose(0, 1),
                                                             v.transpose(0, 1), dropout_p);
-    return out.transpose(0, 1).reshape({seq, batch, heads * head_dim});
+    return out.transpose(0, 1).reshape({seq, batch, heads * v_head_dim});
   }
   if (kind == AttentionKind::kFlash) {
     // Megatron's FlashSelfAttention: rearrange 's b ... -> b s ...' and make contiguous.
@@ -453,7 +454,7 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
     at::Tensor out = cp > 1 ? ContextParallelAttention(qb, kb, vb, cp, dropout_p)
                             : FlashAttentionFunction::apply(qb, kb, vb, dropout_p);
     // 'b s h d -> s b (h d)'
-    return out.transpose(0, 1).contiguous().view({seq, batch, heads * head_dim});
+    return out.transpose(0, 1).contiguous().view({seq, batch, heads * v_head_dim});
   }
   // DotProductAttention (megatron/core/transformer/dot_product_attention.py).
   at::Tensor key = k;
@@ -487,12 +488,12 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   scores.reset();
   probs = Dropout(probs, dropout_p);
-  const at::Tensor v3 = value.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
-  at::Tensor context = at::bmm(probs, v3);  // [B*A, S, D]
-  return context.view({batch, heads, seq, head_dim})
+  const at::Tensor v3 = value.reshape({seq, batch * heads, v_head_dim}).transpose(0, 1);
+  at::Tensor context = at::bmm(probs, v3);  // [B*A, S, Dv]
+  return context.view({batch, heads, seq, v_head_dim})
       .permute({2, 0, 1, 3})
       .contiguous()
-      .view({seq, batch, heads * head_dim});
+      .view({seq, batch, heads * v_head_dim});
 }
 
 at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels, int64_t tp_group,

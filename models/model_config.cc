@@ -62,6 +62,26 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     m->kv_channels = m->hidden_size / m->num_attention_heads;
   }
   m->head_dim = m->kv_channels;
+  for (auto [value, name] : {std::pair{m->q_lora_rank, "q_lora_rank"},
+                             {m->kv_lora_rank, "kv_lora_rank"},
+                             {m->qk_head_dim, "qk_head_dim"},
+                             {m->qk_pos_emb_head_dim, "qk_pos_emb_head_dim"},
+                             {m->v_head_dim, "v_head_dim"}}) {
+    if (value < 0) return Status::Error(std::string(name) + " must not be negative");
+    MEMSIM_RETURN_IF_ERROR(AtMost(value, kMaxDimension, name));
+  }
+  if (m->multi_latent_attention()) {
+    if (m->qk_head_dim <= 0 || m->qk_pos_emb_head_dim <= 0 || m->v_head_dim <= 0) {
+      return Status::Error(
+          "multi-latent attention needs qk_head_dim, qk_pos_emb_head_dim and v_head_dim");
+    }
+    if (m->num_query_groups != 0 && m->num_query_groups != m->num_attention_heads) {
+      return Status::Error("multi-latent attention has no grouped-query attention");
+    }
+    m->head_dim = m->qk_head_dim + m->qk_pos_emb_head_dim;
+  } else if (m->q_lora_rank > 0) {
+    return Status::Error("q_lora_rank needs multi-latent attention (kv_lora_rank > 0)");
+  }
   if (m->num_query_groups == 0) m->num_query_groups = m->num_attention_heads;
   if (m->num_attention_heads % m->num_query_groups != 0) {
     return Status::Error(Str(m->num_query_groups) + " query groups (kv heads) do not divide " +

@@ -54,6 +54,17 @@ struct ModelConfig {
   // --qk-layernorm: a norm (of the model's kind) over each head's query and key, D wide,
   // before the rotary embedding (SelfAttention.get_query_key_value_tensors).
   bool qk_layernorm = false;
+  // Multi-latent attention (--multi-latent-attention; DeepSeek-V2/V3), on when
+  // kv_lora_rank > 0 (Megatron-Core's MLASelfAttention): queries from the hidden state, or
+  // through a q_lora_rank-wide projection and norm; keys and values from a kv_lora_rank-wide
+  // latent and norm; q and k heads qk_head_dim + qk_pos_emb_head_dim wide (the rotary part
+  // of k shared by every head), v heads v_head_dim wide. head_dim is then the q/k width.
+  int64_t q_lora_rank = 0;  // 0: linear_q_proj straight from the hidden state
+  int64_t kv_lora_rank = 0;
+  int64_t qk_head_dim = 0;
+  int64_t qk_pos_emb_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool multi_latent_attention() const { return kv_lora_rank > 0; }
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
 

@@ -86,12 +86,41 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   }
   {
     ModuleScope s("self_attention");
-    {
+    if (model_.multi_latent_attention()) {
+      const int64_t Q = model_.q_lora_rank, R = model_.kv_lora_rank;
+      if (Q > 0) {
+        {
+          ModuleScope q("linear_q_down_proj");
+          layer.q_down_weight = store->Add("weight", {Q, H});
+        }
+        {
+          ModuleScope q("q_layernorm");
+          layer.q_norm_weight = store->Add("weight", {Q});
+          if (layer_norm) layer.q_norm_bias = store->Add("bias", {Q});
+        }
+      }
+      {
+        ModuleScope q(Q > 0 ? "linear_q_up_proj" : "linear_q_proj");
+        layer.q_up_weight = store->Add("weight", {A * D / tp, Q > 0 ? Q : H});
+      }
+      {
+        ModuleScope kv("linear_kv_down_proj");
+        layer.kv_down_weight = store->Add("weight", {R + model_.qk_pos_emb_head_dim, H});
+      }
+      {
+        ModuleScope kv("kv_layernorm");
+        layer.kv_norm_weight = store->Add("weight", {R});
+        if (layer_norm) layer.kv_norm_bias = store->Add("bias", {R});
+      }
+      ModuleScope kv("linear_kv_up_proj");
+      layer.kv_up_weight =
+          store->Add("weight", {A * (model_.qk_head_dim + model_.v_head_dim) / tp, R});
+    } else {
       ModuleScope q("linear_qkv");
       layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D / tp, H});
       if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D / tp});
     }
-    if (model_.qk_layernorm) {
+    if (model_.qk_layernorm && !model_.multi_latent_attention()) {
       {
         ModuleScope q("q_layernorm");
         layer.q_norm_weight = store->Add("weight", {D});
@@ -102,7 +131,8 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       if (layer_norm) layer.k_norm_bias = store->Add("bias", {D});
     }
     ModuleScope p("linear_proj");
-    layer.proj_weight = store->Add("weight", {H, A * D / tp});
+    const int64_t v_width = model_.multi_latent_attention() ? model_.v_head_dim : D;
+    layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
     if (bias) layer.proj_bias = store->Add("bias", {H});
   }
   {
@@ -152,8 +182,7 @@ at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parame
   return model_.norm == NormKind::kLayerNorm ? LayerNorm(x, *weight, bias) : RmsNorm(x, *weight);
 }
 
-at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
-  ModuleScope scope("self_attention");
+std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::Tensor& ln_out) {
   const int64_t tp = shard_.tp;
   const int64_t A = model_.num_attention_heads / tp, G = model_.num_query_groups / tp;
   const int64_t D = model_.head_dim;
@@ -184,6 +213,73 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     q = RotaryEmbedding(q);
     k = RotaryEmbedding(k);
   }
+  return {q, k, v};
+}
+
+std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(Layer& layer,
+                                                              const at::Tensor& ln_out) {
+  const int64_t tp = shard_.tp, A = model_.num_attention_heads / tp;
+  const int64_t qk = model_.qk_head_dim, rope = model_.qk_pos_emb_head_dim;
+  const int64_t vd = model_.v_head_dim, R = model_.kv_lora_rank;
+  // The down projections are Transformer Engine's "duplicated" linears: every rank holds
+  // the whole weight and projects its own (sequence-parallel) slice, with no communication.
+  at::Tensor q_compressed = ln_out;
+  if (model_.q_lora_rank > 0) {
+    {
+      ModuleScope s("linear_q_down_proj");
+      q_compressed = Linear(ln_out, *layer.q_down_weight, nullptr);  // [S', B, Q]
+    }
+    ModuleScope s("q_layernorm");
+    q_compressed = Norm(q_compressed, layer.q_norm_weight, layer.q_norm_bias);
+  }
+  at::Tensor kv_combined;
+  {
+    ModuleScope s("linear_kv_down_proj");
+    kv_combined = Linear(ln_out, *layer.kv_down_weight, nullptr);  // [S', B, R + rope]
+  }
+  auto latent = kv_combined.split({R, rope}, -1);
+  kv_combined.reset();
+  at::Tensor k_pos_emb = latent[1];
+  if (shard_.sequence_parallel) k_pos_emb = GatherFromSequenceParallelRegion(k_pos_emb, tp);
+  at::Tensor kv_compressed;
+  {
+    ModuleScope s("kv_layernorm");  // its input is a view: the norm keeps a contiguous copy
+    kv_compressed = Norm(latent[0].contiguous(), layer.kv_norm_weight, layer.kv_norm_bias);
+  }
+  latent.clear();
+  at::Tensor q, kv;
+  {
+    ModuleScope s(model_.q_lora_rank > 0 ? "linear_q_up_proj" : "linear_q_proj");
+    q = Linear(q_compressed, *layer.q_up_weight, nullptr, ColumnParallel());
+  }
+  q_compressed.reset();
+  {
+    ModuleScope s("linear_kv_up_proj");
+    kv = Linear(kv_compressed, *layer.kv_up_weight, nullptr, ColumnParallel());
+  }
+  kv_compressed.reset();
+  const int64_t S = q.size(0), B = q.size(1);
+  // qkv_up_proj_and_rope_apply (unfused RoPE): split, rotate the positional parts, and
+  // concatenate into new query and key tensors; value is made contiguous.
+  auto q_parts = q.view({S, B, A, qk + rope}).split({qk, rope}, -1);
+  auto kv_parts = kv.view({S, B, A, qk + vd}).split({qk, vd}, -1);
+  q.reset();
+  kv.reset();
+  const at::Tensor q_pos_emb = RotaryEmbedding(q_parts[1]);
+  const at::Tensor k_rotated = RotaryEmbedding(k_pos_emb.unsqueeze(-2));  // [S, B, 1, rope]
+  at::Tensor query = at::cat({q_parts[0], q_pos_emb}, -1);
+  at::Tensor key = at::cat({kv_parts[0], k_rotated.expand({S, B, A, rope})}, -1);
+  at::Tensor value = kv_parts[1].contiguous();
+  return {query, key, value};
+}
+
+at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
+  ModuleScope scope("self_attention");
+  const int64_t tp = shard_.tp;
+  std::vector<at::Tensor> qkv = model_.multi_latent_attention() ? LatentQueryKeyValue(layer, ln_out)
+                                                                : QueryKeyValue(layer, ln_out);
+  at::Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
+  qkv.clear();
   const double attention_dropout = training_.dropout ? model_.attention_dropout : 0.0;
   at::Tensor context;
   {

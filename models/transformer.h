@@ -13,7 +13,16 @@
 //     self_attention.linear_qkv.bias         ((A + 2G) * D / tp)  if add_qkv_bias
 //     self_attention.q_layernorm.weight/.bias (D)                 if qk_layernorm (bias:
 //     self_attention.k_layernorm.weight/.bias (D)                  LayerNorm only)
-//     self_attention.linear_proj.weight      (H, A * D / tp)
+//     multi-latent attention (kv_lora_rank = R > 0, q/k width Dq = qk + rope, v width Dv)
+//     instead of linear_qkv, q_layernorm and k_layernorm:
+//       self_attention.linear_q_down_proj.weight (Q, H)             if q_lora_rank = Q > 0
+//       self_attention.q_layernorm.weight/.bias (Q)                  (not split over tp)
+//       self_attention.linear_q_up_proj.weight (A * Dq / tp, Q)
+//       self_attention.linear_q_proj.weight    (A * Dq / tp, H)      if q_lora_rank = 0
+//       self_attention.linear_kv_down_proj.weight (R + rope, H)      (not split over tp)
+//       self_attention.kv_layernorm.weight/.bias (R)
+//       self_attention.linear_kv_up_proj.weight (A * (qk + Dv) / tp, R)
+//     self_attention.linear_proj.weight      (H, A * D / tp; A * Dv / tp with MLA)
 //     self_attention.linear_proj.bias        (H)                  if add_bias_linear
 //     pre_mlp_layernorm.weight / .bias       (H)
 //     mlp.linear_fc1.weight                  (F/tp, H) GeLU; (2F/tp, H) SwiGLU
@@ -115,8 +124,14 @@ class TransformerModel {
     Parameter* input_norm_bias;  // null for RMSNorm
     Parameter* qkv_weight;
     Parameter* qkv_bias;
-    Parameter* q_norm_weight;  // qk_layernorm only
+    Parameter* q_norm_weight;  // qk_layernorm, or MLA's q_layernorm
     Parameter* q_norm_bias;
+    Parameter* q_down_weight;  // multi-latent attention only
+    Parameter* q_up_weight;    // (linear_q_proj when there is no q down projection)
+    Parameter* kv_down_weight;
+    Parameter* kv_up_weight;
+    Parameter* kv_norm_weight;
+    Parameter* kv_norm_bias;
     Parameter* k_norm_weight;
     Parameter* k_norm_bias;
     Parameter* proj_weight;
@@ -135,6 +150,10 @@ class TransformerModel {
   at::Tensor Norm(const at::Tensor& x, Parameter* weight, Parameter* bias);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
+  // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D].
+  std::vector<at::Tensor> QueryKeyValue(Layer& layer, const at::Tensor& ln_out);
+  // MLASelfAttention's projections: query, key, value [S, B, A/tp, Dq | Dq | Dv].
+  std::vector<at::Tensor> LatentQueryKeyValue(Layer& layer, const at::Tensor& ln_out);
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
   at::Tensor Layers(int64_t chunk, const at::Tensor& hidden);
   at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& position_ids);

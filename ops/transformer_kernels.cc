@@ -26,7 +26,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashForwardMeta(const at::Tensor
                                                                 double dropout_p, bool causal) {
   const int64_t batch = q.size(0), seq = q.size(1), heads = q.size(2);
   auto meta = at::TensorOptions().device(at::kMeta);
-  return {at::empty_like(q), at::empty({batch, heads, seq}, meta.dtype(at::kFloat)),
+  // The output has v's head width (multi-latent attention's differs from q's), laid out
+  // like q (or like v, which then has every head).
+  at::Tensor out = v.size(3) == q.size(3) ? at::empty_like(q) : at::empty_like(v);
+  return {out, at::empty({batch, heads, seq}, meta.dtype(at::kFloat)),
           at::empty({2}, meta.dtype(at::kLong))};
 }
 

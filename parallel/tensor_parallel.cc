@@ -32,6 +32,16 @@ struct ReduceScatterToSequenceParallel : public Function<ReduceScatterToSequence
   }
 };
 
+struct GatherFromSequenceParallel : public Function<GatherFromSequenceParallel> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return AllGather(input.contiguous(), tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {ReduceScatter(grads[0].contiguous(), ctx->saved_data["tp"].toInt()), at::Tensor()};
+  }
+};
+
 struct ReduceFromTensorParallel : public Function<ReduceFromTensorParallel> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
     at::Tensor out = input;
@@ -52,6 +62,10 @@ at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp) 
 
 at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp) {
   return tp > 1 ? ReduceScatterToSequenceParallel::apply(input, tp) : input;
+}
+
+at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, int64_t tp) {
+  return tp > 1 ? GatherFromSequenceParallel::apply(input, tp) : input;
 }
 
 at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp) {

@@ -7,6 +7,7 @@
 //                                     bwd: all-gather (new [S, ...])
 //   ReduceScatterToSequenceParallel   fwd: reduce-scatter (new [S/tp, ...])
 //                                     bwd: all-gather (new [S, ...])
+//   GatherFromSequenceParallelRegion  fwd: all-gather (new [S, ...]); bwd: reduce-scatter
 //   ReduceFromTensorParallelRegion    fwd: all-reduce in place; bwd: identity
 // Column-parallel linears gather their input themselves (LinearParallelism in layers.h).
 #pragma once
@@ -17,6 +18,7 @@ namespace memsim {
 
 at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
 at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
+at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, int64_t tp);
 at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp);
 
 }  // namespace memsim

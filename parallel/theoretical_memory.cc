@@ -10,8 +10,8 @@ constexpr double kBytesPerMegabyte = 1024.0 * 1024.0;  // NUM_BYTES_IN_MEGABYTE
 // The Python mixes integers and floats; this port computes in double throughout, which
 // agrees with it to rounding.
 
-// compute_weight_and_optimizer_memory, without multi-latent attention and MTP (memsim
-// has neither), for pipeline stage `stage` (Note [Theoretical memory per stage]). Sets
+// compute_weight_and_optimizer_memory, without multi-latent attention (counted as
+// multi-head attention, a caveat says so) and MTP, for pipeline stage `stage` (Note [Theoretical memory per stage]). Sets
 // the parameter counts of `out`; returns bytes.
 double WeightAndOptimizerBytes(const ModelConfig& m, const ParallelLayout& l, int64_t stage,
                                TheoreticalMemory* out) {
@@ -158,6 +158,9 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
   }
   if (l.cp > 1) caveats.push_back("context parallelism ignored");
   if (m.qk_layernorm) caveats.push_back("q/k norms ignored");
+  if (m.multi_latent_attention()) {
+    caveats.push_back("multi-latent attention counted as multi-head attention");
+  }
   if (t.recompute == RecomputeKind::kFull) caveats.push_back("full recomputation ignored");
   if (t.recompute == RecomputeKind::kSelective && !l.sequence_parallel) {
     caveats.push_back("selective recomputation ignored without sequence parallelism");

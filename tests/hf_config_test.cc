@@ -372,8 +372,12 @@ TEST(HfConfig, DeepseekV3) {
   EXPECT_EQ(m.hidden_size, 7168);
   EXPECT_EQ(m.num_layers, 61);
   EXPECT_EQ(m.num_attention_heads, 128);
-  EXPECT_EQ(m.num_query_groups, 128);
-  EXPECT_EQ(m.kv_channels, 128);  // v_head_dim
+  EXPECT_EQ(m.num_query_groups, 0);  // multi-latent attention: no groups (= heads)
+  EXPECT_EQ(m.q_lora_rank, 1536);
+  EXPECT_EQ(m.kv_lora_rank, 512);
+  EXPECT_EQ(m.qk_head_dim, 128);
+  EXPECT_EQ(m.qk_pos_emb_head_dim, 64);
+  EXPECT_EQ(m.v_head_dim, 128);
   EXPECT_EQ(m.vocab_size, 129280);
   EXPECT_EQ(m.ffn_hidden_size, 18432);
   EXPECT_EQ(m.num_experts, 256);
@@ -383,13 +387,10 @@ TEST(HfConfig, DeepseekV3) {
   EXPECT_EQ(m.moe_first_k_dense_layers, 3);
   EXPECT_FALSE(m.add_qkv_bias);
   ExpectLlamaArchitecture(m);
-  // Latent attention, the fp8 checkpoint and the MTP layer are each reported.
-  ASSERT_EQ(notes.size(), 3u);
+  // The fp8 checkpoint and the MTP layer are each reported.
+  ASSERT_EQ(notes.size(), 2u);
   EXPECT_NE(notes[0].find("quantization_config"), std::string::npos);
-  EXPECT_NE(notes[1].find("latent attention (kv_lora_rank 512, q_lora_rank 1536, q/k head dim "
-                          "128+64)"),
-            std::string::npos);
-  EXPECT_NE(notes[2].find("num_nextn_predict_layers 1"), std::string::npos);
+  EXPECT_NE(notes[1].find("num_nextn_predict_layers 1"), std::string::npos);
   ASSERT_TRUE(FinalizeModelConfig(&m, 8).ok());
 
   ModelConfig preset;

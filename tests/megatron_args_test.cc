@@ -439,6 +439,32 @@ TEST(MegatronArgs, DeferredEmbeddingWgrad) {
   EXPECT_NE(FinalizeRunSpec(&spec).message().find("PP > 1"), std::string::npos);
 }
 
+TEST(MegatronArgs, MultiLatentAttention) {
+  // Megatron-LM's functional test gpt3_mcore_te_tp2_pp2_mla.
+  const MegatronArgsResult r = Parse(
+      "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --multi-latent-attention "
+      "--q-lora-rank 192 --kv-lora-rank 64 --qk-head-dim 16 --qk-pos-emb-head-dim 8 "
+      "--v-head-dim 16",
+      1);
+  EXPECT_EQ(r.spec.model.q_lora_rank, 192);
+  EXPECT_EQ(r.spec.model.kv_lora_rank, 64);
+  EXPECT_EQ(r.spec.model.qk_head_dim, 16);
+  EXPECT_EQ(r.spec.model.qk_pos_emb_head_dim, 8);
+  EXPECT_EQ(r.spec.model.v_head_dim, 16);
+  ModelConfig m = r.spec.model;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  EXPECT_EQ(m.head_dim, 24);  // q/k heads: 16 + 8
+  // Megatron-LM's defaults: no q down projection, kv_lora_rank 32, 128 + 64, 128.
+  const MegatronArgsResult d = Parse(
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --multi-latent-attention",
+      1);
+  EXPECT_EQ(d.spec.model.q_lora_rank, 0);
+  EXPECT_EQ(d.spec.model.kv_lora_rank, 32);
+  EXPECT_EQ(d.spec.model.v_head_dim, 128);
+}
+
 TEST(MegatronArgs, Errors) {
   const std::string base =
       "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "

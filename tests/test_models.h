@@ -62,6 +62,12 @@ inline void ExpectSameArchitecture(const ModelConfig& a, const ModelConfig& b,
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.add_bias_linear, b.add_bias_linear);
   EXPECT_EQ(a.add_qkv_bias, b.add_qkv_bias);
+  EXPECT_EQ(a.qk_layernorm, b.qk_layernorm);
+  EXPECT_EQ(a.q_lora_rank, b.q_lora_rank);
+  EXPECT_EQ(a.kv_lora_rank, b.kv_lora_rank);
+  EXPECT_EQ(a.qk_head_dim, b.qk_head_dim);
+  EXPECT_EQ(a.qk_pos_emb_head_dim, b.qk_pos_emb_head_dim);
+  EXPECT_EQ(a.v_head_dim, b.v_head_dim);
   EXPECT_EQ(a.num_experts, b.num_experts);
   EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
   EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);

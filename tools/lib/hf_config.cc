@@ -380,20 +380,17 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
                              " is not modelled (memsim's MoE layers are every layer after " +
                              "first_k_dense_replace: moe_layer_freq 1)");
       }
-      // Multi-head latent attention is approximated, as in the deepseek-v3-style preset,
-      // by multi-head attention with v_head_dim-wide heads: the low-rank q/kv
-      // projections, their norms and the wider rotary q/k heads are left out.
-      int64_t kv_lora = 0, q_lora = 0, qk_nope = 0, qk_rope = 0;
-      MEMSIM_RETURN_IF_ERROR(r.Int("v_head_dim", true, &m.kv_channels));
-      MEMSIM_RETURN_IF_ERROR(r.Int("kv_lora_rank", false, &kv_lora));
-      MEMSIM_RETURN_IF_ERROR(r.Int("q_lora_rank", false, &q_lora));
-      MEMSIM_RETURN_IF_ERROR(r.Int("qk_nope_head_dim", false, &qk_nope));
-      MEMSIM_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", false, &qk_rope));
-      note("multi-head latent attention (kv_lora_rank " + std::to_string(kv_lora) +
-           ", q_lora_rank " + std::to_string(q_lora) + ", q/k head dim " + std::to_string(qk_nope) +
-           "+" + std::to_string(qk_rope) +
-           ") modelled as multi-head attention with head dim v_head_dim " +
-           std::to_string(m.kv_channels));
+      // Multi-head latent attention, as Megatron-Core's MLASelfAttention builds it.
+      MEMSIM_RETURN_IF_ERROR(r.Int("q_lora_rank", false, &m.q_lora_rank));
+      MEMSIM_RETURN_IF_ERROR(r.Int("kv_lora_rank", true, &m.kv_lora_rank));
+      MEMSIM_RETURN_IF_ERROR(r.Int("qk_nope_head_dim", true, &m.qk_head_dim));
+      MEMSIM_RETURN_IF_ERROR(r.Int("qk_rope_head_dim", true, &m.qk_pos_emb_head_dim));
+      MEMSIM_RETURN_IF_ERROR(r.Int("v_head_dim", true, &m.v_head_dim));
+      if (m.kv_lora_rank <= 0) {
+        return Status::Error(path + ": 'kv_lora_rank' must be positive (multi-head latent " +
+                             "attention)");
+      }
+      m.num_query_groups = 0;  // no grouped-query attention
       // Hugging Face's DeepseekV3ForCausalLM does not build the multi-token-prediction
       // layers, so training it does not hold them either.
       int64_t mtp = 0;

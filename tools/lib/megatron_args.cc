@@ -42,6 +42,12 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--disable-bias-linear", Arity::kFlag},
       {"--add-qkv-bias", Arity::kFlag},
       {"--qk-layernorm", Arity::kFlag},
+      {"--multi-latent-attention", Arity::kFlag},
+      {"--q-lora-rank", Arity::kValue},
+      {"--kv-lora-rank", Arity::kValue},
+      {"--qk-head-dim", Arity::kValue},
+      {"--qk-pos-emb-head-dim", Arity::kValue},
+      {"--v-head-dim", Arity::kValue},
       {"--hidden-dropout", Arity::kValue},
       {"--attention-dropout", Arity::kValue},
       // Mixture of experts.
@@ -173,7 +179,6 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--hysteresis",
              "--init-method-std",
              "--initial-loss-scale",
-             "--kv-lora-rank",
              "--load",
              "--local-rank",
              "--log-interval",
@@ -220,9 +225,6 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--pretrained-checkpoint",
              "--profile-step-end",
              "--profile-step-start",
-             "--q-lora-rank",
-             "--qk-head-dim",
-             "--qk-pos-emb-head-dim",
              "--rerun-mode",
              "--result-rejected-tracker-filename",
              "--rope-scaling-factor",
@@ -252,7 +254,6 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--train-iters",
              "--train-samples",
              "--train-sync-interval",
-             "--v-head-dim",
              "--vocab-file",
              "--wandb-entity",
              "--wandb-exp-name",
@@ -428,7 +429,6 @@ const std::map<std::string, std::string>& UnmodelledArgs() {
       {"--moe-pad-expert-input-to-capacity", "expert inputs padded to capacity"},
       {"--moe-use-upcycling", "MoE upcycling"},
       {"--mtp-num-layers", "multi-token prediction layers"},
-      {"--multi-latent-attention", "multi-latent attention"},
       {"--optimizer-cpu-offload", "optimizer offloading to CPU"},
       {"--overlap-moe-expert-parallel-comm", "overlapped expert-parallel communication"},
       {"--pipeline-model-parallel-layout", "custom pipeline layouts"},
@@ -691,6 +691,25 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   m.add_bias_linear = !a.Has("--disable-bias-linear");
   m.add_qkv_bias = m.add_bias_linear || a.Has("--add-qkv-bias");  // as Megatron-LM syncs them
   m.qk_layernorm = a.Has("--qk-layernorm");
+  if (a.Has("--multi-latent-attention")) {
+    // Megatron-LM's argument defaults (arguments.py): no q down projection (--q-lora-rank
+    // None), kv_lora_rank 32, q/k heads 128 + 64 wide, v heads 128.
+    m.kv_lora_rank = 32;
+    m.qk_head_dim = 128;
+    m.qk_pos_emb_head_dim = 64;
+    m.v_head_dim = 128;
+    MEMSIM_RETURN_IF_ERROR(a.Int("--q-lora-rank", &m.q_lora_rank));
+    MEMSIM_RETURN_IF_ERROR(a.Int("--kv-lora-rank", &m.kv_lora_rank));
+    MEMSIM_RETURN_IF_ERROR(a.Int("--qk-head-dim", &m.qk_head_dim));
+    MEMSIM_RETURN_IF_ERROR(a.Int("--qk-pos-emb-head-dim", &m.qk_pos_emb_head_dim));
+    MEMSIM_RETURN_IF_ERROR(a.Int("--v-head-dim", &m.v_head_dim));
+    if (m.kv_lora_rank <= 0) return Status::Error("--kv-lora-rank must be positive");
+  } else {
+    for (const char* name : {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+                             "--qk-pos-emb-head-dim", "--v-head-dim"}) {
+      a.Ignore(name);
+    }
+  }
   m.hidden_dropout = m.attention_dropout = 0.1;
   MEMSIM_RETURN_IF_ERROR(a.Float("--hidden-dropout", &m.hidden_dropout));
   MEMSIM_RETURN_IF_ERROR(a.Float("--attention-dropout", &m.attention_dropout));
