@@ -111,6 +111,10 @@ const std::map<std::string, Arity>& ReadArgs() {
       {"--cpu-offloading-num-layers", Arity::kValue},
       {"--empty-unused-memory-level", Arity::kValue},
       {"--cuda-graph-impl", Arity::kValue},
+      // What the graphs capture and when: only with --cuda-graph-impl, which is refused.
+      {"--cuda-graph-modules", Arity::kValues},
+      {"--cuda-graph-scope", Arity::kValues},
+      {"--cuda-graph-warmup-steps", Arity::kValue},
   };
   return *args;
 }
@@ -230,6 +234,9 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--rope-scaling-factor",
              "--rope-type",
              "--rotary-base",
+             "--rotary-scaling-factor",  // RoPE/YaRN scalars: the same tensors
+             "--mscale",
+             "--mscale-all-dim",
              "--rotary-percent",
              "--rotary-seq-len-interpolation-factor",
              "--save",
@@ -296,6 +303,7 @@ const std::map<std::string, Arity>& NeutralArgs() {
              "--ddp-average-in-collective",
              "--ddp-pad-buckets-for-high-nccl-busbw",
              "--deterministic-mode",
+             "--cache-mla-latents",  // inference only
              "--test-mode",  // attention's consistency check: all-gathers of 4 D-wide vectors
              "--disable-gloo-process-groups",
              "--disable-msc",
@@ -428,6 +436,7 @@ const std::map<std::string, std::string>& UnmodelledArgs() {
       {"--moe-layer-recompute", "MoE-layer recomputation"},
       {"--moe-pad-expert-input-to-capacity", "expert inputs padded to capacity"},
       {"--moe-use-upcycling", "MoE upcycling"},
+      {"--mla-down-proj-fusion", "fused MLA down projections and input layernorm"},
       {"--mtp-num-layers", "multi-token prediction layers"},
       {"--optimizer-cpu-offload", "optimizer offloading to CPU"},
       {"--overlap-moe-expert-parallel-comm", "overlapped expert-parallel communication"},
@@ -994,7 +1003,10 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   if (a.Text("--cuda-graph-impl", "none") != "none") {
     return NotModelled("--cuda-graph-impl", "CUDA graphs");
   }
-  a.Ignore("--cuda-graph-impl");
+  for (const char* name : {"--cuda-graph-impl", "--cuda-graph-modules", "--cuda-graph-scope",
+                           "--cuda-graph-warmup-steps"}) {
+    a.Ignore(name);
+  }
   return Status::OK();
 }
 
