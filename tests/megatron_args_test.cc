@@ -463,6 +463,18 @@ TEST(MegatronArgs, MultiLatentAttention) {
   EXPECT_EQ(d.spec.model.q_lora_rank, 0);
   EXPECT_EQ(d.spec.model.kv_lora_rank, 32);
   EXPECT_EQ(d.spec.model.v_head_dim, 128);
+  // YaRN's scalars change no tensor; the fused down projection is not modelled.
+  const std::string base =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --multi-latent-attention ";
+  const MegatronArgsResult yarn =
+      Parse(base + "--rotary-scaling-factor 40 --mscale 0.707 --mscale-all-dim 0.707", 1);
+  for (const char* name : {"--rotary-scaling-factor", "--mscale", "--mscale-all-dim"}) {
+    EXPECT_NE(std::find(yarn.ignored.begin(), yarn.ignored.end(), name), yarn.ignored.end())
+        << name;
+  }
+  EXPECT_NE(ErrorOf(base + "--mla-down-proj-fusion", 1).find("--mla-down-proj-fusion"),
+            std::string::npos);
 }
 
 TEST(MegatronArgs, Errors) {
