@@ -101,6 +101,24 @@ TEST(Sweep, SequenceLengthAndMicroBatchLists) {
   }
   EXPECT_EQ(
       Memsim("sweep --model gpt3-1.3b --world-size 2 --seq-length 256,0 --out " + out + "_bad"), 2);
+  // --sample-interval thins the traces as simulate's does; the peak stays.
+  const std::string thin = Dir("seq_thin");
+  ASSERT_EQ(Memsim("sweep --model gpt3-1.3b --world-size 2 --tp 2 --pp 1 --precision bf16 "
+                   "--global-batch-size 4 --seq-length 256 --micro-batch-size 1 "
+                   "--sample-interval 0.05 --out " +
+                   thin),
+            0);
+  const std::string name =
+      "/memory_trace_rank0_wd2_tp2_pp1_dp1_exp1_expNumNone_l24_mbs1_nmbs4_gbs4_ts256.json";
+  const nlohmann::json full = nlohmann::json::parse(Read(out + name));
+  const nlohmann::json thinned = nlohmann::json::parse(Read(thin + name));
+  for (const auto& [iteration, data] : full.items()) {
+    EXPECT_LT(thinned[iteration]["samples"].size(), data["samples"].size()) << iteration;
+    EXPECT_EQ(thinned[iteration]["peak_allocated_MB"], data["peak_allocated_MB"]) << iteration;
+  }
+  EXPECT_EQ(
+      Memsim("sweep --model gpt3-1.3b --world-size 2 --sample-interval -1 --out " + out + "_bad2"),
+      2);
 }
 
 TEST(Sweep, ResumedShardsEqualOneRun) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -116,9 +117,15 @@ struct PointOutcome {
   Status io;
 };
 
+// How a sweep writes each layout's traces.
+struct TraceSettings {
+  std::string out_dir;
+  double sample_interval_s = 0;  // TraceOptions::sample_interval_s
+};
+
 // Simulates one layout, writes its traces, returns its result record.
 PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
-                           const std::string& out_dir) {
+                           const TraceSettings& traces) {
   spec.layout.tp = point.tp;
   spec.layout.pp = point.pp;
   spec.layout.vpp = point.vpp;
@@ -184,8 +191,9 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
     worst_mb = std::max(worst_mb, reserved_mb);
     if (failing == nullptr && !r.fits()) failing = &r;
     const Status write =
-        WriteTrace(out_dir + "/" + TraceName(spec, r.rank_class.representative), r.timeline,
-                   TraceOptions{0.0, TheoreticalMemoryMB(spec, r.rank_class.pp_rank), 5000});
+        WriteTrace(traces.out_dir + "/" + TraceName(spec, r.rank_class.representative), r.timeline,
+                   TraceOptions{traces.sample_interval_s,
+                                TheoreticalMemoryMB(spec, r.rank_class.pp_rank), 5000});
     if (!write.ok()) return {json(), write};
   }
   result["stages"] = stages;
@@ -208,9 +216,9 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
 // SimulatePoint, with any exception (a memsim bug) turned into an error record: this runs
 // on worker threads, where an escaping exception would abort the whole sweep.
 PointOutcome RunPoint(const RunSpec& spec, const SweepPoint& point, int64_t microbatches_per_pp,
-                      const std::string& out_dir) {
+                      const TraceSettings& traces) {
   try {
-    return SimulatePoint(spec, point, microbatches_per_pp, out_dir);
+    return SimulatePoint(spec, point, microbatches_per_pp, traces);
   } catch (const std::exception& e) {
     json result = PointRecord(point);
     result.update({{"run", RunIdentity(spec, microbatches_per_pp)},
@@ -359,7 +367,8 @@ int SweepCommand(int argc, const char* const* argv) {
       "      --tp 1,2,4,8 --pp 2,4,8,16,32,64 --microbatches-per-pp 6 --out sweep_485b\n"
       "  memsim sweep --model llama3-70b --world-size 1024 --global-batch-size 1024 --resume\n"
       "  memsim sweep --model llama3-8b --world-size 8 --global-batch-size 64 --tp 1,2 --pp 1 \\\n"
-      "      --seq-length 2048,4096,8192 --micro-batch-size 1,2 --out sweep_seq    (memory vs sequence)\n"
+      "      --seq-length 2048,4096,8192 --micro-batch-size 1,2 --out sweep_seq    (memory vs "
+      "sequence)\n"
       "  memsim sweep --model gpt3-1.3b --world-size 8 --global-batch-size 16 --tp 1,2 --pp 1,2 "
       "\\\n"
       "      --shard 0/4 --out sweep_0    (K/N, or SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)\n\n"
@@ -367,6 +376,7 @@ int SweepCommand(int argc, const char* const* argv) {
   SpecOptions spec_options;
   spec_options.iterations = 2;  // the steady state: optimizer states exist from the second
   std::string out_dir = "memsim_sweep", shard;
+  double sample_interval_s = 0;
   std::string tp_list = "1,2,4,8", pp_list = "1,2,4,8,16,32,64", vpp_list = "1", cp_list = "1",
               ep_list = "1", mbs_list = "1", recompute_list = "none", seq_list;
   int64_t microbatches_per_pp = 0;
@@ -384,6 +394,8 @@ int SweepCommand(int argc, const char* const* argv) {
       "microbatches = this * PP (the seeds use 6); global batch follows")(
       "jobs,j", PositiveValue(&jobs, "jobs"), "layouts simulated at once (default 2)")(
       "out", po::value(&out_dir), "output folder (default memsim_sweep)")(
+      "sample-interval", po::value(&sample_interval_s),
+      "thin trace samples to this many seconds of virtual time (peaks are kept)")(
       "resume", po::bool_switch(&resume), "skip layouts already finished in --out")(
       "shard", po::value(&shard), "K/N: run every N-th layout starting at K (job arrays)");
   po::variables_map vm;
@@ -411,6 +423,9 @@ int SweepCommand(int argc, const char* const* argv) {
       status = ParseRecompute(item, &kind);
       recomputes.push_back(kind);
     }
+  }
+  if (status.ok() && !(sample_interval_s >= 0 && std::isfinite(sample_interval_s))) {
+    status = Status::Error("--sample-interval must be a non-negative number of seconds");
   }
   int64_t shard_index = 0, shard_count = 1;
   if (status.ok()) status = ParseShard(shard, &shard_index, &shard_count);
@@ -461,7 +476,8 @@ int SweepCommand(int argc, const char* const* argv) {
   std::vector<Status> errors;
   const auto start = std::chrono::steady_clock::now();
   ParallelFor(points.size(), jobs, [&](size_t i) {
-    const PointOutcome outcome = RunPoint(base, points[i], microbatches_per_pp, out_dir);
+    const PointOutcome outcome =
+        RunPoint(base, points[i], microbatches_per_pp, {out_dir, sample_interval_s});
     Status write = outcome.io;
     if (write.ok()) {
       write =
