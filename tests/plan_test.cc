@@ -303,6 +303,21 @@ TEST(Plan, CommandWritesRankedReport) {
                 .exit_code,
             2);
   EXPECT_EQ(test::RunMemsim("plan --help").exit_code, 0);
+  // A launch line over a range of cluster sizes: a plan per size, and their comparison.
+  const std::string sizes = out + "_sizes";
+  const test::CommandResult ranged = test::RunMemsim(
+      "plan --gpus 2,4 --tp 1,2 --pp 1 --vpp 1 --recompute none --out " + sizes +
+      " -- --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+      "--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8 --vocab-size 256");
+  ASSERT_EQ(ranged.exit_code, 0) << ranged.err;
+  EXPECT_NE(ranged.out.find("| 4 | TP"), std::string::npos) << ranged.out;
+  for (const char* file : {"/plan.md", "/gpus_2/plan.md", "/gpus_4/plan.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(sizes + file)) << file;
+  }
+  EXPECT_EQ(test::RunMemsim("plan --gpus 2,4 --world-size 4 --model gpt3-1.3b "
+                            "--global-batch-size 8")
+                .exit_code,
+            2);
   // The figures redrawn from plan.json; a folder without one is a one-line error.
   EXPECT_EQ(test::RunMemsim("plan-figures " + out).exit_code, 0);
   const test::CommandResult bad = test::RunMemsim("plan-figures " + out + "/missing");

@@ -759,7 +759,14 @@ int PlanCommand(int argc, const char* const* argv) {
   spec_options.data_parallel.clear();
   RunSpec base;
   Status status;
-  if (separator < argc) {
+  // A range of cluster sizes (--gpus) stands in for --world-size, the first size included.
+  std::vector<int64_t> cluster_sizes;
+  if (!gpus_list.empty()) {
+    status = vm.count("world-size") ? Status::Error("give either --world-size or --gpus")
+                                    : ParseIntList(gpus_list, "gpus", &cluster_sizes);
+  }
+  const int64_t world_size = cluster_sizes.empty() ? spec_options.world_size : cluster_sizes[0];
+  if (status.ok() && separator < argc) {
     if (!spec_options.model.empty() || !spec_options.config.empty() ||
         !spec_options.hf_config.empty()) {
       status = Status::Error(
@@ -768,7 +775,7 @@ int PlanCommand(int argc, const char* const* argv) {
     }
     MegatronArgsResult parsed;
     const std::vector<std::string> args(argv + separator + 1, argv + argc);
-    if (status.ok()) status = ReadLaunchLine(args, spec_options.world_size, &parsed);
+    if (status.ok()) status = ReadLaunchLine(args, world_size, &parsed);
     base = parsed.spec;
     base.gpu = FindGpu("H100-80GB");
     if (status.ok() && !spec_options.gpu.empty()) status = ParseGpu(spec_options.gpu, &base.gpu);
@@ -778,20 +785,16 @@ int PlanCommand(int argc, const char* const* argv) {
       base.training.iterations = static_cast<int32_t>(spec_options.iterations);
     }
     base.model_source = "the launch line's model";
-  } else {
+  } else if (status.ok()) {
     status = BuildRunSpec(spec_options, /*default_run=*/false, "plan", &base);
-    if (status.ok() && spec_options.world_size == 0 && gpus_list.empty()) {
+    if (status.ok() && world_size == 0) {
       status = Status::Error("give the number of GPUs with --world-size (or sizes with --gpus)");
     }
   }
   if (status.ok() && base.global_batch_size <= 0) {
     status = Status::Error("give the global batch (sequences per step) with --global-batch-size");
   }
-  std::vector<int64_t> cluster_sizes = {base.layout.world_size};
-  if (status.ok() && !gpus_list.empty()) {
-    if (vm.count("world-size")) status = Status::Error("give either --world-size or --gpus");
-    if (status.ok()) status = ParseIntList(gpus_list, "gpus", &cluster_sizes);
-  }
+  if (cluster_sizes.empty()) cluster_sizes = {base.layout.world_size};
   if (status.ok()) status = EnsureWritableDirectory(out_dir);
   if (!status.ok()) {
     std::fprintf(stderr, "memsim plan: %s\n", status.message().c_str());
