@@ -70,7 +70,7 @@ struct LinearFunction : public Function<LinearFunction> {
                             const c10::optional<at::Tensor>& bias,
                             c10::intrusive_ptr<LinearState> state) {
     ctx->save_for_backward({input, weight});
-    const at::Tensor total_input = Gather(input, state->parallelism);
+    const at::Tensor total_input = GatherSequence(input, state->parallelism, /*slot=*/0);
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     at::Tensor out = at::matmul(total_input, weight.t());
     if (bias.has_value()) out = out + *bias;  // out of place, as Megatron writes it
@@ -89,7 +89,8 @@ struct LinearFunction : public Function<LinearFunction> {
     DeferredWgrad* deferred = parallelism.deferred.get();
     const bool defer = deferred != nullptr && deferred->Accepts(deferred->grad_outputs);
     if (defer) deferred->grad_outputs.push_back(grad_output);
-    const at::Tensor total_input = defer ? at::Tensor() : Gather(input, parallelism);
+    const at::Tensor total_input =
+        defer ? at::Tensor() : GatherSequence(input, parallelism, /*slot=*/0);
     at::Tensor grad_input = grad_output.matmul(weight);
     if (parallelism.gather_input_group > 1) {
       grad_input = ReduceScatter(grad_input, parallelism.gather_input_group);
@@ -115,10 +116,6 @@ struct LinearFunction : public Function<LinearFunction> {
       AccumulateIntoMainGrad(state->bias_main_grad, grad_2d.sum(0));
     }
     return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-
-  static at::Tensor Gather(const at::Tensor& input, const LinearParallelism& parallelism) {
-    return GatherSequence(input, parallelism, /*slot=*/0);
   }
 };
 

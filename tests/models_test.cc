@@ -207,6 +207,17 @@ TEST(ParameterCount, QkLayernormAddsTwoHeadWidthNormsPerLayer) {
   EXPECT_EQ(ParameterCount(gpt) - gpt_plain, 2 * 2 * 2 * 32);
 }
 
+ModelConfig WithLatentAttention(ModelConfig m, int64_t q_lora, int64_t kv_lora, int64_t qk,
+                                int64_t rope, int64_t v) {
+  m.num_query_groups = 0;
+  m.q_lora_rank = q_lora;
+  m.kv_lora_rank = kv_lora;
+  m.qk_head_dim = qk;
+  m.qk_pos_emb_head_dim = rope;
+  m.v_head_dim = v;
+  return m;
+}
+
 // Multi-latent attention's projections (MLASelfAttention), worked by hand for a small
 // model: H 256, A 4, q_lora 64, kv_lora 32, q/k heads 16 + 8, v heads 16, FFN 512, V 1024.
 // Per layer: norms 2H = 512; q_down 64*256 = 16,384; q_layernorm 64; q_up 4*24*64 = 6,144;
@@ -214,22 +225,11 @@ TEST(ParameterCount, QkLayernormAddsTwoHeadWidthNormsPerLayer) {
 // 256*4*16 = 16,384; SwiGLU MLP 3*512*256 = 393,216: 447,072. Two layers, untied
 // embeddings 2*1024*256 and the final norm 256.
 TEST(ParameterCount, MultiLatentAttention) {
-  ModelConfig m = Llama(2, 256, 4, 4, 512, 1024);
-  m.num_query_groups = 0;
-  m.q_lora_rank = 64;
-  m.kv_lora_rank = 32;
-  m.qk_head_dim = 16;
-  m.qk_pos_emb_head_dim = 8;
-  m.v_head_dim = 16;
+  const ModelConfig m = WithLatentAttention(Llama(2, 256, 4, 4, 512, 1024), 64, 32, 16, 8, 16);
   EXPECT_EQ(ParameterCount(m), 2 * 447072 + 2 * 1024 * 256 + 256);
   // DeepSeek-V3's attention: 187,107,328 parameters a layer (published shapes).
-  ModelConfig v3 = Llama(1, 7168, 128, 128, 18432, 1024);
-  v3.num_query_groups = 0;
-  v3.q_lora_rank = 1536;
-  v3.kv_lora_rank = 512;
-  v3.qk_head_dim = 128;
-  v3.qk_pos_emb_head_dim = 64;
-  v3.v_head_dim = 128;
+  const ModelConfig v3 =
+      WithLatentAttention(Llama(1, 7168, 128, 128, 18432, 1024), 1536, 512, 128, 64, 128);
   const int64_t mlp_norms_embeddings =
       2 * 7168 + 3 * int64_t{18432} * 7168 + 2 * 1024 * 7168 + 7168;
   EXPECT_EQ(ParameterCount(v3) - mlp_norms_embeddings, 187107328);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,20 @@ boost::program_options::typed_value<T>* PositiveValue(T* out, const std::string&
 
 // Parses a comma-separated list of positive integers ("1,2,4,8") given as --`name`.
 Status ParseIntList(const std::string& text, const char* name, std::vector<int64_t>* out);
+
+// Parses a comma-separated list of names ("none,full") with `parse`, which reads one.
+template <typename E>
+Status ParseNameList(const std::string& text, Status (*parse)(const std::string&, E*),
+                     std::vector<E>* out) {
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    E value;
+    MEMSIM_RETURN_IF_ERROR(parse(item, &value));
+    out->push_back(value);
+  }
+  return Status::OK();
+}
 
 // A progress bar on stderr when it is a terminal: "[###...] done/total `unit`, elapsed, left".
 void ShowProgress(const char* unit, size_t done, size_t total, double elapsed_s);

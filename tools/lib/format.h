@@ -23,4 +23,14 @@ inline std::string FormatBytes(int64_t bytes) {
   return buf;
 }
 
+// `text` as one CSV field: in double quotes, each quote inside doubled.
+inline std::string CsvQuoted(const std::string& text) {
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
 }  // namespace memsim

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -32,6 +31,12 @@ using nlohmann::json;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 double GiB(int64_t bytes) { return static_cast<double>(bytes) / kGiB; }
+
+// The fullest stage's peak reserved memory; -1 when the entry was not simulated.
+int64_t FullestStage(const PlanEntry& e) {
+  const auto& peaks = e.stage_peak_reserved_bytes;
+  return peaks.empty() ? -1 : *std::max_element(peaks.begin(), peaks.end());
+}
 
 // `base` with `layout` applied, not yet finalized.
 RunSpec Apply(const RunSpec& base, const PlanLayout& layout) {
@@ -349,15 +354,21 @@ std::vector<SequencePoint> SequenceCurve(const RunSpec& base, const PlanLayout& 
   for (int64_t seq = std::max<int64_t>(target / 4, 128); seq <= 16 * target; seq *= 2) {
     points.push_back({seq, PlanEntry()});
   }
-  ParallelFor(points.size(), jobs, [&](size_t i) {
-    RunSpec spec = base;
-    spec.training.seq_length = points[i].seq_length;
-    points[i].entry = SimulatePlanLayout(spec, layout, /*screen=*/true);
-  });
-  for (size_t i = 0; i < points.size(); ++i) {
-    if (points[i].entry.verdict != PlanVerdict::kFits) {
-      points.resize(i + 1);
-      break;
+  // `jobs` lengths at a time, shortest first: none longer than the first that does not
+  // fit is simulated (the longest are the most expensive).
+  const size_t batch = static_cast<size_t>(std::max(jobs, 1));
+  for (size_t begin = 0; begin < points.size(); begin += batch) {
+    const size_t end = std::min(points.size(), begin + batch);
+    ParallelFor(end - begin, jobs, [&](size_t k) {
+      RunSpec spec = base;
+      spec.training.seq_length = points[begin + k].seq_length;
+      points[begin + k].entry = SimulatePlanLayout(spec, layout, /*screen=*/true);
+    });
+    for (size_t i = begin; i < end; ++i) {
+      if (points[i].entry.verdict != PlanVerdict::kFits) {
+        points.resize(i + 1);
+        return points;
+      }
     }
   }
   return points;
@@ -466,11 +477,9 @@ std::string RenderMarkdown(const PlanReport& report, const GpuSpec& gpu) {
     md << "## Memory versus sequence length (#1, same global batch in sequences)\n\n"
        << "| sequence length | peak reserved (fullest stage) | fits |\n|---|---|---|\n";
     for (const SequencePoint& p : report.sequence_curve) {
-      const auto& peaks = p.entry.stage_peak_reserved_bytes;
+      const int64_t fullest = FullestStage(p.entry);
       md << "| " << p.seq_length << " | "
-         << (peaks.empty() ? std::string("-")
-                           : Fixed(GiB(*std::max_element(peaks.begin(), peaks.end())), 2) + " GiB")
-         << " | "
+         << (fullest < 0 ? std::string("-") : Fixed(GiB(fullest), 2) + " GiB") << " | "
          << (p.entry.verdict == PlanVerdict::kFits
                  ? std::string("yes")
                  : std::string("no, ") + PlanVerdictName(p.entry.verdict) + ": " + p.entry.reason)
@@ -570,11 +579,6 @@ std::string Csv(const std::vector<PlanEntry>& entries) {
       "verdict,verified,step_s,tokens_per_s_per_gpu,headroom_GiB,max_peak_reserved_GiB,reason\n";
   for (size_t i = 0; i < entries.size(); ++i) {
     const PlanEntry& e = entries[i];
-    const auto& peaks = e.stage_peak_reserved_bytes;
-    std::string reason = e.reason;
-    for (size_t q = reason.find('"'); q != std::string::npos; q = reason.find('"', q + 2)) {
-      reason.insert(q, 1, '"');
-    }
     std::ostringstream row;
     row << (e.verdict == PlanVerdict::kFits ? std::to_string(i + 1) : "") << "," << e.layout.tp
         << "," << e.layout.pp << "," << e.layout.vpp << "," << e.layout.cp << "," << e.layout.ep
@@ -585,32 +589,11 @@ std::string Csv(const std::vector<PlanEntry>& entries) {
         << (e.verdict == PlanVerdict::kFits ? Fixed(e.step.total_s, 4) : "") << ","
         << (e.verdict == PlanVerdict::kFits ? Fixed(e.step.tokens_per_s_per_gpu, 1) : "") << ","
         << (e.verdict == PlanVerdict::kFits ? Fixed(GiB(e.headroom_bytes), 3) : "") << ","
-        << (peaks.empty() ? "" : Fixed(GiB(*std::max_element(peaks.begin(), peaks.end())), 3))
-        << ",\"" << reason << "\"\n";
+        << (FullestStage(e) < 0 ? "" : Fixed(GiB(FullestStage(e)), 3)) << "," << CsvQuoted(e.reason)
+        << "\n";
     csv += row.str();
   }
   return csv;
-}
-
-Status ParseKinds(const std::string& text, PlanGrid* grid, bool recompute) {
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    if (recompute) {
-      RecomputeKind kind;
-      MEMSIM_RETURN_IF_ERROR(ParseRecompute(item, &kind));
-      grid->recompute.push_back(kind);
-    } else {
-      DataParallelKind kind;
-      MEMSIM_RETURN_IF_ERROR(ParseDataParallel(item, &kind));
-      grid->data_parallel.push_back(kind);
-    }
-  }
-  // Least recomputation first (Note [Plan search] 3).
-  std::sort(grid->recompute.begin(), grid->recompute.end());
-  grid->recompute.erase(std::unique(grid->recompute.begin(), grid->recompute.end()),
-                        grid->recompute.end());
-  return Status::OK();
 }
 
 struct PlanLists {
@@ -633,11 +616,16 @@ Status BuildGrid(const RunSpec& base, const PlanLists& lists, PlanGrid* grid) {
   }
   if (!lists.recompute.empty()) {
     grid->recompute.clear();
-    MEMSIM_RETURN_IF_ERROR(ParseKinds(lists.recompute, grid, /*recompute=*/true));
+    MEMSIM_RETURN_IF_ERROR(ParseNameList(lists.recompute, &ParseRecompute, &grid->recompute));
+    // Least recomputation first (Note [Plan search] 3).
+    std::sort(grid->recompute.begin(), grid->recompute.end());
+    grid->recompute.erase(std::unique(grid->recompute.begin(), grid->recompute.end()),
+                          grid->recompute.end());
   }
   if (!lists.data_parallel.empty()) {
     grid->data_parallel.clear();
-    MEMSIM_RETURN_IF_ERROR(ParseKinds(lists.data_parallel, grid, /*recompute=*/false));
+    MEMSIM_RETURN_IF_ERROR(
+        ParseNameList(lists.data_parallel, &ParseDataParallel, &grid->data_parallel));
   }
   return Status::OK();
 }
@@ -676,10 +664,7 @@ Status PlanCluster(const RunSpec& base, const PlanLists& lists, const PlanSettin
     json point = {{"seq_length", p.seq_length},
                   {"fits", p.entry.verdict == PlanVerdict::kFits},
                   {"verdict", PlanVerdictName(p.entry.verdict)}};
-    const auto& peaks = p.entry.stage_peak_reserved_bytes;
-    if (!peaks.empty()) {
-      point["peak_reserved_GiB"] = GiB(*std::max_element(peaks.begin(), peaks.end()));
-    }
+    if (FullestStage(p.entry) >= 0) point["peak_reserved_GiB"] = GiB(FullestStage(p.entry));
     curve.push_back(point);
   }
   MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/plan.md", report->markdown));

@@ -1,7 +1,5 @@
 #include "tools/lib/sweep.h"
 
-#include <unistd.h>
-
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
@@ -23,6 +21,7 @@
 #include "simulator/trace_writer.h"
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
+#include "tools/lib/format.h"
 #include "tools/lib/json_reader.h"
 #include "tools/lib/parallel_for.h"
 #include "tools/lib/run_config.h"
@@ -275,12 +274,8 @@ Status WriteReports(const std::string& out_dir, const std::set<std::string>* onl
     }
     char peak[32];
     std::snprintf(peak, sizeof(peak), "%.1f", r.value("max_peak_reserved_MB", 0.0));
-    std::string reason = r.value("reason", std::string());
-    for (size_t q = reason.find('"'); q != std::string::npos; q = reason.find('"', q + 2)) {
-      reason.insert(q, 1, '"');  // CSV escapes a quote by doubling it
-    }
     row << r["recompute"].get<std::string>() << "," << r["status"].get<std::string>() << "," << peak
-        << "," << stage_peaks << ",\"" << reason << "\"\n";
+        << "," << stage_peaks << "," << CsvQuoted(r.value("reason", std::string())) << "\n";
     csv += row.str();
   }
   MEMSIM_RETURN_IF_ERROR(WriteFileAtomically(out_dir + "/successful_configs.log", success));
@@ -415,15 +410,7 @@ int SweepCommand(int argc, const char* const* argv) {
   if (status.ok()) status = ParseIntList(ep_list, "ep", &eps);
   if (status.ok()) status = ParseIntList(mbs_list, "micro-batch-size", &mbss);
   if (status.ok() && !seq_list.empty()) status = ParseIntList(seq_list, "seq-length", &seqs);
-  if (status.ok()) {
-    std::stringstream stream(recompute_list);
-    std::string item;
-    while (status.ok() && std::getline(stream, item, ',')) {
-      RecomputeKind kind;
-      status = ParseRecompute(item, &kind);
-      recomputes.push_back(kind);
-    }
-  }
+  if (status.ok()) status = ParseNameList(recompute_list, &ParseRecompute, &recomputes);
   if (status.ok() && !(sample_interval_s >= 0 && std::isfinite(sample_interval_s))) {
     status = Status::Error("--sample-interval must be a non-negative number of seconds");
   }
