@@ -1,5 +1,6 @@
 #include "parallel/layout.h"
 
+#include "simulator/check.h"
 #include "simulator/checked_math.h"
 
 namespace memsim {
@@ -162,12 +163,9 @@ RankCoordinates CoordinatesOf(const ParallelLayout& l, int64_t rank) {
   return c;
 }
 
-int64_t RankOf(const ParallelLayout& l, const RankCoordinates& c) {
-  return c.tp_rank + l.tp * (c.cp_rank + l.cp * (c.dp_rank + l.dp * c.pp_rank));
-}
-
 int64_t LayersOnStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_rank,
                       int64_t chunk) {
+  MEMSIM_DCHECK(0 <= pp_rank && pp_rank < l.pp && 0 <= chunk && chunk < l.vpp);
   if (l.first_stage_layers == 0 && l.last_stage_layers == 0) {
     const int64_t split_layers =
         m.num_layers + (l.embedding_in_split ? 1 : 0) + (l.loss_in_split ? 1 : 0);

@@ -70,10 +70,10 @@ Status FinalizeLayout(ParallelLayout* layout, const ModelConfig& model);
 int64_t OptimizerShards(const ParallelLayout& layout, bool experts);
 
 RankCoordinates CoordinatesOf(const ParallelLayout& layout, int64_t rank);
-int64_t RankOf(const ParallelLayout& layout, const RankCoordinates& c);
 
 // Layers each pipeline stage holds, in order (uneven first/last as configured), per
 // virtual chunk: layers of (pp_rank, chunk).
+// REQUIRES: `layout` passed FinalizeLayout with `model`; 0 <= pp_rank < pp, 0 <= chunk < vpp.
 int64_t LayersOnStage(const ParallelLayout& layout, const ModelConfig& model, int64_t pp_rank,
                       int64_t chunk);
 // The global index of the first layer of (pp_rank, chunk).

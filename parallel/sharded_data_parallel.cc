@@ -51,20 +51,27 @@ at::Tensor AllocateShardGrads(std::vector<Parameter*> params, int64_t dp) {
   return buffer;
 }
 
+// Autograd's saved data holds IValues: the FSDP object travels in a typed capsule (the
+// one IValue that carries a C++ object without registering a TorchScript class).
+// It does not own the object, which outlives every backward of the step.
+struct FsdpCapsule : torch::CustomClassHolder {
+  explicit FsdpCapsule(FullyShardedDataParallel* fsdp) : fsdp(fsdp) {}
+  FullyShardedDataParallel* const fsdp;
+};
+
 // The layer's boundaries, around its forward: identity there; in backward, the output
-// side runs first (FSDP's pre-backward hook), the input side last (post-backward). The
-// FSDP object is passed as an integer (autograd's saved data holds IValues); it outlives
-// every backward of the step.
+// side runs first (FSDP's pre-backward hook), the input side last (post-backward).
 template <bool kPreBackward>
 struct BackwardHook : public Function<BackwardHook<kPreBackward>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             FullyShardedDataParallel* fsdp, int64_t unit) {
-    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
+    ctx->saved_data["fsdp"] = c10::IValue::make_capsule(c10::make_intrusive<FsdpCapsule>(fsdp));
     ctx->saved_data["unit"] = unit;
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* fsdp = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt());
+    FullyShardedDataParallel* fsdp =
+        c10::static_intrusive_pointer_cast<FsdpCapsule>(ctx->saved_data["fsdp"].toCapsule())->fsdp;
     const int64_t unit = ctx->saved_data["unit"].toInt();
     if (kPreBackward) {
       fsdp->PreBackward(unit);

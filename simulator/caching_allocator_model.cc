@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "simulator/check.h"
+
 namespace memsim {
 namespace {
 
@@ -53,6 +55,7 @@ std::optional<CachingAllocatorModel::Allocation> CachingAllocatorModel::Malloc(
   const auto best = free_blocks.lower_bound(FreeKey{rounded_bytes, 0, 0});
   if (best != free_blocks.end()) {
     const int64_t id = std::get<2>(*best);
+    MEMSIM_DCHECK(!blocks_[id].allocated && blocks_[id].size_bytes >= rounded_bytes);
     free_blocks.erase(best);
     return TakeBlock(id, rounded_bytes, requested_bytes);
   }
@@ -97,6 +100,8 @@ void CachingAllocatorModel::Free(int64_t block_id) {
     Merge(id, next);
   }
   InsertFree(id);
+  MEMSIM_DCHECK(stats_.allocated_bytes >= 0 && stats_.requested_bytes >= 0 &&
+                stats_.num_active_blocks >= 0);
 }
 
 void CachingAllocatorModel::EmptyCache() { ReleaseCachedSegments(); }
@@ -174,6 +179,7 @@ int64_t CachingAllocatorModel::CreateSegment(PoolKind pool, int64_t size_bytes) 
 
 void CachingAllocatorModel::ReleaseSegment(int64_t id) {
   const Block block = blocks_[id];
+  MEMSIM_DCHECK(!block.allocated && block.prev == kNoBlock && block.next == kNoBlock);
   segments_.erase(block.address);
   stats_.reserved_bytes -= block.size_bytes;
   --stats_.num_segments;
@@ -227,12 +233,18 @@ CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
   ++stats_.num_active_blocks;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
+  // Every allocated byte lies in a reserved segment.
+  MEMSIM_DCHECK(stats_.allocated_bytes <= stats_.reserved_bytes);
   return {id, block.address, block.size_bytes};
 }
 
 void CachingAllocatorModel::Merge(int64_t front, int64_t back) {
   Block& front_block = blocks_[front];
   const Block& back_block = blocks_[back];
+  // Neighbours of one segment, both free, and adjacent in address.
+  MEMSIM_DCHECK(front_block.next == back && back_block.prev == front);
+  MEMSIM_DCHECK(!front_block.allocated && !back_block.allocated);
+  MEMSIM_DCHECK(front_block.address + front_block.size_bytes == back_block.address);
   front_block.size_bytes += back_block.size_bytes;
   front_block.next = back_block.next;
   if (back_block.next != kNoBlock) blocks_[back_block.next].prev = front;

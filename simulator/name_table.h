@@ -7,6 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "simulator/check.h"
+
 namespace memsim {
 
 using NameId = int32_t;
@@ -25,7 +27,10 @@ class NameTable {
     return id;
   }
   // REQUIRES: id was returned by Intern.
-  const std::string& Name(NameId id) const { return names_[static_cast<size_t>(id)]; }
+  const std::string& Name(NameId id) const {
+    MEMSIM_DCHECK(id >= 0 && static_cast<size_t>(id) < names_.size());
+    return names_[static_cast<size_t>(id)];
+  }
   size_t size() const { return names_.size(); }
 
  private:

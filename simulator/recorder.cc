@@ -1,5 +1,6 @@
 #include "simulator/recorder.h"
 
+#include "simulator/check.h"
 #include "simulator/checked_math.h"
 
 #include <ATen/SequenceNumber.h>
@@ -53,9 +54,11 @@ AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
 
 void Recorder::OnFree(int64_t storage_id) {
   StorageInfo& info = storages_.at(static_cast<size_t>(storage_id));
+  MEMSIM_DCHECK(info.free_event < 0);  // each storage is freed once
   info.free_event = static_cast<int64_t>(events_.size());
   events_.push_back({storage_id, now_s_, false});
   live_bytes_ -= info.size_bytes;
+  MEMSIM_DCHECK(live_bytes_ >= 0);
   live_records_[static_cast<size_t>(storage_id)] = nullptr;
 }
 
@@ -159,6 +162,7 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, c
       auto own = ids->find(event.storage_id);
       const int64_t id = own != ids->end() ? own->second : outer.at(event.storage_id);
       StorageInfo& info = storages_[static_cast<size_t>(id)];
+      MEMSIM_DCHECK(info.free_event < 0);
       info.free_event = static_cast<int64_t>(events_.size());
       events_.push_back({id, event.time_s + time_offset_s, false});
       live_bytes_ -= info.size_bytes;
@@ -167,9 +171,9 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, c
   return true;
 }
 
-void Recorder::AddMarker(MarkerKind kind, std::string_view label) {
+void Recorder::AddMarker(MarkerKind kind) {
   markers_.push_back({kind, static_cast<int64_t>(events_.size()), now_s_, iteration_, microbatch_,
-                      phase_, label.empty() ? 0 : names_.Intern(label)});
+                      phase_});
 }
 
 }  // namespace memsim

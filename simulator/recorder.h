@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "simulator/attribution.h"
+#include "simulator/check.h"
 #include "simulator/cost_model.h"
 #include "simulator/name_table.h"
 
@@ -75,7 +76,6 @@ enum class MarkerKind : uint8_t {
   kIterationEnd,
   kPhaseBegin,
   kMicrobatchBegin,
-  kUser,
 };
 
 // A point in the event log: marker applies before event `event_index`.
@@ -86,7 +86,6 @@ struct Marker {
   int32_t iteration;
   int32_t microbatch;
   Phase phase;
-  NameId label;
 };
 
 class Recorder {
@@ -120,20 +119,27 @@ class Recorder {
   // The same for a backward node's module (Note [Backward attribution]): nodes created
   // while it runs belong to scopes opened inside it, so no change point is recorded.
   void PushBackwardNodeModule(NameId module) { module_stack_.push_back(module); }
-  void PopBackwardNodeModule() { module_stack_.pop_back(); }
+  void PopBackwardNodeModule() {
+    MEMSIM_DCHECK(!module_stack_.empty());
+    module_stack_.pop_back();
+  }
   NameId current_module() const { return module_stack_.empty() ? 0 : module_stack_.back(); }
   // The module that was current when the autograd node with sequence number `seq` was
   // created in forward (see Note [Backward attribution] in interceptor.h).
   NameId ModuleForSequenceNr(uint64_t seq) const;
 
   void PushCategory(Category category) { category_stack_.push_back(category); }
-  void PopCategory() { category_stack_.pop_back(); }
+  void PopCategory() {
+    MEMSIM_DCHECK(!category_stack_.empty());
+    category_stack_.pop_back();
+  }
   // Op stack, maintained by the interceptor.
   void PushOp(const OpInfo& op) {
     op_stack_.push_back(op.name);
     collective_depth_ += op.is_collective ? 1 : 0;
   }
   void PopOp(const OpInfo& op) {
+    MEMSIM_DCHECK(!op_stack_.empty() && op_stack_.back() == op.name);
     op_stack_.pop_back();
     collective_depth_ -= op.is_collective ? 1 : 0;
   }
@@ -154,7 +160,7 @@ class Recorder {
   double now_s() const { return now_s_; }
   void AdvanceClock(double seconds) { now_s_ += seconds; }
 
-  void AddMarker(MarkerKind kind, std::string_view label = {});
+  void AddMarker(MarkerKind kind);
 
   // --- Replication (Note [Microbatch replication] in parallel/rank_training.cc). ---
   using IdMap = std::unordered_map<int64_t, int64_t>;

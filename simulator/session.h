@@ -46,8 +46,6 @@ class Session {
   void EndIteration();
   void SetPhase(Phase phase) { recorder_.SetPhase(phase); }
   void SetMicrobatch(int32_t microbatch) { recorder_.SetMicrobatch(microbatch); }
-  // A named point on the timeline (pipeline stage boundaries, user notes).
-  void Mark(std::string_view label) { recorder_.AddMarker(MarkerKind::kUser, label); }
   // Re-categorizes the storage behind `tensor` if this session tracked it.
   void Retag(const at::Tensor& tensor, Category category);
 

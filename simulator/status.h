@@ -1,8 +1,9 @@
 // Status: how user-facing failures travel (bad input, unwritable output, OOM checks).
 //
 // A Status is either OK or carries a one-line message that names the problem and how
-// to fix it. Engine invariants that only a programming error can break use
-// exceptions or asserts instead; everything a user can cause returns a Status.
+// to fix it. Engine invariants that only a programming error can break use exceptions
+// or MEMSIM_DCHECK (simulator/check.h) instead; everything a user can cause returns a
+// Status.
 #pragma once
 
 #include <stdexcept>

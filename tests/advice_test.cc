@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <string>
 
-#include "tests/command_runner.h"
+#include "tests/support/command_runner.h"
 
 namespace memsim {
 namespace {

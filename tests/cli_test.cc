@@ -2,7 +2,7 @@
 // writes, and one-line errors with exit code 2 for bad input.
 #include <gtest/gtest.h>
 
-#include "tests/command_runner.h"
+#include "tests/support/command_runner.h"
 #include <sys/wait.h>
 #include <unistd.h>
 

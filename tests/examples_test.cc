@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/command_runner.h"
+#include "tests/support/command_runner.h"
 
 namespace memsim {
 namespace {

@@ -1,7 +1,7 @@
 // Hugging Face config.json files of the supported families, with their published values,
 // mapped onto ModelConfig; and every way a file can be rejected.
 #include "tools/lib/hf_config.h"
-#include "tests/test_models.h"
+#include "tests/support/test_models.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Megatron-LM launch lines mapped onto RunSpec: the model against memsim's presets, the
 // layout, batch and training switches, the memory-neutral arguments, and the errors.
 #include "tools/lib/megatron_args.h"
-#include "tests/test_models.h"
+#include "tests/support/test_models.h"
 
 #include <gtest/gtest.h>
 

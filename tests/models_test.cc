@@ -10,7 +10,7 @@
 #include "parallel/rank_training.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
-#include "tests/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace memsim {
 namespace {

@@ -16,7 +16,7 @@
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
-#include "tests/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace memsim {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "parallel/step_time.h"
-#include "tests/command_runner.h"
-#include "tests/test_models.h"
+#include "tests/support/command_runner.h"
+#include "tests/support/test_models.h"
 #include "tools/lib/plan.h"
 
 namespace memsim {

@@ -3,7 +3,7 @@
 // run through the memsim binary as a user runs it.
 #include <gtest/gtest.h>
 
-#include "tests/command_runner.h"
+#include "tests/support/command_runner.h"
 
 #include <filesystem>
 #include <fstream>

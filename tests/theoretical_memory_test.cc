@@ -2,7 +2,7 @@
 // hand from its formulas; every expected number below is derived in the comments, not
 // taken from the code under test. MB = 2^20 bytes.
 #include "parallel/theoretical_memory.h"
-#include "tests/test_models.h"
+#include "tests/support/test_models.h"
 
 #include <gtest/gtest.h>
 

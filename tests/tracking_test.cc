@@ -6,7 +6,7 @@
 #include <tuple>
 #include <vector>
 
-#include "models/test_mlp.h"
+#include "tests/support/test_mlp.h"
 #include "simulator/session.h"
 #include "simulator/status.h"
 #include "simulator/tracking_allocator.h"

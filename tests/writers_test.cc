@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "models/test_mlp.h"
+#include "tests/support/test_mlp.h"
 #include "simulator/peak_analysis.h"
 #include "simulator/session.h"
 #include "simulator/snapshot_writer.h"

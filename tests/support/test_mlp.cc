@@ -1,4 +1,4 @@
-#include "models/test_mlp.h"
+#include "tests/support/test_mlp.h"
 
 #include <ATen/ATen.h>
 
