@@ -6,6 +6,7 @@
 
 #include "models/parameters.h"
 #include "models/transformer.h"
+#include "ops/ops.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -26,6 +27,7 @@ void BM_GptLayer(benchmark::State& state) {
   training.precision = Precision::kBf16;
   ModelShard shard = ModelShard::Whole(model);
   shard.first_stage = shard.last_stage = false;
+  RegisterOps();
   Session session(FindGpu("H100-80GB"));
   ActiveSession active(session, attribute);
   ParameterStore store(training.precision);

@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include "simulator/op_traits.h"
+
 namespace memsim {
 namespace {
 
@@ -51,6 +53,12 @@ void RegisterCollectives() {
     def->def("comm_all_to_all(Tensor t, int group, int rows) -> Tensor");
     def->def("comm_send(Tensor t) -> ()");
     def->def("comm_recv_(Tensor(a!) t) -> Tensor(a!)");
+    for (const char* op : {"comm_all_reduce_", "comm_all_gather", "comm_reduce_scatter",
+                           "comm_all_to_all", "comm_send", "comm_recv_"}) {
+      OpTraits traits;
+      traits.is_collective = true;
+      RegisterOpTraits(std::string("memsim::") + op, traits);
+    }
     static auto* meta = new torch::Library(torch::Library::IMPL, "memsim", c10::DispatchKey::Meta,
                                            __FILE__, __LINE__);
     meta->impl("comm_all_reduce_", TORCH_FN(AllReduceMeta));

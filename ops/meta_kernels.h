@@ -6,7 +6,7 @@
 namespace memsim {
 
 // Registers every kernel in ops/meta_kernels.cc with the dispatcher. Idempotent and
-// thread-safe; Session's constructor calls it.
+// thread-safe; RegisterOps (ops.h) calls it.
 void RegisterMetaKernels();
 
 }  // namespace memsim

@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include "simulator/op_traits.h"
+
 namespace memsim {
 namespace {
 
@@ -69,6 +71,14 @@ void RegisterTransformerKernels() {
     def->def(
         "flash_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
         "Tensor softmax_lse, float dropout_p, bool causal) -> (Tensor, Tensor, Tensor)");
+    OpTraits gemm;
+    gemm.cost_kind = OpCostKind::kMatmul;
+    RegisterOpTraits("memsim::wgrad_gemm_accum_", gemm);
+    OpTraits attention = gemm;
+    attention.is_attention = true;
+    RegisterOpTraits("memsim::flash_attention_forward", attention);
+    attention.is_attention_backward = true;
+    RegisterOpTraits("memsim::flash_attention_backward", attention);
     static auto* meta = new torch::Library(torch::Library::IMPL, "memsim", c10::DispatchKey::Meta,
                                            __FILE__, __LINE__);
     meta->impl("wgrad_gemm_accum_", TORCH_FN(WgradGemmAccumMeta));

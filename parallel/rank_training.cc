@@ -16,6 +16,7 @@
 #include "models/transformer.h"
 #include "ops/collectives.h"
 #include "ops/library_workspaces.h"
+#include "ops/ops.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/status.h"
@@ -136,6 +137,7 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
 void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& training,
                      const ParallelLayout& layout, int64_t pp_rank, Session& session,
                      bool replicate_microbatches) {
+  RegisterOps();
   session.SetPhase(Phase::kSetup);
   ParameterStore store(training.precision, training.gradient_accumulation_fusion);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);

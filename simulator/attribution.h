@@ -17,7 +17,7 @@ inline constexpr int kNumPhases = 4;
 // A storage's category is decided when it is allocated, in this order:
 //   1. an explicit CategoryScope set by the driving code (parameters, gradient buffers,
 //      optimizer state) or a later Session::Retag (a storage recategorized after the fact);
-//   2. allocations made inside a fake collective (ops/collectives) are kCommunication;
+//   2. allocations made inside a collective (OpTraits::is_collective) are kCommunication;
 //   3. otherwise by phase: forward allocations are kActivation (held for backward or
 //      freed as soon as they die, in which case they never reach a peak's breakdown for
 //      long), everything else is kTemporary.

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "simulator/op_traits.h"
 #include "simulator/recorder.h"
 #include "simulator/status.h"
 #include "simulator/tracking_allocator.h"
@@ -16,12 +17,12 @@
 namespace memsim {
 namespace {
 
-OpCostKind ClassifyOp(const c10::FunctionSchema& schema) {
+// Operators without registered traits (ATen's own, and ops/ ones with default traits).
+OpCostKind ClassifyAtenOp(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
   if (name == "aten::mm" || name == "aten::bmm" || name == "aten::addmm" ||
       name == "aten::baddbmm" || name == "aten::addbmm" || name == "aten::matmul" ||
-      name == "aten::linear" || name == "memsim::wgrad_gemm_accum_" ||
-      name.rfind("memsim::flash_attention", 0) == 0) {
+      name == "aten::linear") {
     return OpCostKind::kMatmul;
   }
   if (name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like" ||
@@ -41,11 +42,11 @@ const OpInfo& LookupOp(Recorder& recorder, const c10::OperatorHandle& op) {
   if (const OpInfo* info = recorder.FindOp(&schema)) return *info;
   std::string name = schema.name();
   if (!schema.overload_name().empty()) name += "." + schema.overload_name();
-  const bool is_collective =
-      schema.name().rfind("memsim::", 0) == 0 && schema.name().find("comm_") != std::string::npos;
-  const bool is_attention = schema.name().rfind("memsim::flash_attention", 0) == 0;
-  return recorder.AddOp(&schema, {recorder.names().Intern(name), is_collective, ClassifyOp(schema),
-                                  is_attention, schema.name() == "memsim::flash_attention_backward",
+  const OpTraits* traits = FindOpTraits(schema.name());
+  const OpTraits aten{ClassifyAtenOp(schema)};
+  const OpTraits& t = traits != nullptr ? *traits : aten;
+  return recorder.AddOp(&schema, {recorder.names().Intern(name), t.is_collective, t.cost_kind,
+                                  t.is_attention, t.is_attention_backward,
                                   schema.name() == "aten::linear"});
 }
 

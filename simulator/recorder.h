@@ -64,9 +64,10 @@ struct MemoryEvent {
 // What the interceptor caches per operator (keyed by its schema's address).
 struct OpInfo {
   NameId name;
-  bool is_collective;  // a fake collective from ops/collectives
+  // The next four as OpTraits (op_traits.h) says.
+  bool is_collective;
   OpCostKind cost_kind;
-  bool is_attention;  // memsim::flash_attention_*: costed from q's shape
+  bool is_attention;
   bool is_attention_backward;
   bool is_linear;  // aten::linear: costed from input and weight
 };

@@ -2,10 +2,6 @@
 
 #include <stdexcept>
 
-#include "ops/collectives.h"
-#include "ops/fused_optimizers.h"
-#include "ops/meta_kernels.h"
-#include "ops/transformer_kernels.h"
 #include "simulator/tracking_allocator.h"
 
 namespace memsim {
@@ -14,10 +10,6 @@ Session::Session(const GpuSpec* gpu, c10::DeviceType device_type)
     : gpu_(gpu), recorder_(device_type) {
   InstallMetaTrackingAllocator();
   RegisterInterceptor();
-  RegisterMetaKernels();
-  RegisterFusedOptimizers();
-  RegisterTransformerKernels();
-  RegisterCollectives();
   recorder_.set_gpu(gpu);
 }
 

@@ -1,5 +1,6 @@
 // Session: the API that code driving a simulated training step talks to.
 //
+//   memsim::RegisterOps();                           // ops/ops.h: kernels the model needs
 //   memsim::Session session(memsim::FindGpu("H100-80GB"));
 //   {
 //     memsim::ActiveSession active(session);       // this thread is now recorded
@@ -35,6 +36,8 @@ class Session {
  public:
   // `gpu` drives the virtual clock; null: every event has timestamp 0. `device_type` is
   // the device whose storages are recorded (CPU only in tests against real execution).
+  // Installs the tracking allocator and the interceptor; the operators and kernels of
+  // ops/ are registered by their own layer (RegisterOps in ops/ops.h).
   explicit Session(const GpuSpec* gpu = nullptr,
                    c10::DeviceType device_type = c10::DeviceType::Meta);
   Session(const Session&) = delete;

@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 
 #include "ops/fused_optimizers.h"
+#include "ops/ops.h"
 
 namespace memsim {
 
 at::Tensor RunTestMlpTraining(const TestMlpConfig& config, Session* session) {
+  RegisterOps();
   const auto options = at::TensorOptions().device(config.device).dtype(at::kFloat);
   auto set_phase = [&](Phase phase) {
     if (session != nullptr) session->SetPhase(phase);
