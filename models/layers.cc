@@ -8,7 +8,7 @@
 
 #include "ops/collectives.h"
 #include "ops/transformer_kernels.h"
-#include "parallel/context_parallel.h"
+#include "parallel/regions/context_parallel.h"
 #include "simulator/session.h"
 
 namespace memsim {

@@ -121,7 +121,7 @@ at::Tensor RotaryEmbedding(const at::Tensor& input);
 //   flash: FlashAttention-2 after Megatron's rearrange to [B, S, heads, D]: saves the
 //     contiguous q, k, v, the output and a float32 log-sum-exp [B, A, S].
 // `cp` > 1: the sequence is split over cp ranks and flash attention runs as ring
-// attention (parallel/context_parallel.h).
+// attention (parallel/regions/context_parallel.h).
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
                          int64_t cp = 1);

@@ -7,8 +7,8 @@
 #include <cmath>
 
 #include "ops/collectives.h"
-#include "parallel/expert_parallel.h"
-#include "parallel/tensor_parallel.h"
+#include "parallel/regions/expert_parallel.h"
+#include "parallel/regions/tensor_parallel.h"
 #include "simulator/session.h"
 
 namespace memsim {

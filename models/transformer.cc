@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "parallel/tensor_parallel.h"
+#include "parallel/regions/tensor_parallel.h"
 #include "simulator/session.h"
 
 namespace memsim {

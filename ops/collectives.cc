@@ -67,7 +67,7 @@ void RegisterCollectives() {
     meta->impl("comm_all_to_all", TORCH_FN(AllToAllMeta));
     meta->impl("comm_send", TORCH_FN(SendMeta));
     meta->impl("comm_recv_", TORCH_FN(RecvMeta));
-    // Their gradients are the parallel layers' business (parallel/tensor_parallel.cc).
+    // Their gradients are the parallel layers' business (parallel/regions/tensor_parallel.cc).
     static auto* autograd = new torch::Library(torch::Library::IMPL, "memsim",
                                                c10::DispatchKey::Autograd, __FILE__, __LINE__);
     for (const char* op : {"comm_all_reduce_", "comm_all_gather", "comm_reduce_scatter",

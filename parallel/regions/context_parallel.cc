@@ -1,4 +1,4 @@
-#include "parallel/context_parallel.h"
+#include "parallel/regions/context_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
