@@ -167,18 +167,6 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   return Status::OK();
 }
 
-const char* AttentionName(AttentionKind attention) {
-  switch (attention) {
-    case AttentionKind::kFlash:
-      return "flash";
-    case AttentionKind::kFused:
-      return "fused";
-    case AttentionKind::kEager:
-      return "eager";
-  }
-  return "?";
-}
-
 Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& training,
                          int compute_capability, AttentionKind* out) {
   const bool fp32 = training.precision == Precision::kFp32;
@@ -198,18 +186,6 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
         "are disabled or do not support it, and so is unfused attention (NVTE_UNFUSED_ATTN=0)");
   }
   return Status::OK();
-}
-
-const char* PrecisionName(Precision precision) {
-  switch (precision) {
-    case Precision::kFp32:
-      return "fp32";
-    case Precision::kBf16:
-      return "bf16";
-    case Precision::kFp16:
-      return "fp16";
-  }
-  return "?";
 }
 
 int64_t ParamBytesPerElement(Precision precision) { return precision == Precision::kFp32 ? 4 : 2; }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "simulator/enum_names.h"
 #include "simulator/status.h"
 
 namespace memsim {
@@ -86,6 +87,8 @@ struct ModelConfig {
 };
 
 enum class Precision { kFp32, kBf16, kFp16 };
+inline constexpr EnumName<Precision> kPrecisionNames[] = {
+    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
 // Megatron-Core's MoE token dispatchers (--moe-token-dispatcher-type; allgather is its
 // default).
 enum class MoeDispatcher { kAllGather, kAllToAll };
@@ -96,6 +99,9 @@ enum class MoeDispatcher { kAllGather, kAllToAll };
 //           in place ([S, B, A, D] views, no copies) and float32 statistics [B, A, S, 1];
 //   kEager  unfused: the [B*A, S, S] scores and probabilities are materialised.
 enum class AttentionKind { kFlash, kFused, kEager };
+inline constexpr EnumName<AttentionKind> kAttentionNames[] = {{AttentionKind::kFlash, "flash"},
+                                                              {AttentionKind::kFused, "fused"},
+                                                              {AttentionKind::kEager, "eager"}};
 
 // Transformer Engine's choice of attention backend (get_attention_backend in
 // transformer_engine/pytorch/attention/dot_product_attention/utils.py, TE 2.18): the
@@ -107,11 +113,22 @@ struct TeAttentionChoice {
   bool deterministic = false;
 };
 enum class RecomputeKind { kNone, kSelective, kFull };
+inline constexpr EnumName<RecomputeKind> kRecomputeNames[] = {
+    {RecomputeKind::kNone, "none"},
+    {RecomputeKind::kSelective, "selective"},
+    {RecomputeKind::kFull, "full"}};
 enum class RecomputeMethod { kUniform, kBlock };
+inline constexpr EnumName<RecomputeMethod> kRecomputeMethodNames[] = {
+    {RecomputeMethod::kUniform, "uniform"}, {RecomputeMethod::kBlock, "block"}};
 enum class OptimizerKind { kAdam, kSgd };
+inline constexpr EnumName<OptimizerKind> kOptimizerNames[] = {{OptimizerKind::kAdam, "adam"},
+                                                              {OptimizerKind::kSgd, "sgd"}};
 // Which real implementation's kernels the layers mirror (GlobalMemoryBuffer in layers.h
 // says where they differ).
 enum class ProfileKind { kMegatronLocal, kTransformerEngine };
+inline constexpr EnumName<ProfileKind> kProfileNames[] = {
+    {ProfileKind::kMegatronLocal, "local"},
+    {ProfileKind::kTransformerEngine, "transformer_engine"}};
 
 struct TrainingConfig {
   int64_t seq_length = 2048;     // S
@@ -155,8 +172,16 @@ struct TrainingConfig {
 Status FinalizeModelConfig(ModelConfig* model, int64_t tp = 1);
 Status ValidateTrainingConfig(const TrainingConfig& training, const ModelConfig& model);
 
-const char* PrecisionName(Precision precision);
-const char* AttentionName(AttentionKind attention);
+// The names of Note [Enum names]; string literals, so data() is null-terminated.
+inline const char* PrecisionName(Precision precision) {
+  return NameOf(kPrecisionNames, precision).data();
+}
+inline const char* AttentionName(AttentionKind attention) {
+  return NameOf(kAttentionNames, attention).data();
+}
+inline std::string RecomputeName(RecomputeKind kind) {
+  return std::string(NameOf(kRecomputeNames, kind));
+}
 
 // Transformer Engine's backend for `training` on a GPU of `compute_capability`
 // (80: A100, 90: H100): unfused for float32; else on 9.x and later cuDNN fused attention

@@ -10,20 +10,6 @@ std::string Str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-std::string DataParallelName(DataParallelKind kind) {
-  switch (kind) {
-    case DataParallelKind::kDdp:
-      return "ddp";
-    case DataParallelKind::kDistributedOptimizer:
-      return "distributed-optimizer";
-    case DataParallelKind::kZero2:
-      return "zero2";
-    case DataParallelKind::kFsdp:
-      return "fsdp";
-  }
-  return "?";
-}
-
 Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   for (auto [value, name] : {std::pair{l->world_size, "world size"},
                              {l->tp, "TP"},

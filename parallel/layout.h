@@ -11,6 +11,7 @@
 #include <string>
 
 #include "models/model_config.h"
+#include "simulator/enum_names.h"
 #include "simulator/status.h"
 
 namespace memsim {
@@ -23,6 +24,14 @@ enum class DataParallelKind {
   kZero2,                 // ... and gradients
   kFsdp,                  // ZeRO-3: parameters too, gathered around each layer
 };
+// zero1 and zero3 are aliases parsing accepts (Note [Enum names]).
+inline constexpr EnumName<DataParallelKind> kDataParallelNames[] = {
+    {DataParallelKind::kDdp, "ddp"},
+    {DataParallelKind::kDistributedOptimizer, "distributed-optimizer"},
+    {DataParallelKind::kDistributedOptimizer, "zero1"},
+    {DataParallelKind::kZero2, "zero2"},
+    {DataParallelKind::kFsdp, "fsdp"},
+    {DataParallelKind::kFsdp, "zero3"}};
 
 struct ParallelLayout {
   int64_t world_size = 1;
@@ -80,6 +89,8 @@ int64_t LayersOnStage(const ParallelLayout& layout, const ModelConfig& model, in
 int64_t FirstLayerOfStage(const ParallelLayout& layout, const ModelConfig& model, int64_t pp_rank,
                           int64_t chunk);
 
-std::string DataParallelName(DataParallelKind kind);
+inline std::string DataParallelName(DataParallelKind kind) {
+  return std::string(NameOf(kDataParallelNames, kind));
+}
 
 }  // namespace memsim

@@ -176,14 +176,4 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
   return caveats;
 }
 
-const char* TheoreticalActivationFormulaName(TheoreticalActivationFormula formula) {
-  switch (formula) {
-    case TheoreticalActivationFormula::kSequenceParallelSelective:
-      return "sequence parallel + selective recomputation";
-    case TheoreticalActivationFormula::kWithoutSequenceParallel:
-      return "without sequence parallelism";
-  }
-  return "?";
-}
-
 }  // namespace memsim

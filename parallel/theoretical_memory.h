@@ -33,6 +33,7 @@
 
 #include "models/model_config.h"
 #include "parallel/layout.h"
+#include "simulator/enum_names.h"
 
 namespace memsim {
 
@@ -40,6 +41,10 @@ enum class TheoreticalActivationFormula {
   kSequenceParallelSelective,  // compute_activation_memory
   kWithoutSequenceParallel,    // compute_activation_memory_without_sp
 };
+inline constexpr EnumName<TheoreticalActivationFormula> kTheoreticalActivationFormulaNames[] = {
+    {TheoreticalActivationFormula::kSequenceParallelSelective,
+     "sequence parallel + selective recomputation"},
+    {TheoreticalActivationFormula::kWithoutSequenceParallel, "without sequence parallelism"}};
 
 struct TheoreticalMemory {
   double num_parameters = 0;                       // whole model, as Megatron counts it
@@ -64,6 +69,8 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& model,
                                                   const TrainingConfig& training,
                                                   const ParallelLayout& layout, int64_t pp_rank);
 
-const char* TheoreticalActivationFormulaName(TheoreticalActivationFormula formula);
+inline const char* TheoreticalActivationFormulaName(TheoreticalActivationFormula formula) {
+  return NameOf(kTheoreticalActivationFormulaNames, formula).data();  // a literal
+}
 
 }  // namespace memsim

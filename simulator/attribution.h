@@ -4,12 +4,18 @@
 #include <cstdint>
 #include <string_view>
 
+#include "simulator/enum_names.h"
+
 namespace memsim {
 
 // The part of a training iteration that is running. Setup covers everything before the
 // first iteration (parameters, optimizer state allocated eagerly, buffers).
 enum class Phase : uint8_t { kSetup, kForward, kBackward, kOptimizer };
 inline constexpr int kNumPhases = 4;
+inline constexpr EnumName<Phase> kPhaseNames[] = {{Phase::kSetup, "setup"},
+                                                  {Phase::kForward, "forward"},
+                                                  {Phase::kBackward, "backward"},
+                                                  {Phase::kOptimizer, "optimizer"}};
 
 // Why a storage exists; the run summary breaks the peak down by these.
 //
@@ -32,8 +38,20 @@ enum class Category : uint8_t {
   kWorkspace,  // CUDA libraries' scratch memory (Note [Library workspaces])
 };
 inline constexpr int kNumCategories = 8;
+// As summaries and snapshots name them (Note [Enum names]).
+inline constexpr EnumName<Category> kCategoryNames[] = {
+    {Category::kUnattributed, "unattributed"},
+    {Category::kParameter, "parameters"},
+    {Category::kGradient, "gradients"},
+    {Category::kOptimizerState, "optimizer_state"},
+    {Category::kActivation, "activations"},
+    {Category::kTemporary, "temporaries"},
+    {Category::kCommunication, "communication"},
+    {Category::kWorkspace, "workspaces"}};
 
-std::string_view PhaseName(Phase phase);
-std::string_view CategoryName(Category category);
+inline std::string_view PhaseName(Phase phase) { return NameOf(kPhaseNames, phase); }
+inline std::string_view CategoryName(Category category) {
+  return NameOf(kCategoryNames, category);
+}
 
 }  // namespace memsim

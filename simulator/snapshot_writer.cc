@@ -8,6 +8,7 @@
 #include <deque>
 #include <unordered_map>
 
+#include "simulator/allocator_replay.h"
 #include "simulator/atomic_file.h"
 #include "simulator/caching_allocator_model.h"
 #include "simulator/peak_analysis.h"
@@ -67,8 +68,9 @@ c10::IValue TraceEntry(const std::string& action, int64_t address, int64_t size_
   return entry;
 }
 
-// Replays the recorder, logging each allocator action as a device_traces entry. Entries
-// are kept as plain structs and turned into pickle values only for the ones written.
+// Logs each allocator action of the replay (Note [Allocator replay]) as a device_traces
+// entry. Entries are kept as plain structs and turned into pickle values only for the
+// ones written.
 class TraceBuilder final : public AllocatorObserver {
  public:
   TraceBuilder(const Recorder& recorder, int64_t max_entries)
@@ -81,27 +83,17 @@ class TraceBuilder final : public AllocatorObserver {
     Add({Action::kSegmentFree, address, size_bytes, now_s_, -1});
   }
 
-  void Replay(CachingAllocatorModel& allocator, int64_t through_event) {
-    const auto& events = recorder_.events();
-    for (int64_t e = 0; e <= through_event; ++e) {
-      const MemoryEvent& event = events[static_cast<size_t>(e)];
-      now_s_ = event.time_s;
-      const int64_t id = event.storage_id;
-      const int64_t bytes = recorder_.storages()[static_cast<size_t>(id)].size_bytes;
-      if (event.is_alloc) {
-        const auto allocation = *allocator.Malloc(bytes);
-        blocks_[id] = allocation;
-        storage_at_address_[allocation.address] = id;
-        Add({Action::kAlloc, allocation.address, bytes, now_s_, id});
-      } else {
-        const auto allocation = blocks_.at(id);
-        Add({Action::kFreeRequested, allocation.address, bytes, now_s_, id});
-        Add({Action::kFreeCompleted, allocation.address, bytes, now_s_, id});
-        allocator.Free(allocation.block_id);
-        storage_at_address_.erase(allocation.address);
-        blocks_.erase(id);
-      }
-    }
+  // ReplayAllocations' visitor (allocator_replay.h).
+  void BeforeEvent(const MemoryEvent& event) { now_s_ = event.time_s; }
+  void OnAlloc(int64_t, const MemoryEvent& event, const CachingAllocatorModel::Allocation& block) {
+    storage_at_address_[block.address] = event.storage_id;
+    Add({Action::kAlloc, block.address, SizeOf(event), now_s_, event.storage_id});
+  }
+  // The model's Free reports no segment action, so logging after it keeps PyTorch's order.
+  void OnFree(int64_t, const MemoryEvent& event, const CachingAllocatorModel::Allocation& block) {
+    Add({Action::kFreeRequested, block.address, SizeOf(event), now_s_, event.storage_id});
+    Add({Action::kFreeCompleted, block.address, SizeOf(event), now_s_, event.storage_id});
+    storage_at_address_.erase(block.address);
   }
 
   List TakeEntries() {
@@ -145,6 +137,10 @@ class TraceBuilder final : public AllocatorObserver {
     int64_t storage_id;  // -1 for segment actions
   };
 
+  int64_t SizeOf(const MemoryEvent& event) const {
+    return recorder_.storages()[static_cast<size_t>(event.storage_id)].size_bytes;
+  }
+
   void Add(const Entry& entry) {
     entries_.push_back(entry);
     if (max_entries_ > 0 && static_cast<int64_t>(entries_.size()) > max_entries_) {
@@ -156,7 +152,6 @@ class TraceBuilder final : public AllocatorObserver {
   int64_t max_entries_;
   double now_s_ = 0;
   std::deque<Entry> entries_;
-  std::unordered_map<int64_t, CachingAllocatorModel::Allocation> blocks_;  // by storage id
   std::unordered_map<int64_t, int64_t> storage_at_address_;
 };
 
@@ -166,7 +161,7 @@ std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
                            const SnapshotOptions& options) {
   TraceBuilder trace(recorder, options.max_trace_entries);
   CachingAllocatorModel allocator(CachingAllocatorConfig{}, &trace);
-  trace.Replay(allocator, through_event);
+  ReplayAllocations(recorder, &allocator, through_event + 1, trace);
 
   List segments = NewList();
   for (const AllocatorSegmentView& seg : allocator.Segments()) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "simulator/allocator_replay.h"
+
 namespace memsim {
 namespace {
 
@@ -26,29 +28,47 @@ std::vector<IterationSummary> IterationRanges(const Recorder& recorder) {
   return ranges;
 }
 
+// Appends the allocator's stats after every event, noting the allocated peak.
+class PointRecorder : public ReplayVisitor {
+ public:
+  PointRecorder(const CachingAllocatorModel& allocator, std::vector<TimelinePoint>* points,
+                int64_t* peak_allocated_bytes, int64_t* peak_event)
+      : allocator_(allocator),
+        points_(points),
+        peak_allocated_bytes_(peak_allocated_bytes),
+        peak_event_(peak_event) {}
+  void OnAlloc(int64_t e, const MemoryEvent& event, const CachingAllocatorModel::Allocation&) {
+    Add(e, event);
+  }
+  void OnFree(int64_t e, const MemoryEvent& event, const CachingAllocatorModel::Allocation&) {
+    Add(e, event);
+  }
+
+ private:
+  void Add(int64_t e, const MemoryEvent& event) {
+    const AllocatorStats& stats = allocator_.stats();
+    points_->push_back(
+        {event.time_s, stats.allocated_bytes, stats.reserved_bytes, stats.requested_bytes});
+    if (stats.allocated_bytes > *peak_allocated_bytes_) {
+      *peak_allocated_bytes_ = stats.allocated_bytes;
+      *peak_event_ = e;
+    }
+  }
+  const CachingAllocatorModel& allocator_;
+  std::vector<TimelinePoint>* points_;
+  int64_t* peak_allocated_bytes_;
+  int64_t* peak_event_;
+};
+
 }  // namespace
 
 Timeline Timeline::Replay(const Recorder& recorder) {
   Timeline timeline;
-  CachingAllocatorModel allocator;
-  std::vector<int64_t> block_of_storage(recorder.storages().size(), -1);
-  const auto& storages = recorder.storages();
+  CachingAllocatorModel allocator;  // unlimited: never refuses
   timeline.points_.reserve(recorder.events().size());
-  for (const MemoryEvent& event : recorder.events()) {
-    const size_t id = static_cast<size_t>(event.storage_id);
-    if (event.is_alloc) {
-      block_of_storage[id] = allocator.Malloc(storages[id].size_bytes)->block_id;
-    } else {
-      allocator.Free(block_of_storage[id]);
-    }
-    const AllocatorStats& stats = allocator.stats();
-    timeline.points_.push_back(
-        {event.time_s, stats.allocated_bytes, stats.reserved_bytes, stats.requested_bytes});
-    if (stats.allocated_bytes > timeline.peak_allocated_bytes_) {
-      timeline.peak_allocated_bytes_ = stats.allocated_bytes;
-      timeline.peak_event_ = static_cast<int64_t>(timeline.points_.size()) - 1;
-    }
-  }
+  PointRecorder points(allocator, &timeline.points_, &timeline.peak_allocated_bytes_,
+                       &timeline.peak_event_);
+  ReplayAllocations(recorder, &allocator, static_cast<int64_t>(recorder.events().size()), points);
   timeline.peak_reserved_bytes_ = allocator.stats().peak_reserved_bytes;
   timeline.peak_requested_bytes_ = allocator.stats().peak_requested_bytes;
 
@@ -75,24 +95,20 @@ Timeline Timeline::Replay(const Recorder& recorder) {
 
 CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes) {
   CachingAllocatorModel allocator(CachingAllocatorConfig{capacity_bytes});
-  std::vector<int64_t> block_of_storage(recorder.storages().size(), -1);
-  const auto& events = recorder.events();
+  // The stats before each event: at the refused allocation, what the device held when it
+  // was requested.
+  struct BeforeEachEvent : ReplayVisitor {
+    explicit BeforeEachEvent(const CachingAllocatorModel& a) : allocator(a) {}
+    void BeforeEvent(const MemoryEvent&) { before = allocator.stats(); }
+    const CachingAllocatorModel& allocator;
+    AllocatorStats before;
+  } visitor(allocator);
   CapacityReplay replay;
-  for (size_t e = 0; e < events.size(); ++e) {
-    const size_t id = static_cast<size_t>(events[e].storage_id);
-    if (events[e].is_alloc) {
-      const AllocatorStats before = allocator.stats();
-      auto allocation = allocator.Malloc(recorder.storages()[id].size_bytes);
-      if (!allocation) {
-        replay.oom_event = static_cast<int64_t>(e);
-        replay.allocated_bytes_at_oom = before.allocated_bytes;
-        replay.reserved_bytes_at_oom = before.reserved_bytes;
-        break;
-      }
-      block_of_storage[id] = allocation->block_id;
-    } else {
-      allocator.Free(block_of_storage[id]);
-    }
+  replay.oom_event = ReplayAllocations(recorder, &allocator,
+                                       static_cast<int64_t>(recorder.events().size()), visitor);
+  if (replay.oom_event >= 0) {
+    replay.allocated_bytes_at_oom = visitor.before.allocated_bytes;
+    replay.reserved_bytes_at_oom = visitor.before.reserved_bytes;
   }
   replay.peak_reserved_bytes = allocator.stats().peak_reserved_bytes;
   return replay;

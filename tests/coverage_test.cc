@@ -53,10 +53,11 @@ TEST(OpCoverage, EveryPresetAttentionAndRecomputationRuns) {
       spec.layout.sequence_parallel = true;
       spec.layout.ep = spec.model.num_experts > 0 ? 2 : 1;
       spec.layout.data_parallel = DataParallelKind::kDistributedOptimizer;
-      ASSERT_TRUE(FinalizeRunSpec(&spec).ok());
-      for (const RankClass& c : RankClasses(spec.layout)) {
+      std::optional<ValidatedRun> run;
+      ASSERT_TRUE(FinalizeRunSpec(spec, &run).ok());
+      for (const RankClass& c : RankClasses(run->spec().layout)) {
         RankResult result;
-        const Status status = SimulateRankClass(spec, c, &result);
+        const Status status = SimulateRankClass(*run, c, &result);
         ASSERT_TRUE(status.ok()) << status.message();
         EXPECT_EQ(result.peak.phases.size(), 4u);  // setup, forward, backward, optimizer
       }
@@ -80,9 +81,10 @@ TEST(OpCoverage, RealisticSizesReportPeaksPerPhase) {
     ASSERT_TRUE(LoadModelPreset(name, &spec.model).ok());
     spec.training.seq_length = std::string(name) == "gpt3-175b" ? 2048 : 8192;
     spec.training.num_microbatches = 2;
-    ASSERT_TRUE(FinalizeRunSpec(&spec).ok());
+    std::optional<ValidatedRun> run;
+    ASSERT_TRUE(FinalizeRunSpec(spec, &run).ok());
     RankResult result;
-    ASSERT_TRUE(SimulateRankClass(spec, RankClasses(spec.layout)[0], &result).ok());
+    ASSERT_TRUE(SimulateRankClass(*run, RankClasses(run->spec().layout)[0], &result).ok());
     ASSERT_EQ(result.peak.phases.size(), 4u);
     // Forward and backward peak above setup: activations come on top of the model state.
     EXPECT_GT(result.peak.phases[1].peak_allocated_bytes,

@@ -427,7 +427,8 @@ TEST(MegatronArgs, DeferredEmbeddingWgrad) {
   r = Parse(line + " --no-gradient-accumulation-fusion", 2);
   RunSpec spec = r.spec;
   spec.gpu = FindGpu("H100");
-  EXPECT_NE(FinalizeRunSpec(&spec).message().find("gradient accumulation fusion"),
+  std::optional<ValidatedRun> run;
+  EXPECT_NE(FinalizeRunSpec(spec, &run).message().find("gradient accumulation fusion"),
             std::string::npos);
   r = Parse(
       "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
@@ -436,7 +437,7 @@ TEST(MegatronArgs, DeferredEmbeddingWgrad) {
       1);
   spec = r.spec;
   spec.gpu = FindGpu("H100");
-  EXPECT_NE(FinalizeRunSpec(&spec).message().find("PP > 1"), std::string::npos);
+  EXPECT_NE(FinalizeRunSpec(spec, &run).message().find("PP > 1"), std::string::npos);
 }
 
 TEST(MegatronArgs, MultiLatentAttention) {

@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (std::string token; line >> token;) args.push_back(token);
   memsim::MegatronArgsResult result;
   memsim::Status status = memsim::ParseMegatronArgs(args, {}, 8, &result);
-  if (status.ok()) status = memsim::FinalizeRunSpec(&result.spec);
+  std::optional<memsim::ValidatedRun> run;
+  if (status.ok()) status = memsim::FinalizeRunSpec(result.spec, &run);
   if (!status.ok() && status.message().find('\n') != std::string::npos) __builtin_trap();
   return 0;
 }

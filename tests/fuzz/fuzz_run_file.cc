@@ -8,7 +8,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   memsim::RunSpec spec;
   memsim::Status status = memsim::LoadRunFile(memsim::fuzz::InputFile(data, size, ".yaml"), &spec);
-  if (status.ok()) status = memsim::FinalizeRunSpec(&spec);
+  std::optional<memsim::ValidatedRun> run;
+  if (status.ok()) status = memsim::FinalizeRunSpec(spec, &run);
   if (!status.ok() && status.message().find('\n') != std::string::npos) __builtin_trap();
   return 0;
 }

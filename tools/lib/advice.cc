@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <functional>
 
-#include "tools/lib/parallel_for.h"
+#include "parallel/parallel_for.h"
 
 namespace memsim {
 namespace {
@@ -60,7 +60,8 @@ int64_t FullestStage(const std::vector<RankResult>& stages) {
   return bytes;
 }
 
-double StepSeconds(const RunSpec& spec, const std::vector<RankResult>& stages) {
+double StepSeconds(const ValidatedRun& run, const std::vector<RankResult>& stages) {
+  const RunSpec& spec = run.spec();
   return EstimateStepTime(spec.model, spec.training, spec.layout, *spec.gpu,
                           MeasuredClocks(stages, spec.training.num_microbatches))
       .total_s;
@@ -68,25 +69,26 @@ double StepSeconds(const RunSpec& spec, const std::vector<RankResult>& stages) {
 
 }  // namespace
 
-std::vector<Advice> AdviseOnPeak(const RunSpec& unfinalized, const RunSpec& spec,
+std::vector<Advice> AdviseOnPeak(const RunSpec& unfinalized, const ValidatedRun& run,
                                  const std::vector<RankResult>& current, int jobs) {
-  const double current_step_s = StepSeconds(spec, current);
-  const std::vector<Switch> switches = SwitchesFor(spec);
+  const double current_step_s = StepSeconds(run, current);
+  const std::vector<Switch> switches = SwitchesFor(run.spec());
   std::vector<Advice> found(switches.size());
   std::vector<bool> valid(switches.size(), false);
   ParallelFor(switches.size(), jobs, [&](size_t i) {
     RunSpec changed = unfinalized;
     switches[i].apply(&changed);
-    if (!FinalizeRunSpec(&changed).ok()) return;
+    std::optional<ValidatedRun> changed_run;
+    if (!FinalizeRunSpec(changed, &changed_run).ok()) return;
     std::vector<RankResult> stages;
-    if (!SimulateAllClasses(changed, /*jobs=*/1, &stages).ok()) return;
+    if (!SimulateAllClasses(*changed_run, /*jobs=*/1, &stages).ok()) return;
     Advice& a = found[i];
     a.change = switches[i].change;
     a.effect = switches[i].effect;
     a.peak_reserved_bytes = FullestStage(stages);
     a.fits =
         std::all_of(stages.begin(), stages.end(), [](const RankResult& r) { return r.fits(); });
-    a.step_time_ratio = StepSeconds(changed, stages) / current_step_s;
+    a.step_time_ratio = StepSeconds(*changed_run, stages) / current_step_s;
     valid[i] = true;
   });
   std::vector<Advice> advice;

@@ -29,9 +29,9 @@ struct Advice {
 
 // Re-simulates `unfinalized` (the run as given, before FinalizeRunSpec) with each switch,
 // on up to `jobs` threads, and compares with `current`, the run's own stages (simulated
-// from `spec`, the finalized `unfinalized`). Sorted by the peak after the change, lowest
+// from `run`, the finalized `unfinalized`). Sorted by the peak after the change, lowest
 // first; a switch whose simulation fails is left out.
-std::vector<Advice> AdviseOnPeak(const RunSpec& unfinalized, const RunSpec& spec,
+std::vector<Advice> AdviseOnPeak(const RunSpec& unfinalized, const ValidatedRun& run,
                                  const std::vector<RankResult>& current, int jobs);
 
 }  // namespace memsim

@@ -88,8 +88,8 @@ int MegatronCommand(int argc, const char* const* argv) {
     parsed.spec.training.iterations = static_cast<int32_t>(iterations);
   }
   if (status.ok()) {
-    RunSpec checked = parsed.spec;
-    status = FinalizeRunSpec(&checked);
+    std::optional<ValidatedRun> checked;
+    status = FinalizeRunSpec(parsed.spec, &checked);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "memsim megatron: %s\n", status.message().c_str());

@@ -19,7 +19,7 @@
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
 #include "tools/lib/megatron_command.h"
-#include "tools/lib/parallel_for.h"
+#include "parallel/parallel_for.h"
 #include "tools/lib/plots_runner.h"
 #include "tools/lib/simulate.h"
 
@@ -62,11 +62,10 @@ int64_t ScreeningMicrobatches(const ParallelLayout& layout, int64_t microbatches
 
 // Note [Plan search] 2: whether the memory that lives through the whole step already
 // exceeds the GPU; `reason` says where.
-Status SetupExceedsGpu(const RunSpec& spec, bool* exceeds, std::string* reason) {
-  RunSpec setup = spec;
-  setup.training.iterations = 0;  // RunRankTraining: the setup, no step
+Status SetupExceedsGpu(const ValidatedRun& run, bool* exceeds, std::string* reason) {
+  const RunSpec& spec = run.spec();
   std::vector<RankResult> stages;
-  MEMSIM_RETURN_IF_ERROR(SimulateAllClasses(setup, /*jobs=*/1, &stages));
+  MEMSIM_RETURN_IF_ERROR(SimulateAllClasses(run.SetupOnly(), /*jobs=*/1, &stages));
   *exceeds = false;
   for (const RankResult& r : stages) {
     const int64_t bytes = r.timeline.peak_allocated_bytes();
@@ -133,24 +132,6 @@ bool PlanRanksBefore(const PlanEntry& a, const PlanEntry& b) {
   return PlanLayoutName(a.layout) < PlanLayoutName(b.layout);
 }
 
-const char* PlanVerdictName(PlanVerdict verdict) {
-  switch (verdict) {
-    case PlanVerdict::kFits:
-      return "fits";
-    case PlanVerdict::kOutOfMemory:
-      return "out_of_memory";
-    case PlanVerdict::kPruned:
-      return "pruned";
-    case PlanVerdict::kDominated:
-      return "dominated";
-    case PlanVerdict::kInvalid:
-      return "invalid";
-    case PlanVerdict::kError:
-      return "error";
-  }
-  return "?";
-}
-
 PlanGrid DefaultPlanGrid(const RunSpec& base) {
   PlanGrid grid;
   const ModelConfig& m = base.model;
@@ -174,28 +155,31 @@ PlanGrid DefaultPlanGrid(const RunSpec& base) {
 PlanEntry SimulatePlanLayout(const RunSpec& base, const PlanLayout& layout, bool screen) {
   PlanEntry entry;
   entry.layout = layout;
-  RunSpec spec = Apply(base, layout);
-  Status status = FinalizeRunSpec(&spec);
+  std::optional<ValidatedRun> full;
+  Status status = FinalizeRunSpec(Apply(base, layout), &full);
   if (!status.ok()) {
     entry.verdict = PlanVerdict::kInvalid;
     entry.reason = status.message();
     return entry;
   }
+  const RunSpec& spec = full->spec();
   entry.dp = spec.layout.dp;
   entry.microbatches = spec.training.num_microbatches;
-  RunSpec run = spec;
+  const ValidatedRun* run = &*full;
+  std::optional<ValidatedRun> screened_run;
   if (screen) {
     const int64_t fewer = ScreeningMicrobatches(spec.layout, spec.training.num_microbatches);
     if (fewer < spec.training.num_microbatches) {
       RunSpec screened = Apply(base, layout);
       screened.global_batch_size = 0;
       screened.training.num_microbatches = fewer;
-      if (FinalizeRunSpec(&screened).ok()) run = screened;
+      if (FinalizeRunSpec(screened, &screened_run).ok()) run = &*screened_run;
     }
   }
-  entry.verified = run.training.num_microbatches == spec.training.num_microbatches;
+  const int64_t simulated_microbatches = run->spec().training.num_microbatches;
+  entry.verified = simulated_microbatches == spec.training.num_microbatches;
   std::vector<RankResult> stages;
-  status = SimulateAllClasses(run, /*jobs=*/1, &stages);
+  status = SimulateAllClasses(*run, /*jobs=*/1, &stages);
   if (!status.ok()) {
     entry.verdict = PlanVerdict::kError;
     entry.reason = status.message();
@@ -218,7 +202,7 @@ PlanEntry SimulatePlanLayout(const RunSpec& base, const PlanLayout& layout, bool
   }
   entry.verdict = PlanVerdict::kFits;
   entry.step = EstimateStepTime(spec.model, spec.training, spec.layout, *spec.gpu,
-                                MeasuredClocks(stages, run.training.num_microbatches));
+                                MeasuredClocks(stages, simulated_microbatches));
   return entry;
 }
 
@@ -256,8 +240,8 @@ Status RunPlan(const RunSpec& base, const PlanGrid& grid, const PlanSettings& se
       layout.recompute = recompute;
       PlanEntry entry;
       entry.layout = layout;
-      RunSpec spec = Apply(base, layout);
-      const Status valid = FinalizeRunSpec(&spec);
+      std::optional<ValidatedRun> run;
+      const Status valid = FinalizeRunSpec(Apply(base, layout), &run);
       if (!valid.ok()) {
         entry.verdict = PlanVerdict::kInvalid;
         entry.reason = valid.message();
@@ -266,7 +250,7 @@ Status RunPlan(const RunSpec& base, const PlanGrid& grid, const PlanSettings& se
         entry.reason = fitting_name + " fits with less recomputation and is no slower";
       } else {
         if (!pruned && pruned_reason.empty()) {
-          const Status setup = SetupExceedsGpu(spec, &pruned, &pruned_reason);
+          const Status setup = SetupExceedsGpu(*run, &pruned, &pruned_reason);
           if (!setup.ok()) pruned_reason = "setup: " + setup.message();
         }
         if (pruned) {
@@ -281,8 +265,8 @@ Status RunPlan(const RunSpec& base, const PlanGrid& grid, const PlanSettings& se
         }
       }
       if (entry.dp == 0 && valid.ok()) {
-        entry.dp = spec.layout.dp;
-        entry.microbatches = spec.training.num_microbatches;
+        entry.dp = run->spec().layout.dp;
+        entry.microbatches = run->spec().training.num_microbatches;
       }
       out.push_back(std::move(entry));
     }

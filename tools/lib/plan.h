@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "parallel/step_time.h"
+#include "simulator/enum_names.h"
 #include "simulator/status.h"
 #include "tools/lib/run_config.h"
 
@@ -56,7 +57,13 @@ struct PlanLayout {
 std::string PlanLayoutName(const PlanLayout& layout);
 
 enum class PlanVerdict { kFits, kOutOfMemory, kPruned, kDominated, kInvalid, kError };
-const char* PlanVerdictName(PlanVerdict verdict);
+inline constexpr EnumName<PlanVerdict> kPlanVerdictNames[] = {
+    {PlanVerdict::kFits, "fits"},           {PlanVerdict::kOutOfMemory, "out_of_memory"},
+    {PlanVerdict::kPruned, "pruned"},       {PlanVerdict::kDominated, "dominated"},
+    {PlanVerdict::kInvalid, "invalid"},     {PlanVerdict::kError, "error"}};
+inline const char* PlanVerdictName(PlanVerdict verdict) {
+  return NameOf(kPlanVerdictNames, verdict).data();  // a literal: null-terminated
+}
 
 struct PlanEntry {
   PlanLayout layout;

@@ -1,7 +1,5 @@
 #include "tools/lib/run_config.h"
 
-#include "parallel/pipeline_schedule.h"
-#include "simulator/checked_math.h"
 #include "tools/lib/yaml_reader.h"
 
 #include <algorithm>
@@ -21,20 +19,6 @@ Status ReadEnum(const YAML::Node& node, const std::string& source, const std::st
   MEMSIM_RETURN_IF_ERROR(Read(node, source, key, &text));
   Status s = parse(text, out);
   return s.ok() ? s : Status::Error(Where(source, node) + ": " + key + ": " + s.message());
-}
-
-template <typename E>
-Status ParseChoice(const std::string& text, const std::map<std::string, E>& choices, E* out,
-                   const char* what) {
-  auto it = choices.find(text);
-  if (it != choices.end()) {
-    *out = it->second;
-    return Status::OK();
-  }
-  std::string known;
-  for (const auto& [name, _] : choices) known += (known.empty() ? "" : ", ") + name;
-  return Status::Error("unknown " + std::string(what) + " '" + text + "' (use one of: " + known +
-                       ")");
 }
 
 Status ApplyArchitecture(const YAML::Node& v, const std::string& source, ModelConfig* m) {
@@ -77,53 +61,22 @@ std::vector<std::string> ModelPresetNames() {
 }
 
 Status ParsePrecision(const std::string& text, Precision* out) {
-  return ParseChoice<Precision>(
-      text, {{"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}},
-      out, "precision");
+  return ParseEnum(kPrecisionNames, text, "precision", out);
 }
 Status ParseAttention(const std::string& text, AttentionKind* out) {
-  return ParseChoice<AttentionKind>(text,
-                                    {{"flash", AttentionKind::kFlash},
-                                     {"fused", AttentionKind::kFused},
-                                     {"eager", AttentionKind::kEager}},
-                                    out, "attention");
+  return ParseEnum(kAttentionNames, text, "attention", out);
 }
-namespace {
-// The recomputation kinds by name, cheapest in memory last: the one table parsing and
-// printing use.
-const std::map<std::string, RecomputeKind>& RecomputeNames() {
-  static const std::map<std::string, RecomputeKind> names = {
-      {"none", RecomputeKind::kNone},
-      {"selective", RecomputeKind::kSelective},
-      {"full", RecomputeKind::kFull}};
-  return names;
-}
-}  // namespace
-
 Status ParseRecompute(const std::string& text, RecomputeKind* out) {
-  return ParseChoice<RecomputeKind>(text, RecomputeNames(), out, "recompute");
-}
-std::string RecomputeName(RecomputeKind kind) {
-  for (const auto& [name, value] : RecomputeNames()) {
-    if (value == kind) return name;
-  }
-  return "?";
+  return ParseEnum(kRecomputeNames, text, "recompute", out);
 }
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
-  return ParseChoice<RecomputeMethod>(
-      text, {{"uniform", RecomputeMethod::kUniform}, {"block", RecomputeMethod::kBlock}}, out,
-      "recompute method");
+  return ParseEnum(kRecomputeMethodNames, text, "recompute method", out);
 }
 Status ParseProfile(const std::string& text, ProfileKind* out) {
-  return ParseChoice<ProfileKind>(text,
-                                  {{"local", ProfileKind::kMegatronLocal},
-                                   {"transformer_engine", ProfileKind::kTransformerEngine}},
-                                  out, "profile");
+  return ParseEnum(kProfileNames, text, "profile", out);
 }
-
 Status ParseOptimizer(const std::string& text, OptimizerKind* out) {
-  return ParseChoice<OptimizerKind>(
-      text, {{"adam", OptimizerKind::kAdam}, {"sgd", OptimizerKind::kSgd}}, out, "optimizer");
+  return ParseEnum(kOptimizerNames, text, "optimizer", out);
 }
 Status ParseGpu(const std::string& text, const GpuSpec** out) {
   *out = FindGpu(text);
@@ -134,15 +87,7 @@ Status ParseGpu(const std::string& text, const GpuSpec** out) {
 }
 
 Status ParseDataParallel(const std::string& text, DataParallelKind* out) {
-  return ParseChoice<DataParallelKind>(
-      text,
-      {{"ddp", DataParallelKind::kDdp},
-       {"distributed-optimizer", DataParallelKind::kDistributedOptimizer},
-       {"zero1", DataParallelKind::kDistributedOptimizer},
-       {"zero2", DataParallelKind::kZero2},
-       {"fsdp", DataParallelKind::kFsdp},
-       {"zero3", DataParallelKind::kFsdp}},
-      out, "data parallelism");
+  return ParseEnum(kDataParallelNames, text, "data parallelism", out);
 }
 
 Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, ParallelLayout* l) {
@@ -181,68 +126,6 @@ Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, Parall
        }},
   };
   return ApplyKeys(node, source, "layout", handlers);
-}
-
-Status FinalizeRunSpecUnchecked(RunSpec* spec);
-
-Status FinalizeRunSpec(RunSpec* spec) {
-  try {
-    return FinalizeRunSpecUnchecked(spec);
-  } catch (const std::overflow_error&) {
-    return Status::Error(
-        "the configuration's sizes overflow 64 bits (world size, layout "
-        "sizes, batch or sequence length too large)");
-  }
-}
-
-Status FinalizeRunSpecUnchecked(RunSpec* spec) {
-  MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
-  if (spec->training.te_attention && spec->gpu != nullptr) {
-    MEMSIM_RETURN_IF_ERROR(SelectTeAttention(*spec->training.te_attention, spec->training,
-                                             spec->gpu->compute_capability,
-                                             &spec->training.attention));
-  }
-  MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
-  const ParallelLayout& l = spec->layout;
-  TrainingConfig& t = spec->training;
-  if (spec->global_batch_size > 0) {
-    const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
-    if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
-      return Status::Error("global batch " + std::to_string(spec->global_batch_size) +
-                           " is not a multiple of micro batch * DP = " +
-                           std::to_string(t.micro_batch_size) + "*" + std::to_string(l.dp));
-    }
-    t.num_microbatches = spec->global_batch_size / per_step;
-  }
-  MEMSIM_RETURN_IF_ERROR(
-      CheckMicrobatchGroup(l.pp, l.vpp, t.num_microbatches,
-                           l.microbatch_group_size == 0 ? l.pp : l.microbatch_group_size));
-  const int64_t seq_divisor = l.cp * (l.sequence_parallel ? l.tp : 1);
-  if (t.seq_length % seq_divisor != 0) {
-    return Status::Error("sequence length " + std::to_string(t.seq_length) +
-                         " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
-                         std::to_string(seq_divisor));
-  }
-  if (t.defer_embedding_wgrad && l.pp == 1) {
-    return Status::Error(
-        "deferring the embedding weight gradients needs pipeline parallelism (PP > 1), as "
-        "Megatron-LM asserts");
-  }
-  if (l.data_parallel == DataParallelKind::kFsdp && (l.pp > 1 || l.tp > 1 || l.ep > 1)) {
-    return Status::Error(
-        "FSDP is modelled on its own (TP=PP=EP=1); combine TP/PP with "
-        "distributed-optimizer instead");
-  }
-  if (l.cp > 1 && t.attention == AttentionKind::kEager) {
-    return Status::Error(
-        "context parallelism needs flash or fused attention (as Megatron-LM's CP does)");
-  }
-  if (l.cp > 1 && t.seq_length % (2 * l.cp) != 0) {
-    return Status::Error("sequence length " + std::to_string(t.seq_length) +
-                         " must be divisible by 2*CP = " + std::to_string(2 * l.cp) +
-                         " (causal load balancing splits it into 2*CP chunks)");
-  }
-  return ValidateTrainingConfig(t, spec->model);
 }
 
 Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelConfig* m) {

@@ -1,4 +1,4 @@
-// What a simulation run is made of, and how it is read from YAML: model presets
+// How a simulation run (parallel/run_spec.h) is read from YAML: model presets
 // (configs/models/NAME.yaml) and run files (configs/runs/*.yaml).
 //
 // Every key is checked: an unknown key, a value of the wrong type or an impossible value
@@ -12,21 +12,11 @@
 
 #include "models/model_config.h"
 #include "parallel/layout.h"
+#include "parallel/run_spec.h"
 #include "simulator/cost_model.h"
 #include "simulator/status.h"
 
 namespace memsim {
-
-struct RunSpec {
-  ModelConfig model;
-  TrainingConfig training;
-  ParallelLayout layout;
-  // Samples per iteration over all data-parallel ranks; 0: use training.num_microbatches.
-  // Otherwise num_microbatches = global_batch_size / (micro_batch_size * dp).
-  int64_t global_batch_size = 0;
-  const GpuSpec* gpu = nullptr;
-  std::string model_source;  // preset name or file the model came from
-};
 
 // The folder holding models/ and runs/: $MEMSIM_CONFIG_DIR, else the source tree's.
 std::string ConfigDir();
@@ -44,21 +34,16 @@ Status LoadRunFile(const std::string& path, RunSpec* spec);
 // The built-in default example (configs/runs/default.yaml).
 Status LoadDefaultRun(RunSpec* spec);
 
-// Parses enum values as the YAML files and command line spell them.
+// Parses enum values as the YAML files and command line spell them (the tables of Note
+// [Enum names], beside each enum).
 Status ParsePrecision(const std::string& text, Precision* out);
 Status ParseAttention(const std::string& text, AttentionKind* out);
 Status ParseRecompute(const std::string& text, RecomputeKind* out);
-std::string RecomputeName(RecomputeKind kind);  // as ParseRecompute reads it
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
 Status ParseOptimizer(const std::string& text, OptimizerKind* out);
 Status ParseProfile(const std::string& text, ProfileKind* out);
 Status ParseGpu(const std::string& text, const GpuSpec** out);
 Status ParseDataParallel(const std::string& text, DataParallelKind* out);
 Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, ParallelLayout* layout);
-
-// Derives everything a simulation needs and checks it all, before anything runs:
-// model (vocabulary padded for tp), layout (every rule), training, and the number of
-// microbatches from the global batch (global = micro * dp * microbatches).
-Status FinalizeRunSpec(RunSpec* spec);
 
 }  // namespace memsim

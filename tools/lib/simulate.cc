@@ -20,88 +20,10 @@
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
-#include "tools/lib/parallel_for.h"
+#include "parallel/parallel_for.h"
 
 namespace memsim {
 namespace po = boost::program_options;
-
-Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankResult* result) {
-  result->rank_class = rank_class;
-  result->session = std::make_unique<Session>(spec.gpu);
-  try {
-    ActiveSession active(*result->session);
-    RunRankTraining(spec.model, spec.training, spec.layout, rank_class.pp_rank, *result->session);
-  } catch (const UserError& e) {
-    return Status::Error(e.what());
-  } catch (const std::overflow_error& e) {
-    return Status::Error(std::string(e.what()) + ": the configuration's sizes exceed 64 bits");
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    return Status::Error("simulating pipeline stage " + std::to_string(rank_class.pp_rank) +
-                         " failed: " + what.substr(0, what.find('\n')));
-  } catch (const std::exception& e) {
-    // Anything else is a memsim bug; it must still end as one line, never an abort of
-    // the worker thread this may run on.
-    return Status::Error("internal error simulating pipeline stage " +
-                         std::to_string(rank_class.pp_rank) + ": " + e.what());
-  }
-  try {
-    const Recorder& recorder = result->session->recorder();
-    result->timeline = Timeline::Replay(recorder);
-    result->peak = AnalyzePeak(recorder, result->timeline, kLargestTensorsKept);
-    if (spec.gpu != nullptr) {
-      result->on_gpu = ReplayWithCapacity(recorder, spec.gpu->usable_bytes());
-    }
-  } catch (const std::exception& e) {
-    return Status::Error("internal error replaying pipeline stage " +
-                         std::to_string(rank_class.pp_rank) + ": " + e.what());
-  }
-  return Status::OK();
-}
-
-Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results) {
-  const std::vector<RankClass> classes = RankClasses(spec.layout);
-  results->clear();
-  results->resize(classes.size());
-  std::vector<Status> statuses(classes.size());
-  ParallelFor(classes.size(), jobs,
-              [&](size_t i) { statuses[i] = SimulateRankClass(spec, classes[i], &(*results)[i]); });
-  for (const Status& s : statuses) MEMSIM_RETURN_IF_ERROR(s);
-  return Status::OK();
-}
-
-std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
-                                       int64_t simulated_microbatches) {
-  std::vector<StageClock> clocks;
-  for (const RankResult& r : stages) {
-    const Recorder& recorder = r.session->recorder();
-    const IterationSummary& it = r.timeline.iterations().back();
-    double optimizer_begin_s = it.end_time_s;
-    for (const Marker& marker : recorder.markers()) {
-      if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kOptimizer &&
-          marker.iteration == it.iteration) {
-        optimizer_begin_s = marker.time_s;
-      }
-    }
-    StageClock clock;
-    clock.compute_s = optimizer_begin_s - it.begin_time_s;
-    clock.optimizer_s = it.end_time_s - optimizer_begin_s;
-    clock.microbatches = simulated_microbatches;
-    ForEachLiveStorage(recorder, it.end_event - 1, [&](int64_t id) {
-      const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
-      if (s.category == Category::kGradient) clock.gradient_bytes += s.size_bytes;
-      if (s.category == Category::kParameter) clock.parameter_bytes += s.size_bytes;
-    });
-    clocks.push_back(clock);
-  }
-  return clocks;
-}
-
-double TheoreticalMemoryMB(const RunSpec& spec, int64_t pp_rank) {
-  return ComputeTheoreticalMemory(spec.model, spec.training, spec.layout,
-                                  spec.training.num_microbatches, pp_rank)
-      .total_mb;
-}
 
 namespace {
 
@@ -163,7 +85,8 @@ nlohmann::json AdviceJson(const std::vector<Advice>& advice) {
   return out;
 }
 
-void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, int64_t top_n) {
+void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results, int64_t top_n) {
+  const RunSpec& spec = run.spec();
   const GpuSpec& gpu = *spec.gpu;
   const TrainingConfig& t = spec.training;
   const ParallelLayout& l = spec.layout;
@@ -188,7 +111,7 @@ void PrintReport(const RunSpec& spec, const std::vector<RankResult>& results, in
     // On the GPU when it fits (never above its memory); else what the step would reserve.
     const int64_t reserved =
         r.fits() ? r.on_gpu.peak_reserved_bytes : r.timeline.peak_reserved_bytes();
-    const double estimate_mb = TheoreticalMemoryMB(spec, r.rank_class.pp_rank);
+    const double estimate_mb = TheoreticalMemoryMB(run, r.rank_class.pp_rank);
     std::printf("%-6zu %-18s %-6lld %11s %11s %14s %11s %13s  %s\n", i,
                 RankRange(r.rank_class.ranks).c_str(), static_cast<long long>(r.rank_class.pp_rank),
                 FormatBytes(r.timeline.iterations().back().static_allocated_bytes).c_str(),
@@ -273,19 +196,21 @@ Status SelectRanks(const std::string& text, const std::vector<RankResult>& resul
   return Status::OK();
 }
 
-SummaryContext ContextFor(const RunSpec& spec, const RankClass& rank_class) {
+SummaryContext ContextFor(const ValidatedRun& run, const RankClass& rank_class) {
+  const RunSpec& spec = run.spec();
   SummaryContext context;
   context.rank = rank_class.representative;
   context.gpu_name = spec.gpu->name;
   context.gpu_usable_bytes = spec.gpu->usable_bytes();
-  context.theoretical_memory_mb = TheoreticalMemoryMB(spec, rank_class.pp_rank);
+  context.theoretical_memory_mb = TheoreticalMemoryMB(run, rank_class.pp_rank);
   return context;
 }
 
-nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r,
+nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
                             const std::vector<Advice>& advice) {
+  const RunSpec& spec = run.spec();
   nlohmann::json summary =
-      SummaryJson(r.session->recorder(), r.timeline, r.peak, ContextFor(spec, r.rank_class));
+      SummaryJson(r.session->recorder(), r.timeline, r.peak, ContextFor(run, r.rank_class));
   if (!advice.empty()) summary["advice"] = AdviceJson(advice);
   summary["theoretical_memory_caveats"] =
       TheoreticalMemoryCaveats(spec.model, spec.training, spec.layout, r.rank_class.pp_rank);
@@ -301,7 +226,7 @@ nlohmann::json ClassSummary(const RunSpec& spec, const RankResult& r,
   return summary;
 }
 
-Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
+Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
                       const std::vector<std::pair<int64_t, const RankResult*>>& ranks,
                       const ReportOptions& options, const std::vector<Advice>& advice) {
   TraceOptions trace_options;
@@ -319,11 +244,11 @@ Status WriteRankFiles(const std::string& out_dir, const RunSpec& spec,
   for (const auto& [rank, result] : ranks) {
     ClassFiles& f = files[result];
     if (f.trace.empty()) {
-      trace_options.theoretical_memory_mb = TheoreticalMemoryMB(spec, result->rank_class.pp_rank);
+      trace_options.theoretical_memory_mb = TheoreticalMemoryMB(run, result->rank_class.pp_rank);
       f.trace = TraceJson(result->timeline, trace_options).dump(1);
       f.snapshot = SnapshotPickle(result->session->recorder(), result->timeline.peak_event(),
                                   snapshot_options);
-      f.summary = ClassSummary(spec, *result, advice);
+      f.summary = ClassSummary(run, *result, advice);
     }
     total_bytes += static_cast<double>(f.trace.size() + f.snapshot.size()) + 4096;
   }
@@ -442,23 +367,26 @@ int SimulateCommand(int argc, const char* const* argv) {
 
 int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
                       const char* command) {
-  RunSpec spec = unfinalized;
-  Status status = FinalizeRunSpec(&spec);
+  std::optional<ValidatedRun> run;
+  Status status = FinalizeRunSpec(unfinalized, &run);
   if (status.ok()) status = EnsureWritableDirectory(options.out_dir);
   std::vector<RankResult> results;
-  if (status.ok()) status = SimulateAllClasses(spec, options.jobs, &results);
+  if (status.ok()) status = SimulateAllClasses(*run, options.jobs, &results);
   std::vector<std::pair<int64_t, const RankResult*>> selected;
-  if (status.ok()) status = SelectRanks(options.ranks, results, spec.layout.world_size, &selected);
+  if (status.ok()) {
+    status = SelectRanks(options.ranks, results, run->spec().layout.world_size, &selected);
+  }
   std::vector<Advice> advice;
   if (status.ok() && options.advise)
-    advice = AdviseOnPeak(unfinalized, spec, results, options.jobs);
+    advice = AdviseOnPeak(unfinalized, *run, results, options.jobs);
   if (status.ok()) {
-    status = WriteRankFiles(options.out_dir, spec, selected, options, advice);
+    status = WriteRankFiles(options.out_dir, *run, selected, options, advice);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "memsim %s: %s\n", command, status.message().c_str());
     return kExitError;
   }
+  const RunSpec& spec = run->spec();
   bool all_fit = true;
   int64_t fullest_bytes = 0;
   for (const RankResult& r : results) {
@@ -467,17 +395,17 @@ int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
   }
   if (options.json) {
     nlohmann::json classes = nlohmann::json::array();
-    for (const RankResult& r : results) classes.push_back(ClassSummary(spec, r, {}));
+    for (const RankResult& r : results) classes.push_back(ClassSummary(*run, r, {}));
     nlohmann::json out = {{"model", spec.model_source},
                           {"gpu", spec.gpu->name},
                           {"world_size", spec.layout.world_size},
                           {"fits", all_fit},
-                          {"theoretical_memory_MB", TheoreticalMemoryMB(spec, 0)},
+                          {"theoretical_memory_MB", TheoreticalMemoryMB(*run, 0)},
                           {"rank_classes", classes}};
     if (options.advise) out["advice"] = AdviceJson(advice);
     std::cout << out.dump(2) << "\n";
   } else {
-    PrintReport(spec, results, options.top_n);
+    PrintReport(*run, results, options.top_n);
     if (options.advise) PrintAdvice(advice, fullest_bytes);
     std::printf("\nWrote traces, summaries and snapshots of %zu rank%s to %s/\n", selected.size(),
                 selected.size() == 1 ? "" : "s", options.out_dir.c_str());

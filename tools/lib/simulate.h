@@ -7,54 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "parallel/rank_classes.h"
-#include "parallel/step_time.h"
-#include "simulator/peak_analysis.h"
-#include "simulator/session.h"
+#include "parallel/rank_simulation.h"
 #include "simulator/status.h"
-#include "simulator/timeline.h"
 #include "tools/lib/run_config.h"
 
 namespace memsim {
-
-// Largest tensors alive at the peak that summaries list and --top may print.
-inline constexpr size_t kLargestTensorsKept = 50;
-
-// The simulation of one rank class (one pipeline stage).
-struct RankResult {
-  RankClass rank_class;
-  std::unique_ptr<Session> session;
-  Timeline timeline;
-  PeakAnalysis peak;
-  // The recording replayed on the GPU's usable memory: the verdict, and the headroom.
-  CapacityReplay on_gpu;
-  bool fits() const { return on_gpu.fits(); }
-  // Usable memory minus the peak reserved on the GPU; >= 0 whenever the step fits.
-  int64_t headroom_bytes(const GpuSpec& gpu) const {
-    return gpu.usable_bytes() - on_gpu.peak_reserved_bytes;
-  }
-};
-
-// Simulates the class of `spec` (which passed FinalizeRunSpec). User errors (a missing
-// kernel, a size overflow) come back as a Status.
-Status SimulateRankClass(const RunSpec& spec, const RankClass& rank_class, RankResult* result);
 
 // "Out of memory on stage S (rank R): the first allocation that fails is ..." with its
 // size, shape, op, module, phase, iteration, microbatch, and the memory at that moment.
 // REQUIRES: !r.fits().
 std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu);
-
-// Simulates every rank class on up to `jobs` threads; results in stage order.
-Status SimulateAllClasses(const RunSpec& spec, int jobs, std::vector<RankResult>* results);
-
-// What the virtual clock measured on each stage's last iteration (results in stage order),
-// for EstimateStepTime; the stages ran `simulated_microbatches` microbatches.
-std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
-                                       int64_t simulated_microbatches);
-
-// Megatron-LM's analytical estimate for pipeline stage `pp_rank` of `spec`, in MiB (Note
-// [Theoretical memory per stage] in parallel/theoretical_memory.h).
-double TheoreticalMemoryMB(const RunSpec& spec, int64_t pp_rank);
 
 // How `simulate` reports a finalized RunSpec.
 struct ReportOptions {

@@ -23,7 +23,7 @@
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
 #include "tools/lib/json_reader.h"
-#include "tools/lib/parallel_for.h"
+#include "parallel/parallel_for.h"
 #include "tools/lib/run_config.h"
 #include "tools/lib/simulate.h"
 
@@ -144,7 +144,8 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
       status = Status::Error("--microbatches-per-pp x PP overflows 64 bits");
     }
   }
-  if (status.ok()) status = FinalizeRunSpec(&spec);
+  std::optional<ValidatedRun> run;
+  if (status.ok()) status = FinalizeRunSpec(spec, &run);
   if (!status.ok()) {
     int64_t model_parallel = 0;
     try {
@@ -154,21 +155,28 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
     const int64_t dp = model_parallel > 0 && spec.layout.world_size % model_parallel == 0
                            ? spec.layout.world_size / model_parallel
                            : 0;
+    // As FinalizeRunSpec derives them, where the layout allows.
+    int64_t per_step = 0;
+    if (__builtin_mul_overflow(point.micro_batch, dp, &per_step)) per_step = 0;
+    const int64_t microbatches = spec.global_batch_size > 0 && per_step > 0 &&
+                                         spec.global_batch_size % per_step == 0
+                                     ? spec.global_batch_size / per_step
+                                     : spec.training.num_microbatches;
     result["dp"] = dp;
     result["status"] = "invalid";
     result["reason"] = "invalid layout: " + status.message();
-    result["num_microbatches"] = spec.training.num_microbatches;
-    result["global_batch_size"] = spec.global_batch_size > 0
-                                      ? spec.global_batch_size
-                                      : spec.training.num_microbatches * point.micro_batch * dp;
+    result["num_microbatches"] = microbatches;
+    result["global_batch_size"] = spec.global_batch_size > 0 ? spec.global_batch_size
+                                                             : microbatches * point.micro_batch * dp;
     return {result, Status::OK()};
   }
+  spec = run->spec();
   result["dp"] = spec.layout.dp;
   result["num_microbatches"] = spec.training.num_microbatches;
   result["global_batch_size"] =
       spec.training.num_microbatches * spec.training.micro_batch_size * spec.layout.dp;
   std::vector<RankResult> classes;
-  status = SimulateAllClasses(spec, /*jobs=*/1, &classes);
+  status = SimulateAllClasses(*run, /*jobs=*/1, &classes);
   if (!status.ok()) {
     result["status"] = "error";
     result["reason"] = status.message();
@@ -192,11 +200,11 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
     const Status write =
         WriteTrace(traces.out_dir + "/" + TraceName(spec, r.rank_class.representative), r.timeline,
                    TraceOptions{traces.sample_interval_s,
-                                TheoreticalMemoryMB(spec, r.rank_class.pp_rank), 5000});
+                                TheoreticalMemoryMB(*run, r.rank_class.pp_rank), 5000});
     if (!write.ok()) return {json(), write};
   }
   result["stages"] = stages;
-  result["theoretical_memory_MB"] = TheoreticalMemoryMB(spec, 0);  // Megatron-LM's own
+  result["theoretical_memory_MB"] = TheoreticalMemoryMB(*run, 0);  // Megatron-LM's own
   result["max_peak_reserved_MB"] = worst_mb;
   result["status"] = failing == nullptr ? "success" : "oom";
   if (failing != nullptr) {

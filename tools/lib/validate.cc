@@ -15,7 +15,7 @@
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/megatron_args.h"
-#include "tools/lib/parallel_for.h"
+#include "parallel/parallel_for.h"
 #include "tools/lib/simulate.h"
 #include "tools/lib/yaml_reader.h"
 
@@ -214,7 +214,9 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   Status status = ParseMegatronArgs(c.args, c.env, c.world_size, &parsed);
   RunSpec& spec = parsed.spec;
   if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
-  if (status.ok()) status = FinalizeRunSpec(&spec);
+  std::optional<ValidatedRun> validated;
+  if (status.ok()) status = FinalizeRunSpec(spec, &validated);
+  if (status.ok()) spec = validated->spec();
   std::vector<RankClass> classes;
   if (status.ok()) classes = RankClasses(spec.layout);
   const RankClass* logged = nullptr;
@@ -222,7 +224,7 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
     if (std::find(rc.ranks.begin(), rc.ranks.end(), c.rank) != rc.ranks.end()) logged = &rc;
   }
   RankResult run;
-  if (status.ok()) status = SimulateRankClass(spec, *logged, &run);
+  if (status.ok()) status = SimulateRankClass(*validated, *logged, &run);
   if (!status.ok()) {
     result->refusal = status.message();
     return;

@@ -1,0 +1,93 @@
+#include "parallel/rank_simulation.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "parallel/parallel_for.h"
+#include "parallel/rank_training.h"
+#include "parallel/theoretical_memory.h"
+
+namespace memsim {
+
+Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class,
+                         RankResult* result) {
+  const RunSpec& spec = run.spec();
+  result->rank_class = rank_class;
+  result->session = std::make_unique<Session>(spec.gpu);
+  try {
+    ActiveSession active(*result->session);
+    RunRankTraining(spec.model, spec.training, spec.layout, rank_class.pp_rank, *result->session);
+  } catch (const UserError& e) {
+    return Status::Error(e.what());
+  } catch (const std::overflow_error& e) {
+    return Status::Error(std::string(e.what()) + ": the configuration's sizes exceed 64 bits");
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    return Status::Error("simulating pipeline stage " + std::to_string(rank_class.pp_rank) +
+                         " failed: " + what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {
+    // Anything else is a memsim bug; it must still end as one line, never an abort of
+    // the worker thread this may run on.
+    return Status::Error("internal error simulating pipeline stage " +
+                         std::to_string(rank_class.pp_rank) + ": " + e.what());
+  }
+  try {
+    const Recorder& recorder = result->session->recorder();
+    result->timeline = Timeline::Replay(recorder);
+    result->peak = AnalyzePeak(recorder, result->timeline, kLargestTensorsKept);
+    if (spec.gpu != nullptr) {
+      result->on_gpu = ReplayWithCapacity(recorder, spec.gpu->usable_bytes());
+    }
+  } catch (const std::exception& e) {
+    return Status::Error("internal error replaying pipeline stage " +
+                         std::to_string(rank_class.pp_rank) + ": " + e.what());
+  }
+  return Status::OK();
+}
+
+Status SimulateAllClasses(const ValidatedRun& run, int jobs, std::vector<RankResult>* results) {
+  const std::vector<RankClass> classes = RankClasses(run.spec().layout);
+  results->clear();
+  results->resize(classes.size());
+  std::vector<Status> statuses(classes.size());
+  ParallelFor(classes.size(), jobs,
+              [&](size_t i) { statuses[i] = SimulateRankClass(run, classes[i], &(*results)[i]); });
+  for (const Status& s : statuses) MEMSIM_RETURN_IF_ERROR(s);
+  return Status::OK();
+}
+
+std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
+                                       int64_t simulated_microbatches) {
+  std::vector<StageClock> clocks;
+  for (const RankResult& r : stages) {
+    const Recorder& recorder = r.session->recorder();
+    const IterationSummary& it = r.timeline.iterations().back();
+    double optimizer_begin_s = it.end_time_s;
+    for (const Marker& marker : recorder.markers()) {
+      if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kOptimizer &&
+          marker.iteration == it.iteration) {
+        optimizer_begin_s = marker.time_s;
+      }
+    }
+    StageClock clock;
+    clock.compute_s = optimizer_begin_s - it.begin_time_s;
+    clock.optimizer_s = it.end_time_s - optimizer_begin_s;
+    clock.microbatches = simulated_microbatches;
+    ForEachLiveStorage(recorder, it.end_event - 1, [&](int64_t id) {
+      const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
+      if (s.category == Category::kGradient) clock.gradient_bytes += s.size_bytes;
+      if (s.category == Category::kParameter) clock.parameter_bytes += s.size_bytes;
+    });
+    clocks.push_back(clock);
+  }
+  return clocks;
+}
+
+double TheoreticalMemoryMB(const ValidatedRun& run, int64_t pp_rank) {
+  const RunSpec& spec = run.spec();
+  return ComputeTheoreticalMemory(spec.model, spec.training, spec.layout,
+                                  spec.training.num_microbatches, pp_rank)
+      .total_mb;
+}
+
+}  // namespace memsim

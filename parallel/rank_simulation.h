@@ -1,0 +1,54 @@
+// The engine's entry points: simulate one rank class (a pipeline stage) or all of a
+// layout's, from a ValidatedRun (Note [One validated spec] in run_spec.h), and read
+// what the simulation measured.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "parallel/rank_classes.h"
+#include "parallel/run_spec.h"
+#include "parallel/step_time.h"
+#include "simulator/peak_analysis.h"
+#include "simulator/session.h"
+#include "simulator/status.h"
+#include "simulator/timeline.h"
+
+namespace memsim {
+
+// Largest tensors alive at the peak that summaries list and --top may print.
+inline constexpr size_t kLargestTensorsKept = 50;
+
+// The simulation of one rank class (one pipeline stage).
+struct RankResult {
+  RankClass rank_class;
+  std::unique_ptr<Session> session;
+  Timeline timeline;
+  PeakAnalysis peak;
+  // The recording replayed on the GPU's usable memory: the verdict, and the headroom.
+  CapacityReplay on_gpu;
+  bool fits() const { return on_gpu.fits(); }
+  // Usable memory minus the peak reserved on the GPU; >= 0 whenever the step fits.
+  int64_t headroom_bytes(const GpuSpec& gpu) const {
+    return gpu.usable_bytes() - on_gpu.peak_reserved_bytes;
+  }
+};
+
+// Simulates the class of `run`. User errors (a missing kernel, a size overflow) come back
+// as a Status.
+Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class,
+                         RankResult* result);
+
+// Simulates every rank class on up to `jobs` threads; results in stage order.
+Status SimulateAllClasses(const ValidatedRun& run, int jobs, std::vector<RankResult>* results);
+
+// What the virtual clock measured on each stage's last iteration (results in stage order),
+// for EstimateStepTime; the stages ran `simulated_microbatches` microbatches.
+std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
+                                       int64_t simulated_microbatches);
+
+// Megatron-LM's analytical estimate for pipeline stage `pp_rank` of `run`, in MiB (Note
+// [Theoretical memory per stage] in parallel/theoretical_memory.h).
+double TheoreticalMemoryMB(const ValidatedRun& run, int64_t pp_rank);
+
+}  // namespace memsim

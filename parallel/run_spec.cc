@@ -1,0 +1,78 @@
+#include "parallel/run_spec.h"
+
+#include <stdexcept>
+
+#include "parallel/pipeline_schedule.h"
+#include "simulator/checked_math.h"
+
+namespace memsim {
+namespace {
+
+Status FinalizeUnchecked(RunSpec* spec) {
+  MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
+  if (spec->training.te_attention && spec->gpu != nullptr) {
+    MEMSIM_RETURN_IF_ERROR(SelectTeAttention(*spec->training.te_attention, spec->training,
+                                             spec->gpu->compute_capability,
+                                             &spec->training.attention));
+  }
+  MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
+  const ParallelLayout& l = spec->layout;
+  TrainingConfig& t = spec->training;
+  if (spec->global_batch_size > 0) {
+    const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
+    if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
+      return Status::Error("global batch " + std::to_string(spec->global_batch_size) +
+                           " is not a multiple of micro batch * DP = " +
+                           std::to_string(t.micro_batch_size) + "*" + std::to_string(l.dp));
+    }
+    t.num_microbatches = spec->global_batch_size / per_step;
+  }
+  MEMSIM_RETURN_IF_ERROR(
+      CheckMicrobatchGroup(l.pp, l.vpp, t.num_microbatches,
+                           l.microbatch_group_size == 0 ? l.pp : l.microbatch_group_size));
+  const int64_t seq_divisor = l.cp * (l.sequence_parallel ? l.tp : 1);
+  if (t.seq_length % seq_divisor != 0) {
+    return Status::Error("sequence length " + std::to_string(t.seq_length) +
+                         " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
+                         std::to_string(seq_divisor));
+  }
+  if (t.defer_embedding_wgrad && l.pp == 1) {
+    return Status::Error(
+        "deferring the embedding weight gradients needs pipeline parallelism (PP > 1), as "
+        "Megatron-LM asserts");
+  }
+  if (l.data_parallel == DataParallelKind::kFsdp && (l.pp > 1 || l.tp > 1 || l.ep > 1)) {
+    return Status::Error(
+        "FSDP is modelled on its own (TP=PP=EP=1); combine TP/PP with "
+        "distributed-optimizer instead");
+  }
+  if (l.cp > 1 && t.attention == AttentionKind::kEager) {
+    return Status::Error(
+        "context parallelism needs flash or fused attention (as Megatron-LM's CP does)");
+  }
+  if (l.cp > 1 && t.seq_length % (2 * l.cp) != 0) {
+    return Status::Error("sequence length " + std::to_string(t.seq_length) +
+                         " must be divisible by 2*CP = " + std::to_string(2 * l.cp) +
+                         " (causal load balancing splits it into 2*CP chunks)");
+  }
+  return ValidateTrainingConfig(t, spec->model);
+}
+
+}  // namespace
+
+Status FinalizeRunSpec(const RunSpec& spec, std::optional<ValidatedRun>* run) {
+  run->reset();
+  RunSpec finalized = spec;
+  Status status;
+  try {
+    status = FinalizeUnchecked(&finalized);
+  } catch (const std::overflow_error&) {
+    status = Status::Error(
+        "the configuration's sizes overflow 64 bits (world size, layout "
+        "sizes, batch or sequence length too large)");
+  }
+  if (status.ok()) run->emplace(ValidatedRun(std::move(finalized)));
+  return status;
+}
+
+}  // namespace memsim

@@ -1,0 +1,62 @@
+// RunSpec: what one simulation is made of; ValidatedRun: a RunSpec that passed
+// FinalizeRunSpec, the only input the engine's entry points (rank_simulation.h) take.
+//
+// Note [One validated spec]
+// Front ends (YAML run files, Hugging Face configs, Megatron-LM arguments, plan's search)
+// only translate their input into a RunSpec. FinalizeRunSpec derives every dependent
+// field (padded vocabulary, data-parallel sizes, microbatches from the global batch, TE's
+// attention backend) and checks every rule once, returning a ValidatedRun. Nothing else
+// makes one, so an unchecked configuration (CP with eager attention, a sequence CP does
+// not divide) cannot reach the model, the layout, the rank loop or the theoretical
+// estimate through the entry points.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "models/model_config.h"
+#include "parallel/layout.h"
+#include "simulator/cost_model.h"
+#include "simulator/status.h"
+
+namespace memsim {
+
+struct RunSpec {
+  ModelConfig model;
+  TrainingConfig training;
+  ParallelLayout layout;
+  // Samples per iteration over all data-parallel ranks; 0: use training.num_microbatches.
+  // Otherwise num_microbatches = global_batch_size / (micro_batch_size * dp).
+  int64_t global_batch_size = 0;
+  const GpuSpec* gpu = nullptr;
+  std::string model_source;  // preset name or file the model came from
+};
+
+class ValidatedRun {
+ public:
+  // Every field derived and every rule checked (Note [One validated spec]).
+  const RunSpec& spec() const { return spec_; }
+  // The same run stopped after its setup: parameters, gradient buffers and optimizer
+  // state are created, no training step runs (iterations = 0, which no front end may ask
+  // for).
+  ValidatedRun SetupOnly() const {
+    ValidatedRun setup = *this;
+    setup.spec_.training.iterations = 0;
+    return setup;
+  }
+
+ private:
+  friend Status FinalizeRunSpec(const RunSpec& spec, std::optional<ValidatedRun>* run);
+  explicit ValidatedRun(RunSpec spec) : spec_(std::move(spec)) {}
+  RunSpec spec_;
+};
+
+// Derives everything a simulation needs and checks it all, before anything runs: model
+// (vocabulary padded for tp), layout (every rule), training, and the number of
+// microbatches from the global batch (global = micro * dp * microbatches). On success
+// `*run` holds the result; on failure it is left empty and the Status names the first
+// broken rule.
+Status FinalizeRunSpec(const RunSpec& spec, std::optional<ValidatedRun>* run);
+
+}  // namespace memsim

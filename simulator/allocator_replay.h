@@ -1,0 +1,62 @@
+// ReplayAllocations: the one loop that feeds a recording's events to the caching-allocator
+// model. The timeline, the out-of-memory search and the snapshot are observers of it.
+//
+// Note [Allocator replay]
+// The recorder keeps storage-level events (exact sizes, in order); what the CUDA caching
+// allocator would do with them (rounding, block reuse, splitting, segments) is decided by
+// replaying them through a CachingAllocatorModel. Each consumer needs a different view of
+// the same replay: the timeline the stats after every event, the capacity check the first
+// allocation a full device refuses, the snapshot the blocks' addresses and the segment
+// actions (through the model's AllocatorObserver). They share this loop, so the block a
+// storage gets is decided in one place.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "simulator/caching_allocator_model.h"
+#include "simulator/check.h"
+#include "simulator/recorder.h"
+
+namespace memsim {
+
+// Replays events [0, end_event) of `recorder` through `*allocator`, calling, for each
+// event e,
+//   visitor.BeforeEvent(event)                 before the model sees it;
+//   visitor.OnAlloc(e, event, allocation)      after an allocation succeeded;
+//   visitor.OnFree(e, event, allocation)       after a free (the block the storage had).
+// Returns the index of the first allocation the model refused (out of memory at its
+// capacity), where the replay stops, or -1 when every event was replayed.
+// REQUIRES: 0 <= end_event <= recorder.events().size(); `*allocator` is fresh.
+template <typename Visitor>
+int64_t ReplayAllocations(const Recorder& recorder, CachingAllocatorModel* allocator,
+                          int64_t end_event, Visitor& visitor) {
+  const std::vector<MemoryEvent>& events = recorder.events();
+  const std::vector<StorageInfo>& storages = recorder.storages();
+  MEMSIM_DCHECK(0 <= end_event && end_event <= static_cast<int64_t>(events.size()));
+  std::vector<CachingAllocatorModel::Allocation> block_of_storage(storages.size());
+  for (int64_t e = 0; e < end_event; ++e) {
+    const MemoryEvent& event = events[static_cast<size_t>(e)];
+    const size_t id = static_cast<size_t>(event.storage_id);
+    visitor.BeforeEvent(event);
+    if (event.is_alloc) {
+      const auto allocation = allocator->Malloc(storages[id].size_bytes);
+      if (!allocation) return e;
+      block_of_storage[id] = *allocation;
+      visitor.OnAlloc(e, event, *allocation);
+    } else {
+      allocator->Free(block_of_storage[id].block_id);
+      visitor.OnFree(e, event, block_of_storage[id]);
+    }
+  }
+  return -1;
+}
+
+// A visitor that ignores everything; derive from it and hide the calls you need.
+struct ReplayVisitor {
+  void BeforeEvent(const MemoryEvent&) {}
+  void OnAlloc(int64_t, const MemoryEvent&, const CachingAllocatorModel::Allocation&) {}
+  void OnFree(int64_t, const MemoryEvent&, const CachingAllocatorModel::Allocation&) {}
+};
+
+}  // namespace memsim
