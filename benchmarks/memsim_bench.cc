@@ -40,11 +40,18 @@ void BM_GptLayer(benchmark::State& state) {
     torch::autograd::backward({output}, {at::empty(layer.HiddenShape(), options)});
     benchmark::DoNotOptimize(input.grad());
   }
-  state.counters["events_per_layer"] = benchmark::Counter(
-      static_cast<double>(session.recorder().events().size()) / static_cast<double>(state.iterations()));
+  state.counters["events_per_layer"] =
+      benchmark::Counter(static_cast<double>(session.recorder().events().size()) /
+                         static_cast<double>(state.iterations()));
 }
-BENCHMARK(BM_GptLayer)->Arg(1)->Arg(0)->ArgName("attribution")->Unit(benchmark::kMillisecond)
-    ->MinTime(1.0)->Repetitions(5)->ReportAggregatesOnly(true);
+BENCHMARK(BM_GptLayer)
+    ->Arg(1)
+    ->Arg(0)
+    ->ArgName("attribution")
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
 
 }  // namespace
 }  // namespace memsim

@@ -21,8 +21,8 @@ Status ParseCublasWorkspaceConfig(const std::string& text, int64_t* bytes) {
                          "' has no :SIZE_KIB:COUNT pair (e.g. :4096:8)");
   }
   for (; it != std::sregex_iterator(); ++it) {
-    total = CheckedAdd(total, CheckedMul(CheckedMul(std::stoll((*it)[1]), 1024),
-                                         std::stoll((*it)[2])));
+    total =
+        CheckedAdd(total, CheckedMul(CheckedMul(std::stoll((*it)[1]), 1024), std::stoll((*it)[2])));
   }
   *bytes = total;
   return Status::OK();

@@ -8,9 +8,10 @@ namespace memsim {
 Status CheckMicrobatchGroup(int64_t pp, int64_t vpp, int64_t num_microbatches, int64_t group) {
   if (vpp == 1) return Status::OK();
   if (group < pp || group > num_microbatches) {
-    return Status::Error("interleaved pipelining needs the microbatch group size per virtual stage (" +
-                         std::to_string(group) + ") in [PP=" + std::to_string(pp) + ", microbatches=" +
-                         std::to_string(num_microbatches) + "] (Megatron-LM rejects it)");
+    return Status::Error(
+        "interleaved pipelining needs the microbatch group size per virtual stage (" +
+        std::to_string(group) + ") in [PP=" + std::to_string(pp) +
+        ", microbatches=" + std::to_string(num_microbatches) + "] (Megatron-LM rejects it)");
   }
   const int64_t remainder = num_microbatches % group;
   if (remainder > 0 && remainder < pp) {

@@ -9,8 +9,7 @@
 
 namespace memsim {
 
-Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class,
-                         RankResult* result) {
+Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class, RankResult* result) {
   const RunSpec& spec = run.spec();
   result->rank_class = rank_class;
   result->session = std::make_unique<Session>(spec.gpu);

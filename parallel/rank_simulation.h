@@ -36,8 +36,7 @@ struct RankResult {
 
 // Simulates the class of `run`. User errors (a missing kernel, a size overflow) come back
 // as a Status.
-Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class,
-                         RankResult* result);
+Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class, RankResult* result);
 
 // Simulates every rank class on up to `jobs` threads; results in stage order.
 Status SimulateAllClasses(const ValidatedRun& run, int jobs, std::vector<RankResult>* results);

@@ -11,8 +11,8 @@ constexpr double kBytesPerMegabyte = 1024.0 * 1024.0;  // NUM_BYTES_IN_MEGABYTE
 // agrees with it to rounding.
 
 // compute_weight_and_optimizer_memory, without multi-latent attention (counted as
-// multi-head attention, a caveat says so) and MTP, for pipeline stage `stage` (Note [Theoretical memory per stage]). Sets
-// the parameter counts of `out`; returns bytes.
+// multi-head attention, a caveat says so) and MTP, for pipeline stage `stage` (Note [Theoretical
+// memory per stage]). Sets the parameter counts of `out`; returns bytes.
 double WeightAndOptimizerBytes(const ModelConfig& m, const ParallelLayout& l, int64_t stage,
                                TheoreticalMemory* out) {
   const double H = static_cast<double>(m.hidden_size);

@@ -40,18 +40,12 @@ enum class Category : uint8_t {
 inline constexpr int kNumCategories = 8;
 // As summaries and snapshots name them (Note [Enum names]).
 inline constexpr EnumName<Category> kCategoryNames[] = {
-    {Category::kUnattributed, "unattributed"},
-    {Category::kParameter, "parameters"},
-    {Category::kGradient, "gradients"},
-    {Category::kOptimizerState, "optimizer_state"},
-    {Category::kActivation, "activations"},
-    {Category::kTemporary, "temporaries"},
-    {Category::kCommunication, "communication"},
-    {Category::kWorkspace, "workspaces"}};
+    {Category::kUnattributed, "unattributed"},   {Category::kParameter, "parameters"},
+    {Category::kGradient, "gradients"},          {Category::kOptimizerState, "optimizer_state"},
+    {Category::kActivation, "activations"},      {Category::kTemporary, "temporaries"},
+    {Category::kCommunication, "communication"}, {Category::kWorkspace, "workspaces"}};
 
 inline std::string_view PhaseName(Phase phase) { return NameOf(kPhaseNames, phase); }
-inline std::string_view CategoryName(Category category) {
-  return NameOf(kCategoryNames, category);
-}
+inline std::string_view CategoryName(Category category) { return NameOf(kCategoryNames, category); }
 
 }  // namespace memsim

@@ -18,7 +18,7 @@ namespace memsim::internal {
 // sizeof keeps the condition type-checked (and its variables used) without evaluating it.
 #define MEMSIM_DCHECK(condition) static_cast<void>(sizeof(static_cast<bool>(condition)))
 #else
-#define MEMSIM_DCHECK(condition) \
+#define MEMSIM_DCHECK(condition)      \
   ((condition) ? static_cast<void>(0) \
                : ::memsim::internal::DcheckFailed(#condition, __FILE__, __LINE__))
 #endif

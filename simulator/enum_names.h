@@ -52,8 +52,7 @@ std::string AcceptedNames(const EnumName<E> (&table)[N]) {
 
 // Sets `*out` to the value named `text`; otherwise "unknown <what> 'text' (use one of: ...)".
 template <typename E, size_t N>
-Status ParseEnum(const EnumName<E> (&table)[N], const std::string& text, const char* what,
-                 E* out) {
+Status ParseEnum(const EnumName<E> (&table)[N], const std::string& text, const char* what, E* out) {
   for (const EnumName<E>& entry : table) {
     if (entry.name == text) {
       *out = entry.value;

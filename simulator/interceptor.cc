@@ -45,9 +45,9 @@ const OpInfo& LookupOp(Recorder& recorder, const c10::OperatorHandle& op) {
   const OpTraits* traits = FindOpTraits(schema.name());
   const OpTraits aten{ClassifyAtenOp(schema)};
   const OpTraits& t = traits != nullptr ? *traits : aten;
-  return recorder.AddOp(&schema, {recorder.names().Intern(name), t.is_collective, t.cost_kind,
-                                  t.is_attention, t.is_attention_backward,
-                                  schema.name() == "aten::linear"});
+  return recorder.AddOp(
+      &schema, {recorder.names().Intern(name), t.is_collective, t.cost_kind, t.is_attention,
+                t.is_attention_backward, schema.name() == "aten::linear"});
 }
 
 int64_t TensorBytes(const at::Tensor& t) {

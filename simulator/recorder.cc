@@ -172,8 +172,8 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, c
 }
 
 void Recorder::AddMarker(MarkerKind kind) {
-  markers_.push_back({kind, static_cast<int64_t>(events_.size()), now_s_, iteration_, microbatch_,
-                      phase_});
+  markers_.push_back(
+      {kind, static_cast<int64_t>(events_.size()), now_s_, iteration_, microbatch_, phase_});
 }
 
 }  // namespace memsim

@@ -25,7 +25,8 @@ TEST(Check, FailingConditionIsNotEvaluatedInRelease) {
 #else
 TEST(CheckDeathTest, FailingConditionAbortsNamingIt) {
   const int blocks = 3;
-  EXPECT_DEATH(MEMSIM_DCHECK(blocks == 4), "memsim: internal check failed: blocks == 4 \\(.*check_test.cc:[0-9]+\\)");
+  EXPECT_DEATH(MEMSIM_DCHECK(blocks == 4),
+               "memsim: internal check failed: blocks == 4 \\(.*check_test.cc:[0-9]+\\)");
 }
 #endif
 

@@ -2,9 +2,9 @@
 // writes, and one-line errors with exit code 2 for bad input.
 #include <gtest/gtest.h>
 
-#include "tests/support/command_runner.h"
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/support/command_runner.h"
 
 #include <array>
 #include <cstdio>

@@ -38,7 +38,8 @@ std::string ConfigDir(const std::string& name,
                       const std::vector<std::pair<std::string, std::string>>& presets) {
   const std::string dir = Dir(name);
   fs::create_directories(dir + "/models");
-  for (const auto& [preset, text] : presets) std::ofstream(dir + "/models/" + preset + ".yaml") << text;
+  for (const auto& [preset, text] : presets)
+    std::ofstream(dir + "/models/" + preset + ".yaml") << text;
   return dir;
 }
 
@@ -69,8 +70,9 @@ TEST(Robustness, LayoutProductsDoNotWrap) {
                      "a layer's largest tensor would take");
   ExpectOneLineError(Memsim("simulate --model gpt3-1.3b --world-size 2147483648"),
                      "world size 2147483648 is above memsim's limit of 16777216 GPUs");
-  const std::string dir = ConfigDir("huge", {{"huge", "architecture: gpt\nnum_layers: 4611686018427387904\n"
-                                                       "hidden_size: 64\nnum_attention_heads: 4\n"}});
+  const std::string dir = ConfigDir("huge", {{"huge",
+                                              "architecture: gpt\nnum_layers: 4611686018427387904\n"
+                                              "hidden_size: 64\nnum_attention_heads: 4\n"}});
   ExpectOneLineError(Memsim("simulate --model huge", "MEMSIM_CONFIG_DIR=" + dir),
                      "num_layers 4611686018427387904 is above memsim's limit of 10000");
 }
@@ -111,13 +113,16 @@ TEST(Robustness, LongMoeLayerFreqList) {
 TEST(Robustness, BadSweepRecordsAndMerge) {
   const std::string sweep = Dir("sweep_records");
   ASSERT_EQ(Memsim("sweep --model gpt3-1.3b --world-size 4 --tp 1,2 --pp 1 --seq-length 256 "
-                   "--out " + sweep).exit_code,
+                   "--out " +
+                   sweep)
+                .exit_code,
             0);
   std::string record;
   for (const auto& entry : fs::directory_iterator(sweep + "/.sweep")) record = entry.path();
   std::ofstream(record) << "{\"config\": 1}";
   ExpectOneLineError(Memsim("sweep --model gpt3-1.3b --world-size 4 --tp 1,2 --pp 1 "
-                            "--seq-length 256 --resume --out " + sweep),
+                            "--seq-length 256 --resume --out " +
+                            sweep),
                      "missing or non-integer 'tp'");
   {
     std::ofstream f(record);
@@ -131,8 +136,10 @@ TEST(Robustness, BadSweepRecordsAndMerge) {
 // D7: --jobs far beyond the work and the cores.
 TEST(Robustness, HugeJobCount) {
   const std::string out = Dir("jobs");
-  const CommandRun run = Memsim("sweep --model gpt3-1.3b --world-size 4 --tp 1,2 --pp 1 --seq-length "
-                         "256 --jobs 100000 --out " + out);
+  const CommandRun run = Memsim(
+      "sweep --model gpt3-1.3b --world-size 4 --tp 1,2 --pp 1 --seq-length "
+      "256 --jobs 100000 --out " +
+      out);
   EXPECT_EQ(run.exit_code, 0) << run.err;
 }
 
@@ -147,17 +154,17 @@ TEST(Robustness, SweepFolderIntegrity) {
   ExpectOneLineError(Memsim(args + " --seq-length 256 --precision fp16 --resume"),
                      "holds a sweep of another run");
   // Resuming the same run over a larger grid simulates only the new layout.
-  const CommandRun more = Memsim("sweep --model gpt3-1.3b --world-size 4 --tp 1,2,4 --pp 1 --out " + out +
-                          " --seq-length 256 --resume");
+  const CommandRun more = Memsim("sweep --model gpt3-1.3b --world-size 4 --tp 1,2,4 --pp 1 --out " +
+                                 out + " --seq-length 256 --resume");
   EXPECT_EQ(more.exit_code, 0) << more.err;
   EXPECT_NE(more.out.find("1 layout simulated (3 in all"), std::string::npos) << more.out;
 }
 
 // D13: zero, negative and non-numeric values of numeric options.
 TEST(Robustness, NumericOptionsRejectZeroAndNegatives) {
-  for (const char* option : {"--seq-length", "--micro-batch-size", "--world-size",
-                             "--num-microbatches", "--iterations", "--global-batch-size", "--tp",
-                             "--jobs", "--top"}) {
+  for (const char* option :
+       {"--seq-length", "--micro-batch-size", "--world-size", "--num-microbatches", "--iterations",
+        "--global-batch-size", "--tp", "--jobs", "--top"}) {
     for (const char* value : {"0", "-8"}) {
       ExpectOneLineError(Memsim(std::string("simulate --model gpt3-1.3b ") + option + " " + value),
                          std::string(option) + " must be positive, got " + value);
@@ -203,8 +210,10 @@ namespace {
 // D9: --ranks all on a large cluster is refused with the size, before any file is written.
 TEST(Robustness, RanksAllEstimatesOutputFirst) {
   const std::string out = Dir("ranks_all");
-  const CommandRun run = Memsim("simulate --model gpt3-1.3b --world-size 65536 --tp 8 --pp 4 "
-                                "--ranks all --max-output 1 --out " + out);
+  const CommandRun run = Memsim(
+      "simulate --model gpt3-1.3b --world-size 65536 --tp 8 --pp 4 "
+      "--ranks all --max-output 1 --out " +
+      out);
   ExpectOneLineError(run, "the files of 65536 ranks would take");
   EXPECT_TRUE(fs::is_empty(out));
 }

@@ -6,10 +6,10 @@
 #include <tuple>
 #include <vector>
 
-#include "tests/support/test_mlp.h"
 #include "simulator/session.h"
 #include "simulator/status.h"
 #include "simulator/tracking_allocator.h"
+#include "tests/support/test_mlp.h"
 
 namespace memsim {
 namespace {

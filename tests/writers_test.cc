@@ -8,13 +8,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tests/support/test_mlp.h"
 #include "simulator/peak_analysis.h"
 #include "simulator/session.h"
 #include "simulator/snapshot_writer.h"
 #include "simulator/summary_writer.h"
 #include "simulator/timeline.h"
 #include "simulator/trace_writer.h"
+#include "tests/support/test_mlp.h"
 
 namespace memsim {
 namespace {

@@ -1,6 +1,6 @@
-// TestMlp (test support, not part of memsim): the smallest model that exercises the whole engine (forward, backward with
-// saved tensors, an Adam step), on meta or on real CPU tensors. The model zoo proper is
-// in transformer.h and moe.h; this one exists so the engine can be checked against a
+// TestMlp (test support, not part of memsim): the smallest model that exercises the whole engine
+// (forward, backward with saved tensors, an Adam step), on meta or on real CPU tensors. The model
+// zoo proper is in transformer.h and moe.h; this one exists so the engine can be checked against a
 // real execution.
 //
 // Dimensions: B batch, I input features, H hidden features, C classes.

@@ -13,13 +13,13 @@
 #include <tuple>
 
 #include "parallel/layout.h"
+#include "parallel/parallel_for.h"
 #include "simulator/atomic_file.h"
 #include "simulator/timeline.h"
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
 #include "tools/lib/megatron_command.h"
-#include "parallel/parallel_for.h"
 #include "tools/lib/plots_runner.h"
 #include "tools/lib/simulate.h"
 

@@ -58,9 +58,9 @@ std::string PlanLayoutName(const PlanLayout& layout);
 
 enum class PlanVerdict { kFits, kOutOfMemory, kPruned, kDominated, kInvalid, kError };
 inline constexpr EnumName<PlanVerdict> kPlanVerdictNames[] = {
-    {PlanVerdict::kFits, "fits"},           {PlanVerdict::kOutOfMemory, "out_of_memory"},
-    {PlanVerdict::kPruned, "pruned"},       {PlanVerdict::kDominated, "dominated"},
-    {PlanVerdict::kInvalid, "invalid"},     {PlanVerdict::kError, "error"}};
+    {PlanVerdict::kFits, "fits"},       {PlanVerdict::kOutOfMemory, "out_of_memory"},
+    {PlanVerdict::kPruned, "pruned"},   {PlanVerdict::kDominated, "dominated"},
+    {PlanVerdict::kInvalid, "invalid"}, {PlanVerdict::kError, "error"}};
 inline const char* PlanVerdictName(PlanVerdict verdict) {
   return NameOf(kPlanVerdictNames, verdict).data();  // a literal: null-terminated
 }

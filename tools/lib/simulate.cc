@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "parallel/parallel_for.h"
 #include "parallel/rank_training.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
@@ -20,7 +21,6 @@
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
-#include "parallel/parallel_for.h"
 
 namespace memsim {
 namespace po = boost::program_options;
@@ -314,7 +314,8 @@ int SimulateCommand(int argc, const char* const* argv) {
       "built-in default example (configs/runs/default.yaml).\n\n"
       "Examples:\n"
       "  memsim simulate\n"
-      "  memsim simulate --model llama3-8b --world-size 2 --tp 2 --seq-length 8192 --recompute selective\n"
+      "  memsim simulate --model llama3-8b --world-size 2 --tp 2 --seq-length 8192 --recompute "
+      "selective\n"
       "  memsim simulate --model llama3-70b --world-size 128 --tp 8 --pp 4 --sp \\\n"
       "      --data-parallel distributed-optimizer --global-batch-size 512 --check\n"
       "  memsim simulate --hf-config Mixtral-8x7B/config.json --world-size 64 --tp 2 --pp 4 --ep "

@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "parallel/parallel_for.h"
 #include "simulator/atomic_file.h"
 #include "simulator/checked_math.h"
 #include "simulator/trace_writer.h"
@@ -23,7 +24,6 @@
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
 #include "tools/lib/json_reader.h"
-#include "parallel/parallel_for.h"
 #include "tools/lib/run_config.h"
 #include "tools/lib/simulate.h"
 
@@ -158,16 +158,16 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
     // As FinalizeRunSpec derives them, where the layout allows.
     int64_t per_step = 0;
     if (__builtin_mul_overflow(point.micro_batch, dp, &per_step)) per_step = 0;
-    const int64_t microbatches = spec.global_batch_size > 0 && per_step > 0 &&
-                                         spec.global_batch_size % per_step == 0
-                                     ? spec.global_batch_size / per_step
-                                     : spec.training.num_microbatches;
+    const int64_t microbatches =
+        spec.global_batch_size > 0 && per_step > 0 && spec.global_batch_size % per_step == 0
+            ? spec.global_batch_size / per_step
+            : spec.training.num_microbatches;
     result["dp"] = dp;
     result["status"] = "invalid";
     result["reason"] = "invalid layout: " + status.message();
     result["num_microbatches"] = microbatches;
-    result["global_batch_size"] = spec.global_batch_size > 0 ? spec.global_batch_size
-                                                             : microbatches * point.micro_batch * dp;
+    result["global_batch_size"] =
+        spec.global_batch_size > 0 ? spec.global_batch_size : microbatches * point.micro_batch * dp;
     return {result, Status::OK()};
   }
   spec = run->spec();

@@ -11,11 +11,11 @@
 #include <regex>
 #include <set>
 
+#include "parallel/parallel_for.h"
 #include "simulator/atomic_file.h"
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/megatron_args.h"
-#include "parallel/parallel_for.h"
 #include "tools/lib/simulate.h"
 #include "tools/lib/yaml_reader.h"
 
