@@ -48,6 +48,19 @@
 //   keep each LayerNorm's float32 mean and rstd (2 * 2 * 4SB, /t with SP). With
 //   qk_layernorm the q and k norms keep their contiguous inputs and outputs, 2SB(A+G)D/t
 //   each, and float32 statistics per head row.
+//
+// The same for the Llama family (RMSNorm, SwiGLU, RoPE, no biases), flash attention, no
+// dropout, no recomputation, B > 1, in bytes, t = tp, without sequence parallelism:
+//   input_layernorm input 2SBH + float32 invvar 4SB      linear_qkv input 2SBH
+//   contiguous q, k, v for FlashAttention-2 2SB(A + 2G)D/t (RoPE saves nothing)
+//   flash output 2SBAD/t + float32 log-sum-exp 4SBA/t + int64[2] RNG state 16
+//   linear_proj input (the output rearranged to [S, B, A*D]) 2SBAD/t
+//   pre_mlp_layernorm input 2SBH + invvar 4SB            linear_fc1 input 2SBH
+//   SwiGLU input 4SBF/t                                  linear_fc2 input 2SBF/t
+//   = SB(8H + 8 + (6H + 4GD + 4A + 6F)/t) + 16, with AD = H (Activations.
+//   LlamaFlashAttentionTable measures it). With B = 1 the rearranged output is the
+//   kernel's own (2SBAD/t less); with sequence parallelism the 8SBH + 8SB of norms and
+//   linear inputs is sharded over t too.
 #pragma once
 
 #include <ATen/core/Tensor.h>

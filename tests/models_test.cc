@@ -119,6 +119,34 @@ TEST(Activations, DropoutOffDropsMasks) {
             32 * x.s * x.b * x.h + 2 * x.a * x.s * x.s * x.b + 16 * x.s * x.b);
 }
 
+// The Llama table of transformer.h (bf16, flash attention, no dropout, no recomputation,
+// tp = 1): per layer SB(8H + 8 + 6H + 4GD + 4A + 6F) + 16 (FlashAttention-2's int64[2]
+// RNG state, returned with or without dropout), measured as the difference between an
+// L = 2 and an L = 1 model.
+TEST(Activations, LlamaFlashAttentionTable) {
+  struct LlamaShape {
+    int64_t s, b, h, a, g, f;
+  };
+  for (const LlamaShape& x : {LlamaShape{128, 2, 256, 8, 2, 688}, LlamaShape{64, 3, 128, 4, 4, 344},
+                              LlamaShape{256, 2, 512, 16, 8, 1376}}) {
+    auto after_forward = [&](int64_t layers) {
+      ModelConfig m = test::Llama(layers, x.h, x.a, x.g, x.f, 1024);
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      TrainingConfig t;
+      t.seq_length = x.s;
+      t.micro_batch_size = x.b;
+      t.precision = Precision::kBf16;
+      t.attention = AttentionKind::kFlash;
+      t.dropout = false;
+      return ActivationBytesAfterForward(m, t);
+    };
+    const int64_t d = x.h / x.a;
+    EXPECT_EQ(after_forward(2) - after_forward(1),
+              x.s * x.b * (8 * x.h + 8 + 6 * x.h + 4 * x.g * d + 4 * x.a + 6 * x.f) + 16)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a << " g=" << x.g;
+  }
+}
+
 int64_t ModelStateBytesPerParameter(Precision precision) {
   ModelConfig m = GptConfig({64, 1, 128, 4}, 2);
   TrainingConfig t;
