@@ -1,5 +1,5 @@
-// memory_trace_rank{R}.json: the schema real runs write (Megatron-LM's memory tracer;
-// ../shared/seeds/000 and 001), so existing plots and tools read simulated traces too.
+// memory_trace_rank{R}.json: the schema real runs write (the memory tracer that recorded
+// the real traces memsim grew from), so existing plots and tools read simulated traces too.
 //
 //   { "<iteration>": { "samples": [ {"timestamp_s", "reserved_memory_MB",
 //                                    "allocated_memory_MB"}, ... ],
