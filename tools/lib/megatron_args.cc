@@ -208,7 +208,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fim-no-prefix", Arity::kValue, ArgUse::kNeutral},
     {"--fim-pad-token", Arity::kValue, ArgUse::kNeutral},
     {"--fim-prefix-token", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-rate", Arity::kValue, ArgUse::kNeutral},  // FIM: a CPU-side permutation of the data (fim_dataset.py)
+    {"--fim-rate", Arity::kValue,
+     ArgUse::kNeutral},  // FIM: a CPU-side permutation of the data (fim_dataset.py)
     {"--fim-split-sample", Arity::kValue, ArgUse::kNeutral},
     {"--fim-spm-rate", Arity::kValue, ArgUse::kNeutral},
     {"--fim-suffix-token", Arity::kValue, ArgUse::kNeutral},
@@ -341,7 +342,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--rotary-base", Arity::kValue, ArgUse::kNeutral},
     {"--rotary-interleaved", Arity::kFlag, ArgUse::kNeutral},
     {"--rotary-percent", Arity::kValue, ArgUse::kNeutral},
-    {"--rotary-scaling-factor", Arity::kValue, ArgUse::kNeutral},  // RoPE/YaRN scalars: the same tensors
+    {"--rotary-scaling-factor", Arity::kValue,
+     ArgUse::kNeutral},  // RoPE/YaRN scalars: the same tensors
     {"--rotary-seq-len-interpolation-factor", Arity::kValue, ArgUse::kNeutral},
     {"--save", Arity::kValue, ArgUse::kNeutral},
     {"--save-interval", Arity::kValue, ArgUse::kNeutral},
@@ -359,7 +361,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--tensorboard-log-interval", Arity::kValue, ArgUse::kNeutral},
     {"--tensorboard-queue-size", Arity::kValue, ArgUse::kNeutral},
     {"--test-data-path", Arity::kValues, ArgUse::kNeutral},
-    {"--test-mode", Arity::kFlag, ArgUse::kNeutral},  // attention's consistency check: all-gathers of 4 D-wide vectors
+    {"--test-mode", Arity::kFlag,
+     ArgUse::kNeutral},  // attention's consistency check: all-gathers of 4 D-wide vectors
     {"--tiktoken-num-special-tokens", Arity::kValue, ArgUse::kNeutral},
     {"--tiktoken-pattern", Arity::kValue, ArgUse::kNeutral},
     {"--tiktoken-special-tokens", Arity::kValues, ArgUse::kNeutral},
@@ -400,9 +403,11 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--cpu-offloading", Arity::kValues, ArgUse::kRefused, "activation offloading to CPU"},
     {"--decoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--decoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
-    {"--decrease-batch-size-if-needed", Arity::kValues, ArgUse::kRefused, "batch sizes that change during training"},
+    {"--decrease-batch-size-if-needed", Arity::kValues, ArgUse::kRefused,
+     "batch sizes that change during training"},
     {"--delay-wgrad-compute", Arity::kValues, ArgUse::kRefused, "delayed weight gradients"},
-    {"--distribute-saved-activations", Arity::kValues, ArgUse::kRefused, "saved activations split over tensor parallelism"},
+    {"--distribute-saved-activations", Arity::kValues, ArgUse::kRefused,
+     "saved activations split over tensor parallelism"},
     {"--enable-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--encoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
@@ -415,9 +420,12 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fp8-format", Arity::kValues, ArgUse::kRefused, "FP8 training"},
     {"--fp8-param-gather", Arity::kValues, ArgUse::kRefused, "FP8 parameters"},
     {"--grad-reduce-in-bf16", Arity::kValues, ArgUse::kRefused, "bf16 gradient buffers"},
-    {"--heterogeneous-layers-config-encoded-json", Arity::kValues, ArgUse::kRefused, "heterogeneous layers"},
-    {"--heterogeneous-layers-config-path", Arity::kValues, ArgUse::kRefused, "heterogeneous layers"},
-    {"--hierarchical-context-parallel-sizes", Arity::kValues, ArgUse::kRefused, "hierarchical context parallelism"},
+    {"--heterogeneous-layers-config-encoded-json", Arity::kValues, ArgUse::kRefused,
+     "heterogeneous layers"},
+    {"--heterogeneous-layers-config-path", Arity::kValues, ArgUse::kRefused,
+     "heterogeneous layers"},
+    {"--hierarchical-context-parallel-sizes", Arity::kValues, ArgUse::kRefused,
+     "hierarchical context parallelism"},
     {"--hybrid-attention-ratio", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--hybrid-mlp-ratio", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--hybrid-override-pattern", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
@@ -425,23 +433,30 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-enable-deepep", Arity::kValues, ArgUse::kRefused, "the DeepEP token dispatcher"},
     {"--moe-extended-tp", Arity::kValues, ArgUse::kRefused, "extended expert tensor parallelism"},
     {"--moe-layer-recompute", Arity::kValues, ArgUse::kRefused, "MoE-layer recomputation"},
-    {"--moe-pad-expert-input-to-capacity", Arity::kValues, ArgUse::kRefused, "expert inputs padded to capacity"},
+    {"--moe-pad-expert-input-to-capacity", Arity::kValues, ArgUse::kRefused,
+     "expert inputs padded to capacity"},
     {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
-    {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused, "fused MLA down projections and input layernorm"},
+    {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused,
+     "fused MLA down projections and input layernorm"},
     {"--mtp-num-layers", Arity::kValues, ArgUse::kRefused, "multi-token prediction layers"},
     {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
-    {"--overlap-moe-expert-parallel-comm", Arity::kValues, ArgUse::kRefused, "overlapped expert-parallel communication"},
-    {"--pipeline-model-parallel-layout", Arity::kValues, ArgUse::kRefused, "custom pipeline layouts"},
+    {"--overlap-moe-expert-parallel-comm", Arity::kValues, ArgUse::kRefused,
+     "overlapped expert-parallel communication"},
+    {"--pipeline-model-parallel-layout", Arity::kValues, ArgUse::kRefused,
+     "custom pipeline layouts"},
     {"--qk-l2-norm", Arity::kValues, ArgUse::kRefused, "q/k normalization"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
-    {"--rampup-batch-size", Arity::kValues, ArgUse::kRefused, "batch sizes that change during training"},
+    {"--rampup-batch-size", Arity::kValues, ArgUse::kRefused,
+     "batch sizes that change during training"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
     {"--squared-relu", Arity::kValues, ArgUse::kRefused, "the squared-ReLU activation"},
-    {"--tp-comm-overlap", Arity::kValues, ArgUse::kRefused, "tensor-parallel communication overlap buffers"},
+    {"--tp-comm-overlap", Arity::kValues, ArgUse::kRefused,
+     "tensor-parallel communication overlap buffers"},
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
     {"--use-megatron-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
-    {"--use-precision-aware-optimizer", Arity::kValues, ArgUse::kRefused, "low-precision optimizer states"},
+    {"--use-precision-aware-optimizer", Arity::kValues, ArgUse::kRefused,
+     "low-precision optimizer states"},
     {"--use-torch-fsdp2", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--yaml-cfg", Arity::kValues, ArgUse::kRefused, "arguments read from a YAML file"},
 };
@@ -637,32 +652,9 @@ Status ParseMoeLayerFreq(const std::string& text, int64_t num_layers, int64_t* d
   return Status::OK();
 }
 
-Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
-  RunSpec& spec = out->spec;
-  ModelConfig& m = spec.model;
-  TrainingConfig& t = spec.training;
-  ParallelLayout& l = spec.layout;
-  m.name = "megatron";
-  spec.model_source = "Megatron-LM arguments";
-
-  for (const char* required : {"--num-layers", "--hidden-size", "--num-attention-heads",
-                               "--seq-length", "--micro-batch-size"}) {
-    if (!a.Has(required)) {
-      return Status::Error(std::string("missing ") + required + " (Megatron-LM requires it)");
-    }
-  }
-  // The vocabulary: --vocab-size, else what the tokenizer has. Of the tokenizers that
-  // read files, memsim knows GPT2BPETokenizer's (GPT-2's vocab.json: 50,257 tokens),
-  // pretrain_gpt.py's default.
-  const std::string tokenizer = a.Text("--tokenizer-type", "GPT2BPETokenizer");
-  const bool gpt2_vocabulary = tokenizer == "GPT2BPETokenizer";
-  if (!a.Has("--vocab-size") && !a.Has("--padded-vocab-size") && !gpt2_vocabulary) {
-    return Status::Error(
-        "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type " +
-        tokenizer + ")" + ", so give the vocabulary size (e.g. --vocab-size 128256 for Llama 3)");
-  }
-
-  // Model shape, with Megatron-LM's defaults.
+// Model shape, with Megatron-LM's defaults.
+Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, int64_t* max_positions) {
+  ModelConfig& m = *model;
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-layers", &m.num_layers));
   MEMSIM_RETURN_IF_ERROR(a.Int("--hidden-size", &m.hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-attention-heads", &m.num_attention_heads));
@@ -701,10 +693,9 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
                                 "learned_absolute", &text));
   m.position = text == "rope" || a.Has("--use-rotary-position-embeddings") ? PositionKind::kRope
                                                                            : PositionKind::kLearned;
-  int64_t max_positions = 0;
-  MEMSIM_RETURN_IF_ERROR(a.Int("--max-position-embeddings", &max_positions));
+  MEMSIM_RETURN_IF_ERROR(a.Int("--max-position-embeddings", max_positions));
   if (m.position == PositionKind::kLearned) {
-    m.max_position_embeddings = max_positions;
+    m.max_position_embeddings = *max_positions;
   } else {
     a.Ignore("--max-position-embeddings");  // RoPE allocates no position table
   }
@@ -734,8 +725,16 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   m.hidden_dropout = m.attention_dropout = 0.1;
   MEMSIM_RETURN_IF_ERROR(a.Float("--hidden-dropout", &m.hidden_dropout));
   MEMSIM_RETURN_IF_ERROR(a.Float("--attention-dropout", &m.attention_dropout));
+  return Status::OK();
+}
 
-  // Mixture of experts (--num-experts 0 is dense, as in Megatron-LM).
+// Mixture of experts (--num-experts 0 is dense, as in Megatron-LM).
+Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* training,
+                            ParallelLayout* layout) {
+  ModelConfig& m = *model;
+  TrainingConfig& t = *training;
+  ParallelLayout& l = *layout;
+  std::string text;
   m.num_experts = 0;
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-experts", &m.num_experts));
   const std::vector<std::string> moe_args = {"--moe-router-topk",
@@ -779,8 +778,14 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     }
     MEMSIM_RETURN_IF_ERROR(a.Int("--expert-tensor-parallel-size", &l.etp));
   }
+  return Status::OK();
+}
 
-  // Batch, sequence and parallelism.
+// Batch, sequence and parallelism.
+Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_positions,
+                               TrainingConfig* training, ParallelLayout* layout) {
+  TrainingConfig& t = *training;
+  ParallelLayout& l = *layout;
   MEMSIM_RETURN_IF_ERROR(a.Int("--seq-length", &t.seq_length));
   MEMSIM_RETURN_IF_ERROR(a.Int("--micro-batch-size", &t.micro_batch_size));
   l.world_size = world_size;
@@ -819,8 +824,12 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     a.Ignore("--cp-comm-type");
   }
   l.sequence_parallel = a.Has("--sequence-parallel");
+  return Status::OK();
+}
 
-  // Pipeline stages: uneven first/last stages, or interleaved (virtual) stages.
+// Pipeline stages: uneven first/last stages, or interleaved (virtual) stages.
+Status ReadPipelineStages(Args& a, const ModelConfig& m, ParallelLayout* layout) {
+  ParallelLayout& l = *layout;
   MEMSIM_RETURN_IF_ERROR(a.Int("--decoder-first-pipeline-num-layers", &l.first_stage_layers));
   MEMSIM_RETURN_IF_ERROR(a.Int("--decoder-last-pipeline-num-layers", &l.last_stage_layers));
   const bool uneven =
@@ -868,8 +877,13 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(
       a.Int("--microbatch-group-size-per-virtual-pipeline-stage", &l.microbatch_group_size));
   if (l.vpp == 1) a.Ignore("--microbatch-group-size-per-virtual-pipeline-stage");
+  return Status::OK();
+}
 
-  // Data parallelism and the microbatches of one iteration.
+// Data parallelism and the microbatches of one iteration.
+Status ReadDataParallelism(Args& a, int64_t world_size, RunSpec* spec) {
+  ParallelLayout& l = spec->layout;
+  TrainingConfig& t = spec->training;
   if (a.Has("--use-distributed-optimizer")) {
     l.data_parallel = DataParallelKind::kDistributedOptimizer;
   }
@@ -887,17 +901,22 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   }
   const int64_t dp = world_size / model_parallel;
   const int64_t samples_per_microbatch = CheckedMul(t.micro_batch_size, dp);
-  spec.global_batch_size = samples_per_microbatch;  // Megatron-LM's default
-  MEMSIM_RETURN_IF_ERROR(a.Int("--global-batch-size", &spec.global_batch_size));
-  if (spec.global_batch_size <= 0 || spec.global_batch_size % samples_per_microbatch != 0) {
-    return Status::Error("--global-batch-size " + Str(spec.global_batch_size) +
+  spec->global_batch_size = samples_per_microbatch;  // Megatron-LM's default
+  MEMSIM_RETURN_IF_ERROR(a.Int("--global-batch-size", &spec->global_batch_size));
+  if (spec->global_batch_size <= 0 || spec->global_batch_size % samples_per_microbatch != 0) {
+    return Status::Error("--global-batch-size " + Str(spec->global_batch_size) +
                          " is not a positive multiple of --micro-batch-size " +
                          Str(t.micro_batch_size) + " x data-parallel size " + Str(dp) + " = " +
                          Str(samples_per_microbatch));
   }
-  t.num_microbatches = spec.global_batch_size / samples_per_microbatch;
+  t.num_microbatches = spec->global_batch_size / samples_per_microbatch;
+  return Status::OK();
+}
 
-  // Precision and the optimizer's state.
+// Precision and the optimizer's state.
+Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
+  TrainingConfig& t = *training;
+  std::string text;
   if (a.Has("--bf16") && a.Has("--fp16")) {
     return Status::Error("--bf16 and --fp16 exclude each other");
   }
@@ -934,12 +953,17 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   a.Ignore("--cross-entropy-fusion-impl");
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--optimizer", {"adam", "sgd"}, "adam", &text));
   t.optimizer = text == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdam;
+  return Status::OK();
+}
 
-  // Kernels: Transformer Engine (Megatron-LM's default) picks its attention backend per
-  // GPU from the backends allowed (--attention-backend sets NVTE_FLASH_ATTN,
-  // NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN; "auto" leaves the environment's); "local"
-  // swaps in Megatron's own unfused DotProductAttention. The local implementation is
-  // unfused unless --use-flash-attn.
+// Kernels: Transformer Engine (Megatron-LM's default) picks its attention backend per
+// GPU from the backends allowed (--attention-backend sets NVTE_FLASH_ATTN,
+// NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN; "auto" leaves the environment's); "local"
+// swaps in Megatron's own unfused DotProductAttention. The local implementation is
+// unfused unless --use-flash-attn.
+Status ReadKernels(Args& a, TrainingConfig* training) {
+  TrainingConfig& t = *training;
+  std::string text;
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--transformer-impl", {"local", "transformer_engine"},
                                 "transformer_engine", &text));
   const bool local = text == "local";
@@ -969,8 +993,13 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     if (t.te_attention) t.te_attention->deterministic = true;
     t.cublas_workspace_bytes = 4096 * 1024 * 8;
   }
+  return Status::OK();
+}
 
-  // Recomputation, with Megatron-LM's rules.
+// Recomputation, with Megatron-LM's rules.
+Status ReadRecomputation(Args& a, TrainingConfig* training) {
+  TrainingConfig& t = *training;
+  std::string text;
   std::string granularity = "none";
   if (a.Has("--recompute-activations")) {
     granularity = "selective";  // Megatron-LM lets it override --recompute-granularity
@@ -1004,8 +1033,11 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     }
     a.Ignore("--recompute-modules");  // memsim's selective recomputation is core_attn's
   }
+  return Status::OK();
+}
 
-  // Memory management that memsim models only when off.
+// Memory management that memsim models only when off.
+Status ReadMemoryManagement(Args& a) {
   for (auto [name, what] :
        {std::pair{"--cpu-offloading-num-layers", "activation offloading to CPU"},
         {"--empty-unused-memory-level", "emptying the CUDA cache"}}) {
@@ -1020,6 +1052,44 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
     a.Ignore(name);
   }
   return Status::OK();
+}
+
+// Every argument group of a launch line into `out->spec` (Note [Megatron arguments]).
+Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
+  RunSpec& spec = out->spec;
+  ModelConfig& m = spec.model;
+  TrainingConfig& t = spec.training;
+  ParallelLayout& l = spec.layout;
+  m.name = "megatron";
+  spec.model_source = "Megatron-LM arguments";
+
+  for (const char* required : {"--num-layers", "--hidden-size", "--num-attention-heads",
+                               "--seq-length", "--micro-batch-size"}) {
+    if (!a.Has(required)) {
+      return Status::Error(std::string("missing ") + required + " (Megatron-LM requires it)");
+    }
+  }
+  // The vocabulary: --vocab-size, else what the tokenizer has. Of the tokenizers that
+  // read files, memsim knows GPT2BPETokenizer's (GPT-2's vocab.json: 50,257 tokens),
+  // pretrain_gpt.py's default.
+  const std::string tokenizer = a.Text("--tokenizer-type", "GPT2BPETokenizer");
+  const bool gpt2_vocabulary = tokenizer == "GPT2BPETokenizer";
+  if (!a.Has("--vocab-size") && !a.Has("--padded-vocab-size") && !gpt2_vocabulary) {
+    return Status::Error(
+        "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type " +
+        tokenizer + ")" + ", so give the vocabulary size (e.g. --vocab-size 128256 for Llama 3)");
+  }
+
+  int64_t max_positions = 0;
+  MEMSIM_RETURN_IF_ERROR(ReadModelShape(a, gpt2_vocabulary, &m, &max_positions));
+  MEMSIM_RETURN_IF_ERROR(ReadMixtureOfExperts(a, &m, &t, &l));
+  MEMSIM_RETURN_IF_ERROR(ReadBatchAndParallelism(a, world_size, max_positions, &t, &l));
+  MEMSIM_RETURN_IF_ERROR(ReadPipelineStages(a, m, &l));
+  MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, world_size, &spec));
+  MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, &t));
+  return ReadMemoryManagement(a);
 }
 
 // Environment variables of a launch. Modelled ones change what the CUDA libraries

@@ -1,7 +1,8 @@
 // Megatron-LM's pretrain_gpt.py arguments -> RunSpec, for `memsim megatron -- ARGS`.
 //
 // Arguments are spelled exactly as Megatron-LM spells them, as `--arg value` or
-// `--arg=value`. Every argument falls in one of three lists (megatron_args.cc):
+// `--arg=value`. Every argument has one row in one table (Note [Megatron arguments] in
+// megatron_args.cc), which says whether it is:
 //   * read: it decides memory and memsim models it (sizes, parallelism, precision, ...);
 //   * memory-neutral: accepted and reported in `ignored` (learning rate, data, logging, ...);
 //   * not modelled: it changes memory in a way memsim does not simulate (FP8, CPU
