@@ -809,11 +809,6 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
                          " is smaller than --seq-length " + Str(t.seq_length) +
                          " (Megatron-LM rejects it)");
   }
-  if (l.cp > 1 && t.seq_length % (2 * l.cp) != 0) {
-    return Status::Error("--seq-length " + Str(t.seq_length) + " must be a multiple of 2 x " +
-                         "--context-parallel-size = " + Str(2 * l.cp) +
-                         " (Megatron-LM requires it)");
-  }
   if (a.Has("--cp-comm-type")) {
     for (const std::string& type : a.Values("--cp-comm-type")) {
       if (type != "p2p") {

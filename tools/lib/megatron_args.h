@@ -7,8 +7,8 @@
 //   * memory-neutral: accepted and reported in `ignored` (learning rate, data, logging, ...);
 //   * not modelled: it changes memory in a way memsim does not simulate (FP8, CPU
 //     offloading, ...): an error naming it.
-// An argument in none of the lists is an error too: memsim cannot tell whether it
-// changes memory.
+// An argument in no row is an error too: memsim cannot tell whether it changes memory.
+// Rules on the whole run (sequence vs CP, ...) are FinalizeRunSpec's (parallel/run_spec.h).
 #pragma once
 
 #include <cstdint>

@@ -566,3 +566,26 @@ TEST(MegatronArgs, Errors) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Rules on the whole run are FinalizeRunSpec's alone (Note [One validated spec]): a
+// sequence that 2*CP does not divide parses, and is refused before anything runs.
+TEST(MegatronArgs, SequenceVersusContextParallelIsTheRunSpecsRule) {
+  MegatronArgsResult r;
+  ASSERT_TRUE(ParseMegatronArgs(
+                  {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                   "--seq-length", "6", "--micro-batch-size", "1", "--vocab-size", "100",
+                   "--context-parallel-size", "2", "--bf16"},
+                  {}, 8, &r)
+                  .ok());
+  r.spec.gpu = FindGpu("H100");
+  std::optional<ValidatedRun> run;
+  EXPECT_EQ(FinalizeRunSpec(r.spec, &run).message(),
+            "sequence length 6 must be divisible by 2*CP = 4 (causal load balancing splits it "
+            "into 2*CP chunks)");
+}
+
+}  // namespace
+}  // namespace memsim
