@@ -6,6 +6,7 @@
 #include <string>
 
 #include "parallel/regions/tensor_parallel.h"
+#include "simulator/check.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -24,6 +25,9 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
                       ? workspace_
                       : c10::make_intrusive<GlobalMemoryBuffer>(/*persistent=*/true)) {
   const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
+  // FinalizeModelConfig padded V for tp; FinalizeLayout checked that tp divides the heads.
+  MEMSIM_DCHECK(tp > 0 && V > 0 && V % tp == 0 && model.num_attention_heads % tp == 0 &&
+                model.head_dim > 0);
   const bool layer_norm = model.norm == NormKind::kLayerNorm;
   if (shard.last_stage && training.defer_embedding_wgrad) {
     deferred_wgrad_ = c10::make_intrusive<DeferredWgrad>(training.wgrad_deferral_limit);

@@ -19,6 +19,7 @@
 #include "ops/ops.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/sharded_data_parallel.h"
+#include "simulator/check.h"
 #include "simulator/status.h"
 
 namespace memsim {
@@ -137,6 +138,8 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
 void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& training,
                      const ParallelLayout& layout, int64_t pp_rank, Session& session,
                      bool replicate_microbatches) {
+  MEMSIM_DCHECK(0 <= pp_rank && pp_rank < layout.pp && model_config.padded_vocab_size > 0 &&
+                training.num_microbatches > 0);
   RegisterOps();
   session.SetPhase(Phase::kSetup);
   ParameterStore store(training.precision, training.gradient_accumulation_fusion);

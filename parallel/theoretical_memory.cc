@@ -1,4 +1,5 @@
 #include "parallel/theoretical_memory.h"
+#include "simulator/check.h"
 
 #include <algorithm>
 
@@ -113,6 +114,8 @@ double WithEmbeddingAndSchedule(double layer_bytes, const TrainingConfig& t, con
 TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& m, const TrainingConfig& t,
                                            const ParallelLayout& l, int64_t num_microbatches,
                                            int64_t pp_rank) {
+  MEMSIM_DCHECK(num_microbatches > 0 && 0 <= pp_rank && pp_rank < l.pp && l.dp > 0 &&
+                m.padded_vocab_size > 0);
   TheoreticalMemory r;
   r.weight_and_optimizer_mb = WeightAndOptimizerBytes(m, l, pp_rank, &r) / kBytesPerMegabyte;
   // The output layer and loss: Megatron-LM counts them when pp == 1; per stage, on the last.

@@ -1,4 +1,5 @@
 #include "simulator/peak_analysis.h"
+#include "simulator/check.h"
 
 #include <algorithm>
 #include <map>
@@ -14,6 +15,7 @@ std::string StorageShapeString(const Recorder& recorder, const StorageInfo& s) {
 }
 
 PeakAnalysis AnalyzePeak(const Recorder& recorder, const Timeline& timeline, size_t top_n) {
+  MEMSIM_DCHECK(timeline.points().size() == recorder.events().size());
   PeakAnalysis peak;
   peak.event = timeline.peak_event();
   peak.allocated_bytes = timeline.peak_allocated_bytes();
