@@ -38,9 +38,10 @@ if [ "$command" = sanitize ] || [ "$command" = fuzz ]; then
   fi
   # The seeds' 24-layout sweep (killed and resumed) takes 7.5 min under the sanitizers, and
   # running every --help and README example (2 min plain) would take far longer; smaller
-  # tests cover the same code there, and the plain run runs both.
+  # tests cover the same code there, and the plain run runs both. The Python tools' tests
+  # run Python, not the sanitized C++ (75 s here): the plain run covers them.
   exec ctest --output-on-failure -j2 \
-    -E '^(Sweep[.]SeedsSweepKilledAndResumedMatchesAndPlots|Examples[.]EveryHelpAndReadmeExampleRuns)$' "$@"
+    -E '^(Sweep[.]SeedsSweepKilledAndResumedMatchesAndPlots|Examples[.]EveryHelpAndReadmeExampleRuns|python_tools)$' "$@"
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
