@@ -1,4 +1,5 @@
 #include "parallel/rank_classes.h"
+
 #include "simulator/check.h"
 
 namespace memsim {

@@ -1,8 +1,9 @@
 #include "simulator/peak_analysis.h"
-#include "simulator/check.h"
 
 #include <algorithm>
 #include <map>
+
+#include "simulator/check.h"
 
 namespace memsim {
 

@@ -95,11 +95,13 @@ Timeline Timeline::Replay(const Recorder& recorder) {
 
 CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes) {
   CachingAllocatorModel allocator(CachingAllocatorConfig{capacity_bytes});
-  // The stats before each event: at the refused allocation, what the device held when it
-  // was requested.
-  struct BeforeEachEvent : ReplayVisitor {
-    explicit BeforeEachEvent(const CachingAllocatorModel& a) : allocator(a) {}
-    void BeforeEvent(const MemoryEvent&) { before = allocator.stats(); }
+  // The stats before each allocation (only an allocation can be refused): at the refused
+  // one, what the device held when it was requested.
+  struct BeforeEachAllocation : ReplayVisitor {
+    explicit BeforeEachAllocation(const CachingAllocatorModel& a) : allocator(a) {}
+    void BeforeEvent(const MemoryEvent& event) {
+      if (event.is_alloc) before = allocator.stats();
+    }
     const CachingAllocatorModel& allocator;
     AllocatorStats before;
   } visitor(allocator);

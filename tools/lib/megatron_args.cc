@@ -468,7 +468,6 @@ const MegatronArg* FindArg(const std::string& name) {
     for (const MegatronArg& arg : kMegatronArgs) {
       const bool added = index->emplace(arg.name, &arg).second;
       MEMSIM_DCHECK(added);  // each argument has one row
-      static_cast<void>(added);
     }
     return index;
   }();

@@ -7,11 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 
-#include "parallel/parallel_for.h"
-#include "parallel/rank_training.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
 #include "simulator/snapshot_writer.h"
