@@ -20,12 +20,30 @@ using List = c10::impl::GenericList;
 
 List NewList() { return List(c10::AnyType::get()); }
 
+// Note [Snapshot speed]
+// A snapshot holds a dict per trace entry and per frame: hundreds of thousands of them
+// for a long run, so building the pickle's values dominated writing one. Values that
+// repeat (every key, the action names, each module and op name) are made once and
+// shared by reference count; the pickler memoizes strings by value, so the bytes written
+// are the same as with a fresh string each time.
+class Strings {
+ public:
+  const c10::IValue& Get(const std::string& s) {
+    auto it = values_.find(s);
+    if (it == values_.end()) it = values_.emplace(s, c10::IValue(s)).first;
+    return it->second;
+  }
+
+ private:
+  std::unordered_map<std::string, c10::IValue> values_;
+};
+
 // A dict with string keys and values of any type (pickled as a plain dict).
 class Dict {
  public:
   Dict() : dict_(c10::StringType::get(), c10::AnyType::get()) {}
   template <typename T>
-  void insert(const std::string& key, T&& value) {
+  void insert(const c10::IValue& key, T&& value) {
     dict_.insert_or_assign(key, c10::IValue(std::forward<T>(value)));
   }
   operator c10::IValue() const { return c10::IValue(dict_); }
@@ -34,39 +52,68 @@ class Dict {
   c10::impl::GenericDict dict_;
 };
 
-c10::IValue Frame(const std::string& filename, int64_t line, const std::string& name) {
-  Dict frame;
-  frame.insert("filename", filename);
-  frame.insert("line", line);
-  frame.insert("name", name);
-  return frame;
-}
+// The keys and fixed strings of the format, shared by every dict that uses them.
+struct Keys {
+  explicit Keys(Strings* s)
+      : filename(s->Get("filename")),
+        line(s->Get("line")),
+        name(s->Get("name")),
+        action(s->Get("action")),
+        addr(s->Get("addr")),
+        size(s->Get("size")),
+        stream(s->Get("stream")),
+        time_us(s->Get("time_us")),
+        frames(s->Get("frames")) {}
+  c10::IValue filename, line, name, action, addr, size, stream, time_us, frames;
+};
 
-// Note [Snapshot frames] in snapshot_writer.h.
-List StorageFrames(const Recorder& recorder, int64_t storage_id) {
-  const StorageInfo& s = recorder.storages()[static_cast<size_t>(storage_id)];
-  const std::string& module = recorder.names().Name(s.module);
-  List frames = NewList();
-  frames.push_back(Frame(module.empty() ? "<top>" : module, 0, recorder.names().Name(s.op)));
-  frames.push_back(Frame("memsim://category/" + std::string(CategoryName(s.category)), s.iteration,
-                         std::string(PhaseName(s.phase)) +
-                             " iteration=" + std::to_string(s.iteration) +
-                             " microbatch=" + std::to_string(s.microbatch)));
-  frames.push_back(Frame("memsim://tensor", 0, StorageShapeString(recorder, s)));
-  return frames;
-}
+// Builds the frames of storages (Note [Snapshot frames] in snapshot_writer.h).
+class FrameBuilder {
+ public:
+  explicit FrameBuilder(const Recorder& recorder) : recorder_(recorder), keys_(&strings_) {}
 
-c10::IValue TraceEntry(const std::string& action, int64_t address, int64_t size_bytes,
-                       double time_s, List frames) {
-  Dict entry;
-  entry.insert("action", action);
-  entry.insert("addr", address);
-  entry.insert("size", size_bytes);
-  entry.insert("stream", int64_t{0});
-  entry.insert("time_us", static_cast<int64_t>(time_s * 1e6));
-  entry.insert("frames", std::move(frames));
-  return entry;
-}
+  List StorageFrames(int64_t storage_id) {
+    const StorageInfo& s = recorder_.storages()[static_cast<size_t>(storage_id)];
+    const std::string& module = recorder_.names().Name(s.module);
+    List frames = NewList();
+    frames.push_back(Frame(strings_.Get(module.empty() ? "<top>" : module), 0,
+                           strings_.Get(recorder_.names().Name(s.op))));
+    frames.push_back(Frame(
+        strings_.Get("memsim://category/" + std::string(CategoryName(s.category))), s.iteration,
+        c10::IValue(std::string(PhaseName(s.phase)) + " iteration=" + std::to_string(s.iteration) +
+                    " microbatch=" + std::to_string(s.microbatch))));
+    frames.push_back(
+        Frame(strings_.Get("memsim://tensor"), 0, c10::IValue(StorageShapeString(recorder_, s))));
+    return frames;
+  }
+
+  c10::IValue TraceEntry(const c10::IValue& action, int64_t address, int64_t size_bytes,
+                         double time_s, const List& frames) {
+    Dict entry;
+    entry.insert(keys_.action, action);
+    entry.insert(keys_.addr, address);
+    entry.insert(keys_.size, size_bytes);
+    entry.insert(keys_.stream, int64_t{0});
+    entry.insert(keys_.time_us, static_cast<int64_t>(time_s * 1e6));
+    entry.insert(keys_.frames, frames);
+    return entry;
+  }
+
+  Strings& strings() { return strings_; }
+
+ private:
+  c10::IValue Frame(const c10::IValue& filename, int64_t line, const c10::IValue& name) {
+    Dict frame;
+    frame.insert(keys_.filename, filename);
+    frame.insert(keys_.line, line);
+    frame.insert(keys_.name, name);
+    return frame;
+  }
+
+  const Recorder& recorder_;
+  Strings strings_;
+  Keys keys_;
+};
 
 // Logs each allocator action of the replay (Note [Allocator replay]) as a device_traces
 // entry. Entries are kept as plain structs and turned into pickle values only for the
@@ -96,9 +143,11 @@ class TraceBuilder final : public AllocatorObserver {
     storage_at_address_.erase(block.address);
   }
 
-  List TakeEntries() {
+  List TakeEntries(FrameBuilder* builder) {
     static const char* const kActionNames[] = {"alloc", "free_requested", "free_completed",
                                                "segment_alloc", "segment_free"};
+    std::vector<c10::IValue> actions;
+    for (const char* name : kActionNames) actions.push_back(builder->strings().Get(name));
     List list = NewList();
     list.reserve(entries_.size());
     // A storage's alloc and frees share one frames list (and the pickle memoizes it).
@@ -109,12 +158,12 @@ class TraceBuilder final : public AllocatorObserver {
       if (e.storage_id >= 0) {
         auto it = frames.find(e.storage_id);
         if (it == frames.end()) {
-          it = frames.emplace(e.storage_id, StorageFrames(recorder_, e.storage_id)).first;
+          it = frames.emplace(e.storage_id, builder->StorageFrames(e.storage_id)).first;
         }
         entry_frames = it->second;
       }
-      list.push_back(TraceEntry(kActionNames[static_cast<int>(e.action)], e.address, e.size_bytes,
-                                e.time_s, entry_frames));
+      list.push_back(builder->TraceEntry(actions[static_cast<size_t>(e.action)], e.address,
+                                         e.size_bytes, e.time_s, entry_frames));
     }
     return list;
   }
@@ -162,6 +211,7 @@ std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
   TraceBuilder trace(recorder, options.max_trace_entries);
   CachingAllocatorModel allocator(CachingAllocatorConfig{}, &trace);
   ReplayAllocations(recorder, &allocator, through_event + 1, trace);
+  FrameBuilder builder(recorder);
 
   List segments = NewList();
   for (const AllocatorSegmentView& seg : allocator.Segments()) {
@@ -175,7 +225,7 @@ std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
       block.insert("requested_size", b.requested_bytes);
       block.insert("state", b.allocated ? "active_allocated" : "inactive");
       block.insert("frames",
-                   b.allocated ? StorageFrames(recorder, trace.StorageAt(b.address)) : NewList());
+                   b.allocated ? builder.StorageFrames(trace.StorageAt(b.address)) : NewList());
       blocks.push_back(block);
       if (b.allocated) {
         allocated += b.size_bytes;
@@ -199,7 +249,7 @@ std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
   }
 
   List device_traces = NewList();
-  device_traces.push_back(trace.TakeEntries());
+  device_traces.push_back(trace.TakeEntries(&builder));
   Dict memsim_info;
   memsim_info.insert("format", "memsim snapshot 1");
   memsim_info.insert("through_event", through_event);
