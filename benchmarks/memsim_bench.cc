@@ -4,10 +4,15 @@
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "models/parameters.h"
 #include "models/transformer.h"
 #include "ops/ops.h"
+#include "parallel/rank_simulation.h"
 #include "simulator/session.h"
+#include "tools/lib/command_line.h"
 
 namespace memsim {
 namespace {
@@ -51,6 +56,56 @@ BENCHMARK(BM_GptLayer)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0)
     ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
+
+// One layout simulated in-process, every rank class (SimulateAllClasses on `jobs`
+// threads, as `memsim simulate` and `memsim sweep` do), without the process start (about
+// 1 s of loading LibTorch's shared libraries) or any file written: what a search pays
+// per layout. Args: microbatches, jobs.
+ValidatedRun Llama70bLayout(int64_t microbatches) {
+  SpecOptions options;
+  options.model = "llama3-70b";
+  options.world_size = 128;
+  options.seq_length = 8192;
+  options.sequence_parallel = true;
+  options.data_parallel = "distributed-optimizer";
+  options.iterations = 2;
+  RunSpec spec;
+  Status status = BuildRunSpec(options, false, "memsim_bench", &spec);
+  spec.layout.tp = 8;
+  spec.layout.pp = 4;
+  spec.training.micro_batch_size = 1;
+  spec.training.num_microbatches = microbatches;
+  spec.training.recompute = RecomputeKind::kSelective;
+  std::optional<ValidatedRun> run;
+  if (status.ok()) status = FinalizeRunSpec(spec, &run);
+  if (!status.ok()) {
+    std::fprintf(stderr, "memsim_bench: %s\n", status.message().c_str());
+    std::exit(1);
+  }
+  return *run;
+}
+
+void BM_Llama70bLayout(benchmark::State& state) {
+  const ValidatedRun run = Llama70bLayout(state.range(0));
+  const int jobs = static_cast<int>(state.range(1));
+  size_t events = 0;
+  for (auto _ : state) {
+    std::vector<RankResult> results;
+    if (!SimulateAllClasses(run, jobs, &results).ok()) state.SkipWithError("simulation failed");
+    events = 0;
+    for (const RankResult& r : results) events += r.session->recorder().events().size();
+  }
+  state.counters["events"] = static_cast<double>(events);
+}
+BENCHMARK(BM_Llama70bLayout)
+    ->Args({128, 1})
+    ->Args({128, 2})
+    ->Args({512, 2})
+    ->ArgNames({"microbatches", "jobs"})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 
 }  // namespace

@@ -35,7 +35,7 @@ Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class, R
     result->timeline = Timeline::Replay(recorder);
     result->peak = AnalyzePeak(recorder, result->timeline, kLargestTensorsKept);
     if (spec.gpu != nullptr) {
-      result->on_gpu = ReplayWithCapacity(recorder, spec.gpu->usable_bytes());
+      result->on_gpu = ReplayWithCapacity(recorder, spec.gpu->usable_bytes(), result->timeline);
     }
   } catch (const std::exception& e) {
     return Status::Error("internal error replaying pipeline stage " +

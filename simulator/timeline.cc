@@ -94,6 +94,7 @@ Timeline Timeline::Replay(const Recorder& recorder) {
 }
 
 CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes) {
+  MEMSIM_DCHECK(capacity_bytes > 0);
   CachingAllocatorModel allocator(CachingAllocatorConfig{capacity_bytes});
   // The stats before each allocation (only an allocation can be refused): at the refused
   // one, what the device held when it was requested.
@@ -113,6 +114,18 @@ CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_byt
     replay.reserved_bytes_at_oom = visitor.before.reserved_bytes;
   }
   replay.peak_reserved_bytes = allocator.stats().peak_reserved_bytes;
+  return replay;
+}
+
+CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes,
+                                  const Timeline& unlimited) {
+  // CachingAllocatorModel refuses a segment only when reserved memory would exceed the
+  // capacity; reserved memory after each segment is at most the unlimited peak.
+  if (unlimited.peak_reserved_bytes() > capacity_bytes) {
+    return ReplayWithCapacity(recorder, capacity_bytes);
+  }
+  CapacityReplay replay;
+  replay.peak_reserved_bytes = unlimited.peak_reserved_bytes();
   return replay;
 }
 

@@ -74,7 +74,16 @@ struct CapacityReplay {
 };
 
 // Replays `recorder` against a device of `capacity_bytes`.
+// REQUIRES: capacity_bytes > 0.
 CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes);
+
+// The same, given the recording's unlimited replay: when that never reserved more than
+// the capacity, the allocator was never refused a segment, so a replay on the device
+// would make every decision it made; the answer is read off it instead of replaying
+// again (most layouts that are simulated fit).
+// REQUIRES: capacity_bytes > 0; `unlimited` is Timeline::Replay(recorder).
+CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes,
+                                  const Timeline& unlimited);
 
 // Calls `fn(storage_id)` for every storage alive right after event `event`.
 template <typename Fn>

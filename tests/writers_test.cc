@@ -105,6 +105,31 @@ TEST(Timeline, FitsAfterReleasingTheCacheAsPyTorchDoes) {
   const CapacityReplay on_13 = ReplayWithCapacity(session.recorder(), 13 * kMiB);
   EXPECT_EQ(on_13.oom_event, 2);  // b, after releasing a's segment: 14 > 13 MiB
   EXPECT_EQ(on_13.reserved_bytes_at_oom, 12 * kMiB);
+  // Above the device's capacity unlimited, so the shortcut must replay: same answers.
+  EXPECT_EQ(ReplayWithCapacity(session.recorder(), 20 * kMiB, unlimited).peak_reserved_bytes,
+            14 * kMiB);
+  EXPECT_EQ(ReplayWithCapacity(session.recorder(), 13 * kMiB, unlimited).oom_event, 2);
+}
+
+// The shortcut through the unlimited replay answers exactly what a replay on the device
+// answers, on both sides of the unlimited peak (where it replays) and at it (where it
+// reads the answer off the unlimited replay).
+TEST(Timeline, CapacityShortcutAgreesWithTheFullReplay) {
+  MlpRun run;
+  const Recorder& recorder = run.session.recorder();
+  const Timeline unlimited = Timeline::Replay(recorder);
+  const int64_t peak = unlimited.peak_reserved_bytes();
+  ASSERT_EQ(peak, 2 * kMiB);  // one small-pool segment holds every tensor of the MLP
+  for (const int64_t capacity : {peak / 2, peak - 1, peak, peak + 1, 2 * peak}) {
+    const CapacityReplay full = ReplayWithCapacity(recorder, capacity);
+    const CapacityReplay shortcut = ReplayWithCapacity(recorder, capacity, unlimited);
+    EXPECT_EQ(shortcut.oom_event, full.oom_event) << capacity;
+    EXPECT_EQ(shortcut.peak_reserved_bytes, full.peak_reserved_bytes) << capacity;
+    EXPECT_EQ(shortcut.allocated_bytes_at_oom, full.allocated_bytes_at_oom) << capacity;
+    EXPECT_EQ(shortcut.reserved_bytes_at_oom, full.reserved_bytes_at_oom) << capacity;
+  }
+  EXPECT_TRUE(ReplayWithCapacity(recorder, peak, unlimited).fits());
+  EXPECT_FALSE(ReplayWithCapacity(recorder, peak / 2, unlimited).fits());
 }
 
 TEST(TraceWriter, MatchesTheRealTracerSchema) {
