@@ -55,6 +55,19 @@ Status SimulateAllClasses(const ValidatedRun& run, int jobs, std::vector<RankRes
   return Status::OK();
 }
 
+Status SimulateSetup(const ValidatedRun& run, SetupMemory* setup) {
+  std::vector<RankResult> stages;
+  MEMSIM_RETURN_IF_ERROR(SimulateAllClasses(run.SetupOnly(), /*jobs=*/1, &stages));
+  *setup = SetupMemory();
+  for (const RankResult& r : stages) {
+    if (r.timeline.peak_allocated_bytes() > setup->peak_allocated_bytes) {
+      setup->peak_allocated_bytes = r.timeline.peak_allocated_bytes();
+      setup->pp_rank = r.rank_class.pp_rank;
+    }
+  }
+  return Status::OK();
+}
+
 std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
                                        int64_t simulated_microbatches) {
   std::vector<StageClock> clocks;

@@ -41,6 +41,17 @@ Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class, R
 // Simulates every rank class on up to `jobs` threads; results in stage order.
 Status SimulateAllClasses(const ValidatedRun& run, int jobs, std::vector<RankResult>* results);
 
+// The memory that lives through the whole step (parameters, gradient buffers, the
+// optimizer's master weights and state): the largest allocated by any stage's setup,
+// simulated without a training step. A layout whose setup exceeds the GPU cannot fit
+// (allocated memory never exceeds reserved memory, which never exceeds the device), so
+// plan and sweep rule it out without simulating its steps.
+struct SetupMemory {
+  int64_t peak_allocated_bytes = 0;
+  int64_t pp_rank = 0;  // the stage that holds the most
+};
+Status SimulateSetup(const ValidatedRun& run, SetupMemory* setup);
+
 // What the virtual clock measured on each stage's last iteration (results in stage order),
 // for EstimateStepTime; the stages ran `simulated_microbatches` microbatches.
 std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,

@@ -156,11 +156,6 @@ TEST(Sweep, RecomputationVariantsDoNotOverwriteEachOther) {
   EXPECT_NE(Read(base + ".json"), Read(base + "_rcfull.json"));
 }
 
-}  // namespace
-}  // namespace memsim
-
-namespace memsim {
-namespace {
 
 // The seeds' sweep: the 485B GPT on 8,192 GPUs, TP {1,2,4,8} x PP {2..64}, sequence 2048,
 // micro batch 1, 6 x PP microbatches, fp16, distributed optimizer. All 24 layouts get a
@@ -210,11 +205,6 @@ TEST(Sweep, SeedsSweepKilledAndResumedMatchesAndPlots) {
   EXPECT_TRUE(fs::is_regular_file(heatmap + ".pdf"));
 }
 
-}  // namespace
-}  // namespace memsim
-
-namespace memsim {
-namespace {
 
 // Verdicts over a sweep whose layouts straddle the GPU's capacity (Llama-3-8B at sequence
 // 8192 on 8 A100-80GB, TP 1-8, micro batch 1 or 4): every layout that fits has
@@ -261,6 +251,49 @@ TEST(Sweep, VerdictsAreConsistentAndAgreeWithSimulate) {
   // The grid straddles the capacity.
   EXPECT_GT(fitting, 0);
   EXPECT_GT(failing, 0);
+}
+
+// --prune rules out only layouts that cannot fit (their setup alone exceeds the GPU),
+// says so, and leaves every other layout's record as a full sweep writes it. Llama-3-70B
+// on 16 H100s: TP1 (PP 1 and 2) holds 220+ GB of weights and optimizer state per GPU
+// (pruned); TP8 PP1 fits its setup but not its step (simulated, out of memory); TP8 PP2
+// fits.
+TEST(Sweep, PruneRulesOutOnlyLayoutsWhoseSetupExceedsTheGpu) {
+  const std::string common =
+      "sweep --model llama3-70b --world-size 16 --seq-length 256 --tp 1,8 --pp 1,2 "
+      "--microbatches-per-pp 1 --data-parallel distributed-optimizer --gpu H100-80GB --out ";
+  const std::string pruned_dir = Dir("pruned"), full_dir = Dir("unpruned");
+  ASSERT_EQ(Memsim(common + pruned_dir + " --prune"), 0);
+  ASSERT_EQ(Memsim(common + full_dir), 0);
+  const nlohmann::json pruned = nlohmann::json::parse(Read(pruned_dir + "/sweep_results.json"));
+  const nlohmann::json full = nlohmann::json::parse(Read(full_dir + "/sweep_results.json"));
+  ASSERT_EQ(pruned.size(), 4u);
+  ASSERT_EQ(full.size(), 4u);
+  std::map<std::string, int> statuses;
+  for (size_t i = 0; i < pruned.size(); ++i) {
+    const nlohmann::json& p = pruned[i];
+    EXPECT_EQ(p["status"], full[i]["status"]) << p.dump();  // the same verdict, always
+    if (p.value("pruned", false)) {
+      ++statuses["pruned"];
+      EXPECT_EQ(p["tp"], 1);
+      EXPECT_FALSE(p.contains("stages"));
+      EXPECT_EQ(p["reason"].get<std::string>().rfind("pruned (not simulated): parameters, "
+                                                     "gradient buffers and master weights alone "
+                                                     "take ",
+                                                     0),
+                0u)
+          << p["reason"];
+      // The setup alone is below the full simulation's peak.
+      EXPECT_LT(std::stod(p["reason"].get<std::string>().substr(83)),
+                full[i]["stages"][0]["peak_allocated_MB"].get<double>());
+    } else {
+      ++statuses[p["status"].get<std::string>()];
+      EXPECT_EQ(p, full[i]);
+    }
+  }
+  EXPECT_EQ(statuses, (std::map<std::string, int>{{"oom", 1}, {"pruned", 2}, {"success", 1}}));
+  EXPECT_NE(Read(pruned_dir + "/failed_configs.log").find("FAILED (pruned (not simulated)"),
+            std::string::npos);
 }
 
 }  // namespace

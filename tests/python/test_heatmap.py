@@ -89,6 +89,18 @@ class HeatmapTest(CliTestCase):
             (3, 2): "failed",
         })
 
+    def test_pruned_layout_shows_its_setup(self) -> None:
+        # memsim sweep --prune: no trace, the reason gives the setup's memory (MiB).
+        self.failed.append(log_line(7, 4, 4, "FAILED (pruned (not simulated): parameters, "
+                                             "gradient buffers and master weights alone take "
+                                             "102400.0 MB on stage 0, over the usable "
+                                             "81047.0 MB)"))
+        self.write_logs()
+        result = self.heatmap()
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(self.layouts(result.stdout)[(4, 4)],
+                         "failed, pruned: setup alone 100.0 GiB")
+
     def test_one_log_may_be_missing(self) -> None:
         (self.logs / "successful_configs.log").unlink()
         result = self.heatmap("--figsize", 5, 2, "--max-memory", 40)

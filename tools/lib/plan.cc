@@ -63,19 +63,14 @@ int64_t ScreeningMicrobatches(const ParallelLayout& layout, int64_t microbatches
 // Note [Plan search] 2: whether the memory that lives through the whole step already
 // exceeds the GPU; `reason` says where.
 Status SetupExceedsGpu(const ValidatedRun& run, bool* exceeds, std::string* reason) {
-  const RunSpec& spec = run.spec();
-  std::vector<RankResult> stages;
-  MEMSIM_RETURN_IF_ERROR(SimulateAllClasses(run.SetupOnly(), /*jobs=*/1, &stages));
-  *exceeds = false;
-  for (const RankResult& r : stages) {
-    const int64_t bytes = r.timeline.peak_allocated_bytes();
-    if (bytes > spec.gpu->usable_bytes()) {
-      *exceeds = true;
-      *reason = "parameters, gradient buffers and master weights alone take " + FormatBytes(bytes) +
-                " on stage " + std::to_string(r.rank_class.pp_rank) + ", over the usable " +
-                FormatBytes(spec.gpu->usable_bytes());
-      return Status::OK();
-    }
+  const int64_t usable_bytes = run.spec().gpu->usable_bytes();
+  SetupMemory setup;
+  MEMSIM_RETURN_IF_ERROR(SimulateSetup(run, &setup));
+  *exceeds = setup.peak_allocated_bytes > usable_bytes;
+  if (*exceeds) {
+    *reason = "parameters, gradient buffers and master weights alone take " +
+              FormatBytes(setup.peak_allocated_bytes) + " on stage " +
+              std::to_string(setup.pp_rank) + ", over the usable " + FormatBytes(usable_bytes);
   }
   return Status::OK();
 }

@@ -116,15 +116,18 @@ struct PointOutcome {
   Status io;
 };
 
-// How a sweep writes each layout's traces.
-struct TraceSettings {
+// How a sweep simulates each layout and writes its traces.
+struct PointSettings {
   std::string out_dir;
   double sample_interval_s = 0;  // TraceOptions::sample_interval_s
+  // Rule out a layout whose setup alone exceeds the GPU without simulating its steps
+  // (SimulateSetup): its record says so and has no stages, peaks or traces.
+  bool prune = false;
 };
 
 // Simulates one layout, writes its traces, returns its result record.
 PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
-                           const TraceSettings& traces) {
+                           const PointSettings& settings) {
   spec.layout.tp = point.tp;
   spec.layout.pp = point.pp;
   spec.layout.vpp = point.vpp;
@@ -175,8 +178,25 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
   result["num_microbatches"] = spec.training.num_microbatches;
   result["global_batch_size"] =
       spec.training.num_microbatches * spec.training.micro_batch_size * spec.layout.dp;
+  result["theoretical_memory_MB"] = TheoreticalMemoryMB(*run, 0);  // Megatron-LM's own
+  if (settings.prune) {
+    SetupMemory setup;
+    status = SimulateSetup(*run, &setup);
+    if (status.ok() && setup.peak_allocated_bytes > spec.gpu->usable_bytes()) {
+      char reason[256];
+      std::snprintf(reason, sizeof(reason),
+                    "pruned (not simulated): parameters, gradient buffers and master weights "
+                    "alone take %.1f MB on stage %lld, over the usable %.1f MB",
+                    BytesToMiB(setup.peak_allocated_bytes), static_cast<long long>(setup.pp_rank),
+                    BytesToMiB(spec.gpu->usable_bytes()));
+      result["status"] = "oom";
+      result["pruned"] = true;
+      result["reason"] = reason;
+      return {result, Status::OK()};
+    }
+  }
   std::vector<RankResult> classes;
-  status = SimulateAllClasses(*run, /*jobs=*/1, &classes);
+  if (status.ok()) status = SimulateAllClasses(*run, /*jobs=*/1, &classes);
   if (!status.ok()) {
     result["status"] = "error";
     result["reason"] = status.message();
@@ -197,14 +217,13 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
          {"fits", r.fits()}});
     worst_mb = std::max(worst_mb, reserved_mb);
     if (failing == nullptr && !r.fits()) failing = &r;
-    const Status write =
-        WriteTrace(traces.out_dir + "/" + TraceName(spec, r.rank_class.representative), r.timeline,
-                   TraceOptions{traces.sample_interval_s,
-                                TheoreticalMemoryMB(*run, r.rank_class.pp_rank), 5000});
+    const Status write = WriteTrace(
+        settings.out_dir + "/" + TraceName(spec, r.rank_class.representative), r.timeline,
+        TraceOptions{settings.sample_interval_s, TheoreticalMemoryMB(*run, r.rank_class.pp_rank),
+                     5000});
     if (!write.ok()) return {json(), write};
   }
   result["stages"] = stages;
-  result["theoretical_memory_MB"] = TheoreticalMemoryMB(*run, 0);  // Megatron-LM's own
   result["max_peak_reserved_MB"] = worst_mb;
   result["status"] = failing == nullptr ? "success" : "oom";
   if (failing != nullptr) {
@@ -223,9 +242,9 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
 // SimulatePoint, with any exception (a memsim bug) turned into an error record: this runs
 // on worker threads, where an escaping exception would abort the whole sweep.
 PointOutcome RunPoint(const RunSpec& spec, const SweepPoint& point, int64_t microbatches_per_pp,
-                      const TraceSettings& traces) {
+                      const PointSettings& settings) {
   try {
-    return SimulatePoint(spec, point, microbatches_per_pp, traces);
+    return SimulatePoint(spec, point, microbatches_per_pp, settings);
   } catch (const std::exception& e) {
     json result = PointRecord(point);
     result.update({{"run", RunIdentity(spec, microbatches_per_pp)},
@@ -384,7 +403,7 @@ int SweepCommand(int argc, const char* const* argv) {
               ep_list = "1", mbs_list = "1", recompute_list = "none", seq_list;
   int64_t microbatches_per_pp = 0;
   int jobs = 2;
-  bool resume = false;
+  bool resume = false, prune = false;
   options.add_options()("help,h", "show this help");
   AddSpecOptions(&options, &spec_options, &seq_list);
   options.add_options()("tp", po::value(&tp_list), "TP values (default 1,2,4,8)")(
@@ -400,6 +419,9 @@ int SweepCommand(int argc, const char* const* argv) {
       "sample-interval", po::value(&sample_interval_s),
       "thin trace samples to this many seconds of virtual time (peaks are kept)")(
       "resume", po::bool_switch(&resume), "skip layouts already finished in --out")(
+      "prune", po::bool_switch(&prune),
+      "rule out layouts whose setup alone exceeds the GPU without simulating their steps "
+      "(faster; they get no peak or traces)")(
       "shard", po::value(&shard), "K/N: run every N-th layout starting at K (job arrays)");
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(argc, argv, options, "sweep", &vm)) return *exit_code;
@@ -469,10 +491,11 @@ int SweepCommand(int argc, const char* const* argv) {
   std::atomic<size_t> finished{0};
   std::mutex io;
   std::vector<Status> errors;
+  size_t pruned = 0;
   const auto start = std::chrono::steady_clock::now();
   ParallelFor(points.size(), jobs, [&](size_t i) {
     const PointOutcome outcome =
-        RunPoint(base, points[i], microbatches_per_pp, {out_dir, sample_interval_s});
+        RunPoint(base, points[i], microbatches_per_pp, {out_dir, sample_interval_s, prune});
     Status write = outcome.io;
     if (write.ok()) {
       write =
@@ -480,6 +503,7 @@ int SweepCommand(int argc, const char* const* argv) {
     }
     std::lock_guard<std::mutex> lock(io);
     if (!write.ok()) errors.push_back(write);
+    if (outcome.record.value("pruned", false)) ++pruned;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ShowProgress("layouts", ++finished, points.size(), elapsed);
@@ -492,10 +516,13 @@ int SweepCommand(int argc, const char* const* argv) {
                  (errors.empty() ? status : errors[0]).message().c_str());
     return kExitError;
   }
+  const std::string pruned_note =
+      prune ? ", " + std::to_string(pruned) + " of them pruned before simulating their steps" : "";
   std::printf(
-      "memsim sweep: %zu layout%s simulated (%lld in all, shard %lld/%lld); results in %s/\n",
-      points.size(), points.size() == 1 ? "" : "s", static_cast<long long>(index),
-      static_cast<long long>(shard_index), static_cast<long long>(shard_count), out_dir.c_str());
+      "memsim sweep: %zu layout%s simulated%s (%lld in all, shard %lld/%lld); results in %s/\n",
+      points.size(), points.size() == 1 ? "" : "s", pruned_note.c_str(),
+      static_cast<long long>(index), static_cast<long long>(shard_index),
+      static_cast<long long>(shard_count), out_dir.c_str());
   return kExitOk;
 }
 

@@ -42,6 +42,8 @@ _LAYOUT_NAME = re.compile(
 _LOG_LINE = re.compile(r"^Config\s+[^:]*:\s*TP=(?P<tp>\d+),\s*PP=(?P<pp>\d+)\b.*?\s-\s*"
                        r"(?P<status>SUCCESS|FAILED)\b\s*(?:\((?P<reason>.*)\))?\s*$")
 _REASON_PEAK = re.compile(r"\bpeak\s+(?P<mb>\d+(?:\.\d+)?)\s*MB", re.IGNORECASE)
+# memsim sweep --prune: "pruned (not simulated): parameters, ... alone take X MB on stage ..."
+_REASON_PRUNED = re.compile(r"^pruned\b.*?\btake\s+(?P<mb>\d+(?:\.\d+)?)\s*MB")
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Cell:
     peak_mb: float | None = None  # worst rank's peak over all iterations, from traces
     theory_mb: float | None = None
     reason_peak_mb: float | None = None  # "peak X MB" in a failure reason
+    setup_mb: float | None = None  # pruned by memsim sweep --prune: its setup alone, in MB
 
     @property
     def failed(self) -> bool:
@@ -169,13 +172,16 @@ def _log_line(line: str, where: str, grid: Grid) -> None:
     peak = _REASON_PEAK.search(match["reason"] or "")
     if peak:
         cell.reason_peak_mb = float(peak["mb"])
+    pruned = _REASON_PRUNED.search(match["reason"] or "")
+    if pruned:
+        cell.setup_mb = float(pruned["mb"])
 
 
 def cell_line(layout: tuple[int, int], cell: Cell) -> str:
     """One layout as text: what the cell shows, for the terminal."""
     tp, pp = layout
     if cell.failed:
-        shown = [("predicted peak", cell.predicted_mb)]
+        shown = [("predicted peak", cell.predicted_mb), ("pruned: setup alone", cell.setup_mb)]
     else:
         shown = [("peak", cell.peak_mb), ("theory", cell.theory_mb)]
     values = "".join(f", {name} {mb / MB_PER_GB:.1f} GiB" for name, mb in shown if mb is not None)
@@ -245,6 +251,9 @@ def _draw_cell(ax: plt.Axes, xy: tuple[int, int], cell: Cell, cmap: LinearSegmen
         if cell.predicted_mb is not None:
             ax.text(x, y + 0.3, f"pred. {cell.predicted_mb / MB_PER_GB:.1f} GiB", ha="center",
                     va="center", color=MUTED_TEXT, fontsize=fontsize * 0.8)
+        elif cell.setup_mb is not None:
+            ax.text(x, y + 0.3, f"setup {cell.setup_mb / MB_PER_GB:.1f} GiB (pruned)",
+                    ha="center", va="center", color=MUTED_TEXT, fontsize=fontsize * 0.8)
         return
     if cell.peak_mb is None:
         ax.add_patch(Rectangle(corner, 1, 1, facecolor="white", edgecolor="#cccccc", lw=0.8))
