@@ -181,8 +181,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
     optimizer.ZeroGrad();
     session.BeginIteration(it);
     std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
-    std::map<std::pair<bool, int64_t>, StepTemplate> templates;       // (forward, chunk)
-    std::map<std::pair<int64_t, int64_t>, Recorder::IdMap> replicas;  // (microbatch, chunk)
+    std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
+    std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
     Recorder& recorder = session.recorder();
     for (const PipelineStep& step : schedule) {
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
@@ -194,13 +194,13 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       if (replicate && step.microbatch > kTemplateMicrobatch && found != templates.end() &&
           (step.forward || replicated_forward)) {
         const StepTemplate& t = found->second;
-        Recorder::IdMap ids;
-        const Recorder::IdMap outer = step.forward ? Recorder::IdMap() : replicas[key];
+        Recorder::IdShift ids;
+        const Recorder::IdShift outer = step.forward ? Recorder::IdShift() : replicas[key];
         if (recorder.AppendReplica(t.begin_event, t.end_event, recorder.now_s() - t.begin_s, outer,
                                    &ids)) {
           recorder.AdvanceClock(t.duration_s);
           if (step.forward) {
-            replicas[key] = std::move(ids);
+            replicas[key] = ids;
           } else {
             replicas.erase(key);
           }

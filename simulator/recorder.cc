@@ -130,37 +130,44 @@ void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::
   info.dtype = dtype;
 }
 
-bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdMap& outer,
-                             IdMap* ids) {
-  // Check first: every free must name a storage the template allocated or `outer` maps.
-  std::unordered_set<int64_t> allocated;
+bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdShift& outer,
+                             IdShift* ids) {
+  // The template's own storages, then check that every free names one of them or a
+  // storage `outer` maps.
+  IdShift own;
+  int64_t allocations = 0;
   for (int64_t e = begin; e < end; ++e) {
     const MemoryEvent& event = events_[static_cast<size_t>(e)];
-    if (event.is_alloc) {
-      allocated.insert(event.storage_id);
-    } else if (allocated.count(event.storage_id) == 0 && outer.count(event.storage_id) == 0) {
+    if (!event.is_alloc) continue;
+    if (allocations++ == 0) own.first = event.storage_id;
+    own.last = event.storage_id + 1;
+  }
+  MEMSIM_DCHECK(own.last - own.first == allocations);  // consecutive ids
+  for (int64_t e = begin; e < end; ++e) {
+    const MemoryEvent& event = events_[static_cast<size_t>(e)];
+    if (!event.is_alloc && !own.Maps(event.storage_id) && !outer.Maps(event.storage_id)) {
       return false;
     }
   }
-  ids->clear();
+  own.shift = static_cast<int64_t>(storages_.size()) - own.first;
+  *ids = own;
+  live_records_.resize(live_records_.size() + static_cast<size_t>(allocations), nullptr);
   for (int64_t e = begin; e < end; ++e) {
     const MemoryEvent event = events_[static_cast<size_t>(e)];  // copy: events_ grows
     if (event.is_alloc) {
-      const int64_t id = static_cast<int64_t>(storages_.size());
       StorageInfo info = storages_[static_cast<size_t>(event.storage_id)];
       info.alloc_event = static_cast<int64_t>(events_.size());
       info.free_event = -1;
       info.iteration = iteration_;
       info.microbatch = microbatch_;
+      const int64_t id = static_cast<int64_t>(storages_.size());
+      MEMSIM_DCHECK(id == event.storage_id + own.shift);
       storages_.push_back(info);
-      live_records_.push_back(nullptr);
-      (*ids)[event.storage_id] = id;
       events_.push_back({id, event.time_s + time_offset_s, true});
       live_bytes_ += info.size_bytes;
       peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
     } else {
-      auto own = ids->find(event.storage_id);
-      const int64_t id = own != ids->end() ? own->second : outer.at(event.storage_id);
+      const int64_t id = event.storage_id + (own.Maps(event.storage_id) ? own.shift : outer.shift);
       StorageInfo& info = storages_[static_cast<size_t>(id)];
       MEMSIM_DCHECK(info.free_event < 0);
       info.free_event = static_cast<int64_t>(events_.size());

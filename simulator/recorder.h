@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -164,14 +163,21 @@ class Recorder {
   void AddMarker(MarkerKind kind);
 
   // --- Replication (Note [Microbatch replication] in parallel/rank_training.cc). ---
-  using IdMap = std::unordered_map<int64_t, int64_t>;
+  // How a copy's storages relate to its template's. Storage ids are handed out in event
+  // order, so the storages a range of events allocates have consecutive ids, and a copy
+  // of the range allocates theirs in the same order: template id t in [first, last)
+  // became t + shift.
+  struct IdShift {
+    int64_t first = 0, last = 0, shift = 0;  // empty: maps nothing
+    bool Maps(int64_t id) const { return first <= id && id < last; }
+  };
   // Appends a copy of events [begin, end), shifted by `time_offset_s`, stamped with the
   // current iteration and microbatch. Storages the copied events allocate get new ids,
-  // written to `*ids` (template id -> new id); a copied free of a storage allocated
-  // before `begin` is translated through `outer`. Returns false and appends nothing if a
-  // free refers to a storage neither maps. The copies have no tensors behind them.
-  bool AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdMap& outer,
-                     IdMap* ids);
+  // described by `*ids`; a copied free of a storage allocated before `begin` is
+  // translated through `outer`. Returns false and appends nothing if a free refers to a
+  // storage neither maps. The copies have no tensors behind them.
+  bool AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdShift& outer,
+                     IdShift* ids);
 
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }
