@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "models/layer_replication.h"
 #include "parallel/regions/tensor_parallel.h"
 #include "simulator/check.h"
 #include "simulator/session.h"
@@ -351,18 +352,43 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
   std::vector<Layer>& layers = chunks_[static_cast<size_t>(chunk)];
   const int64_t n = static_cast<int64_t>(layers.size());
   const int64_t group = training_.recompute_num_layers;
-  auto run_layers = [this, &layers](int64_t first, int64_t last, at::Tensor hidden) {
-    for (int64_t i = first; i < last; ++i) {
-      Layer& layer = layers[static_cast<size_t>(i)];
-      ModuleScope s("layers." + std::to_string(layer.index));
-      auto forward = [this, &layer](const at::Tensor& x) { return LayerForward(layer, x); };
-      hidden =
-          shard_.wrap_layer ? shard_.wrap_layer(layer.index, hidden, forward) : forward(hidden);
-    }
+  auto run_layer = [this, &layers](int64_t i, const at::Tensor& x) {
+    Layer& layer = layers[static_cast<size_t>(i)];
+    ModuleScope s("layers." + std::to_string(layer.index));
+    auto forward = [this, &layer](const at::Tensor& in) { return LayerForward(layer, in); };
+    return shard_.wrap_layer ? shard_.wrap_layer(layer.index, x, forward) : forward(x);
+  };
+  auto run_layers = [run_layer](int64_t first, int64_t last, at::Tensor hidden) {
+    for (int64_t i = first; i < last; ++i) hidden = run_layer(i, hidden);
     return hidden;
   };
   at::Tensor hidden = input;
-  if (training_.recompute != RecomputeKind::kFull) return run_layers(0, n, hidden);
+  if (training_.recompute != RecomputeKind::kFull) {
+    if (!shard_.replicate_layers || shard_.wrap_layer) return run_layers(0, n, hidden);
+    const std::string decoder_path = ModuleScope::CurrentPath();
+    LayerRunner runner;
+    runner.run = run_layer;
+    runner.module_path = [&layers, &decoder_path](int64_t i) {
+      return decoder_path + ".layers." + std::to_string(layers[static_cast<size_t>(i)].index);
+    };
+    runner.state = [&layers](int64_t i) {
+      Layer& layer = layers[static_cast<size_t>(i)];  // what the MoE dispatcher keeps
+      return layer.moe
+                 ? std::vector<at::Tensor*>{&layer.experts.kept_map, &layer.experts.kept_probs}
+                 : std::vector<at::Tensor*>{};
+    };
+    // Each run of consecutive layers of one kind (dense, MoE) is replicated on its own.
+    for (int64_t i = 0; i < n;) {
+      int64_t end = i + 1;
+      while (end < n &&
+             layers[static_cast<size_t>(end)].moe == layers[static_cast<size_t>(i)].moe) {
+        ++end;
+      }
+      hidden = RunReplicatedLayers(i, end, hidden, runner);
+      i = end;
+    }
+    return hidden;
+  }
   // Megatron's TransformerBlock._checkpointed_forward, over this chunk's layers.
   for (int64_t i = 0; i < n;) {
     const bool uniform = training_.recompute_method == RecomputeMethod::kUniform;

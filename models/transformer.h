@@ -92,6 +92,9 @@ struct ModelShard {
   // per layer (FSDP gathers the layer's parameters around it). Empty: run it directly.
   using LayerFn = std::function<at::Tensor(const at::Tensor&)>;
   std::function<at::Tensor(int64_t index, const at::Tensor& input, const LayerFn& run)> wrap_layer;
+  // Copy the events of identical layers instead of running them all (Note [Layer
+  // replication] in layer_replication.h); ignored with full recomputation or wrap_layer.
+  bool replicate_layers = false;
 
   // The whole model on one rank.
   static ModelShard Whole(const ModelConfig& model) {

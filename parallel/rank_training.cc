@@ -137,13 +137,14 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
 
 void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& training,
                      const ParallelLayout& layout, int64_t pp_rank, Session& session,
-                     bool replicate_microbatches) {
+                     Replication replication) {
   MEMSIM_DCHECK(0 <= pp_rank && pp_rank < layout.pp && model_config.padded_vocab_size > 0 &&
                 training.num_microbatches > 0);
   RegisterOps();
   session.SetPhase(Phase::kSetup);
   ParameterStore store(training.precision, training.gradient_accumulation_fusion);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
+  shard.replicate_layers = replication.layers;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   if (layout.data_parallel == DataParallelKind::kFsdp) {
     shard.wrap_layer = [&fsdp](int64_t unit, const at::Tensor& input,
@@ -171,7 +172,7 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
   // Deferred output-layer weight gradients keep tensors across microbatches, which copied
   // microbatches cannot hold: the stage with the loss runs every microbatch for real.
   const bool replicate =
-      replicate_microbatches && !(training.defer_embedding_wgrad && shard.last_stage);
+      replication.microbatches && !(training.defer_embedding_wgrad && shard.last_stage);
 
   for (int32_t it = 0; it < training.iterations; ++it) {
     {
@@ -195,7 +196,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
           (step.forward || replicated_forward)) {
         const StepTemplate& t = found->second;
         Recorder::IdShift ids;
-        const Recorder::IdShift outer = step.forward ? Recorder::IdShift() : replicas[key];
+        Recorder::ReplicaOuter outer;
+        if (!step.forward) outer.shift = replicas[key];
         if (recorder.AppendReplica(t.begin_event, t.end_event, recorder.now_s() - t.begin_s, outer,
                                    &ids)) {
           recorder.AdvanceClock(t.duration_s);

@@ -21,11 +21,18 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
 // (Note [Rank classes] in rank_classes.h). A UserError from the engine propagates.
 // REQUIRES: `model` passed FinalizeModelConfig with layout.tp, `layout` FinalizeLayout,
 // `training` ValidateTrainingConfig.
-// `replicate_microbatches`: copy the steady state's events for microbatches after the
-// second instead of running them (Note [Microbatch replication] in rank_training.cc).
+// What is copied instead of run; the event log is the same either way (tests compare).
+struct Replication {
+  // The steady state's events for microbatches after the second (Note [Microbatch
+  // replication] in rank_training.cc).
+  bool microbatches = true;
+  // The steady layer's events for identical layers (Note [Layer replication] in
+  // models/layer_replication.h).
+  bool layers = true;
+};
 void RunRankTraining(const ModelConfig& model, const TrainingConfig& training,
                      const ParallelLayout& layout, int64_t pp_rank, Session& session,
-                     bool replicate_microbatches = true);
+                     Replication replication = {});
 
 // The whole model on one GPU: RunRankTraining with a one-rank layout.
 void RunTraining(const ModelConfig& model, const TrainingConfig& training, Session& session);

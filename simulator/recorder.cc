@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <unordered_map>
+#include <utility>
 
 namespace memsim {
 namespace {
@@ -34,6 +36,15 @@ Category Recorder::CategoryForNewStorage() const {
 }
 
 AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
+  if (adopt_next_ >= 0) {
+    const int64_t id = std::exchange(adopt_next_, -1);
+    MEMSIM_DCHECK(storages_[static_cast<size_t>(id)].size_bytes == size_bytes &&
+                  storages_[static_cast<size_t>(id)].free_event < 0 &&
+                  live_records_[static_cast<size_t>(id)] == nullptr);
+    auto* record = new AllocationRecord{this, id, c10::DataPtr()};
+    live_records_[static_cast<size_t>(id)] = record;
+    return record;
+  }
   const int64_t id = static_cast<int64_t>(storages_.size());
   StorageInfo& info = storages_.emplace_back();
   info.size_bytes = size_bytes;
@@ -130,8 +141,14 @@ void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::
   info.dtype = dtype;
 }
 
-bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdShift& outer,
-                             IdShift* ids) {
+void Recorder::AdoptNextAllocation(int64_t storage_id) {
+  MEMSIM_DCHECK(adopt_next_ < 0 && 0 <= storage_id &&
+                storage_id < static_cast<int64_t>(storages_.size()));
+  adopt_next_ = storage_id;
+}
+
+bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,
+                             const ReplicaOuter& outer, IdShift* ids) {
   // The template's own storages, then check that every free names one of them or a
   // storage `outer` maps.
   IdShift own;
@@ -143,14 +160,35 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, c
     own.last = event.storage_id + 1;
   }
   MEMSIM_DCHECK(own.last - own.first == allocations);  // consecutive ids
+  auto outer_id = [&outer](int64_t id) -> int64_t {
+    if (outer.shift.Maps(id)) return id + outer.shift.shift;
+    for (const auto& [from, to] : outer.ids) {
+      if (from == id) return to;
+    }
+    return -1;
+  };
   for (int64_t e = begin; e < end; ++e) {
     const MemoryEvent& event = events_[static_cast<size_t>(e)];
-    if (!event.is_alloc && !own.Maps(event.storage_id) && !outer.Maps(event.storage_id)) {
+    if (!event.is_alloc && !own.Maps(event.storage_id) && outer_id(event.storage_id) < 0) {
       return false;
     }
   }
   own.shift = static_cast<int64_t>(storages_.size()) - own.first;
   *ids = own;
+  std::unordered_map<NameId, NameId> renamed;
+  auto rename = [&](NameId module) {
+    if (outer.module_from.empty()) return module;
+    auto it = renamed.find(module);
+    if (it != renamed.end()) return it->second;
+    const std::string& name = names_.Name(module);
+    const std::string& from = outer.module_from;
+    NameId to = module;
+    if (name.compare(0, from.size(), from) == 0 &&
+        (name.size() == from.size() || name[from.size()] == '.')) {
+      to = names_.Intern(outer.module_to + name.substr(from.size()));
+    }
+    return renamed[module] = to;
+  };
   live_records_.resize(live_records_.size() + static_cast<size_t>(allocations), nullptr);
   for (int64_t e = begin; e < end; ++e) {
     const MemoryEvent event = events_[static_cast<size_t>(e)];  // copy: events_ grows
@@ -160,6 +198,7 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, c
       info.free_event = -1;
       info.iteration = iteration_;
       info.microbatch = microbatch_;
+      info.module = rename(info.module);
       const int64_t id = static_cast<int64_t>(storages_.size());
       MEMSIM_DCHECK(id == event.storage_id + own.shift);
       storages_.push_back(info);
@@ -167,12 +206,17 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s, c
       live_bytes_ += info.size_bytes;
       peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
     } else {
-      const int64_t id = event.storage_id + (own.Maps(event.storage_id) ? own.shift : outer.shift);
+      const int64_t id =
+          own.Maps(event.storage_id) ? event.storage_id + own.shift : outer_id(event.storage_id);
       StorageInfo& info = storages_[static_cast<size_t>(id)];
       MEMSIM_DCHECK(info.free_event < 0);
       info.free_event = static_cast<int64_t>(events_.size());
       events_.push_back({id, event.time_s + time_offset_s, false});
       live_bytes_ -= info.size_bytes;
+      if (AllocationRecord* record = live_records_[static_cast<size_t>(id)]) {
+        record->recorder = nullptr;  // its tensor's free is the one just recorded
+        live_records_[static_cast<size_t>(id)] = nullptr;
+      }
     }
   }
   return true;

@@ -171,13 +171,29 @@ class Recorder {
     int64_t first = 0, last = 0, shift = 0;  // empty: maps nothing
     bool Maps(int64_t id) const { return first <= id && id < last; }
   };
+  // What a copy's frees of storages allocated before its range refer to, and how the
+  // module paths of the storages it allocates change.
+  struct ReplicaOuter {
+    IdShift shift;                                 // template ids mapped by a shift
+    std::vector<std::pair<int64_t, int64_t>> ids;  // (template id, copy's id), the others
+    // Module paths equal to `module_from` or under it ("module_from.x") are renamed
+    // under `module_to`; empty: unchanged.
+    std::string module_from, module_to;
+  };
   // Appends a copy of events [begin, end), shifted by `time_offset_s`, stamped with the
   // current iteration and microbatch. Storages the copied events allocate get new ids,
   // described by `*ids`; a copied free of a storage allocated before `begin` is
   // translated through `outer`. Returns false and appends nothing if a free refers to a
-  // storage neither maps. The copies have no tensors behind them.
-  bool AppendReplica(int64_t begin, int64_t end, double time_offset_s, const IdShift& outer,
+  // storage neither maps. The copies have no tensors behind them; a copied free of a
+  // storage that a tensor still holds detaches that tensor, whose own free is then not
+  // recorded again.
+  bool AppendReplica(int64_t begin, int64_t end, double time_offset_s, const ReplicaOuter& outer,
                      IdShift* ids);
+  // The next allocation on this thread's tracking allocator is storage `storage_id`, a
+  // copy's (AppendReplica) still alive, instead of a new one: a tensor now stands for it,
+  // and its free is recorded when that tensor dies. No event is recorded.
+  // REQUIRES: `storage_id` is alive, has no tensor, and the allocation has its size.
+  void AdoptNextAllocation(int64_t storage_id);
 
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }
@@ -221,6 +237,7 @@ class Recorder {
   std::vector<std::pair<uint64_t, NameId>> module_changes_;
 
   double now_s_ = 0.0;
+  int64_t adopt_next_ = -1;  // AdoptNextAllocation's storage, until the allocation comes
   int64_t live_bytes_ = 0;
   int64_t peak_live_bytes_ = 0;
 };

@@ -50,6 +50,11 @@ NameId ModuleScope::Current() {
   return recorder == nullptr ? 0 : recorder->current_module();
 }
 
+std::string ModuleScope::CurrentPath() {
+  const Recorder* recorder = CurrentRecorder();
+  return recorder == nullptr ? std::string() : recorder->names().Name(recorder->current_module());
+}
+
 CategoryScope::CategoryScope(Category category) : recorder_(CurrentRecorder()) {
   if (recorder_ != nullptr) recorder_->PushCategory(category);
 }

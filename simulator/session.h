@@ -23,6 +23,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "simulator/attribution.h"
@@ -99,6 +100,8 @@ class ModuleScope {
 
   // The current module of this thread's session (0 with none).
   static NameId Current();
+  // Its path ("" at the top level or with no session).
+  static std::string CurrentPath();
 
  private:
   Recorder* recorder_;

@@ -13,10 +13,13 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/rank_classes.h"
 #include "parallel/rank_training.h"
+#include "parallel/run_spec.h"
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
 #include "tests/support/test_models.h"
+#include "tools/lib/megatron_args.h"
+#include "tools/lib/validate.h"
 
 namespace memsim {
 namespace {
@@ -481,6 +484,137 @@ TEST(ExpertParallel, ExpertsShardOverEpAndMixtralHasItsParameterCount) {
 namespace memsim {
 namespace {
 
+// The event logs of two simulations of one stage are identical: every event in order,
+// with its storage's size, attribution (module, op, phase, category, microbatch,
+// iteration, shape) and time; so is every number derived from them.
+void ExpectSameEventLog(const Recorder& a, const Recorder& b, const std::string& what) {
+  EXPECT_EQ(a.events().size(), b.events().size()) << what;
+  EXPECT_EQ(a.storages().size(), b.storages().size()) << what;
+  for (size_t e = 0; e < std::min(a.events().size(), b.events().size()); ++e) {
+    const MemoryEvent& ea = a.events()[e];
+    const MemoryEvent& eb = b.events()[e];
+    const StorageInfo& sa = a.storages()[static_cast<size_t>(ea.storage_id)];
+    const StorageInfo& sb = b.storages()[static_cast<size_t>(eb.storage_id)];
+    const std::string where = what + ", event " + std::to_string(e) + " (" +
+                              a.names().Name(sa.module) + " vs " + b.names().Name(sb.module) + ")";
+    ASSERT_EQ(ea.storage_id, eb.storage_id)
+        << where << " alloc events " << sa.alloc_event << " / " << sb.alloc_event << " phases "
+        << static_cast<int>(sa.phase) << " size " << sa.size_bytes << " / " << sb.size_bytes
+        << " op " << a.names().Name(sa.op) << " / " << b.names().Name(sb.op);
+    ASSERT_EQ(ea.is_alloc, eb.is_alloc) << where;
+    ASSERT_EQ(sa.size_bytes, sb.size_bytes) << where;
+    ASSERT_EQ(a.names().Name(sa.module), b.names().Name(sb.module)) << where;
+    ASSERT_EQ(a.names().Name(sa.op), b.names().Name(sb.op)) << where;
+    ASSERT_EQ(sa.phase, sb.phase) << where;
+    ASSERT_EQ(sa.category, sb.category) << where;
+    ASSERT_EQ(sa.microbatch, sb.microbatch) << where;
+    ASSERT_EQ(sa.iteration, sb.iteration) << where;
+    ASSERT_EQ(sa.dtype, sb.dtype) << where;
+    ASSERT_EQ(a.ShapeOf(sa), b.ShapeOf(sb)) << where;
+    ASSERT_NEAR(ea.time_s, eb.time_s, 1e-12 + 1e-9 * std::abs(ea.time_s)) << where;
+  }
+}
+
+// Note [Layer replication]: copying the steady layer's events gives the event log of
+// running every layer: GPT (LayerNorm, GeLU, eager attention), Llama (RMSNorm, SwiGLU,
+// GQA, flash attention) with tensor and sequence parallelism, MoE with dense first
+// layers, every recomputation mode (full runs every layer: tested that it still does
+// the same), first, middle and last pipeline stages, and with microbatches replicated.
+TEST(LayerReplication, EqualsRunningEveryLayer) {
+  struct Case {
+    std::string name;
+    ModelConfig model;
+    TrainingConfig training;
+    ParallelLayout layout;
+  };
+  std::vector<Case> cases;
+  const Shape x{256, 2, 256, 8};
+  for (RecomputeKind recompute :
+       {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull}) {
+    Case gpt{"gpt", test::Gpt(16, x.h, x.a), Fp16Eager(x), {}};
+    gpt.training.recompute = recompute;
+    gpt.training.recompute_num_layers = 2;
+    gpt.layout.world_size = 4;
+    gpt.layout.pp = 2;
+    gpt.layout.data_parallel = DataParallelKind::kDistributedOptimizer;
+    cases.push_back(gpt);
+  }
+  Case llama{"llama tp2 sp", test::Llama(14, 256, 8, 2, 704, 1024), Fp16Eager(x), {}};
+  llama.training.precision = Precision::kBf16;
+  llama.training.attention = AttentionKind::kFlash;
+  llama.training.recompute = RecomputeKind::kSelective;
+  llama.layout.world_size = 2;
+  llama.layout.tp = 2;
+  llama.layout.sequence_parallel = true;
+  cases.push_back(llama);
+  Case moe{"moe, 2 dense first", test::Llama(9, 256, 8, 2, 512, 1024), Fp16Eager(x), {}};
+  moe.model.num_experts = 4;
+  moe.model.moe_router_topk = 2;
+  moe.model.moe_first_k_dense_layers = 2;
+  moe.training.precision = Precision::kBf16;
+  moe.training.attention = AttentionKind::kFlash;
+  moe.layout.world_size = 2;
+  moe.layout.ep = 2;
+  cases.push_back(moe);
+  for (Case& c : cases) {
+    c.training.num_microbatches = 4;
+    ASSERT_TRUE(FinalizeModelConfig(&c.model, c.layout.tp).ok()) << c.name;
+    ASSERT_TRUE(FinalizeLayout(&c.layout, c.model).ok()) << c.name;
+    for (int64_t stage = 0; stage < c.layout.pp; ++stage) {
+      for (bool microbatches : {false, true}) {
+        Session full, replicated;
+        {
+          ActiveSession active(full);
+          RunRankTraining(c.model, c.training, c.layout, stage, full, {microbatches, false});
+        }
+        {
+          ActiveSession active(replicated);
+          RunRankTraining(c.model, c.training, c.layout, stage, replicated, {microbatches, true});
+        }
+        const std::string what =
+            c.name + " recompute " + std::string(NameOf(kRecomputeNames, c.training.recompute)) +
+            " stage " + std::to_string(stage) + (microbatches ? " (microbatches copied)" : "");
+        ExpectSameEventLog(full.recorder(), replicated.recorder(), what);
+      }
+    }
+  }
+}
+
+// The same for Megatron-LM's CI configurations read from their launch lines: a MoE GPT
+// with shared experts, grouped GEMMs, the all-to-all dispatcher, TP4 SP EP2 ETP2 PP2 and
+// unfused weight gradients; a dense GPT with them too (validation/cases).
+TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
+  for (const char* name :
+       {"moe__gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_resume_torch_dist_dist_optimizer",
+        "gpt__gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer"}) {
+    ValidationCase c;
+    ASSERT_TRUE(LoadValidationCase(
+                    std::string(MEMSIM_SOURCE_DIR) + "/validation/cases/" + name + ".yaml", &c)
+                    .ok());
+    MegatronArgsResult parsed;
+    ASSERT_TRUE(ParseMegatronArgs(c.args, c.env, c.world_size, &parsed).ok()) << name;
+    parsed.spec.gpu = FindGpu(c.gpu);
+    parsed.spec.training.num_microbatches = 2;
+    parsed.spec.global_batch_size = 0;
+    std::optional<ValidatedRun> run;
+    ASSERT_TRUE(FinalizeRunSpec(parsed.spec, &run).ok()) << name;
+    const RunSpec& spec = run->spec();
+    for (int64_t stage = 0; stage < spec.layout.pp; ++stage) {
+      Session full(spec.gpu), replicated(spec.gpu);
+      {
+        ActiveSession active(full);
+        RunRankTraining(spec.model, spec.training, spec.layout, stage, full, {true, false});
+      }
+      {
+        ActiveSession active(replicated);
+        RunRankTraining(spec.model, spec.training, spec.layout, stage, replicated, {true, true});
+      }
+      ExpectSameEventLog(full.recorder(), replicated.recorder(),
+                         std::string(name) + " stage " + std::to_string(stage));
+    }
+  }
+}
+
 // Note [Microbatch replication]: copying the steady state's events gives the same event
 // log (sizes, order, attribution) as running every microbatch.
 TEST(MicrobatchReplication, EqualsRunningEveryMicrobatch) {
@@ -499,11 +633,11 @@ TEST(MicrobatchReplication, EqualsRunningEveryMicrobatch) {
       Session full, replicated;
       {
         ActiveSession active(full);
-        RunRankTraining(m, t, layout, stage, full, /*replicate_microbatches=*/false);
+        RunRankTraining(m, t, layout, stage, full, {/*microbatches=*/false, /*layers=*/false});
       }
       {
         ActiveSession active(replicated);
-        RunRankTraining(m, t, layout, stage, replicated, /*replicate_microbatches=*/true);
+        RunRankTraining(m, t, layout, stage, replicated, {/*microbatches=*/true, /*layers=*/false});
       }
       const Recorder& a = full.recorder();
       const Recorder& b = replicated.recorder();

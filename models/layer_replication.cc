@@ -1,0 +1,258 @@
+#include "models/layer_replication.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "simulator/check.h"
+#include "simulator/recorder.h"
+#include "simulator/status.h"
+#include "simulator/tracking_allocator.h"
+
+namespace memsim {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t StorageIdOf(const at::Tensor& t, const Recorder& recorder) {
+  return t.defined() && t.has_storage()
+             ? TrackingAllocator::StorageIdOf(t.storage().data_ptr(), &recorder)
+             : -1;
+}
+
+// A span of the event log and of the virtual clock.
+struct Span {
+  int64_t begin_event = 0, end_event = 0;
+  double begin_s = 0, end_s = 0;
+  double duration_s() const { return end_s - begin_s; }
+};
+
+Span Begin(const Recorder& r) { return {static_cast<int64_t>(r.events().size()), 0, r.now_s(), 0}; }
+void End(const Recorder& r, Span* span) {
+  span->end_event = static_cast<int64_t>(r.events().size());
+  span->end_s = r.now_s();
+}
+
+[[noreturn]] void Bug(const std::string& what) {
+  throw UserError("memsim bug (Note [Layer replication]): " + what);
+}
+
+// One layer of the gap: its copied forward.
+struct GapLayer {
+  std::string path;
+  int64_t input_id;   // storage of its input (the previous layer's output)
+  int64_t output_id;  // storage of its output
+  int64_t first_id;   // first storage its forward allocated (T's first, shifted)
+};
+
+// What the bridge needs in backward; U's backward is filled in by hooks as it runs.
+struct GapState : public torch::CustomClassHolder {
+  Recorder* recorder = nullptr;
+  std::vector<GapLayer> gap;
+  Recorder::IdShift u_forward;  // the storages U's forward allocated (shift unused)
+  std::string u_path;
+  int64_t u_input_id = -1;
+  Span u_backward;
+  int64_t u_grad_out_id = -1;  // gradient of U's output: freed in U's backward
+  int64_t u_grad_in_id = -1;   // gradient of U's input: allocated in U's backward
+};
+
+// Copies `span` for one layer; returns the copy's storage shift.
+Recorder::IdShift Copy(Recorder& r, const Span& span, Recorder::ReplicaOuter outer) {
+  Recorder::IdShift ids;
+  if (!r.AppendReplica(span.begin_event, span.end_event, r.now_s() - span.begin_s, outer, &ids)) {
+    Bug("a copied layer frees a storage it cannot map, from layer " + outer.module_from);
+  }
+  r.AdvanceClock(span.duration_s());
+  return ids;
+}
+
+// A tensor like `like` standing for copied storage `id`.
+at::Tensor AdoptLike(Recorder& r, int64_t id, const at::Tensor& like) {
+  r.AdoptNextAllocation(id);
+  return at::empty(like.sizes(), like.options());
+}
+
+// A byte tensor standing for copied storage `id` (a layer's kept state, never read).
+at::Tensor AdoptBytes(Recorder& r, int64_t id) {
+  r.AdoptNextAllocation(id);
+  return at::empty({r.storages()[static_cast<size_t>(id)].size_bytes},
+                   at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+}
+
+struct GapBridge : public torch::autograd::Function<GapBridge> {
+  // `before_gap` is T's output, saved because the gap's first layer would hold it until
+  // its backward; returns U's input.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& before_gap,
+                            c10::intrusive_ptr<GapState> state) {
+    ctx->save_for_backward({before_gap});
+    at::Tensor after_gap = AdoptLike(*state->recorder, state->gap.back().output_id, before_gap);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return after_gap;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto state =
+        c10::static_intrusive_pointer_cast<GapState>(ctx->saved_data["state"].toCapsule());
+    Recorder& r = *state->recorder;
+    if (state->u_backward.end_event <= state->u_backward.begin_event ||
+        StorageIdOf(grads[0], r) != state->u_grad_in_id) {
+      Bug("the backward of layer " + state->u_path + " was not seen whole");
+    }
+    int64_t grad_id = state->u_grad_in_id;
+    for (auto g = state->gap.rbegin(); g != state->gap.rend(); ++g) {
+      Recorder::ReplicaOuter outer;
+      outer.shift = {state->u_forward.first, state->u_forward.last,
+                     g->first_id - state->u_forward.first};
+      outer.ids = {{state->u_input_id, g->input_id}, {state->u_grad_out_id, grad_id}};
+      outer.module_from = state->u_path;
+      outer.module_to = g->path;
+      const Recorder::IdShift ids = Copy(r, state->u_backward, outer);
+      if (!ids.Maps(state->u_grad_in_id)) Bug("layer " + state->u_path + "'s input gradient");
+      grad_id = state->u_grad_in_id + ids.shift;
+    }
+    return {AdoptLike(r, grad_id, grads[0]), at::Tensor()};
+  }
+};
+
+// Whether U's forward recorded what T's did: the same allocations and frees in the same
+// order, each free of the same storage relative to the layer (its own, counted from
+// `t_first` and `u_first`, or one of the `outer` pairs: input, previous state).
+bool SameForward(const Recorder& r, const Span& t, const Span& u, int64_t t_first, int64_t u_first,
+                 const std::vector<std::pair<int64_t, int64_t>>& outer) {
+  if (t.end_event - t.begin_event != u.end_event - u.begin_event) return false;
+  for (int64_t k = 0; k < t.end_event - t.begin_event; ++k) {
+    const MemoryEvent& a = r.events()[static_cast<size_t>(t.begin_event + k)];
+    const MemoryEvent& b = r.events()[static_cast<size_t>(u.begin_event + k)];
+    const StorageInfo& sa = r.storages()[static_cast<size_t>(a.storage_id)];
+    const StorageInfo& sb = r.storages()[static_cast<size_t>(b.storage_id)];
+    if (a.is_alloc != b.is_alloc || sa.size_bytes != sb.size_bytes) return false;
+    bool same = a.storage_id - t_first == b.storage_id - u_first;
+    for (const auto& [t_id, u_id] : outer) {
+      if (a.storage_id == t_id) same = b.storage_id == u_id;
+    }
+    if (!same) return false;
+  }
+  return true;
+}
+
+// Whether `ids` maps every kept storage of `state` (-1: an empty slot).
+bool AllMapped(const Recorder::IdShift& ids, const std::vector<int64_t>& state) {
+  for (int64_t id : state) {
+    if (id >= 0 && !ids.Maps(id)) return false;
+  }
+  return true;
+}
+
+// The first storage allocated in `span`, or -1.
+int64_t FirstAllocated(const Recorder& r, const Span& span) {
+  for (int64_t e = span.begin_event; e < span.end_event; ++e) {
+    const MemoryEvent& event = r.events()[static_cast<size_t>(e)];
+    if (event.is_alloc) return event.storage_id;
+  }
+  return -1;
+}
+
+}  // namespace
+
+at::Tensor RunReplicatedLayers(int64_t first, int64_t last, const at::Tensor& hidden,
+                               const LayerRunner& layers) {
+  Recorder* recorder = CurrentRecorder();
+  at::Tensor h = hidden;
+  if (recorder == nullptr || last - first < kMinReplicatedLayers) {
+    for (int64_t i = first; i < last; ++i) h = layers.run(i, h);
+    return h;
+  }
+  Recorder& r = *recorder;
+  // The storages layer i keeps in its state slots (-1: empty).
+  auto state_ids = [&](int64_t i) {
+    std::vector<int64_t> ids;
+    for (const at::Tensor* slot : layers.state(i)) ids.push_back(StorageIdOf(*slot, r));
+    return ids;
+  };
+  const int64_t t_layer = first + 1, u_layer = last - 2;
+  h = layers.run(first, h);
+
+  // T: the forward template.
+  const int64_t t_input = StorageIdOf(h, r);
+  const std::vector<int64_t> t_old_state = state_ids(t_layer);
+  Span t = Begin(r);
+  h = layers.run(t_layer, h);
+  End(r, &t);
+  const int64_t t_output = StorageIdOf(h, r);
+  const std::vector<int64_t> t_state = state_ids(t_layer);
+
+  // The gap: copies of T's forward.
+  auto gap = c10::make_intrusive<GapState>();
+  gap->recorder = &r;
+  int64_t input = t_output;
+  Recorder::IdShift t_forward;  // T's own forward storages
+  for (int64_t g = t_layer + 1; g < u_layer; ++g) {
+    Recorder::ReplicaOuter outer;
+    outer.ids = {{t_input, input}};
+    const std::vector<int64_t> old_state = state_ids(g);
+    for (size_t k = 0; k < t_old_state.size(); ++k) {
+      if (t_old_state[k] >= 0) outer.ids.emplace_back(t_old_state[k], old_state[k]);
+    }
+    outer.module_from = layers.module_path(t_layer);
+    outer.module_to = layers.module_path(g);
+    Recorder::IdShift ids;
+    if (t_input < 0 || t_output < 0 ||
+        !r.AppendReplica(t.begin_event, t.end_event, r.now_s() - t.begin_s, outer, &ids) ||
+        !ids.Maps(t_output) || !AllMapped(ids, t_state)) {
+      if (g != t_layer + 1) Bug("layer " + outer.module_to + "'s forward could not be copied");
+      for (int64_t i = g; i < last; ++i) h = layers.run(i, h);  // nothing was copied
+      return h;
+    }
+    r.AdvanceClock(t.duration_s());
+    const std::vector<at::Tensor*> slots = layers.state(g);
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (t_state[k] < 0) continue;
+      // Slots that share a storage share the tensor that stands for it.
+      const size_t same = std::find(t_state.begin(), t_state.end(), t_state[k]) - t_state.begin();
+      *slots[k] = same < k ? *slots[same] : AdoptBytes(r, t_state[k] + ids.shift);
+    }
+    t_forward = ids;
+    gap->gap.push_back({outer.module_to, input, t_output + ids.shift, ids.first + ids.shift});
+    input = t_output + ids.shift;
+  }
+
+  // U: the backward template, behind the bridge; hooks find its backward's span.
+  at::Tensor u_input = GapBridge::apply(h, gap);
+  h.reset();
+  gap->u_path = layers.module_path(u_layer);
+  gap->u_input_id = input;
+  GapState* s = gap.get();  // the bridge node keeps it alive through backward
+  u_input.register_hook([s](const at::Tensor& grad) {
+    End(*s->recorder, &s->u_backward);
+    s->u_grad_in_id = StorageIdOf(grad, *s->recorder);
+  });
+  const std::vector<int64_t> u_old_state = state_ids(u_layer);
+  Span u = Begin(r);
+  h = layers.run(u_layer, u_input);
+  End(r, &u);
+  u_input.reset();
+  const int64_t u_first = FirstAllocated(r, u);
+  gap->u_forward = {u_first, u_first + (t_forward.last - t_forward.first), 0};
+  std::vector<std::pair<int64_t, int64_t>> outer = {{t_input, input}};
+  for (size_t k = 0; k < t_old_state.size(); ++k) {
+    if (t_old_state[k] >= 0) outer.emplace_back(t_old_state[k], u_old_state[k]);
+  }
+  if (!SameForward(r, t, u, t_forward.first, u_first, outer) ||
+      StorageIdOf(h, r) - u_first != t_output - t_forward.first) {
+    Bug("layer " + gap->u_path + "'s forward differs from layer " + layers.module_path(t_layer) +
+        "'s");
+  }
+  h.register_hook([s](const at::Tensor& grad) {
+    s->u_backward = Begin(*s->recorder);
+    s->u_grad_out_id = StorageIdOf(grad, *s->recorder);
+  });
+  return layers.run(last - 1, h);
+}
+
+}  // namespace memsim
