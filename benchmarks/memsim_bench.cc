@@ -86,9 +86,8 @@ ValidatedRun Llama70bLayout(int64_t microbatches) {
   return *run;
 }
 
-void BM_Llama70bLayout(benchmark::State& state) {
-  const ValidatedRun run = Llama70bLayout(state.range(0));
-  const int jobs = static_cast<int>(state.range(1));
+// Simulates `run`'s rank classes on `jobs` threads per iteration; counts the events.
+void SimulateLayout(benchmark::State& state, const ValidatedRun& run, int jobs) {
   size_t events = 0;
   for (auto _ : state) {
     std::vector<RankResult> results;
@@ -98,12 +97,49 @@ void BM_Llama70bLayout(benchmark::State& state) {
   }
   state.counters["events"] = static_cast<double>(events);
 }
+
+void BM_Llama70bLayout(benchmark::State& state) {
+  SimulateLayout(state, Llama70bLayout(state.range(0)), static_cast<int>(state.range(1)));
+}
 BENCHMARK(BM_Llama70bLayout)
     ->Args({8, 1})  // small enough for callgrind (instruction counts are repeatable)
     ->Args({128, 1})
     ->Args({128, 2})
     ->Args({512, 2})
     ->ArgNames({"microbatches", "jobs"})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+
+// The seeds' 485B GPT (fp16, sequence 2048, distributed optimizer) on 8,192 GPUs, TP8
+// PP8, 96 microbatches, with its 96 layers or cut to `layers`: layer replication makes
+// the cost grow with the layers far less than in proportion. Two jobs.
+void BM_Gpt485bLayers(benchmark::State& state) {
+  SpecOptions options;
+  options.model = "gpt-485b";
+  options.world_size = 8192;
+  options.seq_length = 2048;
+  options.precision = "fp16";
+  options.data_parallel = "distributed-optimizer";
+  RunSpec spec;
+  Status status = BuildRunSpec(options, false, "memsim_bench", &spec);
+  spec.model.num_layers = state.range(0);
+  spec.layout.tp = 8;
+  spec.layout.pp = 8;
+  spec.training.num_microbatches = 96;
+  std::optional<ValidatedRun> run;
+  if (status.ok()) status = FinalizeRunSpec(spec, &run);
+  if (!status.ok()) {
+    state.SkipWithError(status.message().c_str());
+    return;
+  }
+  SimulateLayout(state, *run, 2);
+}
+BENCHMARK(BM_Gpt485bLayers)
+    ->Arg(24)
+    ->Arg(96)
+    ->ArgName("layers")
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1)
     ->Repetitions(3)

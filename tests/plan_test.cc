@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <string>
 
 #include "parallel/step_time.h"
@@ -291,6 +292,10 @@ TEST(Plan, CommandWritesRankedReport) {
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_NE(run.out.find("| 1 | TP"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("Memory versus sequence length"), std::string::npos);
+  // 2 TP x 2 PP x 2 recompute = 8 layouts, and how fast they went.
+  EXPECT_TRUE(std::regex_search(
+      run.out, std::regex(R"(8 layouts searched in [0-9.]+ s \([0-9.]+ layouts/s\))")))
+      << run.out;
   for (const char* file : {"/plan.md", "/plan.csv", "/plan.json", "/memory_vs_sequence_length.png",
                            "/step_time.png"}) {
     EXPECT_TRUE(std::filesystem::exists(out + file)) << file;

@@ -407,12 +407,14 @@ std::string RenderMarkdown(const PlanReport& report, const GpuSpec& gpu) {
   for (const PlanEntry& e : report.entries) ++counts[e.verdict];
   std::ostringstream md;
   md << "# memsim plan: " << report.title << "\n\n"
-     << report.entries.size() << " layouts searched in " << Fixed(report.seconds, 1)
-     << " s: " << counts[PlanVerdict::kFits] << " fit, " << counts[PlanVerdict::kOutOfMemory]
-     << " out of memory, " << counts[PlanVerdict::kPruned] << " pruned (setup alone over the GPU), "
-     << counts[PlanVerdict::kDominated] << " dominated (fit with less recomputation), "
-     << counts[PlanVerdict::kInvalid] << " invalid, " << counts[PlanVerdict::kError]
-     << " failed.\n\n";
+     << report.entries.size() << " layouts searched in " << Fixed(report.seconds, 1) << " s ("
+     << Fixed(report.seconds > 0 ? static_cast<double>(report.entries.size()) / report.seconds : 0,
+              1)
+     << " layouts/s): " << counts[PlanVerdict::kFits] << " fit, "
+     << counts[PlanVerdict::kOutOfMemory] << " out of memory, " << counts[PlanVerdict::kPruned]
+     << " pruned (setup alone over the GPU), " << counts[PlanVerdict::kDominated]
+     << " dominated (fit with less recomputation), " << counts[PlanVerdict::kInvalid]
+     << " invalid, " << counts[PlanVerdict::kError] << " failed.\n\n";
   std::vector<const PlanEntry*> fitting;
   for (const PlanEntry& e : report.entries) {
     if (e.verdict == PlanVerdict::kFits) fitting.push_back(&e);
