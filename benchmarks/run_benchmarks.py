@@ -7,7 +7,8 @@ Run from the repository root after building (this script builds nothing):
 
 Measures: one GPT layer forward+backward (build/memsim_bench, with and without op
 attribution) against the PyTorch TorchDispatchMode tracer (benchmarks/python_tracer.py);
-the Llama-3-70B per-layout command; the 24-layout GPT-485B sweep; scaling with
+the Llama-3-70B per-layout command and the process start alone; whole layouts simulated
+in-process (build/memsim_bench); the 24-layout GPT-485B sweep; scaling with
 microbatches and with world size. Wall time is measured around each child process and
 peak RSS comes from that child's rusage (os.wait4, ru_maxrss). The exit status is nonzero
 only when something failed to run; a missed bar is reported as MISS, not as a failure.
@@ -35,6 +36,10 @@ BAR_LAYER_MS = 0.15
 BAR_SPEEDUP = 10.0
 BAR_SWEEP_S = 30.0
 BAR_RSS_MB = 1000.0  # 1 GB; MB = 10^6 bytes
+# Speed for search (issue 17), measured in-process by memsim_bench.
+BAR_LAYOUT_MS = 300.0
+BAR_MICROBATCH_RATIO = 1.2
+BAR_LAYER_RATIO = 1.5
 
 LAYOUT_ARGS = ["simulate", "--model", "llama3-70b", "--world-size", "128", "--tp", "8",
                "--pp", "4", "--sp", "--data-parallel", "distributed-optimizer",
@@ -177,8 +182,9 @@ def loadavg():
 # ----------------------------------------------------------------------------- measurements
 
 def measure_layer(quick, tmp):
-    log("[1/5] per layer: build/memsim_bench (BM_GptLayer, 5 repetitions x >= 1 s each)")
-    _, _, out = run_child([MEMSIM_BENCH, "--benchmark_format=json"], tmp)
+    log("[1/6] per layer: build/memsim_bench (BM_GptLayer, 5 repetitions x >= 1 s each)")
+    _, _, out = run_child([MEMSIM_BENCH, "--benchmark_format=json",
+                           "--benchmark_filter=BM_GptLayer"], tmp)
     try:
         data = json.loads(out)
     except ValueError:
@@ -195,7 +201,7 @@ def measure_layer(quick, tmp):
     if set(layer) != {"attribution", "no_attribution"}:
         raise RunError("memsim_bench JSON lacks BM_GptLayer/attribution:1 or :0 medians")
     iterations = 50 if quick else 1000
-    log("[2/5] per layer: Python TorchDispatchMode tracer (%d iterations)" % iterations)
+    log("[2/6] per layer: Python TorchDispatchMode tracer (%d iterations)" % iterations)
     _, _, out = run_child([python_for_tracer(), TRACER, "--iterations", str(iterations)], tmp)
     try:
         layer["python"] = json.loads(out.strip().splitlines()[-1])
@@ -206,14 +212,35 @@ def measure_layer(quick, tmp):
 
 def measure_layout(quick):
     runs = 1 if quick else 5
-    log("[3/5] per layout: Llama-3-70B, %d run(s)" % runs)
+    log("[3/6] per layout: Llama-3-70B, %d run(s), and the process start alone" % runs)
     walls, rss = run_memsim(LAYOUT_ARGS, runs)
+    start_walls, _ = run_memsim(["--version"], runs)
     return {"runs": runs, "walls": walls, "median_s": statistics.median(walls),
-            "peak_rss_mb": max(rss)}
+            "peak_rss_mb": max(rss), "start_median_s": statistics.median(start_walls)}
+
+
+def measure_in_process(tmp):
+    """Medians of memsim_bench's whole-layout cases: one process, no files, no start-up."""
+    log("[4/6] per layout in-process: build/memsim_bench (BM_Llama70bLayout, BM_Gpt485bLayers)")
+    _, _, out = run_child([MEMSIM_BENCH, "--benchmark_format=json",
+                           "--benchmark_filter=BM_Llama70bLayout|BM_Gpt485bLayers"], tmp)
+    try:
+        data = json.loads(out)
+    except ValueError:
+        raise RunError("memsim_bench printed no JSON")
+    cases = {}
+    for b in data.get("benchmarks", []):
+        if b.get("aggregate_name") != "median":
+            continue
+        name = b["run_name"].replace("/iterations:1", "").replace("/repeats:3", "")
+        cases[name] = {"median_ms": b["real_time"], "events": b.get("events")}
+    if not cases:
+        raise RunError("memsim_bench JSON lacks the layout medians")
+    return cases
 
 
 def measure_sweep(quick):
-    log("[4/5] sweep: GPT-485B, 24 layouts, --jobs 2")
+    log("[5/6] sweep: GPT-485B, 24 layouts, --jobs 2")
     walls, rss = run_memsim(SWEEP_ARGS, 1)
     if not quick and walls[0] < 60:
         more_walls, more_rss = run_memsim(SWEEP_ARGS, 2)
@@ -224,7 +251,7 @@ def measure_sweep(quick):
 
 
 def measure_scaling(quick):
-    log("[5/5] scaling: microbatches %s, world sizes %s (1 run each)"
+    log("[6/6] scaling: microbatches %s, world sizes %s (1 run each)"
         % (SCALING_MICROBATCHES, SCALING_WORLD_SIZES))
     base = replace_arg(LAYOUT_ARGS, "--global-batch-size", None)
     rows = []
@@ -284,6 +311,27 @@ def build_rows(results):
                      "%.2f s" % layout["median_s"], "", ""))
         rows.append(("per layout, peak RSS (max over runs)", mb(layout["peak_rss_mb"]),
                      "< %.0f MB" % BAR_RSS_MB, verdict(layout["peak_rss_mb"] < BAR_RSS_MB)))
+    if layout:
+        rows.append(("process start alone, `memsim --version` (%s)" % how,
+                     "%.2f s" % layout["start_median_s"], "", ""))
+    cases = results.get("in_process") or {}
+    for name, case in sorted(cases.items()):
+        rows.append(("in-process %s (median of 3)" % name,
+                     "%.0f ms, %.0f events" % (case["median_ms"], case["events"] or 0), "", ""))
+    llama = {mbs: cases.get("BM_Llama70bLayout/microbatches:%d/jobs:2" % mbs) for mbs in (128, 512)}
+    if llama[128]:
+        ms = llama[128]["median_ms"]
+        bars.append(("Llama-3-70B layout in-process <= %.0f ms (128 microbatches, 2 jobs)"
+                     % BAR_LAYOUT_MS, "%.0f ms" % ms, verdict(ms <= BAR_LAYOUT_MS)))
+    if llama[128] and llama[512]:
+        ratio = llama[512]["median_ms"] / llama[128]["median_ms"]
+        bars.append(("512 / 128 microbatches <= %.1fx" % BAR_MICROBATCH_RATIO, "%.2fx" % ratio,
+                     verdict(ratio <= BAR_MICROBATCH_RATIO)))
+    gpt = [cases.get("BM_Gpt485bLayers/layers:%d" % n) for n in (24, 96)]
+    if all(gpt):
+        ratio = gpt[1]["median_ms"] / gpt[0]["median_ms"]
+        bars.append(("485B GPT, 96 / 24 layers <= %.1fx" % BAR_LAYER_RATIO, "%.2fx" % ratio,
+                     verdict(ratio <= BAR_LAYER_RATIO)))
     sweep = results.get("sweep")
     if sweep:
         how = "median of %d runs" % sweep["runs"] if sweep["runs"] > 1 else "1 run"
@@ -404,6 +452,11 @@ def write_markdown(path, info, results, rows, bars, args, failures, load_before,
         "Commands (`<tmp>` is a fresh temporary folder, removed afterwards):",
         "",
         "- per layout: `%s`" % cmd_layout,
+        "- process start: `build/memsim --version`",
+        "- in-process: `build/memsim_bench --benchmark_filter='BM_Llama70bLayout|BM_Gpt485bLayers'`"
+        " (every rank class simulated in one process, no files written: what a search pays per "
+        "layout; Llama-3-70B as the per-layout command with N microbatches on J threads, and the "
+        "485B GPT on 8,192 GPUs, TP8 PP8, 96 microbatches, 24 or 96 layers)",
         "- sweep: `%s`" % cmd_sweep,
         "- scaling, microbatches: the per-layout command with `--num-microbatches N` instead of "
         "`--global-batch-size 512` (N = %s)" % ", ".join(map(str, SCALING_MICROBATCHES)),
@@ -444,6 +497,7 @@ def main(argv=None):
     try:
         steps = [("layer", lambda: measure_layer(args.quick, tmp)),
                  ("layout", lambda: measure_layout(args.quick)),
+                 ("in_process", lambda: measure_in_process(tmp)),
                  ("sweep", lambda: measure_sweep(args.quick)),
                  ("scaling", lambda: measure_scaling(args.quick))]
         for name, fn in steps:
