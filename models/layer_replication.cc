@@ -42,12 +42,12 @@ void End(const Recorder& r, Span* span) {
   throw UserError("memsim bug (Note [Layer replication]): " + what);
 }
 
-// One layer of the gap: its copied forward.
+// One unit of the gap: its copied forward.
 struct GapLayer {
-  std::string path;
-  int64_t input_id;   // storage of its input (the previous layer's output)
-  int64_t output_id;  // storage of its output
-  int64_t first_id;   // first storage its forward allocated (T's first, shifted)
+  std::vector<std::string> paths;  // its layers' module paths
+  int64_t input_id;                // storage of its input (the previous unit's output)
+  int64_t output_id;               // storage of its output
+  int64_t first_id;                // first storage its forward allocated (T's first, shifted)
 };
 
 // What the bridge needs in backward; U's backward is filled in by hooks as it runs.
@@ -55,18 +55,26 @@ struct GapState : public torch::CustomClassHolder {
   Recorder* recorder = nullptr;
   std::vector<GapLayer> gap;
   Recorder::IdShift u_forward;  // the storages U's forward allocated (shift unused)
-  std::string u_path;
+  std::vector<std::string> u_paths;
   int64_t u_input_id = -1;
   Span u_backward;
   int64_t u_grad_out_id = -1;  // gradient of U's output: freed in U's backward
   int64_t u_grad_in_id = -1;   // gradient of U's input: allocated in U's backward
 };
 
-// Copies `span` for one layer; returns the copy's storage shift.
+// Renames from a template unit's layers to a copy's, layer by layer.
+std::vector<std::pair<std::string, std::string>> Renames(const std::vector<std::string>& from,
+                                                         const std::vector<std::string>& to) {
+  std::vector<std::pair<std::string, std::string>> renames;
+  for (size_t k = 0; k < from.size() && k < to.size(); ++k) renames.emplace_back(from[k], to[k]);
+  return renames;
+}
+
+// Copies `span` for one unit; returns the copy's storage shift.
 Recorder::IdShift Copy(Recorder& r, const Span& span, Recorder::ReplicaOuter outer) {
   Recorder::IdShift ids;
   if (!r.AppendReplica(span.begin_event, span.end_event, r.now_s() - span.begin_s, outer, &ids)) {
-    Bug("a copied layer frees a storage it cannot map, from layer " + outer.module_from);
+    Bug("a copied layer frees a storage it cannot map, from " + outer.renames[0].first);
   }
   r.AdvanceClock(span.duration_s());
   return ids;
@@ -102,7 +110,7 @@ struct GapBridge : public torch::autograd::Function<GapBridge> {
     Recorder& r = *state->recorder;
     if (state->u_backward.end_event <= state->u_backward.begin_event ||
         StorageIdOf(grads[0], r) != state->u_grad_in_id) {
-      Bug("the backward of layer " + state->u_path + " was not seen whole");
+      Bug("the backward of " + state->u_paths[0] + " was not seen whole");
     }
     int64_t grad_id = state->u_grad_in_id;
     for (auto g = state->gap.rbegin(); g != state->gap.rend(); ++g) {
@@ -110,10 +118,9 @@ struct GapBridge : public torch::autograd::Function<GapBridge> {
       outer.shift = {state->u_forward.first, state->u_forward.last,
                      g->first_id - state->u_forward.first};
       outer.ids = {{state->u_input_id, g->input_id}, {state->u_grad_out_id, grad_id}};
-      outer.module_from = state->u_path;
-      outer.module_to = g->path;
+      outer.renames = Renames(state->u_paths, g->paths);
       const Recorder::IdShift ids = Copy(r, state->u_backward, outer);
-      if (!ids.Maps(state->u_grad_in_id)) Bug("layer " + state->u_path + "'s input gradient");
+      if (!ids.Maps(state->u_grad_in_id)) Bug(state->u_paths[0] + "'s input gradient");
       grad_id = state->u_grad_in_id + ids.shift;
     }
     return {AdoptLike(r, grad_id, grads[0]), at::Tensor()};
@@ -160,57 +167,56 @@ int64_t FirstAllocated(const Recorder& r, const Span& span) {
 
 }  // namespace
 
-at::Tensor RunReplicatedLayers(int64_t first, int64_t last, const at::Tensor& hidden,
-                               const LayerRunner& layers) {
+at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hidden,
+                              const UnitRunner& units) {
   Recorder* recorder = CurrentRecorder();
   at::Tensor h = hidden;
-  if (recorder == nullptr || last - first < kMinReplicatedLayers) {
-    for (int64_t i = first; i < last; ++i) h = layers.run(i, h);
+  if (recorder == nullptr || last - first < kMinReplicatedUnits) {
+    for (int64_t i = first; i < last; ++i) h = units.run(i, h);
     return h;
   }
   Recorder& r = *recorder;
-  // The storages layer i keeps in its state slots (-1: empty).
+  // The storages unit i keeps in its state slots (-1: empty).
   auto state_ids = [&](int64_t i) {
     std::vector<int64_t> ids;
-    for (const at::Tensor* slot : layers.state(i)) ids.push_back(StorageIdOf(*slot, r));
+    for (const at::Tensor* slot : units.state(i)) ids.push_back(StorageIdOf(*slot, r));
     return ids;
   };
-  const int64_t t_layer = first + 1, u_layer = last - 2;
-  h = layers.run(first, h);
+  const int64_t t_unit = first + 1, u_unit = last - 2;
+  h = units.run(first, h);
 
   // T: the forward template.
   const int64_t t_input = StorageIdOf(h, r);
-  const std::vector<int64_t> t_old_state = state_ids(t_layer);
+  const std::vector<int64_t> t_old_state = state_ids(t_unit);
   Span t = Begin(r);
-  h = layers.run(t_layer, h);
+  h = units.run(t_unit, h);
   End(r, &t);
   const int64_t t_output = StorageIdOf(h, r);
-  const std::vector<int64_t> t_state = state_ids(t_layer);
+  const std::vector<int64_t> t_state = state_ids(t_unit);
 
   // The gap: copies of T's forward.
   auto gap = c10::make_intrusive<GapState>();
   gap->recorder = &r;
   int64_t input = t_output;
   Recorder::IdShift t_forward;  // T's own forward storages
-  for (int64_t g = t_layer + 1; g < u_layer; ++g) {
+  for (int64_t g = t_unit + 1; g < u_unit; ++g) {
     Recorder::ReplicaOuter outer;
     outer.ids = {{t_input, input}};
     const std::vector<int64_t> old_state = state_ids(g);
     for (size_t k = 0; k < t_old_state.size(); ++k) {
       if (t_old_state[k] >= 0) outer.ids.emplace_back(t_old_state[k], old_state[k]);
     }
-    outer.module_from = layers.module_path(t_layer);
-    outer.module_to = layers.module_path(g);
+    outer.renames = Renames(units.module_paths(t_unit), units.module_paths(g));
     Recorder::IdShift ids;
     if (t_input < 0 || t_output < 0 ||
         !r.AppendReplica(t.begin_event, t.end_event, r.now_s() - t.begin_s, outer, &ids) ||
         !ids.Maps(t_output) || !AllMapped(ids, t_state)) {
-      if (g != t_layer + 1) Bug("layer " + outer.module_to + "'s forward could not be copied");
-      for (int64_t i = g; i < last; ++i) h = layers.run(i, h);  // nothing was copied
+      if (g != t_unit + 1) Bug(outer.renames[0].second + "'s forward could not be copied");
+      for (int64_t i = g; i < last; ++i) h = units.run(i, h);  // nothing was copied
       return h;
     }
     r.AdvanceClock(t.duration_s());
-    const std::vector<at::Tensor*> slots = layers.state(g);
+    const std::vector<at::Tensor*> slots = units.state(g);
     for (size_t k = 0; k < slots.size(); ++k) {
       if (t_state[k] < 0) continue;
       // Slots that share a storage share the tensor that stands for it.
@@ -218,23 +224,23 @@ at::Tensor RunReplicatedLayers(int64_t first, int64_t last, const at::Tensor& hi
       *slots[k] = same < k ? *slots[same] : AdoptBytes(r, t_state[k] + ids.shift);
     }
     t_forward = ids;
-    gap->gap.push_back({outer.module_to, input, t_output + ids.shift, ids.first + ids.shift});
+    gap->gap.push_back({units.module_paths(g), input, t_output + ids.shift, ids.first + ids.shift});
     input = t_output + ids.shift;
   }
 
   // U: the backward template, behind the bridge; hooks find its backward's span.
   at::Tensor u_input = GapBridge::apply(h, gap);
   h.reset();
-  gap->u_path = layers.module_path(u_layer);
+  gap->u_paths = units.module_paths(u_unit);
   gap->u_input_id = input;
   GapState* s = gap.get();  // the bridge node keeps it alive through backward
   u_input.register_hook([s](const at::Tensor& grad) {
     End(*s->recorder, &s->u_backward);
     s->u_grad_in_id = StorageIdOf(grad, *s->recorder);
   });
-  const std::vector<int64_t> u_old_state = state_ids(u_layer);
+  const std::vector<int64_t> u_old_state = state_ids(u_unit);
   Span u = Begin(r);
-  h = layers.run(u_layer, u_input);
+  h = units.run(u_unit, u_input);
   End(r, &u);
   u_input.reset();
   const int64_t u_first = FirstAllocated(r, u);
@@ -245,14 +251,13 @@ at::Tensor RunReplicatedLayers(int64_t first, int64_t last, const at::Tensor& hi
   }
   if (!SameForward(r, t, u, t_forward.first, u_first, outer) ||
       StorageIdOf(h, r) - u_first != t_output - t_forward.first) {
-    Bug("layer " + gap->u_path + "'s forward differs from layer " + layers.module_path(t_layer) +
-        "'s");
+    Bug(gap->u_paths[0] + "'s forward differs from " + units.module_paths(t_unit)[0] + "'s");
   }
   h.register_hook([s](const at::Tensor& grad) {
     s->u_backward = Begin(*s->recorder);
     s->u_grad_out_id = StorageIdOf(grad, *s->recorder);
   });
-  return layers.run(last - 1, h);
+  return units.run(last - 1, h);
 }
 
 }  // namespace memsim

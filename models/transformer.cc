@@ -351,58 +351,86 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
   ModuleScope decoder("decoder");
   std::vector<Layer>& layers = chunks_[static_cast<size_t>(chunk)];
   const int64_t n = static_cast<int64_t>(layers.size());
-  const int64_t group = training_.recompute_num_layers;
-  auto run_layer = [this, &layers](int64_t i, const at::Tensor& x) {
-    Layer& layer = layers[static_cast<size_t>(i)];
-    ModuleScope s("layers." + std::to_string(layer.index));
-    auto forward = [this, &layer](const at::Tensor& in) { return LayerForward(layer, in); };
-    return shard_.wrap_layer ? shard_.wrap_layer(layer.index, x, forward) : forward(x);
-  };
-  auto run_layers = [run_layer](int64_t first, int64_t last, at::Tensor hidden) {
-    for (int64_t i = first; i < last; ++i) hidden = run_layer(i, hidden);
+  auto run_layers = [this, &layers](int64_t first, int64_t last, at::Tensor hidden) {
+    for (int64_t i = first; i < last; ++i) {
+      Layer& layer = layers[static_cast<size_t>(i)];
+      ModuleScope s("layers." + std::to_string(layer.index));
+      auto forward = [this, &layer](const at::Tensor& x) { return LayerForward(layer, x); };
+      hidden =
+          shard_.wrap_layer ? shard_.wrap_layer(layer.index, hidden, forward) : forward(hidden);
+    }
     return hidden;
   };
+  // What runs as one: a layer, or a group Megatron's TransformerBlock._checkpointed_forward
+  // checkpoints (uniform: every group of N layers; block: each of the first N layers).
+  struct Unit {
+    int64_t first, last;
+    bool checkpointed;
+  };
+  std::vector<Unit> units;
+  const int64_t group = training_.recompute_num_layers;
+  for (int64_t i = 0; i < n;) {
+    const bool full = training_.recompute == RecomputeKind::kFull;
+    const bool uniform = training_.recompute_method == RecomputeMethod::kUniform;
+    const int64_t last = full && uniform ? std::min(n, i + group) : i + 1;
+    units.push_back({i, last, full && (uniform || i < group)});
+    i = last;
+  }
+  auto run_unit = [&units, run_layers](int64_t u, const at::Tensor& x) {
+    const Unit unit = units[static_cast<size_t>(u)];
+    if (!unit.checkpointed) return run_layers(unit.first, unit.last, x);
+    return Checkpoint(
+        [run_layers, unit](const std::vector<at::Tensor>& in) {
+          return run_layers(unit.first, unit.last, in[0]);
+        },
+        {x});
+  };
+  const int64_t num_units = static_cast<int64_t>(units.size());
   at::Tensor hidden = input;
-  if (training_.recompute != RecomputeKind::kFull) {
-    if (!shard_.replicate_layers || shard_.wrap_layer) return run_layers(0, n, hidden);
-    const std::string decoder_path = ModuleScope::CurrentPath();
-    LayerRunner runner;
-    runner.run = run_layer;
-    runner.module_path = [&layers, &decoder_path](int64_t i) {
-      return decoder_path + ".layers." + std::to_string(layers[static_cast<size_t>(i)].index);
-    };
-    runner.state = [&layers](int64_t i) {
-      Layer& layer = layers[static_cast<size_t>(i)];  // what the MoE dispatcher keeps
-      return layer.moe
-                 ? std::vector<at::Tensor*>{&layer.experts.kept_map, &layer.experts.kept_probs}
-                 : std::vector<at::Tensor*>{};
-    };
-    // Each run of consecutive layers of one kind (dense, MoE) is replicated on its own.
-    for (int64_t i = 0; i < n;) {
-      int64_t end = i + 1;
-      while (end < n &&
-             layers[static_cast<size_t>(end)].moe == layers[static_cast<size_t>(i)].moe) {
-        ++end;
-      }
-      hidden = RunReplicatedLayers(i, end, hidden, runner);
-      i = end;
-    }
+  if (!shard_.replicate_layers || shard_.wrap_layer) {
+    for (int64_t u = 0; u < num_units; ++u) hidden = run_unit(u, hidden);
     return hidden;
   }
-  // Megatron's TransformerBlock._checkpointed_forward, over this chunk's layers.
-  for (int64_t i = 0; i < n;) {
-    const bool uniform = training_.recompute_method == RecomputeMethod::kUniform;
-    // uniform: checkpoint every group of N layers; block: each of the first N layers.
-    const int64_t last = uniform ? std::min(n, i + group) : i + 1;
-    if (uniform || i < group) {
-      hidden =
-          Checkpoint([run_layers, i, last](
-                         const std::vector<at::Tensor>& in) { return run_layers(i, last, in[0]); },
-                     {hidden});
-    } else {
-      hidden = run_layers(i, last, hidden);
+  const std::string decoder_path = ModuleScope::CurrentPath();
+  UnitRunner runner;
+  runner.run = run_unit;
+  runner.module_paths = [&](int64_t u) {
+    std::vector<std::string> paths;
+    for (int64_t i = units[static_cast<size_t>(u)].first; i < units[static_cast<size_t>(u)].last;
+         ++i) {
+      paths.push_back(decoder_path + ".layers." +
+                      std::to_string(layers[static_cast<size_t>(i)].index));
     }
-    i = last;
+    return paths;
+  };
+  runner.state = [&](int64_t u) {
+    std::vector<at::Tensor*> slots;  // what the MoE dispatcher keeps
+    for (int64_t i = units[static_cast<size_t>(u)].first; i < units[static_cast<size_t>(u)].last;
+         ++i) {
+      Layer& layer = layers[static_cast<size_t>(i)];
+      if (layer.moe)
+        slots.insert(slots.end(), {&layer.experts.kept_map, &layer.experts.kept_probs});
+    }
+    return slots;
+  };
+  // Units alike: as many layers, each of the same kind (dense, MoE), checkpointed alike.
+  // A checkpointed MoE unit is never replicated (Note [Layer replication]).
+  auto kind = [&](int64_t u) {
+    const Unit& unit = units[static_cast<size_t>(u)];
+    std::vector<int64_t> key = {unit.last - unit.first, unit.checkpointed};
+    bool moe = false;
+    for (int64_t i = unit.first; i < unit.last; ++i) {
+      moe = moe || layers[static_cast<size_t>(i)].moe;
+      key.push_back(layers[static_cast<size_t>(i)].moe);
+    }
+    if (moe && unit.checkpointed) key.push_back(-1 - u);  // alike to no other unit
+    return key;
+  };
+  for (int64_t u = 0; u < num_units;) {
+    int64_t end = u + 1;
+    while (end < num_units && kind(end) == kind(u)) ++end;
+    hidden = RunReplicatedUnits(u, end, hidden, runner);
+    u = end;
   }
   return hidden;
 }

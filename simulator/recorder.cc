@@ -177,15 +177,17 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,
   *ids = own;
   std::unordered_map<NameId, NameId> renamed;
   auto rename = [&](NameId module) {
-    if (outer.module_from.empty()) return module;
+    if (outer.renames.empty()) return module;
     auto it = renamed.find(module);
     if (it != renamed.end()) return it->second;
     const std::string& name = names_.Name(module);
-    const std::string& from = outer.module_from;
     NameId to = module;
-    if (name.compare(0, from.size(), from) == 0 &&
-        (name.size() == from.size() || name[from.size()] == '.')) {
-      to = names_.Intern(outer.module_to + name.substr(from.size()));
+    for (const auto& [from_path, to_path] : outer.renames) {
+      if (name.compare(0, from_path.size(), from_path) == 0 &&
+          (name.size() == from_path.size() || name[from_path.size()] == '.')) {
+        to = names_.Intern(to_path + name.substr(from_path.size()));
+        break;
+      }
     }
     return renamed[module] = to;
   };

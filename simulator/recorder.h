@@ -176,9 +176,9 @@ class Recorder {
   struct ReplicaOuter {
     IdShift shift;                                 // template ids mapped by a shift
     std::vector<std::pair<int64_t, int64_t>> ids;  // (template id, copy's id), the others
-    // Module paths equal to `module_from` or under it ("module_from.x") are renamed
-    // under `module_to`; empty: unchanged.
-    std::string module_from, module_to;
+    // (from, to): module paths equal to `from` or under it ("from.x") are renamed under
+    // `to` (the first pair that matches); none: unchanged.
+    std::vector<std::pair<std::string, std::string>> renames;
   };
   // Appends a copy of events [begin, end), shifted by `time_offset_s`, stamped with the
   // current iteration and microbatch. Storages the copied events allocate get new ids,

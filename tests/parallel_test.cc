@@ -529,10 +529,19 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   };
   std::vector<Case> cases;
   const Shape x{256, 2, 256, 8};
-  for (RecomputeKind recompute :
-       {RecomputeKind::kNone, RecomputeKind::kSelective, RecomputeKind::kFull}) {
-    Case gpt{"gpt", test::Gpt(16, x.h, x.a), Fp16Eager(x), {}};
+  // 12 layers per stage: full recomputation checkpoints 6 groups of 2 (uniform), or the
+  // first 2 layers one by one and runs 10 plain (block).
+  for (auto [recompute, method] : std::vector<std::pair<RecomputeKind, RecomputeMethod>>{
+           {RecomputeKind::kNone, RecomputeMethod::kUniform},
+           {RecomputeKind::kSelective, RecomputeMethod::kUniform},
+           {RecomputeKind::kFull, RecomputeMethod::kUniform},
+           {RecomputeKind::kFull, RecomputeMethod::kBlock}}) {
+    Case gpt{"gpt " + std::string(NameOf(kRecomputeMethodNames, method)),
+             test::Gpt(24, x.h, x.a),
+             Fp16Eager(x),
+             {}};
     gpt.training.recompute = recompute;
+    gpt.training.recompute_method = method;
     gpt.training.recompute_num_layers = 2;
     gpt.layout.world_size = 4;
     gpt.layout.pp = 2;
@@ -556,6 +565,14 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   moe.layout.world_size = 2;
   moe.layout.ep = 2;
   cases.push_back(moe);
+  // Checkpointed MoE layers are never copied; the dense ones beside them may be.
+  Case moe_full = moe;
+  moe_full.name = "moe, 5 dense first, full recompute (block of 7)";
+  moe_full.model.moe_first_k_dense_layers = 5;
+  moe_full.training.recompute = RecomputeKind::kFull;
+  moe_full.training.recompute_method = RecomputeMethod::kBlock;
+  moe_full.training.recompute_num_layers = 7;
+  cases.push_back(moe_full);
   for (Case& c : cases) {
     c.training.num_microbatches = 4;
     ASSERT_TRUE(FinalizeModelConfig(&c.model, c.layout.tp).ok()) << c.name;
