@@ -93,7 +93,7 @@ struct ModelShard {
   using LayerFn = std::function<at::Tensor(const at::Tensor&)>;
   std::function<at::Tensor(int64_t index, const at::Tensor& input, const LayerFn& run)> wrap_layer;
   // Copy the events of identical layers instead of running them all (Note [Layer
-  // replication] in layer_replication.h); ignored with full recomputation or wrap_layer.
+  // replication] in layer_replication.h); ignored with wrap_layer.
   bool replicate_layers = false;
 
   // The whole model on one rank.

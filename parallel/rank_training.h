@@ -16,11 +16,6 @@ namespace memsim {
 struct ModelShard;
 ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int64_t pp_rank);
 
-// Records setup and `training.iterations` iterations of pipeline stage `pp_rank` into
-// `session`, which must be active on this thread. Every rank of a stage behaves alike
-// (Note [Rank classes] in rank_classes.h). A UserError from the engine propagates.
-// REQUIRES: `model` passed FinalizeModelConfig with layout.tp, `layout` FinalizeLayout,
-// `training` ValidateTrainingConfig.
 // What is copied instead of run; the event log is the same either way (tests compare).
 struct Replication {
   // The steady state's events for microbatches after the second (Note [Microbatch
@@ -30,6 +25,12 @@ struct Replication {
   // models/layer_replication.h).
   bool layers = true;
 };
+
+// Records setup and `training.iterations` iterations of pipeline stage `pp_rank` into
+// `session`, which must be active on this thread. Every rank of a stage behaves alike
+// (Note [Rank classes] in rank_classes.h). A UserError from the engine propagates.
+// REQUIRES: `model` passed FinalizeModelConfig with layout.tp, `layout` FinalizeLayout,
+// `training` ValidateTrainingConfig.
 void RunRankTraining(const ModelConfig& model, const TrainingConfig& training,
                      const ParallelLayout& layout, int64_t pp_rank, Session& session,
                      Replication replication = {});
