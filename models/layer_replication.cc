@@ -193,12 +193,20 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
   End(r, &t);
   const int64_t t_output = StorageIdOf(h, r);
   const std::vector<int64_t> t_state = state_ids(t_unit);
+  // T's own forward storages: ids are handed out in event order.
+  const int64_t t_end_id = static_cast<int64_t>(r.storages().size());
+  const int64_t t_first_id = FirstAllocated(r, t);
+  const Recorder::IdShift t_forward = {t_first_id < 0 ? t_end_id : t_first_id, t_end_id, 0};
+  if (t_input < 0 || !t_forward.Maps(t_output) || !AllMapped(t_forward, t_state)) {
+    // Its output or kept state is not its own (a view of something older): run them all.
+    for (int64_t i = t_unit + 1; i < last; ++i) h = units.run(i, h);
+    return h;
+  }
 
   // The gap: copies of T's forward.
   auto gap = c10::make_intrusive<GapState>();
   gap->recorder = &r;
   int64_t input = t_output;
-  Recorder::IdShift t_forward;  // T's own forward storages
   for (int64_t g = t_unit + 1; g < u_unit; ++g) {
     Recorder::ReplicaOuter outer;
     outer.ids = {{t_input, input}};
@@ -208,11 +216,10 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
     }
     outer.renames = Renames(units.module_paths(t_unit), units.module_paths(g));
     Recorder::IdShift ids;
-    if (t_input < 0 || t_output < 0 ||
-        !r.AppendReplica(t.begin_event, t.end_event, r.now_s() - t.begin_s, outer, &ids) ||
-        !ids.Maps(t_output) || !AllMapped(ids, t_state)) {
+    if (!r.AppendReplica(t.begin_event, t.end_event, r.now_s() - t.begin_s, outer, &ids)) {
+      // T frees a storage no copy can name (nothing was appended): run them all.
       if (g != t_unit + 1) Bug(outer.renames[0].second + "'s forward could not be copied");
-      for (int64_t i = g; i < last; ++i) h = units.run(i, h);  // nothing was copied
+      for (int64_t i = g; i < last; ++i) h = units.run(i, h);
       return h;
     }
     r.AdvanceClock(t.duration_s());
@@ -223,7 +230,6 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
       const size_t same = std::find(t_state.begin(), t_state.end(), t_state[k]) - t_state.begin();
       *slots[k] = same < k ? *slots[same] : AdoptBytes(r, t_state[k] + ids.shift);
     }
-    t_forward = ids;
     gap->gap.push_back({units.module_paths(g), input, t_output + ids.shift, ids.first + ids.shift});
     input = t_output + ids.shift;
   }
