@@ -181,21 +181,28 @@ def loadavg():
 
 # ----------------------------------------------------------------------------- measurements
 
-def measure_layer(quick, tmp):
-    log("[1/6] per layer: build/memsim_bench (BM_GptLayer, 5 repetitions x >= 1 s each)")
+def bench_medians(benchmark_filter, tmp):
+    """Runs build/memsim_bench on the cases `benchmark_filter` selects; returns their median
+    aggregates, each with its real time in ms as "median_ms"."""
     _, _, out = run_child([MEMSIM_BENCH, "--benchmark_format=json",
-                           "--benchmark_filter=BM_GptLayer"], tmp)
+                           "--benchmark_filter=" + benchmark_filter], tmp)
     try:
         data = json.loads(out)
     except ValueError:
         raise RunError("memsim_bench printed no JSON")
     scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+    medians = [b for b in data.get("benchmarks", []) if b.get("aggregate_name") == "median"]
+    for b in medians:
+        b["median_ms"] = b["real_time"] * scale[b.get("time_unit", "ns")]
+    return medians
+
+
+def measure_layer(quick, tmp):
+    log("[1/6] per layer: build/memsim_bench (BM_GptLayer, 5 repetitions x >= 1 s each)")
     layer = {}
-    for b in data.get("benchmarks", []):
-        if b.get("aggregate_name") != "median" or "BM_GptLayer" not in b.get("run_name", ""):
-            continue
+    for b in bench_medians("BM_GptLayer", tmp):
         key = "attribution" if "attribution:1" in b["run_name"] else "no_attribution"
-        layer[key] = {"median_ms": b["real_time"] * scale[b.get("time_unit", "ns")],
+        layer[key] = {"median_ms": b["median_ms"],
                       "events_per_layer": b.get("events_per_layer"),
                       "repetitions": b.get("repetitions"), "iterations": b.get("iterations")}
     if set(layer) != {"attribution", "no_attribution"}:
@@ -226,18 +233,10 @@ def measure_layout(quick):
 def measure_in_process(tmp):
     """Medians of memsim_bench's whole-layout cases: one process, no files, no start-up."""
     log("[4/6] per layout in-process: build/memsim_bench (BM_Llama70bLayout, BM_Gpt485bLayers)")
-    _, _, out = run_child([MEMSIM_BENCH, "--benchmark_format=json",
-                           "--benchmark_filter=BM_Llama70bLayout|BM_Gpt485bLayers"], tmp)
-    try:
-        data = json.loads(out)
-    except ValueError:
-        raise RunError("memsim_bench printed no JSON")
     cases = {}
-    for b in data.get("benchmarks", []):
-        if b.get("aggregate_name") != "median":
-            continue
+    for b in bench_medians("BM_Llama70bLayout|BM_Gpt485bLayers", tmp):
         name = b["run_name"].replace("/iterations:1", "").replace("/repeats:3", "")
-        cases[name] = {"median_ms": b["real_time"], "events": b.get("events")}
+        cases[name] = {"median_ms": b["median_ms"], "events": b.get("events")}
     if not cases:
         raise RunError("memsim_bench JSON lacks the layout medians")
     return cases
