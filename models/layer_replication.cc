@@ -156,6 +156,18 @@ bool AllMapped(const Recorder::IdShift& ids, const std::vector<int64_t>& state) 
   return true;
 }
 
+// What T's forward may free that it did not allocate, paired with a unit's own: T's
+// input and the state T's previous forward kept (-1: an empty slot, nothing to free).
+std::vector<std::pair<int64_t, int64_t>> OuterIds(int64_t t_input, int64_t input,
+                                                  const std::vector<int64_t>& t_old_state,
+                                                  const std::vector<int64_t>& old_state) {
+  std::vector<std::pair<int64_t, int64_t>> ids = {{t_input, input}};
+  for (size_t k = 0; k < t_old_state.size(); ++k) {
+    if (t_old_state[k] >= 0) ids.emplace_back(t_old_state[k], old_state[k]);
+  }
+  return ids;
+}
+
 // The first storage allocated in `span`, or -1.
 int64_t FirstAllocated(const Recorder& r, const Span& span) {
   for (int64_t e = span.begin_event; e < span.end_event; ++e) {
@@ -209,11 +221,7 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
   int64_t input = t_output;
   for (int64_t g = t_unit + 1; g < u_unit; ++g) {
     Recorder::ReplicaOuter outer;
-    outer.ids = {{t_input, input}};
-    const std::vector<int64_t> old_state = state_ids(g);
-    for (size_t k = 0; k < t_old_state.size(); ++k) {
-      if (t_old_state[k] >= 0) outer.ids.emplace_back(t_old_state[k], old_state[k]);
-    }
+    outer.ids = OuterIds(t_input, input, t_old_state, state_ids(g));
     outer.renames = Renames(units.module_paths(t_unit), units.module_paths(g));
     Recorder::IdShift ids;
     if (!r.AppendReplica(t.begin_event, t.end_event, r.now_s() - t.begin_s, outer, &ids)) {
@@ -251,11 +259,8 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
   u_input.reset();
   const int64_t u_first = FirstAllocated(r, u);
   gap->u_forward = {u_first, u_first + (t_forward.last - t_forward.first), 0};
-  std::vector<std::pair<int64_t, int64_t>> outer = {{t_input, input}};
-  for (size_t k = 0; k < t_old_state.size(); ++k) {
-    if (t_old_state[k] >= 0) outer.emplace_back(t_old_state[k], u_old_state[k]);
-  }
-  if (!SameForward(r, t, u, t_forward.first, u_first, outer) ||
+  if (!SameForward(r, t, u, t_forward.first, u_first,
+                   OuterIds(t_input, input, t_old_state, u_old_state)) ||
       StorageIdOf(h, r) - u_first != t_output - t_forward.first) {
     Bug(gap->u_paths[0] + "'s forward differs from " + units.module_paths(t_unit)[0] + "'s");
   }
