@@ -3,6 +3,7 @@ stderr are what is tested), build real-shaped inputs, and check outputs."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -18,6 +19,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "plots" / "memsim_plots.py"
 MB = 2**20
+
+
+def plots_module(name: str):
+    """A module of tools/plots, imported in this process for tests of its functions (the
+    commands themselves are tested through run_cli)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    return importlib.import_module(name)
 
 
 def run_cli(*args: Any, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import unittest
 
-from .helpers import CliTestCase, run_cli, trace_iteration, write_json
+from .helpers import CliTestCase, plots_module, run_cli, trace_iteration, write_json
 
 # The last iteration is "10": a string sort would pick "9", whose peaks differ.
 REAL = {
@@ -52,16 +52,18 @@ class CompareTest(CliTestCase):
         self.assertEqual(sorted(p.name for p in self.out.iterdir()),
                          ["comparison_summary.csv", "memory_comparison_rank_0.png",
                           "memory_comparison_rank_1.png", "peak_overview.png"])
-        self.assertEqual(result.stderr.count("\n"), 1)
         self.assertIn("warning: rank 2 has a simulated trace", result.stderr)
         self.assertIn("real peak MiB", result.stdout)
 
         with open(self.out / "comparison_summary.csv", newline="") as f:
             rows = {int(row["rank"]): row for row in csv.DictReader(f)}
         self.assertEqual(sorted(rows), [0, 1])
-        self.assertEqual(list(rows[0]), ["rank", "real_peak_MB", "sim_peak_MB", "abs_error_MB",
-                                         "rel_error_pct", "real_static_MB", "sim_static_MB",
-                                         "static_error_MB"])
+        self.assertEqual(list(rows[0]), [
+            "rank", "real_peak_MB", "sim_peak_MB", "abs_error_MB", "rel_error_pct",
+            "real_static_MB", "sim_static_MB", "static_error_MB", "real_static_from",
+            "sim_static_from", "real_peak_time_s", "sim_peak_time_s", "peak_time_error_s",
+            "real_after_forward_MB", "sim_after_forward_MB", "after_forward_error_MB",
+            "sim_rank", "alignment"])
         self.assertEqual(float(rows[0]["real_peak_MB"]), 1600.0)
         self.assertEqual(float(rows[0]["sim_peak_MB"]), 1500.0)
         self.assertEqual(float(rows[0]["abs_error_MB"]), 100.0)
@@ -72,8 +74,22 @@ class CompareTest(CliTestCase):
         self.assertEqual(float(rows[1]["real_peak_MB"]), 750.0)
         self.assertEqual(float(rows[1]["sim_peak_MB"]), 800.0)  # the largest sample
         self.assertAlmostEqual(float(rows[1]["rel_error_pct"]), 50 / 750 * 100)
-        self.assertEqual(rows[1]["sim_static_MB"], "")
-        self.assertEqual(rows[1]["static_error_MB"], "")
+        # No static field in the simulated trace: the iteration's first sample, said so.
+        self.assertEqual(float(rows[1]["sim_static_MB"]), 210.0)
+        self.assertEqual(rows[1]["sim_static_from"], "first_sample")
+        self.assertEqual(rows[1]["real_static_from"], "static_memory_MB")
+        self.assertEqual(float(rows[1]["static_error_MB"]), 10.0)
+        self.assertIn("* sim static memory of rank(s) 1 is the iteration's first sample",
+                      result.stdout)
+        # These short curves show no phases (rank 0: no return to the starting level
+        # after the peak), so --align phases (the default) stretches them uniformly: the
+        # real iteration lasts 0.9 s, the simulated 0.6 s.
+        self.assertEqual(rows[0]["alignment"], "start")
+        self.assertAlmostEqual(float(rows[0]["real_peak_time_s"]), 0.4)
+        self.assertAlmostEqual(float(rows[0]["sim_peak_time_s"]), 0.3 * 0.9 / 0.6)
+        self.assertEqual(rows[0]["real_after_forward_MB"], "")
+        self.assertIn("warning: rank 0: the real curve shows no forward, backward and "
+                      "optimizer phases", result.stderr)
 
     def test_theoretical_lines_only_on_request(self) -> None:
         self.assertEqual(self.compare().returncode, 0)
@@ -85,6 +101,153 @@ class CompareTest(CliTestCase):
         result = run_cli("compare", "--help")
         self.assertEqual(result.returncode, 0)
         self.assertTrue(result.stdout.startswith("usage: memsim compare"), result.stdout)
+
+
+# A real iteration of 10 s with clear phases (Note [Phases from the curve's shape]):
+# starting level 100, peak 700 at 4 s (backward starts: the first sample within 3% of the
+# 600 MiB range below the peak), the last sample above 400 is at 4 s, and the first one
+# after it within 10% (60 MiB) of the starting level is at 7 s (the optimizer starts).
+REAL_PHASED = [(50.0, 100.0), (52.0, 400.0), (54.0, 700.0), (56.0, 400.0), (57.0, 120.0),
+               (58.0, 150.0), (60.0, 100.0)]
+# The same shape on a 0.6 s clock: backward at 0.2 s, optimizer at 0.3 s, end at 0.6 s.
+SIM_PHASED = [(0.0, 100.0), (0.1, 400.0), (0.2, 700.0), (0.3, 100.0), (0.5, 150.0),
+              (0.6, 100.0)]
+
+
+class CompareAlignmentTest(CliTestCase):
+    """--align, the phases found on each curve, rank classes and signed errors."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.real, self.sim, self.out = self.tmp / "real", self.tmp / "sim", self.tmp / "plots"
+
+    def rows(self, *extra: str) -> tuple[dict[int, dict], str, str]:
+        result = self.run_ok("compare", "-r", self.real, "-s", self.sim, "-o", self.out,
+                             "--dpi", 40, *extra)
+        with open(self.out / "comparison_summary.csv", newline="") as f:
+            return {int(r["rank"]): r for r in csv.DictReader(f)}, result.stdout, result.stderr
+
+    def write_phased(self, sim_peak: float = 700.0) -> None:
+        write_json(self.real / "memory_trace_rank0.json",
+                   {"3": trace_iteration(REAL_PHASED, static=100.0)})
+        sim = [(t, sim_peak if mb == 700.0 else mb) for t, mb in SIM_PHASED]
+        write_json(self.sim / "memory_trace_rank0.json",
+                   {"3": trace_iteration(sim, static=100.0)})
+
+    def test_phases_put_the_simulated_peak_where_the_real_one_is(self) -> None:
+        self.write_phased()
+        rows, stdout, stderr = self.rows("--align", "phases")
+        self.assertEqual(stderr, "")
+        row = rows[0]
+        self.assertEqual(row["alignment"], "phases")
+        self.assertEqual(float(row["real_peak_time_s"]), 4.0)
+        self.assertEqual(float(row["sim_peak_time_s"]), 4.0)  # 0.2 s is the backward anchor
+        self.assertEqual(float(row["peak_time_error_s"]), 0.0)
+        self.assertEqual(float(row["real_after_forward_MB"]), 700.0)
+        self.assertEqual(float(row["sim_after_forward_MB"]), 700.0)
+        self.assertEqual(float(row["after_forward_error_MB"]), 0.0)
+        self.assertIn("aligned by phases", stdout)
+
+    def test_start_stretches_uniformly_and_none_keeps_the_simulated_clock(self) -> None:
+        self.write_phased()
+        rows, _, _ = self.rows("--align", "start")
+        self.assertEqual(rows[0]["alignment"], "start")
+        self.assertAlmostEqual(float(rows[0]["sim_peak_time_s"]), 0.2 * 10 / 0.6)
+        rows, _, _ = self.rows("--align", "none")
+        self.assertEqual(rows[0]["alignment"], "none")
+        self.assertEqual(float(rows[0]["sim_peak_time_s"]), 0.2)
+        self.assertEqual(float(rows[0]["peak_time_error_s"]), 0.2 - 4.0)
+
+    def test_an_error_that_rounds_to_zero_has_no_minus_sign(self) -> None:
+        self.write_phased(sim_peak=699.99)  # -0.0014%: "-0.0" before
+        rows, stdout, _ = self.rows()
+        self.assertLess(float(rows[0]["rel_error_pct"]), 0)
+        self.assertNotIn("-0.00", stdout)
+        self.assertRegex(stdout.splitlines()[1], r"\s0\.00\s")
+        self.write_phased(sim_peak=707.0)  # +1%: two decimals with the sign
+        _, stdout, _ = self.rows()
+        self.assertIn("+1.00", stdout.splitlines()[1])
+
+    def test_a_real_rank_is_compared_with_its_simulated_rank_class(self) -> None:
+        # memsim simulate wrote ranks 0 and 2, the first of the classes {0, 1} and {2, 3}.
+        for rank in range(4):
+            write_json(self.real / f"memory_trace_rank{rank}.json",
+                       {"3": trace_iteration(REAL_PHASED, static=100.0 + rank)})
+        for rank in (0, 2):
+            write_json(self.sim / f"memory_trace_rank{rank}.json",
+                       {"3": trace_iteration(SIM_PHASED, static=100.0)})
+            write_json(self.sim / f"summary_rank{rank}.json", {"ranks": [rank, rank + 1]})
+        rows, stdout, stderr = self.rows()
+        self.assertEqual(stderr, "")  # no rank skipped
+        self.assertEqual({r: int(row["sim_rank"]) for r, row in rows.items()},
+                         {0: 0, 1: 0, 2: 2, 3: 2})
+        self.assertEqual(float(rows[3]["static_error_MB"]), -3.0)
+        self.assertIn("rank 1 is compared with simulated rank 0", stdout)
+        for rank in range(4):
+            self.assert_png(self.out / f"memory_comparison_rank_{rank}.png", 300, 150)
+
+    def test_a_summary_without_rank_numbers_is_refused(self) -> None:
+        self.write_phased()
+        path = write_json(self.sim / "summary_rank0.json", {"ranks": ["zero"]})
+        result = run_cli("compare", "-r", self.real, "-s", self.sim, "-o", self.out)
+        self.assert_bad_input(result, "compare", path, "'ranks'")
+        self.assertFalse(self.out.exists())
+
+
+class CompareFunctionsTest(CliTestCase):
+    """The pieces of the plots, in process: phases, y range, legend placement."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.align, self.compare = plots_module("align"), plots_module("compare")
+
+    def test_phases_of_a_curve(self) -> None:
+        times, values = zip(*[(t - 50.0, mb) for t, mb in REAL_PHASED])
+        phases = self.align.find_phases(list(times), list(values))
+        self.assertEqual(phases.anchors(), [0.0, 4.0, 7.0, 10.0])
+        self.assertEqual(phases.after_forward_mb, 700.0)
+        self.assertIsNone(self.align.find_phases([0.0, 1.0, 2.0], [5.0, 5.0, 5.0]))  # flat
+        self.assertIsNone(self.align.find_phases([0.0, 1.0, 2.0], [1.0, 5.0, 4.0]))  # no end
+
+    def test_piecewise_alignment(self) -> None:
+        sim_times, sim_values = map(list, zip(*SIM_PHASED))
+        sim = self.align.find_phases(sim_times, sim_values)
+        real = self.align.Phases(backward_s=4.0, optimizer_s=7.0, end_s=10.0,
+                                 after_forward_mb=700.0)
+        times, used = self.align.align_times(sim_times, sim, 10.0, real, "phases")
+        self.assertEqual(used, "phases")
+        # 0.1 is halfway through the forward (0..0.2 -> 0..4); 0.5 two thirds through the
+        # optimizer phase (0.3..0.6 -> 7..10).
+        self.assertEqual([round(t, 9) for t in times], [0.0, 2.0, 4.0, 7.0, 9.0, 10.0])
+        times, used = self.align.align_times(sim_times, None, 10.0, real, "phases")
+        self.assertEqual(used, "start")
+        self.assertAlmostEqual(times[-1], 10.0)
+
+    def test_y_range_is_zoomed_to_the_data(self) -> None:
+        self.assertEqual(self.compare.zoomed_limits([5000.0, 5100.0]), (4992.0, 5108.0))
+        self.assertEqual(self.compare.zoomed_limits([10.0, 110.0]), (2.0, 118.0))
+        self.assertEqual(self.compare.zoomed_limits([1.0, 101.0]), (0.0, 109.0))
+
+    def test_figure_zooms_and_keeps_the_legend_off_the_data(self) -> None:
+        traces = plots_module("traces")
+        real_path = write_json(self.tmp / "memory_trace_rank0.json",
+                               {"1": trace_iteration([(t, mb + 60000) for t, mb in REAL_PHASED],
+                                                     static=60100.0)})
+        sim_path = write_json(self.tmp / "sim" / "memory_trace_rank0.json",
+                              {"1": trace_iteration([(t, mb + 60000) for t, mb in SIM_PHASED],
+                                                    static=60100.0)})
+        pair = self.compare.make_pair(0, 0, traces.last_iteration(real_path),
+                                      traces.last_iteration(sim_path), "phases")
+        fig = self.compare.rank_figure(pair, show_theoretical=False)
+        ax = fig.axes[0]
+        low, high = ax.get_ylim()  # GiB: the data spans 60100..60700 MiB
+        self.assertAlmostEqual(low * 1024, 60100 - 0.08 * 600)
+        self.assertAlmostEqual(high * 1024, 60700 + 0.08 * 600)
+        fig.canvas.draw()
+        legend, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        self.assertGreaterEqual(legend.x0, frame.x1)
+        self.assertIn("GiB", ax.get_ylabel())
+        self.assertIn("phases stretched", ax.get_xlabel())
 
 
 class CompareBadInputTest(CliTestCase):
