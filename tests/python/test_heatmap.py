@@ -7,7 +7,8 @@ import re
 import unittest
 from pathlib import Path
 
-from .helpers import CliTestCase, files_under, run_cli, trace_iteration, write_json
+from .helpers import (CliTestCase, files_under, plots_module, run_cli, trace_iteration,
+                      write_json)
 
 GB = 1024.0
 
@@ -41,7 +42,8 @@ class HeatmapTest(CliTestCase):
                     "1": trace_iteration([(1.0, peak / 3), (1.5, peak * 0.75)], peak=peak * 0.75,
                                          theory=theory)})
         # A layout the simulator predicted out of memory: trace and reason both give a peak;
-        # the reason's is shown.
+        # the trace's (allocated, as in every other cell) is shown, not the reason's
+        # (reserved).
         write_json(self.mem / trace_name(0, 1, 2), {"0": trace_iteration([(0.0, 95 * GB)])})
         self.successful = [log_line(1, 1, 4, "SUCCESS"), log_line(2, 2, 2, "SUCCESS"),
                            log_line(3, 2, 4, "SUCCESS")]
@@ -82,11 +84,11 @@ class HeatmapTest(CliTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(self.layouts(result.stdout), {
             (1, 1): "failed",
-            (1, 2): "failed, predicted peak 95.5 GiB",
+            (1, 2): "failed, memsim peak 95.0 GiB",
             (1, 4): "successful, peak 50.0 GiB, theory 60.0 GiB",
             (2, 2): "successful, peak 35.0 GiB, theory 90.0 GiB",
             (2, 4): "successful, peak 22.0 GiB",
-            (3, 2): "failed",
+            (3, 2): "invalid (TP=3 does not divide 32 attention heads)",
         })
 
     def test_pruned_layout_shows_its_setup(self) -> None:
@@ -100,6 +102,60 @@ class HeatmapTest(CliTestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(self.layouts(result.stdout)[(4, 4)],
                          "failed, pruned: setup alone 100.0 GiB")
+
+    def test_a_failed_layout_without_a_trace_says_its_number_is_the_logs(self) -> None:
+        (self.mem / trace_name(0, 1, 2)).unlink()
+        result = self.heatmap()
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(self.layouts(result.stdout)[(1, 2)],
+                         "failed, log: peak reserved 95.5 GiB")
+
+    def test_invalid_layouts_look_different_from_out_of_memory_ones(self) -> None:
+        def png(name: str) -> Path:
+            self.output = self.tmp / name / "sweep_heatmap"
+            self.assertEqual(self.heatmap().returncode, 0)
+            return Path(f"{self.output}.png")
+
+        invalid = self.assert_png(png("invalid"), 200, 80)
+        # The same sweep with TP=3 PP=2 out of memory instead of invalid.
+        self.failed[-1] = log_line(6, 3, 2, "FAILED (predicted out of memory)")
+        self.write_logs()
+        oom = self.assert_png(png("oom"), 200, 80)
+        self.assertNotEqual(invalid.shape, oom.shape)  # the footnote adds a line below
+        self.failed[-1] = log_line(6, 3, 2, "FAILED (invalid layout: another rule)")
+        self.failed.append(log_line(8, 3, 4, "FAILED (invalid layout: TP=3 does not divide "
+                                             "32 attention heads)"))
+        self.write_logs()
+        result = self.heatmap()
+        self.assertEqual(self.layouts(result.stdout)[(3, 4)],
+                         "invalid (TP=3 does not divide 32 attention heads)")
+        heatmap = plots_module("heatmap")
+        grid, _ = heatmap.read_traces(self.mem)
+        heatmap.read_logs(self.logs, grid)
+        self.assertEqual(heatmap.invalid_rules(grid),  # one footnote per distinct rule
+                         ["another rule", "TP=3 does not divide 32 attention heads"])
+        self.assertEqual([heatmap._footnote_mark(i) for i in (0, 1, 25, 26, 27)],
+                         ["a", "b", "z", "aa", "ab"])
+
+    def test_title_names_model_gpu_and_world_size(self) -> None:
+        heatmap = plots_module("heatmap")
+        self.assertEqual(heatmap.default_title(self.logs, {64}), "TP \u00d7 PP sweep on 64 GPUs")
+        write_json(self.logs / "sweep_results.json", [
+            {"run": "gpt3-485b L96 H20480 V51200 E0 on 8192xA100-80GB fp16 gbs 2048 ddp "
+                    "iterations 2"}] * 2)
+        self.assertEqual(heatmap.default_title(self.logs, {8192}),
+                         "gpt3-485b on 8,192 \u00d7 A100-80GB")
+        self.assertEqual(self.heatmap().returncode, 0)
+        default = Path(f"{self.output}.png").read_bytes()
+        self.assertEqual(self.heatmap("--title", "My sweep").returncode, 0)
+        self.assertNotEqual(default, Path(f"{self.output}.png").read_bytes())
+
+    def test_clean_style_differs_from_the_seed_style(self) -> None:
+        self.assertEqual(self.heatmap("--style", "seed").returncode, 0)
+        seed = Path(f"{self.output}.png").read_bytes()
+        self.assertEqual(self.heatmap("--style", "clean").returncode, 0)
+        self.assertNotEqual(seed, Path(f"{self.output}.png").read_bytes())
+        self.assert_bad_input(self.heatmap("--style", "fancy"), "heatmap", "--style")
 
     def test_one_log_may_be_missing(self) -> None:
         (self.logs / "successful_configs.log").unlink()
