@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 
 #include <deque>
+#include <limits>
 #include <unordered_map>
 
 #include "simulator/allocator_replay.h"
@@ -120,18 +121,27 @@ class FrameBuilder {
 // ones written.
 class TraceBuilder final : public AllocatorObserver {
  public:
-  TraceBuilder(const Recorder& recorder, int64_t max_entries)
-      : recorder_(recorder), max_entries_(max_entries) {}
+  TraceBuilder(const Recorder& recorder, const SnapshotOptions& options)
+      : recorder_(recorder),
+        first_event_(options.segments_only ? std::numeric_limits<int64_t>::max()
+                                           : options.first_traced_event),
+        max_entries_(options.max_trace_entries) {}
 
+  // A segment is mapped or released while the allocator serves the current event: its
+  // storage's frames say which allocation caused it (Note [Snapshot formats]).
   void OnSegmentAlloc(int64_t address, int64_t size_bytes, PoolKind) override {
-    Add({Action::kSegmentAlloc, address, size_bytes, now_s_, -1});
+    Add({Action::kSegmentAlloc, address, size_bytes, now_s_, current_storage_});
   }
   void OnSegmentFree(int64_t address, int64_t size_bytes, PoolKind) override {
-    Add({Action::kSegmentFree, address, size_bytes, now_s_, -1});
+    Add({Action::kSegmentFree, address, size_bytes, now_s_, current_storage_});
   }
 
   // ReplayAllocations' visitor (allocator_replay.h).
-  void BeforeEvent(const MemoryEvent& event) { now_s_ = event.time_s; }
+  void BeforeEvent(const MemoryEvent& event) {
+    now_s_ = event.time_s;
+    current_storage_ = event.storage_id;
+    ++event_index_;
+  }
   void OnAlloc(int64_t, const MemoryEvent& event, const CachingAllocatorModel::Allocation& block) {
     storage_at_address_[block.address] = event.storage_id;
     Add({Action::kAlloc, block.address, SizeOf(event), now_s_, event.storage_id});
@@ -183,7 +193,7 @@ class TraceBuilder final : public AllocatorObserver {
     int64_t address;
     int64_t size_bytes;
     double time_s;
-    int64_t storage_id;  // -1 for segment actions
+    int64_t storage_id;  // for segment actions, the storage whose event caused them
   };
 
   int64_t SizeOf(const MemoryEvent& event) const {
@@ -191,6 +201,7 @@ class TraceBuilder final : public AllocatorObserver {
   }
 
   void Add(const Entry& entry) {
+    if (event_index_ < first_event_) return;
     entries_.push_back(entry);
     if (max_entries_ > 0 && static_cast<int64_t>(entries_.size()) > max_entries_) {
       entries_.pop_front();
@@ -198,8 +209,11 @@ class TraceBuilder final : public AllocatorObserver {
   }
 
   const Recorder& recorder_;
+  int64_t first_event_;
   int64_t max_entries_;
   double now_s_ = 0;
+  int64_t current_storage_ = -1;
+  int64_t event_index_ = -1;  // of the event being replayed
   std::deque<Entry> entries_;
   std::unordered_map<int64_t, int64_t> storage_at_address_;
 };
@@ -208,7 +222,7 @@ class TraceBuilder final : public AllocatorObserver {
 
 std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
                            const SnapshotOptions& options) {
-  TraceBuilder trace(recorder, options.max_trace_entries);
+  TraceBuilder trace(recorder, options);
   CachingAllocatorModel allocator(CachingAllocatorConfig{}, &trace);
   ReplayAllocations(recorder, &allocator, through_event + 1, trace);
   FrameBuilder builder(recorder);
@@ -224,8 +238,18 @@ std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
       block.insert("size", b.size_bytes);
       block.insert("requested_size", b.requested_bytes);
       block.insert("state", b.allocated ? "active_allocated" : "inactive");
-      block.insert("frames",
-                   b.allocated ? builder.StorageFrames(trace.StorageAt(b.address)) : NewList());
+      const List frames =
+          b.allocated ? builder.StorageFrames(trace.StorageAt(b.address)) : NewList();
+      block.insert("frames", frames);
+      if (b.allocated) {  // PyTorch 1.13 reads frames here (Note [Snapshot formats])
+        Dict history;
+        history.insert("addr", b.address);
+        history.insert("real_size", b.requested_bytes);
+        history.insert("frames", frames);
+        List entries = NewList();
+        entries.push_back(history);
+        block.insert("history", entries);
+      }
       blocks.push_back(block);
       if (b.allocated) {
         allocated += b.size_bytes;
@@ -248,16 +272,21 @@ std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
     segments.push_back(segment);
   }
 
-  List device_traces = NewList();
-  device_traces.push_back(trace.TakeEntries(&builder));
-  Dict memsim_info;
-  memsim_info.insert("format", "memsim snapshot 1");
-  memsim_info.insert("through_event", through_event);
-  Dict snapshot;
-  snapshot.insert("segments", segments);
-  snapshot.insert("device_traces", device_traces);
-  snapshot.insert("allocator_settings", Dict());
-  snapshot.insert("memsim", memsim_info);
+  c10::IValue snapshot = segments;
+  if (!options.segments_only) {
+    List device_traces = NewList();
+    device_traces.push_back(trace.TakeEntries(&builder));
+    Dict memsim_info;
+    memsim_info.insert("format", "memsim snapshot 1");
+    memsim_info.insert("through_event", through_event);
+    memsim_info.insert("first_traced_event", options.first_traced_event);
+    Dict dict;
+    dict.insert("segments", segments);
+    dict.insert("device_traces", device_traces);
+    dict.insert("allocator_settings", Dict());
+    dict.insert("memsim", memsim_info);
+    snapshot = dict;
+  }
 
   std::string out;
   torch::jit::Pickler pickler([&](const char* data, size_t n) { out.append(data, n); },

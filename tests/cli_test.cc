@@ -41,8 +41,8 @@ TEST(Cli, DefaultExamplePrintsPerRankPeakAndWritesFiles) {
   ASSERT_EQ(run.exit_code, 0) << run.err;
   EXPECT_NE(run.out.find("peak alloc"), std::string::npos);
   EXPECT_NE(run.out.find("gpt3-1.3b"), std::string::npos);
-  for (const char* file :
-       {"memory_trace_rank0.json", "summary_rank0.json", "snapshot_rank0.pickle"}) {
+  for (const char* file : {"memory_trace_rank0.json", "summary_rank0.json", "snapshot_rank0.pickle",
+                           "snapshot_rank0_peak.pickle"}) {
     EXPECT_TRUE(fs::is_regular_file(out + "/" + file)) << file;
   }
   std::ifstream trace(out + "/memory_trace_rank0.json");

@@ -220,7 +220,7 @@ class AnalyzeFormatsTest(CliTestCase):
         the GPU's use is reported against its usable memory, not called efficient."""
         snapshot = snapshot_dict(MEMSIM_BLOCKS, free_mb=[150], empty_segment_mb=2)
         out = self.tmp / "memsim_out"
-        path = write_pickle(out / "snapshot_rank3.pickle", snapshot)
+        path = write_pickle(out / "snapshot_rank3_peak.pickle", snapshot)  # memsim names it so
         allocated, reserved = expected_totals(snapshot)
         usable_mb = 1000.0
         (out / "summary_rank3.json").write_text(json.dumps({

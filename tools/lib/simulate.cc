@@ -231,11 +231,9 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
   TraceOptions trace_options;
   trace_options.sample_interval_s = options.sample_interval_s;
   trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
-  SnapshotOptions snapshot_options;
-  snapshot_options.max_trace_entries = 100000;  // PyTorch's usual max_entries
   // Ranks of a class share one simulation: build each class's files once.
   struct ClassFiles {
-    std::string trace, snapshot;
+    std::string trace, snapshot, peak_snapshot;
     nlohmann::json summary;
   };
   std::map<const RankResult*, ClassFiles> files;
@@ -245,11 +243,21 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
     if (f.trace.empty()) {
       trace_options.theoretical_memory_mb = TheoreticalMemoryMB(run, result->rank_class.pp_rank);
       f.trace = TraceJson(result->timeline, trace_options).dump(1);
-      f.snapshot = SnapshotPickle(result->session->recorder(), result->timeline.peak_event(),
-                                  snapshot_options);
+      // As torch.cuda.memory._dump_snapshot after the last step, with the history recorded
+      // from its start; and the allocator at the peak in the format every PyTorch reads
+      // (Note [Snapshot formats] in simulator/snapshot_writer.h).
+      const IterationSummary& last = result->timeline.iterations().back();
+      SnapshotOptions step;
+      step.first_traced_event = last.begin_event;
+      f.snapshot = SnapshotPickle(result->session->recorder(), last.end_event - 1, step);
+      SnapshotOptions peak;
+      peak.segments_only = true;
+      f.peak_snapshot =
+          SnapshotPickle(result->session->recorder(), result->timeline.peak_event(), peak);
       f.summary = ClassSummary(run, *result, advice);
     }
-    total_bytes += static_cast<double>(f.trace.size() + f.snapshot.size()) + 4096;
+    total_bytes +=
+        static_cast<double>(f.trace.size() + f.snapshot.size() + f.peak_snapshot.size()) + 4096;
   }
   // Say no before writing anything: --ranks all on a million GPUs would fill a disk.
   const double limit_bytes = options.max_output_gib * (1 << 30);
@@ -270,6 +278,8 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
     MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", f.summary));
     MEMSIM_RETURN_IF_ERROR(
         WriteFileAtomically(out_dir + "/snapshot" + suffix + ".pickle", f.snapshot));
+    MEMSIM_RETURN_IF_ERROR(
+        WriteFileAtomically(out_dir + "/snapshot" + suffix + "_peak.pickle", f.peak_snapshot));
   }
   return Status::OK();
 }

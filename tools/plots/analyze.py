@@ -25,7 +25,8 @@ from snapshot import MB, Allocation, Snapshot, allocations, bytes_by_category, l
 
 DESCRIPTION = """\
 Analyze a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot, or memsim's
-snapshot_rank{R}.pickle): efficiency, memory by category, the largest allocations,
+snapshot_rank{R}_peak.pickle, the allocator at the peak; its snapshot_rank{R}.pickle is
+the state after the last step): efficiency, memory by category, the largest allocations,
 fragmentation and recommendations.
 
 Writes RESULTS_DIR/YYYYMMDD_HHMMSS_NAME/ with memory_overview.png, top_consumers.png,
@@ -151,9 +152,9 @@ def point_symlink(link: Path, target: str) -> None:
 
 
 def companion_summary(snapshot: Path) -> dict | None:
-    """memsim's summary_rank{R}.json beside snapshot_rank{R}.pickle (its verdict, usable
-    memory and measured advice), or None; one that cannot be read is an error."""
-    rank = re.fullmatch(r"snapshot_rank(\d+)", snapshot.stem)
+    """memsim's summary_rank{R}.json beside snapshot_rank{R}[_peak].pickle (its verdict,
+    usable memory and measured advice), or None; one that cannot be read is an error."""
+    rank = re.fullmatch(r"snapshot_rank(\d+)(?:_peak)?", snapshot.stem)
     path = snapshot.with_name(f"summary_rank{rank[1]}.json") if rank else None
     if path is None or not path.exists():
         return None
