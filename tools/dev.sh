@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake g++ clang libclang-rt-14-dev make ccache libtorch-dev nlohmann-json3-dev libyaml-cpp-dev
           libboost-program-options-dev libgtest-dev libbenchmark-dev python3 python3-matplotlib
-          python3-torch)  # PyTorch 1.13's memory_viz opens memsim's snapshots in the tests
+          python3-torch chromium)  # the tests open memsim's snapshots with PyTorch 1.13's
+                                   # memory_viz and `memsim view` pages in Chromium
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -34,6 +34,7 @@ void PrintUsage() {
       "  heatmap    TP x PP heatmap of a sweep's peaks\n"
       "  analyze    analyze a PyTorch memory snapshot pickle\n"
       "  report     figures and tables of a simulated run's memory\n"
+      "  view       one self-contained HTML page of a simulate, sweep or plan folder\n"
       "  plan-figures  redraw memsim plan's figures from its plan.json\n\n"
       "Run 'memsim <command> --help' for a command's options and examples.\n");
 }
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
     if (command == "megatron") return memsim::MegatronCommand(argc - 1, argv + 1);
     if (command == "validate") return memsim::ValidateCommand(argc - 1, argv + 1);
     if (command == "compare" || command == "heatmap" || command == "analyze" ||
-        command == "report" || command == "plan-figures") {
+        command == "report" || command == "view" || command == "plan-figures") {
       return RunPlotsCommand(argc, argv);
     }
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
   heatmap   peak memory of a TP x PP sweep as a heatmap (PNG and PDF)
   analyze   a PyTorch memory snapshot: categories, largest allocations, fragmentation
   report    a memsim output folder: memory by phase, by module, tensors at the peak
+  view      a memsim output folder as one self-contained HTML page
   plan-figures  memsim plan's figures (memsim plan runs it on its --out folder)
 
 Errors in the input are one line on stderr, `memsim <command>: <problem>`, and exit
@@ -22,7 +23,7 @@ from types import ModuleType
 
 from common import InputError
 
-COMMANDS = ("compare", "heatmap", "analyze", "report", "plan-figures")
+COMMANDS = ("compare", "heatmap", "analyze", "report", "view", "plan-figures")
 USAGE = f"usage: memsim_plots.py {{{','.join(COMMANDS)}}} [options]  (<command> --help for more)"
 
 

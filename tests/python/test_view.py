@@ -1,0 +1,210 @@
+"""memsim view: the HTML page of a simulate, sweep or plan folder, loaded in a real browser
+(Debian's headless Chromium, from file://): no console errors, the numbers it renders are
+the summary's, a screenshot has content; and the page needs nothing from the network."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+from html.parser import HTMLParser
+from pathlib import Path
+
+from .helpers import REPO, CliTestCase, run_cli, write_json
+
+BINARY = Path(os.environ.get("MEMSIM_BINARY", REPO / "build" / "memsim"))
+
+
+def chromium() -> str:
+    """Debian's chromium is a test dependency (tools/dev.sh installs it): its absence is a
+    failure, not a skip."""
+    path = shutil.which("chromium")
+    if path is None:
+        raise AssertionError("chromium is not installed; install Debian's chromium "
+                             "(tools/dev.sh does)")
+    return path
+
+
+def browse(page: Path, *options: str) -> subprocess.CompletedProcess:
+    """Loads `page` in headless Chromium with console messages logged to stderr."""
+    profile = tempfile.mkdtemp(prefix="memsim_chromium_")
+    try:
+        return subprocess.run(
+            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+             "--v=0", f"--user-data-dir={profile}", *options, page.resolve().as_uri()],
+            capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def console_messages(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+
+
+class Rendered(HTMLParser):
+    """What the rendered DOM shows: the text of elements with data-* markers, by rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rank: str | None = None
+        self.fields: dict[tuple[str, str], str] = {}  # (rank, data-field) -> text
+        self.categories: dict[tuple[str, str], str] = {}
+        self.modules: dict[tuple[str, str], str] = {}
+        self.rows: dict[tuple[str | None, str], int] = {}  # (rank, data-table) -> body rows
+        self.heatmap_cells = 0
+        self.body_rendered = False
+        self._capture: tuple[dict, tuple[str, str]] | None = None
+        self._table: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        if tag == "body":
+            self.body_rendered = a.get("data-rendered") == "true"
+        if tag == "section" and "data-rank" in a:
+            self.rank = a["data-rank"]
+        if tag == "table" and "data-table" in a:
+            self._table = a["data-table"]
+        if tag == "tr" and self._table in ("tensors", "layouts"):
+            key = (self.rank, self._table)
+            self.rows[key] = self.rows.get(key, 0) + 1
+        if tag == "td" and self._table == "heatmap":
+            self.heatmap_cells += 1
+        for attr, store in (("data-field", self.fields), ("data-category", self.categories),
+                            ("data-module", self.modules)):
+            if attr in a:
+                self._capture = (store, (self.rank, a[attr]))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        if self._capture:
+            store, key = self._capture
+            store[key] = store.get(key, "") + data
+            self._capture = None
+
+
+def mib(text: str) -> float:
+    """ "7,358.8 MiB" -> 7358.8 """
+    match = re.fullmatch(r"([\d,]+\.\d) MiB", text.strip())
+    if not match:
+        raise AssertionError(f"not a MiB value: {text!r}")
+    return float(match[1].replace(",", ""))
+
+
+class ViewTest(CliTestCase):
+    """One simulate run (GPT-3 1.3B, 8 GPUs, TP2 PP2) viewed in Chromium."""
+
+    run_dir: Path
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.root = Path(tempfile.mkdtemp(prefix="memsim_view_test_"))
+        cls.run_dir = cls.root / "run"
+        result = subprocess.run(
+            [str(BINARY), "simulate", "--model", "gpt3-1.3b", "--world-size", "8", "--tp", "2",
+             "--pp", "2", "--out", str(cls.run_dir)], capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise AssertionError(f"memsim simulate failed: {result.stderr}")
+        cls.page = cls.root / "report.html"
+        view = run_cli("view", cls.run_dir, "-o", cls.page)
+        if view.returncode != 0:
+            raise AssertionError(f"memsim view failed: {view.stderr}")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.root, ignore_errors=True)
+
+    def summary(self, rank: int) -> dict:
+        return json.loads((self.run_dir / f"summary_rank{rank}.json").read_text())
+
+    def test_page_needs_no_network(self) -> None:
+        text = self.page.read_text()
+        self.assertIsNone(re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)=", text))
+        self.assertNotIn("https://", text.split('<script id="memsim-data"')[0])
+        self.assertEqual(text.count("<script"), 2)  # the data and the inlined script
+
+    def test_rendered_numbers_are_the_summarys(self) -> None:
+        result = browse(self.page, "--dump-dom")
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(console_messages(result), [])  # no errors, no warnings, no logs
+        dom = Rendered()
+        dom.feed(result.stdout)
+        self.assertTrue(dom.body_rendered, "the script did not finish")
+        for rank in (0, 4):
+            summary, r = self.summary(rank), str(rank)
+            for field in ("peak_allocated_MB", "peak_reserved_MB", "static_memory_MB",
+                          "headroom_MB"):
+                self.assertAlmostEqual(mib(dom.fields[(r, field)]), summary[field], delta=0.05,
+                                       msg=field)
+            self.assertEqual(dom.fields[(r, "peak_phase")], summary["peak_phase"])
+            for category, mb in summary["breakdown_at_peak_MB"].items():
+                if mb > 0:
+                    self.assertAlmostEqual(mib(dom.categories[(r, category)]), mb, delta=0.05)
+            # Layers merged into groups lose nothing: the groups add up to the modules.
+            shown = sum(mib(text) for (at, _), text in dom.modules.items() if at == r)
+            modules = summary["modules_at_peak"]
+            self.assertAlmostEqual(shown, sum(m["MB"] for m in modules), delta=0.05 * len(modules))
+            self.assertIn("decoder.layers.*.mlp", {m for at, m in dom.modules if at == r})
+            self.assertEqual(dom.rows[(r, "tensors")],
+                             len(summary["largest_tensors_at_peak"]) + 1)  # + the header
+
+    def test_screenshot_has_content(self) -> None:
+        shot = self.root / "shot.png"
+        result = browse(self.page, f"--screenshot={shot}", "--window-size=1200,1600")
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        image = self.assert_png(shot, 1200, 1600)
+        # The timeline's blue line is drawn: some pixels are the allocated colour #1f77b4.
+        rgb = (image[..., :3] * 255).round().astype(int).reshape(-1, 3)
+        self.assertGreater(((abs(rgb - [0x1F, 0x77, 0xB4]).sum(axis=1)) < 30).sum(), 100)
+
+
+class ViewSweepAndPlanTest(CliTestCase):
+    """A sweep's and a plan's folder: their layouts, sortable, and the sweep's heatmap."""
+
+    def test_sweep_page(self) -> None:
+        out = self.tmp / "sweep"
+        result = subprocess.run(
+            [str(BINARY), "sweep", "--model", "gpt3-1.3b", "--world-size", "8",
+             "--global-batch-size", "16", "--tp", "1,2,3", "--pp", "1,2", "--out", str(out)],
+            capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.run_ok("view", out)
+        page = out / "report.html"
+        browsed = browse(page, "--dump-dom")
+        self.assertEqual(console_messages(browsed), [])
+        dom = Rendered()
+        dom.feed(browsed.stdout)
+        records = json.loads((out / "sweep_results.json").read_text())
+        self.assertEqual(dom.rows[(None, "layouts")], len(records) + 1)
+        self.assertEqual(dom.heatmap_cells, 3 * 2)  # TP 1, 2, 3 x PP 1, 2
+        self.assertIn("invalid", browsed.stdout)  # TP=3 does not divide the heads
+
+    def test_plan_page(self) -> None:
+        layout = {"tp": 2, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "dp": 4, "micro_batch_size": 1,
+                  "recompute": "none", "data_parallel": "ddp", "verdict": "fits", "step_s": 0.1,
+                  "tokens_per_s_per_gpu": 1000.0, "headroom_GiB": 5.0}
+        write_json(self.tmp / "plan" / "plan.json", {
+            "run": "gpt3-1.3b on 8 x H100-80GB", "world_size": 8, "usable_GiB": 79.1,
+            "layouts": [layout, {**layout, "tp": 4, "dp": 2, "step_s": 0.2}]})
+        self.run_ok("view", self.tmp / "plan", "-o", self.tmp / "plan.html")
+        browsed = browse(self.tmp / "plan.html", "--dump-dom")
+        self.assertEqual(console_messages(browsed), [])
+        dom = Rendered()
+        dom.feed(browsed.stdout)
+        self.assertEqual(dom.rows[(None, "layouts")], 3)
+
+    def test_folder_without_memsim_output(self) -> None:
+        (self.tmp / "empty").mkdir()
+        self.assert_bad_input(run_cli("view", self.tmp / "empty"), "view", self.tmp / "empty",
+                              "summary_rank{R}.json")
+        self.assertEqual(list((self.tmp / "empty").iterdir()), [])
+
+
+if __name__ == "__main__":
+    unittest.main()

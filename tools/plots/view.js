@@ -1,0 +1,326 @@
+// memsim view: draws the report from the JSON that view.py inlines in the page (the
+// element with id memsim-data). No network and no libraries: SVG and tables built here.
+"use strict";
+
+const DATA = JSON.parse(document.getElementById("memsim-data").textContent);
+const SVG_NS = "http://www.w3.org/2000/svg";
+const CATEGORY_COLOURS = {
+  parameters: "#4e79a7", gradients: "#f28e2b", optimizer_state: "#e15759",
+  activations: "#76b7b2", temporaries: "#59a14f", communication: "#edc948",
+  workspaces: "#b07aa1", allocator_rounding: "#bab0ac",
+};
+const PHASE_COLOURS = {
+  setup: "#eeeeee", forward: "#dbeafe", backward: "#fde2e2", optimizer: "#e2f5e1",
+};
+
+// ---- helpers ---------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  for (const child of children) {
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  return node;
+}
+
+// MiB with thousands separators and one decimal: "7,358.8 MiB".
+function mib(value) {
+  return value.toLocaleString("en-US", {minimumFractionDigits: 1, maximumFractionDigits: 1}) +
+         " MiB";
+}
+
+function number(value, digits) {
+  return value.toLocaleString("en-US", {minimumFractionDigits: digits,
+                                        maximumFractionDigits: digits});
+}
+
+// A key number: its label, the rendered value, and which summary field it shows (the tests
+// read these back and compare them with summary_rank{R}.json).
+function card(label, text, field) {
+  const value = el("div", {class: "value"}, text);
+  if (field) value.dataset.field = field;
+  return el("div", {class: "card"}, el("div", {class: "label"}, label), value);
+}
+
+// A table whose columns sort on a click (numbers numerically, text alphabetically).
+// columns: [{key, label, format?}]
+function sortableTable(columns, rows, name) {
+  const table = el("table", {class: "sortable", "data-table": name});
+  const head = el("tr");
+  const body = el("tbody");
+  let sortKey = null;
+  let ascending = true;
+  function render() {
+    const sorted = rows.slice();
+    if (sortKey !== null) {
+      sorted.sort((a, b) => {
+        const x = a[sortKey], y = b[sortKey];
+        const order = typeof x === "number" && typeof y === "number"
+                          ? x - y : String(x).localeCompare(String(y));
+        return ascending ? order : -order;
+      });
+    }
+    body.replaceChildren(...sorted.map(row => el(
+        "tr", {}, ...columns.map(c => el("td", {"data-column": c.key},
+                                          c.format ? c.format(row[c.key], row)
+                                                   : (row[c.key] ?? ""))))));
+  }
+  for (const column of columns) {
+    const th = el("th", {title: "sort"}, column.label);
+    th.addEventListener("click", () => {
+      ascending = sortKey === column.key ? !ascending : true;
+      sortKey = column.key;
+      render();
+    });
+    head.append(th);
+  }
+  table.append(el("thead", {}, head), body);
+  render();
+  return table;
+}
+
+// ---- a rank class ----------------------------------------------------------------------
+
+function verdictCards(rank) {
+  const s = rank.summary;
+  const cards = [
+    card("peak allocated", mib(s.peak_allocated_MB), "peak_allocated_MB"),
+    card("peak reserved", mib(s.peak_reserved_MB), "peak_reserved_MB"),
+    card("static memory", mib(s.static_memory_MB), "static_memory_MB"),
+    card("peak phase", s.peak_phase, "peak_phase"),
+  ];
+  if (s.fits) {
+    cards.push(card("fits, headroom", mib(s.headroom_MB), "headroom_MB"));
+  } else {
+    cards.push(card("does not fit", s.out_of_memory || "out of memory", "out_of_memory"));
+  }
+  return el("div", {class: "cards"}, ...cards);
+}
+
+// Allocated and reserved memory over the last iteration, phases shaded, and what was
+// allocated or freed nearest the pointer.
+function timeline(rank) {
+  const box = el("div", {class: "timeline"});
+  const t = rank.timeline;
+  if (!t || t.t.length === 0) {
+    box.append(el("p", {class: "note"}, "No memory trace beside this summary."));
+    return box;
+  }
+  const width = 900, height = 260, left = 70, right = 10, top = 10, bottom = 30;
+  const x0 = t.t[0], x1 = Math.max(t.t[t.t.length - 1], x0 + 1e-12);
+  const values = t.allocated.concat(t.reserved);
+  let y0 = Math.min(...values), y1 = Math.max(...values);
+  const pad = Math.max((y1 - y0) * 0.08, 1);
+  y0 = Math.max(0, y0 - pad);
+  y1 += pad;
+  const X = v => left + (v - x0) / (x1 - x0) * (width - left - right);
+  const Y = v => top + (y1 - v) / (y1 - y0) * (height - top - bottom);
+  const plot = svg("svg", {viewBox: `0 0 ${width} ${height}`, class: "chart",
+                           "data-chart": "timeline"});
+  for (const span of rank.phases) {
+    plot.append(svg("rect", {x: X(span.start), y: top, width: Math.max(X(span.end) - X(span.start), 1),
+                             height: height - top - bottom,
+                             fill: PHASE_COLOURS[span.phase] || "#f4f4f4"}));
+  }
+  for (const [series, colour] of [[t.reserved, "#999999"], [t.allocated, "#1f77b4"]]) {
+    const points = series.map((v, i) => `${X(t.t[i]).toFixed(1)},${Y(v).toFixed(1)}`);
+    plot.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: colour,
+                                 "stroke-width": 1.5}));
+  }
+  for (let i = 0; i <= 4; i++) {
+    const v = y0 + (y1 - y0) * i / 4;
+    const label = svg("text", {x: left - 6, y: Y(v) + 4, "text-anchor": "end",
+                               class: "tick"});
+    label.textContent = (v / 1024).toFixed(2) + " GiB";
+    plot.append(label, svg("line", {x1: left, x2: width - right, y1: Y(v), y2: Y(v),
+                                    class: "grid"}));
+  }
+  const axis = svg("text", {x: (left + width) / 2, y: height - 6, "text-anchor": "middle",
+                            class: "tick"});
+  axis.textContent = `virtual time in iteration ${t.iteration} (s): ` +
+                     `0 to ${(x1 - x0).toPrecision(3)}`;
+  plot.append(axis);
+  const cursor = svg("line", {y1: top, y2: height - bottom, class: "cursor", visibility: "hidden"});
+  plot.append(cursor);
+  const info = el("div", {class: "hover"}, "Move over the chart: what was allocated or freed then.");
+  plot.addEventListener("mousemove", event => {
+    const box = plot.getBoundingClientRect();
+    const x = (event.clientX - box.left) / box.width * width;
+    const time = x0 + (x - left) / (width - left - right) * (x1 - x0);
+    cursor.setAttribute("x1", x);
+    cursor.setAttribute("x2", x);
+    cursor.setAttribute("visibility", "visible");
+    info.textContent = describeMoment(rank, time);
+  });
+  const legend = el("div", {class: "legend"},
+                    ...[["allocated", "#1f77b4"], ["reserved", "#999999"]].map(
+                        ([name, colour]) => el("span", {}, swatch(colour), name)),
+                    ...rank.phases_present.map(
+                        phase => el("span", {}, swatch(PHASE_COLOURS[phase] || "#f4f4f4"),
+                                    phase)));
+  box.append(plot, legend, info);
+  return box;
+}
+
+function swatch(colour) {
+  return el("i", {class: "swatch", style: `background:${colour}`});
+}
+
+// The allocated memory at `time` and the allocator event nearest to it.
+function describeMoment(rank, time) {
+  const t = rank.timeline;
+  let i = 0;
+  while (i + 1 < t.t.length && t.t[i + 1] <= time) i++;
+  let text = `t = ${(time - t.t[0]).toPrecision(4)} s: allocated ${mib(t.allocated[i])}`;
+  const events = rank.events;
+  if (events.length) {
+    let lo = 0, hi = events.length - 1;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (events[mid].t < time) lo = mid + 1; else hi = mid;
+    }
+    if (lo > 0 && Math.abs(events[lo - 1].t - time) < Math.abs(events[lo].t - time)) lo--;
+    const e = events[lo];
+    text += ` | ${e.action === "alloc" ? "+" : "-"}${mib(e.size_MB)} ${e.action} ` +
+            `${e.tensor} in ${e.module} (${e.op}, ${e.phase})`;
+  }
+  return text;
+}
+
+// Memory at the peak by category: one stacked bar and its numbers.
+function categories(rank) {
+  const breakdown = rank.summary.breakdown_at_peak_MB || {};
+  const entries = Object.entries(breakdown).filter(([, mb]) => mb > 0)
+                      .sort((a, b) => b[1] - a[1]);
+  const total = entries.reduce((sum, [, mb]) => sum + mb, 0) || 1;
+  const bar = el("div", {class: "stack"});
+  const list = el("table", {class: "plain", "data-table": "categories"});
+  for (const [name, mb] of entries) {
+    const colour = CATEGORY_COLOURS[name] || "#cccccc";
+    bar.append(el("div", {style: `width:${(mb / total * 100).toFixed(3)}%;background:${colour}`,
+                          title: `${name}: ${mib(mb)}`}));
+    list.append(el("tr", {}, el("td", {}, swatch(colour), name),
+                   el("td", {"data-category": name}, mib(mb)),
+                   el("td", {}, `${(mb / total * 100).toFixed(1)}%`)));
+  }
+  return el("div", {}, bar, list);
+}
+
+// Memory at the peak by module, the layers of a stack merged into one expandable row.
+function modules(rank) {
+  const box = el("div", {"data-table": "modules"});
+  for (const group of rank.module_groups) {
+    const head = el("span", {class: "module"}, group.module);
+    const size = el("span", {class: "mb", "data-module": group.module}, mib(group.MB));
+    if (group.members.length > 1) {
+      const details = el("details", {}, el("summary", {}, head, " ",
+                                           el("span", {class: "count"},
+                                              `(${group.members.length} layers)`), size));
+      for (const member of group.members) {
+        details.append(el("div", {class: "member"}, el("span", {class: "module"}, member.module),
+                          el("span", {class: "mb"}, mib(member.MB))));
+      }
+      box.append(details);
+    } else {
+      box.append(el("div", {class: "row"}, head, size));
+    }
+  }
+  return box;
+}
+
+function tensors(rank) {
+  const columns = [
+    {key: "size_MB", label: "MiB", format: v => number(v, 1)},
+    {key: "tensor", label: "shape"}, {key: "category", label: "category"},
+    {key: "phase", label: "phase"}, {key: "module", label: "module"}, {key: "op", label: "op"},
+    {key: "microbatch", label: "microbatch"},
+  ];
+  return sortableTable(columns, rank.summary.largest_tensors_at_peak || [], "tensors");
+}
+
+function rankSection(rank) {
+  const s = rank.summary;
+  const ranks = s.ranks || [s.rank];
+  const title = `Rank ${s.rank}` + (ranks.length > 1 ? ` (class of ${ranks.length} ranks)` : "") +
+                (s.pp_stage !== undefined ? `, pipeline stage ${s.pp_stage}` : "");
+  return el("section", {"data-rank": s.rank},
+            el("h2", {}, title), verdictCards(rank),
+            el("h3", {}, "Timeline"), timeline(rank),
+            el("div", {class: "columns"},
+               el("div", {}, el("h3", {}, "At the peak, by category"), categories(rank)),
+               el("div", {}, el("h3", {}, "At the peak, by module"), modules(rank))),
+            el("h3", {}, "Largest tensors alive at the peak"), tensors(rank));
+}
+
+// ---- sweeps and plans ------------------------------------------------------------------
+
+function heatmap(layouts) {
+  const tps = [...new Set(layouts.map(l => l.tp))].sort((a, b) => a - b);
+  const pps = [...new Set(layouts.map(l => l.pp))].sort((a, b) => a - b);
+  const table = el("table", {class: "heatmap", "data-table": "heatmap"});
+  table.append(el("tr", {}, el("th", {}, "TP \\ PP"), ...pps.map(pp => el("th", {}, pp))));
+  for (const tp of tps) {
+    const row = el("tr", {}, el("th", {}, tp));
+    for (const pp of pps) {
+      const cell = layouts.filter(l => l.tp === tp && l.pp === pp)
+                       .sort((a, b) => (b.status === "success") - (a.status === "success") ||
+                                       (a.peak_MB ?? Infinity) - (b.peak_MB ?? Infinity))[0];
+      if (!cell) { row.append(el("td", {class: "empty"}, "")); continue; }
+      const text = cell.status === "invalid" ? "invalid"
+                   : cell.peak_MB != null ? `${(cell.peak_MB / 1024).toFixed(1)} GiB`
+                   : cell.status;
+      row.append(el("td", {class: `status-${cell.status}`, title: cell.reason || cell.status},
+                    text));
+    }
+    table.append(row);
+  }
+  return el("div", {}, table, el("p", {class: "note"},
+                                 "Cells: memsim's peak allocated memory of the best layout " +
+                                 "for that TP and PP (fits first). Hover for the reason."));
+}
+
+function sweepSection(sweep) {
+  const columns = ["config", "tp", "pp", "vpp", "dp", "cp", "ep", "micro_batch_size",
+                   "num_microbatches", "recompute", "status"].map(k => ({key: k, label: k}));
+  columns.push({key: "peak_MB", label: "peak allocated MiB",
+                format: v => v == null ? "-" : number(v, 1)});
+  columns.push({key: "reason", label: "reason"});
+  return el("section", {"data-kind": "sweep"},
+            el("h2", {}, `Sweep: ${sweep.layouts.length} layouts`), heatmap(sweep.layouts),
+            el("h3", {}, "Layouts"), sortableTable(columns, sweep.layouts, "layouts"));
+}
+
+function planSection(plan) {
+  const columns = ["tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size", "recompute",
+                   "data_parallel", "verdict"].map(k => ({key: k, label: k}));
+  columns.push({key: "step_s", label: "step s", format: v => v == null ? "-" : number(v, 3)});
+  columns.push({key: "tokens_per_s_per_gpu", label: "tokens/s/GPU",
+                format: v => v == null ? "-" : number(v, 0)});
+  columns.push({key: "headroom_GiB", label: "headroom GiB",
+                format: v => v == null ? "-" : number(v, 2)});
+  return el("section", {"data-kind": "plan"},
+            el("h2", {}, `Plan: ${plan.run}`),
+            el("p", {}, `${plan.layouts.length} layouts on ${plan.world_size} GPUs, ` +
+                        `usable ${number(plan.usable_GiB, 2)} GiB each.`),
+            sortableTable(columns, plan.layouts, "layouts"));
+}
+
+// ---- the page --------------------------------------------------------------------------
+
+function main() {
+  const root = document.getElementById("report");
+  root.append(el("h1", {}, DATA.title), el("p", {class: "note"}, DATA.subtitle));
+  if (DATA.plan) root.append(planSection(DATA.plan));
+  if (DATA.sweep) root.append(sweepSection(DATA.sweep));
+  for (const rank of DATA.ranks) root.append(rankSection(rank));
+  document.body.dataset.rendered = "true";
+}
+
+main();
