@@ -249,6 +249,18 @@ class CompareFunctionsTest(CliTestCase):
         self.assertIn("GiB", ax.get_ylabel())
         self.assertIn("phases stretched", ax.get_xlabel())
 
+    def test_peak_overview_legend_hides_no_bar(self) -> None:
+        rows = [{"rank": r, "real_peak_MB": 1000.0 + r, "sim_peak_MB": 990.0 + r,
+                 "rel_error_pct": -1.0} for r in range(4)]
+        fig = self.compare.peak_overview(rows)
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        legend = ax.get_legend().get_window_extent()
+        for bar in ax.patches:
+            self.assertFalse(legend.overlaps(bar.get_window_extent()))
+        labels = [t.get_text() for t in ax.texts]
+        self.assertEqual(labels, ["-1.00%"] * 4)  # signed, two decimals
+
 
 class CompareBadInputTest(CliTestCase):
     """Each problem: exit 2, one line naming the file or folder, nothing written."""

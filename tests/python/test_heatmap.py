@@ -150,6 +150,16 @@ class HeatmapTest(CliTestCase):
         self.assertEqual(self.heatmap("--title", "My sweep").returncode, 0)
         self.assertNotEqual(default, Path(f"{self.output}.png").read_bytes())
 
+    def test_cells_name_memsim_not_actual(self) -> None:
+        heatmap = plots_module("heatmap")
+        grid, _ = heatmap.read_traces(self.mem)
+        heatmap.read_logs(self.logs, grid)
+        fig = heatmap.heatmap_figure(grid, 80.0, None, "t", heatmap.STYLES["seed"])
+        texts = [t.get_text() for t in fig.axes[0].texts]
+        self.assertIn("memsim: 50.0 GiB\nTheory: 60.0 GiB", texts)  # TP=1 PP=4, worst rank
+        self.assertIn("memsim: 95.0 GiB", texts)  # out of memory: the trace's allocated peak
+        self.assertFalse(any("Actual" in t or "pred." in t for t in texts), texts)
+
     def test_clean_style_differs_from_the_seed_style(self) -> None:
         self.assertEqual(self.heatmap("--style", "seed").returncode, 0)
         seed = Path(f"{self.output}.png").read_bytes()
