@@ -234,6 +234,43 @@ TEST(Cli, ValidateReportsEveryBadCaseAndStillRunsTheOthers) {
   EXPECT_EQ(result["cases"].size(), 2u);
 }
 
+// A case that logged its iteration time gets memsim's step time beside it (no tolerance
+// yet); one that did not gets none; a time that is not a positive number is refused.
+TEST(Cli, ValidateReportsIterationTimeBesideMemory) {
+  const std::string dir = Temp("validate_time");
+  fs::create_directories(dir + "/cases");
+  std::string timed = ValidationCaseYaml("timed", "", "");
+  timed.replace(timed.find("allocated_bytes: 50000000}"), 26,
+                "allocated_bytes: 50000000, iteration_time_s: 0.25}");
+  std::ofstream(dir + "/cases/a_timed.yaml") << timed;
+  std::ofstream(dir + "/cases/b_untimed.yaml") << ValidationCaseYaml("untimed", "", "");
+  std::ofstream(dir + "/tolerances.yaml") << "{}\n";
+  const CommandResult run = Memsim("validate --cases " + dir + "/cases --tolerances " + dir +
+                                   "/tolerances.yaml --json " + dir + "/out.json --report " + dir +
+                                   "/report.md");
+  EXPECT_EQ(run.exit_code, 2);  // the made-up memory is outside; the time never fails a case
+  const nlohmann::json result = nlohmann::json::parse(std::ifstream(dir + "/out.json"));
+  ASSERT_EQ(result["cases"].size(), 2u);
+  const nlohmann::json& time = result["cases"][0]["iteration_time"];
+  EXPECT_EQ(time["real_s"].get<double>(), 0.25);
+  const double memsim_s = time["memsim_s"].get<double>();
+  EXPECT_GT(memsim_s, 0);
+  EXPECT_DOUBLE_EQ(time["error_pct"].get<double>(), (memsim_s - 0.25) / 0.25 * 100);
+  EXPECT_FALSE(result["cases"][1].contains("iteration_time"));
+  EXPECT_NE(run.out.find("iteration time: 1 cases compared"), std::string::npos) << run.out;
+  std::ifstream report(dir + "/report.md");
+  const std::string md((std::istreambuf_iterator<char>(report)), {});
+  EXPECT_NE(md.find("| timed | H100-80GB | 0.250 | "), std::string::npos) << md;
+
+  timed.replace(timed.find("iteration_time_s: 0.25"), 22, "iteration_time_s: -1");
+  std::ofstream(dir + "/cases/a_timed.yaml") << timed;
+  const CommandResult bad = Memsim("validate --cases " + dir + "/cases --tolerances " + dir +
+                                   "/tolerances.yaml");
+  EXPECT_NE(bad.err.find("a_timed.yaml: measured.iteration_time_s must be a positive number"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST(Cli, ValidateToleranceAboveHalfAPercentNeedsAReason) {
   const std::string dir = Temp("validate_tolerance");
   fs::create_directories(dir + "/cases");

@@ -32,6 +32,9 @@ struct ValidationCase {
   int64_t max_allocated_bytes = 0;
   // torch.cuda.memory_allocated() after that step's optimizer step; absent if not logged.
   std::optional<int64_t> allocated_bytes;
+  // Seconds per iteration (TensorBoard's iteration-time), the median of the steady steps;
+  // absent if not logged. Reported beside the memory, not yet held to a tolerance.
+  std::optional<double> iteration_time_s;
 };
 
 // Reads one case file. A missing or malformed field is an error naming file and field.
