@@ -48,11 +48,11 @@ std::string GpuPresetNames() {
 
 double MatmulSeconds(const GpuSpec& gpu, double flops, bool half_precision) {
   const double peak = half_precision ? gpu.half_flops : gpu.fp32_flops;
-  return gpu.kernel_launch_s + flops / (peak * gpu.matmul_efficiency);
+  return std::max(gpu.min_op_s, flops / (peak * gpu.matmul_efficiency));
 }
 
 double MemoryBoundSeconds(const GpuSpec& gpu, double bytes) {
-  return gpu.kernel_launch_s + bytes / (gpu.bandwidth_bytes_per_s * gpu.bandwidth_efficiency);
+  return std::max(gpu.min_op_s, bytes / (gpu.bandwidth_bytes_per_s * gpu.bandwidth_efficiency));
 }
 
 }  // namespace memsim
