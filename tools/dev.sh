@@ -38,12 +38,13 @@ if [ "$command" = sanitize ] || [ "$command" = fuzz ]; then
     export MEMSIM_FUZZ_SECONDS=${1:-600}
     exec ctest --output-on-failure -j2 -R '^fuzz_' --timeout $((MEMSIM_FUZZ_SECONDS + 120))
   fi
-  # The seeds' 24-layout sweep (killed and resumed) takes 7.5 min under the sanitizers, and
-  # running every --help and README example (2 min plain) would take far longer; smaller
-  # tests cover the same code there, and the plain run runs both. The Python tools' tests
-  # run Python, not the sanitized C++ (75 s here): the plain run covers them.
+  # The seeds' 24-layout sweep (killed and resumed) takes 7.5 min under the sanitizers,
+  # running every --help and README example (2 min plain) would take far longer, and the
+  # sharded sweep merged and resumed takes 100 s; smaller tests cover the same code there
+  # (the Robustness tests resume and merge sweeps), and the plain run runs all three. The Python
+  # tools' tests run Python, not the sanitized C++ (2 min here): the plain run covers them.
   exec ctest --output-on-failure -j2 \
-    -E '^(Sweep[.]SeedsSweepKilledAndResumedMatchesAndPlots|Examples[.]EveryHelpAndReadmeExampleRuns|python_tools)$' "$@"
+    -E '^(Sweep[.]SeedsSweepKilledAndResumedMatchesAndPlots|Sweep[.]ResumedShardsEqualOneRun|Examples[.]EveryHelpAndReadmeExampleRuns|python_tools)$' "$@"
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
