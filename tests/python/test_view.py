@@ -199,6 +199,17 @@ class ViewSweepAndPlanTest(CliTestCase):
         dom.feed(browsed.stdout)
         self.assertEqual(dom.rows[(None, "layouts")], 3)
 
+    def test_corrupt_snapshot_is_one_line_naming_it(self) -> None:
+        run_dir = self.tmp / "run"
+        write_json(run_dir / "summary_rank0.json", {
+            "rank": 0, "peak_allocated_MB": 10.0, "phases": {"forward": {"peak_allocated_MB": 10.0}},
+            "modules_at_peak": [], "largest_tensors_at_peak": []})
+        snapshot = run_dir / "snapshot_rank0.pickle"
+        snapshot.write_bytes(b"\x80\x02}q\x00(X")  # cut off in its first string
+        self.assert_bad_input(run_cli("view", run_dir), "view", snapshot,
+                              "not a readable snapshot pickle")
+        self.assertFalse((run_dir / "report.html").exists())
+
     def test_folder_without_memsim_output(self) -> None:
         (self.tmp / "empty").mkdir()
         self.assert_bad_input(run_cli("view", self.tmp / "empty"), "view", self.tmp / "empty",

@@ -141,16 +141,22 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it references the Python class {module}.{name}")
 
 
-def load_snapshot(path: Path) -> Snapshot:
-    """Loads and validates a snapshot; every problem is an InputError naming `path`."""
+def read_snapshot_pickle(path: Path) -> Any:
+    """The plain data of a snapshot pickle (no classes imported); an unreadable or corrupt
+    file is an InputError naming `path`."""
     try:
         with open(path, "rb") as f:
-            data = _PlainUnpickler(f).load()
+            return _PlainUnpickler(f).load()
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
     except Exception as e:  # pickle reports corruption as many exception types
         raise InputError(f"{path}: not a readable snapshot pickle ({type(e).__name__}: {e}); "
                          "the file is truncated or corrupt, dump the snapshot again") from None
+
+
+def load_snapshot(path: Path) -> Snapshot:
+    """Loads and validates a snapshot; every problem is an InputError naming `path`."""
+    data = read_snapshot_pickle(path)
     raw_segments = data.get("segments") if isinstance(data, dict) else data
     if not isinstance(raw_segments, list):
         raise InputError(f"{path}: not a PyTorch memory snapshot (expected a dict with "

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import pickle
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from common import CommandParser, InputError, Output, command_parser, existing_dir, load_json
-from report import RankReport, load_report, module_pattern, SUMMARY
-from snapshot import _PlainUnpickler
+from report import SUMMARY, RankReport, load_report, module_pattern
+from snapshot import read_snapshot_pickle
 
 DESCRIPTION = """\
 Write one self-contained HTML page (no network: script and data inlined) of a memsim output
@@ -104,12 +103,7 @@ def snapshot_events(path: Path) -> tuple[list[dict], list[dict]]:
     simulator/snapshot_writer.h), so consecutive allocations of one phase make a span."""
     if not path.is_file():
         return [], []
-    try:
-        with open(path, "rb") as f:
-            data = _PlainUnpickler(f).load()
-    except Exception as e:  # pickle reports corruption as many exception types
-        raise InputError(f"{path}: not a readable snapshot pickle ({type(e).__name__}: {e}); "
-                         "rerun memsim simulate") from None
+    data = read_snapshot_pickle(path)
     traces = data.get("device_traces") if isinstance(data, dict) else None
     if not isinstance(traces, list) or not traces or not isinstance(traces[0], list):
         return [], []
