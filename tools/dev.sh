@@ -8,10 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+command=${1:-example}
+shift || true
+
 packages=(cmake g++ clang libclang-rt-14-dev make ccache libtorch-dev nlohmann-json3-dev libyaml-cpp-dev
-          libboost-program-options-dev libgtest-dev libbenchmark-dev python3 python3-matplotlib
-          python3-torch chromium)  # the tests open memsim's snapshots with PyTorch 1.13's
-                                   # memory_viz and `memsim view` pages in Chromium
+          libboost-program-options-dev libgtest-dev libbenchmark-dev python3 python3-matplotlib)
+if [ "$command" = test ]; then
+  # The tests open memsim's snapshots with PyTorch 1.13's memory_viz and load `memsim view`
+  # pages in Chromium.
+  packages+=(python3-torch chromium)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,8 +28,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
-command=${1:-example}
-shift || true
 if [ "$command" = sanitize ] || [ "$command" = fuzz ]; then
   # clang, Debug (assertions on) at -O1, address and undefined-behaviour sanitizers and
   # libFuzzer's coverage; LibTorch itself is not instrumented, so its containers carry no
