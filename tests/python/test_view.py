@@ -198,6 +198,9 @@ class ViewSweepAndPlanTest(CliTestCase):
         dom = Rendered()
         dom.feed(browsed.stdout)
         self.assertEqual(dom.rows[(None, "layouts")], 3)
+        self.assertEqual(dom.heatmap_cells, 2)  # TP 2 and 4 x PP 1: each layout's step
+        self.assertIn("0.10 s", browsed.stdout)
+        self.assertIn("0.20 s", browsed.stdout)
 
     def test_corrupt_snapshot_is_one_line_naming_it(self) -> None:
         run_dir = self.tmp / "run"

@@ -261,7 +261,10 @@ function rankSection(rank) {
 
 // ---- sweeps and plans ------------------------------------------------------------------
 
-function heatmap(layouts) {
+// TP x PP cells, each the best layout with that TP and PP: one that fits first, then the
+// lowest `rank` (peak memory for a sweep, step time for a plan). A layout is
+// {tp, pp, status: success|oom|invalid|..., rank, text, reason}.
+function heatmap(layouts, note) {
   const tps = [...new Set(layouts.map(l => l.tp))].sort((a, b) => a - b);
   const pps = [...new Set(layouts.map(l => l.pp))].sort((a, b) => a - b);
   const table = el("table", {class: "heatmap", "data-table": "heatmap"});
@@ -271,19 +274,18 @@ function heatmap(layouts) {
     for (const pp of pps) {
       const cell = layouts.filter(l => l.tp === tp && l.pp === pp)
                        .sort((a, b) => (b.status === "success") - (a.status === "success") ||
-                                       (a.peak_MB ?? Infinity) - (b.peak_MB ?? Infinity))[0];
+                                       (a.rank ?? Infinity) - (b.rank ?? Infinity))[0];
       if (!cell) { row.append(el("td", {class: "empty"}, "")); continue; }
-      const text = cell.status === "invalid" ? "invalid"
-                   : cell.peak_MB != null ? `${(cell.peak_MB / 1024).toFixed(1)} GiB`
-                   : cell.status;
       row.append(el("td", {class: `status-${cell.status}`, title: cell.reason || cell.status},
-                    text));
+                    cell.text));
     }
     table.append(row);
   }
-  return el("div", {}, table, el("p", {class: "note"},
-                                 "Cells: memsim's peak allocated memory of the best layout " +
-                                 "for that TP and PP (fits first). Hover for the reason."));
+  return el("div", {}, table, el("p", {class: "note"}, note));
+}
+
+function gib(mb) {
+  return `${(mb / 1024).toFixed(1)} GiB`;
 }
 
 function sweepSection(sweep) {
@@ -292,8 +294,14 @@ function sweepSection(sweep) {
   columns.push({key: "peak_MB", label: "peak allocated MiB",
                 format: v => v == null ? "-" : number(v, 1)});
   columns.push({key: "reason", label: "reason"});
+  const cells = sweep.layouts.map(l => ({
+    tp: l.tp, pp: l.pp, status: l.status, rank: l.peak_MB, reason: l.reason,
+    text: l.status === "invalid" ? "invalid" : l.peak_MB != null ? gib(l.peak_MB) : l.status,
+  }));
+  const note = "Cells: memsim's peak allocated memory of the best layout with that TP and PP " +
+               "(one that fits first). Hover for the reason.";
   return el("section", {"data-kind": "sweep"},
-            el("h2", {}, `Sweep: ${sweep.layouts.length} layouts`), heatmap(sweep.layouts),
+            el("h2", {}, `Sweep: ${sweep.layouts.length} layouts`), heatmap(cells, note),
             el("h3", {}, "Layouts"), sortableTable(columns, sweep.layouts, "layouts"));
 }
 
@@ -305,10 +313,18 @@ function planSection(plan) {
                 format: v => v == null ? "-" : number(v, 0)});
   columns.push({key: "headroom_GiB", label: "headroom GiB",
                 format: v => v == null ? "-" : number(v, 2)});
+  const status = {fits: "success", invalid: "invalid"};
+  const cells = plan.layouts.map(l => ({
+    tp: l.tp, pp: l.pp, status: status[l.verdict] || "oom", rank: l.step_s, reason: l.verdict,
+    text: l.verdict === "fits" ? `${number(l.step_s, 2)} s` : l.verdict.replace(/_/g, " "),
+  }));
+  const note = "Cells: the fastest layout with that TP and PP that fits (its step time), " +
+               "else why none does. Hover for the verdict.";
   return el("section", {"data-kind": "plan"},
             el("h2", {}, `Plan: ${plan.run}`),
             el("p", {}, `${plan.layouts.length} layouts on ${plan.world_size} GPUs, ` +
                         `usable ${number(plan.usable_GiB, 2)} GiB each.`),
+            heatmap(cells, note), el("h3", {}, "Layouts"),
             sortableTable(columns, plan.layouts, "layouts"));
 }
 

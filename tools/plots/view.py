@@ -5,7 +5,7 @@ are inlined, so it opens from file:// anywhere and can be mailed. Per rank class
 timeline of the last iteration (allocated and reserved; phases shaded; the pointer shows
 what was allocated or freed then), memory at the peak by category and by module (layers of
 a stack merged, expandable) and the tensors alive at the peak (a sortable table). For a
-sweep or a plan folder: the layouts (sortable) and, for a sweep, its TP x PP heatmap.
+sweep or a plan folder: its TP x PP heatmap and the layouts (sortable).
 """
 
 from __future__ import annotations
@@ -63,11 +63,13 @@ def page_data(run_dir: Path) -> dict[str, Any]:
     ranks = [rank_data(load_report(rank, path), run_dir) for rank, path in summaries]
     plan = load_plan(plan_path) if plan_path.is_file() else None
     sweep = load_sweep(sweep_path) if sweep_path.is_file() else None
-    first = ranks[0]["summary"] if ranks else {}
-    what = first.get("gpu", "")
-    title = plan["run"] if plan else f"memsim: {run_dir.name}"
-    subtitle = (f"{run_dir} - {len(ranks)} rank class(es)" + (f" on {what}" if what else "")
-                + (f", {len(sweep['layouts'])} sweep layouts" if sweep else ""))
+    gpu = ranks[0]["summary"].get("gpu", "") if ranks else ""
+    kind = "plan" if plan else "sweep" if sweep else "run"
+    title = f"memsim {kind}: {run_dir.resolve().name}"
+    parts = [f"{len(ranks)} rank class(es)" + (f" on {gpu}" if gpu else "")] if ranks else []
+    parts += [f"{len(sweep['layouts'])} sweep layouts"] if sweep else []
+    parts += [f"{len(plan['layouts'])} plan layouts"] if plan else []
+    subtitle = f"{run_dir}: " + ", ".join(parts)
     return {"title": title, "subtitle": subtitle, "ranks": ranks, "sweep": sweep, "plan": plan}
 
 
