@@ -5,9 +5,9 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
-#include <deque>
 #include <limits>
 #include <unordered_map>
+#include <vector>
 
 #include "simulator/allocator_replay.h"
 #include "simulator/atomic_file.h"
@@ -124,8 +124,7 @@ class TraceBuilder final : public AllocatorObserver {
   TraceBuilder(const Recorder& recorder, const SnapshotOptions& options)
       : recorder_(recorder),
         first_event_(options.segments_only ? std::numeric_limits<int64_t>::max()
-                                           : options.first_traced_event),
-        max_entries_(options.max_trace_entries) {}
+                                           : options.first_traced_event) {}
 
   // A segment is mapped or released while the allocator serves the current event: its
   // storage's frames say which allocation caused it (Note [Snapshot formats]).
@@ -201,20 +200,15 @@ class TraceBuilder final : public AllocatorObserver {
   }
 
   void Add(const Entry& entry) {
-    if (event_index_ < first_event_) return;
-    entries_.push_back(entry);
-    if (max_entries_ > 0 && static_cast<int64_t>(entries_.size()) > max_entries_) {
-      entries_.pop_front();
-    }
+    if (event_index_ >= first_event_) entries_.push_back(entry);
   }
 
   const Recorder& recorder_;
   int64_t first_event_;
-  int64_t max_entries_;
   double now_s_ = 0;
   int64_t current_storage_ = -1;
   int64_t event_index_ = -1;  // of the event being replayed
-  std::deque<Entry> entries_;
+  std::vector<Entry> entries_;
   std::unordered_map<int64_t, int64_t> storage_at_address_;
 };
 

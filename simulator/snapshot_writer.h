@@ -45,9 +45,6 @@ struct SnapshotOptions {
   // The trace starts at this event (the allocator actions of earlier events are replayed
   // but not logged, as when PyTorch's _record_memory_history starts mid-run).
   int64_t first_traced_event = 0;
-  // Keep at most this many device_traces entries (the latest ones, as PyTorch's
-  // _record_memory_history(max_entries=...) does); 0: all.
-  int64_t max_trace_entries = 0;
   // Write only the list of segments, PyTorch 1.13's format (Note [Snapshot formats]).
   bool segments_only = false;
 };

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "plots" / "memsim_plots.py"
+# The memsim binary ctest passes; build/memsim when the tests are run by hand.
+BINARY = Path(os.environ.get("MEMSIM_BINARY", REPO / "build" / "memsim"))
 MB = 2**20
 
 
@@ -30,6 +33,16 @@ def plots_module(name: str):
     if str(SCRIPT.parent) not in sys.path:
         sys.path.insert(0, str(SCRIPT.parent))
     return importlib.import_module(name)
+
+
+def simulate_gpt3_tp2_pp2(out: Path) -> None:
+    """memsim simulate of GPT-3 1.3B on 8 GPUs, TP2 PP2, into `out`: two rank classes,
+    whose first ranks are 0 and 4. Raises AssertionError with memsim's stderr on failure."""
+    result = subprocess.run(
+        [str(BINARY), "simulate", "--model", "gpt3-1.3b", "--world-size", "8", "--tp", "2",
+         "--pp", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise AssertionError(f"memsim simulate failed: {result.stderr}")
 
 
 def run_cli(*args: Any, cwd: Path | None = None) -> subprocess.CompletedProcess:

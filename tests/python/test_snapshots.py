@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import pickle
 import shutil
 import subprocess
@@ -26,9 +25,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from .helpers import REPO
-
-BINARY = Path(os.environ.get("MEMSIM_BINARY", REPO / "build" / "memsim"))
+from .helpers import simulate_gpt3_tp2_pp2
 RANKS = (0, 4)  # the first ranks of the two pipeline stages
 
 
@@ -56,12 +53,11 @@ class SnapshotTestCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         cls.out = Path(tempfile.mkdtemp(prefix="memsim_snapshot_test_"))
-        result = subprocess.run(
-            [str(BINARY), "simulate", "--model", "gpt3-1.3b", "--world-size", "8", "--tp", "2",
-             "--pp", "2", "--out", str(cls.out)], capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
+        try:
+            simulate_gpt3_tp2_pp2(cls.out)
+        except AssertionError:
             shutil.rmtree(cls.out, ignore_errors=True)
-            raise AssertionError(f"memsim simulate failed: {result.stderr}")
+            raise
 
     @classmethod
     def tearDownClass(cls) -> None:

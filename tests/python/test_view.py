@@ -5,7 +5,6 @@ the summary's, a screenshot has content; and the page needs nothing from the net
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -14,9 +13,7 @@ import unittest
 from html.parser import HTMLParser
 from pathlib import Path
 
-from .helpers import REPO, CliTestCase, run_cli, write_json
-
-BINARY = Path(os.environ.get("MEMSIM_BINARY", REPO / "build" / "memsim"))
+from .helpers import BINARY, CliTestCase, run_cli, simulate_gpt3_tp2_pp2, write_json
 
 
 def chromium() -> str:
@@ -106,11 +103,7 @@ class ViewTest(CliTestCase):
     def setUpClass(cls) -> None:
         cls.root = Path(tempfile.mkdtemp(prefix="memsim_view_test_"))
         cls.run_dir = cls.root / "run"
-        result = subprocess.run(
-            [str(BINARY), "simulate", "--model", "gpt3-1.3b", "--world-size", "8", "--tp", "2",
-             "--pp", "2", "--out", str(cls.run_dir)], capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise AssertionError(f"memsim simulate failed: {result.stderr}")
+        simulate_gpt3_tp2_pp2(cls.run_dir)
         cls.page = cls.root / "report.html"
         view = run_cli("view", cls.run_dir, "-o", cls.page)
         if view.returncode != 0:

@@ -452,13 +452,14 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
     }
   }
   md +=
-      "\n## Iteration time (reported, not yet calibrated)\n\n"
+      "\n## Iteration time (reported, not held to a tolerance)\n\n"
       "memsim's step time (Note [Step time] in parallel/step_time.h: every stage's virtual\n"
       "clock composed by the pipeline schedule, plus data-parallel communication and the\n"
       "optimizer step) against the median TensorBoard `iteration-time` of the steady steps\n"
-      "(after step 2). The clock's kernel efficiencies are typical values, not fitted to these\n"
-      "runs, so the errors are reported here and not held to a tolerance; the target is\n"
-      "25%.\n\n**" +
+      "(after step 2). The clock's kernel efficiencies are typical values and its one fitted\n"
+      "constant, the least time an op takes, was fitted to these runs (Note [Virtual clock]\n"
+      "in simulator/cost_model.h); the errors are reported here, not held to a tolerance, and\n"
+      "the target is 25%.\n\n**" +
       StepTimeLine(results) +
       ".**\n\n| case | GPU | real s | memsim s | error % |\n| --- | --- | ---: | ---: | ---: |\n";
   for (const CaseResult& r : results) {
