@@ -42,6 +42,9 @@ if [ "$command" = sanitize ] || [ "$command" = fuzz ]; then
     export MEMSIM_FUZZ_SECONDS=${1:-600}
     exec ctest --output-on-failure -j2 -R '^fuzz_' --timeout $((MEMSIM_FUZZ_SECONDS + 120))
   fi
+  # Each fuzz target runs 10 s here (a smoke test from the seeds; tools/dev.sh fuzz runs
+  # them longer), which keeps CI well under 30 minutes.
+  export MEMSIM_FUZZ_SECONDS=${MEMSIM_FUZZ_SECONDS:-10}
   # The seeds' 24-layout sweep (killed and resumed) takes 7.5 min under the sanitizers,
   # running every --help and README example (2 min plain) would take far longer, and the
   # sharded sweep merged and resumed takes 100 s; smaller tests cover the same code there
