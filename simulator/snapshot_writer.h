@@ -10,7 +10,8 @@
 //    "allocator_settings": {}, "memsim": {...}}
 //
 // actions: alloc, free_requested, free_completed, segment_alloc, segment_free. Written as
-// a plain protocol-2 pickle of dicts, lists, strings and ints (no GLOBAL opcodes), so a
+// a plain protocol-2 pickle of dicts, lists, strings and ints (no GLOBAL opcodes; see
+// Note [Streaming pickle] in pickle_writer.h), so a
 // Python without torch loads it with pickle.load.
 //
 // Note [Snapshot formats]

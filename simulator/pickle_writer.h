@@ -1,0 +1,76 @@
+// PickleWriter: writes a Python pickle (protocol 2) of dicts, lists, strings, ints, bools
+// and pairs straight into a byte string, value by value, as Python's pickle.load reads it.
+//
+// Note [Streaming pickle]
+// Snapshots hold a dict per trace entry and per frame: millions of them for a long run.
+// Built as LibTorch IValues (c10::Dict) and handed to torch::jit::Pickler, building,
+// hashing and destroying those dicts took two thirds of a simulate run and most of its
+// memory. This writer emits each value's opcodes as the caller walks its own data, so
+// nothing but the output bytes is kept. It also frees the snapshot writer from the JIT
+// pickler, an internal LibTorch header. Strings are memoized by value (each distinct
+// string is written once, then referenced), so repeated keys and names cost a few bytes.
+//
+// Usage: containers are opened and closed in nesting order; inside a dict, values
+// alternate key, value. The writer does not check the nesting: Finish() REQUIRES every
+// container closed.
+//
+//   PickleWriter w;
+//   w.BeginDict(); w.String("a"); w.Int(1); w.EndDict();   // {"a": 1}
+//   std::string bytes = w.Finish();
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace memsim {
+
+class PickleWriter {
+ public:
+  PickleWriter();  // writes the protocol header
+  PickleWriter(const PickleWriter&) = delete;
+  PickleWriter& operator=(const PickleWriter&) = delete;
+
+  void Int(int64_t value);
+  void Bool(bool value);
+  void String(std::string_view value);       // UTF-8; memoized by value
+  void Pair(int64_t first, int64_t second);  // a 2-tuple of ints
+
+  // An empty container is pushed; the values written until its End* become its items.
+  void BeginList();
+  void EndList();
+  void BeginDict();
+  void EndDict();
+
+  // Remembers the value just begun or written (a list right after BeginList, for
+  // example) and returns its handle; Reference(handle) writes that same object again
+  // (Python gets one shared object, as when a list is referenced twice).
+  // REQUIRES: fewer than 2^32 values remembered (pickle's memo indices are 32-bit;
+  // strings count too); strings shorter than 4 GiB.
+  int64_t Remember();
+  void Reference(int64_t handle);
+
+  // REQUIRES: every container opened was closed. The writer is empty afterwards.
+  std::string Finish();
+
+ private:
+  // Writes the MARK that opens the enclosing container's items before its first one.
+  void BeforeValue();
+  void Opcode(char op) { out_.push_back(op); }
+  void Uint32(uint32_t value);
+
+  std::string out_;
+  int64_t next_handle_ = 0;
+  // Keys view the strings kept in string_storage_ (a deque: its elements never move), so
+  // a lookup constructs no string.
+  std::deque<std::string> string_storage_;
+  std::unordered_map<std::string_view, int64_t> string_handles_;
+  // Per open container: whether it holds an item yet (a MARK is written before the
+  // first one, so an empty container stays a bare EMPTY_LIST / EMPTY_DICT).
+  std::vector<bool> open_has_items_;
+};
+
+}  // namespace memsim

@@ -1,0 +1,110 @@
+// PickleWriter against an independent reader: Python's pickle module loads what it wrote,
+// and the values printed back are the ones worked out here by hand.
+#include "simulator/pickle_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+namespace memsim {
+namespace {
+
+// Loads `bytes` with Python's pickle and returns what `expression` (of the loaded value
+// `v`) prints.
+std::string PythonReads(const std::string& bytes, const std::string& expression) {
+  const std::string dir = ::testing::TempDir() + "/memsim_pickle_writer_test";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/value.pickle";
+  std::ofstream(path, std::ios::binary) << bytes;
+  const std::string command = "python3 -c \"import pickle; v = pickle.load(open('" + path +
+                              "', 'rb')); print(" + expression + ")\"";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "<popen failed>";
+  std::string out;
+  char buffer[4096];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
+  if (pclose(pipe) != 0) return "<python failed: " + out + ">";
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+TEST(PickleWriter, ScalarsAtTheEdgesOfEachEncoding) {
+  PickleWriter w;
+  w.BeginList();
+  for (int64_t v : {int64_t{0}, int64_t{-1}, int64_t{255}, int64_t{2147483647},
+                    int64_t{-2147483648}, int64_t{2147483648}, int64_t{-2147483649},
+                    int64_t{256}, int64_t{65535}, int64_t{65536}, int64_t{549755813887},
+                    int64_t{549755813888}, int64_t{-549755813888}, int64_t{-549755813889},
+                    std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}) {
+    w.Int(v);
+  }
+  w.Bool(true);
+  w.Bool(false);
+  w.Pair(3, -4);
+  w.String("");
+  w.String("caf\xc3\xa9");  // UTF-8 for "café"
+  w.EndList();
+  EXPECT_EQ(PythonReads(w.Finish(), "repr(v)"),
+            "[0, -1, 255, 2147483647, -2147483648, 2147483648, -2147483649, 256, 65535, 65536, "
+            "549755813887, 549755813888, -549755813888, -549755813889, "
+            "9223372036854775807, -9223372036854775808, True, False, (3, -4), '', 'café']");
+}
+
+TEST(PickleWriter, NestedAndEmptyContainersKeepTheirOrder) {
+  PickleWriter w;
+  w.BeginDict();
+  w.String("b");
+  w.BeginList();
+  w.EndList();
+  w.String("a");
+  w.BeginDict();
+  w.EndDict();
+  w.String("c");
+  w.BeginList();
+  w.BeginList();
+  w.Int(1);
+  w.EndList();
+  w.BeginDict();
+  w.String("x");
+  w.Int(2);
+  w.EndDict();
+  w.EndList();
+  w.EndDict();
+  EXPECT_EQ(PythonReads(w.Finish(), "repr(v)"), "{'b': [], 'a': {}, 'c': [[1], {'x': 2}]}");
+}
+
+// More than 256 memoized values switches the memo opcodes to 4-byte indices; a remembered
+// list referenced later is the same Python object.
+TEST(PickleWriter, MemoizedStringsAndSharedListsPastOneByteIndices) {
+  PickleWriter w;
+  w.BeginList();
+  w.BeginList();
+  const int64_t shared = w.Remember();
+  w.Int(7);
+  w.EndList();
+  for (int i = 0; i < 300; ++i) w.String("s" + std::to_string(i));
+  w.String("s299");  // a repeat: written as a reference
+  w.String("s0");
+  w.Reference(shared);
+  w.EndList();
+  const std::string bytes = w.Finish();
+  EXPECT_EQ(PythonReads(bytes, "len(v), v[0] is v[-1], v[0], v[-2], v[-3], v[1], v[300]"),
+            "304 True [7] s0 s299 s0 s299");
+  // "s299" and "s0" were written once: the bytes hold each name one time.
+  EXPECT_EQ(bytes.find("s299"), bytes.rfind("s299"));
+}
+
+TEST(PickleWriter, FinishStartsAFreshPickle) {
+  PickleWriter w;
+  w.String("first");
+  EXPECT_EQ(PythonReads(w.Finish(), "v"), "first");
+  w.String("first");  // no longer memoized: a reference would point at nothing
+  EXPECT_EQ(PythonReads(w.Finish(), "v"), "first");
+}
+
+}  // namespace
+}  // namespace memsim
