@@ -27,6 +27,9 @@ struct RankResult {
   PeakAnalysis peak;
   // The recording replayed on the GPU's usable memory: the verdict, and the headroom.
   CapacityReplay on_gpu;
+  // What the stage's own virtual clock measured in the last iteration, before the stages
+  // were put on one pipeline clock (Note [Pipeline clock] in parallel/pipeline_clock.h).
+  StageClock own_clock;
   bool fits() const { return on_gpu.fits(); }
   // Usable memory minus the peak reserved on the GPU; >= 0 whenever the step fits.
   int64_t headroom_bytes(const GpuSpec& gpu) const {
@@ -34,11 +37,13 @@ struct RankResult {
   }
 };
 
-// Simulates the class of `run`. User errors (a missing kernel, a size overflow) come back
-// as a Status.
+// Simulates the class of `run` alone, on its own clock. User errors (a missing kernel, a size
+// overflow) come back as a Status.
 Status SimulateRankClass(const ValidatedRun& run, const RankClass& rank_class, RankResult* result);
 
-// Simulates every rank class on up to `jobs` threads; results in stage order.
+// Simulates every rank class on up to `jobs` threads, each stage on its own clock, then
+// puts the stages on one pipeline clock (Note [Pipeline clock]) before replaying their
+// timelines; results in stage order.
 Status SimulateAllClasses(const ValidatedRun& run, int jobs, std::vector<RankResult>* results);
 
 // The memory that lives through the whole step (parameters, gradient buffers, the
@@ -52,8 +57,8 @@ struct SetupMemory {
 };
 Status SimulateSetup(const ValidatedRun& run, SetupMemory* setup);
 
-// What the virtual clock measured on each stage's last iteration (results in stage order),
-// for EstimateStepTime; the stages ran `simulated_microbatches` microbatches.
+// What each stage's own virtual clock measured in its last iteration (results in stage
+// order), for EstimateStepTime; the stages ran `simulated_microbatches` microbatches.
 std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
                                        int64_t simulated_microbatches);
 

@@ -6,6 +6,7 @@
 #include <ATen/SequenceNumber.h>
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
@@ -222,6 +223,26 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,
     }
   }
   return true;
+}
+
+void Recorder::ShiftTimesAtMarkers(const std::vector<double>& shift_s) {
+  MEMSIM_DCHECK(shift_s.size() == markers_.size());
+  // Where two shifts meet, rounding may put an event a last bit before the one it follows;
+  // the clamp keeps the order exact.
+  size_t k = 0;
+  double shift = 0;
+  double previous_s = -std::numeric_limits<double>::infinity();
+  for (size_t e = 0; e < events_.size(); ++e) {
+    while (k < markers_.size() && markers_[k].event_index <= static_cast<int64_t>(e)) {
+      shift = shift_s[k++];
+    }
+    previous_s = events_[e].time_s = std::max(previous_s, events_[e].time_s + shift);
+  }
+  previous_s = -std::numeric_limits<double>::infinity();
+  for (size_t m = 0; m < markers_.size(); ++m) {
+    previous_s = markers_[m].time_s = std::max(previous_s, markers_[m].time_s + shift_s[m]);
+  }
+  if (!shift_s.empty()) now_s_ = std::max(previous_s, now_s_ + shift_s.back());
 }
 
 void Recorder::AddMarker(MarkerKind kind) {

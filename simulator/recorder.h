@@ -161,6 +161,11 @@ class Recorder {
   void AdvanceClock(double seconds) { now_s_ += seconds; }
 
   void AddMarker(MarkerKind kind);
+  // Moves the log onto another clock (Note [Pipeline clock] in parallel/pipeline_clock.h):
+  // marker k happens shift_s[k] later, and so does every event from marker k's event up to
+  // the next marker's (events before the first marker keep their time).
+  // REQUIRES: shift_s.size() == markers().size(); the shifted times stay nondecreasing.
+  void ShiftTimesAtMarkers(const std::vector<double>& shift_s);
 
   // --- Replication (Note [Microbatch replication] in parallel/rank_training.cc). ---
   // How a copy's storages relate to its template's. Storage ids are handed out in event
