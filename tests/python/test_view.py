@@ -26,13 +26,15 @@ def chromium() -> str:
     return path
 
 
-def browse(page: Path, *options: str) -> subprocess.CompletedProcess:
-    """Loads `page` in headless Chromium with console messages logged to stderr."""
+def browse(page: Path, *options: str, fragment: str = "") -> subprocess.CompletedProcess:
+    """Loads `page` (with `#fragment` when given) in headless Chromium with console
+    messages logged to stderr."""
     profile = tempfile.mkdtemp(prefix="memsim_chromium_")
     try:
         return subprocess.run(
             [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-             "--v=0", f"--user-data-dir={profile}", *options, page.resolve().as_uri()],
+             "--v=0", f"--user-data-dir={profile}", *options,
+             page.resolve().as_uri() + (f"#{fragment}" if fragment else "")],
             capture_output=True, text=True, timeout=180)
     finally:
         shutil.rmtree(profile, ignore_errors=True)
@@ -146,6 +148,25 @@ class ViewTest(CliTestCase):
             self.assertIn("decoder.layers.*.mlp", {m for at, m in dom.modules if at == r})
             self.assertEqual(dom.rows[(r, "tensors")],
                              len(summary["largest_tensors_at_peak"]) + 1)  # + the header
+
+    def test_timeline_zooms_to_the_window_in_the_address(self) -> None:
+        whole = Rendered()
+        whole.feed(browse(self.page, "--dump-dom").stdout)
+        result = browse(self.page, "--dump-dom", fragment="zoom=0.01,0.02")
+        self.assertEqual(console_messages(result), [])
+        zoomed = Rendered()
+        zoomed.feed(result.stdout)
+        for rank in ("0", "4"):
+            self.assertRegex(whole.fields[(rank, "timeline-window")],
+                             r"^virtual time in iteration 1 \(s\): 0\.00 to [0-9.]+$")
+            self.assertEqual(zoomed.fields[(rank, "timeline-window")],
+                             "virtual time in iteration 1 (s): 0.0100 to 0.0200 "
+                             "(zoomed; double-click for all)")
+        # A window that is not one (from >= to) shows the whole iteration.
+        wrong = Rendered()
+        wrong.feed(browse(self.page, "--dump-dom", fragment="zoom=0.02,0.01").stdout)
+        self.assertEqual(wrong.fields[("0", "timeline-window")],
+                         whole.fields[("0", "timeline-window")])
 
     def test_screenshot_has_content(self) -> None:
         shot = self.root / "shot.png"

@@ -104,8 +104,18 @@ function verdictCards(rank) {
   return el("div", {class: "cards"}, ...cards);
 }
 
+// The window of the timelines, in seconds from the iteration's start, when the page's
+// address ends in #zoom=FROM,TO (so a zoomed view can be shared); null otherwise.
+function zoomFromAddress() {
+  const match = /^#zoom=([0-9.eE+-]+),([0-9.eE+-]+)$/.exec(window.location.hash);
+  if (!match) return null;
+  const from = Number(match[1]), to = Number(match[2]);
+  return Number.isFinite(from) && Number.isFinite(to) && to > from ? [from, to] : null;
+}
+
 // Allocated and reserved memory over the last iteration, phases shaded, and what was
-// allocated or freed nearest the pointer.
+// allocated or freed nearest the pointer. Drag across the chart to zoom into a stretch of
+// time; double-click to see the whole iteration again.
 function timeline(rank) {
   const box = el("div", {class: "timeline"});
   const t = rank.timeline;
@@ -114,50 +124,100 @@ function timeline(rank) {
     return box;
   }
   const width = 900, height = 260, left = 70, right = 10, top = 10, bottom = 30;
-  const x0 = t.t[0], x1 = Math.max(t.t[t.t.length - 1], x0 + 1e-12);
+  const start = t.t[0], end = Math.max(t.t[t.t.length - 1], start + 1e-12);
   const values = t.allocated.concat(t.reserved);
   let y0 = Math.min(...values), y1 = Math.max(...values);
   const pad = Math.max((y1 - y0) * 0.08, 1);
   y0 = Math.max(0, y0 - pad);
   y1 += pad;
-  const X = v => left + (v - x0) / (x1 - x0) * (width - left - right);
   const Y = v => top + (y1 - v) / (y1 - y0) * (height - top - bottom);
   const plot = svg("svg", {viewBox: `0 0 ${width} ${height}`, class: "chart",
                            "data-chart": "timeline"});
-  for (const span of rank.phases) {
-    plot.append(svg("rect", {x: X(span.start), y: top, width: Math.max(X(span.end) - X(span.start), 1),
-                             height: height - top - bottom,
-                             fill: PHASE_COLOURS[span.phase] || "#f4f4f4"}));
-  }
-  for (const [series, colour] of [[t.reserved, "#999999"], [t.allocated, "#1f77b4"]]) {
-    const points = series.map((v, i) => `${X(t.t[i]).toFixed(1)},${Y(v).toFixed(1)}`);
-    plot.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: colour,
-                                 "stroke-width": 1.5}));
-  }
-  for (let i = 0; i <= 4; i++) {
-    const v = y0 + (y1 - y0) * i / 4;
-    const label = svg("text", {x: left - 6, y: Y(v) + 4, "text-anchor": "end",
-                               class: "tick"});
-    label.textContent = (v / 1024).toFixed(2) + " GiB";
-    plot.append(label, svg("line", {x1: left, x2: width - right, y1: Y(v), y2: Y(v),
-                                    class: "grid"}));
-  }
-  const axis = svg("text", {x: (left + width) / 2, y: height - 6, "text-anchor": "middle",
-                            class: "tick"});
-  axis.textContent = `virtual time in iteration ${t.iteration} (s): ` +
-                     `0 to ${(x1 - x0).toPrecision(3)}`;
-  plot.append(axis);
+  const zoom = zoomFromAddress();
+  let x0 = zoom ? Math.max(start, start + zoom[0]) : start;
+  let x1 = zoom ? Math.min(end, start + zoom[1]) : end;
+  if (!(x1 > x0)) [x0, x1] = [start, end];
+  const X = v => left + (v - x0) / (x1 - x0) * (width - left - right);
+  const timeAt = clientX => {
+    const rect = plot.getBoundingClientRect();
+    const x = (clientX - rect.left) / rect.width * width;
+    return {x, time: x0 + (x - left) / (width - left - right) * (x1 - x0)};
+  };
   const cursor = svg("line", {y1: top, y2: height - bottom, class: "cursor", visibility: "hidden"});
-  plot.append(cursor);
-  const info = el("div", {class: "hover"}, "Move over the chart: what was allocated or freed then.");
+  const selection = svg("rect", {y: top, height: height - top - bottom, class: "selection",
+                                 visibility: "hidden"});
+  const draw = () => {
+    plot.replaceChildren();
+    for (const span of rank.phases) {
+      if (span.end < x0 || span.start > x1) continue;
+      const a = X(Math.max(span.start, x0)), b = X(Math.min(span.end, x1));
+      plot.append(svg("rect", {x: a, y: top, width: Math.max(b - a, 1),
+                               height: height - top - bottom,
+                               fill: PHASE_COLOURS[span.phase] || "#f4f4f4"}));
+    }
+    // The samples inside the window and one on each side, so lines reach its edges.
+    let first = 0, last = t.t.length - 1;
+    while (first + 1 < t.t.length && t.t[first + 1] < x0) first++;
+    while (last > 0 && t.t[last - 1] > x1) last--;
+    for (const [series, colour] of [[t.reserved, "#999999"], [t.allocated, "#1f77b4"]]) {
+      const points = [];
+      for (let i = first; i <= last; i++) {
+        const x = Math.min(Math.max(X(t.t[i]), left), width - right);
+        points.push(`${x.toFixed(1)},${Y(series[i]).toFixed(1)}`);
+      }
+      plot.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: colour,
+                                   "stroke-width": 1.5}));
+    }
+    for (let i = 0; i <= 4; i++) {
+      const v = y0 + (y1 - y0) * i / 4;
+      const label = svg("text", {x: left - 6, y: Y(v) + 4, "text-anchor": "end",
+                                 class: "tick"});
+      label.textContent = (v / 1024).toFixed(2) + " GiB";
+      plot.append(label, svg("line", {x1: left, x2: width - right, y1: Y(v), y2: Y(v),
+                                      class: "grid"}));
+    }
+    const axis = svg("text", {x: (left + width) / 2, y: height - 6, "text-anchor": "middle",
+                              class: "tick", "data-field": "timeline-window"});
+    const zoomed = x0 > start || x1 < end;
+    axis.textContent = `virtual time in iteration ${t.iteration} (s): ` +
+                       `${(x0 - start).toPrecision(3)} to ${(x1 - start).toPrecision(3)}` +
+                       (zoomed ? " (zoomed; double-click for all)" : "");
+    plot.append(axis, selection, cursor);
+  };
+  draw();
+  const info = el("div", {class: "hover"},
+                  "Move over the chart: what was allocated or freed then. Drag to zoom.");
+  let dragFrom = null;
+  plot.addEventListener("mousedown", event => {
+    dragFrom = timeAt(event.clientX);
+    event.preventDefault();
+  });
   plot.addEventListener("mousemove", event => {
-    const box = plot.getBoundingClientRect();
-    const x = (event.clientX - box.left) / box.width * width;
-    const time = x0 + (x - left) / (width - left - right) * (x1 - x0);
-    cursor.setAttribute("x1", x);
-    cursor.setAttribute("x2", x);
+    const at = timeAt(event.clientX);
+    cursor.setAttribute("x1", at.x);
+    cursor.setAttribute("x2", at.x);
     cursor.setAttribute("visibility", "visible");
-    info.textContent = describeMoment(rank, time);
+    info.textContent = describeMoment(rank, at.time);
+    if (dragFrom) {
+      selection.setAttribute("x", Math.min(dragFrom.x, at.x));
+      selection.setAttribute("width", Math.abs(at.x - dragFrom.x));
+      selection.setAttribute("visibility", "visible");
+    }
+  });
+  plot.addEventListener("mouseup", event => {
+    const at = timeAt(event.clientX);
+    const from = dragFrom;
+    dragFrom = null;
+    selection.setAttribute("visibility", "hidden");
+    if (!from || Math.abs(at.x - from.x) < 5) return;  // a click, not a drag
+    x0 = Math.max(start, Math.min(from.time, at.time));
+    x1 = Math.min(end, Math.max(from.time, at.time));
+    if (!(x1 > x0)) [x0, x1] = [start, end];
+    draw();
+  });
+  plot.addEventListener("dblclick", () => {
+    [x0, x1] = [start, end];
+    draw();
   });
   const legend = el("div", {class: "legend"},
                     ...[["allocated", "#1f77b4"], ["reserved", "#999999"]].map(

@@ -3,9 +3,11 @@
 The page needs no network and no server: its script (view.js), style (view.css) and data
 are inlined, so it opens from file:// anywhere and can be mailed. Per rank class: the
 timeline of the last iteration (allocated and reserved; phases shaded; the pointer shows
-what was allocated or freed then), memory at the peak by category and by module (layers of
-a stack merged, expandable) and the tensors alive at the peak (a sortable table). For a
-sweep or a plan folder: its TP x PP heatmap and the layouts (sortable).
+what was allocated or freed then; drag to zoom, double-click for the whole iteration,
+report.html#zoom=FROM,TO opens at seconds FROM to TO), memory at the peak by category and
+by module (layers of a stack merged, expandable) and the tensors alive at the peak (a
+sortable table). For a sweep or a plan folder: its TP x PP heatmap and the layouts
+(sortable).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ snapshot_rank{R}.pickle), a sweep's --out (sweep_results.json) or a plan's (plan
 
 The timeline shows the last iteration of each rank class; its phases and the allocations
 under the pointer come from snapshot_rank{R}.pickle (the 20,000 largest allocator events
-of the iteration are kept for the pointer when there are more)."""
+of the iteration are kept for the pointer when there are more). Drag across a timeline to
+zoom into a stretch of time, double-click to see all of it again; report.html#zoom=FROM,TO
+opens every timeline at seconds FROM to TO of its iteration."""
 
 HERE = Path(__file__).resolve().parent
 MAX_EVENTS = 20000  # allocator events kept for the pointer; the largest when there are more
