@@ -120,9 +120,10 @@ inline constexpr EnumName<RecomputeKind> kRecomputeNames[] = {
 enum class RecomputeMethod { kUniform, kBlock };
 inline constexpr EnumName<RecomputeMethod> kRecomputeMethodNames[] = {
     {RecomputeMethod::kUniform, "uniform"}, {RecomputeMethod::kBlock, "block"}};
-enum class OptimizerKind { kAdam, kSgd };
-inline constexpr EnumName<OptimizerKind> kOptimizerNames[] = {{OptimizerKind::kAdam, "adam"},
-                                                              {OptimizerKind::kSgd, "sgd"}};
+// Muon: Megatron-Core's emerging optimizer (Note [Muon] in models/optimizer.h).
+enum class OptimizerKind { kAdam, kSgd, kMuon };
+inline constexpr EnumName<OptimizerKind> kOptimizerNames[] = {
+    {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kMuon, "muon"}};
 // Which real implementation's kernels the layers mirror (GlobalMemoryBuffer in layers.h
 // says where they differ).
 enum class ProfileKind { kMegatronLocal, kTransformerEngine };
@@ -145,7 +146,8 @@ struct TrainingConfig {
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;
   int64_t recompute_num_layers = 1;
   OptimizerKind optimizer = OptimizerKind::kAdam;
-  bool dropout = true;  // false: every dropout probability is treated as 0
+  int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update
+  bool dropout = true;        // false: every dropout probability is treated as 0
   // Megatron's gradient accumulation fusion (off: --no-gradient-accumulation-fusion);
   // Note [Weight gradients] in models/parameters.h.
   bool gradient_accumulation_fusion = true;

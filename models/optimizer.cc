@@ -2,12 +2,42 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "ops/fused_optimizers.h"
 #include "simulator/session.h"
 
 namespace memsim {
 
 namespace {
+
+// Megatron's quintic Newton-Schulz coefficients (emerging_optimizers, "quintic").
+constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
+
+// One Muon update of `master` [m, n] from its gradient (Note [Muon]).
+void MuonUpdate(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& momentum,
+                int64_t ns_steps) {
+  momentum.mul_(0.9).add_(grad);  // --muon-momentum; Nesterov off, Megatron's default
+  CategoryScope category(Category::kTemporary);
+  const bool tall = momentum.size(0) > momentum.size(1);
+  at::Tensor x = momentum / momentum.norm();  // fp32 [m, n]
+  if (tall) x = x.t();                        // [s, l]
+  x = x.to(at::kBFloat16);
+  for (int64_t i = 0; i < ns_steps; ++i) {
+    const at::Tensor a = at::mm(x, x.t());                                   // [s, s]
+    const at::Tensor b = at::addmm(a, a, a, /*beta=*/kNsB, /*alpha=*/kNsC);  // [s, s]
+    x = at::addmm(x, b, x, /*beta=*/kNsA, /*alpha=*/1.0);                    // [s, l]
+  }
+  at::Tensor update = x.to(at::kFloat);
+  x.reset();
+  if (tall) update = update.t();
+  const double scale = std::sqrt(
+      std::max(1.0, static_cast<double>(master.size(0)) / static_cast<double>(master.size(1))));
+  // The spectral scale, then --muon-extra-scale-factor (the values change no memory).
+  update = update * scale * 0.2;
+  master.add_(update);
+}
 
 // This rank's shard of a flattened tensor: ceil(numel / shards) elements.
 at::Tensor Shard(const at::Tensor& t, int64_t shards) {
@@ -19,8 +49,13 @@ at::Tensor Shard(const at::Tensor& t, int64_t shards) {
 }  // namespace
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind,
-                                                 int64_t shards, int64_t expert_shards)
-    : store_(store), kind_(kind), shards_(shards), expert_shards_(expert_shards) {
+                                                 int64_t shards, int64_t expert_shards,
+                                                 int64_t muon_ns_steps)
+    : store_(store),
+      kind_(kind),
+      shards_(shards),
+      expert_shards_(expert_shards),
+      muon_ns_steps_(muon_ns_steps) {
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   CategoryScope category(Category::kOptimizerState);
   at::NoGradGuard no_grad;
@@ -30,6 +65,8 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, Optimize
                                  : Shard(p.data, p.expert ? expert_shards_ : shards_);
     masters_.push_back(store->precision() == Precision::kFp32 ? shard
                                                               : shard.clone().to(at::kFloat));
+    // Muon needs whole matrices, so it never runs on shards (Note [Muon]).
+    muon_.push_back(kind == OptimizerKind::kMuon && p.data.dim() == 2 && !p.embedding_or_output);
   }
 }
 
@@ -53,17 +90,29 @@ void MixedPrecisionOptimizer::Step() {
   }
   if (exp_avgs_.empty()) {
     CategoryScope category(Category::kOptimizerState);
-    for (const at::Tensor& master : masters_) {
-      exp_avgs_.push_back(at::zeros_like(master));
-      if (kind_ == OptimizerKind::kAdam) exp_avg_sqs_.push_back(at::zeros_like(master));
+    for (size_t i = 0; i < masters_.size(); ++i) {
+      exp_avgs_.push_back(at::zeros_like(masters_[i]));
+      const bool adam =
+          kind_ == OptimizerKind::kAdam || (kind_ == OptimizerKind::kMuon && !muon_[i]);
+      exp_avg_sqs_.push_back(adam ? at::zeros_like(masters_[i]) : at::Tensor());
     }
   }
-  std::vector<at::Tensor> params = masters_;
-  if (kind_ == OptimizerKind::kAdam) {
-    FusedAdamStep(params, master_grads_, exp_avgs_, exp_avg_sqs_, AdamHyperparameters{}, step_);
-  } else {
-    FusedSgdStep(params, master_grads_, exp_avgs_, /*lr=*/1e-3, /*momentum=*/0.9,
-                 /*weight_decay=*/0.0);
+  // One fused update over the parameters Adam (or SGD) takes, then Muon's one by one.
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    if (muon_[i]) continue;
+    params.push_back(masters_[i]);
+    grads.push_back(master_grads_[i]);
+    exp_avgs.push_back(exp_avgs_[i]);
+    exp_avg_sqs.push_back(exp_avg_sqs_[i]);
+  }
+  if (kind_ == OptimizerKind::kSgd) {
+    FusedSgdStep(params, grads, exp_avgs, /*lr=*/1e-3, /*momentum=*/0.9, /*weight_decay=*/0.0);
+  } else if (!params.empty()) {
+    FusedAdamStep(params, grads, exp_avgs, exp_avg_sqs, AdamHyperparameters{}, step_);
+  }
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    if (muon_[i]) MuonUpdate(masters_[i], master_grads_[i], exp_avgs_[i], muon_ns_steps_);
   }
   if (store_->precision() != Precision::kFp32) {
     size_t i = 0;

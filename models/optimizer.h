@@ -15,6 +15,28 @@
 // per parameter for bf16, 4 + 16/dp for fp16, 8 + 8/dp for fp32. (Megatron shards one
 // contiguous range of the gradient buffer per rank; memsim gives each parameter a
 // ceil(numel/dp) shard instead: the same bytes, split over more, smaller tensors.)
+//
+// Note [Muon]
+// --optimizer muon (Megatron-Core 0.20's emerging optimizers, megatron/core/optimizer/
+// emerging_optimizers.py over the emerging_optimizers package v0.3.0 it pins):
+//   which:   2-D parameters except the word embedding and the output layer take Muon
+//            (the learned position embedding, router and expert weights included); the
+//            rest (embedding, output layer, norms, biases) the scalar optimizer, Adam;
+//   state:   one fp32 momentum buffer (zeros_like the master) per Muon parameter instead
+//            of Adam's two: 14 bytes per Muon parameter in bf16 training;
+//   step:    per Muon parameter in turn (so only the largest matrix's temporaries count):
+//            momentum = beta * momentum + grad in place; Newton-Schulz on X = momentum /
+//            |momentum| (a new fp32 [s, l] copy, s = min(m, n), l = max(m, n)), cast to
+//            bf16 (the default "medium" fp32 matmul precision), then each of the
+//            --muon-num-ns-steps iterations makes A = X X^T [s, s], B = b A + c A A
+//            [s, s] and a new X = a X + B X [s, l] in bf16; the result back in fp32 and
+//            scaled twice (spectral scale, extra scale factor), added to the master.
+//   Not modelled (transient, step only): the TP "duplicated" mode's fp32 gather copies
+//   that Transformer Engine's linear weights take even at TP=1, and the QKV split's
+//   per-head-group copies; together at most a few fp32 copies of one matrix.
+// With --use-distributed-optimizer Megatron-LM swaps in its layer-wise optimizer, which
+// shards whole tensors over the data-parallel ranks (so ranks differ): not modelled, and
+// refused when the run is finalized.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,8 +53,9 @@ class MixedPrecisionOptimizer {
   // Allocates the master parameters (in the setup phase, as optimizer construction does).
   // `shards`: the data-parallel size with a distributed optimizer, else 1;
   // `expert_shards` the same for routed experts' parameters (expert data parallelism).
+  // `muon_ns_steps`: Newton-Schulz iterations of a Muon update (Note [Muon]).
   MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind, int64_t shards = 1,
-                          int64_t expert_shards = 1);
+                          int64_t expert_shards = 1, int64_t muon_ns_steps = 5);
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
 
@@ -44,11 +67,14 @@ class MixedPrecisionOptimizer {
   OptimizerKind kind_;
   int64_t shards_;
   int64_t expert_shards_;
+  int64_t muon_ns_steps_;
   int64_t step_ = 0;
   std::vector<at::Tensor> masters_;       // fp32; the parameters themselves for fp32
   std::vector<at::Tensor> master_grads_;  // fp16 training: owned copies; else main_grad
-  std::vector<at::Tensor> exp_avgs_;      // Adam m (or SGD momentum)
-  std::vector<at::Tensor> exp_avg_sqs_;   // Adam v
+  // Per parameter: Adam's m, SGD's or Muon's momentum; Adam's v (undefined for Muon's).
+  std::vector<at::Tensor> exp_avgs_;
+  std::vector<at::Tensor> exp_avg_sqs_;
+  std::vector<bool> muon_;  // the parameter takes Muon (Note [Muon])
 };
 
 }  // namespace memsim

@@ -37,6 +37,7 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
                          std::move(data),
                          {},
                          expert,
+                         /*embedding_or_output=*/false,
                          unit_,
                          {},
                          {},

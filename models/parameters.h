@@ -43,7 +43,10 @@ struct Parameter {
   at::Tensor data;       // training dtype, requires_grad (so autograd reaches the layers)
   at::Tensor main_grad;  // view into ParameterStore's gradient buffer; see the Note
   bool expert = false;   // a routed expert's weight: sharded over expert data parallelism
-  int64_t unit = -1;     // the layer it belongs to (FSDP's wrapping unit); -1: root
+  // The word embedding or the output layer (Megatron's is_embedding_or_output_parameter):
+  // Muon leaves them to its scalar optimizer (Note [Muon] in models/optimizer.h).
+  bool embedding_or_output = false;
+  int64_t unit = -1;  // the layer it belongs to (FSDP's wrapping unit); -1: root
   // ZeRO-2/FSDP: this rank's fp32 gradient shard, which the optimizer reads instead of
   // main_grad (parallel/sharded_data_parallel.h).
   at::Tensor shard_grad;

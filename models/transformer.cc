@@ -38,6 +38,7 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
     {
       ModuleScope inner("word_embeddings");
       word_embeddings_ = store->Add("weight", {V / tp, H});
+      word_embeddings_->embedding_or_output = true;
     }
     if (model.position == PositionKind::kLearned) {
       ModuleScope inner("position_embeddings");
@@ -70,6 +71,7 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       // by all-reducing their gradients between the first and last stage).
       ModuleScope s("output_layer");
       output_weight_ = store->Add("weight", {V / tp, H});
+      output_weight_->embedding_or_output = true;
     }
   }
 }

@@ -164,7 +164,7 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       store.AllocateGradBuffer();
   }
   MixedPrecisionOptimizer optimizer(&store, training.optimizer, OptimizerShards(layout, false),
-                                    OptimizerShards(layout, true));
+                                    OptimizerShards(layout, true), training.muon_ns_steps);
   const std::vector<PipelineStep> schedule = PipelineSchedule(
       layout.pp, layout.vpp, pp_rank, training.num_microbatches, layout.microbatch_group_size);
   const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());

@@ -55,6 +55,20 @@ Status FinalizeUnchecked(RunSpec* spec) {
                          " must be divisible by 2*CP = " + std::to_string(2 * l.cp) +
                          " (causal load balancing splits it into 2*CP chunks)");
   }
+  if (t.optimizer == OptimizerKind::kMuon) {
+    if (t.precision == Precision::kFp16) {
+      return Status::Error(
+          "the Muon optimizer does not support fp16 (Megatron-LM rejects it); "
+          "use bf16");
+    }
+    if (l.data_parallel != DataParallelKind::kDdp) {
+      return Status::Error(
+          "memsim models the Muon optimizer without a distributed optimizer only: Megatron-LM "
+          "shards Muon by whole tensors (its layer-wise optimizer), so data-parallel ranks hold "
+          "different memory, which memsim's one-rank-per-stage simulation does not model; drop "
+          "--use-distributed-optimizer (or use data_parallel: ddp)");
+    }
+  }
   return ValidateTrainingConfig(t, spec->model);
 }
 

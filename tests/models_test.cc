@@ -147,37 +147,53 @@ TEST(Activations, LlamaFlashAttentionTable) {
   }
 }
 
-int64_t ModelStateBytesPerParameter(Precision precision) {
+// The model state alive at the end of the first optimizer step (the optimizer's state
+// exists by then) of a 2-layer GPT: h = 128, V = 1024, s = 64.
+struct ModelStateRun {
+  Session session;
+  int64_t optimizer_begin = -1;  // first event of the optimizer phase
+  int64_t step_end = -1;         // last event of the step
+  int64_t state_bytes = 0;       // parameters, gradients and optimizer state at step_end
+};
+
+void RunModelState(Precision precision, OptimizerKind optimizer, ModelStateRun* run) {
   ModelConfig m = GptConfig({64, 1, 128, 4}, 2);
   TrainingConfig t;
   t.seq_length = 64;
   t.precision = precision;
+  t.optimizer = optimizer;
   t.iterations = 1;
-  Session session;
   {
-    ActiveSession active(session);
-    RunTraining(m, t, session);
+    ActiveSession active(run->session);
+    RunTraining(m, t, run->session);
   }
-  // Model state alive at the end of the first optimizer step (Adam state exists).
-  const Recorder& r = session.recorder();
-  int64_t step_end = -1;
+  const Recorder& r = run->session.recorder();
   for (const Marker& mk : r.markers()) {
-    if (mk.kind == MarkerKind::kIterationEnd) step_end = mk.event_index - 1;
+    if (mk.kind == MarkerKind::kIterationEnd) run->step_end = mk.event_index - 1;
+    if (mk.kind == MarkerKind::kPhaseBegin && mk.phase == Phase::kOptimizer) {
+      run->optimizer_begin = mk.event_index;
+    }
   }
-  int64_t bytes = 0;
-  int64_t params = 0;
-  ForEachLiveStorage(r, step_end, [&](int64_t id) {
+  ForEachLiveStorage(r, run->step_end, [&](int64_t id) {
     const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
     if (s.category == Category::kParameter || s.category == Category::kGradient ||
         s.category == Category::kOptimizerState) {
-      bytes += s.size_bytes;
+      run->state_bytes += s.size_bytes;
     }
   });
-  // Parameters of the model: V*h + s*h + L*(12h^2 + 13h) + 2h.
-  const int64_t h = 128, V = 1024, s = 64, L = 2;
-  params = V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h;
-  EXPECT_EQ(bytes % params, 0);
-  return bytes / params;
+}
+
+// Parameters of that model: V*h + s*h + L*(12h^2 + 13h) + 2h.
+struct StateModel {
+  static constexpr int64_t h = 128, V = 1024, s = 64, L = 2;
+  static constexpr int64_t params = V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h;
+};
+
+int64_t ModelStateBytesPerParameter(Precision precision) {
+  ModelStateRun run;
+  RunModelState(precision, OptimizerKind::kAdam, &run);
+  EXPECT_EQ(run.state_bytes % StateModel::params, 0);
+  return run.state_bytes / StateModel::params;
 }
 
 // Megatron-LM's distributed-optimizer documentation, non-distributed column.
@@ -185,6 +201,24 @@ TEST(ModelState, BytesPerParameter) {
   EXPECT_EQ(ModelStateBytesPerParameter(Precision::kFp32), 16);
   EXPECT_EQ(ModelStateBytesPerParameter(Precision::kBf16), 18);
   EXPECT_EQ(ModelStateBytesPerParameter(Precision::kFp16), 20);
+}
+
+// Note [Muon]: the 2-D weights other than the word embedding (position embedding, QKV,
+// projection, fc1, fc2: s*h + L*12h^2) keep one fp32 momentum, 14 bytes per parameter in
+// bf16; the rest (word embedding, norms, biases) Adam's 18. During the step the largest
+// matrices (fc1 [4h, h] and fc2 [h, 4h]) take the most temporary memory: their update in
+// fp32 and its two scalings, three [4h, h] fp32 tensors = 3 * 4 * 4h * h bytes.
+TEST(ModelState, MuonKeepsOneMomentumPerMatrix) {
+  ModelStateRun run;
+  RunModelState(Precision::kBf16, OptimizerKind::kMuon, &run);
+  const int64_t muon_params = StateModel::s * StateModel::h + StateModel::L * 12 * StateModel::h * StateModel::h;
+  EXPECT_EQ(run.state_bytes, 18 * (StateModel::params - muon_params) + 14 * muon_params);
+  const Timeline timeline = Timeline::Replay(run.session.recorder());
+  int64_t step_peak = 0;
+  for (int64_t e = run.optimizer_begin; e <= run.step_end; ++e) {
+    step_peak = std::max(step_peak, timeline.points()[static_cast<size_t>(e)].allocated_bytes);
+  }
+  EXPECT_EQ(step_peak - timeline.AllocatedBefore(run.step_end + 1), 3 * 4 * 4 * StateModel::h * StateModel::h);
 }
 
 int64_t ParameterCount(ModelConfig m) {

@@ -125,6 +125,18 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--attention-backend", Arity::kValue, ArgUse::kRead},
     {"--use-flash-attn", Arity::kFlag, ArgUse::kRead},
     {"--optimizer", Arity::kValue, ArgUse::kRead},
+    {"--muon-num-ns-steps", Arity::kValue, ArgUse::kRead},
+    {"--muon-scalar-optimizer", Arity::kValue, ArgUse::kRead},
+    {"--muon-tp-mode", Arity::kValue, ArgUse::kRead},
+    {"--muon-fp32-matmul-prec", Arity::kValue, ArgUse::kRead},
+    {"--muon-momentum", Arity::kValue, ArgUse::kNeutral},
+    {"--muon-extra-scale-factor", Arity::kValue, ArgUse::kNeutral},
+    {"--muon-scale-mode", Arity::kValue, ArgUse::kNeutral},
+    {"--muon-coefficient-type", Arity::kValue, ArgUse::kNeutral},
+    {"--muon-nesterov", Arity::kFlag, ArgUse::kNeutral},
+    {"--muon-no-split-qkv", Arity::kFlag, ArgUse::kNeutral},
+    {"--muon-use-syrk", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-use-layer-wise-param-layout", Arity::kFlag, ArgUse::kNeutral},
     {"--no-gradient-accumulation-fusion", Arity::kFlag, ArgUse::kRead},
     // Recomputation and memory management.
     {"--recompute-activations", Arity::kFlag, ArgUse::kRead},
@@ -945,8 +957,32 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
     t.cross_entropy_fusion = true;
   }
   a.Ignore("--cross-entropy-fusion-impl");
-  MEMSIM_RETURN_IF_ERROR(Choice(a, "--optimizer", {"adam", "sgd"}, "adam", &text));
-  t.optimizer = text == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdam;
+  MEMSIM_RETURN_IF_ERROR(
+      Choice(a, "--optimizer", {"adam", "sgd", "muon", "dist_muon"}, "adam", &text));
+  if (text == "dist_muon") {
+    return NotModelled("--optimizer dist_muon",
+                       "the layer-wise distributed Muon optimizer (Megatron-LM's deprecated "
+                       "name for --optimizer muon --use-distributed-optimizer)");
+  }
+  MEMSIM_RETURN_IF_ERROR(ParseEnum(kOptimizerNames, text, "optimizer", &t.optimizer));
+  if (t.optimizer != OptimizerKind::kMuon) {
+    for (const char* name : {"--muon-num-ns-steps", "--muon-scalar-optimizer", "--muon-tp-mode",
+                             "--muon-fp32-matmul-prec"}) {
+      a.Ignore(name);
+    }
+    return Status::OK();
+  }
+  // Note [Muon] in models/optimizer.h: the defaults are what memsim models.
+  if (a.Has("--use-distributed-optimizer")) {
+    return NotModelled("--use-distributed-optimizer with --optimizer muon",
+                       "the layer-wise distributed Muon optimizer: whole tensors sharded over "
+                       "the data-parallel ranks, so the ranks hold different memory");
+  }
+  MEMSIM_RETURN_IF_ERROR(a.Int("--muon-num-ns-steps", &t.muon_ns_steps));
+  if (t.muon_ns_steps < 1) return Status::Error("--muon-num-ns-steps must be at least 1");
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--muon-scalar-optimizer", {"adam"}, "adam", &text));
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--muon-tp-mode", {"duplicated"}, "duplicated", &text));
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--muon-fp32-matmul-prec", {"medium"}, "medium", &text));
   return Status::OK();
 }
 

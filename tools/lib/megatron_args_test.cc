@@ -440,6 +440,35 @@ TEST(MegatronArgs, DeferredEmbeddingWgrad) {
   EXPECT_NE(FinalizeRunSpec(spec, &run).message().find("PP > 1"), std::string::npos);
 }
 
+// Note [Muon]: --optimizer muon with Megatron-LM's defaults; what memsim does not model
+// is refused by name.
+TEST(MegatronArgs, Muon) {
+  const std::string line =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --vocab-size 100 --bf16 --optimizer muon --muon-momentum 0.9 "
+      "--muon-extra-scale-factor 0.2 --muon-scale-mode spectral --muon-num-ns-steps 3";
+  const MegatronArgsResult r = Parse(line, 8);
+  EXPECT_EQ(r.spec.training.optimizer, OptimizerKind::kMuon);
+  EXPECT_EQ(r.spec.training.muon_ns_steps, 3);
+  EXPECT_EQ(ErrorOf(line + " --use-distributed-optimizer"),
+            "--use-distributed-optimizer with --optimizer muon changes memory in a way memsim "
+            "does not model (the layer-wise distributed Muon optimizer: whole tensors sharded "
+            "over the data-parallel ranks, so the ranks hold different memory); drop it to "
+            "simulate the run without it");
+  EXPECT_EQ(ErrorOf(line + " --muon-tp-mode blockwise"),
+            "--muon-tp-mode 'blockwise' is not modelled (memsim supports duplicated)");
+  EXPECT_EQ(ErrorOf(line + " --muon-num-ns-steps 0"), "--muon-num-ns-steps must be at least 1");
+  // fp16 is Megatron-LM's own refusal, checked with the run.
+  RunSpec spec = Parse(
+                     "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+                     "--micro-batch-size 1 --vocab-size 100 --fp16 --optimizer muon",
+                     8)
+                     .spec;
+  std::optional<ValidatedRun> run;
+  EXPECT_EQ(FinalizeRunSpec(spec, &run).message(),
+            "the Muon optimizer does not support fp16 (Megatron-LM rejects it); use bf16");
+}
+
 TEST(MegatronArgs, MultiLatentAttention) {
   // Megatron-LM's functional test gpt3_mcore_te_tp2_pp2_mla.
   const MegatronArgsResult r = Parse(
