@@ -44,8 +44,8 @@ Status ReadIterations(const Recorder& recorder, size_t schedule_size, int64_t pp
     if (it.steps.size() != schedule_size || it.optimizer == SIZE_MAX || it.end == SIZE_MAX ||
         (!it.steps.empty() && it.optimizer < it.steps.back())) {
       return Status::Error("memsim bug: pipeline stage " + std::to_string(pp_rank) + " recorded " +
-                           std::to_string(it.steps.size()) + " steps where its " + "schedule has " +
-                           std::to_string(schedule_size) + "; its timeline stays on its own clock");
+                           std::to_string(it.steps.size()) + " steps where its schedule has " +
+                           std::to_string(schedule_size) + " (please report it)");
     }
   }
   return Status::OK();

@@ -37,7 +37,7 @@ TEST(EnumNames, EveryTableRoundTrips) {
   ExpectRoundTrips(kAttentionNames, 3);
   ExpectRoundTrips(kRecomputeNames, 3);
   ExpectRoundTrips(kRecomputeMethodNames, 2);
-  ExpectRoundTrips(kOptimizerNames, 2);
+  ExpectRoundTrips(kOptimizerNames, 3);
   ExpectRoundTrips(kProfileNames, 2);
   ExpectRoundTrips(kDataParallelNames, 4);
   ExpectRoundTrips(kPlanVerdictNames, 6);

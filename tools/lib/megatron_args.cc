@@ -957,13 +957,12 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
     t.cross_entropy_fusion = true;
   }
   a.Ignore("--cross-entropy-fusion-impl");
-  MEMSIM_RETURN_IF_ERROR(
-      Choice(a, "--optimizer", {"adam", "sgd", "muon", "dist_muon"}, "adam", &text));
-  if (text == "dist_muon") {
+  if (a.Text("--optimizer", "adam") == "dist_muon") {
     return NotModelled("--optimizer dist_muon",
                        "the layer-wise distributed Muon optimizer (Megatron-LM's deprecated "
                        "name for --optimizer muon --use-distributed-optimizer)");
   }
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--optimizer", {"adam", "sgd", "muon"}, "adam", &text));
   MEMSIM_RETURN_IF_ERROR(ParseEnum(kOptimizerNames, text, "optimizer", &t.optimizer));
   if (t.optimizer != OptimizerKind::kMuon) {
     for (const char* name : {"--muon-num-ns-steps", "--muon-scalar-optimizer", "--muon-tp-mode",

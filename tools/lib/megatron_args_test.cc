@@ -458,6 +458,11 @@ TEST(MegatronArgs, Muon) {
   EXPECT_EQ(ErrorOf(line + " --muon-tp-mode blockwise"),
             "--muon-tp-mode 'blockwise' is not modelled (memsim supports duplicated)");
   EXPECT_EQ(ErrorOf(line + " --muon-num-ns-steps 0"), "--muon-num-ns-steps must be at least 1");
+  EXPECT_EQ(ErrorOf(line + " --optimizer dist_muon"),
+            "--optimizer dist_muon changes memory in a way memsim does not model (the "
+            "layer-wise distributed Muon optimizer (Megatron-LM's deprecated name for "
+            "--optimizer muon --use-distributed-optimizer)); drop it to simulate the run "
+            "without it");
   // fp16 is Megatron-LM's own refusal, checked with the run.
   RunSpec spec = Parse(
                      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
@@ -538,8 +543,8 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--position-embedding-type mrope"),
             "--position-embedding-type 'mrope' is not modelled (memsim supports "
             "learned_absolute, rope)");
-  EXPECT_EQ(ErrorOf(base + "--optimizer muon"),
-            "--optimizer 'muon' is not modelled (memsim supports adam, sgd)");
+  EXPECT_EQ(ErrorOf(base + "--optimizer lion"),
+            "--optimizer 'lion' is not modelled (memsim supports adam, sgd, muon)");
 
   EXPECT_EQ(ErrorOf(base + "--tensor-model-parallel-size"),
             "--tensor-model-parallel-size needs a value");
@@ -603,12 +608,12 @@ namespace {
 // sequence that 2*CP does not divide parses, and is refused before anything runs.
 TEST(MegatronArgs, SequenceVersusContextParallelIsTheRunSpecsRule) {
   MegatronArgsResult r;
-  ASSERT_TRUE(ParseMegatronArgs(
-                  {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-                   "--seq-length", "6", "--micro-batch-size", "1", "--vocab-size", "100",
-                   "--context-parallel-size", "2", "--bf16"},
-                  {}, 8, &r)
-                  .ok());
+  ASSERT_TRUE(
+      ParseMegatronArgs({"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                         "--seq-length", "6", "--micro-batch-size", "1", "--vocab-size", "100",
+                         "--context-parallel-size", "2", "--bf16"},
+                        {}, 8, &r)
+          .ok());
   r.spec.gpu = FindGpu("H100");
   std::optional<ValidatedRun> run;
   EXPECT_EQ(FinalizeRunSpec(r.spec, &run).message(),
