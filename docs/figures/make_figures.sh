@@ -9,7 +9,7 @@ trap 'rm -rf "$work"' EXIT
 # compare: the default example against a re-timed stand-in for a real trace
 # (docs/figures/stand_in_trace.py says why and how), aligned by phases.
 build/memsim simulate --out "$work/sim" >/dev/null
-python3 docs/figures/stand_in_trace.py "$work/sim/memory_trace_rank0.json" \
+/usr/bin/python3 docs/figures/stand_in_trace.py "$work/sim/memory_trace_rank0.json" \
     "$work/real/memory_trace_rank0.json"
 build/memsim compare -r "$work/real" -s "$work/sim" -o "$work/compare" --align phases >/dev/null
 cp "$work/compare/memory_comparison_rank_0.png" docs/figures/compare_rank0.png
