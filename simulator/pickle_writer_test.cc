@@ -16,9 +16,11 @@ namespace {
 // Loads `bytes` with Python's pickle and returns what `expression` (of the loaded value
 // `v`) prints.
 std::string PythonReads(const std::string& bytes, const std::string& expression) {
+  // One file per test: ctest runs the tests of this file in parallel processes.
   const std::string dir = ::testing::TempDir() + "/memsim_pickle_writer_test";
   std::filesystem::create_directories(dir);
-  const std::string path = dir + "/value.pickle";
+  const std::string path =
+      dir + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".pickle";
   std::ofstream(path, std::ios::binary) << bytes;
   const std::string command = "python3 -c \"import pickle; v = pickle.load(open('" + path +
                               "', 'rb')); print(" + expression + ")\"";
@@ -36,9 +38,9 @@ TEST(PickleWriter, ScalarsAtTheEdgesOfEachEncoding) {
   PickleWriter w;
   w.BeginList();
   for (int64_t v : {int64_t{0}, int64_t{-1}, int64_t{255}, int64_t{2147483647},
-                    int64_t{-2147483648}, int64_t{2147483648}, int64_t{-2147483649},
-                    int64_t{256}, int64_t{65535}, int64_t{65536}, int64_t{549755813887},
-                    int64_t{549755813888}, int64_t{-549755813888}, int64_t{-549755813889},
+                    int64_t{-2147483648}, int64_t{2147483648}, int64_t{-2147483649}, int64_t{256},
+                    int64_t{65535}, int64_t{65536}, int64_t{549755813887}, int64_t{549755813888},
+                    int64_t{-549755813888}, int64_t{-549755813889},
                     std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}) {
     w.Int(v);
   }
