@@ -5,6 +5,8 @@
 #   tools/dev.sh build                         only the build
 #   tools/dev.sh sanitize                      every test again, built with ASan and UBSan
 #   tools/dev.sh fuzz [SECONDS]                each fuzz target for SECONDS (default 600)
+# One GoogleTest test: build/memsim_tests --gtest_filter='Suite.Name' (ctest runs the suites
+# as shards, MEMSIM_TEST_SHARDS in CMakeLists.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,7 +53,7 @@ if [ "$command" = sanitize ] || [ "$command" = fuzz ]; then
   # sharded sweep merged and resumed takes 100 s; smaller tests cover the same code there
   # (the Robustness tests resume and merge sweeps), and the plain run runs all three. The Python
   # tools' tests run Python, not the sanitized C++ (2 min here): the plain run covers them.
-  # The unit tests run as eight shards of memsim_tests (CMakeLists.txt says why).
+  # The GoogleTest suites run as shards of memsim_tests (MEMSIM_TEST_SHARDS in CMakeLists.txt).
   export GTEST_FILTER='-Sweep.SeedsSweepKilledAndResumedMatchesAndPlots:Sweep.ResumedShardsEqualOneRun:Examples.EveryHelpAndReadmeExampleRuns'
   exec ctest --output-on-failure -j2 -E '^python_tools[.]' "$@"
 fi

@@ -133,6 +133,7 @@ function timeline(rank) {
   const Y = v => top + (y1 - v) / (y1 - y0) * (height - top - bottom);
   const plot = svg("svg", {viewBox: `0 0 ${width} ${height}`, class: "chart",
                            "data-chart": "timeline"});
+  const clipId = `timeline-clip-${rank.summary.rank}`;
   const zoom = zoomFromAddress();
   let x0 = zoom ? Math.max(start, start + zoom[0]) : start;
   let x1 = zoom ? Math.min(end, start + zoom[1]) : end;
@@ -155,18 +156,23 @@ function timeline(rank) {
                                height: height - top - bottom,
                                fill: PHASE_COLOURS[span.phase] || "#f4f4f4"}));
     }
-    // The samples inside the window and one on each side, so lines reach its edges.
+    // The samples inside the window and one on each side, clipped to the plot area, so
+    // the lines reach its edges at their true slope.
+    const clip = svg("clipPath", {id: clipId});
+    clip.append(svg("rect", {x: left, y: 0, width: width - left - right, height}));
+    const defs = svg("defs");
+    defs.append(clip);
+    plot.append(defs);
     let first = 0, last = t.t.length - 1;
     while (first + 1 < t.t.length && t.t[first + 1] < x0) first++;
     while (last > 0 && t.t[last - 1] > x1) last--;
     for (const [series, colour] of [[t.reserved, "#999999"], [t.allocated, "#1f77b4"]]) {
       const points = [];
       for (let i = first; i <= last; i++) {
-        const x = Math.min(Math.max(X(t.t[i]), left), width - right);
-        points.push(`${x.toFixed(1)},${Y(series[i]).toFixed(1)}`);
+        points.push(`${X(t.t[i]).toFixed(1)},${Y(series[i]).toFixed(1)}`);
       }
       plot.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: colour,
-                                   "stroke-width": 1.5}));
+                                   "stroke-width": 1.5, "clip-path": `url(#${clipId})`}));
     }
     for (let i = 0; i <= 4; i++) {
       const v = y0 + (y1 - y0) * i / 4;
