@@ -5,8 +5,6 @@
 #include <limits>
 #include <string>
 
-#include "parallel/pipeline_schedule.h"
-
 namespace memsim {
 namespace {
 
@@ -54,16 +52,11 @@ Status ReadIterations(const Recorder& recorder, size_t schedule_size, int64_t pp
 }  // namespace
 
 std::vector<std::vector<double>> PipelineStepStarts(
-    int64_t pp, int64_t vpp, int64_t num_microbatches, int64_t group,
+    const std::vector<std::vector<PipelineStep>>& schedules, int64_t vpp, int64_t num_microbatches,
     const std::vector<std::vector<double>>& durations_s, const std::vector<double>& ready_s) {
-  MEMSIM_DCHECK(durations_s.size() == static_cast<size_t>(pp) &&
-                ready_s.size() == durations_s.size());
-  const auto stages = static_cast<size_t>(pp);
-  std::vector<std::vector<PipelineStep>> schedules;
-  for (int64_t s = 0; s < pp; ++s) {
-    schedules.push_back(PipelineSchedule(pp, vpp, s, num_microbatches, group));
-    MEMSIM_DCHECK(schedules.back().size() == durations_s[static_cast<size_t>(s)].size());
-  }
+  const size_t stages = schedules.size();
+  const auto pp = static_cast<int64_t>(stages);
+  MEMSIM_DCHECK(durations_s.size() == stages && ready_s.size() == stages);
   // End time of each (stage, direction, chunk, microbatch); NaN until scheduled.
   std::vector<double> ends(stages * 2 * static_cast<size_t>(vpp * num_microbatches), kNotYet);
   auto end_of = [&](int64_t s, bool forward, int64_t chunk, int64_t mb) -> double& {
@@ -116,13 +109,13 @@ Status PutStagesOnPipelineClock(const ParallelLayout& layout, int64_t num_microb
   MEMSIM_DCHECK(stages.size() == static_cast<size_t>(layout.pp));
   if (layout.pp == 1) return Status::OK();
   const size_t pp = stages.size();
+  std::vector<std::vector<PipelineStep>> schedules;
   std::vector<std::vector<IterationMarkers>> iterations(pp);
   for (size_t s = 0; s < pp; ++s) {
-    const size_t schedule_size = PipelineSchedule(layout.pp, layout.vpp, static_cast<int64_t>(s),
-                                                  num_microbatches, layout.microbatch_group_size)
-                                     .size();
-    MEMSIM_RETURN_IF_ERROR(
-        ReadIterations(*stages[s], schedule_size, static_cast<int64_t>(s), &iterations[s]));
+    schedules.push_back(PipelineSchedule(layout.pp, layout.vpp, static_cast<int64_t>(s),
+                                         num_microbatches, layout.microbatch_group_size));
+    MEMSIM_RETURN_IF_ERROR(ReadIterations(*stages[s], schedules.back().size(),
+                                          static_cast<int64_t>(s), &iterations[s]));
     if (iterations[s].size() != iterations[0].size()) {
       return Status::Error("memsim bug: pipeline stages recorded different numbers of iterations");
     }
@@ -148,8 +141,8 @@ Status PutStagesOnPipelineClock(const ParallelLayout& layout, int64_t num_microb
       }
       ready[s] = begin + time(s, it.steps.front()) - time(s, it.begin);
     }
-    const std::vector<std::vector<double>> starts = PipelineStepStarts(
-        layout.pp, layout.vpp, num_microbatches, layout.microbatch_group_size, durations, ready);
+    const std::vector<std::vector<double>> starts =
+        PipelineStepStarts(schedules, layout.vpp, num_microbatches, durations, ready);
     if (starts.empty()) return Status::Error("memsim bug: the pipeline schedules deadlock");
     double optimizer = 0;  // the last backward of any stage is done
     for (size_t s = 0; s < pp; ++s) {

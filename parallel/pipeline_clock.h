@@ -33,18 +33,19 @@
 #include <vector>
 
 #include "parallel/layout.h"
+#include "parallel/pipeline_schedule.h"
 #include "simulator/recorder.h"
 #include "simulator/status.h"
 
 namespace memsim {
 
-// Start times of every stage's steps, in the order of PipelineSchedule(pp, vpp, s,
-// num_microbatches, group), when step k of stage s takes durations_s[s][k] and stage s
-// may start its first step at ready_s[s] (Note [Pipeline clock]).
-// REQUIRES: the schedule arguments valid for PipelineSchedule, durations_s[s].size() equal
-// to stage s's schedule's length, durations >= 0.
+// Start times of every stage's steps, in schedule order, when step k of stage s
+// (schedules[s][k]) takes durations_s[s][k] and stage s may start its first step at
+// ready_s[s] (Note [Pipeline clock]). Empty if the schedules deadlock (a memsim bug).
+// REQUIRES: schedules[s] is PipelineSchedule(pp, vpp, s, num_microbatches, group) for
+// pp = schedules.size(); durations_s[s].size() == schedules[s].size(); durations >= 0.
 std::vector<std::vector<double>> PipelineStepStarts(
-    int64_t pp, int64_t vpp, int64_t num_microbatches, int64_t group,
+    const std::vector<std::vector<PipelineStep>>& schedules, int64_t vpp, int64_t num_microbatches,
     const std::vector<std::vector<double>>& durations_s, const std::vector<double>& ready_s);
 
 // Moves the recordings of all stages (stages[s] is pipeline stage s, recorded by

@@ -13,6 +13,16 @@
 namespace memsim {
 namespace {
 
+// Every stage's schedule (PipelineSchedule's order).
+std::vector<std::vector<PipelineStep>> Schedules(int64_t pp, int64_t vpp, int64_t microbatches) {
+  std::vector<std::vector<PipelineStep>> schedules;
+  for (int64_t s = 0; s < pp; ++s) schedules.push_back(PipelineSchedule(pp, vpp, s, microbatches));
+  return schedules;
+}
+
+// Step durations of the 1F1B cases below: forward 1 s, backward 2 s, in each stage's order.
+const std::vector<std::vector<double>> k1F1BDurations = {{1, 1, 2, 1, 2, 2}, {1, 2, 1, 2, 1, 2}};
+
 // 1F1B, PP 2, 3 microbatches, forward 1 s and backward 2 s on both stages. Stage 0 runs
 // F0 F1 B0 F2 B1 B2, stage 1 F0 B0 F1 B1 F2 B2. By hand:
 //   stage 0: F0 [0,1]  F1 [1,2]  B0 waits for stage 1's B0 [4,6]  F2 [6,7]
@@ -21,8 +31,7 @@ namespace {
 //            F2 waits for stage 0's F2 [7,8]  B2 [8,10]
 // 12 s in all: Narayanan et al.'s (m + p - 1) * (f + b) = 4 * 3.
 TEST(PipelineClock, OneForwardOneBackwardByHand) {
-  const std::vector<std::vector<double>> durations = {{1, 1, 2, 1, 2, 2}, {1, 2, 1, 2, 1, 2}};
-  const auto starts = PipelineStepStarts(2, 1, 3, 0, durations, {0, 0});
+  const auto starts = PipelineStepStarts(Schedules(2, 1, 3), 1, 3, k1F1BDurations, {0, 0});
   ASSERT_EQ(starts.size(), 2u);
   EXPECT_EQ(starts[0], (std::vector<double>{0, 1, 4, 6, 7, 10}));
   EXPECT_EQ(starts[1], (std::vector<double>{1, 2, 4, 5, 7, 8}));
@@ -30,8 +39,7 @@ TEST(PipelineClock, OneForwardOneBackwardByHand) {
 
 // A stage that may start late (a longer setup) delays the stages that wait for it.
 TEST(PipelineClock, ALateStageDelaysItsReceivers) {
-  const std::vector<std::vector<double>> durations = {{1, 1, 2, 1, 2, 2}, {1, 2, 1, 2, 1, 2}};
-  const auto starts = PipelineStepStarts(2, 1, 3, 0, durations, {3, 0});
+  const auto starts = PipelineStepStarts(Schedules(2, 1, 3), 1, 3, k1F1BDurations, {3, 0});
   ASSERT_EQ(starts.size(), 2u);
   EXPECT_EQ(starts[0], (std::vector<double>{3, 4, 7, 9, 10, 13}));
   EXPECT_EQ(starts[1], (std::vector<double>{4, 5, 7, 8, 10, 11}));
@@ -45,7 +53,7 @@ TEST(PipelineClock, ALateStageDelaysItsReceivers) {
 // (m v + p - 1) (f + b) = 5 * 2.
 TEST(PipelineClock, InterleavedByHand) {
   const std::vector<std::vector<double>> durations(2, std::vector<double>(8, 1.0));
-  const auto starts = PipelineStepStarts(2, 2, 2, 0, durations, {0, 0});
+  const auto starts = PipelineStepStarts(Schedules(2, 2, 2), 2, 2, durations, {0, 0});
   ASSERT_EQ(starts.size(), 2u);
   EXPECT_EQ(starts[0], (std::vector<double>{0, 1, 2, 3, 5, 7, 8, 9}));
   EXPECT_EQ(starts[1], (std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8}));

@@ -30,7 +30,9 @@ constexpr char kLongBinGet = 'j';
 
 }  // namespace
 
-PickleWriter::PickleWriter() {
+PickleWriter::PickleWriter() { WriteHeader(); }
+
+void PickleWriter::WriteHeader() {
   Opcode(kProto);
   out_.push_back('\x02');
 }
@@ -108,29 +110,22 @@ void PickleWriter::Pair(int64_t first, int64_t second) {
   Opcode(kTuple2);
 }
 
-void PickleWriter::BeginList() {
+void PickleWriter::Open(char empty_container) {
   BeforeValue();
-  Opcode(kEmptyList);
+  Opcode(empty_container);
   open_has_items_.push_back(false);
 }
 
-void PickleWriter::EndList() {
+void PickleWriter::Close(char add_items) {
   MEMSIM_DCHECK(!open_has_items_.empty());
-  if (open_has_items_.back()) Opcode(kAppends);
+  if (open_has_items_.back()) Opcode(add_items);
   open_has_items_.pop_back();
 }
 
-void PickleWriter::BeginDict() {
-  BeforeValue();
-  Opcode(kEmptyDict);
-  open_has_items_.push_back(false);
-}
-
-void PickleWriter::EndDict() {
-  MEMSIM_DCHECK(!open_has_items_.empty());
-  if (open_has_items_.back()) Opcode(kSetItems);
-  open_has_items_.pop_back();
-}
+void PickleWriter::BeginList() { Open(kEmptyList); }
+void PickleWriter::EndList() { Close(kAppends); }
+void PickleWriter::BeginDict() { Open(kEmptyDict); }
+void PickleWriter::EndDict() { Close(kSetItems); }
 
 int64_t PickleWriter::Remember() {
   const int64_t handle = next_handle_++;
@@ -165,8 +160,7 @@ std::string PickleWriter::Finish() {
   string_handles_.clear();
   string_storage_.clear();
   next_handle_ = 0;
-  Opcode(kProto);
-  out_.push_back('\x02');
+  WriteHeader();
   return out;
 }
 

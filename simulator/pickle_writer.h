@@ -57,8 +57,12 @@ class PickleWriter {
   std::string Finish();
 
  private:
+  void WriteHeader();  // the protocol opcode every pickle starts with
   // Writes the MARK that opens the enclosing container's items before its first one.
   void BeforeValue();
+  // Pushes an empty container (its opcode); Close adds the items written since, if any.
+  void Open(char empty_container);
+  void Close(char add_items);
   void Opcode(char op) { out_.push_back(op); }
   void Uint32(uint32_t value);
 
