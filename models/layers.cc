@@ -498,6 +498,27 @@ at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
   return VocabCrossEntropyFunction::apply(logits, labels, tp_group, fused);
 }
 
+namespace {
+
+struct AttachLossFunction : public Function<AttachLossFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& output,
+                            const at::Tensor& loss) {
+    ctx->save_for_backward({loss});
+    return output;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor loss = ctx->get_saved_variables()[0];
+    // The scale's value (1.0 here) does not matter on meta; the product is a new tensor.
+    return {grads[0], at::ones_like(loss).mul(1.0)};
+  }
+};
+
+}  // namespace
+
+at::Tensor AttachLoss(const at::Tensor& output, const at::Tensor& loss) {
+  return AttachLossFunction::apply(output, loss);
+}
+
 at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {
   auto closure = c10::make_intrusive<RecomputeClosure>();
   closure->fn = fn;

@@ -34,6 +34,7 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   MEMSIM_RETURN_IF_ERROR(Positive(m->make_vocab_size_divisible_by, "make_vocab_size_divisible_by"));
   MEMSIM_RETURN_IF_ERROR(Positive(tp, "tensor parallel size"));
   MEMSIM_RETURN_IF_ERROR(AtMost(m->num_layers, kMaxLayers, "num_layers"));
+  MEMSIM_RETURN_IF_ERROR(AtMost(m->mtp_num_layers, kMaxLayers, "mtp_num_layers"));
   for (auto [value, name] : {std::pair{m->hidden_size, "hidden_size"},
                              {m->num_attention_heads, "num_attention_heads"},
                              {m->vocab_size, "vocab_size"},
@@ -50,8 +51,14 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   }
   if (m->num_query_groups < 0 || m->kv_channels < 0 || m->ffn_hidden_size < 0 ||
       m->num_experts < 0 || m->moe_ffn_hidden_size < 0 || m->moe_shared_expert_size < 0 ||
-      m->max_position_embeddings < 0 || m->moe_first_k_dense_layers < 0) {
-    return Status::Error("sizes must not be negative (query groups, kv channels, ffn, experts)");
+      m->max_position_embeddings < 0 || m->moe_first_k_dense_layers < 0 || m->mtp_num_layers < 0) {
+    return Status::Error(
+        "sizes must not be negative (query groups, kv channels, ffn, experts, MTP layers)");
+  }
+  if (m->mtp_num_layers > 0 && m->position == PositionKind::kLearned) {
+    return Status::Error(
+        "multi-token prediction needs RoPE position embeddings (Megatron-LM asserts it); use "
+        "--position-embedding-type rope or drop --mtp-num-layers");
   }
   if (m->kv_channels == 0) {
     if (m->hidden_size % m->num_attention_heads != 0) {
@@ -163,6 +170,14 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       (t.recompute_num_layers <= 0 || t.recompute_num_layers > m.num_layers)) {
     return Status::Error("recompute_num_layers must be in [1, num_layers=" + Str(m.num_layers) +
                          "], got " + Str(t.recompute_num_layers));
+  }
+  if (m.mtp_num_layers > 0 && t.recompute == RecomputeKind::kFull &&
+      t.recompute_method == RecomputeMethod::kUniform && t.recompute_num_layers != 1) {
+    // MultiTokenPredictionLayer._checkpointed_forward asserts it.
+    return Status::Error(
+        "multi-token prediction with uniform full recomputation needs "
+        "recompute_num_layers 1, got " +
+        Str(t.recompute_num_layers));
   }
   return Status::OK();
 }

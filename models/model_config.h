@@ -80,6 +80,13 @@ struct ModelConfig {
   bool moe_router_fp32 = false;          // --moe-router-dtype fp32: logits and probs in fp32
   double moe_aux_loss_coeff = 0.0;       // > 0: the load-balancing loss keeps [T, E] fp32 scores
   double moe_z_loss_coeff = 0.0;         // > 0: the z-loss keeps the router logits
+  // --mtp-num-layers: multi-token prediction depth, built after the decoder on the last
+  // pipeline stage (Note [Multi-token prediction] in transformer.h); 0: none.
+  int64_t mtp_num_layers = 0;
+  // Whether decoder layer `index` (0-based) is a mixture of experts.
+  bool moe_layer(int64_t index) const {
+    return num_experts > 0 && index >= moe_first_k_dense_layers;
+  }
 
   // Derived by FinalizeModelConfig.
   int64_t padded_vocab_size = 0;  // V

@@ -29,11 +29,12 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
   // FinalizeModelConfig padded V for tp; FinalizeLayout checked that tp divides the heads.
   MEMSIM_DCHECK(tp > 0 && V > 0 && V % tp == 0 && model.num_attention_heads % tp == 0 &&
                 model.head_dim > 0);
-  const bool layer_norm = model.norm == NormKind::kLayerNorm;
+  // Multi-token prediction needs the embedding on the last stage too.
+  const bool mtp = shard.last_stage && model.mtp_num_layers > 0;
   if (shard.last_stage && training.defer_embedding_wgrad) {
     deferred_wgrad_ = c10::make_intrusive<DeferredWgrad>(training.wgrad_deferral_limit);
   }
-  if (shard.first_stage) {
+  if (shard.first_stage || mtp) {
     ModuleScope scope("embedding");
     {
       ModuleScope inner("word_embeddings");
@@ -53,14 +54,20 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       std::vector<Layer>& chunk = chunks_.emplace_back();
       for (int64_t l = first; l < first + count; ++l) {
         store->set_unit(l);
-        chunk.push_back(CreateLayer(l, store));
+        ModuleScope s("layers." + std::to_string(l));
+        chunk.push_back(CreateLayer(l, model.moe_layer(l), store));
       }
       store->set_unit(-1);
     }
     if (shard.last_stage) {
-      ModuleScope s("final_layernorm");
-      final_norm_weight_ = store->Add("weight", {H});
-      if (layer_norm) final_norm_bias_ = store->Add("bias", {H});
+      std::tie(final_norm_weight_, final_norm_bias_) = AddNorm("final_layernorm", store);
+    }
+  }
+  if (mtp) {
+    ModuleScope scope("mtp");
+    for (int64_t j = 0; j < model.mtp_num_layers; ++j) {
+      ModuleScope s("layers." + std::to_string(j));
+      mtp_layers_.push_back(CreateMtpLayer(store));
     }
   }
   if (shard.last_stage) {
@@ -73,24 +80,50 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       output_weight_ = store->Add("weight", {V / tp, H});
       output_weight_->embedding_or_output = true;
     }
+    // GPTModel's shared_embedding_or_output_weight: the MTP stage's embedding.
+    if (model.tie_embeddings && mtp) output_weight_ = word_embeddings_;
   }
 }
 
-TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterStore* store) {
+std::pair<Parameter*, Parameter*> TransformerModel::AddNorm(const std::string& name,
+                                                            ParameterStore* store) {
+  ModuleScope s(name);
+  Parameter* weight = store->Add("weight", {model_.hidden_size});
+  Parameter* bias =
+      model_.norm == NormKind::kLayerNorm ? store->Add("bias", {model_.hidden_size}) : nullptr;
+  return {weight, bias};
+}
+
+TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(ParameterStore* store) {
+  const int64_t H = model_.hidden_size;
+  MtpLayer mtp{};
+  std::tie(mtp.enorm_weight, mtp.enorm_bias) = AddNorm("enorm", store);
+  std::tie(mtp.hnorm_weight, mtp.hnorm_bias) = AddNorm("hnorm", store);
+  {
+    ModuleScope s("eh_proj");
+    mtp.eh_proj_weight = store->Add("weight", {H / shard_.tp, 2 * H});
+  }
+  {
+    // The spec of the decoder's last layer (gpt_builders.py).
+    ModuleScope s("mtp_model_layer");
+    const int64_t last = model_.num_layers - 1;
+    mtp.layer = CreateLayer(last, model_.moe_layer(last), store);
+  }
+  std::tie(mtp.final_norm_weight, mtp.final_norm_bias) = AddNorm("final_layernorm", store);
+  return mtp;
+}
+
+TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, bool moe,
+                                                      ParameterStore* store) {
   const int64_t H = model_.hidden_size, A = model_.num_attention_heads;
   const int64_t G = model_.num_query_groups, D = model_.head_dim, F = model_.ffn_hidden_size;
   const int64_t tp = shard_.tp;
   const bool layer_norm = model_.norm == NormKind::kLayerNorm;
   const bool bias = model_.add_bias_linear;
   const int64_t fc1_out = (model_.activation == ActivationKind::kSwiglu ? 2 * F : F) / tp;
-  ModuleScope layer_scope("layers." + std::to_string(index));
   Layer layer{};
   layer.index = index;
-  {
-    ModuleScope s("input_layernorm");
-    layer.input_norm_weight = store->Add("weight", {H});
-    if (layer_norm) layer.input_norm_bias = store->Add("bias", {H});
-  }
+  std::tie(layer.input_norm_weight, layer.input_norm_bias) = AddNorm("input_layernorm", store);
   {
     ModuleScope s("self_attention");
     if (model_.multi_latent_attention()) {
@@ -142,13 +175,9 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
     layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
     if (bias) layer.proj_bias = store->Add("bias", {H});
   }
-  {
-    ModuleScope s("pre_mlp_layernorm");
-    layer.mlp_norm_weight = store->Add("weight", {H});
-    if (layer_norm) layer.mlp_norm_bias = store->Add("bias", {H});
-  }
+  std::tie(layer.mlp_norm_weight, layer.mlp_norm_bias) = AddNorm("pre_mlp_layernorm", store);
   ModuleScope s("mlp");
-  layer.moe = model_.num_experts > 0 && index >= model_.moe_first_k_dense_layers;
+  layer.moe = moe;
   if (layer.moe) {
     layer.experts = CreateMoeParameters(model_, {shard_.ep, shard_.etp, shard_.tp}, store);
     return layer;
@@ -465,14 +494,146 @@ at::Tensor TransformerModel::Embed(const at::Tensor& tokens, const at::Tensor& p
   return Dropout(hidden, hidden_dropout());
 }
 
+namespace {
+
+// roll_tensor without context parallelism: torch.roll (a copy) with the last position
+// zeroed, and its sum (a new scalar).
+std::pair<at::Tensor, at::Tensor> RollLeft(const at::Tensor& t) {
+  at::Tensor rolled = at::roll(t, {-1}, {-1});
+  rolled.select(-1, -1).fill_(0);
+  at::Tensor sum = rolled.sum();
+  return {rolled, sum};
+}
+
+// _compute_mtp_acceptance_counts (no graph): the predicted token of every position,
+// through _vocab_parallel_argmax when the logits are sharded over tp, compared with the
+// labels where the mask is set. Returns nothing: only its temporaries take memory.
+void MtpAcceptanceCounts(const at::Tensor& logits, const at::Tensor& labels,
+                         const at::Tensor& loss_mask, int64_t tp) {
+  at::Tensor predictions;
+  if (tp > 1) {
+    auto [local_max, local_argmax] = logits.max(-1);  // [S, B]
+    std::vector<at::Tensor> maxes, argmaxes;          // all_gather's outputs, one per rank
+    for (int64_t r = 0; r < tp; ++r) maxes.push_back(at::empty_like(local_max));
+    for (int64_t r = 0; r < tp; ++r) argmaxes.push_back(at::empty_like(local_argmax));
+    const at::Tensor stacked_max = at::stack(maxes), stacked_argmax = at::stack(argmaxes);
+    const at::Tensor winning_rank = stacked_max.argmax(0);
+    const at::Tensor winning_argmax =
+        stacked_argmax.gather(0, winning_rank.unsqueeze(0)).squeeze(0);
+    predictions = winning_rank * logits.size(-1) + winning_argmax;
+  } else {
+    predictions = logits.argmax(-1);
+  }
+  const at::Tensor labels_match = labels.transpose(0, 1).contiguous();
+  const at::Tensor mask_match = loss_mask.transpose(0, 1).contiguous();
+  const at::Tensor valid = mask_match.to(at::kBool);
+  (void)predictions.eq(labels_match).bitwise_and(valid).sum().to(at::kFloat);
+  (void)valid.sum().to(at::kFloat);
+}
+
+}  // namespace
+
+at::Tensor TransformerModel::MultiTokenPrediction(const at::Tensor& decoder_output,
+                                                  at::Tensor tokens, at::Tensor position_ids) {
+  ModuleScope scope("mtp");
+  std::vector<at::Tensor> outputs = {decoder_output};
+  const bool checkpointed = training_.recompute == RecomputeKind::kFull &&
+                            training_.recompute_method == RecomputeMethod::kUniform;
+  for (size_t j = 0; j < mtp_layers_.size(); ++j) {
+    ModuleScope s("layers." + std::to_string(j));
+    tokens = RollLeft(tokens).first;
+    position_ids = RollLeft(position_ids).first;
+    const at::Tensor decoder_input = Embed(tokens, position_ids);
+    MtpLayer& mtp = mtp_layers_[j];
+    auto depth = [this, &mtp](const std::vector<at::Tensor>& in) {
+      return MtpDepth(mtp, in[0], in[1]);
+    };
+    outputs.push_back(checkpointed ? Checkpoint(depth, {outputs.back(), decoder_input})
+                                   : depth({outputs.back(), decoder_input}));
+  }
+  return at::cat(outputs, 0);
+}
+
+at::Tensor TransformerModel::MtpDepth(MtpLayer& mtp, const at::Tensor& hidden,
+                                      const at::Tensor& decoder_input) {
+  const int64_t tp = shard_.tp;
+  at::Tensor x;
+  {
+    at::Tensor embedded, previous;
+    {
+      ModuleScope s("enorm");
+      embedded = Norm(decoder_input, mtp.enorm_weight, mtp.enorm_bias);
+    }
+    {
+      ModuleScope s("hnorm");
+      previous = Norm(hidden, mtp.hnorm_weight, mtp.hnorm_bias);
+    }
+    x = at::cat({embedded, previous}, -1);  // [S', B, 2H]
+  }
+  {
+    ModuleScope s("eh_proj");
+    x = Linear(x, *mtp.eh_proj_weight, nullptr, ColumnParallel());  // [S, B, H/tp]
+  }
+  x = GatherFromTensorModelParallelRegion(x, tp);  // [S, B, H]
+  if (shard_.sequence_parallel) x = ScatterToSequenceParallelRegion(x, tp);
+  {
+    ModuleScope s("mtp_model_layer");
+    x = LayerForward(mtp.layer, x);
+  }
+  ModuleScope s("final_layernorm");
+  return Norm(x, mtp.final_norm_weight, mtp.final_norm_bias);
+}
+
+at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tensor& labels,
+                                       const at::Tensor& loss_mask) {
+  const int64_t k = static_cast<int64_t>(mtp_layers_.size());
+  std::vector<at::Tensor> slices = hidden.chunk(1 + k, 0);
+  at::Tensor main = slices[0];
+  ModuleScope scope("mtp_loss");
+  at::Tensor mtp_labels = labels.clone();
+  at::Tensor mask = loss_mask;
+  const at::Tensor original_num_tokens = loss_mask.sum();
+  for (int64_t j = 0; j < k; ++j) {
+    at::Tensor logits = OutputLogits(slices[static_cast<size_t>(1 + j)]);
+    mtp_labels = RollLeft(mtp_labels).first;
+    at::Tensor num_tokens;
+    std::tie(mask, num_tokens) = RollLeft(mask);
+    at::Tensor loss;
+    {
+      ModuleScope s("output_layer");
+      loss = VocabCrossEntropy(logits, mtp_labels.transpose(0, 1).contiguous(), shard_.tp,
+                               training_.cross_entropy_fusion)
+                 .transpose(0, 1)
+                 .contiguous();  // [B, S]
+    }
+    loss = mask * loss;
+    const at::Tensor safe_num_tokens = num_tokens.clamp_min(1);
+    {
+      // The logged loss and acceptance counts, with no graph.
+      at::NoGradGuard no_grad;
+      (void)(at::sum(loss) * num_tokens.gt(0).to(loss.scalar_type()) / safe_num_tokens);
+      MtpAcceptanceCounts(logits, mtp_labels, mask, shard_.tp);
+    }
+    logits.reset();
+    // Scaled by --mtp-loss-scaling-factor / k, whose value changes no memory.
+    main = AttachLoss(main, loss * (0.1 / static_cast<double>(k)) / safe_num_tokens);
+  }
+  return main;
+}
+
+at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden) {
+  ModuleScope s("output_layer");
+  LinearParallelism parallelism = ColumnParallel();
+  parallelism.deferred = deferred_wgrad_;
+  return Linear(hidden, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
+}
+
 at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& labels,
                                   const at::Tensor& loss_mask) {
   at::Tensor loss;
   {
+    at::Tensor logits = OutputLogits(hidden);
     ModuleScope s("output_layer");
-    LinearParallelism parallelism = ColumnParallel();
-    parallelism.deferred = deferred_wgrad_;
-    at::Tensor logits = Linear(hidden, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
     loss = VocabCrossEntropy(logits, labels.transpose(0, 1).contiguous(), shard_.tp,
                              training_.cross_entropy_fusion);  // [S, B]
   }
@@ -493,10 +654,11 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
   const int64_t S = training_.seq_length / shard_.cp, B = training_.micro_batch_size;
   const auto meta = at::TensorOptions().device(at::kMeta);
   const bool embed = ChunkHasEmbedding(chunk), loss = ChunkHasLoss(chunk);
+  const bool mtp = loss && !mtp_layers_.empty();
   at::Tensor tokens, position_ids, labels, loss_mask, attention_mask;
   if (embed || loss) {
     ModuleScope s("batch");  // get_batch: this microbatch's data on the GPU
-    if (embed) {
+    if (embed || mtp) {
       tokens = at::empty({B, S}, meta.dtype(at::kLong));
       position_ids = at::empty({B, S}, meta.dtype(at::kLong));
     }
@@ -513,6 +675,9 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
     ModuleScope decoder("decoder");
     ModuleScope s("final_layernorm");
     hidden = Norm(hidden, final_norm_weight_, final_norm_bias_);
+  }
+  if (mtp) {
+    hidden = MtpLosses(MultiTokenPrediction(hidden, tokens, position_ids), labels, loss_mask);
   }
   return Loss(hidden, labels, loss_mask);
 }

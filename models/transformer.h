@@ -32,6 +32,8 @@
 //     MoE layers (num_experts > 0, from layer moe_first_k_dense_layers on) replace
 //     mlp.linear_fc1/fc2 with a router and experts: see moe.h
 //   decoder.final_layernorm.weight / .bias   (H)                  last stage
+//   mtp.layers.j.*  (j < mtp_num_layers)                          last stage: Note [Multi-
+//                                                                 token prediction]
 //   output_layer.weight                      (V/tp, H)            last stage; with tied
 //                                                                 embeddings and pp > 1 a
 //                                                                 copy of the embedding
@@ -61,6 +63,34 @@
 //   LlamaFlashAttentionTable measures it). With B = 1 the rearranged output is the
 //   kernel's own (2SBAD/t less); with sequence parallelism the 8SBH + 8SB of norms and
 //   linear inputs is sharded over t too.
+//
+// Note [Multi-token prediction]
+// Megatron-Core's MultiTokenPredictionBlock (megatron/core/transformer/
+// multi_token_prediction.py, 0.20). With --mtp-num-layers k and no custom pipeline layout,
+// the last virtual chunk of the last pipeline stage builds k MTP layers after the decoder,
+// and its own word embedding (V/tp, H) (GPTModel's mtp_process; with pp > 1 a copy of the
+// first stage's, all-reduced with it; with tied embeddings the output layer then reads it,
+// and its own output_layer.weight stays unused but allocated). MTP layer j, prefix
+// mtp.layers.j:
+//   enorm.weight / .bias          (H)         norm of the embedding of the tokens j+1 ahead
+//   hnorm.weight / .bias          (H)         norm of the previous depth's hidden state
+//   eh_proj.weight                (H/tp, 2H)  column-parallel, over both concatenated
+//   mtp_model_layer.*                         a decoder layer of the last decoder layer's
+//                                             kind (dense or MoE)
+//   final_layernorm.weight / .bias (H)
+// Per microbatch, on top of the decoder: get_batch also puts the tokens and positions on
+// the stage; each depth rolls them left (a copy each), embeds them again ([S', B, H]),
+// normalizes both inputs, concatenates them ([S', B, 2H]), projects, all-gathers over tp
+// along the hidden dim (re-split along the sequence with SP), runs its layer and norm. The
+// decoder's output and the k depths' are concatenated ([(1+k)S', B, H], one new tensor);
+// each depth's slice gets its own output-layer logits and cross-entropy (as large as the
+// main loss's: [S, B, V/tp]), its masked loss attached to the main slice (AttachLoss);
+// the main loss reads the first slice, a view that keeps the whole concatenation alive
+// until its backward. With uniform full recomputation each depth's projection, layer and
+// norm are checkpointed (MultiTokenPredictionLayer._checkpointed_forward).
+// With cp > 1 roll_tensor also exchanges each chunk's boundary tokens: those [B, S/cp]
+// temporaries are not modelled (the roll is cp = 1's). Refused (megatron_args.cc): custom
+// layouts, repeated layers, detached heads, hidden-state mixing.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -162,7 +192,23 @@ class TransformerModel {
     MoeParameters experts;
   };
 
-  Layer CreateLayer(int64_t index, ParameterStore* store);
+  // A multi-token prediction depth (Note [Multi-token prediction]).
+  struct MtpLayer {
+    Parameter* enorm_weight;
+    Parameter* enorm_bias;  // null for RMSNorm
+    Parameter* hnorm_weight;
+    Parameter* hnorm_bias;
+    Parameter* eh_proj_weight;
+    Layer layer;  // mtp_model_layer
+    Parameter* final_norm_weight;
+    Parameter* final_norm_bias;
+  };
+
+  // In the current module scope; `moe`: the MLP is a mixture of experts.
+  Layer CreateLayer(int64_t index, bool moe, ParameterStore* store);
+  MtpLayer CreateMtpLayer(ParameterStore* store);
+  // A norm of the model's kind, with its parameters, in a module named `name`.
+  std::pair<Parameter*, Parameter*> AddNorm(const std::string& name, ParameterStore* store);
   at::Tensor Norm(const at::Tensor& x, Parameter* weight, Parameter* bias);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
@@ -173,6 +219,14 @@ class TransformerModel {
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
   at::Tensor Layers(int64_t chunk, const at::Tensor& hidden);
   at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& position_ids);
+  // The k depths after the decoder's output: [(1+k)S', B, H] (Note [Multi-token prediction]).
+  at::Tensor MultiTokenPrediction(const at::Tensor& decoder_output, at::Tensor tokens,
+                                  at::Tensor position_ids);
+  at::Tensor MtpDepth(MtpLayer& mtp, const at::Tensor& hidden, const at::Tensor& decoder_input);
+  // process_mtp_loss: each depth's loss attached to the main slice, which it returns.
+  at::Tensor MtpLosses(const at::Tensor& hidden, const at::Tensor& labels,
+                       const at::Tensor& loss_mask);
+  at::Tensor OutputLogits(const at::Tensor& hidden);  // [S, B, V/tp]
   at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);
   LinearParallelism ColumnParallel() const;
   double hidden_dropout() const;
@@ -186,7 +240,8 @@ class TransformerModel {
   std::vector<std::vector<Layer>> chunks_;  // this stage's layers, per virtual chunk
   Parameter* final_norm_weight_ = nullptr;
   Parameter* final_norm_bias_ = nullptr;
-  Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied on one stage
+  Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied and they share a stage
+  std::vector<MtpLayer> mtp_layers_;    // last stage only
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
   c10::intrusive_ptr<DeferredWgrad> deferred_wgrad_;   // output layer; null unless deferring
   c10::intrusive_ptr<GlobalMemoryBuffer> moe_buffer_;  // Megatron's "mpu" buffer for MoE

@@ -114,5 +114,60 @@ TEST(ModelInventory, MixtureOfExpertsShardMatchesTheTable) {
   EXPECT_EQ(ParametersOf(moe, shard), expected);
 }
 
+// Multi-token prediction (Note [Multi-token prediction]): the Llama above on tp = 2 with
+// k = 2 depths, last of two pipeline stages (layer 1): the stage has its own word
+// embedding, and each depth two norms, eh_proj (H/tp, 2H) = (8, 32), a decoder layer and
+// a final norm.
+TEST(ModelInventory, MultiTokenPredictionOnTheLastStage) {
+  Inventory expected = {{"embedding.word_embeddings.weight", {512, 16}},  // (V/tp, H)
+                        {"decoder.final_layernorm.weight", {16}},
+                        {"output_layer.weight", {512, 16}}};
+  const Inventory layer = {{"input_layernorm.weight", {16}},
+                           {"self_attention.linear_qkv.weight", {16, 16}},
+                           {"self_attention.linear_proj.weight", {16, 8}},
+                           {"pre_mlp_layernorm.weight", {16}},
+                           {"mlp.linear_fc1.weight", {24, 16}},
+                           {"mlp.linear_fc2.weight", {16, 12}}};
+  AddLayer(&expected, 1, layer);
+  for (const std::string depth : {"mtp.layers.0.", "mtp.layers.1."}) {
+    expected[depth + "enorm.weight"] = {16};
+    expected[depth + "hnorm.weight"] = {16};
+    expected[depth + "eh_proj.weight"] = {8, 32};
+    expected[depth + "final_layernorm.weight"] = {16};
+    for (const auto& [name, shape] : layer) expected[depth + "mtp_model_layer." + name] = shape;
+  }
+  ModelConfig llama = test::Llama(2, 16, 4, 2, 24, 1000);
+  llama.mtp_num_layers = 2;
+  ModelShard last;
+  last.tp = 2;
+  last.chunks = {{1, 1}};
+  last.first_stage = false;
+  EXPECT_EQ(ParametersOf(llama, last), expected);
+
+  // The first stage builds none of it.
+  ModelShard first = last;
+  first.chunks = {{0, 1}};
+  first.first_stage = true;
+  first.last_stage = false;
+  for (const auto& entry : ParametersOf(llama, first)) {
+    EXPECT_EQ(entry.first.rfind("mtp.", 0), std::string::npos) << entry.first;
+  }
+}
+
+// The depth's layer is of the last decoder layer's kind: an MoE layer after an MoE decoder.
+TEST(ModelInventory, MultiTokenPredictionLayerIsLikeTheLastDecoderLayer) {
+  ModelConfig moe = test::Llama(2, 16, 4, 2, 24, 1000);
+  moe.num_experts = 4;
+  moe.moe_ffn_hidden_size = 8;
+  moe.moe_first_k_dense_layers = 1;
+  moe.mtp_num_layers = 1;
+  const Inventory inventory = ParametersOf(moe, ModelShard::Whole(moe));
+  EXPECT_EQ(inventory.at("mtp.layers.0.mtp_model_layer.mlp.router.weight"),
+            (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(inventory.count("mtp.layers.0.mtp_model_layer.mlp.linear_fc1.weight"), 0u);
+  // pp = 1: the depth embeds with the first stage's table, no second one.
+  EXPECT_EQ(inventory.count("embedding.word_embeddings.weight"), 1u);
+}
+
 }  // namespace
 }  // namespace memsim

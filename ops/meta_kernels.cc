@@ -86,6 +86,13 @@ at::Tensor WhereSelf(const at::Tensor& condition, const at::Tensor& self, const 
 
 at::Tensor Relu(const at::Tensor& self) { return at::empty_like(self); }
 
+// Mirrors roll_cuda (aten/src/ATen/native/cuda/TensorTransformations.cu): a contiguous copy
+// of a non-contiguous input, then a new contiguous output like it.
+at::Tensor Roll(const at::Tensor& self, c10::IntArrayRef /*shifts*/, c10::IntArrayRef /*dims*/) {
+  const at::Tensor input = self.contiguous();
+  return at::empty_like(input, at::MemoryFormat::Contiguous);
+}
+
 // logical_or.out (and through it logical_or / logical_or_): broadcast shape into `out`.
 at::Tensor& LogicalOrOut(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   at::native::resize_output(out, at::infer_size(self.sizes(), other.sizes()));
@@ -129,6 +136,7 @@ void RegisterMetaKernels() {
     aten_meta->impl("native_dropout_backward", TORCH_FN(NativeDropoutBackward));
     aten_meta->impl("where.self", TORCH_FN(WhereSelf));
     aten_meta->impl("relu", TORCH_FN(Relu));
+    aten_meta->impl("roll", TORCH_FN(Roll));
     aten_meta->impl("logical_or.out", TORCH_FN(LogicalOrOut));
     {
       // LibTorch logs a warning (through glog) when a kernel is replaced; this

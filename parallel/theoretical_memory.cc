@@ -164,6 +164,7 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
   if (m.multi_latent_attention()) {
     caveats.push_back("multi-latent attention counted as multi-head attention");
   }
+  if (m.mtp_num_layers > 0) caveats.push_back("multi-token prediction layers ignored");
   if (t.recompute == RecomputeKind::kFull) caveats.push_back("full recomputation ignored");
   if (t.recompute == RecomputeKind::kSelective && !l.sequence_parallel) {
     caveats.push_back("selective recomputation ignored without sequence parallelism");

@@ -147,6 +147,41 @@ TEST(Activations, LlamaFlashAttentionTable) {
   }
 }
 
+// Multi-token prediction (Note [Multi-token prediction] in transformer.h): what one more
+// depth keeps for backward, measured as the difference between k = 2 and k = 1 depths
+// (Llama, bf16, flash attention, no dropout, tp = 1, B > 1), worked out from
+// Megatron-Core's MultiTokenPredictionLayer and process_mtp_loss:
+//   its rolled tokens, which the embedding saves as its indices         8SB
+//   their embedding [S, B, H], enorm's input, and enorm's float32 invvar 2SBH + 4SB
+//   the previous depth's output, hnorm's input, and its invvar           2SBH + 4SB
+//   eh_proj's input, both normed inputs concatenated                     4SBH
+//   its decoder layer, as the Llama table above                          SB(14H + 8 + 4GD + 4A +
+//   6F) + 16 final_layernorm's input and invvar                                   2SBH + 4SB one
+//   more [S, B, H] slice of the concatenated outputs                 2SBH its head's cross-entropy:
+//   the float32 softmax and the int64 labels   4SBV + 8SB its rolled loss mask (mask * loss saves
+//   it)                          4SB the scaled loss the main slice keeps (AttachLoss), and the
+//   divisor   4SB + 4
+TEST(Activations, MultiTokenPredictionDepth) {
+  const int64_t S = 64, B = 2, H = 128, A = 4, G = 2, F = 344, V = 1024, D = H / A;
+  auto after_forward = [&](int64_t depths) {
+    ModelConfig m = test::Llama(1, H, A, G, F, V);
+    m.mtp_num_layers = depths;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t;
+    t.seq_length = S;
+    t.micro_batch_size = B;
+    t.precision = Precision::kBf16;
+    t.attention = AttentionKind::kFlash;
+    t.dropout = false;
+    return ActivationBytesAfterForward(m, t);
+  };
+  const int64_t layer = S * B * (14 * H + 8 + 4 * G * D + 4 * A + 6 * F) + 16;
+  EXPECT_EQ(after_forward(2) - after_forward(1),
+            8 * S * B + (2 * S * B * H + 4 * S * B) * 2 + 4 * S * B * H + layer +
+                (2 * S * B * H + 4 * S * B) + 2 * S * B * H + (4 * S * B * V + 8 * S * B) +
+                4 * S * B + 4 * S * B + 4);
+}
+
 // The model state alive at the end of the first optimizer step (the optimizer's state
 // exists by then) of a 2-layer GPT: h = 128, V = 1024, s = 64.
 struct ModelStateRun {
@@ -211,14 +246,16 @@ TEST(ModelState, BytesPerParameter) {
 TEST(ModelState, MuonKeepsOneMomentumPerMatrix) {
   ModelStateRun run;
   RunModelState(Precision::kBf16, OptimizerKind::kMuon, &run);
-  const int64_t muon_params = StateModel::s * StateModel::h + StateModel::L * 12 * StateModel::h * StateModel::h;
+  const int64_t muon_params =
+      StateModel::s * StateModel::h + StateModel::L * 12 * StateModel::h * StateModel::h;
   EXPECT_EQ(run.state_bytes, 18 * (StateModel::params - muon_params) + 14 * muon_params);
   const Timeline timeline = Timeline::Replay(run.session.recorder());
   int64_t step_peak = 0;
   for (int64_t e = run.optimizer_begin; e <= run.step_end; ++e) {
     step_peak = std::max(step_peak, timeline.points()[static_cast<size_t>(e)].allocated_bytes);
   }
-  EXPECT_EQ(step_peak - timeline.AllocatedBefore(run.step_end + 1), 3 * 4 * 4 * StateModel::h * StateModel::h);
+  EXPECT_EQ(step_peak - timeline.AllocatedBefore(run.step_end + 1),
+            3 * 4 * 4 * StateModel::h * StateModel::h);
 }
 
 int64_t ParameterCount(ModelConfig m) {
@@ -318,6 +355,15 @@ TEST(ModelConfig, RejectsImpossibleShapes) {
   m = ModelConfig();
   m.hidden_size = -4096;
   EXPECT_EQ(FinalizeModelConfig(&m).message(), "hidden_size must be positive, got -4096");
+  m = ModelConfig();  // learned absolute positions
+  m.mtp_num_layers = 1;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(),
+            "multi-token prediction needs RoPE position embeddings (Megatron-LM asserts it); use "
+            "--position-embedding-type rope or drop --mtp-num-layers");
+  m.mtp_num_layers = -1;
+  m.position = PositionKind::kRope;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(),
+            "sizes must not be negative (query groups, kv channels, ffn, experts, MTP layers)");
 }
 
 TEST(ModelConfig, PadsVocabularyLikeMegatron) {

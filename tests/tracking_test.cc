@@ -120,6 +120,25 @@ TEST(Tracking, MissingMetaKernelNamesOpAndModule) {
   }
 }
 
+// ops/meta_kernels.cc's roll allocates as roll_cuda does: one contiguous output, after a
+// contiguous copy of a non-contiguous input.
+TEST(Tracking, RollAllocatesLikeTheCudaKernel) {
+  Session session;
+  {
+    ActiveSession active(session);
+    at::Tensor t = at::empty({4, 8}, MetaFloat());  // id 0: 128 B
+    at::Tensor rolled = at::roll(t, {-1}, {-1});    // id 1: 128 B
+    EXPECT_EQ(rolled.sizes(), t.sizes());
+    EXPECT_TRUE(rolled.is_contiguous());
+    at::Tensor from_transposed = at::roll(t.t(), {1}, {0});  // ids 2 (copy, freed), 3
+    EXPECT_EQ(from_transposed.sizes(), c10::IntArrayRef({8, 4}));
+  }
+  const std::vector<EventTuple> expected = {{true, 0, 128},  {true, 1, 128},  {true, 2, 128},
+                                            {true, 3, 128},  {false, 2, 128}, {false, 3, 128},
+                                            {false, 1, 128}, {false, 0, 128}};
+  EXPECT_EQ(Events(session.recorder()), expected);
+}
+
 TEST(Tracking, AllocationsWithoutSessionAreNotTracked) {
   Session session;
   at::Tensor outside = at::empty({16}, MetaFloat());

@@ -54,6 +54,19 @@ struct ReduceFromTensorParallel : public Function<ReduceFromTensorParallel> {
   }
 };
 
+// mappings.py's _gather_along_last_dim: all_gather_into_tensor along the first dim, then
+// the tp pieces concatenated along the last; backward _split_along_last_dim.
+struct GatherFromTensorModelParallel : public Function<GatherFromTensorModelParallel> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
+    ctx->saved_data["tp"] = tp;
+    return at::cat(AllGather(input.contiguous(), tp).chunk(tp, 0), -1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t tp = ctx->saved_data["tp"].toInt();
+    return {grads[0].narrow(-1, 0, grads[0].size(-1) / tp).contiguous(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp) {
@@ -70,6 +83,10 @@ at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, int64_t tp)
 
 at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp) {
   return tp > 1 ? ReduceFromTensorParallel::apply(input, tp) : input;
+}
+
+at::Tensor GatherFromTensorModelParallelRegion(const at::Tensor& input, int64_t tp) {
+  return tp > 1 ? GatherFromTensorModelParallel::apply(input, tp) : input;
 }
 
 }  // namespace memsim

@@ -73,6 +73,7 @@ inline void ExpectSameArchitecture(const ModelConfig& a, const ModelConfig& b,
   EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
   EXPECT_EQ(a.moe_shared_expert_size, b.moe_shared_expert_size);
   EXPECT_EQ(a.moe_first_k_dense_layers, b.moe_first_k_dense_layers);
+  EXPECT_EQ(a.mtp_num_layers, b.mtp_num_layers);
   EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
   EXPECT_EQ(a.moe_imbalance_factor, b.moe_imbalance_factor);
   EXPECT_EQ(a.padded_vocab_size, b.padded_vocab_size);

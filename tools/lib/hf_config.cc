@@ -397,7 +397,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       MEMSIM_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", false, &mtp));
       if (mtp > 0) {
         note("num_nextn_predict_layers " + std::to_string(mtp) +
-             " ignored: Hugging Face's model does not build the multi-token-prediction layers");
+             " ignored: Hugging Face's model does not build the multi-token-prediction layers "
+             "(Megatron-LM's do: mtp_num_layers in a model YAML, or --mtp-num-layers)");
       }
       break;
     }

@@ -74,6 +74,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--v-head-dim", Arity::kValue, ArgUse::kRead},
     {"--hidden-dropout", Arity::kValue, ArgUse::kRead},
     {"--attention-dropout", Arity::kValue, ArgUse::kRead},
+    {"--mtp-num-layers", Arity::kValue, ArgUse::kRead},
     // Mixture of experts.
     {"--num-experts", Arity::kValue, ArgUse::kRead},
     {"--moe-router-topk", Arity::kValue, ArgUse::kRead},
@@ -450,7 +451,11 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
     {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused,
      "fused MLA down projections and input layernorm"},
-    {"--mtp-num-layers", Arity::kValues, ArgUse::kRefused, "multi-token prediction layers"},
+    {"--mtp-detach-heads", Arity::kValues, ArgUse::kRefused,
+     "multi-token prediction with detached heads"},
+    {"--mtp-hsm", Arity::kValues, ArgUse::kRefused, "multi-token prediction hidden-state mixing"},
+    {"--mtp-use-repeated-layer", Arity::kValues, ArgUse::kRefused,
+     "one multi-token prediction layer repeated"},
     {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
     {"--overlap-moe-expert-parallel-comm", Arity::kValues, ArgUse::kRefused,
      "overlapped expert-parallel communication"},
@@ -733,6 +738,8 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, int64_t
       a.Ignore(name);
     }
   }
+  m.mtp_num_layers = 0;
+  MEMSIM_RETURN_IF_ERROR(a.Int("--mtp-num-layers", &m.mtp_num_layers));
   m.hidden_dropout = m.attention_dropout = 0.1;
   MEMSIM_RETURN_IF_ERROR(a.Float("--hidden-dropout", &m.hidden_dropout));
   MEMSIM_RETURN_IF_ERROR(a.Float("--attention-dropout", &m.attention_dropout));

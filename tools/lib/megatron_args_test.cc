@@ -415,6 +415,21 @@ TEST(MegatronArgs, QkLayernorm) {
   EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
 }
 
+// --mtp-num-layers is read; what memsim does not model is refused (FinalizeModelConfig
+// checks Megatron-LM's own rule, MTP needs RoPE: ModelConfig.RejectsImpossibleShapes).
+TEST(MegatronArgs, MultiTokenPrediction) {
+  const std::string base =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 ";
+  const MegatronArgsResult r = Parse(
+      base + "--position-embedding-type rope --mtp-num-layers 2 --mtp-loss-scaling-factor 0.3", 1);
+  EXPECT_EQ(r.spec.model.mtp_num_layers, 2);
+  EXPECT_EQ(Parse(base, 1).spec.model.mtp_num_layers, 0);
+  EXPECT_EQ(ErrorOf(base + "--position-embedding-type rope --mtp-num-layers 2 --mtp-hsm"),
+            "--mtp-hsm changes memory in a way memsim does not model (multi-token prediction "
+            "hidden-state mixing); drop it to simulate the run without it");
+}
+
 TEST(MegatronArgs, DeferredEmbeddingWgrad) {
   const std::string line =
       "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "

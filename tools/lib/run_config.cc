@@ -177,6 +177,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       i64("moe_first_k_dense_layers", &m->moe_first_k_dense_layers),
       f64("moe_capacity_factor", &m->moe_capacity_factor),
       f64("moe_imbalance_factor", &m->moe_imbalance_factor),
+      i64("mtp_num_layers", &m->mtp_num_layers),
   };
   // architecture sets defaults that the explicit keys then override, wherever it stands.
   if (node.IsMap() && node["architecture"]) {
