@@ -1,5 +1,7 @@
 #include "parallel/layout.h"
 
+#include <algorithm>
+
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
 
@@ -8,7 +10,134 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
+// Far above any real layout (kMaxLayers layers, one segment each), small enough to build.
+constexpr size_t kMaxLayoutChars = size_t{1} << 22;
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// A repetition "*n" starting at text[star]: sets *count (capped past kMaxLayoutChars) and
+// *end past its digits; false if there is none.
+bool ParseCount(const std::string& text, size_t star, int64_t* count, size_t* end) {
+  if (star + 1 >= text.size() || text[star] != '*' || !IsDigit(text[star + 1])) return false;
+  *count = 0;
+  for (*end = star + 1; *end < text.size() && IsDigit(text[*end]); ++*end) {
+    *count = std::min<int64_t>(*count * 10 + (text[*end] - '0'),
+                               static_cast<int64_t>(kMaxLayoutChars) + 1);
+  }
+  return true;
+}
+
+// One left-to-right pass of Python's re.sub over `text`: where `match(i, &body, &count,
+// &end)` finds a repetition at i, `body` `count` times and on from `end`; elsewhere the
+// character itself.
+template <typename Match>
+Status UnrollPass(const std::string& text, Match match, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < text.size();) {
+    std::string body;
+    int64_t count = 0;
+    size_t end = 0;
+    if (!match(i, &body, &count, &end)) {
+      out->push_back(text[i++]);
+      continue;
+    }
+    if (static_cast<double>(body.size()) * static_cast<double>(count) +
+            static_cast<double>(out->size()) >
+        static_cast<double>(kMaxLayoutChars)) {
+      return Status::Error("the pipeline layout expands to more than " +
+                           Str(static_cast<int64_t>(kMaxLayoutChars)) + " characters");
+    }
+    for (int64_t c = 0; c < count; ++c) out->append(body);
+    i = end;
+  }
+  return Status::OK();
+}
+
+// PipelineParallelLayerLayout.parse_str_to_list's unrolling: commas dropped, then
+// r"\(([^)]+)\)\*(\d+)" and then r"(.)\*(\d+)" each substituted in one pass.
+Status ExpandLayout(std::string text, std::string* expanded) {
+  text.erase(std::remove(text.begin(), text.end(), ','), text.end());
+  std::string groups_unrolled;
+  MEMSIM_RETURN_IF_ERROR(UnrollPass(
+      text,
+      [&text](size_t i, std::string* body, int64_t* count, size_t* end) {
+        if (text[i] != '(') return false;
+        const size_t close = text.find(')', i + 1);
+        if (close == std::string::npos || close == i + 1 ||
+            !ParseCount(text, close + 1, count, end)) {
+          return false;
+        }
+        *body = text.substr(i + 1, close - i - 1);
+        return true;
+      },
+      &groups_unrolled));
+  const std::string& t = groups_unrolled;
+  return UnrollPass(
+      t,
+      [&t](size_t i, std::string* body, int64_t* count, size_t* end) {
+        if (t[i] == '\n' || !ParseCount(t, i + 1, count, end)) return false;
+        *body = t.substr(i, 1);
+        return true;
+      },
+      expanded);
+}
+
 }  // namespace
+
+Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfig& model,
+                           std::vector<int64_t>* layers_per_segment) {
+  std::string flat;
+  MEMSIM_RETURN_IF_ERROR(ExpandLayout(text, &flat));
+  std::vector<std::string> segments(1);
+  for (char c : flat) {
+    if (c == '|') {
+      segments.emplace_back();
+    } else if (c == 'E' || c == 'L' || c == 't' || c == 'm') {
+      segments.back().push_back(c);
+    } else {
+      return Status::Error("pipeline layout '" + text + "': invalid layer character '" +
+                           std::string(1, c) + "' (known: E embedding, t decoder layer, m MTP " +
+                           "layer, L loss; | separates stages)");
+    }
+  }
+  const int64_t num_segments = static_cast<int64_t>(segments.size());
+  if (num_segments % pp != 0) {
+    return Status::Error("pipeline layout '" + text + "' has " + Str(num_segments) +
+                         " stages, not a multiple of PP=" + Str(pp));
+  }
+  // In layer order the segments are already in sequence (segment i = chunk i / pp of
+  // stage i % pp, chunk-major).
+  const auto count = [&flat](char c) {
+    return static_cast<int64_t>(std::count(flat.begin(), flat.end(), c));
+  };
+  const size_t first_mtp = flat.find('m');
+  std::string problem;
+  if (count('E') != 1 || count('L') != 1 || flat.find('E') != flat.find_first_not_of('|') ||
+      flat.find('L') != flat.find_last_not_of('|')) {
+    problem = "needs one embedding E first and one loss L last";
+  } else if (count('t') != model.num_layers) {
+    problem =
+        "has " + Str(count('t')) + " decoder layers t, not the model's " + Str(model.num_layers);
+  } else if (count('m') != model.mtp_num_layers) {
+    problem = "has " + Str(count('m')) + " MTP layers m, not --mtp-num-layers " +
+              Str(model.mtp_num_layers);
+  } else if (first_mtp != std::string::npos && flat.find('t', first_mtp) != std::string::npos) {
+    problem = "places decoder layers after MTP layers";
+  } else if (segments.front().find('E') == std::string::npos ||
+             segments.back().find('L') == std::string::npos ||
+             (first_mtp != std::string::npos && segments.back().find('m') == std::string::npos)) {
+    problem =
+        "must hold the embedding in the first stage's first chunk and the loss and MTP layers "
+        "in the last stage's last chunk (memsim does not model other placements)";
+  }
+  if (!problem.empty()) return Status::Error("pipeline layout '" + text + "' " + problem);
+  layers_per_segment->clear();
+  for (const std::string& segment : segments) {
+    layers_per_segment->push_back(
+        static_cast<int64_t>(std::count(segment.begin(), segment.end(), 't')));
+  }
+  return Status::OK();
+}
 
 Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   for (auto [value, name] : {std::pair{l->world_size, "world size"},
@@ -31,7 +160,21 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
                            " is larger than the world size " + Str(l->world_size));
     }
   }
-  if (l->vpp > m.num_layers) {
+  if (!l->pipeline_layout.empty()) {
+    if (l->first_stage_layers != 0 || l->last_stage_layers != 0 || l->embedding_in_split ||
+        l->loss_in_split) {
+      return Status::Error(
+          "a pipeline layout cannot be combined with uneven first/last stage layers or with "
+          "counting the embedding or the loss in the pipeline split");
+    }
+    MEMSIM_RETURN_IF_ERROR(ParsePipelineLayout(l->pipeline_layout, l->pp, m, &l->layout_layers));
+    const int64_t layout_vpp = static_cast<int64_t>(l->layout_layers.size()) / l->pp;
+    if (l->vpp != 1 && l->vpp != layout_vpp) {
+      return Status::Error("VPP=" + Str(l->vpp) + " disagrees with the pipeline layout's " +
+                           Str(layout_vpp) + " chunks per stage; leave VPP out");
+    }
+    l->vpp = layout_vpp;
+  } else if (l->vpp > m.num_layers) {
     return Status::Error("VPP=" + Str(l->vpp) + " is more virtual stages than the " +
                          Str(m.num_layers) + " layers");
   }
@@ -76,7 +219,9 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   }
   const int64_t split_layers =
       m.num_layers + (l->embedding_in_split ? 1 : 0) + (l->loss_in_split ? 1 : 0);
-  if (!uneven) {
+  if (!l->layout_layers.empty()) {
+    // ParsePipelineLayout placed every layer.
+  } else if (!uneven) {
     if (split_layers % chunks != 0) {
       return Status::Error("PP*VPP=" + Str(l->pp) + "*" + Str(l->vpp) + " does not divide " +
                            Str(split_layers) +
@@ -152,6 +297,7 @@ RankCoordinates CoordinatesOf(const ParallelLayout& l, int64_t rank) {
 int64_t LayersOnStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_rank,
                       int64_t chunk) {
   MEMSIM_DCHECK(0 <= pp_rank && pp_rank < l.pp && 0 <= chunk && chunk < l.vpp);
+  if (!l.layout_layers.empty()) return l.layout_layers[static_cast<size_t>(chunk * l.pp + pp_rank)];
   if (l.first_stage_layers == 0 && l.last_stage_layers == 0) {
     const int64_t split_layers =
         m.num_layers + (l.embedding_in_split ? 1 : 0) + (l.loss_in_split ? 1 : 0);

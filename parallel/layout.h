@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "models/model_config.h"
 #include "simulator/enum_names.h"
@@ -53,6 +54,9 @@ struct ParallelLayout {
   // (get_num_layers_to_build in Megatron-Core's transformer_block.py).
   bool embedding_in_split = false;
   bool loss_in_split = false;
+  // --pipeline-model-parallel-layout (Note [Pipeline layout]): Megatron-Core's layout
+  // string, e.g. "Et*3|(tt|)*6mL"; empty: the split above. It sets vpp.
+  std::string pipeline_layout;
   DataParallelKind data_parallel = DataParallelKind::kDdp;
   // Distributed optimizer: replicas of the optimizer state (--num-distributed-optimizer-
   // instances); each shards over data-parallel (x context-parallel) ranks / instances.
@@ -61,7 +65,25 @@ struct ParallelLayout {
 
   int64_t dp = 1;   // derived: world / (tp * pp * cp)
   int64_t edp = 1;  // derived: expert data parallel = tp * cp * dp / (etp * ep)
+  // Derived from pipeline_layout: decoder layers of each of its pp * vpp segments, in
+  // its order (segment i is chunk i / pp of stage i % pp); empty without a layout.
+  std::vector<int64_t> layout_layers;
 };
+
+// Note [Pipeline layout]
+// Megatron-Core's PipelineParallelLayerLayout (megatron/core/transformer/
+// pipeline_parallel_layer_layout.py, 0.20): '|' separates pp * vpp segments, segment i
+// being virtual chunk i / pp of pipeline stage i % pp; 'E' is the embedding, 't' a
+// decoder layer, 'm' an MTP layer, 'L' the loss; "(...)*n" and "x*n" repeat, commas are
+// cosmetic. Megatron requires the embedding first and the loss last in layer order, each
+// once, num_layers decoder layers and the MTP layers after them. memsim also requires the
+// embedding in the first stage's first chunk, the loss and any MTP layers in the last
+// stage's last chunk (where its model builds them); Megatron's standalone MTP stages are
+// refused.
+// Parses `text` for `pp` stages: the decoder layers per segment (and so vpp = their
+// number / pp). The error names what is wrong and where.
+Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfig& model,
+                           std::vector<int64_t>* layers_per_segment);
 
 // Where one rank sits in every group.
 struct RankCoordinates {

@@ -174,7 +174,7 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
       !(l.sequence_parallel && t.recompute == RecomputeKind::kSelective)) {
     caveats.push_back("activations ignore SwiGLU's width");
   }
-  if (l.first_stage_layers > 0 || l.last_stage_layers > 0) {
+  if (l.first_stage_layers > 0 || l.last_stage_layers > 0 || !l.pipeline_layout.empty()) {
     caveats.push_back("uneven pipeline stages ignored on the first stage");
   }
   return caveats;

@@ -99,6 +99,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     // Parallelism.
     {"--tensor-model-parallel-size", Arity::kValue, ArgUse::kRead},
     {"--pipeline-model-parallel-size", Arity::kValue, ArgUse::kRead},
+    {"--pipeline-model-parallel-layout", Arity::kValue, ArgUse::kRead},
     {"--num-layers-per-virtual-pipeline-stage", Arity::kValue, ArgUse::kRead},
     {"--num-virtual-stages-per-pipeline-rank", Arity::kValue, ArgUse::kRead},
     {"--microbatch-group-size-per-virtual-pipeline-stage", Arity::kValue, ArgUse::kRead},
@@ -459,8 +460,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
     {"--overlap-moe-expert-parallel-comm", Arity::kValues, ArgUse::kRefused,
      "overlapped expert-parallel communication"},
-    {"--pipeline-model-parallel-layout", Arity::kValues, ArgUse::kRefused,
-     "custom pipeline layouts"},
     {"--qk-l2-norm", Arity::kValues, ArgUse::kRefused, "q/k normalization"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
     {"--rampup-batch-size", Arity::kValues, ArgUse::kRefused,
@@ -861,12 +860,17 @@ Status ReadPipelineStages(Args& a, const ModelConfig& m, ParallelLayout* layout)
     (a.Has("--decoder-first-pipeline-num-layers") ? l.last_stage_layers : l.first_stage_layers) =
         (m.num_layers - given) / (l.pp - 1);
   }
-  if (a.Has("--num-layers-per-virtual-pipeline-stage") &&
-      a.Has("--num-virtual-stages-per-pipeline-rank")) {
+  const int virtual_stage_args = a.Has("--num-layers-per-virtual-pipeline-stage") +
+                                 a.Has("--num-virtual-stages-per-pipeline-rank") +
+                                 a.Has("--pipeline-model-parallel-layout");
+  if (virtual_stage_args > 1) {
     return Status::Error(
-        "give one of --num-layers-per-virtual-pipeline-stage and "
-        "--num-virtual-stages-per-pipeline-rank (Megatron-LM rejects both)");
+        "give one of --num-layers-per-virtual-pipeline-stage, "
+        "--num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout "
+        "(Megatron-LM rejects more)");
   }
+  // FinalizeLayout parses it (Note [Pipeline layout] in parallel/layout.h) and sets vpp.
+  l.pipeline_layout = a.Text("--pipeline-model-parallel-layout", "");
   if (a.Has("--num-layers-per-virtual-pipeline-stage")) {
     int64_t per_chunk = 0;
     MEMSIM_RETURN_IF_ERROR(a.Int("--num-layers-per-virtual-pipeline-stage", &per_chunk));

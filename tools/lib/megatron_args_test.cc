@@ -430,6 +430,23 @@ TEST(MegatronArgs, MultiTokenPrediction) {
             "hidden-state mixing); drop it to simulate the run without it");
 }
 
+// --pipeline-model-parallel-layout is kept for FinalizeLayout (parallel/layout_test.cc);
+// Megatron-LM takes one way of giving virtual stages.
+TEST(MegatronArgs, PipelineLayout) {
+  const std::string base =
+      "--num-layers 3 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 "
+      "--pipeline-model-parallel-size 2 ";
+  const MegatronArgsResult r = Parse(base + "--pipeline-model-parallel-layout Et|t|t|L", 2);
+  EXPECT_EQ(r.spec.layout.pipeline_layout, "Et|t|t|L");
+  EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-layout Et|t|t|L "
+                           "--num-virtual-stages-per-pipeline-rank 2",
+                    2),
+            "give one of --num-layers-per-virtual-pipeline-stage, "
+            "--num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout "
+            "(Megatron-LM rejects more)");
+}
+
 TEST(MegatronArgs, DeferredEmbeddingWgrad) {
   const std::string line =
       "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "

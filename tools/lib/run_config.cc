@@ -120,6 +120,10 @@ Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, Parall
        [&](const YAML::Node& v) {
          return Read(v, source, "loss_in_pipeline_split", &l->loss_in_split);
        }},
+      {"pipeline_layout",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "pipeline_layout", &l->pipeline_layout);
+       }},
       {"data_parallel",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "data_parallel", &ParseDataParallel, &l->data_parallel);

@@ -97,12 +97,13 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
       static_cast<long long>(t.seq_length), static_cast<long long>(t.micro_batch_size),
       static_cast<long long>(t.num_microbatches), t.num_microbatches == 1 ? "" : "es",
       t.iterations);
-  std::printf("layout: TP=%lld%s PP=%lld%s DP=%lld CP=%lld EP=%lld, %s\n",
+  std::printf("layout: TP=%lld%s PP=%lld%s DP=%lld CP=%lld EP=%lld, %s%s\n",
               static_cast<long long>(l.tp), l.sequence_parallel ? " (SP)" : "",
               static_cast<long long>(l.pp),
               l.vpp > 1 ? (" VPP=" + std::to_string(l.vpp)).c_str() : "",
               static_cast<long long>(l.dp), static_cast<long long>(l.cp),
-              static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str());
+              static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str(),
+              l.pipeline_layout.empty() ? "" : (", stages " + l.pipeline_layout).c_str());
   std::printf("\n%-6s %-18s %-6s %11s %11s %14s %11s %13s  %s\n", "class", "ranks", "stage",
               "static", "peak alloc", "peak reserved", "headroom", "Megatron est.", "fits");
   for (size_t i = 0; i < results.size(); ++i) {

@@ -1,0 +1,110 @@
+// Note [Pipeline layout]: Megatron-Core's layout strings, unrolled and placed as its
+// PipelineParallelLayerLayout does, worked out by hand.
+#include "parallel/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/support/test_models.h"
+
+namespace memsim {
+namespace {
+
+ModelConfig Layers(int64_t layers, int64_t mtp_layers = 0) {
+  ModelConfig m = test::Llama(layers, 64, 4, 4, 128, 1000);
+  m.mtp_num_layers = mtp_layers;
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+  return m;
+}
+
+// The layers per segment ParsePipelineLayout finds, or its error.
+std::vector<int64_t> Parse(const std::string& text, int64_t pp, const ModelConfig& m) {
+  std::vector<int64_t> layers;
+  const Status s = ParsePipelineLayout(text, pp, m, &layers);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return layers;
+}
+
+std::string ErrorOf(const std::string& text, int64_t pp, const ModelConfig& m) {
+  std::vector<int64_t> layers;
+  return ParsePipelineLayout(text, pp, m, &layers).message();
+}
+
+// Megatron-LM's functional test gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_*_fine_grained_offloading:
+// "Et*3|(tt|)*6L" on PP 2 unrolls to Ettt|tt|tt|tt|tt|tt|tt|L, 8 segments: VPP 4, segment
+// i is chunk i / 2 of stage i % 2, and the last chunk of stage 1 holds only the loss.
+TEST(PipelineLayout, MegatronCiLayoutSetsVppAndPlacesEveryLayer) {
+  const ModelConfig m = Layers(15);
+  ParallelLayout l;
+  l.world_size = 2;
+  l.pp = 2;
+  l.pipeline_layout = "Et*3|(tt|)*6L";
+  ASSERT_TRUE(FinalizeLayout(&l, m).ok());
+  EXPECT_EQ(l.vpp, 4);
+  const int64_t layers[2][4] = {{3, 2, 2, 2}, {2, 2, 2, 0}};
+  const int64_t first[2][4] = {{0, 5, 9, 13}, {3, 7, 11, 15}};
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t c = 0; c < 4; ++c) {
+      EXPECT_EQ(LayersOnStage(l, m, r, c), layers[r][c]) << r << "," << c;
+      EXPECT_EQ(FirstLayerOfStage(l, m, r, c), first[r][c]) << r << "," << c;
+    }
+  }
+  // The same with an MTP layer beside the loss (scoped_cudagraph's "Et|(tt|)*6mL" on 13).
+  EXPECT_EQ(Parse("Et|(tt|)*6mL", 2, Layers(13, 1)),
+            (std::vector<int64_t>{1, 2, 2, 2, 2, 2, 2, 0}));
+}
+
+// parse_str_to_list's docstring examples, with layers for letters: groups first ("(|ab)*2,cd"
+// is "|ab|abcd"), then single characters ("x*n"), commas dropped.
+TEST(PipelineLayout, UnrollsAsMegatronDoes) {
+  EXPECT_EQ(Parse("Et(|tt)*2,tL", 3, Layers(6)), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(Parse("(Et*2|)*1tL", 2, Layers(3)), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(Parse("E,t*3|t*2,(t|)*2tL", 4, Layers(8)), (std::vector<int64_t>{3, 3, 1, 1}));
+  EXPECT_EQ(Parse("Et(t)*0|tL", 2, Layers(2)), (std::vector<int64_t>{1, 1}));
+}
+
+TEST(PipelineLayout, ReportsWhatIsWrong) {
+  EXPECT_EQ(ErrorOf("Et|tX|L", 3, Layers(2)),
+            "pipeline layout 'Et|tX|L': invalid layer character 'X' (known: E embedding, t "
+            "decoder layer, m MTP layer, L loss; | separates stages)");
+  EXPECT_EQ(ErrorOf("Et|t|tL", 2, Layers(3)),
+            "pipeline layout 'Et|t|tL' has 3 stages, not a multiple of PP=2");
+  EXPECT_EQ(ErrorOf("Ett|tL", 2, Layers(4)),
+            "pipeline layout 'Ett|tL' has 3 decoder layers t, not the model's 4");
+  EXPECT_EQ(ErrorOf("tE|tL", 2, Layers(2)),
+            "pipeline layout 'tE|tL' needs one embedding E first and one loss L last");
+  EXPECT_EQ(ErrorOf("Et|tL", 2, Layers(2, 1)),
+            "pipeline layout 'Et|tL' has 0 MTP layers m, not --mtp-num-layers 1");
+  // Megatron accepts an empty last segment (the loss is still last in layer order); memsim's
+  // model builds the loss in the last stage's last chunk.
+  EXPECT_EQ(ErrorOf("Et|tL|", 3, Layers(2)),
+            "pipeline layout 'Et|tL|' must hold the embedding in the first stage's first chunk "
+            "and the loss and MTP layers in the last stage's last chunk (memsim does not model "
+            "other placements)");
+  EXPECT_EQ(ErrorOf("Et|mt|t|L", 2, Layers(3, 1)),
+            "pipeline layout 'Et|mt|t|L' places decoder layers after MTP layers");
+  // Megatron's own example: a standalone MTP stage before the loss's.
+  EXPECT_EQ(ErrorOf("Ettt|(tt|)*29,m|L", 1, Layers(61, 1)),
+            "pipeline layout 'Ettt|(tt|)*29,m|L' must hold the embedding in the first stage's "
+            "first chunk and the loss and MTP layers in the last stage's last chunk (memsim "
+            "does not model other placements)");
+  EXPECT_EQ(ErrorOf("E(t|)*99999999999L", 1, Layers(2)),
+            "the pipeline layout expands to more than 4194304 characters");
+
+  const ModelConfig m = Layers(15);
+  ParallelLayout l;
+  l.world_size = 2;
+  l.pp = 2;
+  l.vpp = 2;
+  l.pipeline_layout = "Et*3|(tt|)*6L";
+  EXPECT_EQ(FinalizeLayout(&l, m).message(),
+            "VPP=2 disagrees with the pipeline layout's 4 chunks per stage; leave VPP out");
+  l.vpp = 1;
+  l.loss_in_split = true;
+  EXPECT_NE(FinalizeLayout(&l, m).message().find("cannot be combined"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace memsim
