@@ -592,6 +592,7 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
   ModuleScope scope("mtp_loss");
   at::Tensor mtp_labels = labels.clone();
   at::Tensor mask = loss_mask;
+  // Held to the end as process_mtp_loss holds it (for per-token losses).
   const at::Tensor original_num_tokens = loss_mask.sum();
   for (int64_t j = 0; j < k; ++j) {
     at::Tensor logits = OutputLogits(slices[static_cast<size_t>(1 + j)]);

@@ -89,8 +89,9 @@
 // until its backward. With uniform full recomputation each depth's projection, layer and
 // norm are checkpointed (MultiTokenPredictionLayer._checkpointed_forward).
 // With cp > 1 roll_tensor also exchanges each chunk's boundary tokens: those [B, S/cp]
-// temporaries are not modelled (the roll is cp = 1's). Refused (megatron_args.cc): custom
-// layouts, repeated layers, detached heads, hidden-state mixing.
+// temporaries are not modelled (the roll is cp = 1's). Refused: MTP layers outside the
+// loss's chunk (Note [Pipeline layout] in parallel/layout.h), and in megatron_args.cc
+// repeated layers, detached heads, hidden-state mixing.
 #pragma once
 
 #include <ATen/core/Tensor.h>
