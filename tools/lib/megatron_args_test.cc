@@ -554,6 +554,10 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--fp8-format hybrid"),
             "--fp8-format changes memory in a way memsim does not model (FP8 training); drop it "
             "to simulate the run without it");
+  // Known to change memory, so never "drop it if it does not change memory".
+  EXPECT_EQ(ErrorOf(base + "--fine-grained-activation-offloading --offload-modules core_attn"),
+            "--fine-grained-activation-offloading changes memory in a way memsim does not model "
+            "(fine-grained activation offloading); drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 2"),
             "--cpu-offloading-num-layers changes memory in a way memsim does not model "
             "(activation offloading to CPU); drop it to simulate the run without it");
