@@ -13,6 +13,11 @@ std::string Str(int64_t v) { return std::to_string(v); }
 // Far above any real layout (kMaxLayers layers, one segment each), small enough to build.
 constexpr size_t kMaxLayoutChars = size_t{1} << 22;
 
+// `text` in quotes for an error, cut to its first 60 characters if longer.
+std::string Quoted(const std::string& text) {
+  return "'" + (text.size() > 60 ? text.substr(0, 60) + "..." : text) + "'";
+}
+
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 // A repetition "*n" starting at text[star]: sets *count (capped past kMaxLayoutChars) and
@@ -58,11 +63,12 @@ Status UnrollPass(const std::string& text, Match match, std::string* out) {
 Status ExpandLayout(std::string text, std::string* expanded) {
   text.erase(std::remove(text.begin(), text.end(), ','), text.end());
   std::string groups_unrolled;
+  size_t close = 0;  // the first ')' after the current '(' (linear over many '(')
   MEMSIM_RETURN_IF_ERROR(UnrollPass(
       text,
-      [&text](size_t i, std::string* body, int64_t* count, size_t* end) {
+      [&text, &close](size_t i, std::string* body, int64_t* count, size_t* end) {
         if (text[i] != '(') return false;
-        const size_t close = text.find(')', i + 1);
+        if (close != std::string::npos && close <= i) close = text.find(')', i + 1);
         if (close == std::string::npos || close == i + 1 ||
             !ParseCount(text, close + 1, count, end)) {
           return false;
@@ -95,14 +101,14 @@ Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfi
     } else if (c == 'E' || c == 'L' || c == 't' || c == 'm') {
       segments.back().push_back(c);
     } else {
-      return Status::Error("pipeline layout '" + text + "': invalid layer character '" +
+      return Status::Error("pipeline layout " + Quoted(text) + ": invalid layer character '" +
                            std::string(1, c) + "' (known: E embedding, t decoder layer, m MTP " +
                            "layer, L loss; | separates stages)");
     }
   }
   const int64_t num_segments = static_cast<int64_t>(segments.size());
   if (num_segments % pp != 0) {
-    return Status::Error("pipeline layout '" + text + "' has " + Str(num_segments) +
+    return Status::Error("pipeline layout " + Quoted(text) + " has " + Str(num_segments) +
                          " stages, not a multiple of PP=" + Str(pp));
   }
   // In layer order the segments are already in sequence (segment i = chunk i / pp of
@@ -130,7 +136,7 @@ Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfi
         "must hold the embedding in the first stage's first chunk and the loss and MTP layers "
         "in the last stage's last chunk (memsim does not model other placements)";
   }
-  if (!problem.empty()) return Status::Error("pipeline layout '" + text + "' " + problem);
+  if (!problem.empty()) return Status::Error("pipeline layout " + Quoted(text) + " " + problem);
   layers_per_segment->clear();
   for (const std::string& segment : segments) {
     layers_per_segment->push_back(

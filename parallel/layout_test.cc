@@ -92,6 +92,12 @@ TEST(PipelineLayout, ReportsWhatIsWrong) {
             "does not model other placements)");
   EXPECT_EQ(ErrorOf("E(t|)*99999999999L", 1, Layers(2)),
             "the pipeline layout expands to more than 4194304 characters");
+  // A million unclosed '(' is one pass, not a million searches to the end, and the error
+  // quotes only the layout's start.
+  const std::string unclosed = ErrorOf("E" + std::string(1000000, '(') + "tL", 1, Layers(1));
+  EXPECT_EQ(unclosed, "pipeline layout 'E" + std::string(59, '(') +
+                          "...': invalid layer character '(' (known: E embedding, t decoder "
+                          "layer, m MTP layer, L loss; | separates stages)");
 
   const ModelConfig m = Layers(15);
   ParallelLayout l;
