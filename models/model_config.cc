@@ -140,6 +140,11 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   const int64_t widest = std::max({m.hidden_size, m.ffn_hidden_size, m.padded_vocab_size,
                                    CheckedMul(m.num_attention_heads, m.head_dim)});
   int64_t largest = CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.micro_batch_size), widest), 8);
+  // Multi-token prediction concatenates the decoder's and every depth's hidden states.
+  largest =
+      std::max(largest, CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.micro_batch_size),
+                                              CheckedMul(m.hidden_size, 1 + m.mtp_num_layers)),
+                                   8));
   if (t.attention == AttentionKind::kEager) {
     largest =
         std::max(largest, CheckedMul(CheckedMul(CheckedMul(CheckedMul(t.seq_length, t.seq_length),

@@ -55,7 +55,7 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       for (int64_t l = first; l < first + count; ++l) {
         store->set_unit(l);
         ModuleScope s("layers." + std::to_string(l));
-        chunk.push_back(CreateLayer(l, model.moe_layer(l), store));
+        chunk.push_back(CreateLayer(l, store));
       }
       store->set_unit(-1);
     }
@@ -106,15 +106,13 @@ TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(ParameterStore* stor
   {
     // The spec of the decoder's last layer (gpt_builders.py).
     ModuleScope s("mtp_model_layer");
-    const int64_t last = model_.num_layers - 1;
-    mtp.layer = CreateLayer(last, model_.moe_layer(last), store);
+    mtp.layer = CreateLayer(model_.num_layers - 1, store);
   }
   std::tie(mtp.final_norm_weight, mtp.final_norm_bias) = AddNorm("final_layernorm", store);
   return mtp;
 }
 
-TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, bool moe,
-                                                      ParameterStore* store) {
+TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterStore* store) {
   const int64_t H = model_.hidden_size, A = model_.num_attention_heads;
   const int64_t G = model_.num_query_groups, D = model_.head_dim, F = model_.ffn_hidden_size;
   const int64_t tp = shard_.tp;
@@ -177,7 +175,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, bool moe,
   }
   std::tie(layer.mlp_norm_weight, layer.mlp_norm_bias) = AddNorm("pre_mlp_layernorm", store);
   ModuleScope s("mlp");
-  layer.moe = moe;
+  layer.moe = model_.moe_layer(index);
   if (layer.moe) {
     layer.experts = CreateMoeParameters(model_, {shard_.ep, shard_.etp, shard_.tp}, store);
     return layer;
@@ -574,7 +572,7 @@ at::Tensor TransformerModel::MtpDepth(MtpLayer& mtp, const at::Tensor& hidden,
     ModuleScope s("eh_proj");
     x = Linear(x, *mtp.eh_proj_weight, nullptr, ColumnParallel());  // [S, B, H/tp]
   }
-  x = GatherFromTensorModelParallelRegion(x, tp);  // [S, B, H]
+  x = GatherFromTensorParallelRegion(x, tp);  // [S, B, H]
   if (shard_.sequence_parallel) x = ScatterToSequenceParallelRegion(x, tp);
   {
     ModuleScope s("mtp_model_layer");
@@ -590,16 +588,16 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
   std::vector<at::Tensor> slices = hidden.chunk(1 + k, 0);
   at::Tensor main = slices[0];
   ModuleScope scope("mtp_loss");
+  // process_mtp_loss's locals live until it returns or reassigns them, the logits of one
+  // depth until the next depth's output layer has run.
   at::Tensor mtp_labels = labels.clone();
   at::Tensor mask = loss_mask;
-  // Held to the end as process_mtp_loss holds it (for per-token losses).
-  const at::Tensor original_num_tokens = loss_mask.sum();
+  const at::Tensor original_num_tokens = loss_mask.sum();  // for per-token losses
+  at::Tensor logits, num_tokens, loss, safe_num_tokens;
   for (int64_t j = 0; j < k; ++j) {
-    at::Tensor logits = OutputLogits(slices[static_cast<size_t>(1 + j)]);
+    logits = OutputLogits(slices[static_cast<size_t>(1 + j)]);
     mtp_labels = RollLeft(mtp_labels).first;
-    at::Tensor num_tokens;
     std::tie(mask, num_tokens) = RollLeft(mask);
-    at::Tensor loss;
     {
       ModuleScope s("output_layer");
       loss = VocabCrossEntropy(logits, mtp_labels.transpose(0, 1).contiguous(), shard_.tp,
@@ -608,14 +606,13 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
                  .contiguous();  // [B, S]
     }
     loss = mask * loss;
-    const at::Tensor safe_num_tokens = num_tokens.clamp_min(1);
     {
       // The logged loss and acceptance counts, with no graph.
       at::NoGradGuard no_grad;
-      (void)(at::sum(loss) * num_tokens.gt(0).to(loss.scalar_type()) / safe_num_tokens);
+      (void)(at::sum(loss) * num_tokens.gt(0).to(loss.scalar_type()) / num_tokens.clamp_min(1));
       MtpAcceptanceCounts(logits, mtp_labels, mask, shard_.tp);
     }
-    logits.reset();
+    safe_num_tokens = num_tokens.clamp_min(1);
     // Scaled by --mtp-loss-scaling-factor / k, whose value changes no memory.
     main = AttachLoss(main, loss * (0.1 / static_cast<double>(k)) / safe_num_tokens);
   }

@@ -4,7 +4,8 @@
 // range of layers (in virtual chunks), context parallelism splits the sequence.
 //
 // Parameters of a shard (legend in model_config.h; tp = tensor-parallel size):
-//   embedding.word_embeddings.weight        (V/tp, H)            first stage
+//   embedding.word_embeddings.weight        (V/tp, H)            first stage (and the
+//                                                                 MTP stage)
 //   embedding.position_embeddings.weight    (S_max, H)           first stage, GPT only
 //   per layer l held by the stage, prefix decoder.layers.l:
 //     input_layernorm.weight                 (H)
@@ -66,11 +67,11 @@
 //
 // Note [Multi-token prediction]
 // Megatron-Core's MultiTokenPredictionBlock (megatron/core/transformer/
-// multi_token_prediction.py, 0.20). With --mtp-num-layers k and no custom pipeline layout,
-// the last virtual chunk of the last pipeline stage builds k MTP layers after the decoder,
-// and its own word embedding (V/tp, H) (GPTModel's mtp_process; with pp > 1 a copy of the
-// first stage's, all-reduced with it; with tied embeddings the output layer then reads it,
-// and its own output_layer.weight stays unused but allocated). MTP layer j, prefix
+// multi_token_prediction.py, 0.20). With --mtp-num-layers k (and a pipeline layout, if
+// any, placing them with the loss), the last virtual chunk of the last pipeline stage builds k MTP
+// layers after the decoder, and its own word embedding (V/tp, H) (GPTModel's mtp_process; with pp >
+// 1 a copy of the first stage's, all-reduced with it; with tied embeddings the output layer then
+// reads it, and its own output_layer.weight stays unused but allocated). MTP layer j, prefix
 // mtp.layers.j:
 //   enorm.weight / .bias          (H)         norm of the embedding of the tokens j+1 ahead
 //   hnorm.weight / .bias          (H)         norm of the previous depth's hidden state
@@ -86,8 +87,9 @@
 // each depth's slice gets its own output-layer logits and cross-entropy (as large as the
 // main loss's: [S, B, V/tp]), its masked loss attached to the main slice (AttachLoss);
 // the main loss reads the first slice, a view that keeps the whole concatenation alive
-// until its backward. With uniform full recomputation each depth's projection, layer and
-// norm are checkpointed (MultiTokenPredictionLayer._checkpointed_forward).
+// until its backward. With uniform full recomputation each depth's norms, concatenation,
+// projection, layer and final norm are checkpointed (MultiTokenPredictionLayer.
+// _checkpointed_forward).
 // With cp > 1 roll_tensor also exchanges each chunk's boundary tokens: those [B, S/cp]
 // temporaries are not modelled (the roll is cp = 1's). Refused: MTP layers outside the
 // loss's chunk (Note [Pipeline layout] in parallel/layout.h), and in megatron_args.cc
@@ -205,8 +207,8 @@ class TransformerModel {
     Parameter* final_norm_bias;
   };
 
-  // In the current module scope; `moe`: the MLP is a mixture of experts.
-  Layer CreateLayer(int64_t index, bool moe, ParameterStore* store);
+  // Decoder layer `index`'s parameters (or a layer of its kind), in the current module scope.
+  Layer CreateLayer(int64_t index, ParameterStore* store);
   MtpLayer CreateMtpLayer(ParameterStore* store);
   // A norm of the model's kind, with its parameters, in a module named `name`.
   std::pair<Parameter*, Parameter*> AddNorm(const std::string& name, ParameterStore* store);

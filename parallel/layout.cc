@@ -13,9 +13,20 @@ std::string Str(int64_t v) { return std::to_string(v); }
 // Far above any real layout (kMaxLayers layers, one segment each), small enough to build.
 constexpr size_t kMaxLayoutChars = size_t{1} << 22;
 
+// `c` as an error shows it: printable as itself, anything else as \xNN (so that an error
+// stays one line).
+std::string Shown(char c) {
+  if (c >= ' ' && c <= '~') return std::string(1, c);
+  static const char kHex[] = "0123456789abcdef";
+  const auto byte = static_cast<unsigned char>(c);
+  return std::string("\\x") + kHex[byte >> 4] + kHex[byte & 15];
+}
+
 // `text` in quotes for an error, cut to its first 60 characters if longer.
 std::string Quoted(const std::string& text) {
-  return "'" + (text.size() > 60 ? text.substr(0, 60) + "..." : text) + "'";
+  std::string shown;
+  for (size_t i = 0; i < std::min<size_t>(text.size(), 60); ++i) shown += Shown(text[i]);
+  return "'" + shown + (text.size() > 60 ? "..." : "") + "'";
 }
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
@@ -49,8 +60,8 @@ Status UnrollPass(const std::string& text, Match match, std::string* out) {
     if (static_cast<double>(body.size()) * static_cast<double>(count) +
             static_cast<double>(out->size()) >
         static_cast<double>(kMaxLayoutChars)) {
-      return Status::Error("the pipeline layout expands to more than " +
-                           Str(static_cast<int64_t>(kMaxLayoutChars)) + " characters");
+      return Status::Error("expands to more than " + Str(static_cast<int64_t>(kMaxLayoutChars)) +
+                           " characters");
     }
     for (int64_t c = 0; c < count; ++c) out->append(body);
     i = end;
@@ -92,8 +103,15 @@ Status ExpandLayout(std::string text, std::string* expanded) {
 
 Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfig& model,
                            std::vector<int64_t>* layers_per_segment) {
+  MEMSIM_DCHECK(pp > 0);
+  if (text.size() > kMaxLayoutChars) {
+    return Status::Error("pipeline layout " + Quoted(text) + " is longer than " +
+                         Str(static_cast<int64_t>(kMaxLayoutChars)) + " characters");
+  }
   std::string flat;
-  MEMSIM_RETURN_IF_ERROR(ExpandLayout(text, &flat));
+  if (const Status expanded = ExpandLayout(text, &flat); !expanded.ok()) {
+    return Status::Error("pipeline layout " + Quoted(text) + " " + expanded.message());
+  }
   std::vector<std::string> segments(1);
   for (char c : flat) {
     if (c == '|') {
@@ -102,7 +120,7 @@ Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfi
       segments.back().push_back(c);
     } else {
       return Status::Error("pipeline layout " + Quoted(text) + ": invalid layer character '" +
-                           std::string(1, c) + "' (known: E embedding, t decoder layer, m MTP " +
+                           Shown(c) + "' (known: E embedding, t decoder layer, m MTP " +
                            "layer, L loss; | separates stages)");
     }
   }
@@ -129,9 +147,15 @@ Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfi
               Str(model.mtp_num_layers);
   } else if (first_mtp != std::string::npos && flat.find('t', first_mtp) != std::string::npos) {
     problem = "places decoder layers after MTP layers";
+  } else if (num_segments / pp > model.num_layers + 2) {
+    // A chunk per layer, the embedding's and the loss's: more are empty chunks, whose
+    // schedule steps only cost time.
+    problem = "has " + Str(num_segments / pp) + " chunks per stage, more than the " +
+              Str(model.num_layers) + " layers + 2 need";
   } else if (segments.front().find('E') == std::string::npos ||
              segments.back().find('L') == std::string::npos ||
-             (first_mtp != std::string::npos && segments.back().find('m') == std::string::npos)) {
+             std::count(segments.back().begin(), segments.back().end(), 'm') !=
+                 model.mtp_num_layers) {
     problem =
         "must hold the embedding in the first stage's first chunk and the loss and MTP layers "
         "in the last stage's last chunk (memsim does not model other placements)";
@@ -166,6 +190,7 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
                            " is larger than the world size " + Str(l->world_size));
     }
   }
+  l->layout_layers.clear();
   if (!l->pipeline_layout.empty()) {
     if (l->first_stage_layers != 0 || l->last_stage_layers != 0 || l->embedding_in_split ||
         l->loss_in_split) {
@@ -225,7 +250,7 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   }
   const int64_t split_layers =
       m.num_layers + (l->embedding_in_split ? 1 : 0) + (l->loss_in_split ? 1 : 0);
-  if (!l->layout_layers.empty()) {
+  if (!l->pipeline_layout.empty()) {
     // ParsePipelineLayout placed every layer.
   } else if (!uneven) {
     if (split_layers % chunks != 0) {

@@ -82,6 +82,7 @@ struct ParallelLayout {
 // refused.
 // Parses `text` for `pp` stages: the decoder layers per segment (and so vpp = their
 // number / pp). The error names what is wrong and where.
+// REQUIRES: pp > 0.
 Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfig& model,
                            std::vector<int64_t>* layers_per_segment);
 

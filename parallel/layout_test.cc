@@ -91,7 +91,18 @@ TEST(PipelineLayout, ReportsWhatIsWrong) {
             "first chunk and the loss and MTP layers in the last stage's last chunk (memsim "
             "does not model other placements)");
   EXPECT_EQ(ErrorOf("E(t|)*99999999999L", 1, Layers(2)),
-            "the pipeline layout expands to more than 4194304 characters");
+            "pipeline layout 'E(t|)*99999999999L' expands to more than 4194304 characters");
+  // More MTP layers than the loss's chunk holds (Megatron wants them in one chunk too),
+  // more chunks than layers need, a line break echoed as one.
+  EXPECT_EQ(ErrorOf("Ett|tm|mL", 3, Layers(3, 2)),
+            "pipeline layout 'Ett|tm|mL' must hold the embedding in the first stage's first chunk "
+            "and the loss and MTP layers in the last stage's last chunk (memsim does not model "
+            "other placements)");
+  EXPECT_EQ(ErrorOf("E(|)*9tL", 2, Layers(1)),
+            "pipeline layout 'E(|)*9tL' has 5 chunks per stage, more than the 1 layers + 2 need");
+  EXPECT_EQ(ErrorOf("Et|\ntL", 2, Layers(2)),
+            "pipeline layout 'Et|\\x0atL': invalid layer character '\\x0a' (known: E embedding, t "
+            "decoder layer, m MTP layer, L loss; | separates stages)");
   // A million unclosed '(' is one pass, not a million searches to the end, and the error
   // quotes only the layout's start.
   const std::string unclosed = ErrorOf("E" + std::string(1000000, '(') + "tL", 1, Layers(1));

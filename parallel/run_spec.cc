@@ -46,6 +46,11 @@ Status FinalizeUnchecked(RunSpec* spec) {
         "FSDP is modelled on its own (TP=PP=EP=1); combine TP/PP with "
         "distributed-optimizer instead");
   }
+  if (l.data_parallel == DataParallelKind::kFsdp && spec->model.mtp_num_layers > 0) {
+    // memsim's FSDP wraps decoder layers; an MTP depth's layer would stay whole.
+    return Status::Error(
+        "multi-token prediction with FSDP is not modelled; use distributed-optimizer");
+  }
   if (l.cp > 1 && t.attention == AttentionKind::kEager) {
     return Status::Error(
         "context parallelism needs flash or fused attention (as Megatron-LM's CP does)");

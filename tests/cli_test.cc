@@ -97,6 +97,20 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
   ExpectOneLineError(Memsim("simulate --no-such-flag"), "no-such-flag");
   ExpectOneLineError(Memsim("simulate --sample-interval -1"), "--sample-interval");
   ExpectOneLineError(Memsim("frobnicate"), "unknown command 'frobnicate'");
+  // A pipeline layout fixes what sweep and plan vary; memsim's FSDP would not shard MTP.
+  std::ofstream(dir + "/layout.yaml")
+      << "model: gpt3-1.3b\nlayout:\n  world_size: 2\n  pp: 2\n  pipeline_layout: 'E(t*12|)*2L'\n";
+  ExpectOneLineError(Memsim("sweep --config " + dir + "/layout.yaml --pp 2 --out " + dir + "/s"),
+                     "a pipeline layout fixes PP and VPP, which a sweep varies");
+  ExpectOneLineError(
+      Memsim("plan --config " + dir + "/layout.yaml --world-size 2 --global-batch-size 8 --out " +
+             dir + "/p"),
+      "a pipeline layout fixes PP and VPP, which a plan varies");
+  std::ofstream(dir + "/fsdp_mtp.yaml")
+      << "model:\n  base: llama3-8b\n  num_layers: 2\n  mtp_num_layers: 1\n"
+         "layout:\n  world_size: 2\n  data_parallel: fsdp\n";
+  ExpectOneLineError(Memsim("simulate --config " + dir + "/fsdp_mtp.yaml"),
+                     "multi-token prediction with FSDP is not modelled");
   // A file in the way of the output folder.
   std::ofstream(dir + "/file") << "x";
   ExpectOneLineError(Memsim("simulate --out " + dir + "/file"), dir + "/file");
@@ -245,9 +259,9 @@ TEST(Cli, ValidateReportsIterationTimeBesideMemory) {
   std::ofstream(dir + "/cases/a_timed.yaml") << timed;
   std::ofstream(dir + "/cases/b_untimed.yaml") << ValidationCaseYaml("untimed", "", "");
   std::ofstream(dir + "/tolerances.yaml") << "{}\n";
-  const CommandResult run = Memsim("validate --cases " + dir + "/cases --tolerances " + dir +
-                                   "/tolerances.yaml --json " + dir + "/out.json --report " + dir +
-                                   "/report.md");
+  const CommandResult run =
+      Memsim("validate --cases " + dir + "/cases --tolerances " + dir + "/tolerances.yaml --json " +
+             dir + "/out.json --report " + dir + "/report.md");
   EXPECT_EQ(run.exit_code, 2);  // the made-up memory is outside; the time never fails a case
   const nlohmann::json result = nlohmann::json::parse(std::ifstream(dir + "/out.json"));
   ASSERT_EQ(result["cases"].size(), 2u);
@@ -264,8 +278,8 @@ TEST(Cli, ValidateReportsIterationTimeBesideMemory) {
 
   timed.replace(timed.find("iteration_time_s: 0.25"), 22, "iteration_time_s: -1");
   std::ofstream(dir + "/cases/a_timed.yaml") << timed;
-  const CommandResult bad = Memsim("validate --cases " + dir + "/cases --tolerances " + dir +
-                                   "/tolerances.yaml");
+  const CommandResult bad =
+      Memsim("validate --cases " + dir + "/cases --tolerances " + dir + "/tolerances.yaml");
   EXPECT_NE(bad.err.find("a_timed.yaml: measured.iteration_time_s must be a positive number"),
             std::string::npos)
       << bad.err;

@@ -151,16 +151,18 @@ TEST(Activations, LlamaFlashAttentionTable) {
 // depth keeps for backward, measured as the difference between k = 2 and k = 1 depths
 // (Llama, bf16, flash attention, no dropout, tp = 1, B > 1), worked out from
 // Megatron-Core's MultiTokenPredictionLayer and process_mtp_loss:
-//   its rolled tokens, which the embedding saves as its indices         8SB
-//   their embedding [S, B, H], enorm's input, and enorm's float32 invvar 2SBH + 4SB
-//   the previous depth's output, hnorm's input, and its invvar           2SBH + 4SB
-//   eh_proj's input, both normed inputs concatenated                     4SBH
-//   its decoder layer, as the Llama table above                          SB(14H + 8 + 4GD + 4A +
-//   6F) + 16 final_layernorm's input and invvar                                   2SBH + 4SB one
-//   more [S, B, H] slice of the concatenated outputs                 2SBH its head's cross-entropy:
-//   the float32 softmax and the int64 labels   4SBV + 8SB its rolled loss mask (mask * loss saves
-//   it)                          4SB the scaled loss the main slice keeps (AttachLoss), and the
-//   divisor   4SB + 4
+// clang-format off
+//   its rolled tokens (the embedding saves them as indices)      8SB
+//   their embedding, enorm's input, and enorm's fp32 invvar      2SBH + 4SB
+//   the previous depth's output (hnorm's input), its invvar      2SBH + 4SB
+//   eh_proj's input, both normed inputs concatenated             4SBH
+//   its decoder layer, as the Llama table above                  SB(14H + 8 + 4GD + 4A + 6F) + 16
+//   final_layernorm's input and invvar                           2SBH + 4SB
+//   one more [S, B, H] slice of the concatenated outputs         2SBH
+//   its head's cross-entropy: fp32 softmax, int64 labels         4SBV + 8SB
+//   its rolled loss mask (mask * loss saves it)                  4SB
+//   the scaled loss AttachLoss keeps, and the divisor            4SB + 4
+// clang-format on
 TEST(Activations, MultiTokenPredictionDepth) {
   const int64_t S = 64, B = 2, H = 128, A = 4, G = 2, F = 344, V = 1024, D = H / A;
   auto after_forward = [&](int64_t depths) {

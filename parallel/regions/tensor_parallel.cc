@@ -56,7 +56,7 @@ struct ReduceFromTensorParallel : public Function<ReduceFromTensorParallel> {
 
 // mappings.py's _gather_along_last_dim: all_gather_into_tensor along the first dim, then
 // the tp pieces concatenated along the last; backward _split_along_last_dim.
-struct GatherFromTensorModelParallel : public Function<GatherFromTensorModelParallel> {
+struct GatherFromTensorParallel : public Function<GatherFromTensorParallel> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
     ctx->saved_data["tp"] = tp;
     return at::cat(AllGather(input.contiguous(), tp).chunk(tp, 0), -1);
@@ -85,8 +85,8 @@ at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp) {
   return tp > 1 ? ReduceFromTensorParallel::apply(input, tp) : input;
 }
 
-at::Tensor GatherFromTensorModelParallelRegion(const at::Tensor& input, int64_t tp) {
-  return tp > 1 ? GatherFromTensorModelParallel::apply(input, tp) : input;
+at::Tensor GatherFromTensorParallelRegion(const at::Tensor& input, int64_t tp) {
+  return tp > 1 ? GatherFromTensorParallel::apply(input, tp) : input;
 }
 
 }  // namespace memsim

@@ -9,7 +9,7 @@
 //                                     bwd: all-gather (new [S, ...])
 //   GatherFromSequenceParallelRegion  fwd: all-gather (new [S, ...]); bwd: reduce-scatter
 //   ReduceFromTensorParallelRegion    fwd: all-reduce in place; bwd: identity
-//   GatherFromTensorModelParallel     fwd: all-gather [tp*S, ..., X] (new), concatenated
+//   GatherFromTensorParallel     fwd: all-gather [tp*S, ..., X] (new), concatenated
 //                                          along the last dim (new [S, ..., tp*X])
 //                                     bwd: this rank's last-dim slice, contiguous (new)
 // Column-parallel linears gather their input themselves (LinearParallelism in layers.h).
@@ -23,6 +23,6 @@ at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
 at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
 at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, int64_t tp);
 at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp);
-at::Tensor GatherFromTensorModelParallelRegion(const at::Tensor& input, int64_t tp);
+at::Tensor GatherFromTensorParallelRegion(const at::Tensor& input, int64_t tp);
 
 }  // namespace memsim

@@ -423,9 +423,9 @@ constexpr MegatronArg kMegatronArgs[] = {
      "batch sizes that change during training"},
     {"--delay-offload-until-cuda-graph", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
+    {"--delay-wgrad-compute", Arity::kValues, ArgUse::kRefused, "delayed weight gradients"},
     {"--delta-offload-bytes-across-pp-ranks", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
-    {"--delay-wgrad-compute", Arity::kValues, ArgUse::kRefused, "delayed weight gradients"},
     {"--distribute-saved-activations", Arity::kValues, ArgUse::kRefused,
      "saved activations split over tensor parallelism"},
     {"--enable-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
@@ -908,7 +908,9 @@ Status ReadPipelineStages(Args& a, const ModelConfig& m, ParallelLayout* layout)
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-virtual-stages-per-pipeline-rank", &l.vpp));
   MEMSIM_RETURN_IF_ERROR(
       a.Int("--microbatch-group-size-per-virtual-pipeline-stage", &l.microbatch_group_size));
-  if (l.vpp == 1) a.Ignore("--microbatch-group-size-per-virtual-pipeline-stage");
+  if (l.vpp == 1 && l.pipeline_layout.empty()) {
+    a.Ignore("--microbatch-group-size-per-virtual-pipeline-stage");
+  }
   return Status::OK();
 }
 

@@ -758,6 +758,11 @@ int PlanCommand(int argc, const char* const* argv) {
       status = Status::Error("give the number of GPUs with --world-size (or sizes with --gpus)");
     }
   }
+  if (status.ok() && !base.layout.pipeline_layout.empty()) {
+    status = Status::Error(
+        "a pipeline layout fixes PP and VPP, which a plan varies: drop the layout (plan "
+        "places layers evenly)");
+  }
   if (status.ok() && base.global_batch_size <= 0) {
     status = Status::Error("give the global batch (sequences per step) with --global-batch-size");
   }

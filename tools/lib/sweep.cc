@@ -431,6 +431,10 @@ int SweepCommand(int argc, const char* const* argv) {
   if (status.ok() && global_batch > 0 && microbatches_per_pp > 0) {
     status = Status::Error("give either --global-batch-size or --microbatches-per-pp, not both");
   }
+  if (status.ok() && !base.layout.pipeline_layout.empty()) {
+    status = Status::Error(
+        "a pipeline layout fixes PP and VPP, which a sweep varies: drop pipeline_layout");
+  }
   std::vector<int64_t> tps, pps, vpps, cps, eps, mbss, seqs = {base.training.seq_length};
   std::vector<RecomputeKind> recomputes;
   if (status.ok()) status = ParseIntList(tp_list, "tp", &tps);
