@@ -32,6 +32,13 @@ std::string ErrorOf(const std::string& text, int64_t pp, const ModelConfig& m) {
   return ParsePipelineLayout(text, pp, m, &layers).message();
 }
 
+// The error for a layout whose embedding, loss or MTP layers memsim cannot place.
+std::string Misplaced(const std::string& text) {
+  return "pipeline layout '" + text +
+         "' must hold the embedding in the first stage's first chunk and the loss and MTP "
+         "layers in the last stage's last chunk (memsim does not model other placements)";
+}
+
 // Megatron-LM's functional test gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_*_fine_grained_offloading:
 // "Et*3|(tt|)*6L" on PP 2 unrolls to Ettt|tt|tt|tt|tt|tt|tt|L, 8 segments: VPP 4, segment
 // i is chunk i / 2 of stage i % 2, and the last chunk of stage 1 holds only the loss.
@@ -79,25 +86,16 @@ TEST(PipelineLayout, ReportsWhatIsWrong) {
             "pipeline layout 'Et|tL' has 0 MTP layers m, not --mtp-num-layers 1");
   // Megatron accepts an empty last segment (the loss is still last in layer order); memsim's
   // model builds the loss in the last stage's last chunk.
-  EXPECT_EQ(ErrorOf("Et|tL|", 3, Layers(2)),
-            "pipeline layout 'Et|tL|' must hold the embedding in the first stage's first chunk "
-            "and the loss and MTP layers in the last stage's last chunk (memsim does not model "
-            "other placements)");
+  EXPECT_EQ(ErrorOf("Et|tL|", 3, Layers(2)), Misplaced("Et|tL|"));
   EXPECT_EQ(ErrorOf("Et|mt|t|L", 2, Layers(3, 1)),
             "pipeline layout 'Et|mt|t|L' places decoder layers after MTP layers");
   // Megatron's own example: a standalone MTP stage before the loss's.
-  EXPECT_EQ(ErrorOf("Ettt|(tt|)*29,m|L", 1, Layers(61, 1)),
-            "pipeline layout 'Ettt|(tt|)*29,m|L' must hold the embedding in the first stage's "
-            "first chunk and the loss and MTP layers in the last stage's last chunk (memsim "
-            "does not model other placements)");
+  EXPECT_EQ(ErrorOf("Ettt|(tt|)*29,m|L", 1, Layers(61, 1)), Misplaced("Ettt|(tt|)*29,m|L"));
   EXPECT_EQ(ErrorOf("E(t|)*99999999999L", 1, Layers(2)),
             "pipeline layout 'E(t|)*99999999999L' expands to more than 4194304 characters");
   // More MTP layers than the loss's chunk holds (Megatron wants them in one chunk too),
   // more chunks than layers need, a line break echoed as one.
-  EXPECT_EQ(ErrorOf("Ett|tm|mL", 3, Layers(3, 2)),
-            "pipeline layout 'Ett|tm|mL' must hold the embedding in the first stage's first chunk "
-            "and the loss and MTP layers in the last stage's last chunk (memsim does not model "
-            "other placements)");
+  EXPECT_EQ(ErrorOf("Ett|tm|mL", 3, Layers(3, 2)), Misplaced("Ett|tm|mL"));
   EXPECT_EQ(ErrorOf("E(|)*9tL", 2, Layers(1)),
             "pipeline layout 'E(|)*9tL' has 5 chunks per stage, more than the 1 layers + 2 need");
   EXPECT_EQ(ErrorOf("Et|\ntL", 2, Layers(2)),
