@@ -13,20 +13,10 @@ std::string Str(int64_t v) { return std::to_string(v); }
 // Far above any real layout (kMaxLayers layers, one segment each), small enough to build.
 constexpr size_t kMaxLayoutChars = size_t{1} << 22;
 
-// `c` as an error shows it: printable as itself, anything else as \xNN (so that an error
-// stays one line).
-std::string Shown(char c) {
-  if (c >= ' ' && c <= '~') return std::string(1, c);
-  static const char kHex[] = "0123456789abcdef";
-  const auto byte = static_cast<unsigned char>(c);
-  return std::string("\\x") + kHex[byte >> 4] + kHex[byte & 15];
-}
-
-// `text` in quotes for an error, cut to its first 60 characters if longer.
+// `text` in quotes for an error, cut to its first 60 characters if longer (Status::Error
+// escapes any control characters).
 std::string Quoted(const std::string& text) {
-  std::string shown;
-  for (size_t i = 0; i < std::min<size_t>(text.size(), 60); ++i) shown += Shown(text[i]);
-  return "'" + shown + (text.size() > 60 ? "..." : "") + "'";
+  return "'" + text.substr(0, 60) + (text.size() > 60 ? "..." : "") + "'";
 }
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
@@ -120,7 +110,7 @@ Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfi
       segments.back().push_back(c);
     } else {
       return Status::Error("pipeline layout " + Quoted(text) + ": invalid layer character '" +
-                           Shown(c) + "' (known: E embedding, t decoder layer, m MTP " +
+                           std::string(1, c) + "' (known: E embedding, t decoder layer, m MTP " +
                            "layer, L loss; | separates stages)");
     }
   }
