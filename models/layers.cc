@@ -9,6 +9,7 @@
 #include "ops/collectives.h"
 #include "ops/transformer_kernels.h"
 #include "parallel/regions/context_parallel.h"
+#include "simulator/check.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -343,6 +344,82 @@ struct CheckpointFunction : public Function<CheckpointFunction> {
   }
 };
 
+// Points `dst`'s storage at `src`'s memory, holding `src`'s storage alive until `dst` lets
+// go (Megatron's share_storage; no bytes move, so nothing is allocated or freed here).
+void ShareStorage(const c10::Storage& dst, const c10::Storage& src) {
+  auto* holder = new c10::Storage(src);
+  c10::DataPtr shared(
+      src.data_ptr().get(), holder, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); },
+      src.device());
+  dst.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(shared));
+  dst.unsafeGetStorageImpl()->set_nbytes(src.nbytes());
+}
+
+}  // namespace
+
+// Shared by the autograd node (its saved data) and the hook; it holds the forward outputs'
+// storages, never their tensors, which would hold the node itself.
+// Autograd keeps a graph's nodes, and so the hook and this state, while any tensor of the
+// graph lives: each member is let go as soon as its part is done.
+struct CheckpointWithoutOutput::State : public torch::CustomClassHolder {
+  Fn fn;
+  NameId module = 0;
+  bool recomputed = false;
+  std::vector<at::Tensor> inputs;       // from Run() until the recomputation
+  std::vector<c10::Storage> discarded;  // the forward outputs' storages, until then too
+  std::vector<at::Tensor> recomputed_inputs, recomputed_outputs;  // until backward
+
+  void Recompute() {
+    if (recomputed) return;
+    recomputed = true;
+    for (const at::Tensor& input : inputs) {
+      recomputed_inputs.push_back(input.detach().requires_grad_(input.requires_grad()));
+    }
+    inputs.clear();
+    {
+      at::AutoGradMode enable_grad(true);
+      ModuleScope scope(module);
+      recomputed_outputs = fn(recomputed_inputs);
+    }
+    for (size_t i = 0; i < discarded.size(); ++i) {
+      ShareStorage(discarded[i], recomputed_outputs[i].storage());
+    }
+    discarded.clear();
+    fn = nullptr;
+  }
+};
+
+namespace {
+
+struct CheckpointWithoutOutputFunction : public Function<CheckpointWithoutOutputFunction> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs,
+                               c10::intrusive_ptr<CheckpointWithoutOutput::State> state) {
+    state->inputs = inputs.vec();
+    variable_list outputs = state->fn(state->inputs);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return outputs;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto state = c10::static_intrusive_pointer_cast<CheckpointWithoutOutput::State>(
+        ctx->saved_data["state"].toCapsule());
+    state->Recompute();  // a no-op when the hook ran
+    variable_list outputs, output_grads;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      outputs.push_back(state->recomputed_outputs[i]);
+      output_grads.push_back(grads[i]);
+    }
+    torch::autograd::backward(outputs, output_grads);
+    outputs.clear();
+    state->recomputed_outputs.clear();
+    variable_list input_grads;
+    for (const at::Tensor& input : state->recomputed_inputs) input_grads.push_back(input.grad());
+    state->recomputed_inputs.clear();
+    input_grads.emplace_back();  // the state
+    return input_grads;
+  }
+};
+
 c10::optional<at::Tensor> DataOf(Parameter* p) {
   return p != nullptr ? c10::optional<at::Tensor>(p->data) : c10::nullopt;
 }
@@ -524,6 +601,34 @@ at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inpu
   closure->fn = fn;
   closure->module = ModuleScope::Current();
   return CheckpointFunction::apply(at::TensorList(inputs), std::move(closure));
+}
+
+CheckpointWithoutOutput::CheckpointWithoutOutput() = default;
+CheckpointWithoutOutput::~CheckpointWithoutOutput() = default;
+
+std::vector<at::Tensor> CheckpointWithoutOutput::Run(Fn fn, const std::vector<at::Tensor>& inputs) {
+  MEMSIM_DCHECK(!state_);
+  state_ = c10::make_intrusive<State>();
+  state_->fn = std::move(fn);
+  state_->module = ModuleScope::Current();
+  std::vector<at::Tensor> outputs =
+      CheckpointWithoutOutputFunction::apply(at::TensorList(inputs), state_);
+  for (const at::Tensor& output : outputs) state_->discarded.push_back(output.storage());
+  return outputs;
+}
+
+void CheckpointWithoutOutput::DiscardOutputAndRegisterRecompute(const at::Tensor& hook) {
+  MEMSIM_DCHECK(state_);
+  for (const c10::Storage& storage : state_->discarded) {
+    storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, storage.device()));
+    storage.unsafeGetStorageImpl()->set_nbytes(0);
+  }
+  if (hook.requires_grad()) {
+    hook.register_hook([state = state_](const at::TensorBase&) { state->Recompute(); });
+  } else {
+    state_->inputs.clear();  // nothing will recompute: the node was not recorded
+  }
+  state_.reset();
 }
 
 }  // namespace memsim

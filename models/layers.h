@@ -145,4 +145,38 @@ at::Tensor AttachLoss(const at::Tensor& output, const at::Tensor& loss);
 using RecomputeFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
 
+// Note [Output-discarding recomputation]
+// Megatron-Core's CheckpointWithoutOutput (tensor_parallel/random.py), for recompute modules
+// whose outputs the next modules save anyway (a norm's output that linear layers keep, the
+// experts' activation that fc2 keeps, MLA's query, key and value that attention keeps).
+// Run() runs `fn` without autograd, so nothing inside it is saved for backward; keeps its
+// inputs; and returns its outputs as the outputs of one autograd node.
+// DiscardOutputAndRegisterRecompute(hook), called once the consumers have run, frees the
+// outputs' storages: whoever saved them keeps their shapes over empty storages. When autograd
+// computes `hook`'s gradient (before any consumer's backward, if `hook` is the consumers'
+// output), `fn` runs again with autograd in the module that was current at Run(), and each
+// emptied storage is pointed at the recomputed output's memory, shared and not copied (as
+// Megatron's share_storage does). The node's backward goes through the recomputed graph and
+// lets it go; the recomputed memory is freed with its last holder (the recomputed graph or
+// a consumer's saved tensor). Without autograd (inside a Checkpoint's forward) the outputs
+// are still freed, and nothing is registered.
+class CheckpointWithoutOutput {
+ public:
+  using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+  struct State;
+
+  CheckpointWithoutOutput();
+  ~CheckpointWithoutOutput();  // where State is complete
+  CheckpointWithoutOutput(const CheckpointWithoutOutput&) = delete;
+  CheckpointWithoutOutput& operator=(const CheckpointWithoutOutput&) = delete;
+
+  // REQUIRES: called once; `fn` returns new tensors (not views of its inputs).
+  std::vector<at::Tensor> Run(Fn fn, const std::vector<at::Tensor>& inputs);
+  // REQUIRES: Run() ran.
+  void DiscardOutputAndRegisterRecompute(const at::Tensor& hook);
+
+ private:
+  c10::intrusive_ptr<State> state_;
+};
+
 }  // namespace memsim

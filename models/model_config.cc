@@ -1,6 +1,7 @@
 #include "models/model_config.h"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "simulator/checked_math.h"
@@ -176,6 +177,20 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error("recompute_num_layers must be in [1, num_layers=" + Str(m.num_layers) +
                          "], got " + Str(t.recompute_num_layers));
   }
+  if (t.recompute_modules >> std::size(kRecomputeModuleNames) != 0) {
+    return Status::Error("recompute_modules has bits of no module: " +
+                         Str(static_cast<int64_t>(t.recompute_modules)));
+  }
+  // TransformerConfig.__post_init__'s rules.
+  if (t.Recomputes(RecomputeModule::kMoeAct) && !t.moe_grouped_gemm) {
+    return Status::Error(
+        "recompute module moe_act needs the grouped GEMM experts (--moe-grouped-gemm), as "
+        "Megatron-Core requires");
+  }
+  if (t.Recomputes(RecomputeModule::kMlaUpProj) && !m.multi_latent_attention()) {
+    return Status::Error(
+        "recompute module mla_up_proj needs multi-latent attention (kv_lora_rank > 0)");
+  }
   if (m.mtp_num_layers > 0 && t.recompute == RecomputeKind::kFull &&
       t.recompute_method == RecomputeMethod::kUniform && t.recompute_num_layers != 1) {
     // MultiTokenPredictionLayer._checkpointed_forward asserts it.
@@ -206,6 +221,16 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
         "are disabled or do not support it, and so is unfused attention (NVTE_UNFUSED_ATTN=0)");
   }
   return Status::OK();
+}
+
+std::string RecomputeModulesName(uint32_t bits) {
+  std::string names;
+  for (const EnumName<RecomputeModule>& entry : kRecomputeModuleNames) {
+    if ((bits & RecomputeModuleBit(entry.value)) == 0) continue;
+    if (!names.empty()) names += ' ';
+    names += entry.name;
+  }
+  return names;
 }
 
 int64_t ParamBytesPerElement(Precision precision) { return precision == Precision::kFp32 ? 4 : 2; }

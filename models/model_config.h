@@ -124,6 +124,30 @@ inline constexpr EnumName<RecomputeKind> kRecomputeNames[] = {
     {RecomputeKind::kNone, "none"},
     {RecomputeKind::kSelective, "selective"},
     {RecomputeKind::kFull, "full"}};
+// What selective recomputation recomputes (Megatron-Core's --recompute-modules, read in
+// transformer_layer.py, attention.py, multi_latent_attention.py and moe/; Note [Recompute
+// modules] in models/transformer.h says what each one keeps). Bits of
+// TrainingConfig::recompute_modules; only kSelective reads them.
+enum class RecomputeModule : uint32_t {
+  kCoreAttn,       // core attention, checkpointed (the default)
+  kLayerNorm,      // input_layernorm and pre_mlp_layernorm, output discarded
+  kMlp,            // a dense layer's MLP, checkpointed
+  kMoe,            // an MoE layer's whole MLP, checkpointed
+  kMoeAct,         // the routed experts' weighted activation, output discarded
+  kSharedExperts,  // the shared experts, checkpointed
+  kMlaUpProj,      // multi-latent attention's up projections and RoPE, outputs discarded
+};
+inline constexpr EnumName<RecomputeModule> kRecomputeModuleNames[] = {
+    {RecomputeModule::kCoreAttn, "core_attn"},
+    {RecomputeModule::kLayerNorm, "layernorm"},
+    {RecomputeModule::kMlp, "mlp"},
+    {RecomputeModule::kMoe, "moe"},
+    {RecomputeModule::kMoeAct, "moe_act"},
+    {RecomputeModule::kSharedExperts, "shared_experts"},
+    {RecomputeModule::kMlaUpProj, "mla_up_proj"}};
+constexpr uint32_t RecomputeModuleBit(RecomputeModule module) {
+  return 1u << static_cast<uint32_t>(module);
+}
 enum class RecomputeMethod { kUniform, kBlock };
 inline constexpr EnumName<RecomputeMethod> kRecomputeMethodNames[] = {
     {RecomputeMethod::kUniform, "uniform"}, {RecomputeMethod::kBlock, "block"}};
@@ -152,6 +176,13 @@ struct TrainingConfig {
   RecomputeKind recompute = RecomputeKind::kNone;
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;
   int64_t recompute_num_layers = 1;
+  // RecomputeModuleBit()s of what kSelective recomputes; Megatron's default is core_attn.
+  uint32_t recompute_modules = RecomputeModuleBit(RecomputeModule::kCoreAttn);
+  // Whether selective recomputation covers `module`.
+  bool Recomputes(RecomputeModule module) const {
+    return recompute == RecomputeKind::kSelective &&
+           (recompute_modules & RecomputeModuleBit(module)) != 0;
+  }
   OptimizerKind optimizer = OptimizerKind::kAdam;
   int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update
   bool dropout = true;        // false: every dropout probability is treated as 0
@@ -191,6 +222,8 @@ inline const char* AttentionName(AttentionKind attention) {
 inline std::string RecomputeName(RecomputeKind kind) {
   return std::string(NameOf(kRecomputeNames, kind));
 }
+// The modules of `bits` by name, space-separated, in the table's order ("core_attn mlp").
+std::string RecomputeModulesName(uint32_t bits);
 
 // Transformer Engine's backend for `training` on a GPU of `compute_capability`
 // (80: A100, 90: H100): unfused for float32; else on 9.x and later cuDNN fused attention

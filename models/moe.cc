@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <optional>
 
 #include "ops/collectives.h"
 #include "parallel/regions/expert_parallel.h"
@@ -292,10 +293,21 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     ModuleScope f("linear_fc1");
     h = GroupedLinear(x, *params.experts_fc1, Fc1Width(m, fe), /*rows=*/true);
   }
-  h = Activation(m, h);
-  h = (h * probs.unsqueeze(-1)).to(x.scalar_type());
+  const at::ScalarType dtype = x.scalar_type();
+  auto weighted_activation = [&m, dtype](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{(Activation(m, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
+  };
+  // moe_act: the weighted activation goes once fc2 has saved it.
+  std::optional<CheckpointWithoutOutput> activation_checkpoint;
+  if (t.Recomputes(RecomputeModule::kMoeAct)) {
+    activation_checkpoint.emplace();
+    h = activation_checkpoint->Run(weighted_activation, {h, probs})[0];
+  } else {
+    h = weighted_activation({h, probs})[0];
+  }
   ModuleScope f("linear_fc2");
-  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false);       // [N, H]
+  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false);  // [N, H]
+  if (activation_checkpoint) activation_checkpoint->DiscardOutputAndRegisterRecompute(h);
   if (!t.moe_grouped_gemm && m.num_experts / p.ep > 1) h = h.clone();  // torch.cat
   return h;
 }
@@ -313,14 +325,19 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   if (params.shared_fc1 != nullptr) {
     // Shared experts run first, on the same input, over the attention tp group.
     ModuleScope s("shared_experts");
-    at::Tensor h;
-    {
-      ModuleScope f("linear_fc1");
-      h = Linear(tokens, *params.shared_fc1, nullptr);
-    }
-    h = Activation(m, h);
-    ModuleScope f("linear_fc2");
-    shared = ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), p.tp);
+    // Captures what outlives the forward: the recomputation runs in backward.
+    auto shared_experts = [&m, &params, tp = p.tp](const std::vector<at::Tensor>& in) {
+      at::Tensor h;
+      {
+        ModuleScope f("linear_fc1");
+        h = Linear(in[0], *params.shared_fc1, nullptr);
+      }
+      h = Activation(m, h);
+      ModuleScope f("linear_fc2");
+      return ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), tp);
+    };
+    shared = t.Recomputes(RecomputeModule::kSharedExperts) ? Checkpoint(shared_experts, {tokens})
+                                                            : shared_experts({tokens});
   }
   Routing routing = Route(m, *params.router, tokens);
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "models/layer_replication.h"
@@ -250,11 +251,9 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
   return {q, k, v};
 }
 
-std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(Layer& layer,
-                                                              const at::Tensor& ln_out) {
-  const int64_t tp = shard_.tp, A = model_.num_attention_heads / tp;
-  const int64_t qk = model_.qk_head_dim, rope = model_.qk_pos_emb_head_dim;
-  const int64_t vd = model_.v_head_dim, R = model_.kv_lora_rank;
+std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
+    Layer& layer, const at::Tensor& ln_out, CheckpointWithoutOutput* up_projection_checkpoint) {
+  const int64_t tp = shard_.tp, rope = model_.qk_pos_emb_head_dim, R = model_.kv_lora_rank;
   // The down projections are Transformer Engine's "duplicated" linears: every rank holds
   // the whole weight and projects its own (sequence-parallel) slice, with no communication.
   at::Tensor q_compressed = ln_out;
@@ -281,6 +280,22 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(Layer& layer,
     kv_compressed = Norm(latent[0].contiguous(), layer.kv_norm_weight, layer.kv_norm_bias);
   }
   latent.clear();
+  if (up_projection_checkpoint == nullptr) {
+    return LatentUpProjection(layer, std::move(q_compressed), std::move(kv_compressed), k_pos_emb);
+  }
+  return up_projection_checkpoint->Run(
+      [this, &layer](const std::vector<at::Tensor>& in) {
+        return LatentUpProjection(layer, in[0], in[1], in[2]);
+      },
+      {q_compressed, kv_compressed, k_pos_emb});
+}
+
+std::vector<at::Tensor> TransformerModel::LatentUpProjection(Layer& layer, at::Tensor q_compressed,
+                                                             at::Tensor kv_compressed,
+                                                             const at::Tensor& k_pos_emb) {
+  const int64_t A = model_.num_attention_heads / shard_.tp;
+  const int64_t qk = model_.qk_head_dim, rope = model_.qk_pos_emb_head_dim;
+  const int64_t vd = model_.v_head_dim;
   at::Tensor q, kv;
   {
     ModuleScope s(model_.q_lora_rank > 0 ? "linear_q_up_proj" : "linear_q_proj");
@@ -310,8 +325,15 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(Layer& layer,
 at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   ModuleScope scope("self_attention");
   const int64_t tp = shard_.tp;
-  std::vector<at::Tensor> qkv = model_.multi_latent_attention() ? LatentQueryKeyValue(layer, ln_out)
-                                                                : QueryKeyValue(layer, ln_out);
+  // mla_up_proj: the up projections' outputs go once core attention has saved them.
+  std::optional<CheckpointWithoutOutput> up_projection;
+  if (model_.multi_latent_attention() && training_.Recomputes(RecomputeModule::kMlaUpProj)) {
+    up_projection.emplace();
+  }
+  std::vector<at::Tensor> qkv =
+      model_.multi_latent_attention()
+          ? LatentQueryKeyValue(layer, ln_out, up_projection ? &*up_projection : nullptr)
+          : QueryKeyValue(layer, ln_out);
   at::Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
   qkv.clear();
   const double attention_dropout = training_.dropout ? model_.attention_dropout : 0.0;
@@ -324,13 +346,14 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     };
     // Selective recomputation checkpoints core attention (Megatron's
     // _checkpointed_attention_forward); FlashAttention keeps no S^2 tensor to save.
-    if (training_.recompute == RecomputeKind::kSelective &&
+    if (training_.Recomputes(RecomputeModule::kCoreAttn) &&
         training_.attention == AttentionKind::kEager) {
       context = Checkpoint(core, {q, k, v});
     } else {
       context = core({q, k, v});
     }
   }
+  if (up_projection) up_projection->DiscardOutputAndRegisterRecompute(context);
   ModuleScope s("linear_proj");
   // Row-parallel, bias added in BiasDropoutAdd (skip_bias_add).
   at::Tensor out = Linear(context, *layer.proj_weight, nullptr);
@@ -341,8 +364,12 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
 at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   ModuleScope scope("mlp");
   if (layer.moe) {
-    return MoeForward(model_, training_, {shard_.ep, shard_.etp, shard_.tp}, layer.experts,
-                      moe_buffer_, ln_out);
+    auto moe = [this, &layer](const std::vector<at::Tensor>& in) {
+      return MoeForward(model_, training_, {shard_.ep, shard_.etp, shard_.tp}, layer.experts,
+                        moe_buffer_, in[0]);
+    };
+    // moe: MoELayer.forward checkpoints routing, dispatch, experts and combine as one.
+    return training_.Recomputes(RecomputeModule::kMoe) ? Checkpoint(moe, {ln_out}) : moe({ln_out});
   }
   at::Tensor h;
   {
@@ -357,22 +384,64 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
                                   : ReduceFromTensorParallelRegion(out, shard_.tp);
 }
 
+at::Tensor TransformerModel::RecomputableNorm(const at::Tensor& x, Parameter* weight,
+                                              Parameter* bias,
+                                              CheckpointWithoutOutput* checkpoint) {
+  if (checkpoint == nullptr) return Norm(x, weight, bias);
+  return checkpoint->Run(
+      [this, weight, bias](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{Norm(in[0], weight, bias)};
+      },
+      {x})[0];
+}
+
 at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden) {
+  // Note [Recompute modules]: with Transformer Engine a norm is its own module only where
+  // no linear fuses it (MLA's down projections, the MoE router and experts).
+  const bool local = training_.profile == ProfileKind::kMegatronLocal;
+  const bool recompute_norms = training_.Recomputes(RecomputeModule::kLayerNorm);
+  std::optional<CheckpointWithoutOutput> input_norm_checkpoint, mlp_norm_checkpoint;
+  if (recompute_norms && (local || model_.multi_latent_attention())) {
+    input_norm_checkpoint.emplace();
+  }
+  if (recompute_norms && (local || layer.moe)) mlp_norm_checkpoint.emplace();
+  auto pre_mlp_norm = [this, &layer, &mlp_norm_checkpoint](const at::Tensor& x) {
+    ModuleScope s("pre_mlp_layernorm");
+    return RecomputableNorm(x, layer.mlp_norm_weight, layer.mlp_norm_bias,
+                            mlp_norm_checkpoint ? &*mlp_norm_checkpoint : nullptr);
+  };
+
   at::Tensor ln_out;
   {
     ModuleScope s("input_layernorm");
-    ln_out = Norm(hidden, layer.input_norm_weight, layer.input_norm_bias);
+    ln_out = RecomputableNorm(hidden, layer.input_norm_weight, layer.input_norm_bias,
+                              input_norm_checkpoint ? &*input_norm_checkpoint : nullptr);
   }
   at::Tensor attention_out = Attention(layer, ln_out);
   ln_out.reset();
+  if (input_norm_checkpoint) input_norm_checkpoint->DiscardOutputAndRegisterRecompute(attention_out);
   at::Tensor residual = BiasDropoutAdd(attention_out, layer.proj_bias, hidden, hidden_dropout());
   attention_out.reset();
-  {
-    ModuleScope s("pre_mlp_layernorm");
-    ln_out = Norm(residual, layer.mlp_norm_weight, layer.mlp_norm_bias);
+  at::Tensor mlp_out;
+  if (!layer.moe && training_.Recomputes(RecomputeModule::kMlp)) {
+    // Transformer Engine's dense MLP starts with the fused pre-MLP norm (linear_fc1 is a
+    // LayerNormLinear), so its checkpoint starts at the residual.
+    auto mlp = [this, &layer, local](const std::vector<at::Tensor>& in) {
+      if (local) return Mlp(layer, in[0]);
+      at::Tensor fused_norm_out;
+      {
+        ModuleScope s("pre_mlp_layernorm");
+        fused_norm_out = Norm(in[0], layer.mlp_norm_weight, layer.mlp_norm_bias);
+      }
+      return Mlp(layer, fused_norm_out);
+    };
+    mlp_out = Checkpoint(mlp, {local ? pre_mlp_norm(residual) : residual});
+  } else {
+    ln_out = pre_mlp_norm(residual);
+    mlp_out = Mlp(layer, ln_out);
+    ln_out.reset();
   }
-  at::Tensor mlp_out = Mlp(layer, ln_out);
-  ln_out.reset();
+  if (mlp_norm_checkpoint) mlp_norm_checkpoint->DiscardOutputAndRegisterRecompute(mlp_out);
   return BiasDropoutAdd(mlp_out, layer.fc2_bias, residual, hidden_dropout());
 }
 
@@ -443,7 +512,8 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     return slots;
   };
   // Units alike: as many layers, each of the same kind (dense, MoE), checkpointed alike.
-  // A checkpointed MoE unit is never replicated (Note [Layer replication]).
+  // A unit whose MoE layers are checkpointed (as a group, or by the moe recompute module)
+  // is never replicated (Note [Layer replication]).
   auto kind = [&](int64_t u) {
     const Unit& unit = units[static_cast<size_t>(u)];
     std::vector<int64_t> key = {unit.last - unit.first, unit.checkpointed};
@@ -452,7 +522,9 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
       moe = moe || layers[static_cast<size_t>(i)].moe;
       key.push_back(layers[static_cast<size_t>(i)].moe);
     }
-    if (moe && unit.checkpointed) key.push_back(-1 - u);  // alike to no other unit
+    if (moe && (unit.checkpointed || training_.Recomputes(RecomputeModule::kMoe))) {
+      key.push_back(-1 - u);  // alike to no other unit
+    }
     return key;
   };
   for (int64_t u = 0; u < num_units;) {

@@ -213,12 +213,21 @@ class TransformerModel {
   // A norm of the model's kind, with its parameters, in a module named `name`.
   std::pair<Parameter*, Parameter*> AddNorm(const std::string& name, ParameterStore* store);
   at::Tensor Norm(const at::Tensor& x, Parameter* weight, Parameter* bias);
+  // The norm, run in `checkpoint` when it is not null (the layernorm recompute module).
+  at::Tensor RecomputableNorm(const at::Tensor& x, Parameter* weight, Parameter* bias,
+                              CheckpointWithoutOutput* checkpoint);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
   // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D].
   std::vector<at::Tensor> QueryKeyValue(Layer& layer, const at::Tensor& ln_out);
-  // MLASelfAttention's projections: query, key, value [S, B, A/tp, Dq | Dq | Dv].
-  std::vector<at::Tensor> LatentQueryKeyValue(Layer& layer, const at::Tensor& ln_out);
+  // MLASelfAttention's projections: query, key, value [S, B, A/tp, Dq | Dq | Dv]. With
+  // `up_projection_checkpoint`, the up projections and RoPE run in it (mla_up_proj).
+  std::vector<at::Tensor> LatentQueryKeyValue(Layer& layer, const at::Tensor& ln_out,
+                                              CheckpointWithoutOutput* up_projection_checkpoint);
+  // qkv_up_proj_and_rope_apply on the compressed query and key-value and the key's
+  // positional part.
+  std::vector<at::Tensor> LatentUpProjection(Layer& layer, at::Tensor q_compressed,
+                                             at::Tensor kv_compressed, const at::Tensor& k_pos_emb);
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
   at::Tensor Layers(int64_t chunk, const at::Tensor& hidden);
   at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& position_ids);

@@ -272,6 +272,7 @@ int64_t ParameterCount(ModelConfig m) {
 }
 
 using test::Llama;
+using test::WithLatentAttention;
 
 TEST(ParameterCount, PublishedTotals) {
   // Hugging Face model cards' exact counts (the vocabularies are multiples of 128).
@@ -306,17 +307,6 @@ TEST(ParameterCount, QkLayernormAddsTwoHeadWidthNormsPerLayer) {
   const int64_t gpt_plain = ParameterCount(gpt);
   gpt.qk_layernorm = true;
   EXPECT_EQ(ParameterCount(gpt) - gpt_plain, 2 * 2 * 2 * 32);
-}
-
-ModelConfig WithLatentAttention(ModelConfig m, int64_t q_lora, int64_t kv_lora, int64_t qk,
-                                int64_t rope, int64_t v) {
-  m.num_query_groups = 0;
-  m.q_lora_rank = q_lora;
-  m.kv_lora_rank = kv_lora;
-  m.qk_head_dim = qk;
-  m.qk_pos_emb_head_dim = rope;
-  m.v_head_dim = v;
-  return m;
 }
 
 // Multi-latent attention's projections (MLASelfAttention), worked by hand for a small

@@ -573,6 +573,48 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   moe_full.training.recompute_method = RecomputeMethod::kBlock;
   moe_full.training.recompute_num_layers = 7;
   cases.push_back(moe_full);
+  // Selective recomputation of every module (Note [Recompute modules]): output-discarding
+  // norms, MLPs checkpointed with and without Transformer Engine's fused pre-MLP norm;
+  // the experts' activation, shared experts and whole MoE layers; MLA's up projections.
+  const uint32_t all_modules = (1u << std::size(kRecomputeModuleNames)) - 1;
+  const uint32_t dense_modules = all_modules & ~RecomputeModuleBit(RecomputeModule::kMoeAct) &
+                                 ~RecomputeModuleBit(RecomputeModule::kMlaUpProj);
+  Case gpt_modules = cases[0];
+  gpt_modules.name = "gpt, recompute modules";
+  gpt_modules.training.recompute = RecomputeKind::kSelective;
+  gpt_modules.training.recompute_modules = dense_modules;
+  cases.push_back(gpt_modules);
+  Case llama_te = llama;
+  llama_te.name = "llama tp2 sp, transformer engine, recompute modules";
+  llama_te.training.profile = ProfileKind::kTransformerEngine;
+  llama_te.training.recompute_modules = dense_modules;
+  cases.push_back(llama_te);
+  Case moe_modules = moe;
+  moe_modules.name = "moe, shared experts, grouped GEMM, recompute modules but moe";
+  moe_modules.model.moe_shared_expert_size = 256;
+  moe_modules.training.moe_grouped_gemm = true;
+  moe_modules.training.recompute = RecomputeKind::kSelective;
+  moe_modules.training.recompute_modules =
+      all_modules & ~RecomputeModuleBit(RecomputeModule::kMlaUpProj) &
+      ~RecomputeModuleBit(RecomputeModule::kMoe);
+  cases.push_back(moe_modules);
+  moe_modules.name = "moe, recompute modules, transformer engine";
+  moe_modules.training.profile = ProfileKind::kTransformerEngine;
+  moe_modules.training.recompute_modules = all_modules & ~RecomputeModuleBit(RecomputeModule::kMlaUpProj);
+  cases.push_back(moe_modules);
+  Case mla{"mla, recompute modules",
+           test::WithLatentAttention(test::Llama(9, 256, 4, 4, 512, 1024), 64, 32, 16, 8, 16),
+           Fp16Eager(x),
+           {}};
+  mla.training.precision = Precision::kBf16;
+  mla.training.attention = AttentionKind::kFused;
+  mla.training.profile = ProfileKind::kTransformerEngine;
+  mla.training.recompute = RecomputeKind::kSelective;
+  mla.training.recompute_modules = all_modules & ~RecomputeModuleBit(RecomputeModule::kMoeAct);
+  mla.layout.world_size = 2;
+  mla.layout.tp = 2;
+  mla.layout.sequence_parallel = true;
+  cases.push_back(mla);
   for (Case& c : cases) {
     c.training.num_microbatches = 4;
     ASSERT_TRUE(FinalizeModelConfig(&c.model, c.layout.tp).ok()) << c.name;

@@ -31,6 +31,18 @@ inline ModelConfig Llama(int64_t layers, int64_t hidden, int64_t heads, int64_t 
   return m;
 }
 
+// `m` with multi-latent attention of the given ranks and head widths.
+inline ModelConfig WithLatentAttention(ModelConfig m, int64_t q_lora, int64_t kv_lora, int64_t qk,
+                                       int64_t rope, int64_t v) {
+  m.num_query_groups = 0;
+  m.q_lora_rank = q_lora;
+  m.kv_lora_rank = kv_lora;
+  m.qk_head_dim = qk;
+  m.qk_pos_emb_head_dim = rope;
+  m.v_head_dim = v;
+  return m;
+}
+
 // Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1): Mistral-7B's shape, top-2 of 8 experts.
 inline ModelConfig Mixtral8x7b() {
   ModelConfig m = Llama(32, 4096, 32, 8, 14336, 32000);

@@ -146,6 +146,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--recompute-method", Arity::kValue, ArgUse::kRead},
     {"--recompute-num-layers", Arity::kValue, ArgUse::kRead},
     {"--recompute-modules", Arity::kValues, ArgUse::kRead},
+    {"--moe-layer-recompute", Arity::kFlag, ArgUse::kRead},
     {"--cpu-offloading-num-layers", Arity::kValue, ArgUse::kRead},
     {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
     {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},
@@ -456,7 +457,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--is-hybrid-model", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--moe-enable-deepep", Arity::kValues, ArgUse::kRefused, "the DeepEP token dispatcher"},
     {"--moe-extended-tp", Arity::kValues, ArgUse::kRefused, "extended expert tensor parallelism"},
-    {"--moe-layer-recompute", Arity::kValues, ArgUse::kRefused, "MoE-layer recomputation"},
     {"--moe-pad-expert-input-to-capacity", Arity::kValues, ArgUse::kRefused,
      "expert inputs padded to capacity"},
     {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
@@ -1082,13 +1082,35 @@ Status ReadRecomputation(Args& a, TrainingConfig* training) {
         "--recompute-method and --recompute-num-layers need --recompute-granularity full "
         "(Megatron-LM rejects them otherwise)");
   }
-  if (a.Has("--recompute-modules")) {
-    const std::vector<std::string>& modules = a.Values("--recompute-modules");
-    if (modules != std::vector<std::string>{"core_attn"}) {
-      return NotModelled("--recompute-modules",
-                         "selective recomputation of modules other than core_attn");
+  // TransformerConfig: --recompute-modules (default core_attn) counts only under selective
+  // granularity; --moe-layer-recompute (deprecated) makes it selective and adds moe.
+  if (a.Has("--moe-layer-recompute")) {
+    if (t.recompute == RecomputeKind::kFull) {
+      return Status::Error(
+          "--moe-layer-recompute cannot be used with --recompute-granularity full "
+          "(Megatron-Core rejects it)");
     }
-    a.Ignore("--recompute-modules");  // memsim's selective recomputation is core_attn's
+    t.recompute = RecomputeKind::kSelective;
+  }
+  if (a.Has("--recompute-modules")) {
+    uint32_t bits = 0;
+    for (const std::string& name : a.Values("--recompute-modules")) {
+      if (name == "gdn_norm_out" || name == "gdp_in_proj" || name == "gdp_qkv" || name == "mhc") {
+        return NotModelled("--recompute-modules " + name,
+                           "gated delta networks and hyper-connections");
+      }
+      RecomputeModule module;
+      const Status parsed = ParseEnum(kRecomputeModuleNames, name, "recompute module", &module);
+      if (!parsed.ok()) return Status::Error("--recompute-modules: " + parsed.message());
+      bits |= RecomputeModuleBit(module);
+    }
+    t.recompute_modules = bits;
+  }
+  if (a.Has("--moe-layer-recompute")) t.recompute_modules |= RecomputeModuleBit(RecomputeModule::kMoe);
+  if (t.Recomputes(RecomputeModule::kSharedExperts) && a.Has("--moe-shared-expert-overlap")) {
+    return Status::Error(
+        "--recompute-modules shared_experts cannot be used with --moe-shared-expert-overlap "
+        "(Megatron-Core rejects it)");
   }
   return Status::OK();
 }

@@ -69,6 +69,20 @@ Status ParseAttention(const std::string& text, AttentionKind* out) {
 Status ParseRecompute(const std::string& text, RecomputeKind* out) {
   return ParseEnum(kRecomputeNames, text, "recompute", out);
 }
+Status ParseRecomputeModules(const std::string& text, uint32_t* out) {
+  uint32_t bits = 0;
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    RecomputeModule module;
+    MEMSIM_RETURN_IF_ERROR(ParseEnum(kRecomputeModuleNames, text.substr(start, comma - start),
+                                     "recompute module", &module));
+    bits |= RecomputeModuleBit(module);
+    start = comma + 1;
+  }
+  *out = bits;
+  return Status::OK();
+}
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
   return ParseEnum(kRecomputeMethodNames, text, "recompute method", out);
 }
@@ -226,6 +240,17 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
       {"recompute_num_layers",
        [&](const YAML::Node& v) {
          return Read(v, source, "recompute_num_layers", &t->recompute_num_layers);
+       }},
+      {"recompute_modules",
+       [&](const YAML::Node& v) {
+         // A list of names, as Megatron's --recompute-modules takes them.
+         std::vector<std::string> names;
+         MEMSIM_RETURN_IF_ERROR(Read(v, source, "recompute_modules", &names));
+         std::string joined;
+         for (const std::string& name : names) joined += (joined.empty() ? "" : ",") + name;
+         Status s = ParseRecomputeModules(joined, &t->recompute_modules);
+         return s.ok() ? s
+                       : Status::Error(Where(source, v) + ": recompute_modules: " + s.message());
        }},
       {"optimizer",
        [&](const YAML::Node& v) {

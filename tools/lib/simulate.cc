@@ -334,6 +334,7 @@ int SimulateCommand(int argc, const char* const* argv) {
       "Options");
   SpecOptions spec_options;
   std::string recompute;
+  std::string recompute_modules;
   int64_t micro_batch = 0, microbatches = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
   ReportOptions report;
@@ -343,6 +344,9 @@ int SimulateCommand(int argc, const char* const* argv) {
                         "micro-batch size")(
       "num-microbatches", PositiveValue(&microbatches, "num-microbatches"),
       "microbatches per iteration")("recompute", po::value(&recompute), "none, selective or full")(
+      "recompute-modules", po::value(&recompute_modules),
+      "what selective recomputation recomputes, comma-separated (default core_attn): "
+      "core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj")(
       "tp", PositiveValue(&tp, "tp"), "tensor-parallel size")("pp", PositiveValue(&pp, "pp"),
                                                               "pipeline-parallel size")(
       "vpp", PositiveValue(&vpp, "vpp"), "virtual pipeline stages per rank (interleaved 1F1B)")(
@@ -359,6 +363,12 @@ int SimulateCommand(int argc, const char* const* argv) {
   Status status = BuildRunSpec(spec_options, /*default_run=*/true, "simulate", &spec);
   if (status.ok() && !recompute.empty())
     status = ParseRecompute(recompute, &spec.training.recompute);
+  if (status.ok() && vm.count("recompute-modules") != 0) {
+    status = ParseRecomputeModules(recompute_modules, &spec.training.recompute_modules);
+    if (status.ok() && spec.training.recompute != RecomputeKind::kSelective) {
+      status = Status::Error("--recompute-modules needs --recompute selective");
+    }
+  }
   if (micro_batch) spec.training.micro_batch_size = micro_batch;
   if (microbatches) spec.training.num_microbatches = microbatches;
   if (status.ok()) status = CheckReportOptions(report);

@@ -40,8 +40,9 @@ Status ReadStringMap(const YAML::Node& node, const std::string& source, const st
 }
 
 // MODEL_ARGS -> a launch line, as tests/functional_tests/shell_test_utils/_run_training.sh
-// builds it: `true` is a bare flag, a list gives its items as values, anything else is
-// one value as written.
+// builds it: `true` is a bare flag, a list gives its items as values, so does a value
+// written "[a b]" (the script strips the brackets and the shell splits the rest), and
+// anything else is one value as written.
 Status ReadModelArgs(const YAML::Node& node, const std::string& source,
                      std::vector<std::string>* out) {
   MEMSIM_RETURN_IF_ERROR(CheckKeys(node, source, "args"));
@@ -58,6 +59,11 @@ Status ReadModelArgs(const YAML::Node& node, const std::string& source,
       } else if (text == "false") {
         return Status::Error(Where(source, value) + ": args: " + key +
                              " is false; leave the argument out instead");
+      } else if (text.size() > 2 && text.front() == '[' && text.back() == ']' &&
+                 text.find(']') == text.size() - 1) {
+        out->push_back(key);
+        std::istringstream words(text.substr(1, text.size() - 2));
+        for (std::string word; words >> word;) out->push_back(word);
       } else {
         out->push_back(key);
         out->push_back(text);
