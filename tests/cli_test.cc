@@ -97,6 +97,18 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
   ExpectOneLineError(Memsim("simulate --no-such-flag"), "no-such-flag");
   ExpectOneLineError(Memsim("simulate --sample-interval -1"), "--sample-interval");
   ExpectOneLineError(Memsim("frobnicate"), "unknown command 'frobnicate'");
+  ExpectOneLineError(Memsim("simulate --recompute-modules mlp"),
+                     "--recompute-modules needs --recompute selective");
+  ExpectOneLineError(Memsim("simulate --recompute selective --recompute-modules mlp,attn"),
+                     "unknown recompute module 'attn'");
+  std::ofstream(dir + "/modules.yaml")
+      << "model: gpt3-1.3b\ntraining:\n  recompute: selective\n  recompute_modules: [moe_act]\n";
+  ExpectOneLineError(Memsim("simulate --config " + dir + "/modules.yaml"),
+                     "recompute module moe_act needs the grouped GEMM experts");
+  std::ofstream(dir + "/modules2.yaml")
+      << "model: gpt3-1.3b\ntraining:\n  recompute: selective\n  recompute_modules: [mlp, x]\n";
+  ExpectOneLineError(Memsim("simulate --config " + dir + "/modules2.yaml"),
+                     "modules2.yaml:4: recompute_modules: unknown recompute module 'x'");
   // A pipeline layout fixes what sweep and plan vary; memsim's FSDP would not shard MTP.
   std::ofstream(dir + "/layout.yaml")
       << "model: gpt3-1.3b\nlayout:\n  world_size: 2\n  pp: 2\n  pipeline_layout: 'E(t*12|)*2L'\n";

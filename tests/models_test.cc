@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <utility>
+#include <vector>
+
 #include "models/layers.h"
 #include "models/model_config.h"
 #include "models/parameters.h"
@@ -10,6 +14,7 @@
 #include "parallel/rank_training.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
+#include "simulator/tracking_allocator.h"
 #include "tests/support/test_models.h"
 
 namespace memsim {
@@ -90,6 +95,78 @@ TEST(Activations, KorthikantiFullRecomputation) {
     EXPECT_EQ(PerLayerActivationBytes(x, t), 2 * x.s * x.b * x.h)
         << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
   }
+}
+
+// Recompute modules (Note [Recompute modules] in transformer.h) on top of Korthikanti's
+// selective 34sbh (core_attn), Megatron-Core local layers: layernorm discards both norms'
+// outputs (2sbh each; the linears after them saved them) and nothing inside a norm is saved
+// (its float32 statistics, 16sb): 30sbh. mlp also checkpoints the MLP from the norm's
+// output, which drops fc1's and GeLU's outputs (8sbh each): 14sbh.
+TEST(Activations, RecomputeModulesLayerNormAndMlp) {
+  const uint32_t core_attn = RecomputeModuleBit(RecomputeModule::kCoreAttn);
+  const uint32_t layernorm = RecomputeModuleBit(RecomputeModule::kLayerNorm);
+  const uint32_t mlp = RecomputeModuleBit(RecomputeModule::kMlp);
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.recompute = RecomputeKind::kSelective;
+    t.recompute_modules = core_attn | layernorm;
+    EXPECT_EQ(PerLayerActivationBytes(x, t), 30 * x.s * x.b * x.h)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+    t.recompute_modules = core_attn | layernorm | mlp;
+    EXPECT_EQ(PerLayerActivationBytes(x, t), 14 * x.s * x.b * x.h)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
+// Transformer Engine fuses a dense layer's norms into linear_qkv and linear_fc1
+// (input_layernorm and pre_mlp_layernorm are IdentityOp in its layer spec): layernorm
+// changes nothing, and mlp checkpoints from the residual, so the pre-MLP norm's output
+// (2sbh) and statistics (8sb) go with fc1's and GeLU's outputs: 16sbh + 8sb.
+TEST(Activations, TransformerEngineFusesTheDenseNorms) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.profile = ProfileKind::kTransformerEngine;
+    t.recompute = RecomputeKind::kSelective;
+    t.recompute_modules = RecomputeModuleBit(RecomputeModule::kCoreAttn) |
+                          RecomputeModuleBit(RecomputeModule::kLayerNorm);
+    EXPECT_EQ(PerLayerActivationBytes(x, t), 34 * x.s * x.b * x.h + 16 * x.s * x.b);
+    t.recompute_modules = RecomputeModuleBit(RecomputeModule::kCoreAttn) |
+                          RecomputeModuleBit(RecomputeModule::kMlp);
+    EXPECT_EQ(PerLayerActivationBytes(x, t), 16 * x.s * x.b * x.h + 8 * x.s * x.b)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
+// mla_up_proj discards the query, key and value the up projections and RoPE make
+// (2sb*A*(qk+rope) twice, 2sb*A*v; cuDNN attention saved them in place) and keeps the
+// up projection's inputs: the compressed query and key-value, which the linears kept
+// anyway, and the key's positional part, a view that holds the whole down projection
+// output [s, b, R + rope] (2sb(R + rope)) as Megatron's save_for_backward does.
+TEST(Activations, MlaUpProjectionRecompute) {
+  const int64_t s = 64, b = 2, A = 4, q_lora = 64, R = 32, qk = 16, rope = 8, v = 16;
+  auto per_layer = [&](uint32_t modules) {
+    auto after_forward = [&](int64_t layers) {
+      ModelConfig m =
+          test::WithLatentAttention(test::Llama(layers, 256, A, A, 512, 1024), q_lora, R, qk,
+                                    rope, v);
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      TrainingConfig t;
+      t.seq_length = s;
+      t.micro_batch_size = b;
+      t.precision = Precision::kBf16;
+      t.attention = AttentionKind::kFused;
+      t.profile = ProfileKind::kTransformerEngine;
+      t.dropout = false;
+      t.recompute = RecomputeKind::kSelective;
+      t.recompute_modules = modules;
+      return ActivationBytesAfterForward(m, t);
+    };
+    return after_forward(2) - after_forward(1);
+  };
+  const uint32_t core_attn = RecomputeModuleBit(RecomputeModule::kCoreAttn);
+  const int64_t saved = per_layer(core_attn) -
+                        per_layer(core_attn | RecomputeModuleBit(RecomputeModule::kMlaUpProj));
+  EXPECT_EQ(saved, 2 * s * b * A * (2 * (qk + rope) + v) - 2 * s * b * (R + rope));
 }
 
 // FlashAttention keeps no s^2 tensor. Per layer it saves (16-bit): LayerNorm input and
@@ -326,6 +403,28 @@ TEST(ParameterCount, MultiLatentAttention) {
   EXPECT_EQ(ParameterCount(v3) - mlp_norms_embeddings, 187107328);
 }
 
+// TransformerConfig's rules for recompute modules, checked when the run is finalized.
+TEST(TrainingConfig, RecomputeModulesNeedTheirModules) {
+  ModelConfig m = Llama(2, 256, 4, 4, 512, 1024);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t;
+  t.recompute = RecomputeKind::kSelective;
+  t.recompute_modules = RecomputeModuleBit(RecomputeModule::kMoeAct);
+  EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
+            "recompute module moe_act needs the grouped GEMM experts (--moe-grouped-gemm), as "
+            "Megatron-Core requires");
+  t.moe_grouped_gemm = true;
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  t.recompute_modules = RecomputeModuleBit(RecomputeModule::kMlaUpProj);
+  EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
+            "recompute module mla_up_proj needs multi-latent attention (kv_lora_rank > 0)");
+  t.recompute = RecomputeKind::kFull;  // the modules count only under selective
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  t.recompute_modules = 1u << 20;
+  EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
+            "recompute_modules has bits of no module: 1048576");
+}
+
 TEST(ModelConfig, RejectsImpossibleShapes) {
   ModelConfig m;
   m.hidden_size = 1000;
@@ -403,6 +502,61 @@ int64_t CrossEntropyForwardPeakBytes(bool fused, at::ScalarType* grad_dtype) {
 // vectors (max, target logit, sum of exps, loss: 4 * 128 B). --cross-entropy-loss-fusion (native):
 // each compiled in-place step holds one more float32 buffer of the logits' size while it runs, the
 // last one with all of the above alive. Both hand back a bf16 gradient.
+// Note [Output-discarding recomputation], on real CPU tensors: y = 3x is discarded once
+// z = y * w has saved it, and recomputed into y's storage when z's gradient arrives, so
+// dL/dw = y reads the recomputed values (3x) and dL/dx = 3w. The forward's y is freed at
+// the discard (before the loss exists), the recomputation allocates anew in backward, and
+// nothing but the two gradients outlives the graph.
+TEST(CheckpointWithoutOutput, RecomputesIntoTheDiscardedStorageOnCpu) {
+  InstallCpuTrackingAllocator();
+  const at::Tensor x = at::arange(32, at::kFloat).view({4, 8}).requires_grad_();
+  const at::Tensor w = (at::arange(32, at::kFloat).view({4, 8}) + 1).requires_grad_();
+  Session session(nullptr, c10::DeviceType::CPU);
+  int64_t y_id = -1;
+  bool discarded_before_loss = false;
+  {
+    ActiveSession active(session);
+    CheckpointWithoutOutput checkpoint;
+    at::Tensor y = checkpoint.Run(
+        [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] * 3}; },
+        {x})[0];
+    y_id = TrackingAllocator::StorageIdOf(y.storage().data_ptr(), &session.recorder());
+    at::Tensor z = y * w;
+    checkpoint.DiscardOutputAndRegisterRecompute(z);
+    EXPECT_EQ(y.storage().nbytes(), 0u);
+    discarded_before_loss = !session.recorder().events().back().is_alloc &&
+                            session.recorder().events().back().storage_id == y_id;
+    at::Tensor loss = z.sum();
+    loss.backward();
+    EXPECT_EQ(y.storage().nbytes(), 128u);  // the recomputed y, shared
+  }
+  EXPECT_TRUE(at::equal(w.grad(), x.detach() * 3));
+  EXPECT_TRUE(at::equal(x.grad(), w.detach() * 3));
+  // The [4, 8] float tensors' events (CPU kernels also make small scalar buffers), each
+  // storage named by the order it first appears: y, z, y freed by the discard; in
+  // backward the recomputed y (3), dL/dw and dL/dy (4, 5), dL/dx (6); dL/dy goes with the
+  // recomputed graph; z and the recomputed y when the test's y and z go, y holding the
+  // recomputed memory through its storage.
+  const Recorder& r = session.recorder();
+  std::vector<std::pair<bool, int>> events;
+  std::map<int64_t, int> order;
+  int64_t live_bytes = 0;
+  for (const MemoryEvent& e : r.events()) {
+    const int64_t bytes = r.storages()[static_cast<size_t>(e.storage_id)].size_bytes;
+    live_bytes += e.is_alloc ? bytes : -bytes;
+    if (bytes != 128) continue;
+    const int index = order.emplace(e.storage_id, static_cast<int>(order.size())).first->second;
+    events.emplace_back(e.is_alloc, index);
+  }
+  const std::vector<std::pair<bool, int>> expected = {
+      {true, 0},  {true, 1},  {false, 0}, {true, 2},  {true, 3},
+      {true, 4},  {true, 5},  {false, 4}, {false, 1}, {false, 2}};
+  EXPECT_EQ(events, expected);
+  EXPECT_EQ(order.begin()->first, y_id);
+  EXPECT_EQ(discarded_before_loss, true);
+  EXPECT_EQ(live_bytes, 2 * 128);  // x.grad and w.grad
+}
+
 TEST(Activations, FusedCrossEntropyHoldsOneMoreFloat32Logits) {
   at::ScalarType unfused_dtype, fused_dtype;
   const int64_t unfused = CrossEntropyForwardPeakBytes(false, &unfused_dtype);

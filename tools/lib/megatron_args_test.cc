@@ -430,6 +430,47 @@ TEST(MegatronArgs, MultiTokenPrediction) {
             "hidden-state mixing); drop it to simulate the run without it");
 }
 
+// --recompute-modules as TransformerConfig reads it: only under selective granularity
+// (default core_attn); --moe-layer-recompute makes it selective and adds moe.
+TEST(MegatronArgs, RecomputeModules) {
+  const std::string base =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 ";
+  auto bit = [](RecomputeModule m) { return RecomputeModuleBit(m); };
+  const TrainingConfig selective =
+      Parse(base + "--recompute-granularity selective", 1).spec.training;
+  EXPECT_EQ(selective.recompute_modules, bit(RecomputeModule::kCoreAttn));
+  const TrainingConfig modules =
+      Parse(base + "--recompute-granularity selective --recompute-modules layernorm mlp", 1)
+          .spec.training;
+  EXPECT_EQ(modules.recompute, RecomputeKind::kSelective);
+  EXPECT_EQ(modules.recompute_modules,
+            bit(RecomputeModule::kLayerNorm) | bit(RecomputeModule::kMlp));
+  EXPECT_FALSE(modules.Recomputes(RecomputeModule::kCoreAttn));
+  const TrainingConfig moe = Parse(base + "--moe-layer-recompute", 1).spec.training;
+  EXPECT_EQ(moe.recompute, RecomputeKind::kSelective);
+  EXPECT_EQ(moe.recompute_modules, bit(RecomputeModule::kCoreAttn) | bit(RecomputeModule::kMoe));
+  // Megatron-LM ignores the modules without selective granularity.
+  EXPECT_FALSE(Parse(base + "--recompute-modules mlp", 1).spec.training.Recomputes(
+      RecomputeModule::kMlp));
+
+  EXPECT_EQ(ErrorOf(base + "--recompute-granularity selective --recompute-modules core_attn mpl"),
+            "--recompute-modules: unknown recompute module 'mpl' (use one of: core_attn, "
+            "layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts)");
+  EXPECT_EQ(ErrorOf(base + "--recompute-granularity selective --recompute-modules mhc"),
+            "--recompute-modules mhc changes memory in a way memsim does not model (gated delta "
+            "networks and hyper-connections); drop it to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--recompute-granularity full --recompute-method uniform "
+                           "--recompute-num-layers 1 --moe-layer-recompute"),
+            "--moe-layer-recompute cannot be used with --recompute-granularity full "
+            "(Megatron-Core rejects it)");
+  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-shared-expert-intermediate-size 64 "
+                           "--moe-shared-expert-overlap --recompute-granularity selective "
+                           "--recompute-modules shared_experts"),
+            "--recompute-modules shared_experts cannot be used with --moe-shared-expert-overlap "
+            "(Megatron-Core rejects it)");
+}
+
 // --pipeline-model-parallel-layout is kept for FinalizeLayout (parallel/layout_test.cc);
 // Megatron-LM takes one way of giving virtual stages.
 TEST(MegatronArgs, PipelineLayout) {
@@ -564,10 +605,6 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-token-dispatcher-type flex"),
             "--moe-token-dispatcher-type 'flex' is not modelled (memsim supports allgather, "
             "alltoall)");
-  EXPECT_EQ(ErrorOf(base + "--recompute-granularity selective --recompute-modules core_attn mlp"),
-            "--recompute-modules changes memory in a way memsim does not model (selective "
-            "recomputation of modules other than core_attn); drop it to simulate the run "
-            "without it");
   EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type a2a", 8),
             "--cp-comm-type a2a changes memory in a way memsim does not model (context-parallel "
             "communication other than p2p); drop it to simulate the run without it");
