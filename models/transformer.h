@@ -94,6 +94,37 @@
 // temporaries are not modelled (the roll is cp = 1's). Refused: MTP layers outside the
 // loss's chunk (Note [Pipeline layout] in parallel/layout.h), and in megatron_args.cc
 // repeated layers, detached heads, hidden-state mixing.
+//
+// Note [Recompute modules]
+// Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:
+// TransformerLayer, SelfAttention/MLASelfAttention, MoELayer and TEGroupedMLP read
+// config.recompute_modules only when recompute_granularity is selective; default core_attn).
+// Two mechanisms (tensor_parallel/random.py):
+//   checkpointed (Checkpoint in layers.h): runs without saving anything but its inputs,
+//     reruns in backward:
+//       core_attn       core attention (eager only: FlashAttention and cuDNN keep no S^2
+//                       tensor, so memsim leaves them as they are)
+//       mlp             a dense layer's MLP from the pre-MLP norm's output; with Transformer
+//                       Engine the norm is linear_fc1's (pre_mlp_layernorm is IdentityOp), so
+//                       from the residual
+//       moe             an MoE layer's routing, dispatch, experts and combine. The recomputed
+//                       probabilities the alltoall dispatcher keeps until the layer's next
+//                       forward hold the recomputed graph, whose leaf is the checkpoint's
+//                       detached input: that input and its gradient stay until then too
+//       shared_experts  the shared experts
+//   output-discarding (CheckpointWithoutOutput in layers.h, Note [Output-discarding
+//   recomputation]): the output goes once its consumers saved it, and is recomputed into
+//   the same storage when backward reaches them:
+//       layernorm       input_layernorm and pre_mlp_layernorm where they are modules of their
+//                       own: always with local layers; with Transformer Engine only where no
+//                       linear fuses them (MLA's input norm, an MoE layer's pre-MLP norm)
+//       moe_act         the routed experts' probability-weighted activation (grouped GEMM
+//                       experts only, as Megatron requires), until fc2 has run
+//       mla_up_proj     MLA's up projections and RoPE (query, key, value), until core
+//                       attention has run; the inputs kept include the key's positional part,
+//                       a view holding the whole down projection output
+// MTP depths' decoder layers follow the same rules. Not modelled (refused):
+// gdn_norm_out, gdp_in_proj, gdp_qkv, mhc.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -9,13 +9,23 @@ namespace {
 // Tensor-parallel collectives per decoder layer and microbatch on the critical path: the
 // attention and MLP outputs' all-reduce (with sequence parallelism the same bytes as an
 // all-gather before and a reduce-scatter after) in forward, their input gradients' in
-// backward, and the forward's again when full recomputation reruns it.
-int64_t TensorParallelCollectivesPerLayer(const TrainingConfig& training) {
-  return training.recompute == RecomputeKind::kFull ? 6 : 4;
+// backward, and the forward's again when recomputation reruns it: both under full
+// recomputation, the MLP's when the mlp (dense layers) or moe (MoE layers) recompute module
+// checkpoints it.
+int64_t TensorParallelCollectivesPerLayer(const TrainingConfig& training, bool moe_layer) {
+  if (training.recompute == RecomputeKind::kFull) return 6;
+  const bool mlp_rerun = training.Recomputes(moe_layer ? RecomputeModule::kMoe
+                                                       : RecomputeModule::kMlp);
+  return mlp_rerun ? 5 : 4;
 }
 
-// Token exchanges per MoE layer and microbatch: dispatch and combine, forward and backward.
-constexpr int64_t kExpertExchangesPerLayer = 4;
+// Token exchanges per MoE layer and microbatch: dispatch and combine, forward and backward,
+// and forward's again when the layer is recomputed.
+int64_t ExpertExchangesPerLayer(const TrainingConfig& training) {
+  const bool rerun = training.recompute == RecomputeKind::kFull ||
+                     training.Recomputes(RecomputeModule::kMoe);
+  return rerun ? 6 : 4;
+}
 
 int64_t ActivationBytesPerElement(const TrainingConfig& training) {
   return training.precision == Precision::kFp32 ? 4 : 2;
@@ -52,13 +62,16 @@ StepTime EstimateStepTime(const ModelConfig& model, const TrainingConfig& traini
                         static_cast<double>(training.micro_batch_size);
   const double activation_bytes = tokens * static_cast<double>(model.hidden_size) *
                                   static_cast<double>(ActivationBytesPerElement(training));
-  const double tp_layer_s =
-      static_cast<double>(TensorParallelCollectivesPerLayer(training)) *
+  const double tp_collective_s =
       CollectiveSeconds(gpu, CollectiveKind::kAllReduce, activation_bytes, layout.tp, 1);
+  const double tp_dense_layer_s =
+      static_cast<double>(TensorParallelCollectivesPerLayer(training, false)) * tp_collective_s;
+  const double tp_moe_layer_s =
+      static_cast<double>(TensorParallelCollectivesPerLayer(training, true)) * tp_collective_s;
   const double routed_bytes = activation_bytes / static_cast<double>(layout.tp) *
                               static_cast<double>(model.moe_router_topk);
   const double ep_layer_s = model.num_experts > 0
-                                ? static_cast<double>(kExpertExchangesPerLayer) *
+                                ? static_cast<double>(ExpertExchangesPerLayer(training)) *
                                       CollectiveSeconds(gpu, CollectiveKind::kAllToAll,
                                                         routed_bytes, layout.ep, layout.etp)
                                 : 0;
@@ -78,8 +91,8 @@ StepTime EstimateStepTime(const ModelConfig& model, const TrainingConfig& traini
             std::max<int64_t>(0, first + count - std::max(first, model.moe_first_k_dense_layers));
       }
     }
-    comm_s.push_back(static_cast<double>(layers) * tp_layer_s +
-                     static_cast<double>(moe_layers) * ep_layer_s);
+    comm_s.push_back(static_cast<double>(layers - moe_layers) * tp_dense_layer_s +
+                     static_cast<double>(moe_layers) * (tp_moe_layer_s + ep_layer_s));
     stage_s.push_back(clock.compute_s / static_cast<double>(clock.microbatches) + comm_s.back());
 
     // Gradients over the data-parallel group (ranks tp * cp apart), then parameters.

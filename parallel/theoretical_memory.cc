@@ -169,6 +169,10 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
   if (t.recompute == RecomputeKind::kSelective && !l.sequence_parallel) {
     caveats.push_back("selective recomputation ignored without sequence parallelism");
   }
+  if (t.recompute == RecomputeKind::kSelective &&
+      t.recompute_modules != RecomputeModuleBit(RecomputeModule::kCoreAttn)) {
+    caveats.push_back("recompute modules counted as core_attn");
+  }
   if (m.num_query_groups != m.num_attention_heads) caveats.push_back("activations ignore GQA");
   if (m.activation == ActivationKind::kSwiglu &&
       !(l.sequence_parallel && t.recompute == RecomputeKind::kSelective)) {
