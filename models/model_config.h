@@ -202,6 +202,9 @@ struct TrainingConfig {
   // layers.h). Megatron-LM requires PP > 1 and gradient accumulation fusion.
   bool defer_embedding_wgrad = false;
   int64_t wgrad_deferral_limit = 0;
+  // --empty-unused-memory-level: Megatron-LM's train_step empties the CUDA cache after
+  // forward-backward (1) and after the optimizer step too (2); reserved memory only.
+  int32_t empty_unused_memory_level = 0;
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;

@@ -254,8 +254,10 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       }
     }
     model.FinishDeferredWgrad();  // finish_embedding_wgrad_compute, before finalize_model_grads
+    if (training.empty_unused_memory_level >= 1) session.EmptyCache();  // train_step's
     session.SetPhase(Phase::kOptimizer);
     optimizer.Step();
+    if (training.empty_unused_memory_level >= 2) session.EmptyCache();
     session.EndIteration();
   }
 }

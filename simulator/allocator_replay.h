@@ -20,8 +20,9 @@
 
 namespace memsim {
 
-// Replays events [0, end_event) of `recorder` through `*allocator`, calling, for each
-// event e,
+// Replays events [0, end_event) of `recorder` through `*allocator`, emptying the cache at
+// each kEmptyCache marker before the event it precedes (and after the last event when the
+// whole log is replayed), calling, for each event e,
 //   visitor.BeforeEvent(event)                 before the model sees it;
 //   visitor.OnAlloc(e, event, allocation)      after an allocation succeeded;
 //   visitor.OnFree(e, event, allocation)       after a free (the block the storage had).
@@ -35,7 +36,16 @@ int64_t ReplayAllocations(const Recorder& recorder, CachingAllocatorModel* alloc
   const std::vector<StorageInfo>& storages = recorder.storages();
   MEMSIM_DCHECK(0 <= end_event && end_event <= static_cast<int64_t>(events.size()));
   std::vector<CachingAllocatorModel::Allocation> block_of_storage(storages.size());
+  const std::vector<Marker>& markers = recorder.markers();
+  size_t next_marker = 0;
+  // Empties the cache at the kEmptyCache markers placed at or before event `e`.
+  auto empty_cache_through = [&](int64_t e) {
+    for (; next_marker < markers.size() && markers[next_marker].event_index <= e; ++next_marker) {
+      if (markers[next_marker].kind == MarkerKind::kEmptyCache) allocator->EmptyCache();
+    }
+  };
   for (int64_t e = 0; e < end_event; ++e) {
+    empty_cache_through(e);
     const MemoryEvent& event = events[static_cast<size_t>(e)];
     const size_t id = static_cast<size_t>(event.storage_id);
     visitor.BeforeEvent(event);
@@ -49,6 +59,7 @@ int64_t ReplayAllocations(const Recorder& recorder, CachingAllocatorModel* alloc
       visitor.OnFree(e, event, block_of_storage[id]);
     }
   }
+  if (end_event == static_cast<int64_t>(events.size())) empty_cache_through(end_event);
   return -1;
 }
 

@@ -76,6 +76,7 @@ enum class MarkerKind : uint8_t {
   kIterationEnd,
   kPhaseBegin,
   kMicrobatchBegin,
+  kEmptyCache,  // torch.cuda.empty_cache(): the replay releases every free cached segment
 };
 
 // A point in the event log: marker applies before event `event_index`.

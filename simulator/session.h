@@ -49,6 +49,9 @@ class Session {
   void BeginIteration(int32_t iteration);
   void EndIteration();
   void SetPhase(Phase phase) { recorder_.SetPhase(phase); }
+  // torch.cuda.empty_cache() here: allocated memory is unchanged, reserved memory drops
+  // by the cached segments no block uses (Note [Allocator replay]).
+  void EmptyCache() { recorder_.AddMarker(MarkerKind::kEmptyCache); }
   void SetMicrobatch(int32_t microbatch) { recorder_.SetMicrobatch(microbatch); }
   // Re-categorizes the storage behind `tensor` if this session tracked it.
   void Retag(const at::Tensor& tensor, Category category);

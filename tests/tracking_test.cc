@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "simulator/allocator_replay.h"
 #include "simulator/session.h"
 #include "simulator/status.h"
 #include "simulator/tracking_allocator.h"
@@ -172,6 +173,44 @@ TEST(Tracking, MetaResizeGrowsThroughTheTracker) {
   const std::vector<EventTuple> expected = {
       {true, 0, 8}, {true, 1, 64}, {false, 0, 8}, {false, 1, 64}};
   EXPECT_EQ(Events(session.recorder()), expected);
+}
+
+// An empty_cache() marker (Session::EmptyCache) releases the cached segments no block uses
+// when the log is replayed (Note [Allocator replay]): a 30 MiB tensor gets a 30 MiB segment
+// of its own; freed and cached, it would hold the next 4 MiB tensor, but emptied, that one
+// needs a fresh 20 MiB segment (requests under 10 MiB get kLargeBuffer). Allocated memory
+// is the same either way.
+TEST(AllocatorReplay, EmptyCacheMarkerReleasesFreeSegments) {
+  for (bool empty_cache : {false, true}) {
+    Session session;
+    {
+      ActiveSession active(session);
+      at::Tensor big = at::empty({30 << 20}, MetaFloat().dtype(at::kByte));
+      big.reset();
+      if (empty_cache) session.EmptyCache();
+      at::Tensor small = at::empty({4 << 20}, MetaFloat().dtype(at::kByte));
+      small.reset();
+      if (empty_cache) session.EmptyCache();  // after the last event: applied at the end
+    }
+    CachingAllocatorModel allocator;
+    struct Reserved : ReplayVisitor {
+      CachingAllocatorModel* allocator;
+      std::vector<int64_t> after_alloc;
+      void OnAlloc(int64_t, const MemoryEvent&, const CachingAllocatorModel::Allocation&) {
+        after_alloc.push_back(allocator->stats().reserved_bytes);
+      }
+    } reserved;
+    reserved.allocator = &allocator;
+    const Recorder& r = session.recorder();
+    EXPECT_EQ(ReplayAllocations(r, &allocator, static_cast<int64_t>(r.events().size()), reserved),
+              -1);
+    const std::vector<int64_t> expected =
+        empty_cache ? std::vector<int64_t>{30 << 20, 20 << 20} : std::vector<int64_t>{30 << 20, 30 << 20};
+    EXPECT_EQ(reserved.after_alloc, expected) << "empty_cache " << empty_cache;
+    EXPECT_EQ(allocator.stats().reserved_bytes, empty_cache ? 0 : 30 << 20);
+    EXPECT_EQ(allocator.stats().allocated_bytes, 0);
+    EXPECT_EQ(allocator.stats().peak_allocated_bytes, 30 << 20);
+  }
 }
 
 // Fake execution sees what real execution does: the same fp32 model, run on meta and on

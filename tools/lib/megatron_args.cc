@@ -1115,14 +1115,20 @@ Status ReadRecomputation(Args& a, TrainingConfig* training) {
   return Status::OK();
 }
 
-// Memory management that memsim models only when off.
-Status ReadMemoryManagement(Args& a) {
-  for (auto [name, what] :
-       {std::pair{"--cpu-offloading-num-layers", "activation offloading to CPU"},
-        {"--empty-unused-memory-level", "emptying the CUDA cache"}}) {
-    if (a.Text(name, "0") != "0") return NotModelled(name, what);
-    a.Ignore(name);
+// Memory management: emptying the cache (train_step's choices 0, 1, 2); CPU offloading and
+// CUDA graphs only when off.
+Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
+  int64_t level = 0;
+  MEMSIM_RETURN_IF_ERROR(a.Int("--empty-unused-memory-level", &level));
+  if (level < 0 || level > 2) {
+    return Status::Error("--empty-unused-memory-level must be 0, 1 or 2, got " +
+                         std::to_string(level));
   }
+  training->empty_unused_memory_level = static_cast<int32_t>(level);
+  if (a.Text("--cpu-offloading-num-layers", "0") != "0") {
+    return NotModelled("--cpu-offloading-num-layers", "activation offloading to CPU");
+  }
+  a.Ignore("--cpu-offloading-num-layers");
   if (a.Text("--cuda-graph-impl", "none") != "none") {
     return NotModelled("--cuda-graph-impl", "CUDA graphs");
   }
@@ -1168,7 +1174,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, &t));
-  return ReadMemoryManagement(a);
+  return ReadMemoryManagement(a, &t);
 }
 
 // Environment variables of a launch. Modelled ones change what the CUDA libraries

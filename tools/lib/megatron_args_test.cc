@@ -471,6 +471,18 @@ TEST(MegatronArgs, RecomputeModules) {
             "(Megatron-Core rejects it)");
 }
 
+// train_step empties the cache after forward-backward (1), and after the step too (2).
+TEST(MegatronArgs, EmptyUnusedMemoryLevel) {
+  const std::string base =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 ";
+  EXPECT_EQ(Parse(base, 1).spec.training.empty_unused_memory_level, 0);
+  EXPECT_EQ(Parse(base + "--empty-unused-memory-level 2", 1).spec.training.empty_unused_memory_level,
+            2);
+  EXPECT_EQ(ErrorOf(base + "--empty-unused-memory-level 3"),
+            "--empty-unused-memory-level must be 0, 1 or 2, got 3");
+}
+
 // --pipeline-model-parallel-layout is kept for FinalizeLayout (parallel/layout_test.cc);
 // Megatron-LM takes one way of giving virtual stages.
 TEST(MegatronArgs, PipelineLayout) {

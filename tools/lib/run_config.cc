@@ -252,6 +252,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          return s.ok() ? s
                        : Status::Error(Where(source, v) + ": recompute_modules: " + s.message());
        }},
+      {"empty_unused_memory_level",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "empty_unused_memory_level", &t->empty_unused_memory_level);
+       }},
       {"optimizer",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "optimizer", &ParseOptimizer, &t->optimizer);
