@@ -312,6 +312,8 @@ struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
 struct RecomputeClosure : public torch::CustomClassHolder {
   RecomputeFn fn;
   NameId module;
+  int64_t distribute_over = 1;
+  std::vector<int64_t> first_input_shape;
 };
 
 struct CheckpointFunction : public Function<CheckpointFunction> {
@@ -319,14 +321,29 @@ struct CheckpointFunction : public Function<CheckpointFunction> {
                             c10::intrusive_ptr<RecomputeClosure> closure) {
     ctx->save_for_backward(inputs.vec());
     at::Tensor out = closure->fn(inputs.vec());
+    if (closure->distribute_over > 1) {
+      // split_tensor_into_1d_equal_chunks(new_buffer=True), set as the input's data.
+      const at::Tensor& first = inputs[0];
+      closure->first_input_shape = first.sizes().vec();
+      const int64_t share = first.numel() / closure->distribute_over;
+      at::Tensor chunk = at::empty({share}, first.options());
+      chunk.copy_(first.detach().reshape({-1}).narrow(0, 0, share));
+      first.set_data(chunk);
+    }
     ctx->saved_data["closure"] = c10::IValue::make_capsule(std::move(closure));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto closure = c10::static_intrusive_pointer_cast<RecomputeClosure>(
         ctx->saved_data["closure"].toCapsule());
+    const variable_list saved_inputs = ctx->get_saved_variables();
+    if (closure->distribute_over > 1) {  // gather_split_1d_tensor, set as the input's data
+      const at::Tensor& first = saved_inputs[0];
+      first.set_data(AllGather(first.detach(), closure->distribute_over)
+                         .view(closure->first_input_shape));
+    }
     std::vector<at::Tensor> inputs;
-    for (const at::Tensor& saved : ctx->get_saved_variables()) {
+    for (const at::Tensor& saved : saved_inputs) {
       inputs.push_back(saved.detach().requires_grad_(true));
     }
     at::Tensor out;
@@ -596,10 +613,12 @@ at::Tensor AttachLoss(const at::Tensor& output, const at::Tensor& loss) {
   return AttachLossFunction::apply(output, loss);
 }
 
-at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {
+at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs,
+                      int64_t distribute_over) {
   auto closure = c10::make_intrusive<RecomputeClosure>();
   closure->fn = fn;
   closure->module = ModuleScope::Current();
+  closure->distribute_over = distribute_over;
   return CheckpointFunction::apply(at::TensorList(inputs), std::move(closure));
 }
 

@@ -142,8 +142,12 @@ at::Tensor AttachLoss(const at::Tensor& output, const at::Tensor& loss);
 
 // Megatron's CheckpointFunction (activation recomputation): runs `fn` saving nothing but
 // its inputs, and runs it again in backward, in the module that was current here.
+// `distribute_over` > 1 (distribute_saved_activations): after `fn` the first input's data
+// becomes a new buffer of its 1/distribute_over share (its full storage goes with its last
+// holder), all-gathered into a new full buffer again before the recomputation.
 using RecomputeFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
-at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
+at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs,
+                      int64_t distribute_over = 1);
 
 // Note [Output-discarding recomputation]
 // Megatron-Core's CheckpointWithoutOutput (tensor_parallel/random.py), for recompute modules

@@ -177,6 +177,10 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error("recompute_num_layers must be in [1, num_layers=" + Str(m.num_layers) +
                          "], got " + Str(t.recompute_num_layers));
   }
+  if (t.distribute_saved_activations && t.recompute != RecomputeKind::kFull) {
+    return Status::Error(
+        "distributing saved activations needs full recomputation (as Megatron-LM asserts)");
+  }
   if (t.empty_unused_memory_level < 0 || t.empty_unused_memory_level > 2) {
     return Status::Error("empty_unused_memory_level must be 0, 1 or 2, got " +
                          Str(t.empty_unused_memory_level));

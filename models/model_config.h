@@ -176,6 +176,10 @@ struct TrainingConfig {
   RecomputeKind recompute = RecomputeKind::kNone;
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;
   int64_t recompute_num_layers = 1;
+  // --distribute-saved-activations: under full recomputation each checkpoint keeps 1/tp of
+  // its input hidden state (Checkpoint's distribute_over in layers.h). Megatron-LM requires
+  // TP > 1 and no sequence parallelism.
+  bool distribute_saved_activations = false;
   // RecomputeModuleBit()s of what kSelective recomputes; Megatron's default is core_attn.
   uint32_t recompute_modules = RecomputeModuleBit(RecomputeModule::kCoreAttn);
   // Whether selective recomputation covers `module`.

@@ -474,14 +474,15 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     units.push_back({i, last, full && (uniform || i < group)});
     i = last;
   }
-  auto run_unit = [&units, run_layers](int64_t u, const at::Tensor& x) {
+  const int64_t distribute_over = training_.distribute_saved_activations ? shard_.tp : 1;
+  auto run_unit = [&units, run_layers, distribute_over](int64_t u, const at::Tensor& x) {
     const Unit unit = units[static_cast<size_t>(u)];
     if (!unit.checkpointed) return run_layers(unit.first, unit.last, x);
     return Checkpoint(
         [run_layers, unit](const std::vector<at::Tensor>& in) {
           return run_layers(unit.first, unit.last, in[0]);
         },
-        {x});
+        {x}, distribute_over);
   };
   const int64_t num_units = static_cast<int64_t>(units.size());
   at::Tensor hidden = input;

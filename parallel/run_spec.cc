@@ -36,6 +36,17 @@ Status FinalizeUnchecked(RunSpec* spec) {
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
   }
+  if (t.distribute_saved_activations && (l.tp == 1 || l.sequence_parallel)) {
+    return Status::Error(
+        "distributing saved activations needs TP > 1 without sequence parallelism (as "
+        "Megatron-LM asserts)");
+  }
+  if (t.distribute_saved_activations && spec->model.mtp_num_layers > 0) {
+    // MultiTokenPredictionLayer would overwrite the depth's input, which the concatenation
+    // of the depths' outputs still reads.
+    return Status::Error(
+        "distributing saved activations with multi-token prediction is not modelled");
+  }
   if (t.defer_embedding_wgrad && l.pp == 1) {
     return Status::Error(
         "deferring the embedding weight gradients needs pipeline parallelism (PP > 1), as "

@@ -97,6 +97,39 @@ TEST(Activations, KorthikantiFullRecomputation) {
   }
 }
 
+// --distribute-saved-activations with TP 2 (no sequence parallelism): each checkpointed
+// layer keeps half of its input, sbh bytes instead of 2sbh; the input's full storage goes
+// (nothing else holds the previous layer's output).
+TEST(Activations, DistributedSavedActivationsKeepATensorParallelShare) {
+  for (const Shape& x : kShapes) {
+    auto after_forward = [&](int64_t layers) {
+      ModelConfig m = test::Gpt(layers, x.h, x.a);
+      EXPECT_TRUE(FinalizeModelConfig(&m, 2).ok());
+      TrainingConfig t = Fp16Eager(x);
+      t.recompute = RecomputeKind::kFull;
+      t.distribute_saved_activations = true;
+      ModelShard shard = ModelShard::Whole(m);
+      shard.tp = 2;
+      Session session;
+      ActiveSession active(session);
+      ParameterStore store(t.precision);
+      TransformerModel transformer(m, t, shard, &store);
+      store.AllocateGradBuffer();
+      session.SetPhase(Phase::kForward);
+      at::Tensor loss = transformer.Forward();
+      int64_t bytes = 0;
+      const Recorder& r = session.recorder();
+      ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+        const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+        if (s.category == Category::kActivation) bytes += s.size_bytes;
+      });
+      return bytes;
+    };
+    EXPECT_EQ(after_forward(2) - after_forward(1), x.s * x.b * x.h)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
 // Recompute modules (Note [Recompute modules] in transformer.h) on top of Korthikanti's
 // selective 34sbh (core_attn), Megatron-Core local layers: layernorm discards both norms'
 // outputs (2sbh each; the linears after them saved them) and nothing inside a norm is saved

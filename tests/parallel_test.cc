@@ -573,6 +573,13 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   moe_full.training.recompute_method = RecomputeMethod::kBlock;
   moe_full.training.recompute_num_layers = 7;
   cases.push_back(moe_full);
+  // Full recomputation keeping a TP share of each checkpoint's input.
+  Case distributed = cases[2];
+  distributed.name = "gpt tp2, distributed saved activations";
+  distributed.layout.world_size = 8;
+  distributed.layout.tp = 2;
+  distributed.training.distribute_saved_activations = true;
+  cases.push_back(distributed);
   // Selective recomputation of every module (Note [Recompute modules]): output-discarding
   // norms, MLPs checkpointed with and without Transformer Engine's fused pre-MLP norm;
   // the experts' activation, shared experts and whole MoE layers; MLA's up projections.

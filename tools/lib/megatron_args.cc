@@ -147,6 +147,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--recompute-num-layers", Arity::kValue, ArgUse::kRead},
     {"--recompute-modules", Arity::kValues, ArgUse::kRead},
     {"--moe-layer-recompute", Arity::kFlag, ArgUse::kRead},
+    {"--distribute-saved-activations", Arity::kFlag, ArgUse::kRead},
     {"--cpu-offloading-num-layers", Arity::kValue, ArgUse::kRead},
     {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
     {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},
@@ -427,8 +428,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--delay-wgrad-compute", Arity::kValues, ArgUse::kRefused, "delayed weight gradients"},
     {"--delta-offload-bytes-across-pp-ranks", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
-    {"--distribute-saved-activations", Arity::kValues, ArgUse::kRefused,
-     "saved activations split over tensor parallelism"},
     {"--enable-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--encoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
@@ -1077,6 +1076,11 @@ Status ReadRecomputation(Args& a, TrainingConfig* training) {
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--recompute-method", {"uniform", "block"}, "", &text));
     t.recompute_method = text == "block" ? RecomputeMethod::kBlock : RecomputeMethod::kUniform;
     MEMSIM_RETURN_IF_ERROR(a.Int("--recompute-num-layers", &t.recompute_num_layers));
+    t.distribute_saved_activations = a.Has("--distribute-saved-activations");
+  } else if (a.Has("--distribute-saved-activations")) {
+    return Status::Error(
+        "--distribute-saved-activations needs --recompute-granularity full (Megatron-LM "
+        "asserts it)");
   } else if (a.Has("--recompute-method") || a.Has("--recompute-num-layers")) {
     return Status::Error(
         "--recompute-method and --recompute-num-layers need --recompute-granularity full "

@@ -1,11 +1,13 @@
 // Megatron-LM launch lines mapped onto RunSpec: the model against memsim's presets, the
 // layout, batch and training switches, the memory-neutral arguments, and the errors.
 #include "tools/lib/megatron_args.h"
+#include "parallel/run_spec.h"
 #include "tests/support/test_models.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 namespace memsim {
@@ -469,6 +471,27 @@ TEST(MegatronArgs, RecomputeModules) {
                            "--recompute-modules shared_experts"),
             "--recompute-modules shared_experts cannot be used with --moe-shared-expert-overlap "
             "(Megatron-Core rejects it)");
+}
+
+// --distribute-saved-activations: full recomputation only (Megatron-LM asserts it; the
+// run spec checks TP > 1 without sequence parallelism).
+TEST(MegatronArgs, DistributeSavedActivations) {
+  const std::string base =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --tensor-model-parallel-size 2 ";
+  const std::string full =
+      "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ";
+  EXPECT_TRUE(Parse(base + full + "--distribute-saved-activations", 2)
+                  .spec.training.distribute_saved_activations);
+  EXPECT_FALSE(Parse(base + full, 2).spec.training.distribute_saved_activations);
+  EXPECT_EQ(ErrorOf(base + "--distribute-saved-activations", 2),
+            "--distribute-saved-activations needs --recompute-granularity full (Megatron-LM "
+            "asserts it)");
+  MegatronArgsResult sp = Parse(base + full + "--distribute-saved-activations --sequence-parallel", 2);
+  std::optional<ValidatedRun> run;
+  EXPECT_EQ(FinalizeRunSpec(sp.spec, &run).message(),
+            "distributing saved activations needs TP > 1 without sequence parallelism (as "
+            "Megatron-LM asserts)");
 }
 
 // train_step empties the cache after forward-backward (1), and after the step too (2).

@@ -241,6 +241,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "recompute_num_layers", &t->recompute_num_layers);
        }},
+      {"distribute_saved_activations",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "distribute_saved_activations", &t->distribute_saved_activations);
+       }},
       {"recompute_modules",
        [&](const YAML::Node& v) {
          // A list of names, as Megatron's --recompute-modules takes them.
