@@ -135,7 +135,8 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
                              int64_t tp_group = 1, bool fused = false);
 
-// Megatron-Core's MTPLossAutoScaler (multi_token_prediction.py): returns `output` as it
+// Megatron-Core's MTPLossAutoScaler (multi_token_prediction.py) and MoEAuxLossAutoScaler
+// (moe/moe_utils.py), which are the same: returns `output` as it
 // is (an alias) and saves `loss`, whose backward, reached through `output`'s, is a new
 // gradient of ones like it, multiplied (another new tensor) by the main loss's scale.
 at::Tensor AttachLoss(const at::Tensor& output, const at::Tensor& loss);

@@ -228,17 +228,6 @@ at::Tensor AllGatherRows(const at::Tensor& input, int64_t group,
 
 // Returns `probs` unchanged and makes its backward run `loss`'s (Megatron's
 // MoEAuxLossAutoScaler): the loss's graph, and what it saved, lives until backward.
-struct AttachLossFunction : public Function<AttachLossFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& probs, const at::Tensor& loss) {
-    ctx->saved_data["loss_sizes"] = loss.sizes().vec();
-    return probs.view_as(probs);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {grads[0], at::ones(ctx->saved_data["loss_sizes"].toIntVector(),
-                               grads[0].options().dtype(at::kFloat))};
-  }
-};
-
 // Returns `x` and keeps `kept` alive until backward (an index a kernel saved).
 struct KeepFunction : public Function<KeepFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& kept) {
@@ -272,10 +261,10 @@ Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens)
     // per-expert sums against the tokens per expert.
     at::Tensor all_scores = at::softmax(logits, -1, at::kFloat);  // [T, E]
     at::Tensor tokens_per_expert = at::empty({m.num_experts}, Meta(at::kFloat));
-    probs = AttachLossFunction::apply(probs, (all_scores.sum(0) * tokens_per_expert).sum());
+    probs = AttachLoss(probs, (all_scores.sum(0) * tokens_per_expert).sum());
   }
   if (m.moe_z_loss_coeff > 0) {
-    probs = AttachLossFunction::apply(probs, at::logsumexp(logits, {-1}).square().mean());
+    probs = AttachLoss(probs, at::logsumexp(logits, {-1}).square().mean());
   }
   return {probs, routing_map};
 }
