@@ -389,6 +389,10 @@ TEST(ParameterCount, PublishedTotals) {
   EXPECT_EQ(ParameterCount(Llama(32, 4096, 32, 32, 11008, 32000)), 6738415616);   // Llama-2-7B
   EXPECT_EQ(ParameterCount(Llama(32, 4096, 32, 8, 14336, 128256)), 8030261248);   // Llama-3-8B
   EXPECT_EQ(ParameterCount(Llama(80, 8192, 64, 8, 28672, 128256)), 70553706496);  // Llama-3-70B
+  // Phi-3-mini (Llama's shapes, fused projections): 3,821,079,552 (keras-hub's preset
+  // metadata), with its 32064-token vocabulary padded to 32128 as Megatron pads it, in the
+  // embedding and the untied output layer: 2 * 64 * 3072 more.
+  EXPECT_EQ(ParameterCount(Llama(32, 3072, 32, 32, 8192, 32064)), 3821079552 + 2 * 64 * 3072);
   // Qwen3-32B ("32.8B"): head_dim 128 and q/k norms; per layer 2H (norms) + (A+2G)DH (qkv)
   // + HAD (proj) + 2D (q/k norms) + 3FH (SwiGLU MLP) = 487,598,336; x 64, + 2VH + H.
   ModelConfig qwen3 = Llama(64, 5120, 64, 8, 25600, 151936);

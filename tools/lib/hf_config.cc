@@ -19,7 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-enum class Family { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kMixtral, kDeepseekV3 };
+enum class Family { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kMixtral, kDeepseekV3, kPhi3 };
 
 struct FamilyInfo {
   const char* model_type;
@@ -35,6 +35,7 @@ constexpr FamilyInfo kFamilies[] = {
     {"qwen3_moe", "Qwen3MoeForCausalLM", Family::kQwen3Moe},
     {"mixtral", "MixtralForCausalLM", Family::kMixtral},
     {"deepseek_v3", "DeepseekV3ForCausalLM", Family::kDeepseekV3},
+    {"phi3", "Phi3ForCausalLM", Family::kPhi3},
 };
 
 // Keys that do not change training memory, accepted and ignored in every family:
@@ -115,7 +116,10 @@ const std::set<std::string> kNeutralKeys = {
 //     output_router_logits (and Qwen3-MoE's norm_topk_prob, a rescaling of the top-k) and
 //     DeepSeek's routing knobs (groups, scoring, scaling, aux loss): the router's
 //     logits are [tokens, experts] whichever way experts are chosen;
-//   ep_size: DeepSeek's inference-time expert split.
+//   ep_size: DeepSeek's inference-time expert split;
+//   Phi-3's original_max_position_embeddings (LongRoPE's scaling base),
+//     partial_rotary_factor (RoPE rotates part of each head; the rotated query and key are
+//     as large either way) and attention_bias (Phi3Attention's projections never have one).
 std::set<std::string> FamilyNeutralKeys(Family family) {
   switch (family) {
     case Family::kLlama:
@@ -131,6 +135,9 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
     case Family::kMixtral:
       return {"sliding_window", "router_aux_loss_coef", "router_jitter_noise",
               "output_router_logits"};
+    case Family::kPhi3:
+      return {"sliding_window", "original_max_position_embeddings", "partial_rotary_factor",
+              "attention_bias"};
     case Family::kDeepseekV3:
       return {"pretraining_tp", "ep_size",      "n_group",        "topk_group",
               "topk_method",    "scoring_func", "norm_topk_prob", "routed_scaling_factor",
@@ -261,8 +268,12 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     if (model_type == f.model_type) info = &f;
   }
   if (info == nullptr) {
-    return Status::Error(path + ": unsupported model_type '" + model_type +
-                         "' (supported: llama, mistral, qwen2, mixtral, deepseek_v3)");
+    std::string supported;
+    for (const FamilyInfo& f : kFamilies) {
+      supported += std::string(supported.empty() ? "" : ", ") + f.model_type;
+    }
+    return Status::Error(path + ": unsupported model_type '" + model_type + "' (supported: " +
+                         supported + ")");
   }
   const Family family = info->family;
   if (r.Take("architectures")) {
@@ -297,10 +308,11 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   MEMSIM_RETURN_IF_ERROR(r.Int("num_attention_heads", true, &m.num_attention_heads));
   MEMSIM_RETURN_IF_ERROR(r.Int("intermediate_size", true, &m.ffn_hidden_size));
   MEMSIM_RETURN_IF_ERROR(r.Int("vocab_size", true, &m.vocab_size));
-  // Llama's num_key_value_heads defaults to the attention heads; the other classes
-  // default to a fixed number, so an absent value would be a guess.
-  MEMSIM_RETURN_IF_ERROR(
-      r.Int("num_key_value_heads", family != Family::kLlama, &m.num_query_groups));
+  // Llama's and Phi-3's num_key_value_heads default to the attention heads; the other
+  // classes default to a fixed number, so an absent value would be a guess.
+  MEMSIM_RETURN_IF_ERROR(r.Int("num_key_value_heads",
+                               family != Family::kLlama && family != Family::kPhi3,
+                               &m.num_query_groups));
   MEMSIM_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &m.tie_embeddings));
   MEMSIM_RETURN_IF_ERROR(r.Number("attention_dropout", &m.attention_dropout));
   // RoPE models have no position table: the length limit allocates nothing.
@@ -363,6 +375,21 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
       m.moe_ffn_hidden_size = m.ffn_hidden_size;  // every layer's MLP is the experts
       break;
+    case Family::kPhi3: {
+      // Phi3ForCausalLM: Llama's layer with q, k, v in one qkv_proj and gate and up in one
+      // gate_up_proj (Megatron's fused layout already); dropout on the embedding
+      // (embd_pdrop) and on each residual branch (resid_pdrop), which memsim's hidden
+      // dropout applies to both.
+      double resid = 0.0, embedding = 0.0;
+      MEMSIM_RETURN_IF_ERROR(r.Number("resid_pdrop", &resid));
+      MEMSIM_RETURN_IF_ERROR(r.Number("embd_pdrop", &embedding));
+      m.hidden_dropout = resid;
+      if (embedding != resid) {
+        note("embd_pdrop " + std::to_string(embedding) + " taken as resid_pdrop " +
+             std::to_string(resid) + ": memsim's hidden dropout is one probability");
+      }
+      break;
+    }
     case Family::kDeepseekV3: {
       MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
       MEMSIM_RETURN_IF_ERROR(r.Int("n_routed_experts", true, &m.num_experts));

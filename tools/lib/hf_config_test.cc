@@ -399,6 +399,48 @@ TEST(HfConfig, DeepseekV3) {
   test::ExpectSameArchitecture(m, preset);
 }
 
+// microsoft/Phi-3-mini-4k-instruct/config.json: Llama's layer with fused projections, a
+// 32064-token vocabulary, untied; Phi-4-mini's partial RoPE and tied embeddings, and a
+// residual dropout that differs from the embedding's, are read or noted.
+TEST(HfConfig, Phi3) {
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Phi-3-mini-4k-instruct", R"({
+  "_name_or_path": "Phi-3-mini-4k-instruct", "architectures": ["Phi3ForCausalLM"],
+  "attention_dropout": 0.0, "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config"},
+  "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+  "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+  "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": true,
+  "vocab_size": 32064
+})"),
+                           &m, &notes)
+                  .ok());
+  ExpectLlamaArchitecture(m);
+  EXPECT_EQ(m.hidden_size, 3072);
+  EXPECT_EQ(m.num_layers, 32);
+  EXPECT_EQ(m.num_query_groups, 32);
+  EXPECT_EQ(m.ffn_hidden_size, 8192);
+  EXPECT_EQ(m.vocab_size, 32064);
+  EXPECT_EQ(m.hidden_dropout, 0.0);
+  EXPECT_TRUE(notes.empty());
+  const std::string phi4_mini = R"({
+  "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072,
+  "intermediate_size": 8192, "num_attention_heads": 24, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "partial_rotary_factor": 0.75, "tie_word_embeddings": true,
+  "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attention_bias": false, "vocab_size": 200064
+})";
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Phi-4-mini", phi4_mini), &m, &notes).ok());
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_EQ(m.num_query_groups, 8);
+  EXPECT_EQ(m.hidden_dropout, 0.1);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("embd_pdrop"), std::string::npos);
+}
+
 TEST(HfConfig, NameFromHuggingFaceCacheOrModelType) {
   ModelConfig m;
   const fs::path cache = fs::path(::testing::TempDir()) / "memsim_hf_config_test" / "hub" /
@@ -473,8 +515,8 @@ TEST(HfConfig, Errors) {
   EXPECT_EQ(ErrorOf(R"({"model_type": 7})"), "FILE: 'model_type' must be a string, got 7");
 
   EXPECT_EQ(ErrorOf(R"({"model_type": "gpt2"})"),
-            "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, mixtral, "
-            "deepseek_v3)");
+            "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
+            "qwen3_moe, mixtral, deepseek_v3, phi3)");
   EXPECT_EQ(ErrorOf(Llama(R"(, "architectures": ["LlamaForSequenceClassification"])")),
             "FILE: unsupported architecture \"LlamaForSequenceClassification\" for model_type "
             "llama (memsim builds LlamaForCausalLM)");
