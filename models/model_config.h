@@ -190,6 +190,10 @@ struct TrainingConfig {
   OptimizerKind optimizer = OptimizerKind::kAdam;
   int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update
   bool dropout = true;        // false: every dropout probability is treated as 0
+  // --grad-reduce-in-bf16 (bf16 training): the gradient buffer is bf16, not fp32; the
+  // optimizer then takes fp32 copies of its gradients as fp16 training does (Note [Mixed
+  // precision state] in models/parameters.h).
+  bool grad_reduce_in_bf16 = false;
   // Megatron's gradient accumulation fusion (off: --no-gradient-accumulation-fusion);
   // Note [Weight gradients] in models/parameters.h.
   bool gradient_accumulation_fusion = true;

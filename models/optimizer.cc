@@ -71,7 +71,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, Optimize
 }
 
 void MixedPrecisionOptimizer::ZeroGrad() {
-  if (store_->precision() == Precision::kFp16) master_grads_.clear();
+  if (store_->grad_dtype() != at::kFloat) master_grads_.clear();
 }
 
 void MixedPrecisionOptimizer::Step() {
@@ -85,7 +85,7 @@ void MixedPrecisionOptimizer::Step() {
       const at::Tensor grad = p.shard_grad.defined()
                                   ? p.shard_grad
                                   : Shard(p.main_grad, p.expert ? expert_shards_ : shards_);
-      master_grads_.push_back(store_->precision() == Precision::kFp16 ? grad.to(at::kFloat) : grad);
+      master_grads_.push_back(grad.to(at::kFloat));  // a copy when gradients are 16-bit
     }
   }
   if (exp_avgs_.empty()) {
@@ -122,7 +122,7 @@ void MixedPrecisionOptimizer::Step() {
           .copy_(masters_[i++]);
     }
   }
-  if (store_->precision() != Precision::kFp16) master_grads_.clear();  // views only
+  if (store_->grad_dtype() == at::kFloat) master_grads_.clear();  // views only
 }
 
 }  // namespace memsim

@@ -3,9 +3,10 @@
 // over a fused Adam (apex/TE FusedAdam) or SGD with momentum.
 //
 //   setup:       fp32 master copy of every 16-bit parameter (param.detach().clone().float())
-//   zero_grad:   fp16 only: frees the fp32 master gradients (set_to_none)
-//   step:        fp16: master grad = main_grad.float() (new fp32 tensor per parameter);
-//                bf16/fp32: the master grad is main_grad itself (fp32 already);
+//   zero_grad:   16-bit gradients only: frees the fp32 master gradients (set_to_none)
+//   step:        16-bit gradients (fp16, bf16 with --grad-reduce-in-bf16): master grad =
+//                main_grad.float() (new fp32 tensor per parameter); fp32 gradients: the
+//                master grad is main_grad itself;
 //                first step only: Adam's exp_avg and exp_avg_sq (fp32, zeros_like master),
 //                SGD's momentum buffer; one fused multi-tensor update in place; 16-bit
 //                parameters copied back from the masters in place.

@@ -20,7 +20,8 @@ at::ScalarType ParameterStore::param_dtype() const {
 }
 
 at::ScalarType ParameterStore::grad_dtype() const {
-  return precision_ == Precision::kFp16 ? at::kHalf : at::kFloat;
+  if (precision_ == Precision::kFp16) return at::kHalf;
+  return precision_ == Precision::kBf16 && grad_reduce_in_bf16_ ? at::kBFloat16 : at::kFloat;
 }
 
 Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> shape, bool expert) {

@@ -5,13 +5,15 @@
 // forward and backward in it. Its gradient never lives in param.grad: the layers'
 // backward (layers.cc) accumulates weight gradients into `main_grad`, a view into one
 // contiguous gradient buffer (Megatron's DDP ParamAndGradBuffer), fp32 for fp32 and bf16
-// training (accumulate_allreduce_grads_in_fp32) and fp16 for fp16 training. The
-// weight gradient reaches main_grad one of two ways (Note [Weight gradients]). The
-// optimizer (optimizer.h) adds fp32 master copies for 16-bit parameters, and fp32
-// master gradients for fp16. Bytes per parameter, non-distributed:
+// training (accumulate_allreduce_grads_in_fp32) and fp16 for fp16 training, or bf16 for
+// bf16 training with --grad-reduce-in-bf16. The weight gradient reaches main_grad one of
+// two ways (Note [Weight gradients]). The optimizer (optimizer.h) adds fp32 master copies
+// for 16-bit parameters, and fp32 master gradients for 16-bit gradients (made in the step,
+// kept until the next iteration's zero_grad). Bytes per parameter, non-distributed:
 //   fp32: 4 param + 4 grad + 8 Adam                          = 16
 //   bf16: 2 param + 4 grad + 4 master + 8 Adam               = 18
-//   fp16: 2 param + 2 grad + 4 master + 4 master grad + 8 Adam = 20
+//   fp16, or bf16 with bf16 gradients:
+//         2 param + 2 grad + 4 master + 4 master grad + 8 Adam = 20
 //
 // Note [Weight gradients]
 // Megatron-LM's linear layers (Transformer Engine's, and its own ColumnParallelLinear /
@@ -59,9 +61,12 @@ struct Parameter {
 class ParameterStore {
  public:
   // `gradient_accumulation_fusion`: how weight gradients reach main_grad (Note [Weight
-  // gradients]).
-  explicit ParameterStore(Precision precision, bool gradient_accumulation_fusion = true)
-      : precision_(precision), gradient_accumulation_fusion_(gradient_accumulation_fusion) {}
+  // gradients]); `grad_reduce_in_bf16`: bf16 training keeps bf16 gradients.
+  explicit ParameterStore(Precision precision, bool gradient_accumulation_fusion = true,
+                          bool grad_reduce_in_bf16 = false)
+      : precision_(precision),
+        gradient_accumulation_fusion_(gradient_accumulation_fusion),
+        grad_reduce_in_bf16_(grad_reduce_in_bf16) {}
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
 
@@ -89,6 +94,7 @@ class ParameterStore {
  private:
   Precision precision_;
   bool gradient_accumulation_fusion_;
+  bool grad_reduce_in_bf16_;
   std::map<std::vector<int64_t>, at::Tensor> dummy_wgrads_;
   std::deque<Parameter> parameters_;  // deque: pointers stay valid
   int64_t num_elements_ = 0;

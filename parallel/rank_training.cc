@@ -142,7 +142,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
                 training.num_microbatches > 0);
   RegisterOps();
   session.SetPhase(Phase::kSetup);
-  ParameterStore store(training.precision, training.gradient_accumulation_fusion);
+  ParameterStore store(training.precision, training.gradient_accumulation_fusion,
+                       training.grad_reduce_in_bf16);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
   shard.replicate_layers = replication.layers;
   std::unique_ptr<FullyShardedDataParallel> fsdp;

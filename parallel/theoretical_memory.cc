@@ -169,6 +169,9 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
   if (t.recompute == RecomputeKind::kSelective && !l.sequence_parallel) {
     caveats.push_back("selective recomputation ignored without sequence parallelism");
   }
+  if (t.grad_reduce_in_bf16 && t.precision == Precision::kBf16) {
+    caveats.push_back("bf16 gradient buffers counted as fp32");
+  }
   if (t.recompute == RecomputeKind::kSelective &&
       t.recompute_modules != RecomputeModuleBit(RecomputeModule::kCoreAttn)) {
     caveats.push_back("recompute modules counted as core_attn");

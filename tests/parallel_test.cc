@@ -126,12 +126,14 @@ TEST(DistributedOptimizer, BytesPerParameter) {
   const ModelConfig m = Gpt(x, 2);
   // V*h + s*h + L*(12h^2 + 13h) + 2h; every tensor divides by 16.
   const int64_t params = 1024 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
+  // bf16 with --grad-reduce-in-bf16 keeps fp16's layout: 16-bit gradients, fp32 copies.
   struct Case {
     Precision precision;
     int64_t fixed, sharded;
+    bool bf16_grads = false;
   };
   for (const Case& c : {Case{Precision::kFp16, 4, 16}, Case{Precision::kBf16, 6, 12},
-                        Case{Precision::kFp32, 8, 8}}) {
+                        Case{Precision::kFp32, 8, 8}, Case{Precision::kBf16, 4, 16, true}}) {
     for (int64_t d : {2, 4, 16}) {
       ParallelLayout layout;
       layout.world_size = d;
@@ -139,8 +141,9 @@ TEST(DistributedOptimizer, BytesPerParameter) {
       ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
       TrainingConfig t = Fp16Eager(x);
       t.precision = c.precision;
+      t.grad_reduce_in_bf16 = c.bf16_grads;
       EXPECT_EQ(ModelStateBytes(m, t, layout), params * c.fixed + params * c.sharded / d)
-          << PrecisionName(c.precision) << " d=" << d;
+          << PrecisionName(c.precision) << (c.bf16_grads ? " bf16 grads" : "") << " d=" << d;
     }
   }
 }

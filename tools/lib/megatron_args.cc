@@ -119,6 +119,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--bf16", Arity::kFlag, ArgUse::kRead},
     {"--fp16", Arity::kFlag, ArgUse::kRead},
     {"--accumulate-allreduce-grads-in-fp32", Arity::kFlag, ArgUse::kRead},
+    {"--grad-reduce-in-bf16", Arity::kFlag, ArgUse::kRead},
     {"--main-grads-dtype", Arity::kValue, ArgUse::kRead},
     {"--main-params-dtype", Arity::kValue, ArgUse::kRead},
     {"--exp-avg-dtype", Arity::kValue, ArgUse::kRead},
@@ -443,7 +444,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fp4-param-gather", Arity::kValues, ArgUse::kRefused, "FP4 parameters"},
     {"--fp8-format", Arity::kValues, ArgUse::kRefused, "FP8 training"},
     {"--fp8-param-gather", Arity::kValues, ArgUse::kRefused, "FP8 parameters"},
-    {"--grad-reduce-in-bf16", Arity::kValues, ArgUse::kRefused, "bf16 gradient buffers"},
     {"--heterogeneous-layers-config-encoded-json", Arity::kValues, ArgUse::kRefused,
      "heterogeneous layers"},
     {"--heterogeneous-layers-config-path", Arity::kValues, ArgUse::kRefused,
@@ -963,6 +963,9 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
     }
     a.Ignore("--accumulate-allreduce-grads-in-fp32");
   }
+  // Megatron-LM reads it for bf16 only (and lets it win over fp32 accumulation).
+  t.grad_reduce_in_bf16 = t.precision == Precision::kBf16 && a.Has("--grad-reduce-in-bf16");
+  a.Ignore("--grad-reduce-in-bf16");
   for (const char* name :
        {"--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"}) {
     if (a.Text(name, "fp32") != "fp32") return NotModelled(name, "low-precision optimizer states");

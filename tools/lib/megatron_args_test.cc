@@ -494,6 +494,17 @@ TEST(MegatronArgs, DistributeSavedActivations) {
             "Megatron-LM asserts)");
 }
 
+// --grad-reduce-in-bf16 counts in bf16 training only, as Megatron-LM reads it.
+TEST(MegatronArgs, GradReduceInBf16) {
+  const std::string base =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --grad-reduce-in-bf16 ";
+  EXPECT_TRUE(Parse(base + "--bf16 --accumulate-allreduce-grads-in-fp32", 1)
+                  .spec.training.grad_reduce_in_bf16);
+  EXPECT_FALSE(Parse(base + "--fp16", 1).spec.training.grad_reduce_in_bf16);
+  EXPECT_FALSE(Parse(base, 1).spec.training.grad_reduce_in_bf16);
+}
+
 // train_step empties the cache after forward-backward (1), and after the step too (2).
 TEST(MegatronArgs, EmptyUnusedMemoryLevel) {
   const std::string base =

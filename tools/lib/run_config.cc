@@ -241,6 +241,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "recompute_num_layers", &t->recompute_num_layers);
        }},
+      {"grad_reduce_in_bf16",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "grad_reduce_in_bf16", &t->grad_reduce_in_bf16);
+       }},
       {"distribute_saved_activations",
        [&](const YAML::Node& v) {
          return Read(v, source, "distribute_saved_activations", &t->distribute_saved_activations);
