@@ -965,7 +965,7 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   }
   // Megatron-LM reads it for bf16 only (and lets it win over fp32 accumulation).
   t.grad_reduce_in_bf16 = t.precision == Precision::kBf16 && a.Has("--grad-reduce-in-bf16");
-  a.Ignore("--grad-reduce-in-bf16");
+  if (!t.grad_reduce_in_bf16) a.Ignore("--grad-reduce-in-bf16");
   for (const char* name :
        {"--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"}) {
     if (a.Text(name, "fp32") != "fp32") return NotModelled(name, "low-precision optimizer states");
@@ -1112,6 +1112,7 @@ Status ReadRecomputation(Args& a, TrainingConfig* training) {
       bits |= RecomputeModuleBit(module);
     }
     t.recompute_modules = bits;
+    if (t.recompute != RecomputeKind::kSelective) a.Ignore("--recompute-modules");
   }
   if (a.Has("--moe-layer-recompute")) t.recompute_modules |= RecomputeModuleBit(RecomputeModule::kMoe);
   if (t.Recomputes(RecomputeModule::kSharedExperts) && a.Has("--moe-shared-expert-overlap")) {
@@ -1132,6 +1133,7 @@ Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
                          std::to_string(level));
   }
   training->empty_unused_memory_level = static_cast<int32_t>(level);
+  if (level == 0) a.Ignore("--empty-unused-memory-level");
   if (a.Text("--cpu-offloading-num-layers", "0") != "0") {
     return NotModelled("--cpu-offloading-num-layers", "activation offloading to CPU");
   }

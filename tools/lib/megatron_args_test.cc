@@ -453,8 +453,9 @@ TEST(MegatronArgs, RecomputeModules) {
   EXPECT_EQ(moe.recompute, RecomputeKind::kSelective);
   EXPECT_EQ(moe.recompute_modules, bit(RecomputeModule::kCoreAttn) | bit(RecomputeModule::kMoe));
   // Megatron-LM ignores the modules without selective granularity.
-  EXPECT_FALSE(Parse(base + "--recompute-modules mlp", 1).spec.training.Recomputes(
-      RecomputeModule::kMlp));
+  const MegatronArgsResult none = Parse(base + "--recompute-modules mlp", 1);
+  EXPECT_FALSE(none.spec.training.Recomputes(RecomputeModule::kMlp));
+  EXPECT_EQ(std::count(none.ignored.begin(), none.ignored.end(), "--recompute-modules"), 1);
 
   EXPECT_EQ(ErrorOf(base + "--recompute-granularity selective --recompute-modules core_attn mpl"),
             "--recompute-modules: unknown recompute module 'mpl' (use one of: core_attn, "
@@ -499,9 +500,12 @@ TEST(MegatronArgs, GradReduceInBf16) {
   const std::string base =
       "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
       "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --grad-reduce-in-bf16 ";
-  EXPECT_TRUE(Parse(base + "--bf16 --accumulate-allreduce-grads-in-fp32", 1)
-                  .spec.training.grad_reduce_in_bf16);
-  EXPECT_FALSE(Parse(base + "--fp16", 1).spec.training.grad_reduce_in_bf16);
+  const MegatronArgsResult bf16 = Parse(base + "--bf16 --accumulate-allreduce-grads-in-fp32", 1);
+  EXPECT_TRUE(bf16.spec.training.grad_reduce_in_bf16);
+  EXPECT_EQ(std::count(bf16.ignored.begin(), bf16.ignored.end(), "--grad-reduce-in-bf16"), 0);
+  const MegatronArgsResult fp16 = Parse(base + "--fp16", 1);
+  EXPECT_FALSE(fp16.spec.training.grad_reduce_in_bf16);
+  EXPECT_EQ(std::count(fp16.ignored.begin(), fp16.ignored.end(), "--grad-reduce-in-bf16"), 1);
   EXPECT_FALSE(Parse(base, 1).spec.training.grad_reduce_in_bf16);
 }
 
