@@ -177,6 +177,23 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error("recompute_num_layers must be in [1, num_layers=" + Str(m.num_layers) +
                          "], got " + Str(t.recompute_num_layers));
   }
+  if (t.precision_aware_optimizer) {
+    if (t.optimizer != OptimizerKind::kAdam) {
+      return Status::Error("the precision-aware optimizer is Adam only (as Megatron-Core asserts)");
+    }
+    for (Precision p : {t.main_grads_dtype, t.exp_avg_dtype, t.exp_avg_sq_dtype}) {
+      if (p == Precision::kFp16) {
+        return Status::Error(
+            "fp16 gradients or Adam states in the precision-aware optimizer are not modelled "
+            "(FusedAdam's scaled fp32 copies in the step); use fp32 or bf16");
+      }
+    }
+  } else if (t.main_grads_dtype != Precision::kFp32 || t.exp_avg_dtype != Precision::kFp32 ||
+             t.exp_avg_sq_dtype != Precision::kFp32) {
+    return Status::Error(
+        "main_grads_dtype, exp_avg_dtype and exp_avg_sq_dtype other than fp32 need the "
+        "precision-aware optimizer (as Megatron-Core asserts)");
+  }
   if (t.distribute_saved_activations && t.recompute != RecomputeKind::kFull) {
     return Status::Error(
         "distributing saved activations needs full recomputation (as Megatron-LM asserts)");

@@ -190,6 +190,14 @@ struct TrainingConfig {
   OptimizerKind optimizer = OptimizerKind::kAdam;
   int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update
   bool dropout = true;        // false: every dropout probability is treated as 0
+  // --use-precision-aware-optimizer (Note [Precision-aware optimizer] in models/optimizer.h):
+  // Transformer Engine's FusedAdam holds the master weights and Adam's states, in these
+  // dtypes (fp32 or bf16), and reads the gradient buffer (main_grads_dtype) as it is.
+  bool precision_aware_optimizer = false;
+  Precision main_grads_dtype = Precision::kFp32;
+  Precision exp_avg_dtype = Precision::kFp32;
+  Precision exp_avg_sq_dtype = Precision::kFp32;
+  bool store_param_remainders = true;  // bf16 parameters' fp32 masters keep 16 bits
   // --grad-reduce-in-bf16 (bf16 training): the gradient buffer is bf16, not fp32; the
   // optimizer then takes fp32 copies of its gradients as fp16 training does (Note [Mixed
   // precision state] in models/parameters.h).

@@ -50,28 +50,53 @@ at::Tensor Shard(const at::Tensor& t, int64_t shards) {
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind,
                                                  int64_t shards, int64_t expert_shards,
-                                                 int64_t muon_ns_steps)
+                                                 int64_t muon_ns_steps,
+                                                 std::optional<PrecisionAwareStates> precision_aware)
     : store_(store),
       kind_(kind),
       shards_(shards),
       expert_shards_(expert_shards),
-      muon_ns_steps_(muon_ns_steps) {
+      muon_ns_steps_(muon_ns_steps),
+      precision_aware_(precision_aware) {
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   CategoryScope category(Category::kOptimizerState);
   at::NoGradGuard no_grad;
   for (Parameter& p : store->parameters()) {
-    const at::Tensor shard = p.shard_data.defined()
-                                 ? p.shard_data.detach()
-                                 : Shard(p.data, p.expert ? expert_shards_ : shards_);
-    masters_.push_back(store->precision() == Precision::kFp32 ? shard
-                                                              : shard.clone().to(at::kFloat));
+    // Transformer Engine's FusedAdam makes its masters in the first step.
+    if (!precision_aware_) {
+      const at::Tensor shard = ParameterShard(p);
+      masters_.push_back(store->precision() == Precision::kFp32 ? shard
+                                                                : shard.clone().to(at::kFloat));
+    }
     // Muon needs whole matrices, so it never runs on shards (Note [Muon]).
     muon_.push_back(kind == OptimizerKind::kMuon && p.data.dim() == 2 && !p.embedding_or_output);
   }
 }
 
+at::Tensor MixedPrecisionOptimizer::ParameterShard(const Parameter& p) const {
+  return p.shard_data.defined() ? p.shard_data.detach()
+                                : Shard(p.data, p.expert ? expert_shards_ : shards_);
+}
+
 void MixedPrecisionOptimizer::ZeroGrad() {
-  if (store_->grad_dtype() != at::kFloat) master_grads_.clear();
+  if (!precision_aware_ && store_->grad_dtype() != at::kFloat) master_grads_.clear();
+}
+
+void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
+  CategoryScope category(Category::kOptimizerState);
+  for (Parameter& p : store_->parameters()) {
+    const at::Tensor shard = ParameterShard(p);
+    exp_avgs_.push_back(at::zeros(shard.sizes(), shard.options().dtype(precision_aware_->exp_avg)));
+    exp_avg_sqs_.push_back(
+        at::zeros(shard.sizes(), shard.options().dtype(precision_aware_->exp_avg_sq)));
+    if (precision_aware_->param_remainders && shard.scalar_type() == at::kBFloat16) {
+      masters_.push_back(at::zeros(shard.sizes(), shard.options().dtype(at::kShort)));
+    } else {
+      at::Tensor master = at::empty(shard.sizes(), shard.options().dtype(at::kFloat));
+      master.copy_(shard.clone().to(at::kFloat));  // set_scaled_state from a clone
+      masters_.push_back(master);
+    }
+  }
 }
 
 void MixedPrecisionOptimizer::Step() {
@@ -85,9 +110,11 @@ void MixedPrecisionOptimizer::Step() {
       const at::Tensor grad = p.shard_grad.defined()
                                   ? p.shard_grad
                                   : Shard(p.main_grad, p.expert ? expert_shards_ : shards_);
-      master_grads_.push_back(grad.to(at::kFloat));  // a copy when gradients are 16-bit
+      // A copy when gradients are 16-bit; FusedAdam's decoupled_grad is the shard itself.
+      master_grads_.push_back(precision_aware_ ? grad : grad.to(at::kFloat));
     }
   }
+  if (exp_avgs_.empty() && precision_aware_) CreatePrecisionAwareStates();
   if (exp_avgs_.empty()) {
     CategoryScope category(Category::kOptimizerState);
     for (size_t i = 0; i < masters_.size(); ++i) {
@@ -114,7 +141,7 @@ void MixedPrecisionOptimizer::Step() {
   for (size_t i = 0; i < masters_.size(); ++i) {
     if (muon_[i]) MuonUpdate(masters_[i], master_grads_[i], exp_avgs_[i], muon_ns_steps_);
   }
-  if (store_->precision() != Precision::kFp32) {
+  if (store_->precision() != Precision::kFp32 && !precision_aware_) {  // else the kernel does
     size_t i = 0;
     for (Parameter& p : store_->parameters()) {
       (p.shard_data.defined() ? p.shard_data.detach()
@@ -122,7 +149,7 @@ void MixedPrecisionOptimizer::Step() {
           .copy_(masters_[i++]);
     }
   }
-  if (store_->grad_dtype() == at::kFloat) master_grads_.clear();  // views only
+  if (precision_aware_ || store_->grad_dtype() == at::kFloat) master_grads_.clear();  // views
 }
 
 }  // namespace memsim

@@ -38,10 +38,25 @@
 // With --use-distributed-optimizer Megatron-LM swaps in its layer-wise optimizer, which
 // shards whole tensors over the data-parallel ranks (so ranks differ): not modelled, and
 // refused when the run is finalized.
+//
+// Note [Precision-aware optimizer]
+// --use-precision-aware-optimizer (Megatron-Core 0.20's distrib_optimizer.py with Transformer
+// Engine 2.18's FusedAdam(master_weights=True, use_decoupled_grad=True)): Megatron makes no
+// fp32 master shards; the optimizer's parameters are the 16-bit parameter shards and each
+// gradient is the gradient buffer's shard as it is (decoupled_grad: no fp32 copy, whatever
+// its dtype). In the first step FusedAdam creates per shard exp_avg and exp_avg_sq
+// (zeros, --exp-avg-dtype / --exp-avg-sq-dtype) and the master weight: with
+// store_param_remainders (the default) and bf16 parameters only the 16 bits an fp32 master
+// has beyond the bf16 value (int16 zeros), else an fp32 master initialised from a clone of
+// the parameter. Its kernel writes the 16-bit parameters itself. Bytes per parameter with
+// d data-parallel ranks, bf16, defaults: 2 param + 4 grad + (2 + 4 + 4)/d = 6 + 10/d.
+// Modelled for fp32 and bf16 states and gradients and an fp32 master; fp16 and fp8 states
+// (scaled, with fp32 copies in the step) and fp16 masters are refused.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 #include "models/model_config.h"
@@ -49,14 +64,24 @@
 
 namespace memsim {
 
+// The states of Note [Precision-aware optimizer].
+struct PrecisionAwareStates {
+  at::ScalarType exp_avg = at::kFloat;
+  at::ScalarType exp_avg_sq = at::kFloat;
+  bool param_remainders = true;
+};
+
 class MixedPrecisionOptimizer {
  public:
   // Allocates the master parameters (in the setup phase, as optimizer construction does).
   // `shards`: the data-parallel size with a distributed optimizer, else 1;
   // `expert_shards` the same for routed experts' parameters (expert data parallelism).
   // `muon_ns_steps`: Newton-Schulz iterations of a Muon update (Note [Muon]).
+  // `precision_aware`: Transformer Engine's FusedAdam keeps the masters and states
+  // (REQUIRES: kind Adam).
   MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind, int64_t shards = 1,
-                          int64_t expert_shards = 1, int64_t muon_ns_steps = 5);
+                          int64_t expert_shards = 1, int64_t muon_ns_steps = 5,
+                          std::optional<PrecisionAwareStates> precision_aware = std::nullopt);
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
 
@@ -64,11 +89,17 @@ class MixedPrecisionOptimizer {
   void Step();
 
  private:
+  // This rank's share of `p` (the whole of it without sharding).
+  at::Tensor ParameterShard(const Parameter& p) const;
+  // FusedAdam's first-step state (Note [Precision-aware optimizer]).
+  void CreatePrecisionAwareStates();
+
   ParameterStore* store_;
   OptimizerKind kind_;
   int64_t shards_;
   int64_t expert_shards_;
   int64_t muon_ns_steps_;
+  std::optional<PrecisionAwareStates> precision_aware_;
   int64_t step_ = 0;
   std::vector<at::Tensor> masters_;       // fp32; the parameters themselves for fp32
   std::vector<at::Tensor> master_grads_;  // fp16 training: owned copies; else main_grad

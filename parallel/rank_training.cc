@@ -25,6 +25,14 @@
 namespace memsim {
 namespace {
 
+// Note [Precision-aware optimizer] in models/optimizer.h, from the run's settings.
+std::optional<PrecisionAwareStates> PrecisionAwareStatesOf(const TrainingConfig& t) {
+  if (!t.precision_aware_optimizer) return std::nullopt;
+  auto dtype = [](Precision p) { return p == Precision::kBf16 ? at::kBFloat16 : at::kFloat; };
+  return PrecisionAwareStates{dtype(t.exp_avg_dtype), dtype(t.exp_avg_sq_dtype),
+                              t.store_param_remainders};
+}
+
 // Note [Microbatch replication]
 // Every microbatch of an iteration runs the same ops on tensors of the same shapes, so
 // after the first two (the first pays one-off costs such as growing Megatron's global
@@ -142,8 +150,12 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
                 training.num_microbatches > 0);
   RegisterOps();
   session.SetPhase(Phase::kSetup);
-  ParameterStore store(training.precision, training.gradient_accumulation_fusion,
-                       training.grad_reduce_in_bf16);
+  // The gradient buffer is bf16 with --grad-reduce-in-bf16, or --main-grads-dtype bf16 in
+  // the precision-aware optimizer.
+  const bool bf16_gradients =
+      training.grad_reduce_in_bf16 ||
+      (training.precision_aware_optimizer && training.main_grads_dtype == Precision::kBf16);
+  ParameterStore store(training.precision, training.gradient_accumulation_fusion, bf16_gradients);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
   shard.replicate_layers = replication.layers;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
@@ -165,7 +177,8 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       store.AllocateGradBuffer();
   }
   MixedPrecisionOptimizer optimizer(&store, training.optimizer, OptimizerShards(layout, false),
-                                    OptimizerShards(layout, true), training.muon_ns_steps);
+                                    OptimizerShards(layout, true), training.muon_ns_steps,
+                                    PrecisionAwareStatesOf(training));
   const std::vector<PipelineStep> schedule = PipelineSchedule(
       layout.pp, layout.vpp, pp_rank, training.num_microbatches, layout.microbatch_group_size);
   const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());

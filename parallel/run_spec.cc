@@ -36,6 +36,11 @@ Status FinalizeUnchecked(RunSpec* spec) {
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
   }
+  if (t.precision_aware_optimizer && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
+    return Status::Error(
+        "the precision-aware optimizer needs the distributed optimizer (as Megatron-Core "
+        "asserts)");
+  }
   if (t.distribute_saved_activations && (l.tp == 1 || l.sequence_parallel)) {
     return Status::Error(
         "distributing saved activations needs TP > 1 without sequence parallelism (as "

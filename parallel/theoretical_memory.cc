@@ -169,6 +169,7 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
   if (t.recompute == RecomputeKind::kSelective && !l.sequence_parallel) {
     caveats.push_back("selective recomputation ignored without sequence parallelism");
   }
+  if (t.precision_aware_optimizer) caveats.push_back("precision-aware optimizer states ignored");
   if (t.grad_reduce_in_bf16 && t.precision == Precision::kBf16) {
     caveats.push_back("bf16 gradient buffers counted as fp32");
   }

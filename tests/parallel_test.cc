@@ -127,13 +127,22 @@ TEST(DistributedOptimizer, BytesPerParameter) {
   // V*h + s*h + L*(12h^2 + 13h) + 2h; every tensor divides by 16.
   const int64_t params = 1024 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
   // bf16 with --grad-reduce-in-bf16 keeps fp16's layout: 16-bit gradients, fp32 copies.
+  // The precision-aware optimizer (Note [Precision-aware optimizer]): fp32 gradients read
+  // as they are, Adam's fp32 states and 16 remainder bits per parameter: 6 + 10/d; with bf16
+  // gradients and states 4 + 6/d; without remainders an fp32 master: 6 + 12/d.
   struct Case {
     Precision precision;
     int64_t fixed, sharded;
     bool bf16_grads = false;
+    bool precision_aware = false;
+    Precision states = Precision::kFp32;
+    bool remainders = true;
   };
-  for (const Case& c : {Case{Precision::kFp16, 4, 16}, Case{Precision::kBf16, 6, 12},
-                        Case{Precision::kFp32, 8, 8}, Case{Precision::kBf16, 4, 16, true}}) {
+  for (const Case& c :
+       {Case{Precision::kFp16, 4, 16}, Case{Precision::kBf16, 6, 12}, Case{Precision::kFp32, 8, 8},
+        Case{Precision::kBf16, 4, 16, true}, Case{Precision::kBf16, 6, 10, false, true},
+        Case{Precision::kBf16, 4, 6, false, true, Precision::kBf16},
+        Case{Precision::kBf16, 6, 12, false, true, Precision::kFp32, false}}) {
     for (int64_t d : {2, 4, 16}) {
       ParallelLayout layout;
       layout.world_size = d;
@@ -142,8 +151,13 @@ TEST(DistributedOptimizer, BytesPerParameter) {
       TrainingConfig t = Fp16Eager(x);
       t.precision = c.precision;
       t.grad_reduce_in_bf16 = c.bf16_grads;
+      t.precision_aware_optimizer = c.precision_aware;
+      t.main_grads_dtype = t.exp_avg_dtype = t.exp_avg_sq_dtype = c.states;
+      t.store_param_remainders = c.remainders;
       EXPECT_EQ(ModelStateBytes(m, t, layout), params * c.fixed + params * c.sharded / d)
-          << PrecisionName(c.precision) << (c.bf16_grads ? " bf16 grads" : "") << " d=" << d;
+          << PrecisionName(c.precision) << (c.bf16_grads ? " bf16 grads" : "")
+          << (c.precision_aware ? " precision-aware" : "") << " states "
+          << PrecisionName(c.states) << (c.remainders ? "" : " no remainders") << " d=" << d;
     }
   }
 }

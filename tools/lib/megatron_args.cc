@@ -120,6 +120,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fp16", Arity::kFlag, ArgUse::kRead},
     {"--accumulate-allreduce-grads-in-fp32", Arity::kFlag, ArgUse::kRead},
     {"--grad-reduce-in-bf16", Arity::kFlag, ArgUse::kRead},
+    {"--use-precision-aware-optimizer", Arity::kFlag, ArgUse::kRead},
     {"--main-grads-dtype", Arity::kValue, ArgUse::kRead},
     {"--main-params-dtype", Arity::kValue, ArgUse::kRead},
     {"--exp-avg-dtype", Arity::kValue, ArgUse::kRead},
@@ -483,8 +484,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
     {"--use-megatron-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
-    {"--use-precision-aware-optimizer", Arity::kValues, ArgUse::kRefused,
-     "low-precision optimizer states"},
     {"--use-torch-fsdp2", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-transformer-engine-op-fuser", Arity::kValues, ArgUse::kRefused,
      "Transformer Engine's operation fuser and its fused MLP kernels"},
@@ -966,11 +965,25 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   // Megatron-LM reads it for bf16 only (and lets it win over fp32 accumulation).
   t.grad_reduce_in_bf16 = t.precision == Precision::kBf16 && a.Has("--grad-reduce-in-bf16");
   if (!t.grad_reduce_in_bf16) a.Ignore("--grad-reduce-in-bf16");
-  for (const char* name :
-       {"--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"}) {
-    if (a.Text(name, "fp32") != "fp32") return NotModelled(name, "low-precision optimizer states");
-    a.Ignore(name);
+  // The precision-aware optimizer's dtypes (Note [Precision-aware optimizer]); Megatron-Core
+  // asserts fp32 for each without it.
+  t.precision_aware_optimizer = a.Has("--use-precision-aware-optimizer");
+  for (auto [name, field] : {std::pair{"--main-grads-dtype", &t.main_grads_dtype},
+                             {"--exp-avg-dtype", &t.exp_avg_dtype},
+                             {"--exp-avg-sq-dtype", &t.exp_avg_sq_dtype}}) {
+    const std::string dtype = a.Text(name, "fp32");
+    if (dtype == "fp16" || dtype == "fp8") {
+      return NotModelled(std::string(name) + " " + dtype,
+                         "scaled optimizer states (their fp32 copies in the step)");
+    }
+    MEMSIM_RETURN_IF_ERROR(Choice(a, name, {"fp32", "bf16"}, "fp32", &text));
+    *field = text == "bf16" ? Precision::kBf16 : Precision::kFp32;
+    if (*field == Precision::kFp32) a.Ignore(name);
   }
+  if (a.Text("--main-params-dtype", "fp32") != "fp32") {
+    return NotModelled("--main-params-dtype", "fp16 master weights (their fp32 copies in the step)");
+  }
+  a.Ignore("--main-params-dtype");
   t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
   t.defer_embedding_wgrad = a.Has("--defer-embedding-wgrad-compute");
   MEMSIM_RETURN_IF_ERROR(a.Int("--wgrad-deferral-limit", &t.wgrad_deferral_limit));

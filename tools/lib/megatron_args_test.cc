@@ -509,6 +509,34 @@ TEST(MegatronArgs, GradReduceInBf16) {
   EXPECT_FALSE(Parse(base, 1).spec.training.grad_reduce_in_bf16);
 }
 
+// --use-precision-aware-optimizer with its dtypes (Note [Precision-aware optimizer]); fp16
+// and fp8 states and fp16 masters are refused; the dtypes need the optimizer, and it the
+// distributed optimizer, as Megatron-Core asserts.
+TEST(MegatronArgs, PrecisionAwareOptimizer) {
+  const std::string base =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --bf16 ";
+  const MegatronArgsResult r = Parse(base + "--use-distributed-optimizer "
+                                            "--use-precision-aware-optimizer --main-grads-dtype bf16 "
+                                            "--exp-avg-dtype bf16 --exp-avg-sq-dtype fp32",
+                                     1);
+  EXPECT_TRUE(r.spec.training.precision_aware_optimizer);
+  EXPECT_EQ(r.spec.training.main_grads_dtype, Precision::kBf16);
+  EXPECT_EQ(r.spec.training.exp_avg_dtype, Precision::kBf16);
+  EXPECT_EQ(r.spec.training.exp_avg_sq_dtype, Precision::kFp32);
+  std::optional<ValidatedRun> run;
+  EXPECT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  EXPECT_EQ(ErrorOf(base + "--use-precision-aware-optimizer --exp-avg-dtype fp8"),
+            "--exp-avg-dtype fp8 changes memory in a way memsim does not model (scaled optimizer "
+            "states (their fp32 copies in the step)); drop it to simulate the run without it");
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--exp-avg-dtype bf16", 1).spec, &run).message(),
+            "main_grads_dtype, exp_avg_dtype and exp_avg_sq_dtype other than fp32 need the "
+            "precision-aware optimizer (as Megatron-Core asserts)");
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--use-precision-aware-optimizer", 1).spec, &run).message(),
+            "the precision-aware optimizer needs the distributed optimizer (as Megatron-Core "
+            "asserts)");
+}
+
 // train_step empties the cache after forward-backward (1), and after the step too (2).
 TEST(MegatronArgs, EmptyUnusedMemoryLevel) {
   const std::string base =

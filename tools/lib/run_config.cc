@@ -241,6 +241,26 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "recompute_num_layers", &t->recompute_num_layers);
        }},
+      {"precision_aware_optimizer",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "precision_aware_optimizer", &t->precision_aware_optimizer);
+       }},
+      {"main_grads_dtype",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "main_grads_dtype", &ParsePrecision, &t->main_grads_dtype);
+       }},
+      {"exp_avg_dtype",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "exp_avg_dtype", &ParsePrecision, &t->exp_avg_dtype);
+       }},
+      {"exp_avg_sq_dtype",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "exp_avg_sq_dtype", &ParsePrecision, &t->exp_avg_sq_dtype);
+       }},
+      {"store_param_remainders",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "store_param_remainders", &t->store_param_remainders);
+       }},
       {"grad_reduce_in_bf16",
        [&](const YAML::Node& v) {
          return Read(v, source, "grad_reduce_in_bf16", &t->grad_reduce_in_bf16);
