@@ -206,6 +206,21 @@ struct SwigluFunction : public Function<SwigluFunction> {
   }
 };
 
+// Backward: the input's gradient like the input, the weights' like the weights.
+struct WeightedSwigluFunction : public Function<WeightedSwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weights) {
+    ctx->save_for_backward({input, weights});
+    auto sizes = input.sizes().vec();
+    sizes.back() /= 2;
+    return at::empty(sizes, input.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {at::empty_like(saved[0]), at::empty_like(saved[1])};
+  }
+};
+
 struct RotaryFunction : public Function<RotaryFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
     return at::empty_like(input);
@@ -517,6 +532,10 @@ at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype, 
 }
 
 at::Tensor Swiglu(const at::Tensor& input) { return SwigluFunction::apply(input); }
+
+at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights) {
+  return WeightedSwigluFunction::apply(input, weights);
+}
 
 at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::apply(input); }
 

@@ -107,6 +107,10 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
 // Megatron's fused SwiGLU (bias_swiglu / SwiGLUFunction): [.., 2F] -> [.., F], saves its
 // input only.
 at::Tensor Swiglu(const at::Tensor& input);
+// Transformer Engine's ScaledSwiGLU op (transformer_engine/pytorch/ops/basic/swiglu.py,
+// TE 2.18): SwiGLU of `input` [.., 2F] times `weights` [.., 1] -> a new [.., F]; saves
+// its input and the weights only.
+at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights);
 
 // Transformer Engine's fused RoPE (FusedRoPEFunc, Megatron's default apply_rope_fusion):
 // a new output like the input; saves nothing but the (persistent) frequencies.

@@ -177,6 +177,19 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error("recompute_num_layers must be in [1, num_layers=" + Str(m.num_layers) +
                          "], got " + Str(t.recompute_num_layers));
   }
+  if (t.te_op_fuser) {
+    if (m.num_experts == 0 || m.moe_first_k_dense_layers > 0 || !t.moe_grouped_gemm ||
+        m.activation != ActivationKind::kSwiglu) {
+      return Status::Error(
+          "Transformer Engine's op fuser is modelled for MoE layers only, every layer, with "
+          "grouped SwiGLU experts (--moe-grouped-gemm --swiglu); its fused dense MLP is not");
+    }
+    if (t.Recomputes(RecomputeModule::kMoeAct)) {
+      return Status::Error(
+          "moe_act recomputation with Transformer Engine's op fuser needs its fused grouped MLP "
+          "kernel (not the basic ops, which refuse it)");
+    }
+  }
   if (t.precision_aware_optimizer) {
     if (t.optimizer != OptimizerKind::kAdam) {
       return Status::Error("the precision-aware optimizer is Adam only (as Megatron-Core asserts)");

@@ -208,6 +208,11 @@ struct TrainingConfig {
   // --moe-grouped-gemm: Transformer Engine's GroupedLinear runs the local experts (with its
   // multi-stream GEMM workspaces, Note [Library workspaces]).
   bool moe_grouped_gemm = false;
+  // --use-transformer-engine-op-fuser: the grouped experts run as Transformer Engine ops
+  // (GroupedLinear, ScaledSwiGLU, GroupedLinear; TEGroupedMLP._fused_forward), whose
+  // weighted activation saves only its input and the probabilities (moe.h). Modelled for
+  // models whose every layer is an MoE layer with SwiGLU grouped experts.
+  bool te_op_fuser = false;
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllGather;
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
   // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy).

@@ -27,7 +27,8 @@
 //     layer's next forward); the permutation (int64 [T*K] and, through the permuted
 //     probabilities, the whole int64 argsort [E*T]; or TE's int32 map [T, 2E + 1]);
 //   experts: their input [N, H], fc1 output, activation, probability-weighted activation
-//     [N, F_e/etp] each, and the probabilities [N] p (TEGroupedMLP and SequentialMLP alike).
+//     [N, F_e/etp] each, and the probabilities [N] p (TEGroupedMLP and SequentialMLP alike;
+//     with Transformer Engine's op fuser no activation: Experts in moe.cc says why).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -202,6 +202,30 @@ TEST(Activations, MlaUpProjectionRecompute) {
   EXPECT_EQ(saved, 2 * s * b * A * (2 * (qk + rope) + v) - 2 * s * b * (R + rope));
 }
 
+// Transformer Engine's op fuser runs the grouped experts' weighted SwiGLU as ScaledSwiGLU,
+// which saves its input and the probabilities only: per MoE layer the [N, F_e] 16-bit
+// SwiGLU output memsim's Megatron path keeps goes, N = S*B*K tokens routed on one rank.
+TEST(Activations, OpFuserExpertsKeepNoActivation) {
+  const int64_t s = 64, b = 2, K = 2, F_e = 96, layers = 2;
+  ModelConfig m = test::Llama(layers, 256, 8, 2, 512, 1024);
+  m.num_experts = 4;
+  m.moe_router_topk = K;
+  m.moe_ffn_hidden_size = F_e;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.precision = Precision::kBf16;
+  t.attention = AttentionKind::kFlash;
+  t.dropout = false;
+  t.moe_grouped_gemm = true;
+  ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+  const int64_t megatron_path = ActivationBytesAfterForward(m, t);
+  t.te_op_fuser = true;
+  ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+  EXPECT_EQ(megatron_path - ActivationBytesAfterForward(m, t), layers * 2 * s * b * K * F_e);
+}
+
 // FlashAttention keeps no s^2 tensor. Per layer it saves (16-bit): LayerNorm input and
 // output 4sbh; contiguous q, k, v 6sbh; the kernel output 2sbh, float32 log-sum-exp
 // 4*a*s*b and an int64[2] RNG state; the projection input 2sbh; two dropout masks 2sbh;
@@ -460,6 +484,12 @@ TEST(TrainingConfig, RecomputeModulesNeedTheirModules) {
   t.recompute_modules = 1u << 20;
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
             "recompute_modules has bits of no module: 1048576");
+  // Transformer Engine's op fuser is modelled for all-MoE models with grouped SwiGLU experts.
+  t = TrainingConfig();
+  t.te_op_fuser = true;
+  EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
+            "Transformer Engine's op fuser is modelled for MoE layers only, every layer, with "
+            "grouped SwiGLU experts (--moe-grouped-gemm --swiglu); its fused dense MLP is not");
 }
 
 TEST(ModelConfig, RejectsImpossibleShapes) {

@@ -121,6 +121,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--accumulate-allreduce-grads-in-fp32", Arity::kFlag, ArgUse::kRead},
     {"--grad-reduce-in-bf16", Arity::kFlag, ArgUse::kRead},
     {"--use-precision-aware-optimizer", Arity::kFlag, ArgUse::kRead},
+    {"--use-transformer-engine-op-fuser", Arity::kFlag, ArgUse::kRead},
     {"--main-grads-dtype", Arity::kValue, ArgUse::kRead},
     {"--main-params-dtype", Arity::kValue, ArgUse::kRead},
     {"--exp-avg-dtype", Arity::kValue, ArgUse::kRead},
@@ -485,8 +486,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
     {"--use-megatron-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-torch-fsdp2", Arity::kValues, ArgUse::kRefused, "FSDP"},
-    {"--use-transformer-engine-op-fuser", Arity::kValues, ArgUse::kRefused,
-     "Transformer Engine's operation fuser and its fused MLP kernels"},
     {"--yaml-cfg", Arity::kValues, ArgUse::kRefused, "arguments read from a YAML file"},
 };
 
@@ -779,6 +778,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-permute-fusion",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
+  t.te_op_fuser = a.Has("--use-transformer-engine-op-fuser");  // the rules: model_config.cc
   if (m.num_experts == 0) {
     for (const std::string& name : moe_args) a.Ignore(name);
     a.Ignore("--moe-grouped-gemm");
@@ -1221,6 +1221,9 @@ const std::set<std::string>& NeutralEnv() {
       "NVTE_BWD_LAYERNORM_SM_MARGIN",  // SMs left free for communication
       "NVTE_FWD_LAYERNORM_SM_MARGIN",
       "NVTE_CPU_OFFLOAD_V1",  // selects an offloading implementation; offloading is refused
+      // Transformer Engine's CuTe DSL fused grouped MLP (ops/fused/grouped_mlp.py) runs on
+      // compute capability 10 only; memsim's GPUs (A100, H100, H200) take the basic ops.
+      "NVTE_CUTEDSL_FUSED_GROUPED_MLP",
       "N_REPEAT",
       "N_REPEATS",
       "PYTHONWARNINGS",
