@@ -32,8 +32,9 @@
 // The event log is what running every layer records, up to the last bits of the virtual
 // clock's sums (tests compare the two for GPT in every recomputation mode, Llama, MoE
 // and Megatron-LM CI launch lines). Not replicated (every layer runs): checkpointed
-// groups holding MoE layers (recomputation replaces their kept state in backward), and
-// data parallelism that wraps each layer (FSDP's gathers).
+// groups holding MoE layers and MoE layers the moe recompute module checkpoints
+// (recomputation replaces their kept state in backward), and data parallelism that wraps
+// each layer (FSDP's gathers).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -396,6 +396,7 @@ void ShareStorage(const c10::Storage& dst, const c10::Storage& src) {
 struct CheckpointWithoutOutput::State : public torch::CustomClassHolder {
   Fn fn;
   NameId module = 0;
+  bool recorded = false;  // autograd recorded the node: its backward will need Recompute()
   bool recomputed = false;
   std::vector<at::Tensor> inputs;       // from Run() until the recomputation
   std::vector<c10::Storage> discarded;  // the forward outputs' storages, until then too
@@ -413,6 +414,7 @@ struct CheckpointWithoutOutput::State : public torch::CustomClassHolder {
       ModuleScope scope(module);
       recomputed_outputs = fn(recomputed_inputs);
     }
+    MEMSIM_DCHECK(recomputed_outputs.size() == discarded.size());
     for (size_t i = 0; i < discarded.size(); ++i) {
       ShareStorage(discarded[i], recomputed_outputs[i].storage());
     }
@@ -441,7 +443,7 @@ struct CheckpointWithoutOutputFunction : public Function<CheckpointWithoutOutput
       outputs.push_back(state->recomputed_outputs[i]);
       output_grads.push_back(grads[i]);
     }
-    torch::autograd::backward(outputs, output_grads);
+    if (!outputs.empty()) torch::autograd::backward(outputs, output_grads);
     outputs.clear();
     state->recomputed_outputs.clear();
     variable_list input_grads;
@@ -652,6 +654,7 @@ std::vector<at::Tensor> CheckpointWithoutOutput::Run(Fn fn, const std::vector<at
   std::vector<at::Tensor> outputs =
       CheckpointWithoutOutputFunction::apply(at::TensorList(inputs), state_);
   for (const at::Tensor& output : outputs) state_->discarded.push_back(output.storage());
+  state_->recorded = !outputs.empty() && outputs[0].grad_fn() != nullptr;
   return outputs;
 }
 
@@ -663,9 +666,9 @@ void CheckpointWithoutOutput::DiscardOutputAndRegisterRecompute(const at::Tensor
   }
   if (hook.requires_grad()) {
     hook.register_hook([state = state_](const at::TensorBase&) { state->Recompute(); });
-  } else {
-    state_->inputs.clear();  // nothing will recompute: the node was not recorded
-  }
+  } else if (!state_->recorded) {
+    state_->inputs.clear();  // nothing will recompute
+  }  // else the node's backward recomputes, later than the hook would have
   state_.reset();
 }
 

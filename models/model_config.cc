@@ -179,15 +179,17 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   }
   if (t.te_op_fuser) {
     if (m.num_experts == 0 || m.moe_first_k_dense_layers > 0 || !t.moe_grouped_gemm ||
-        m.activation != ActivationKind::kSwiglu) {
+        m.activation != ActivationKind::kSwiglu || t.profile != ProfileKind::kTransformerEngine) {
       return Status::Error(
           "Transformer Engine's op fuser is modelled for MoE layers only, every layer, with "
-          "grouped SwiGLU experts (--moe-grouped-gemm --swiglu); its fused dense MLP is not");
+          "grouped SwiGLU experts (--moe-grouped-gemm --swiglu, Transformer Engine layers); its "
+          "fused dense MLP is not");
     }
     if (t.Recomputes(RecomputeModule::kMoeAct)) {
+      // _ScaledGLU raises on activation_recompute_in_mlp (TE 2.18).
       return Status::Error(
-          "moe_act recomputation with Transformer Engine's op fuser needs its fused grouped MLP "
-          "kernel (not the basic ops, which refuse it)");
+          "moe_act recomputation does not work with Transformer Engine's op fuser (its "
+          "ScaledSwiGLU refuses activation recomputation)");
     }
   }
   if (t.precision_aware_optimizer) {
@@ -201,11 +203,21 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
             "(FusedAdam's scaled fp32 copies in the step); use fp32 or bf16");
       }
     }
+    if (t.exp_avg_dtype != t.exp_avg_sq_dtype) {
+      // FusedAdam fuses the unscaling only when both are bf16; else each bf16 state gets an
+      // fp32 copy for the step.
+      return Status::Error(
+          "the precision-aware optimizer is modelled with exp_avg and exp_avg_sq of one dtype "
+          "(fp32 or bf16 both)");
+    }
   } else if (t.main_grads_dtype != Precision::kFp32 || t.exp_avg_dtype != Precision::kFp32 ||
              t.exp_avg_sq_dtype != Precision::kFp32) {
     return Status::Error(
         "main_grads_dtype, exp_avg_dtype and exp_avg_sq_dtype other than fp32 need the "
         "precision-aware optimizer (as Megatron-Core asserts)");
+  }
+  if (t.grad_reduce_in_bf16 && t.precision != Precision::kBf16) {
+    return Status::Error("bf16 gradient buffers (grad_reduce_in_bf16) need bf16 training");
   }
   if (t.distribute_saved_activations && t.recompute != RecomputeKind::kFull) {
     return Status::Error(
@@ -259,16 +271,6 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
         "are disabled or do not support it, and so is unfused attention (NVTE_UNFUSED_ATTN=0)");
   }
   return Status::OK();
-}
-
-std::string RecomputeModulesName(uint32_t bits) {
-  std::string names;
-  for (const EnumName<RecomputeModule>& entry : kRecomputeModuleNames) {
-    if ((bits & RecomputeModuleBit(entry.value)) == 0) continue;
-    if (!names.empty()) names += ' ';
-    names += entry.name;
-  }
-  return names;
 }
 
 int64_t ParamBytesPerElement(Precision precision) { return precision == Precision::kFp32 ? 4 : 2; }

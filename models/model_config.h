@@ -246,8 +246,6 @@ inline const char* AttentionName(AttentionKind attention) {
 inline std::string RecomputeName(RecomputeKind kind) {
   return std::string(NameOf(kRecomputeNames, kind));
 }
-// The modules of `bits` by name, space-separated, in the table's order ("core_attn mlp").
-std::string RecomputeModulesName(uint32_t bits);
 
 // Transformer Engine's backend for `training` on a GPU of `compute_capability`
 // (80: A100, 90: H100): unfused for float32; else on 9.x and later cuDNN fused attention

@@ -226,8 +226,6 @@ at::Tensor AllGatherRows(const at::Tensor& input, int64_t group,
   return AllGatherRowsFunction::apply(input, group, std::move(buffer));
 }
 
-// Returns `probs` unchanged and makes its backward run `loss`'s (Megatron's
-// MoEAuxLossAutoScaler): the loss's graph, and what it saved, lives until backward.
 // Returns `x` and keeps `kept` alive until backward (an index a kernel saved).
 struct KeepFunction : public Function<KeepFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& kept) {
@@ -274,7 +272,10 @@ Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens)
 // dtype), fc2. SequentialMLP runs the local experts one by one and concatenates their
 // outputs (a second [N, H] while the pieces are alive). With Transformer Engine's op fuser
 // the weighted activation is TE's ScaledSwiGLU, which saves its input and the
-// probabilities only.
+// probabilities only. The op fuser also pads each expert's rows to a multiple of 256
+// (TEGroupedMLP's Fp8Padding, copies of the rows and probabilities, unpadded after fc2)
+// whenever routing leaves a count off the multiple: not modelled yet (memsim routes evenly,
+// and the padding of uneven routing is not known in advance).
 //
 // Megatron-Core's own path (bias_act_func's weighted_bias_swiglu_impl) also saves only its
 // input and the probabilities; memsim keeps the activation and its product saved instead,

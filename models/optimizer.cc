@@ -89,6 +89,10 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
     exp_avgs_.push_back(at::zeros(shard.sizes(), shard.options().dtype(precision_aware_->exp_avg)));
     exp_avg_sqs_.push_back(
         at::zeros(shard.sizes(), shard.options().dtype(precision_aware_->exp_avg_sq)));
+    // A non-fp32 state's scale (_initialize_state's torch.ones([1]), fp32), per parameter.
+    for (at::ScalarType dtype : {precision_aware_->exp_avg, precision_aware_->exp_avg_sq}) {
+      if (dtype != at::kFloat) state_scales_.push_back(at::ones({1}, shard.options().dtype(at::kFloat)));
+    }
     if (precision_aware_->param_remainders && shard.scalar_type() == at::kBFloat16) {
       masters_.push_back(at::zeros(shard.sizes(), shard.options().dtype(at::kShort)));
     } else {

@@ -48,10 +48,11 @@
 // (zeros, --exp-avg-dtype / --exp-avg-sq-dtype) and the master weight: with
 // store_param_remainders (the default) and bf16 parameters only the 16 bits an fp32 master
 // has beyond the bf16 value (int16 zeros), else an fp32 master initialised from a clone of
-// the parameter. Its kernel writes the 16-bit parameters itself. Bytes per parameter with
-// d data-parallel ranks, bf16, defaults: 2 param + 4 grad + (2 + 4 + 4)/d = 6 + 10/d.
-// Modelled for fp32 and bf16 states and gradients and an fp32 master; fp16 and fp8 states
-// (scaled, with fp32 copies in the step) and fp16 masters are refused.
+// the parameter; each non-fp32 state also gets an fp32 [1] scale. Its kernel writes the
+// 16-bit parameters itself. Bytes per parameter with d data-parallel ranks, bf16,
+// defaults: 2 param + 4 grad + (2 + 4 + 4)/d = 6 + 10/d. Modelled for fp32 or bf16
+// gradients, both states fp32 or both bf16 (the unscaling is fused then; one bf16 state
+// beside an fp32 one gets fp32 copies in the step), and an fp32 master; the rest is refused.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -73,7 +74,8 @@ struct PrecisionAwareStates {
 
 class MixedPrecisionOptimizer {
  public:
-  // Allocates the master parameters (in the setup phase, as optimizer construction does).
+  // Allocates the master parameters (in the setup phase, as optimizer construction does;
+  // with `precision_aware` the first Step() makes them).
   // `shards`: the data-parallel size with a distributed optimizer, else 1;
   // `expert_shards` the same for routed experts' parameters (expert data parallelism).
   // `muon_ns_steps`: Newton-Schulz iterations of a Muon update (Note [Muon]).
@@ -101,11 +103,14 @@ class MixedPrecisionOptimizer {
   int64_t muon_ns_steps_;
   std::optional<PrecisionAwareStates> precision_aware_;
   int64_t step_ = 0;
-  std::vector<at::Tensor> masters_;       // fp32; the parameters themselves for fp32
-  std::vector<at::Tensor> master_grads_;  // fp16 training: owned copies; else main_grad
+  // fp32 (the parameters themselves in fp32 training), or precision-aware int16 remainders.
+  std::vector<at::Tensor> masters_;
+  // 16-bit gradients: owned fp32 copies; else (and precision-aware) views of main_grad.
+  std::vector<at::Tensor> master_grads_;
   // Per parameter: Adam's m, SGD's or Muon's momentum; Adam's v (undefined for Muon's).
   std::vector<at::Tensor> exp_avgs_;
   std::vector<at::Tensor> exp_avg_sqs_;
+  std::vector<at::Tensor> state_scales_;  // precision-aware bf16 states' scales
   std::vector<bool> muon_;  // the parameter takes Muon (Note [Muon])
 };
 

@@ -395,6 +395,12 @@ at::Tensor TransformerModel::RecomputableNorm(const at::Tensor& x, Parameter* we
       {x})[0];
 }
 
+at::Tensor TransformerModel::PreMlpNorm(Layer& layer, const at::Tensor& x,
+                                        CheckpointWithoutOutput* checkpoint) {
+  ModuleScope s("pre_mlp_layernorm");
+  return RecomputableNorm(x, layer.mlp_norm_weight, layer.mlp_norm_bias, checkpoint);
+}
+
 at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden) {
   // Note [Recompute modules]: with Transformer Engine a norm is its own module only where
   // no linear fuses it (MLA's down projections, the MoE router and experts).
@@ -405,11 +411,7 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
     input_norm_checkpoint.emplace();
   }
   if (recompute_norms && (local || layer.moe)) mlp_norm_checkpoint.emplace();
-  auto pre_mlp_norm = [this, &layer, &mlp_norm_checkpoint](const at::Tensor& x) {
-    ModuleScope s("pre_mlp_layernorm");
-    return RecomputableNorm(x, layer.mlp_norm_weight, layer.mlp_norm_bias,
-                            mlp_norm_checkpoint ? &*mlp_norm_checkpoint : nullptr);
-  };
+  CheckpointWithoutOutput* mlp_norm = mlp_norm_checkpoint ? &*mlp_norm_checkpoint : nullptr;
 
   at::Tensor ln_out;
   {
@@ -427,17 +429,11 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
     // Transformer Engine's dense MLP starts with the fused pre-MLP norm (linear_fc1 is a
     // LayerNormLinear), so its checkpoint starts at the residual.
     auto mlp = [this, &layer, local](const std::vector<at::Tensor>& in) {
-      if (local) return Mlp(layer, in[0]);
-      at::Tensor fused_norm_out;
-      {
-        ModuleScope s("pre_mlp_layernorm");
-        fused_norm_out = Norm(in[0], layer.mlp_norm_weight, layer.mlp_norm_bias);
-      }
-      return Mlp(layer, fused_norm_out);
+      return Mlp(layer, local ? in[0] : PreMlpNorm(layer, in[0], nullptr));
     };
-    mlp_out = Checkpoint(mlp, {local ? pre_mlp_norm(residual) : residual});
+    mlp_out = Checkpoint(mlp, {local ? PreMlpNorm(layer, residual, mlp_norm) : residual});
   } else {
-    ln_out = pre_mlp_norm(residual);
+    ln_out = PreMlpNorm(layer, residual, mlp_norm);
     mlp_out = Mlp(layer, ln_out);
     ln_out.reset();
   }

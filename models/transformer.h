@@ -247,6 +247,8 @@ class TransformerModel {
   // The norm, run in `checkpoint` when it is not null (the layernorm recompute module).
   at::Tensor RecomputableNorm(const at::Tensor& x, Parameter* weight, Parameter* bias,
                               CheckpointWithoutOutput* checkpoint);
+  // The layer's pre_mlp_layernorm (in its module), recomputable.
+  at::Tensor PreMlpNorm(Layer& layer, const at::Tensor& x, CheckpointWithoutOutput* checkpoint);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
   // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D].

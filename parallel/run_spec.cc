@@ -36,6 +36,11 @@ Status FinalizeUnchecked(RunSpec* spec) {
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
   }
+  if (t.te_op_fuser && l.etp > 1) {
+    // TEGroupedMLP._is_fused_impl_supported: the experts' tensor-parallel group is 1.
+    return Status::Error("Transformer Engine's op fuser needs expert tensor parallelism 1, got " +
+                         std::to_string(l.etp) + " (as Megatron-Core asserts)");
+  }
   if (t.precision_aware_optimizer && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
     return Status::Error(
         "the precision-aware optimizer needs the distributed optimizer (as Megatron-Core "

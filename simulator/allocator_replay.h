@@ -8,7 +8,9 @@
 // the same replay: the timeline the stats after every event, the capacity check the first
 // allocation a full device refuses, the snapshot the blocks' addresses and the segment
 // actions (through the model's AllocatorObserver). They share this loop, so the block a
-// storage gets is decided in one place.
+// storage gets is decided in one place. A kEmptyCache marker (Session::EmptyCache,
+// torch.cuda.empty_cache()) releases the free cached segments where it stands; visitors
+// hear of it through OnEmptyCache before the model releases anything.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,7 @@ namespace memsim {
 
 // Replays events [0, end_event) of `recorder` through `*allocator`, emptying the cache at
 // each kEmptyCache marker before the event it precedes (and after the last event when the
-// whole log is replayed), calling, for each event e,
+// whole log is replayed; visitor.OnEmptyCache(marker) first), calling, for each event e,
 //   visitor.BeforeEvent(event)                 before the model sees it;
 //   visitor.OnAlloc(e, event, allocation)      after an allocation succeeded;
 //   visitor.OnFree(e, event, allocation)       after a free (the block the storage had).
@@ -41,7 +43,9 @@ int64_t ReplayAllocations(const Recorder& recorder, CachingAllocatorModel* alloc
   // Empties the cache at the kEmptyCache markers placed at or before event `e`.
   auto empty_cache_through = [&](int64_t e) {
     for (; next_marker < markers.size() && markers[next_marker].event_index <= e; ++next_marker) {
-      if (markers[next_marker].kind == MarkerKind::kEmptyCache) allocator->EmptyCache();
+      if (markers[next_marker].kind != MarkerKind::kEmptyCache) continue;
+      visitor.OnEmptyCache(markers[next_marker]);
+      allocator->EmptyCache();
     }
   };
   for (int64_t e = 0; e < end_event; ++e) {
@@ -65,6 +69,7 @@ int64_t ReplayAllocations(const Recorder& recorder, CachingAllocatorModel* alloc
 
 // A visitor that ignores everything; derive from it and hide the calls you need.
 struct ReplayVisitor {
+  void OnEmptyCache(const Marker&) {}
   void BeforeEvent(const MemoryEvent&) {}
   void OnAlloc(int64_t, const MemoryEvent&, const CachingAllocatorModel::Allocation&) {}
   void OnFree(int64_t, const MemoryEvent&, const CachingAllocatorModel::Allocation&) {}

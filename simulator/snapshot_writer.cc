@@ -77,7 +77,12 @@ class TraceBuilder final : public AllocatorObserver {
     Add({Action::kSegmentFree, address, size_bytes, now_s_, current_storage_});
   }
 
-  // ReplayAllocations' visitor (allocator_replay.h).
+  // ReplayAllocations' visitor (allocator_replay.h). The segments an empty_cache() releases
+  // belong to no allocation.
+  void OnEmptyCache(const Marker& marker) {
+    now_s_ = marker.time_s;
+    current_storage_ = -1;
+  }
   void BeforeEvent(const MemoryEvent& event) {
     now_s_ = event.time_s;
     current_storage_ = event.storage_id;

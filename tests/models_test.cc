@@ -219,6 +219,7 @@ TEST(Activations, OpFuserExpertsKeepNoActivation) {
   t.attention = AttentionKind::kFlash;
   t.dropout = false;
   t.moe_grouped_gemm = true;
+  t.profile = ProfileKind::kTransformerEngine;
   ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
   const int64_t megatron_path = ActivationBytesAfterForward(m, t);
   t.te_op_fuser = true;
@@ -489,7 +490,8 @@ TEST(TrainingConfig, RecomputeModulesNeedTheirModules) {
   t.te_op_fuser = true;
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
             "Transformer Engine's op fuser is modelled for MoE layers only, every layer, with "
-            "grouped SwiGLU experts (--moe-grouped-gemm --swiglu); its fused dense MLP is not");
+            "grouped SwiGLU experts (--moe-grouped-gemm --swiglu, Transformer Engine layers); its "
+            "fused dense MLP is not");
 }
 
 TEST(ModelConfig, RejectsImpossibleShapes) {
@@ -564,11 +566,6 @@ int64_t CrossEntropyForwardPeakBytes(bool fused, at::ScalarType* grad_dtype) {
   return peak;
 }
 
-// Unfused forward: logits bf16 (S*B*V*2 = 4096 B), int64 labels (S*B*8 = 256 B), the
-// logits' float32 copy turned into the softmax in place (8192 B), and four [S, B] float32
-// vectors (max, target logit, sum of exps, loss: 4 * 128 B). --cross-entropy-loss-fusion (native):
-// each compiled in-place step holds one more float32 buffer of the logits' size while it runs, the
-// last one with all of the above alive. Both hand back a bf16 gradient.
 // Note [Output-discarding recomputation], on real CPU tensors: y = 3x is discarded once
 // z = y * w has saved it, and recomputed into y's storage when z's gradient arrives, so
 // dL/dw = y reads the recomputed values (3x) and dL/dx = 3w. The forward's y is freed at
@@ -624,6 +621,11 @@ TEST(CheckpointWithoutOutput, RecomputesIntoTheDiscardedStorageOnCpu) {
   EXPECT_EQ(live_bytes, 2 * 128);  // x.grad and w.grad
 }
 
+// Unfused forward: logits bf16 (S*B*V*2 = 4096 B), int64 labels (S*B*8 = 256 B), the
+// logits' float32 copy turned into the softmax in place (8192 B), and four [S, B] float32
+// vectors (max, target logit, sum of exps, loss: 4 * 128 B). --cross-entropy-loss-fusion (native):
+// each compiled in-place step holds one more float32 buffer of the logits' size while it runs, the
+// last one with all of the above alive. Both hand back a bf16 gradient.
 TEST(Activations, FusedCrossEntropyHoldsOneMoreFloat32Logits) {
   at::ScalarType unfused_dtype, fused_dtype;
   const int64_t unfused = CrossEntropyForwardPeakBytes(false, &unfused_dtype);

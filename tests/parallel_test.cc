@@ -129,7 +129,9 @@ TEST(DistributedOptimizer, BytesPerParameter) {
   // bf16 with --grad-reduce-in-bf16 keeps fp16's layout: 16-bit gradients, fp32 copies.
   // The precision-aware optimizer (Note [Precision-aware optimizer]): fp32 gradients read
   // as they are, Adam's fp32 states and 16 remainder bits per parameter: 6 + 10/d; with bf16
-  // gradients and states 4 + 6/d; without remainders an fp32 master: 6 + 12/d.
+  // gradients and states 4 + 6/d, plus an fp32 [1] scale per bf16 state of each of the 28
+  // parameter tensors (2 embeddings, 12 per layer, the final norm's 2); without remainders
+  // an fp32 master: 6 + 12/d.
   struct Case {
     Precision precision;
     int64_t fixed, sharded;
@@ -154,7 +156,8 @@ TEST(DistributedOptimizer, BytesPerParameter) {
       t.precision_aware_optimizer = c.precision_aware;
       t.main_grads_dtype = t.exp_avg_dtype = t.exp_avg_sq_dtype = c.states;
       t.store_param_remainders = c.remainders;
-      EXPECT_EQ(ModelStateBytes(m, t, layout), params * c.fixed + params * c.sharded / d)
+      const int64_t scales = c.precision_aware && c.states == Precision::kBf16 ? 2 * 28 * 4 : 0;
+      EXPECT_EQ(ModelStateBytes(m, t, layout), params * c.fixed + params * c.sharded / d + scales)
           << PrecisionName(c.precision) << (c.bf16_grads ? " bf16 grads" : "")
           << (c.precision_aware ? " precision-aware" : "") << " states "
           << PrecisionName(c.states) << (c.remainders ? "" : " no remainders") << " d=" << d;

@@ -1,6 +1,7 @@
 #include "tools/lib/megatron_args.h"
 
 #include <algorithm>
+#include <limits>
 #include <charconv>
 #include <cstdlib>
 #include <map>
@@ -980,6 +981,15 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
     *field = text == "bf16" ? Precision::kBf16 : Precision::kFp32;
     if (*field == Precision::kFp32) a.Ignore(name);
   }
+  if (t.main_grads_dtype == Precision::kBf16 && a.Has("--accumulate-allreduce-grads-in-fp32")) {
+    return Status::Error(
+        "--main-grads-dtype can only be fp32 with --accumulate-allreduce-grads-in-fp32 (as "
+        "Megatron-LM asserts)");
+  }
+  if (t.main_grads_dtype == Precision::kBf16 && t.precision != Precision::kBf16) {
+    t.main_grads_dtype = Precision::kFp32;  // the gradient buffer keeps the training dtype
+    a.Ignore("--main-grads-dtype");
+  }
   if (a.Text("--main-params-dtype", "fp32") != "fp32") {
     return NotModelled("--main-params-dtype", "fp16 master weights (their fp32 copies in the step)");
   }
@@ -1069,7 +1079,7 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
 }
 
 // Recomputation, with Megatron-LM's rules.
-Status ReadRecomputation(Args& a, TrainingConfig* training) {
+Status ReadRecomputation(Args& a, const ModelConfig& m, TrainingConfig* training) {
   TrainingConfig& t = *training;
   std::string text;
   std::string granularity = "none";
@@ -1092,18 +1102,16 @@ Status ReadRecomputation(Args& a, TrainingConfig* training) {
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--recompute-method", {"uniform", "block"}, "", &text));
     t.recompute_method = text == "block" ? RecomputeMethod::kBlock : RecomputeMethod::kUniform;
     MEMSIM_RETURN_IF_ERROR(a.Int("--recompute-num-layers", &t.recompute_num_layers));
-    t.distribute_saved_activations = a.Has("--distribute-saved-activations");
-  } else if (a.Has("--distribute-saved-activations")) {
-    return Status::Error(
-        "--distribute-saved-activations needs --recompute-granularity full (Megatron-LM "
-        "asserts it)");
   } else if (a.Has("--recompute-method") || a.Has("--recompute-num-layers")) {
     return Status::Error(
         "--recompute-method and --recompute-num-layers need --recompute-granularity full "
         "(Megatron-LM rejects them otherwise)");
   }
-  // TransformerConfig: --recompute-modules (default core_attn) counts only under selective
-  // granularity; --moe-layer-recompute (deprecated) makes it selective and adds moe.
+  // ValidateTrainingConfig checks Megatron-LM's rules for it.
+  t.distribute_saved_activations = a.Has("--distribute-saved-activations");
+  // TransformerConfig: --recompute-modules (default core_attn) counts, and its names are
+  // checked, only under selective granularity; --moe-layer-recompute (deprecated) makes it
+  // selective and adds moe.
   if (a.Has("--moe-layer-recompute")) {
     if (t.recompute == RecomputeKind::kFull) {
       return Status::Error(
@@ -1112,23 +1120,22 @@ Status ReadRecomputation(Args& a, TrainingConfig* training) {
     }
     t.recompute = RecomputeKind::kSelective;
   }
-  if (a.Has("--recompute-modules")) {
-    uint32_t bits = 0;
-    for (const std::string& name : a.Values("--recompute-modules")) {
+  if (a.Has("--recompute-modules") && t.recompute != RecomputeKind::kSelective) {
+    a.Ignore("--recompute-modules");
+  } else if (a.Has("--recompute-modules")) {
+    const std::vector<std::string>& names = a.Values("--recompute-modules");
+    for (const std::string& name : names) {
       if (name == "gdn_norm_out" || name == "gdp_in_proj" || name == "gdp_qkv" || name == "mhc") {
         return NotModelled("--recompute-modules " + name,
                            "gated delta networks and hyper-connections");
       }
-      RecomputeModule module;
-      const Status parsed = ParseEnum(kRecomputeModuleNames, name, "recompute module", &module);
-      if (!parsed.ok()) return Status::Error("--recompute-modules: " + parsed.message());
-      bits |= RecomputeModuleBit(module);
     }
-    t.recompute_modules = bits;
-    if (t.recompute != RecomputeKind::kSelective) a.Ignore("--recompute-modules");
+    const Status parsed = ParseRecomputeModules(names, &t.recompute_modules);
+    if (!parsed.ok()) return Status::Error("--recompute-modules: " + parsed.message());
   }
   if (a.Has("--moe-layer-recompute")) t.recompute_modules |= RecomputeModuleBit(RecomputeModule::kMoe);
-  if (t.Recomputes(RecomputeModule::kSharedExperts) && a.Has("--moe-shared-expert-overlap")) {
+  if (t.Recomputes(RecomputeModule::kSharedExperts) && m.moe_shared_expert_size > 0 &&
+      a.Has("--moe-shared-expert-overlap")) {
     return Status::Error(
         "--recompute-modules shared_experts cannot be used with --moe-shared-expert-overlap "
         "(Megatron-Core rejects it)");
@@ -1139,13 +1146,10 @@ Status ReadRecomputation(Args& a, TrainingConfig* training) {
 // Memory management: emptying the cache (train_step's choices 0, 1, 2); CPU offloading and
 // CUDA graphs only when off.
 Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
-  int64_t level = 0;
+  int64_t level = 0;  // ValidateTrainingConfig checks its range
   MEMSIM_RETURN_IF_ERROR(a.Int("--empty-unused-memory-level", &level));
-  if (level < 0 || level > 2) {
-    return Status::Error("--empty-unused-memory-level must be 0, 1 or 2, got " +
-                         std::to_string(level));
-  }
-  training->empty_unused_memory_level = static_cast<int32_t>(level);
+  training->empty_unused_memory_level = static_cast<int32_t>(std::clamp<int64_t>(
+      level, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
   if (level == 0) a.Ignore("--empty-unused-memory-level");
   if (a.Text("--cpu-offloading-num-layers", "0") != "0") {
     return NotModelled("--cpu-offloading-num-layers", "activation offloading to CPU");
@@ -1195,7 +1199,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, world_size, &spec));
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
-  MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, m, &t));
   return ReadMemoryManagement(a, &t);
 }
 

@@ -485,11 +485,10 @@ TEST(MegatronArgs, DistributeSavedActivations) {
   EXPECT_TRUE(Parse(base + full + "--distribute-saved-activations", 2)
                   .spec.training.distribute_saved_activations);
   EXPECT_FALSE(Parse(base + full, 2).spec.training.distribute_saved_activations);
-  EXPECT_EQ(ErrorOf(base + "--distribute-saved-activations", 2),
-            "--distribute-saved-activations needs --recompute-granularity full (Megatron-LM "
-            "asserts it)");
-  MegatronArgsResult sp = Parse(base + full + "--distribute-saved-activations --sequence-parallel", 2);
   std::optional<ValidatedRun> run;
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--distribute-saved-activations", 2).spec, &run).message(),
+            "distributing saved activations needs full recomputation (as Megatron-LM asserts)");
+  MegatronArgsResult sp = Parse(base + full + "--distribute-saved-activations --sequence-parallel", 2);
   EXPECT_EQ(FinalizeRunSpec(sp.spec, &run).message(),
             "distributing saved activations needs TP > 1 without sequence parallelism (as "
             "Megatron-LM asserts)");
@@ -516,16 +515,21 @@ TEST(MegatronArgs, PrecisionAwareOptimizer) {
   const std::string base =
       "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
       "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --bf16 ";
-  const MegatronArgsResult r = Parse(base + "--use-distributed-optimizer "
-                                            "--use-precision-aware-optimizer --main-grads-dtype bf16 "
-                                            "--exp-avg-dtype bf16 --exp-avg-sq-dtype fp32",
-                                     1);
+  const std::string aware = "--use-distributed-optimizer --use-precision-aware-optimizer ";
+  const MegatronArgsResult r = Parse(
+      base + aware + "--main-grads-dtype bf16 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", 1);
   EXPECT_TRUE(r.spec.training.precision_aware_optimizer);
   EXPECT_EQ(r.spec.training.main_grads_dtype, Precision::kBf16);
   EXPECT_EQ(r.spec.training.exp_avg_dtype, Precision::kBf16);
-  EXPECT_EQ(r.spec.training.exp_avg_sq_dtype, Precision::kFp32);
+  EXPECT_EQ(r.spec.training.exp_avg_sq_dtype, Precision::kBf16);
   std::optional<ValidatedRun> run;
   EXPECT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + aware + "--exp-avg-dtype bf16", 1).spec, &run).message(),
+            "the precision-aware optimizer is modelled with exp_avg and exp_avg_sq of one dtype "
+            "(fp32 or bf16 both)");
+  EXPECT_EQ(ErrorOf(base + aware + "--main-grads-dtype bf16 --accumulate-allreduce-grads-in-fp32"),
+            "--main-grads-dtype can only be fp32 with --accumulate-allreduce-grads-in-fp32 (as "
+            "Megatron-LM asserts)");
   EXPECT_EQ(ErrorOf(base + "--use-precision-aware-optimizer --exp-avg-dtype fp8"),
             "--exp-avg-dtype fp8 changes memory in a way memsim does not model (scaled optimizer "
             "states (their fp32 copies in the step)); drop it to simulate the run without it");
@@ -545,8 +549,9 @@ TEST(MegatronArgs, EmptyUnusedMemoryLevel) {
   EXPECT_EQ(Parse(base, 1).spec.training.empty_unused_memory_level, 0);
   EXPECT_EQ(Parse(base + "--empty-unused-memory-level 2", 1).spec.training.empty_unused_memory_level,
             2);
-  EXPECT_EQ(ErrorOf(base + "--empty-unused-memory-level 3"),
-            "--empty-unused-memory-level must be 0, 1 or 2, got 3");
+  std::optional<ValidatedRun> run;
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--empty-unused-memory-level 3", 1).spec, &run).message(),
+            "empty_unused_memory_level must be 0, 1 or 2, got 3");
 }
 
 // --pipeline-model-parallel-layout is kept for FinalizeLayout (parallel/layout_test.cc);

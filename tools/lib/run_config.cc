@@ -69,16 +69,12 @@ Status ParseAttention(const std::string& text, AttentionKind* out) {
 Status ParseRecompute(const std::string& text, RecomputeKind* out) {
   return ParseEnum(kRecomputeNames, text, "recompute", out);
 }
-Status ParseRecomputeModules(const std::string& text, uint32_t* out) {
+Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out) {
   uint32_t bits = 0;
-  size_t start = 0;
-  while (start < text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
+  for (const std::string& name : names) {
     RecomputeModule module;
-    MEMSIM_RETURN_IF_ERROR(ParseEnum(kRecomputeModuleNames, text.substr(start, comma - start),
-                                     "recompute module", &module));
+    MEMSIM_RETURN_IF_ERROR(ParseEnum(kRecomputeModuleNames, name, "recompute module", &module));
     bits |= RecomputeModuleBit(module);
-    start = comma + 1;
   }
   *out = bits;
   return Status::OK();
@@ -261,6 +257,8 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "store_param_remainders", &t->store_param_remainders);
        }},
+      {"te_op_fuser",
+       [&](const YAML::Node& v) { return Read(v, source, "te_op_fuser", &t->te_op_fuser); }},
       {"grad_reduce_in_bf16",
        [&](const YAML::Node& v) {
          return Read(v, source, "grad_reduce_in_bf16", &t->grad_reduce_in_bf16);
@@ -274,9 +272,7 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          // A list of names, as Megatron's --recompute-modules takes them.
          std::vector<std::string> names;
          MEMSIM_RETURN_IF_ERROR(Read(v, source, "recompute_modules", &names));
-         std::string joined;
-         for (const std::string& name : names) joined += (joined.empty() ? "" : ",") + name;
-         Status s = ParseRecomputeModules(joined, &t->recompute_modules);
+         Status s = ParseRecomputeModules(names, &t->recompute_modules);
          return s.ok() ? s
                        : Status::Error(Where(source, v) + ": recompute_modules: " + s.message());
        }},
@@ -299,6 +295,12 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        }},
   };
   MEMSIM_RETURN_IF_ERROR(ApplyKeys(node, source, "training", handlers));
+  // Modules count only under selective recomputation; a file naming them means that (a
+  // sweep or plan may vary the recomputation afterwards).
+  if (node["recompute_modules"] && t->recompute != RecomputeKind::kSelective) {
+    return Status::Error(Where(source, node["recompute_modules"]) +
+                         ": recompute_modules needs recompute: selective");
+  }
   if (iterations <= 0 || iterations > 1000) {
     return Status::Error(source + ": iterations must be in [1, 1000], got " +
                          std::to_string(iterations));

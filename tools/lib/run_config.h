@@ -40,8 +40,8 @@ Status ParsePrecision(const std::string& text, Precision* out);
 Status ParseAttention(const std::string& text, AttentionKind* out);
 Status ParseRecompute(const std::string& text, RecomputeKind* out);
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
-// Comma-separated module names ("core_attn,mlp"; "" for none) as RecomputeModuleBit()s.
-Status ParseRecomputeModules(const std::string& text, uint32_t* out);
+// Recompute module names ("core_attn", "mlp"; none for none) as RecomputeModuleBit()s.
+Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out);
 Status ParseOptimizer(const std::string& text, OptimizerKind* out);
 Status ParseProfile(const std::string& text, ProfileKind* out);
 Status ParseGpu(const std::string& text, const GpuSpec** out);

@@ -364,7 +364,14 @@ int SimulateCommand(int argc, const char* const* argv) {
   if (status.ok() && !recompute.empty())
     status = ParseRecompute(recompute, &spec.training.recompute);
   if (status.ok() && vm.count("recompute-modules") != 0) {
-    status = ParseRecomputeModules(recompute_modules, &spec.training.recompute_modules);
+    std::vector<std::string> names;  // comma-separated
+    status = ParseNameList<std::string>(
+        recompute_modules, +[](const std::string& name, std::string* out) {
+          *out = name;
+          return Status::OK();
+        },
+        &names);
+    if (status.ok()) status = ParseRecomputeModules(names, &spec.training.recompute_modules);
     if (status.ok() && spec.training.recompute != RecomputeKind::kSelective) {
       status = Status::Error("--recompute-modules needs --recompute selective");
     }
