@@ -9,13 +9,19 @@ namespace {
 // Tensor-parallel collectives per decoder layer and microbatch on the critical path: the
 // attention and MLP outputs' all-reduce (with sequence parallelism the same bytes as an
 // all-gather before and a reduce-scatter after) in forward, their input gradients' in
-// backward, and the forward's again when recomputation reruns it: both under full
-// recomputation, the MLP's when the mlp (dense layers) or moe (MoE layers) recompute module
-// checkpoints it.
+// backward, and the forward's again when recomputation reruns it.
+// Under full recomputation with distributed saved activations each layer's input is also
+// all-gathered once more (counted per layer: checkpoints of several layers gather less).
 int64_t TensorParallelCollectivesPerLayer(const TrainingConfig& training, bool moe_layer) {
-  if (training.recompute == RecomputeKind::kFull) return 6;
-  const bool mlp_rerun = training.Recomputes(moe_layer ? RecomputeModule::kMoe
-                                                       : RecomputeModule::kMlp);
+  if (training.recompute == RecomputeKind::kFull) {
+    return training.distribute_saved_activations ? 7 : 6;
+  }
+  // The MLP's output collective reruns with its recomputation: the mlp module's on dense
+  // layers, the moe module's or the shared experts' (their own all-reduce) on MoE layers.
+  const bool mlp_rerun =
+      moe_layer ? training.Recomputes(RecomputeModule::kMoe) ||
+                      training.Recomputes(RecomputeModule::kSharedExperts)
+                : training.Recomputes(RecomputeModule::kMlp);
   return mlp_rerun ? 5 : 4;
 }
 

@@ -77,8 +77,10 @@ Timeline Timeline::Replay(const Recorder& recorder) {
     it.static_allocated_bytes = timeline.AllocatedBefore(it.begin_event);
     it.end_allocated_bytes = timeline.AllocatedBefore(it.end_event);
     it.peak_allocated_bytes = it.static_allocated_bytes;
+    // Reserved memory only grows between empty_cache() markers, so the iteration's first
+    // point is at least its start; the point before it may predate an empty_cache().
     it.peak_reserved_bytes =
-        it.begin_event > 0
+        it.begin_event > 0 && it.begin_event == it.end_event
             ? timeline.points_[static_cast<size_t>(it.begin_event - 1)].reserved_bytes
             : 0;
     for (int64_t e = it.begin_event; e < it.end_event; ++e) {
