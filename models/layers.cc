@@ -354,8 +354,8 @@ struct CheckpointFunction : public Function<CheckpointFunction> {
     const variable_list saved_inputs = ctx->get_saved_variables();
     if (closure->distribute_over > 1) {  // gather_split_1d_tensor, set as the input's data
       const at::Tensor& first = saved_inputs[0];
-      first.set_data(AllGather(first.detach(), closure->distribute_over)
-                         .view(closure->first_input_shape));
+      first.set_data(
+          AllGather(first.detach(), closure->distribute_over).view(closure->first_input_shape));
     }
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& saved : saved_inputs) {
@@ -668,7 +668,7 @@ void CheckpointWithoutOutput::DiscardOutputAndRegisterRecompute(const at::Tensor
     hook.register_hook([state = state_](const at::TensorBase&) { state->Recompute(); });
   } else if (!state_->recorded) {
     state_->inputs.clear();  // nothing will recompute
-  }  // else the node's backward recomputes, later than the hook would have
+  }                          // else the node's backward recomputes, later than the hook would have
   state_.reset();
 }
 

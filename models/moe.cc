@@ -293,8 +293,8 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     h = GroupedLinear(x, *params.experts_fc1, Fc1Width(m, fe), /*rows=*/true);
   }
   const at::ScalarType dtype = x.scalar_type();
-  auto weighted_activation = [&m, dtype, op_fuser = t.te_op_fuser](
-                                 const std::vector<at::Tensor>& in) {
+  auto weighted_activation = [&m, dtype,
+                              op_fuser = t.te_op_fuser](const std::vector<at::Tensor>& in) {
     if (op_fuser) {  // TE's ScaledSwiGLU; the scales in the activation dtype
       return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1).to(dtype))};
     }
@@ -340,7 +340,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
       return ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), tp);
     };
     shared = t.Recomputes(RecomputeModule::kSharedExperts) ? Checkpoint(shared_experts, {tokens})
-                                                            : shared_experts({tokens});
+                                                           : shared_experts({tokens});
   }
   Routing routing = Route(m, *params.router, tokens);
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;

@@ -48,10 +48,9 @@ at::Tensor Shard(const at::Tensor& t, int64_t shards) {
 
 }  // namespace
 
-MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind,
-                                                 int64_t shards, int64_t expert_shards,
-                                                 int64_t muon_ns_steps,
-                                                 std::optional<PrecisionAwareStates> precision_aware)
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(
+    ParameterStore* store, OptimizerKind kind, int64_t shards, int64_t expert_shards,
+    int64_t muon_ns_steps, std::optional<PrecisionAwareStates> precision_aware)
     : store_(store),
       kind_(kind),
       shards_(shards),
@@ -91,7 +90,8 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
         at::zeros(shard.sizes(), shard.options().dtype(precision_aware_->exp_avg_sq)));
     // A non-fp32 state's scale (_initialize_state's torch.ones([1]), fp32), per parameter.
     for (at::ScalarType dtype : {precision_aware_->exp_avg, precision_aware_->exp_avg_sq}) {
-      if (dtype != at::kFloat) state_scales_.push_back(at::ones({1}, shard.options().dtype(at::kFloat)));
+      if (dtype != at::kFloat)
+        state_scales_.push_back(at::ones({1}, shard.options().dtype(at::kFloat)));
     }
     if (precision_aware_->param_remainders && shard.scalar_type() == at::kBFloat16) {
       masters_.push_back(at::zeros(shard.sizes(), shard.options().dtype(at::kShort)));

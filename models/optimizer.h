@@ -111,7 +111,7 @@ class MixedPrecisionOptimizer {
   std::vector<at::Tensor> exp_avgs_;
   std::vector<at::Tensor> exp_avg_sqs_;
   std::vector<at::Tensor> state_scales_;  // precision-aware bf16 states' scales
-  std::vector<bool> muon_;  // the parameter takes Muon (Note [Muon])
+  std::vector<bool> muon_;                // the parameter takes Muon (Note [Muon])
 };
 
 }  // namespace memsim

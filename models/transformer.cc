@@ -421,7 +421,8 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   }
   at::Tensor attention_out = Attention(layer, ln_out);
   ln_out.reset();
-  if (input_norm_checkpoint) input_norm_checkpoint->DiscardOutputAndRegisterRecompute(attention_out);
+  if (input_norm_checkpoint)
+    input_norm_checkpoint->DiscardOutputAndRegisterRecompute(attention_out);
   at::Tensor residual = BiasDropoutAdd(attention_out, layer.proj_bias, hidden, hidden_dropout());
   attention_out.reset();
   at::Tensor mlp_out;

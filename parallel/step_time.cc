@@ -18,18 +18,17 @@ int64_t TensorParallelCollectivesPerLayer(const TrainingConfig& training, bool m
   }
   // The MLP's output collective reruns with its recomputation: the mlp module's on dense
   // layers, the moe module's or the shared experts' (their own all-reduce) on MoE layers.
-  const bool mlp_rerun =
-      moe_layer ? training.Recomputes(RecomputeModule::kMoe) ||
-                      training.Recomputes(RecomputeModule::kSharedExperts)
-                : training.Recomputes(RecomputeModule::kMlp);
+  const bool mlp_rerun = moe_layer ? training.Recomputes(RecomputeModule::kMoe) ||
+                                         training.Recomputes(RecomputeModule::kSharedExperts)
+                                   : training.Recomputes(RecomputeModule::kMlp);
   return mlp_rerun ? 5 : 4;
 }
 
 // Token exchanges per MoE layer and microbatch: dispatch and combine, forward and backward,
 // and forward's again when the layer is recomputed.
 int64_t ExpertExchangesPerLayer(const TrainingConfig& training) {
-  const bool rerun = training.recompute == RecomputeKind::kFull ||
-                     training.Recomputes(RecomputeModule::kMoe);
+  const bool rerun =
+      training.recompute == RecomputeKind::kFull || training.Recomputes(RecomputeModule::kMoe);
   return rerun ? 6 : 4;
 }
 

@@ -40,12 +40,16 @@ TrainingConfig Fp16Eager(const Shape& shape) {
 }
 
 // Bytes of forward-allocated storages alive when the forward pass ends (the loss is
-// computed, backward has not started): what the step holds for backward.
-int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConfig& training) {
+// computed, backward has not started): what the step holds for backward. `tp`: the whole
+// model's tensor-parallel shard (REQUIRES: `model` finalized for it).
+int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConfig& training,
+                                    int64_t tp = 1) {
   Session session;
   ActiveSession active(session);
   ParameterStore store(training.precision);
-  TransformerModel transformer(model, training, ModelShard::Whole(model), &store);
+  ModelShard shard = ModelShard::Whole(model);
+  shard.tp = tp;
+  TransformerModel transformer(model, training, shard, &store);
   store.AllocateGradBuffer();
   session.SetPhase(Phase::kForward);
   at::Tensor loss = transformer.Forward();
@@ -108,22 +112,7 @@ TEST(Activations, DistributedSavedActivationsKeepATensorParallelShare) {
       TrainingConfig t = Fp16Eager(x);
       t.recompute = RecomputeKind::kFull;
       t.distribute_saved_activations = true;
-      ModelShard shard = ModelShard::Whole(m);
-      shard.tp = 2;
-      Session session;
-      ActiveSession active(session);
-      ParameterStore store(t.precision);
-      TransformerModel transformer(m, t, shard, &store);
-      store.AllocateGradBuffer();
-      session.SetPhase(Phase::kForward);
-      at::Tensor loss = transformer.Forward();
-      int64_t bytes = 0;
-      const Recorder& r = session.recorder();
-      ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
-        const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-        if (s.category == Category::kActivation) bytes += s.size_bytes;
-      });
-      return bytes;
+      return ActivationBytesAfterForward(m, t, /*tp=*/2);
     };
     EXPECT_EQ(after_forward(2) - after_forward(1), x.s * x.b * x.h)
         << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
@@ -163,8 +152,8 @@ TEST(Activations, TransformerEngineFusesTheDenseNorms) {
     t.recompute_modules = RecomputeModuleBit(RecomputeModule::kCoreAttn) |
                           RecomputeModuleBit(RecomputeModule::kLayerNorm);
     EXPECT_EQ(PerLayerActivationBytes(x, t), 34 * x.s * x.b * x.h + 16 * x.s * x.b);
-    t.recompute_modules = RecomputeModuleBit(RecomputeModule::kCoreAttn) |
-                          RecomputeModuleBit(RecomputeModule::kMlp);
+    t.recompute_modules =
+        RecomputeModuleBit(RecomputeModule::kCoreAttn) | RecomputeModuleBit(RecomputeModule::kMlp);
     EXPECT_EQ(PerLayerActivationBytes(x, t), 16 * x.s * x.b * x.h + 8 * x.s * x.b)
         << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
   }
@@ -179,9 +168,8 @@ TEST(Activations, MlaUpProjectionRecompute) {
   const int64_t s = 64, b = 2, A = 4, q_lora = 64, R = 32, qk = 16, rope = 8, v = 16;
   auto per_layer = [&](uint32_t modules) {
     auto after_forward = [&](int64_t layers) {
-      ModelConfig m =
-          test::WithLatentAttention(test::Llama(layers, 256, A, A, 512, 1024), q_lora, R, qk,
-                                    rope, v);
+      ModelConfig m = test::WithLatentAttention(test::Llama(layers, 256, A, A, 512, 1024), q_lora,
+                                                R, qk, rope, v);
       EXPECT_TRUE(FinalizeModelConfig(&m).ok());
       TrainingConfig t;
       t.seq_length = s;
@@ -197,8 +185,8 @@ TEST(Activations, MlaUpProjectionRecompute) {
     return after_forward(2) - after_forward(1);
   };
   const uint32_t core_attn = RecomputeModuleBit(RecomputeModule::kCoreAttn);
-  const int64_t saved = per_layer(core_attn) -
-                        per_layer(core_attn | RecomputeModuleBit(RecomputeModule::kMlaUpProj));
+  const int64_t saved =
+      per_layer(core_attn) - per_layer(core_attn | RecomputeModuleBit(RecomputeModule::kMlaUpProj));
   EXPECT_EQ(saved, 2 * s * b * A * (2 * (qk + rope) + v) - 2 * s * b * (R + rope));
 }
 
@@ -612,9 +600,9 @@ TEST(CheckpointWithoutOutput, RecomputesIntoTheDiscardedStorageOnCpu) {
     const int index = order.emplace(e.storage_id, static_cast<int>(order.size())).first->second;
     events.emplace_back(e.is_alloc, index);
   }
-  const std::vector<std::pair<bool, int>> expected = {
-      {true, 0},  {true, 1},  {false, 0}, {true, 2},  {true, 3},
-      {true, 4},  {true, 5},  {false, 4}, {false, 1}, {false, 2}};
+  const std::vector<std::pair<bool, int>> expected = {{true, 0},  {true, 1}, {false, 0}, {true, 2},
+                                                      {true, 3},  {true, 4}, {true, 5},  {false, 4},
+                                                      {false, 1}, {false, 2}};
   EXPECT_EQ(events, expected);
   EXPECT_EQ(order.begin()->first, y_id);
   EXPECT_EQ(discarded_before_loss, true);

@@ -159,8 +159,8 @@ TEST(DistributedOptimizer, BytesPerParameter) {
       const int64_t scales = c.precision_aware && c.states == Precision::kBf16 ? 2 * 28 * 4 : 0;
       EXPECT_EQ(ModelStateBytes(m, t, layout), params * c.fixed + params * c.sharded / d + scales)
           << PrecisionName(c.precision) << (c.bf16_grads ? " bf16 grads" : "")
-          << (c.precision_aware ? " precision-aware" : "") << " states "
-          << PrecisionName(c.states) << (c.remainders ? "" : " no remainders") << " d=" << d;
+          << (c.precision_aware ? " precision-aware" : "") << " states " << PrecisionName(c.states)
+          << (c.remainders ? "" : " no remainders") << " d=" << d;
     }
   }
 }
@@ -621,13 +621,14 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   moe_modules.model.moe_shared_expert_size = 256;
   moe_modules.training.moe_grouped_gemm = true;
   moe_modules.training.recompute = RecomputeKind::kSelective;
-  moe_modules.training.recompute_modules =
-      all_modules & ~RecomputeModuleBit(RecomputeModule::kMlaUpProj) &
-      ~RecomputeModuleBit(RecomputeModule::kMoe);
+  moe_modules.training.recompute_modules = all_modules &
+                                           ~RecomputeModuleBit(RecomputeModule::kMlaUpProj) &
+                                           ~RecomputeModuleBit(RecomputeModule::kMoe);
   cases.push_back(moe_modules);
   moe_modules.name = "moe, recompute modules, transformer engine";
   moe_modules.training.profile = ProfileKind::kTransformerEngine;
-  moe_modules.training.recompute_modules = all_modules & ~RecomputeModuleBit(RecomputeModule::kMlaUpProj);
+  moe_modules.training.recompute_modules =
+      all_modules & ~RecomputeModuleBit(RecomputeModule::kMlaUpProj);
   cases.push_back(moe_modules);
   Case mla{"mla, recompute modules",
            test::WithLatentAttention(test::Llama(9, 256, 4, 4, 512, 1024), 64, 32, 16, 8, 16),

@@ -204,8 +204,8 @@ TEST(AllocatorReplay, EmptyCacheMarkerReleasesFreeSegments) {
     const Recorder& r = session.recorder();
     EXPECT_EQ(ReplayAllocations(r, &allocator, static_cast<int64_t>(r.events().size()), reserved),
               -1);
-    const std::vector<int64_t> expected =
-        empty_cache ? std::vector<int64_t>{30 << 20, 20 << 20} : std::vector<int64_t>{30 << 20, 30 << 20};
+    const std::vector<int64_t> expected = empty_cache ? std::vector<int64_t>{30 << 20, 20 << 20}
+                                                      : std::vector<int64_t>{30 << 20, 30 << 20};
     EXPECT_EQ(reserved.after_alloc, expected) << "empty_cache " << empty_cache;
     EXPECT_EQ(allocator.stats().reserved_bytes, empty_cache ? 0 : 30 << 20);
     EXPECT_EQ(allocator.stats().allocated_bytes, 0);

@@ -272,8 +272,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     for (const FamilyInfo& f : kFamilies) {
       supported += std::string(supported.empty() ? "" : ", ") + f.model_type;
     }
-    return Status::Error(path + ": unsupported model_type '" + model_type + "' (supported: " +
-                         supported + ")");
+    return Status::Error(path + ": unsupported model_type '" + model_type +
+                         "' (supported: " + supported + ")");
   }
   const Family family = info->family;
   if (r.Take("architectures")) {

@@ -1,9 +1,9 @@
 #include "tools/lib/megatron_args.h"
 
 #include <algorithm>
-#include <limits>
 #include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -991,7 +991,8 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
     a.Ignore("--main-grads-dtype");
   }
   if (a.Text("--main-params-dtype", "fp32") != "fp32") {
-    return NotModelled("--main-params-dtype", "fp16 master weights (their fp32 copies in the step)");
+    return NotModelled("--main-params-dtype",
+                       "fp16 master weights (their fp32 copies in the step)");
   }
   a.Ignore("--main-params-dtype");
   t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
@@ -1133,7 +1134,8 @@ Status ReadRecomputation(Args& a, const ModelConfig& m, TrainingConfig* training
     const Status parsed = ParseRecomputeModules(names, &t.recompute_modules);
     if (!parsed.ok()) return Status::Error("--recompute-modules: " + parsed.message());
   }
-  if (a.Has("--moe-layer-recompute")) t.recompute_modules |= RecomputeModuleBit(RecomputeModule::kMoe);
+  if (a.Has("--moe-layer-recompute"))
+    t.recompute_modules |= RecomputeModuleBit(RecomputeModule::kMoe);
   if (t.Recomputes(RecomputeModule::kSharedExperts) && m.moe_shared_expert_size > 0 &&
       a.Has("--moe-shared-expert-overlap")) {
     return Status::Error(

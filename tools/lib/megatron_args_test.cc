@@ -20,6 +20,11 @@ std::vector<std::string> Split(const std::string& line) {
   return out;
 }
 
+// A two-layer GPT small enough for any layout the tests give it, as a launch line prefix.
+constexpr char kTinyGpt[] =
+    "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+    "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 ";
+
 MegatronArgsResult Parse(const std::string& line, int64_t world_size) {
   MegatronArgsResult result;
   const Status s = ParseMegatronArgs(Split(line), {}, world_size, &result);
@@ -409,10 +414,7 @@ TEST(MegatronArgs, EmbeddingAndLossInPipelineSplit) {
 }
 
 TEST(MegatronArgs, QkLayernorm) {
-  const MegatronArgsResult r = Parse(
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --qk-layernorm --test-mode",
-      1);
+  const MegatronArgsResult r = Parse(std::string(kTinyGpt) + "--qk-layernorm --test-mode", 1);
   EXPECT_TRUE(r.spec.model.qk_layernorm);
   EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
 }
@@ -420,9 +422,7 @@ TEST(MegatronArgs, QkLayernorm) {
 // --mtp-num-layers is read; what memsim does not model is refused (FinalizeModelConfig
 // checks Megatron-LM's own rule, MTP needs RoPE: ModelConfig.RejectsImpossibleShapes).
 TEST(MegatronArgs, MultiTokenPrediction) {
-  const std::string base =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 ";
+  const std::string base = std::string(kTinyGpt);
   const MegatronArgsResult r = Parse(
       base + "--position-embedding-type rope --mtp-num-layers 2 --mtp-loss-scaling-factor 0.3", 1);
   EXPECT_EQ(r.spec.model.mtp_num_layers, 2);
@@ -435,9 +435,7 @@ TEST(MegatronArgs, MultiTokenPrediction) {
 // --recompute-modules as TransformerConfig reads it: only under selective granularity
 // (default core_attn); --moe-layer-recompute makes it selective and adds moe.
 TEST(MegatronArgs, RecomputeModules) {
-  const std::string base =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 ";
+  const std::string base = std::string(kTinyGpt);
   auto bit = [](RecomputeModule m) { return RecomputeModuleBit(m); };
   const TrainingConfig selective =
       Parse(base + "--recompute-granularity selective", 1).spec.training;
@@ -477,9 +475,7 @@ TEST(MegatronArgs, RecomputeModules) {
 // --distribute-saved-activations: full recomputation only (Megatron-LM asserts it; the
 // run spec checks TP > 1 without sequence parallelism).
 TEST(MegatronArgs, DistributeSavedActivations) {
-  const std::string base =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --tensor-model-parallel-size 2 ";
+  const std::string base = std::string(kTinyGpt) + "--tensor-model-parallel-size 2 ";
   const std::string full =
       "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 ";
   EXPECT_TRUE(Parse(base + full + "--distribute-saved-activations", 2)
@@ -488,7 +484,8 @@ TEST(MegatronArgs, DistributeSavedActivations) {
   std::optional<ValidatedRun> run;
   EXPECT_EQ(FinalizeRunSpec(Parse(base + "--distribute-saved-activations", 2).spec, &run).message(),
             "distributing saved activations needs full recomputation (as Megatron-LM asserts)");
-  MegatronArgsResult sp = Parse(base + full + "--distribute-saved-activations --sequence-parallel", 2);
+  MegatronArgsResult sp =
+      Parse(base + full + "--distribute-saved-activations --sequence-parallel", 2);
   EXPECT_EQ(FinalizeRunSpec(sp.spec, &run).message(),
             "distributing saved activations needs TP > 1 without sequence parallelism (as "
             "Megatron-LM asserts)");
@@ -496,9 +493,7 @@ TEST(MegatronArgs, DistributeSavedActivations) {
 
 // --grad-reduce-in-bf16 counts in bf16 training only, as Megatron-LM reads it.
 TEST(MegatronArgs, GradReduceInBf16) {
-  const std::string base =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --grad-reduce-in-bf16 ";
+  const std::string base = std::string(kTinyGpt) + "--grad-reduce-in-bf16 ";
   const MegatronArgsResult bf16 = Parse(base + "--bf16 --accumulate-allreduce-grads-in-fp32", 1);
   EXPECT_TRUE(bf16.spec.training.grad_reduce_in_bf16);
   EXPECT_EQ(std::count(bf16.ignored.begin(), bf16.ignored.end(), "--grad-reduce-in-bf16"), 0);
@@ -512,9 +507,7 @@ TEST(MegatronArgs, GradReduceInBf16) {
 // and fp8 states and fp16 masters are refused; the dtypes need the optimizer, and it the
 // distributed optimizer, as Megatron-Core asserts.
 TEST(MegatronArgs, PrecisionAwareOptimizer) {
-  const std::string base =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --bf16 ";
+  const std::string base = std::string(kTinyGpt) + "--bf16 ";
   const std::string aware = "--use-distributed-optimizer --use-precision-aware-optimizer ";
   const MegatronArgsResult r = Parse(
       base + aware + "--main-grads-dtype bf16 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", 1);
@@ -536,19 +529,18 @@ TEST(MegatronArgs, PrecisionAwareOptimizer) {
   EXPECT_EQ(FinalizeRunSpec(Parse(base + "--exp-avg-dtype bf16", 1).spec, &run).message(),
             "main_grads_dtype, exp_avg_dtype and exp_avg_sq_dtype other than fp32 need the "
             "precision-aware optimizer (as Megatron-Core asserts)");
-  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--use-precision-aware-optimizer", 1).spec, &run).message(),
-            "the precision-aware optimizer needs the distributed optimizer (as Megatron-Core "
-            "asserts)");
+  EXPECT_EQ(
+      FinalizeRunSpec(Parse(base + "--use-precision-aware-optimizer", 1).spec, &run).message(),
+      "the precision-aware optimizer needs the distributed optimizer (as Megatron-Core "
+      "asserts)");
 }
 
 // train_step empties the cache after forward-backward (1), and after the step too (2).
 TEST(MegatronArgs, EmptyUnusedMemoryLevel) {
-  const std::string base =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 ";
+  const std::string base = std::string(kTinyGpt);
   EXPECT_EQ(Parse(base, 1).spec.training.empty_unused_memory_level, 0);
-  EXPECT_EQ(Parse(base + "--empty-unused-memory-level 2", 1).spec.training.empty_unused_memory_level,
-            2);
+  EXPECT_EQ(
+      Parse(base + "--empty-unused-memory-level 2", 1).spec.training.empty_unused_memory_level, 2);
   std::optional<ValidatedRun> run;
   EXPECT_EQ(FinalizeRunSpec(Parse(base + "--empty-unused-memory-level 3", 1).spec, &run).message(),
             "empty_unused_memory_level must be 0, 1 or 2, got 3");
@@ -572,10 +564,9 @@ TEST(MegatronArgs, PipelineLayout) {
 }
 
 TEST(MegatronArgs, DeferredEmbeddingWgrad) {
-  const std::string line =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --defer-embedding-wgrad-compute "
-      "--wgrad-deferral-limit 2 --pipeline-model-parallel-size 2";
+  const std::string line = std::string(kTinyGpt) +
+                           "--defer-embedding-wgrad-compute "
+                           "--wgrad-deferral-limit 2 --pipeline-model-parallel-size 2";
   MegatronArgsResult r = Parse(line, 2);
   EXPECT_TRUE(r.spec.training.defer_embedding_wgrad);
   EXPECT_EQ(r.spec.training.wgrad_deferral_limit, 2);
@@ -586,11 +577,7 @@ TEST(MegatronArgs, DeferredEmbeddingWgrad) {
   std::optional<ValidatedRun> run;
   EXPECT_NE(FinalizeRunSpec(spec, &run).message().find("gradient accumulation fusion"),
             std::string::npos);
-  r = Parse(
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 "
-      "--defer-embedding-wgrad-compute",
-      1);
+  r = Parse(std::string(kTinyGpt) + "--defer-embedding-wgrad-compute", 1);
   spec = r.spec;
   spec.gpu = FindGpu("H100");
   EXPECT_NE(FinalizeRunSpec(spec, &run).message().find("PP > 1"), std::string::npos);
@@ -647,17 +634,12 @@ TEST(MegatronArgs, MultiLatentAttention) {
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
   EXPECT_EQ(m.head_dim, 24);  // q/k heads: 16 + 8
   // Megatron-LM's defaults: no q down projection, kv_lora_rank 32, 128 + 64, 128.
-  const MegatronArgsResult d = Parse(
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --multi-latent-attention",
-      1);
+  const MegatronArgsResult d = Parse(std::string(kTinyGpt) + "--multi-latent-attention", 1);
   EXPECT_EQ(d.spec.model.q_lora_rank, 0);
   EXPECT_EQ(d.spec.model.kv_lora_rank, 32);
   EXPECT_EQ(d.spec.model.v_head_dim, 128);
   // YaRN's scalars change no tensor; the fused down projection is not modelled.
-  const std::string base =
-      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
-      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 --multi-latent-attention ";
+  const std::string base = std::string(kTinyGpt) + "--multi-latent-attention ";
   const MegatronArgsResult yarn =
       Parse(base + "--rotary-scaling-factor 40 --mscale 0.707 --mscale-all-dim 0.707", 1);
   for (const char* name : {"--rotary-scaling-factor", "--mscale", "--mscale-all-dim"}) {

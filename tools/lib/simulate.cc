@@ -366,7 +366,8 @@ int SimulateCommand(int argc, const char* const* argv) {
   if (status.ok() && vm.count("recompute-modules") != 0) {
     std::vector<std::string> names;  // comma-separated
     status = ParseNameList<std::string>(
-        recompute_modules, +[](const std::string& name, std::string* out) {
+        recompute_modules,
+        +[](const std::string& name, std::string* out) {
           *out = name;
           return Status::OK();
         },
