@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "models/fp8.h"
 #include "ops/collectives.h"
 #include "ops/transformer_kernels.h"
 #include "parallel/regions/context_parallel.h"
@@ -13,6 +14,11 @@
 #include "simulator/session.h"
 
 namespace memsim {
+
+void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad) {
+  if (main_grad.defined() && grad.defined()) main_grad.add_(grad);
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -21,12 +27,6 @@ using torch::autograd::variable_list;
 
 bool IsHalf(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-}
-
-// Adds a parameter gradient computed in backward to its main_grad, then drops it, as
-// Megatron's DDP grad hook does (param.main_grad.add_(param.grad); param.grad = None).
-void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad) {
-  if (main_grad.defined() && grad.defined()) main_grad.add_(grad);
 }
 
 // What a linear layer's backward needs besides the saved input and weight.
@@ -461,7 +461,9 @@ c10::optional<at::Tensor> DataOf(Parameter* p) {
 }  // namespace
 
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
-                  const LinearParallelism& parallelism) {
+                  const LinearParallelism& parallelism, const Fp8LinearOptions& fp8) {
+  if (weight.fp8.recipe != Fp8Recipe::kNone)
+    return Fp8Linear(input, weight, bias, parallelism, fp8);
   auto state = c10::make_intrusive<LinearState>();
   state->store = weight.store;
   state->weight_main_grad = weight.main_grad;
@@ -471,6 +473,11 @@ at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
     if (deferred->Accepts(deferred->inputs)) deferred->inputs.push_back(input);
   }
   return LinearFunction::apply(input, weight.data, DataOf(bias), std::move(state));
+}
+
+void FreeStorage(const c10::Storage& storage) {
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, storage.device()));
+  storage.unsafeGetStorageImpl()->set_nbytes(0);
 }
 
 void DrainDeferredWgrad(DeferredWgrad& deferred, Parameter& weight,
@@ -660,10 +667,7 @@ std::vector<at::Tensor> CheckpointWithoutOutput::Run(Fn fn, const std::vector<at
 
 void CheckpointWithoutOutput::DiscardOutputAndRegisterRecompute(const at::Tensor& hook) {
   MEMSIM_DCHECK(state_);
-  for (const c10::Storage& storage : state_->discarded) {
-    storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, storage.device()));
-    storage.unsafeGetStorageImpl()->set_nbytes(0);
-  }
+  for (const c10::Storage& storage : state_->discarded) FreeStorage(storage);
   if (hook.requires_grad()) {
     hook.register_hook([state = state_](const at::TensorBase&) { state->Recompute(); });
   } else if (!state_->recorded) {

@@ -29,7 +29,7 @@ namespace memsim {
 //     use allocates and frees.
 // (TE's LayerNormLinear/LayerNormMLP save the same tensors as LayerNorm followed by
 // Megatron's linears at 16 bits: LayerNorm input, its output, mu/rsigma, fc1 and
-// activation outputs; they differ with FP8, which memsim does not model.)
+// activation outputs; they differ with FP8: Note [FP8 training] in fp8.h.)
 class GlobalMemoryBuffer : public torch::CustomClassHolder {
  public:
   explicit GlobalMemoryBuffer(bool persistent = true) : persistent_(persistent) {}
@@ -68,12 +68,41 @@ struct LinearParallelism {
   c10::intrusive_ptr<DeferredWgrad> deferred;        // the output layer, when deferring
 };
 
+// How a Transformer Engine linear module running in FP8 is used, beyond its tensor-parallel
+// group (Note [FP8 training] in fp8.h); ignored by 16-bit linears.
+struct Fp8LinearOptions {
+  // LayerNormLinear: the input is the fused norm's output, which lives only until it is
+  // quantized.
+  bool input_is_fused_norm_output = false;
+  // Megatron's save_original_input (linear_proj, every recipe but delayed).
+  bool save_original_input = false;
+  // Row-parallel with sequence parallelism: TE reduce-scatters the output over this group
+  // (1: the caller reduces it).
+  int64_t reduce_scatter_output_group = 1;
+
+  static Fp8LinearOptions LayerNormLinear() {
+    Fp8LinearOptions options;
+    options.input_is_fused_norm_output = true;
+    return options;
+  }
+};
+
 // Megatron's LinearWithGradAccumulationAndAsyncCommunication with
 // gradient_accumulation_fusion: y = x W^T (+ b). Saves x (and W, a parameter). Backward
 // allocates dx, accumulates dW into main_grad in place (wgrad_gemm_accum) and db through
-// a [out] temporary. `bias` may be null.
+// a [out] temporary. `bias` may be null. A weight of an FP8 module (Parameter::fp8) runs
+// Fp8Linear (fp8.h) instead.
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
-                  const LinearParallelism& parallelism = {});
+                  const LinearParallelism& parallelism = {}, const Fp8LinearOptions& fp8 = {});
+
+// Adds a parameter gradient computed in backward to its main_grad, then drops it, as
+// Megatron's DDP grad hook does (param.main_grad.add_(param.grad); param.grad = None).
+// Either may be undefined (nothing happens).
+void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad);
+
+// Frees a storage's bytes, keeping the storage and its tensors (FSDP's
+// storage.resize_(0)); later reads of them see no bytes.
+void FreeStorage(const c10::Storage& storage);
 
 // The deferred weight-gradient GEMMs of `weight` (DeferredWgrad), as
 // drain_embedding_wgrad_compute runs them: with sequence parallelism each input is

@@ -216,6 +216,41 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
         "main_grads_dtype, exp_avg_dtype and exp_avg_sq_dtype other than fp32 need the "
         "precision-aware optimizer (as Megatron-Core asserts)");
   }
+  if (t.fp8 != Fp8Recipe::kNone) {
+    if (t.profile != ProfileKind::kTransformerEngine) {
+      return Status::Error(
+          "FP8 training needs Transformer Engine layers (--transformer-impl "
+          "transformer_engine), as Megatron-LM asserts");
+    }
+    if (t.precision == Precision::kFp32) {
+      return Status::Error("FP8 training needs bf16 or fp16 parameters, got fp32");
+    }
+    if (m.num_experts > 0 || m.multi_latent_attention()) {
+      return Status::Error(
+          "FP8 training is modelled for dense attention and MLPs; with MoE experts "
+          "(GroupedLinear, Fp8Padding) or multi-latent attention it is not yet: drop "
+          "--fp8-format to simulate the run in bf16");
+    }
+    if (t.fp8_param_gather && t.precision_aware_optimizer) {
+      return Status::Error(
+          "FP8 parameters with the precision-aware optimizer are not modelled (Transformer "
+          "Engine's FusedAdam casting into them); drop one of the two");
+    }
+    if (t.fp8_amax_history_len < 1) {
+      return Status::Error("fp8_amax_history_len must be at least 1, got " +
+                           Str(t.fp8_amax_history_len));
+    }
+    if (t.fp8_bf16_layers_at_start < 0 || t.fp8_bf16_layers_at_end < 0) {
+      return Status::Error("the numbers of bf16 layers at the start and end must be >= 0");
+    }
+    if (t.fp8 == Fp8Recipe::kDelayed && t.fp8_bf16_layers_at_start + t.fp8_bf16_layers_at_end > 0) {
+      return Status::Error(
+          "first and last layers in bf16 do not work with the delayed FP8 recipe (as "
+          "Megatron-Core asserts)");
+    }
+  } else if (t.fp8_param_gather || t.fp8_bf16_layers_at_start + t.fp8_bf16_layers_at_end > 0) {
+    return Status::Error("FP8 parameters and bf16 first/last layers need FP8 training (fp8)");
+  }
   if (t.grad_reduce_in_bf16 && t.precision != Precision::kBf16) {
     return Status::Error("bf16 gradient buffers (grad_reduce_in_bf16) need bf16 training");
   }

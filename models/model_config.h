@@ -155,6 +155,13 @@ inline constexpr EnumName<RecomputeMethod> kRecomputeMethodNames[] = {
 enum class OptimizerKind { kAdam, kSgd, kMuon };
 inline constexpr EnumName<OptimizerKind> kOptimizerNames[] = {
     {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kMuon, "muon"}};
+// Transformer Engine's FP8 recipe (--fp8-recipe with --fp8-format; Note [FP8 training] in
+// models/fp8.h says what each keeps). kNone: no FP8.
+enum class Fp8Recipe { kNone, kDelayed, kTensorwise, kBlockwise };
+inline constexpr EnumName<Fp8Recipe> kFp8RecipeNames[] = {{Fp8Recipe::kNone, "none"},
+                                                          {Fp8Recipe::kDelayed, "delayed"},
+                                                          {Fp8Recipe::kTensorwise, "tensorwise"},
+                                                          {Fp8Recipe::kBlockwise, "blockwise"}};
 // Which real implementation's kernels the layers mirror (GlobalMemoryBuffer in layers.h
 // says where they differ).
 enum class ProfileKind { kMegatronLocal, kTransformerEngine };
@@ -226,6 +233,20 @@ struct TrainingConfig {
   // --empty-unused-memory-level: Megatron-LM's train_step empties the CUDA cache after
   // forward-backward (1) and after the optimizer step too (2); reserved memory only.
   int32_t empty_unused_memory_level = 0;
+  // FP8 training (Note [FP8 training] in models/fp8.h): Transformer Engine's GEMM layers of
+  // the decoder run in FP8 under `fp8`, except the first `fp8_bf16_layers_at_start` and the
+  // last `fp8_bf16_layers_at_end` layers (--first-last-layers-bf16).
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
+  // --fp8-param-gather: those layers' weights are FP8 themselves (no 16-bit copy).
+  bool fp8_param_gather = false;
+  int64_t fp8_amax_history_len = 1;  // the delayed recipe's history (Megatron's default)
+  int64_t fp8_bf16_layers_at_start = 0;
+  int64_t fp8_bf16_layers_at_end = 0;
+  // Whether decoder layer `index` (of `num_layers`) runs its GEMMs in FP8.
+  bool Fp8Layer(int64_t index, int64_t num_layers) const {
+    return fp8 != Fp8Recipe::kNone && index >= fp8_bf16_layers_at_start &&
+           index < num_layers - fp8_bf16_layers_at_end;
+  }
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;

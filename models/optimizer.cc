@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/fp8.h"
 #include "ops/fused_optimizers.h"
 #include "simulator/session.h"
 
@@ -62,7 +63,13 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(
   at::NoGradGuard no_grad;
   for (Parameter& p : store->parameters()) {
     // Transformer Engine's FusedAdam makes its masters in the first step.
-    if (!precision_aware_) {
+    if (p.fp8.fp8_param) {
+      // From the 16-bit value Transformer Engine kept on the host (Note [FP8 training]):
+      // the parameter has no 16-bit storage to shard.
+      const int64_t shards = p.expert ? expert_shards_ : shards_;
+      masters_.push_back(
+          at::empty({(p.data.numel() + shards - 1) / shards}, p.data.options().dtype(at::kFloat)));
+    } else if (!precision_aware_) {
       const at::Tensor shard = ParameterShard(p);
       masters_.push_back(store->precision() == Precision::kFp32 ? shard
                                                                 : shard.clone().to(at::kFloat));
@@ -147,11 +154,20 @@ void MixedPrecisionOptimizer::Step() {
   }
   if (store_->precision() != Precision::kFp32 && !precision_aware_) {  // else the kernel does
     size_t i = 0;
+    std::vector<at::Tensor> fp8_masters;
+    Fp8Recipe fp8_recipe = Fp8Recipe::kNone;
     for (Parameter& p : store_->parameters()) {
+      const at::Tensor& master = masters_[i++];
+      if (p.fp8.fp8_param) {
+        fp8_masters.push_back(master);
+        fp8_recipe = p.fp8.recipe;
+        continue;
+      }
       (p.shard_data.defined() ? p.shard_data.detach()
                               : Shard(p.data, p.expert ? expert_shards_ : shards_))
-          .copy_(masters_[i++]);
+          .copy_(master);
     }
+    CastMastersToFp8Parameters(fp8_masters, fp8_recipe);
   }
   if (precision_aware_ || store_->grad_dtype() == at::kFloat) master_grads_.clear();  // views
 }

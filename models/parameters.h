@@ -40,6 +40,19 @@ namespace memsim {
 
 class ParameterStore;
 
+// What a Transformer Engine module running in FP8 keeps for its weight (Note [FP8
+// training] in fp8.h).
+struct Fp8Module {
+  Fp8Recipe recipe = Fp8Recipe::kNone;
+  bool fp8_param = false;  // --fp8-param-gather: the parameter itself is FP8
+  int64_t amax_history_len = 1;
+  // The FP8 weight (data, transpose, scales: TE's cached copy, made in the module's first
+  // forward, or the FP8 parameter, whose 16-bit `data` then has no storage); then the
+  // delayed recipe's scales and amax histories.
+  std::vector<at::Tensor> weight;
+  std::vector<at::Tensor> scaling_state;
+};
+
 struct Parameter {
   std::string name;      // full module path + name, e.g. "decoder.layers.0.mlp.fc1.weight"
   at::Tensor data;       // training dtype, requires_grad (so autograd reaches the layers)
@@ -56,6 +69,8 @@ struct Parameter {
   // the layer is gathered.
   at::Tensor shard_data;
   ParameterStore* store = nullptr;  // the store that made it (outlives it)
+  // Set when the weight's Transformer Engine module runs its GEMMs in FP8.
+  Fp8Module fp8;
 };
 
 class ParameterStore {

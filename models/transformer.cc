@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "models/fp8.h"
 #include "models/layer_replication.h"
 #include "parallel/regions/tensor_parallel.h"
 #include "simulator/check.h"
@@ -56,7 +57,7 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       for (int64_t l = first; l < first + count; ++l) {
         store->set_unit(l);
         ModuleScope s("layers." + std::to_string(l));
-        chunk.push_back(CreateLayer(l, store));
+        chunk.push_back(CreateLayer(l, store, training_.Fp8Layer(l, model_.num_layers)));
       }
       store->set_unit(-1);
     }
@@ -103,17 +104,27 @@ TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(ParameterStore* stor
   {
     ModuleScope s("eh_proj");
     mtp.eh_proj_weight = store->Add("weight", {H / shard_.tp, 2 * H});
+    MakeFp8(mtp.eh_proj_weight, training_.fp8 != Fp8Recipe::kNone);
   }
   {
-    // The spec of the decoder's last layer (gpt_builders.py).
+    // The spec of the decoder's last layer (gpt_builders.py), in FP8 whatever the
+    // decoder's last layers are (MTP runs in the global FP8 context).
     ModuleScope s("mtp_model_layer");
-    mtp.layer = CreateLayer(model_.num_layers - 1, store);
+    mtp.layer = CreateLayer(model_.num_layers - 1, store, training_.fp8 != Fp8Recipe::kNone);
   }
   std::tie(mtp.final_norm_weight, mtp.final_norm_bias) = AddNorm("final_layernorm", store);
   return mtp;
 }
 
-TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterStore* store) {
+void TransformerModel::MakeFp8(Parameter* weight, bool fp8) const {
+  if (fp8) {
+    MakeFp8Weight(weight, training_.fp8, training_.fp8_param_gather,
+                  training_.fp8_amax_history_len);
+  }
+}
+
+TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterStore* store,
+                                                      bool fp8) {
   const int64_t H = model_.hidden_size, A = model_.num_attention_heads;
   const int64_t G = model_.num_query_groups, D = model_.head_dim, F = model_.ffn_hidden_size;
   const int64_t tp = shard_.tp;
@@ -157,6 +168,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
     } else {
       ModuleScope q("linear_qkv");
       layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D / tp, H});
+      MakeFp8(layer.qkv_weight, fp8);
       if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D / tp});
     }
     if (model_.qk_layernorm && !model_.multi_latent_attention()) {
@@ -172,6 +184,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
     ModuleScope p("linear_proj");
     const int64_t v_width = model_.multi_latent_attention() ? model_.v_head_dim : D;
     layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
+    MakeFp8(layer.proj_weight, fp8);
     if (bias) layer.proj_bias = store->Add("bias", {H});
   }
   std::tie(layer.mlp_norm_weight, layer.mlp_norm_bias) = AddNorm("pre_mlp_layernorm", store);
@@ -184,10 +197,12 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   {
     ModuleScope f("linear_fc1");
     layer.fc1_weight = store->Add("weight", {fc1_out, H});
+    MakeFp8(layer.fc1_weight, fp8);
     if (bias) layer.fc1_bias = store->Add("bias", {fc1_out});
   }
   ModuleScope f("linear_fc2");
   layer.fc2_weight = store->Add("weight", {H, F / tp});
+  MakeFp8(layer.fc2_weight, fp8);
   if (bias) layer.fc2_bias = store->Add("bias", {H});
   return layer;
 }
@@ -224,7 +239,9 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
   at::Tensor qkv;
   {
     ModuleScope s("linear_qkv");
-    qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, ColumnParallel());  // [S, B, (A+2G)D]
+    // Transformer Engine's LayerNormLinear: the norm's output is its own.
+    qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, ColumnParallel(),
+                 Fp8LinearOptions::LayerNormLinear());  // [S, B, (A+2G)D]
   }
   const int64_t S = qkv.size(0), B = qkv.size(1);
   // SelfAttention.get_query_key_value_tensors: [S, B, G, (A/G + 2) * D] split per group.
@@ -324,7 +341,6 @@ std::vector<at::Tensor> TransformerModel::LatentUpProjection(Layer& layer, at::T
 
 at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   ModuleScope scope("self_attention");
-  const int64_t tp = shard_.tp;
   // mla_up_proj: the up projections' outputs go once core attention has saved them.
   std::optional<CheckpointWithoutOutput> up_projection;
   if (model_.multi_latent_attention() && training_.Recomputes(RecomputeModule::kMlaUpProj)) {
@@ -355,10 +371,19 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   }
   if (up_projection) up_projection->DiscardOutputAndRegisterRecompute(context);
   ModuleScope s("linear_proj");
-  // Row-parallel, bias added in BiasDropoutAdd (skip_bias_add).
-  at::Tensor out = Linear(context, *layer.proj_weight, nullptr);
-  return shard_.sequence_parallel ? ReduceScatterToSequenceParallelRegion(out, tp)
-                                  : ReduceFromTensorParallelRegion(out, tp);
+  return RowParallelLinear(context, *layer.proj_weight, /*save_original_input=*/true);
+}
+
+at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Parameter& weight,
+                                               bool save_original_input) {
+  Fp8LinearOptions fp8;
+  fp8.save_original_input = save_original_input && training_.fp8 != Fp8Recipe::kDelayed;
+  if (shard_.sequence_parallel) fp8.reduce_scatter_output_group = shard_.tp;
+  // The bias is added in BiasDropoutAdd (skip_bias_add).
+  at::Tensor out = Linear(input, weight, nullptr, {}, fp8);
+  if (weight.fp8.recipe != Fp8Recipe::kNone && shard_.sequence_parallel) return out;
+  return shard_.sequence_parallel ? ReduceScatterToSequenceParallelRegion(out, shard_.tp)
+                                  : ReduceFromTensorParallelRegion(out, shard_.tp);
 }
 
 at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
@@ -374,14 +399,14 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor h;
   {
     ModuleScope s("linear_fc1");
-    h = Linear(ln_out, *layer.fc1_weight, nullptr, ColumnParallel());
+    // Transformer Engine's LayerNormLinear: the pre-MLP norm's output is its own.
+    h = Linear(ln_out, *layer.fc1_weight, nullptr, ColumnParallel(),
+               Fp8LinearOptions::LayerNormLinear());
   }
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
   h = model_.activation == ActivationKind::kGelu ? at::gelu(h) : Swiglu(h);
   ModuleScope s("linear_fc2");
-  at::Tensor out = Linear(h, *layer.fc2_weight, nullptr);
-  return shard_.sequence_parallel ? ReduceScatterToSequenceParallelRegion(out, shard_.tp)
-                                  : ReduceFromTensorParallelRegion(out, shard_.tp);
+  return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false);
 }
 
 at::Tensor TransformerModel::RecomputableNorm(const at::Tensor& x, Parameter* weight,

@@ -239,7 +239,9 @@ class TransformerModel {
   };
 
   // Decoder layer `index`'s parameters (or a layer of its kind), in the current module scope.
-  Layer CreateLayer(int64_t index, ParameterStore* store);
+  Layer CreateLayer(int64_t index, ParameterStore* store, bool fp8);
+  // Makes `weight` an FP8 module's (Note [FP8 training] in fp8.h) when `fp8`.
+  void MakeFp8(Parameter* weight, bool fp8) const;
   MtpLayer CreateMtpLayer(ParameterStore* store);
   // A norm of the model's kind, with its parameters, in a module named `name`.
   std::pair<Parameter*, Parameter*> AddNorm(const std::string& name, ParameterStore* store);
@@ -262,6 +264,10 @@ class TransformerModel {
   std::vector<at::Tensor> LatentUpProjection(Layer& layer, at::Tensor q_compressed,
                                              at::Tensor kv_compressed, const at::Tensor& k_pos_emb);
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
+  // linear_proj or linear_fc2: a row-parallel linear, its output reduced over tp (with
+  // sequence parallelism an FP8 linear reduce-scatters it itself).
+  at::Tensor RowParallelLinear(const at::Tensor& input, Parameter& weight,
+                               bool save_original_input);
   at::Tensor Layers(int64_t chunk, const at::Tensor& hidden);
   at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& position_ids);
   // The k depths after the decoder's output: [(1+k)S', B, H] (Note [Multi-token prediction]).

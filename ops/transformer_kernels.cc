@@ -21,6 +21,12 @@ void WgradGemmAccumMeta(const at::Tensor& main_grad, const at::Tensor& input,
               grad_output.sizes(), " and input ", input.sizes());
 }
 
+at::Tensor Fp8GemmMeta(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "fp8_gemm: a ", a.sizes(),
+              " and b ", b.sizes(), " do not multiply");
+  return at::empty({a.size(0), b.size(1)}, a.options().dtype(out_dtype));
+}
+
 // mha_fwd: out like q; softmax_lse float32 [B, heads, S]; rng_state int64 [2] (dropout).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashForwardMeta(const at::Tensor& q,
                                                                 const at::Tensor& k,
@@ -65,6 +71,7 @@ void RegisterTransformerKernels() {
     static auto* def =
         new torch::Library(torch::Library::FRAGMENT, "memsim", c10::nullopt, __FILE__, __LINE__);
     def->def("wgrad_gemm_accum_(Tensor(a!) main_grad, Tensor input, Tensor grad_output) -> ()");
+    def->def("fp8_gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor");
     def->def(
         "flash_attention_forward(Tensor q, Tensor k, Tensor v, float dropout_p, bool causal) -> "
         "(Tensor, Tensor, Tensor)");
@@ -74,6 +81,7 @@ void RegisterTransformerKernels() {
     OpTraits gemm;
     gemm.cost_kind = OpCostKind::kMatmul;
     RegisterOpTraits("memsim::wgrad_gemm_accum_", gemm);
+    RegisterOpTraits("memsim::fp8_gemm", gemm);
     OpTraits attention = gemm;
     attention.is_attention = true;
     RegisterOpTraits("memsim::flash_attention_forward", attention);
@@ -82,13 +90,14 @@ void RegisterTransformerKernels() {
     static auto* meta = new torch::Library(torch::Library::IMPL, "memsim", c10::DispatchKey::Meta,
                                            __FILE__, __LINE__);
     meta->impl("wgrad_gemm_accum_", TORCH_FN(WgradGemmAccumMeta));
+    meta->impl("fp8_gemm", TORCH_FN(Fp8GemmMeta));
     meta->impl("flash_attention_forward", TORCH_FN(FlashForwardMeta));
     meta->impl("flash_attention_backward", TORCH_FN(FlashBackwardMeta));
     // Called from custom autograd Functions (layers.cc), which do their own backward.
     static auto* autograd = new torch::Library(torch::Library::IMPL, "memsim",
                                                c10::DispatchKey::Autograd, __FILE__, __LINE__);
     for (const char* op :
-         {"wgrad_gemm_accum_", "flash_attention_forward", "flash_attention_backward"}) {
+         {"wgrad_gemm_accum_", "fp8_gemm", "flash_attention_forward", "flash_attention_backward"}) {
       autograd->impl(op, torch::CppFunction::makeFallthrough());
     }
   });
@@ -101,6 +110,14 @@ void WgradGemmAccumulate(const at::Tensor& main_grad, const at::Tensor& input,
           .findSchemaOrThrow("memsim::wgrad_gemm_accum_", "")
           .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
   op.call(main_grad, input, grad_output);
+}
+
+at::Tensor Fp8Gemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("memsim::fp8_gemm", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
+  return op.call(a, b, out_dtype);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForward(

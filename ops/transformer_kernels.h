@@ -5,6 +5,9 @@
 //   memsim::wgrad_gemm_accum_(Tensor(a!) main_grad, Tensor input, Tensor grad_output) -> ()
 //       Megatron's gradient_accumulation_fusion (fused_weight_gradient_mlp_cuda
 //       wgrad_gemm_accum_fp32/fp16): main_grad += grad_output^T @ input, in place.
+//   memsim::fp8_gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor
+//       Transformer Engine's FP8 GEMM (general_gemm on quantized operands held as uint8):
+//       a [M, K] times b [K, N] into a new [M, N] of out_dtype.
 //   memsim::flash_attention_forward(Tensor q, Tensor k, Tensor v, float dropout_p,
 //       bool causal) -> (Tensor out, Tensor softmax_lse, Tensor rng_state)
 //   memsim::flash_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -23,6 +26,7 @@ void RegisterTransformerKernels();
 
 void WgradGemmAccumulate(const at::Tensor& main_grad, const at::Tensor& input,
                          const at::Tensor& grad_output);
+at::Tensor Fp8Gemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForward(const at::Tensor& q,
                                                                      const at::Tensor& k,
                                                                      const at::Tensor& v,

@@ -41,6 +41,17 @@ Status FinalizeUnchecked(RunSpec* spec) {
     return Status::Error("Transformer Engine's op fuser needs expert tensor parallelism 1, got " +
                          std::to_string(l.etp) + " (as Megatron-Core asserts)");
   }
+  if (t.fp8 != Fp8Recipe::kNone && spec->gpu != nullptr && spec->gpu->compute_capability < 89) {
+    return Status::Error("FP8 training needs a GPU of compute capability 8.9 or later; " +
+                         spec->gpu->name + " has " +
+                         std::to_string(spec->gpu->compute_capability / 10) + "." +
+                         std::to_string(spec->gpu->compute_capability % 10));
+  }
+  if (t.fp8_param_gather && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
+    return Status::Error(
+        "FP8 parameters (--fp8-param-gather) need the distributed optimizer (as Megatron-LM "
+        "asserts)");
+  }
   if (t.precision_aware_optimizer && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
     return Status::Error(
         "the precision-aware optimizer needs the distributed optimizer (as Megatron-Core "

@@ -18,13 +18,6 @@ using torch::autograd::variable_list;
 
 int64_t ShardElements(int64_t numel, int64_t dp) { return (numel + dp - 1) / dp; }
 
-// Frees a tensor's storage, keeping the tensor (FSDP's storage.resize_(0)).
-void FreeStorage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)));
-  storage->set_nbytes(0);
-}
-
 // Gives a tensor whose storage was freed its bytes back (the all-gather's output).
 void AllocateStorage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
@@ -130,9 +123,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore* store, int64_
       offset += p->data.numel();
       CategoryScope category(Category::kParameter);
       p->shard_data = at::empty({ShardElements(p->data.numel(), dp)}, p->data.options());
-      FreeStorage(p->data);
+      FreeStorage(p->data.storage());
     }
-    FreeStorage(unit.full_grads);
+    FreeStorage(unit.full_grads.storage());
   }
 }
 
@@ -150,7 +143,7 @@ void FullyShardedDataParallel::Gather(int64_t index) {
 void FullyShardedDataParallel::Reshard(int64_t index) {
   auto it = units_.find(index);
   if (it == units_.end() || !it->second.gathered) return;
-  for (Parameter* p : it->second.params) FreeStorage(p->data);
+  for (Parameter* p : it->second.params) FreeStorage(p->data.storage());
   it->second.gathered = false;
 }
 
@@ -186,7 +179,7 @@ void FullyShardedDataParallel::PostBackward(int64_t unit) {
     const at::Tensor reduced = ReduceScatter(p->main_grad.reshape({-1}).narrow(0, 0, even), dp_);
     p->shard_grad.narrow(0, 0, reduced.numel()).add_(reduced);
   }
-  FreeStorage(it->second.full_grads);
+  FreeStorage(it->second.full_grads.storage());
   Reshard(unit);
 }
 

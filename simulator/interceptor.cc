@@ -108,7 +108,9 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
           input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
     } else if (info.cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
       cost.flops = 2.0 * static_cast<double>(a->numel()) * static_cast<double>(b->sizes().back());
-      cost.half_precision = a->scalar_type() == at::kHalf || a->scalar_type() == at::kBFloat16;
+      // FP8 operands are held as uint8: charged at the 16-bit rate (a lower bound).
+      cost.half_precision = a->scalar_type() == at::kHalf || a->scalar_type() == at::kBFloat16 ||
+                            a->scalar_type() == at::kByte;
     } else {
       ForEachTensor(args, [&](const at::Tensor& t) { cost.bytes += TensorBytes(t); });
     }

@@ -194,16 +194,17 @@ TEST(Cli, MegatronRefusesWhatMemsimDoesNotModel) {
   const CommandResult unknown = Memsim("megatron --world-size 8 -- --num-layers 2 --frobnicate 3");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(unknown.err.find("--frobnicate"), std::string::npos) << unknown.err;
-  const CommandResult fp8 = Memsim("megatron --world-size 8 -- --num-layers 2 --fp8-format hybrid");
-  EXPECT_EQ(fp8.exit_code, 2);
-  EXPECT_NE(fp8.err.find("--fp8-format"), std::string::npos) << fp8.err;
+  const CommandResult fp4 = Memsim("megatron --world-size 8 -- --num-layers 2 --fp4-format e2m1");
+  EXPECT_EQ(fp4.exit_code, 2);
+  EXPECT_NE(fp4.err.find("--fp4-format"), std::string::npos) << fp4.err;
   const CommandResult no_world = Memsim("megatron -- --num-layers 2");
   EXPECT_NE(no_world.err.find("WORLD_SIZE"), std::string::npos) << no_world.err;
   // The list of refusals says what each changes; what is modelled is not on it.
   const CommandResult refused = Memsim("megatron --refused");
   EXPECT_EQ(refused.exit_code, 0);
-  EXPECT_NE(refused.out.find("--fp8-format"), std::string::npos) << refused.out;
-  EXPECT_NE(refused.out.find("FP8 training"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("--fp4-format"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("FP4 training"), std::string::npos) << refused.out;
+  EXPECT_EQ(refused.out.find("--fp8-format"), std::string::npos) << refused.out;
   EXPECT_EQ(refused.out.find("--qk-layernorm "), std::string::npos) << refused.out;
   EXPECT_EQ(refused.out.find("--defer-embedding-wgrad-compute"), std::string::npos);
 }

@@ -39,11 +39,11 @@ TrainingConfig Fp16Eager(const Shape& shape) {
   return t;
 }
 
-// Bytes of forward-allocated storages alive when the forward pass ends (the loss is
-// computed, backward has not started): what the step holds for backward. `tp`: the whole
-// model's tensor-parallel shard (REQUIRES: `model` finalized for it).
-int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConfig& training,
-                                    int64_t tp = 1) {
+// Bytes of `category`'s storages alive when the forward pass ends (the loss is computed,
+// backward has not started). `tp`: the whole model's tensor-parallel shard (REQUIRES:
+// `model` finalized for it).
+int64_t BytesAfterForward(const ModelConfig& model, const TrainingConfig& training,
+                          Category category, int64_t tp = 1) {
   Session session;
   ActiveSession active(session);
   ParameterStore store(training.precision);
@@ -57,9 +57,15 @@ int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConf
   const Recorder& r = session.recorder();
   ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
     const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-    if (s.category == Category::kActivation) bytes += s.size_bytes;
+    if (s.category == category) bytes += s.size_bytes;
   });
   return bytes;
+}
+
+// The activations: what the step holds for backward.
+int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConfig& training,
+                                    int64_t tp = 1) {
+  return BytesAfterForward(model, training, Category::kActivation, tp);
 }
 
 // One layer's saved activations: the difference between an L=2 and an L=1 model, which
@@ -99,6 +105,57 @@ TEST(Activations, KorthikantiFullRecomputation) {
     EXPECT_EQ(PerLayerActivationBytes(x, t), 2 * x.s * x.b * x.h)
         << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
   }
+}
+
+// FP8 (Note [FP8 training]) against the same Transformer Engine layer in 16 bits, rows
+// r = s*b, no tensor parallelism: linear_qkv and linear_fc1 keep their input's FP8
+// transpose (r*h bytes and its scale) instead of the 16-bit norm output (2rh), linear_fc2
+// the transpose of the GeLU output (4rh and a scale) instead of it (8rh); linear_proj keeps
+// its 16-bit input (save_original_input), except with the delayed recipe, which keeps its
+// transpose (rh and a scale) instead. Per-tensor scales are one fp32; blockwise columnwise
+// scales are fp32 [ceil(r/128), roundup(cols, 4)].
+TEST(Activations, Fp8LinearsKeepTransposesInsteadOf16BitInputs) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.profile = ProfileKind::kTransformerEngine;
+    const int64_t sixteen_bit = PerLayerActivationBytes(x, t);
+    const int64_t r = x.s * x.b, h = x.h;
+    t.fp8 = Fp8Recipe::kTensorwise;
+    EXPECT_EQ(PerLayerActivationBytes(x, t) - sixteen_bit, 2 * (-r * h + 4) + (-4 * r * h + 4));
+    t.fp8 = Fp8Recipe::kDelayed;
+    EXPECT_EQ(PerLayerActivationBytes(x, t) - sixteen_bit,
+              2 * (-r * h + 4) + (-4 * r * h + 4) + (-r * h + 4));
+    t.fp8 = Fp8Recipe::kBlockwise;
+    const auto scales = [r](int64_t cols) { return 4 * ((r + 127) / 128) * ((cols + 3) / 4 * 4); };
+    EXPECT_EQ(PerLayerActivationBytes(x, t) - sixteen_bit,
+              2 * (-r * h + scales(h)) + (-4 * r * h + scales(4 * h)));
+  }
+}
+
+// FP8 weights (Note [FP8 training]), per GPT layer of hidden size h: its four GEMM weights
+// hold 12h^2 elements. TE's cached FP8 copy adds data and transpose (2 bytes an element)
+// and a 4-byte scale per weight; the delayed recipe adds per module fp32 scales [3] and [2]
+// and amax histories [L, 3] and [L, 2]; FP8 parameters (--fp8-param-gather) replace the
+// 16-bit weight (2 bytes an element) with data and transpose, leaving only the scales.
+TEST(Parameters, Fp8WeightsPerLayer) {
+  const Shape x{128, 2, 256, 8};
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  auto per_layer = [&] {
+    return BytesAfterForward(GptConfig(x, 2), t, Category::kParameter) -
+           BytesAfterForward(GptConfig(x, 1), t, Category::kParameter);
+  };
+  const int64_t sixteen_bit = per_layer();
+  const int64_t weight_elements = 12 * x.h * x.h;
+  t.fp8 = Fp8Recipe::kTensorwise;
+  EXPECT_EQ(per_layer() - sixteen_bit, 2 * weight_elements + 4 * 4);
+  t.fp8 = Fp8Recipe::kDelayed;
+  t.fp8_amax_history_len = 3;
+  EXPECT_EQ(per_layer() - sixteen_bit, 2 * weight_elements + 4 * 4 + 4 * 4 * (3 + 2) * (1 + 3));
+  t.fp8 = Fp8Recipe::kTensorwise;
+  t.fp8_param_gather = true;
+  EXPECT_EQ(per_layer() - sixteen_bit, 4 * 4);
 }
 
 // --distribute-saved-activations with TP 2 (no sequence parallelism): each checkpointed

@@ -128,6 +128,14 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--exp-avg-dtype", Arity::kValue, ArgUse::kRead},
     {"--exp-avg-sq-dtype", Arity::kValue, ArgUse::kRead},
     {"--transformer-impl", Arity::kValue, ArgUse::kRead},
+    {"--fp8-format", Arity::kValue, ArgUse::kRead},
+    {"--fp8-recipe", Arity::kValue, ArgUse::kRead},
+    {"--fp8-param-gather", Arity::kFlag, ArgUse::kRead},
+    {"--fp8-amax-history-len", Arity::kValue, ArgUse::kRead},
+    {"--first-last-layers-bf16", Arity::kFlag, ArgUse::kRead},
+    {"--num-layers-at-start-in-bf16", Arity::kValue, ArgUse::kRead},
+    {"--num-layers-at-end-in-bf16", Arity::kValue, ArgUse::kRead},
+    {"--no-fp8-wgrad", Arity::kFlag, ArgUse::kRead},
     {"--attention-backend", Arity::kValue, ArgUse::kRead},
     {"--use-flash-attn", Arity::kFlag, ArgUse::kRead},
     {"--optimizer", Arity::kValue, ArgUse::kRead},
@@ -235,10 +243,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fim-suffix-token", Arity::kValue, ArgUse::kNeutral},
     {"--finetune", Arity::kFlag, ArgUse::kNeutral},
     {"--fp8-amax-compute-algo", Arity::kValue, ArgUse::kNeutral},
-    {"--fp8-amax-history-len", Arity::kValue, ArgUse::kNeutral},
     {"--fp8-interval", Arity::kValue, ArgUse::kNeutral},
     {"--fp8-margin", Arity::kValue, ArgUse::kNeutral},
-    {"--fp8-recipe", Arity::kValue, ArgUse::kNeutral},
     {"--full-validation", Arity::kFlag, ArgUse::kNeutral},
     {"--high-priority-stream-groups", Arity::kValues, ArgUse::kNeutral},
     {"--hysteresis", Arity::kValue, ArgUse::kNeutral},
@@ -312,7 +318,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--no-check-for-nan-in-loss-and-grad", Arity::kFlag, ArgUse::kNeutral},
     {"--no-ckpt-fully-parallel-save", Arity::kFlag, ArgUse::kNeutral},
     {"--no-create-attention-mask-in-dataloader", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-fp8-wgrad", Arity::kFlag, ArgUse::kNeutral},
     {"--no-gradient-reduce-div-fusion", Arity::kFlag, ArgUse::kNeutral},
     {"--no-initialization", Arity::kFlag, ArgUse::kNeutral},
     {"--no-load-optim", Arity::kFlag, ArgUse::kNeutral},
@@ -440,13 +445,10 @@ constexpr MegatronArg kMegatronArgs[] = {
      "fine-grained activation offloading"},
     {"--fine-grained-offloading-max-inflight-offloads", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
-    {"--first-last-layers-bf16", Arity::kValues, ArgUse::kRefused, "FP8 training"},
     {"--fp16-lm-cross-entropy", Arity::kValues, ArgUse::kRefused, "an fp16 cross entropy"},
     {"--fp32-residual-connection", Arity::kValues, ArgUse::kRefused, "an fp32 residual stream"},
     {"--fp4-format", Arity::kValues, ArgUse::kRefused, "FP4 training"},
     {"--fp4-param-gather", Arity::kValues, ArgUse::kRefused, "FP4 parameters"},
-    {"--fp8-format", Arity::kValues, ArgUse::kRefused, "FP8 training"},
-    {"--fp8-param-gather", Arity::kValues, ArgUse::kRefused, "FP8 parameters"},
     {"--heterogeneous-layers-config-encoded-json", Arity::kValues, ArgUse::kRefused,
      "heterogeneous layers"},
     {"--heterogeneous-layers-config-path", Arity::kValues, ArgUse::kRefused,
@@ -1039,6 +1041,57 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   return Status::OK();
 }
 
+// FP8 training (Note [FP8 training] in models/fp8.h): --fp8-format turns it on (e4m3 and
+// hybrid store the same bytes), --fp8-recipe picks the scaling; the margin, interval and
+// amax algorithm change values, not memory.
+Status ReadFp8(Args& a, int64_t num_layers, TrainingConfig* training) {
+  TrainingConfig& t = *training;
+  const char* settings[] = {"--fp8-recipe",
+                            "--fp8-param-gather",
+                            "--fp8-amax-history-len",
+                            "--first-last-layers-bf16",
+                            "--num-layers-at-start-in-bf16",
+                            "--num-layers-at-end-in-bf16",
+                            "--no-fp8-wgrad"};
+  if (!a.Has("--fp8-format")) {
+    for (const char* name : settings) a.Ignore(name);
+    return Status::OK();
+  }
+  std::string text;
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--fp8-format", {"e4m3", "hybrid"}, "e4m3", &text));
+  if (a.Text("--fp8-recipe", "delayed") == "mxfp8") {
+    return NotModelled("--fp8-recipe mxfp8",
+                       "MXFP8, which needs a Blackwell GPU (compute capability 10.0); memsim "
+                       "has none");
+  }
+  MEMSIM_RETURN_IF_ERROR(
+      Choice(a, "--fp8-recipe", {"delayed", "tensorwise", "blockwise"}, "delayed", &text));
+  MEMSIM_RETURN_IF_ERROR(ParseEnum(kFp8RecipeNames, text, "fp8 recipe", &t.fp8));
+  if (a.Has("--no-fp8-wgrad")) {
+    return NotModelled("--no-fp8-wgrad", "16-bit weight-gradient GEMMs in FP8 training");
+  }
+  t.fp8_param_gather = a.Has("--fp8-param-gather");
+  t.fp8_amax_history_len = 1;  // Megatron-LM's default, not Transformer Engine's 1024
+  MEMSIM_RETURN_IF_ERROR(a.Int("--fp8-amax-history-len", &t.fp8_amax_history_len));
+  if (t.fp8 != Fp8Recipe::kDelayed) a.Ignore("--fp8-amax-history-len");
+  if (a.Has("--first-last-layers-bf16")) {
+    // Both default to 1; Megatron-Core caps them at the layers per pipeline stage.
+    t.fp8_bf16_layers_at_start = t.fp8_bf16_layers_at_end = 1;
+    MEMSIM_RETURN_IF_ERROR(a.Int("--num-layers-at-start-in-bf16", &t.fp8_bf16_layers_at_start));
+    MEMSIM_RETURN_IF_ERROR(a.Int("--num-layers-at-end-in-bf16", &t.fp8_bf16_layers_at_end));
+    if (t.fp8_bf16_layers_at_start + t.fp8_bf16_layers_at_end > num_layers) {
+      return Status::Error(
+          "--num-layers-at-start-in-bf16 plus --num-layers-at-end-in-bf16 exceed "
+          "--num-layers " +
+          Str(num_layers));
+    }
+  } else {
+    a.Ignore("--num-layers-at-start-in-bf16");
+    a.Ignore("--num-layers-at-end-in-bf16");
+  }
+  return Status::OK();
+}
+
 // Kernels: Transformer Engine (Megatron-LM's default) picks its attention backend per
 // GPU from the backends allowed (--attention-backend sets NVTE_FLASH_ATTN,
 // NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN; "auto" leaves the environment's); "local"
@@ -1201,6 +1254,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, world_size, &spec));
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadFp8(a, m.num_layers, &t));
   MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, m, &t));
   return ReadMemoryManagement(a, &t);
 }

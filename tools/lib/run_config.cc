@@ -69,6 +69,9 @@ Status ParseAttention(const std::string& text, AttentionKind* out) {
 Status ParseRecompute(const std::string& text, RecomputeKind* out) {
   return ParseEnum(kRecomputeNames, text, "recompute", out);
 }
+Status ParseFp8Recipe(const std::string& text, Fp8Recipe* out) {
+  return ParseEnum(kFp8RecipeNames, text, "fp8 recipe", out);
+}
 Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out) {
   uint32_t bits = 0;
   for (const std::string& name : names) {
@@ -236,6 +239,24 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
       {"recompute_num_layers",
        [&](const YAML::Node& v) {
          return Read(v, source, "recompute_num_layers", &t->recompute_num_layers);
+       }},
+      {"fp8",
+       [&](const YAML::Node& v) { return ReadEnum(v, source, "fp8", &ParseFp8Recipe, &t->fp8); }},
+      {"fp8_param_gather",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "fp8_param_gather", &t->fp8_param_gather);
+       }},
+      {"fp8_amax_history_len",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "fp8_amax_history_len", &t->fp8_amax_history_len);
+       }},
+      {"fp8_bf16_layers_at_start",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "fp8_bf16_layers_at_start", &t->fp8_bf16_layers_at_start);
+       }},
+      {"fp8_bf16_layers_at_end",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "fp8_bf16_layers_at_end", &t->fp8_bf16_layers_at_end);
        }},
       {"precision_aware_optimizer",
        [&](const YAML::Node& v) {

@@ -39,6 +39,7 @@ Status LoadDefaultRun(RunSpec* spec);
 Status ParsePrecision(const std::string& text, Precision* out);
 Status ParseAttention(const std::string& text, AttentionKind* out);
 Status ParseRecompute(const std::string& text, RecomputeKind* out);
+Status ParseFp8Recipe(const std::string& text, Fp8Recipe* out);
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
 // Recompute module names ("core_attn", "mlp"; none for none) as RecomputeModuleBit()s.
 Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out);

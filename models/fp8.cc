@@ -1,0 +1,301 @@
+#include "models/fp8.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "ops/collectives.h"
+#include "ops/transformer_kernels.h"
+#include "simulator/check.h"
+#include "simulator/session.h"
+
+namespace memsim {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+constexpr int64_t kBlock = 128;  // blockwise scaling's block length
+
+int64_t CeilDiv(int64_t x, int64_t d) { return (x + d - 1) / d; }
+int64_t RoundUp(int64_t x, int64_t m) { return CeilDiv(x, m) * m; }
+int64_t Rows(const at::Tensor& t) { return t.numel() / t.size(-1); }
+
+at::Tensor Fp8Bytes(int64_t rows, int64_t cols) {
+  return at::empty({rows, cols}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+}
+at::Tensor Fp32(std::vector<int64_t> shape) {
+  return at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+}
+
+// A quantized [rows, cols] tensor as Transformer Engine's storage classes hold it (Note
+// [FP8 training]); a part is undefined when its usage was not asked for or was dropped.
+struct Fp8Tensor {
+  at::Tensor data;                  // rowwise [rows, cols]
+  at::Tensor transpose;             // columnwise [cols, rows]
+  at::Tensor scale_inv;             // per-tensor: the one scale; blockwise: the rowwise scales
+  at::Tensor columnwise_scale_inv;  // blockwise only
+
+  // update_usage(rowwise_usage=False): a per-tensor scale stays, the transpose needs it.
+  void DropRowwise(Fp8Recipe recipe) {
+    data.reset();
+    if (recipe == Fp8Recipe::kBlockwise) scale_inv.reset();
+  }
+  // The tensor as a [rows, cols] GEMM operand, for its shape.
+  at::Tensor Operand() const { return data.defined() ? data : transpose.t(); }
+};
+
+// What TE's quantizer allocates for a [rows, cols] tensor with these usages; `weight`:
+// blockwise 128x128 blocks instead of 1x128.
+Fp8Tensor Quantize(int64_t rows, int64_t cols, Fp8Recipe recipe, bool rowwise, bool columnwise,
+                   bool weight = false) {
+  Fp8Tensor q;
+  if (rowwise) q.data = Fp8Bytes(rows, cols);
+  if (columnwise) q.transpose = Fp8Bytes(cols, rows);
+  if (recipe != Fp8Recipe::kBlockwise) {
+    q.scale_inv = Fp32({1});
+    if (recipe == Fp8Recipe::kTensorwise) Fp32({2});  // the amax and scale, dropped
+    return q;
+  }
+  if (rowwise) {
+    q.scale_inv = weight ? Fp32({CeilDiv(rows, kBlock), RoundUp(CeilDiv(cols, kBlock), 4)})
+                         : Fp32({CeilDiv(cols, kBlock), RoundUp(rows, 4)});
+  }
+  if (columnwise) {
+    q.columnwise_scale_inv = weight
+                                 ? Fp32({CeilDiv(cols, kBlock), RoundUp(CeilDiv(rows, kBlock), 4)})
+                                 : Fp32({CeilDiv(rows, kBlock), RoundUp(cols, 4)});
+  }
+  return q;
+}
+
+Fp8Tensor Quantize(const at::Tensor& x, Fp8Recipe recipe, bool rowwise, bool columnwise) {
+  return Quantize(Rows(x), x.size(-1), recipe, rowwise, columnwise);
+}
+
+// gather_along_first_dim of a quantized shard's rowwise data into a fresh tensor.
+Fp8Tensor GatherRowwise(const Fp8Tensor& shard, Fp8Recipe recipe, int64_t group) {
+  Fp8Tensor total;
+  total.data = AllGather(shard.data, group);
+  if (recipe == Fp8Recipe::kBlockwise) {
+    // The full rowwise scales, gathered through a temporary of the same size.
+    [[maybe_unused]] const at::Tensor interleaved =
+        AllGather(shard.scale_inv.t().contiguous(), group);
+    total.scale_inv = Fp32({shard.scale_inv.size(0), shard.scale_inv.size(1) * group});
+  } else {
+    Fp32({1});  // make_empty's scale_inv, replaced by the shard's
+    total.scale_inv = shard.scale_inv;
+  }
+  return total;
+}
+
+// The columnwise data a GEMM reads the other way (update_usage(columnwise_usage=True)).
+void AddTranspose(Fp8Tensor& q, Fp8Recipe recipe) {
+  const int64_t rows = q.data.size(0), cols = q.data.size(1);
+  q.transpose = Fp8Bytes(cols, rows);
+  if (recipe == Fp8Recipe::kBlockwise) {
+    q.columnwise_scale_inv = Fp32({CeilDiv(rows, kBlock), RoundUp(cols, 4)});
+  }
+}
+
+// TE's weight for the GEMMs, [N, K]: the FP8 parameter, or the cached FP8 copy, made in
+// the module's first forward.
+const at::Tensor& Fp8WeightData(Parameter& weight) {
+  Fp8Module& module = weight.fp8;
+  if (module.weight.empty()) {
+    CategoryScope category(Category::kParameter);
+    const Fp8Tensor q = Quantize(weight.data.size(0), weight.data.size(1), module.recipe, true,
+                                 true, /*weight=*/true);
+    module.weight = {q.data, q.transpose, q.scale_inv};
+    if (q.columnwise_scale_inv.defined()) module.weight.push_back(q.columnwise_scale_inv);
+  }
+  return module.weight[0];
+}
+
+// The module's first forward: the delayed recipe's state (init_fp8_metadata; forward
+// slots for input, weight and output, backward slots for two gradients).
+void InitScalingState(Fp8Module& module) {
+  if (module.recipe != Fp8Recipe::kDelayed || !module.scaling_state.empty()) return;
+  CategoryScope category(Category::kParameter);
+  for (int64_t slots : {3, 2}) {
+    module.scaling_state.push_back(Fp32({slots}));
+    module.scaling_state.push_back(Fp32({module.amax_history_len, slots}));
+  }
+}
+
+struct Fp8LinearState : public torch::CustomClassHolder {
+  Parameter* weight = nullptr;
+  at::Tensor bias_main_grad;  // undefined without a bias
+  LinearParallelism parallelism;
+  Fp8LinearOptions options;
+  std::vector<int64_t> input_sizes;
+};
+
+struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const c10::optional<at::Tensor>& bias,
+                            c10::intrusive_ptr<Fp8LinearState> state) {
+    Parameter& w = *state->weight;
+    const Fp8Recipe recipe = w.fp8.recipe;
+    const bool blockwise = recipe == Fp8Recipe::kBlockwise;
+    const Fp8LinearOptions& options = state->options;
+    const int64_t gather = state->parallelism.gather_input_group;
+    InitScalingState(w.fp8);
+    const at::Tensor weight_operand = Fp8WeightData(w).t();  // [K, N]
+    const auto release_norm_output = [&] {
+      if (options.input_is_fused_norm_output) FreeStorage(input.storage());
+    };
+    Fp8Tensor kept;
+    at::Tensor out;
+    if (options.save_original_input) {
+      const Fp8Tensor q = Quantize(input, recipe, /*rowwise=*/true, /*columnwise=*/false);
+      out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
+    } else if (gather > 1) {
+      kept = Quantize(input, recipe, true, /*columnwise=*/blockwise);
+      release_norm_output();
+      Fp8Tensor total = GatherRowwise(kept, recipe, gather);
+      out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
+      total = {};
+      if (blockwise) kept.DropRowwise(recipe);
+    } else {
+      kept = Quantize(input, recipe, true, true);
+      release_norm_output();
+      out = Fp8Gemm(kept.data, weight_operand, input.scalar_type());
+      kept.DropRowwise(recipe);
+    }
+    // The GEMM adds the bias in its epilogue.
+    std::vector<int64_t> out_sizes = input.sizes().vec();
+    out_sizes[0] *= gather;
+    out_sizes.back() = weight.size(0);
+    out = out.view(out_sizes);
+    if (options.reduce_scatter_output_group > 1) {
+      out = ReduceScatter(out, options.reduce_scatter_output_group);
+    }
+    state->input_sizes = input.sizes().vec();
+    ctx->save_for_backward({kept.data, kept.transpose, kept.scale_inv, kept.columnwise_scale_inv,
+                            options.save_original_input ? input : at::Tensor()});
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto state =
+        c10::static_intrusive_pointer_cast<Fp8LinearState>(ctx->saved_data["state"].toCapsule());
+    Parameter& w = *state->weight;
+    const Fp8Recipe recipe = w.fp8.recipe;
+    const bool blockwise = recipe == Fp8Recipe::kBlockwise;
+    const Fp8LinearOptions& options = state->options;
+    const LinearParallelism& parallelism = state->parallelism;
+    const int64_t gather = parallelism.gather_input_group;
+    variable_list saved = ctx->get_saved_variables();
+    Fp8Tensor kept{saved[0], saved[1], saved[2], saved[3]};
+    const at::Tensor original_input = saved[4];
+    saved.clear();
+
+    // The output gradient, quantized both ways.
+    at::Tensor grad_output = grads[0];
+    grads.clear();
+    Fp8Tensor go;
+    if (options.reduce_scatter_output_group > 1) {
+      Fp8Tensor local = Quantize(grad_output, recipe, true, false);
+      grad_output.reset();
+      go = GatherRowwise(local, recipe, options.reduce_scatter_output_group);
+      local = {};
+      AddTranspose(go, recipe);
+    } else {
+      go = Quantize(grad_output, recipe, true, true);
+      grad_output.reset();
+    }
+    const int64_t N = go.data.size(1);
+
+    // The input the weight gradient reads, columnwise.
+    Fp8Tensor total_input;
+    if (original_input.defined()) {
+      total_input = Quantize(original_input, recipe, /*rowwise=*/!blockwise, true);
+    } else if (gather > 1 && !blockwise) {
+      total_input = GatherRowwise(kept, recipe, gather);  // waited for after the dgrad GEMM
+    } else if (gather > 1) {
+      // The columnwise shards gathered through an interleaved temporary.
+      [[maybe_unused]] const at::Tensor interleaved =
+          AllGather(kept.transpose.t().contiguous(), gather);
+      total_input.transpose = Fp8Bytes(kept.transpose.size(0), kept.transpose.size(1) * gather);
+      total_input.columnwise_scale_inv = kept.columnwise_scale_inv;
+    } else {
+      total_input = kept;
+    }
+    kept = {};
+
+    // dgrad [M, K], reduced over the tensor-parallel group as in 16 bits.
+    const at::Tensor& weight_data = Fp8WeightData(w);  // [N, K]
+    std::vector<int64_t> total_sizes = state->input_sizes;
+    total_sizes[0] *= gather;
+    at::Tensor dgrad = Fp8Gemm(go.data, weight_data, w.data.scalar_type()).view(total_sizes);
+    if (gather > 1 && !blockwise && !original_input.defined()) AddTranspose(total_input, recipe);
+    at::Tensor grad_input = dgrad;
+    if (gather > 1) {
+      grad_input = ReduceScatter(dgrad, gather);
+    } else if (parallelism.all_reduce_input_grad_group > 1) {
+      AllReduceInPlace(dgrad, parallelism.all_reduce_input_grad_group);
+    }
+
+    // wgrad: into main_grad in place, or a new 16-bit gradient the DDP hook adds.
+    ParameterStore* store = w.store;
+    const at::Tensor input_operand = total_input.Operand();
+    if (store->gradient_accumulation_fusion()) {
+      WgradGemmAccumulate(w.main_grad, input_operand, go.Operand());
+      if (w.main_grad.defined()) store->DummyWgrad(w.data.sizes());
+    } else {
+      AccumulateIntoMainGrad(w.main_grad, at::empty_like(w.data));
+    }
+    if (state->bias_main_grad.defined()) {
+      AccumulateIntoMainGrad(state->bias_main_grad,
+                             at::empty({N}, w.data.options().device(at::kMeta)));
+    }
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t amax_history_len) {
+  MEMSIM_DCHECK(recipe != Fp8Recipe::kNone && weight->fp8.recipe == Fp8Recipe::kNone);
+  weight->fp8.recipe = recipe;
+  weight->fp8.fp8_param = fp8_param;
+  weight->fp8.amax_history_len = amax_history_len;
+  if (!fp8_param) return;
+  // quantized_model_init: the 16-bit weight TE initialised (a host copy is kept for the
+  // optimizer's masters) quantized with its transpose, then freed on the GPU.
+  Fp8WeightData(*weight);
+  FreeStorage(weight->data.storage());
+}
+
+at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
+                     const LinearParallelism& parallelism, const Fp8LinearOptions& options) {
+  MEMSIM_DCHECK(weight.fp8.recipe != Fp8Recipe::kNone);
+  auto state = c10::make_intrusive<Fp8LinearState>();
+  state->weight = &weight;
+  if (bias != nullptr) state->bias_main_grad = bias->main_grad;
+  state->parallelism = parallelism;
+  state->options = options;
+  return Fp8LinearFunction::apply(
+      input, weight.data, bias != nullptr ? c10::optional<at::Tensor>(bias->data) : c10::nullopt,
+      std::move(state));
+}
+
+void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, Fp8Recipe recipe) {
+  if (masters.empty()) return;
+  CategoryScope category(Category::kTemporary);
+  std::vector<at::Tensor> copies;  // held until every shard is cast
+  for (const at::Tensor& master : masters) copies.push_back(master.to(at::kBFloat16));
+  const int64_t count = static_cast<int64_t>(masters.size());
+  [[maybe_unused]] const at::Tensor packed_amaxes = Fp32({count});
+  std::vector<at::Tensor> scales;
+  if (recipe == Fp8Recipe::kTensorwise) {
+    for (int64_t i = 0; i < count; ++i) scales.push_back(Fp32({1}));
+  }
+  // Each shard's cast writes its FP8 bytes into the parameter buffer and makes a transpose
+  // of the shard it drops (the full transpose is rebuilt in place after the all-gather).
+  for (const at::Tensor& copy : copies) Fp8Bytes(1, copy.numel());
+}
+
+}  // namespace memsim

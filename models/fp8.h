@@ -1,0 +1,87 @@
+// FP8 training with Transformer Engine: the FP8 weights, quantized activations and
+// gradients of TE's Linear and LayerNormLinear.
+//
+// Note [FP8 training]
+// From Transformer Engine 2.18 (pytorch/module/linear.py, layernorm_linear.py, base.py,
+// distributed.py, csrc/quantizer.cpp, tensor/utils.py) and Megatron-Core 0.20
+// (extensions/transformer_engine.py, fp8_utils.py, distributed/param_and_grad_buffer.py,
+// optimizer/distrib_optimizer.py). On Hopper an FP8 GEMM reads both operands row-major
+// ("TN"), so a quantized tensor that a backward GEMM reads the other way also keeps its
+// transpose ("columnwise" data). A quantized [R, C] tensor holds:
+//   delayed, tensorwise (per-tensor scaling): rowwise data R*C bytes, transpose R*C bytes,
+//     one fp32 scale_inv shared by both;
+//   blockwise: rowwise data R*C and fp32 scales [ceil(C/128), roundup(R, 4)], columnwise
+//     data R*C and [ceil(R/128), roundup(C, 4)] (1x128 blocks: activations, gradients);
+//     a weight's 128x128 blocks: [ceil(R/128), roundup(ceil(C/128), 4)] and its mirror.
+// Tensorwise scaling also makes and drops an fp32 [2] amax and scale per quantization.
+//
+// What runs in FP8: the decoder's TE GEMM modules (linear_qkv and linear_fc1 are
+// LayerNormLinear, linear_proj and linear_fc2 Linear; MTP's eh_proj) outside the bf16
+// first/last layers. Core attention (FP8 attention has no Megatron-LM argument), norms,
+// embeddings, the router and the output layer (Megatron's own ColumnParallelLinear) stay
+// 16-bit.
+//
+// Weights (Parameter::fp8):
+//   16-bit parameters: Megatron passes is_first_microbatch, so TE caches one FP8 copy of
+//     each weight with its transpose, made in its first forward, re-quantized in place on
+//     each step's first microbatch and kept for the run: 2 bytes per weight element more
+//     than 16-bit training;
+//   --fp8-param-gather: the parameter is FP8 (1 byte in the parameter buffer) and keeps
+//     its transpose (1 byte), refilled in place after each parameter all-gather; the
+//     16-bit value exists only while TE initialises the weight. In the optimizer step
+//     (quantize_param_shard) the master shards' bf16 copies are held together, each shard's
+//     cast makes a shard-sized transpose it drops, and one fp32 amax per parameter is
+//     packed (tensorwise: and one fp32 scale per parameter);
+//   delayed: each module keeps fp32 scales [3] and [2] and amax histories [L, 3] and
+//     [L, 2] (L = fp8_amax_history_len), made in its first forward.
+//
+// A linear's forward, input x of M rows (m = M/tp before a sequence-parallel gather) and
+// K columns, output [M, N] 16-bit:
+//   column-parallel with sequence parallelism: x quantized rowwise (blockwise: both ways)
+//     and all-gathered in FP8 into a fresh M*K, freed after the GEMM; kept for backward:
+//     the local rowwise shard (blockwise: the columnwise shard);
+//   otherwise: x quantized both ways; the rowwise data dropped after the GEMM, the
+//     transpose kept;
+//   LayerNormLinear: the norm keeps its input and statistics as in 16-bit training; its
+//     16-bit output lives only until quantized (tensorwise, blockwise: a temporary of the
+//     unfused kernel; delayed: TE's kernel writes FP8 directly, memsim still makes the
+//     temporary, 2*m*K bytes that exist only until the quantization);
+//   linear_proj with every recipe but delayed (Megatron's save_original_input): the
+//     16-bit input is kept (the attention output, alive anyway) and quantized transiently,
+//     in forward and again in backward;
+//   row-parallel with sequence parallelism: TE reduce-scatters the output itself.
+// Backward: the output gradient quantized both ways (M*N twice; row-parallel with sequence
+// parallelism: the local shard quantized rowwise and all-gathered in FP8 into M*N data and
+// an M*N transpose); column-parallel with sequence parallelism: the kept shard all-gathered
+// in FP8 (M*K) and its transpose built (M*K); dgrad [M, K] 16-bit (reduce-scattered or
+// all-reduced as in 16 bits); wgrad into main_grad as in 16 bits (Note [Weight gradients]).
+//
+// Not modelled (refused or left out): MXFP8 (Blackwell only; memsim has no Blackwell
+// GPU), FP8 MoE experts (GroupedLinear, Fp8Padding) and multi-latent attention (refused),
+// FP8 attention, the delayed recipe's amax-reduction temporaries (4 bytes per module per
+// step) and the norm kernels' workspaces.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "models/layers.h"
+#include "models/parameters.h"
+
+namespace memsim {
+
+// Makes `weight` the weight of an FP8 module (Note [FP8 training]); with `fp8_param` it
+// becomes an FP8 parameter: its FP8 data and transpose are allocated and its 16-bit
+// storage freed.
+// REQUIRES: recipe != kNone; called once, before the weight is used.
+void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t amax_history_len);
+
+// TE's Linear in FP8: y = x W^T (+ b), as Note [FP8 training] says.
+// REQUIRES: weight.fp8 != kNone.
+at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
+                     const LinearParallelism& parallelism, const Fp8LinearOptions& options);
+
+// The temporaries of the optimizer step's casts of the fp32 master shards `masters` into
+// their FP8 parameters (quantize_param_shard).
+void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, Fp8Recipe recipe);
+
+}  // namespace memsim
