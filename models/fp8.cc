@@ -98,8 +98,8 @@ void AddTranspose(Fp8Tensor& q, Fp8Recipe recipe) {
   }
 }
 
-// TE's weight for the GEMMs, [N, K]: the FP8 parameter, or the cached FP8 copy, made in
-// the module's first forward.
+// TE's weight for the GEMMs, [N, K]: the FP8 parameter, or the cached FP8 copy; made
+// on first use.
 const at::Tensor& Fp8WeightData(Parameter& weight) {
   Fp8Module& module = weight.fp8;
   if (module.weight.empty()) {
@@ -112,8 +112,8 @@ const at::Tensor& Fp8WeightData(Parameter& weight) {
   return module.weight[0];
 }
 
-// The module's first forward: the delayed recipe's state (init_fp8_metadata; forward
-// slots for input, weight and output, backward slots for two gradients).
+// The delayed recipe's state (init_fp8_metadata; forward slots for input, weight and
+// output, backward slots for two gradients).
 void InitScalingState(Fp8Module& module) {
   if (module.recipe != Fp8Recipe::kDelayed || !module.scaling_state.empty()) return;
   CategoryScope category(Category::kParameter);
@@ -140,7 +140,6 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     const bool blockwise = recipe == Fp8Recipe::kBlockwise;
     const Fp8LinearOptions& options = state->options;
     const int64_t gather = state->parallelism.gather_input_group;
-    InitScalingState(w.fp8);
     const at::Tensor weight_operand = Fp8WeightData(w).t();  // [K, N]
     const auto release_norm_output = [&] {
       if (options.input_is_fused_norm_output) FreeStorage(input.storage());
@@ -262,11 +261,12 @@ void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t 
   weight->fp8.recipe = recipe;
   weight->fp8.fp8_param = fp8_param;
   weight->fp8.amax_history_len = amax_history_len;
-  if (!fp8_param) return;
+  // Made here rather than in the module's first forward (Note [FP8 training]).
+  Fp8WeightData(*weight);
+  InitScalingState(weight->fp8);
   // quantized_model_init: the 16-bit weight TE initialised (a host copy is kept for the
   // optimizer's masters) quantized with its transpose, then freed on the GPU.
-  Fp8WeightData(*weight);
-  FreeStorage(weight->data.storage());
+  if (fp8_param) FreeStorage(weight->data.storage());
 }
 
 at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,

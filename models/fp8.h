@@ -25,7 +25,9 @@
 //   16-bit parameters: Megatron passes is_first_microbatch, so TE caches one FP8 copy of
 //     each weight with its transpose, made in its first forward, re-quantized in place on
 //     each step's first microbatch and kept for the run: 2 bytes per weight element more
-//     than 16-bit training;
+//     than 16-bit training. memsim makes it with the parameter, in the setup: the same
+//     bytes from the first forward on, counted in static memory (where a planner wants
+//     them), and layers stay alike for replication (Note [Layer replication]);
 //   --fp8-param-gather: the parameter is FP8 (1 byte in the parameter buffer) and keeps
 //     its transpose (1 byte), refilled in place after each parameter all-gather; the
 //     16-bit value exists only while TE initialises the weight. In the optimizer step
@@ -33,7 +35,7 @@
 //     cast makes a shard-sized transpose it drops, and one fp32 amax per parameter is
 //     packed (tensorwise: and one fp32 scale per parameter);
 //   delayed: each module keeps fp32 scales [3] and [2] and amax histories [L, 3] and
-//     [L, 2] (L = fp8_amax_history_len), made in its first forward.
+//     [L, 2] (L = fp8_amax_history_len), made in its first forward (memsim: in the setup).
 //
 // A linear's forward, input x of M rows (m = M/tp before a sequence-parallel gather) and
 // K columns, output [M, N] 16-bit:
@@ -69,9 +71,9 @@
 
 namespace memsim {
 
-// Makes `weight` the weight of an FP8 module (Note [FP8 training]); with `fp8_param` it
-// becomes an FP8 parameter: its FP8 data and transpose are allocated and its 16-bit
-// storage freed.
+// Makes `weight` the weight of an FP8 module (Note [FP8 training]): allocates its FP8
+// data, transpose and scales (and the delayed recipe's state); with `fp8_param` they are
+// the parameter and its 16-bit storage is freed.
 // REQUIRES: recipe != kNone; called once, before the weight is used.
 void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t amax_history_len);
 

@@ -534,7 +534,8 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     }
     return slots;
   };
-  // Units alike: as many layers, each of the same kind (dense, MoE), checkpointed alike.
+  // Units alike: as many layers, each of the same kind (dense, MoE; FP8 or not),
+  // checkpointed alike.
   // A unit whose MoE layers are checkpointed (as a group, or by the moe recompute module)
   // is never replicated (Note [Layer replication]).
   auto kind = [&](int64_t u) {
@@ -542,8 +543,10 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     std::vector<int64_t> key = {unit.last - unit.first, unit.checkpointed};
     bool moe = false;
     for (int64_t i = unit.first; i < unit.last; ++i) {
-      moe = moe || layers[static_cast<size_t>(i)].moe;
-      key.push_back(layers[static_cast<size_t>(i)].moe);
+      const Layer& layer = layers[static_cast<size_t>(i)];
+      moe = moe || layer.moe;
+      key.push_back(layer.moe);
+      key.push_back(layer.proj_weight->fp8.recipe != Fp8Recipe::kNone);
     }
     if (moe && (unit.checkpointed || training_.Recomputes(RecomputeModule::kMoe))) {
       key.push_back(-1 - u);  // alike to no other unit

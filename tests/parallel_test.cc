@@ -643,8 +643,21 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   mla.layout.tp = 2;
   mla.layout.sequence_parallel = true;
   cases.push_back(mla);
+  // FP8 (Note [FP8 training]): the weights' FP8 copies and the delayed recipe's state are
+  // made in each layer's first forward; blockwise gathers under sequence parallelism.
+  Case gpt_fp8 = cases[2];
+  gpt_fp8.name = "gpt, transformer engine, fp8 delayed, full recompute";
+  gpt_fp8.training.profile = ProfileKind::kTransformerEngine;
+  gpt_fp8.training.fp8 = Fp8Recipe::kDelayed;
+  cases.push_back(gpt_fp8);
+  Case llama_fp8 = llama_te;
+  llama_fp8.name = "llama tp2 sp, transformer engine, fp8 blockwise, bf16 first layer";
+  llama_fp8.training.fp8 = Fp8Recipe::kBlockwise;
+  llama_fp8.training.fp8_bf16_layers_at_start = 1;
+  cases.push_back(llama_fp8);
   for (Case& c : cases) {
     c.training.num_microbatches = 4;
+    ASSERT_TRUE(ValidateTrainingConfig(c.training, c.model).ok()) << c.name;
     ASSERT_TRUE(FinalizeModelConfig(&c.model, c.layout.tp).ok()) << c.name;
     ASSERT_TRUE(FinalizeLayout(&c.layout, c.model).ok()) << c.name;
     for (int64_t stage = 0; stage < c.layout.pp; ++stage) {
@@ -669,11 +682,13 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
 
 // The same for Megatron-LM's CI configurations read from their launch lines: a MoE GPT
 // with shared experts, grouped GEMMs, the all-to-all dispatcher, TP4 SP EP2 ETP2 PP2 and
-// unfused weight gradients; a dense GPT with them too (validation/cases).
+// unfused weight gradients; a dense GPT with them too, and one in FP8 with FP8 parameters
+// under TP4 SP CP2 (validation/cases).
 TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
   for (const char* name :
        {"moe__gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_resume_torch_dist_dist_optimizer",
-        "gpt__gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer"}) {
+        "gpt__gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer",
+        "gpt__gpt3_weekly_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap"}) {
     ValidationCase c;
     ASSERT_TRUE(LoadValidationCase(
                     std::string(MEMSIM_SOURCE_DIR) + "/validation/cases/" + name + ".yaml", &c)
