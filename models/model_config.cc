@@ -219,8 +219,8 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   if (t.fp8 != Fp8Recipe::kNone) {
     if (t.profile != ProfileKind::kTransformerEngine) {
       return Status::Error(
-          "FP8 training needs Transformer Engine layers (--transformer-impl "
-          "transformer_engine), as Megatron-LM asserts");
+          "FP8 training needs Transformer Engine layers (profile transformer_engine; "
+          "Megatron-LM: --transformer-impl transformer_engine)");
     }
     if (t.precision == Precision::kFp32) {
       return Status::Error("FP8 training needs bf16 or fp16 parameters, got fp32");

@@ -190,6 +190,34 @@ TEST(Cli, EveryInputRouteGivesTheSameModel) {
   EXPECT_EQ(PeakOf(megatron.out), peak);
 }
 
+// FP8 training set on the command line and in a run file is the same run; the header
+// says which recipe.
+TEST(Cli, Fp8FromFlagsAndYamlIsTheSameRun) {
+  const std::string dir = Temp("fp8");
+  std::ofstream(dir + "/run.yaml") << "model: gpt3-1.3b\n"
+                                      "training:\n"
+                                      "  profile: transformer_engine\n"
+                                      "  fp8: tensorwise\n"
+                                      "  fp8_param_gather: true\n"
+                                      "layout:\n"
+                                      "  world_size: 2\n"
+                                      "  data_parallel: distributed-optimizer\n";
+  const CommandResult yaml =
+      Memsim("simulate --config " + dir + "/run.yaml --iterations 1 --json --out " + dir + "/a");
+  ASSERT_EQ(yaml.exit_code, 0) << yaml.err;
+  const std::string flags =
+      "simulate --model gpt3-1.3b --world-size 2 --profile transformer_engine "
+      "--data-parallel distributed-optimizer --iterations 1 ";
+  const CommandResult cli =
+      Memsim(flags + "--fp8 tensorwise --fp8-param-gather --json --out " + dir + "/b");
+  ASSERT_EQ(cli.exit_code, 0) << cli.err;
+  EXPECT_EQ(PeakOf(cli.out), PeakOf(yaml.out));
+  const CommandResult bf16 = Memsim(flags + "--json --out " + dir + "/c");
+  EXPECT_NE(PeakOf(bf16.out), PeakOf(cli.out));
+  const CommandResult text = Memsim(flags + "--fp8 delayed --out " + dir + "/d");
+  EXPECT_NE(text.out.find(", bf16 with FP8 (delayed), seq 2048"), std::string::npos) << text.out;
+}
+
 TEST(Cli, MegatronRefusesWhatMemsimDoesNotModel) {
   const CommandResult unknown = Memsim("megatron --world-size 8 -- --num-layers 2 --frobnicate 3");
   EXPECT_EQ(unknown.exit_code, 2);

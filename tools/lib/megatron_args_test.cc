@@ -591,8 +591,8 @@ TEST(MegatronArgs, Fp8Training) {
                                 .spec,
                             &run)
                 .message(),
-            "FP8 training needs Transformer Engine layers (--transformer-impl "
-            "transformer_engine), as Megatron-LM asserts");
+            "FP8 training needs Transformer Engine layers (profile transformer_engine; "
+            "Megatron-LM: --transformer-impl transformer_engine)");
   EXPECT_EQ(
       FinalizeRunSpec(Parse(base + "--fp8-format hybrid --first-last-layers-bf16", 1).spec, &run)
           .message(),

@@ -89,11 +89,16 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   const GpuSpec& gpu = *spec.gpu;
   const TrainingConfig& t = spec.training;
   const ParallelLayout& l = spec.layout;
+  std::string precision = PrecisionName(t.precision);
+  if (t.fp8 != Fp8Recipe::kNone) {
+    precision += " with FP8 (" + std::string(NameOf(kFp8RecipeNames, t.fp8)) +
+                 (t.fp8_param_gather ? ", FP8 parameters)" : ")");
+  }
   std::printf(
       "memsim: %s on %lld x %s (usable %s), %s, seq %lld, micro-batch %lld, %lld microbatch%s, "
       "%d iterations\n",
       spec.model_source.c_str(), static_cast<long long>(l.world_size), gpu.name.c_str(),
-      FormatBytes(gpu.usable_bytes()).c_str(), PrecisionName(t.precision),
+      FormatBytes(gpu.usable_bytes()).c_str(), precision.c_str(),
       static_cast<long long>(t.seq_length), static_cast<long long>(t.micro_batch_size),
       static_cast<long long>(t.num_microbatches), t.num_microbatches == 1 ? "" : "es",
       t.iterations);
@@ -335,6 +340,8 @@ int SimulateCommand(int argc, const char* const* argv) {
   SpecOptions spec_options;
   std::string recompute;
   std::string recompute_modules;
+  std::string fp8;
+  bool fp8_param_gather = false;
   int64_t micro_batch = 0, microbatches = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
   ReportOptions report;
@@ -347,6 +354,11 @@ int SimulateCommand(int argc, const char* const* argv) {
       "recompute-modules", po::value(&recompute_modules),
       "what selective recomputation recomputes, comma-separated (default core_attn): "
       "core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj")(
+      "fp8", po::value(&fp8),
+      "FP8 training with Transformer Engine's recipe: delayed, tensorwise or blockwise "
+      "(needs --profile transformer_engine)")(
+      "fp8-param-gather", po::bool_switch(&fp8_param_gather),
+      "FP8 parameters (needs --fp8 and --data-parallel distributed-optimizer)")(
       "tp", PositiveValue(&tp, "tp"), "tensor-parallel size")("pp", PositiveValue(&pp, "pp"),
                                                               "pipeline-parallel size")(
       "vpp", PositiveValue(&vpp, "vpp"), "virtual pipeline stages per rank (interleaved 1F1B)")(
@@ -377,6 +389,8 @@ int SimulateCommand(int argc, const char* const* argv) {
       status = Status::Error("--recompute-modules needs --recompute selective");
     }
   }
+  if (status.ok() && !fp8.empty()) status = ParseFp8Recipe(fp8, &spec.training.fp8);
+  if (fp8_param_gather) spec.training.fp8_param_gather = true;
   if (micro_batch) spec.training.micro_batch_size = micro_batch;
   if (microbatches) spec.training.num_microbatches = microbatches;
   if (status.ok()) status = CheckReportOptions(report);
