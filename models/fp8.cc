@@ -142,7 +142,9 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     const int64_t gather = state->parallelism.gather_input_group;
     const at::Tensor weight_operand = Fp8WeightData(w).t();  // [K, N]
     const auto release_norm_output = [&] {
-      if (options.input_is_fused_norm_output) FreeStorage(input.storage());
+      if (!options.input_is_fused_norm_output) return;
+      MEMSIM_DCHECK(input.storage().nbytes() == input.nbytes());  // the norm's own output
+      FreeStorage(input.storage());
     };
     Fp8Tensor kept;
     at::Tensor out;
