@@ -73,9 +73,17 @@ Fp8Tensor Quantize(const at::Tensor& x, Fp8Recipe recipe, bool rowwise, bool col
   return Quantize(Rows(x), x.size(-1), recipe, rowwise, columnwise);
 }
 
-// gather_along_first_dim of a quantized shard's rowwise data into a fresh tensor.
-Fp8Tensor GatherRowwise(const Fp8Tensor& shard, Fp8Recipe recipe, int64_t group) {
+// gather_along_first_dim of a quantized shard's rowwise data into a fresh tensor, or
+// into a userbuffer (Note [Userbuffers]; per-tensor recipes only).
+Fp8Tensor GatherRowwise(const Fp8Tensor& shard, Fp8Recipe recipe, int64_t group,
+                        bool into_userbuffer = false) {
   Fp8Tensor total;
+  if (into_userbuffer) {
+    MEMSIM_DCHECK(recipe != Fp8Recipe::kBlockwise);
+    total.data = AllGatherIntoUserbuffer(shard.data, group);
+    total.scale_inv = shard.scale_inv;
+    return total;
+  }
   total.data = AllGather(shard.data, group);
   if (recipe == Fp8Recipe::kBlockwise) {
     // The full rowwise scales, gathered through a temporary of the same size.
@@ -154,7 +162,7 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     } else if (gather > 1) {
       kept = Quantize(input, recipe, true, /*columnwise=*/blockwise);
       release_norm_output();
-      Fp8Tensor total = GatherRowwise(kept, recipe, gather);
+      Fp8Tensor total = GatherRowwise(kept, recipe, gather, state->parallelism.userbuffer_gather);
       out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
       total = {};
       if (blockwise) kept.DropRowwise(recipe);
@@ -200,7 +208,8 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     if (options.reduce_scatter_output_group > 1) {
       Fp8Tensor local = Quantize(grad_output, recipe, true, false);
       grad_output.reset();
-      go = GatherRowwise(local, recipe, options.reduce_scatter_output_group);
+      go = GatherRowwise(local, recipe, options.reduce_scatter_output_group,
+                         parallelism.userbuffer_gather);
       local = {};
       AddTranspose(go, recipe);
     } else {
@@ -214,7 +223,8 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     if (original_input.defined()) {
       total_input = Quantize(original_input, recipe, /*rowwise=*/!blockwise, true);
     } else if (gather > 1 && !blockwise) {
-      total_input = GatherRowwise(kept, recipe, gather);  // waited for after the dgrad GEMM
+      // Waited for after the dgrad GEMM.
+      total_input = GatherRowwise(kept, recipe, gather, parallelism.userbuffer_bulk_dgrad);
     } else if (gather > 1) {
       // The columnwise shards gathered through an interleaved temporary.
       [[maybe_unused]] const at::Tensor interleaved =
@@ -230,7 +240,15 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     const at::Tensor& weight_data = Fp8WeightData(w);  // [N, K]
     std::vector<int64_t> total_sizes = state->input_sizes;
     total_sizes[0] *= gather;
-    at::Tensor dgrad = Fp8Gemm(go.data, weight_data, w.data.scalar_type()).view(total_sizes);
+    at::Tensor dgrad;
+    if (parallelism.userbuffer_bulk_wgrad && gather > 1) {
+      // Into a userbuffer, reduce-scattered from there during the wgrad GEMM.
+      dgrad = UserbufferView({go.data.size(0), weight_data.size(1)}, w.data.scalar_type());
+      Fp8GemmInto(go.data, weight_data, dgrad);
+    } else {
+      dgrad = Fp8Gemm(go.data, weight_data, w.data.scalar_type());
+    }
+    dgrad = dgrad.view(total_sizes);
     if (gather > 1 && !blockwise && !original_input.defined()) AddTranspose(total_input, recipe);
     at::Tensor grad_input = dgrad;
     if (gather > 1) {

@@ -48,9 +48,12 @@ c10::intrusive_ptr<MainGrads> SavedMainGrads(AutogradContext* ctx) {
 }
 
 // The sequence-parallel all-gather into the workspace's buffer `slot`
-// (all_gather_into_tensor); the input itself without sequence parallelism.
-at::Tensor GatherSequence(const at::Tensor& input, const LinearParallelism& parallelism, int slot) {
+// (all_gather_into_tensor), or into a userbuffer; the input itself without sequence
+// parallelism.
+at::Tensor GatherSequence(const at::Tensor& input, const LinearParallelism& parallelism, int slot,
+                          bool into_userbuffer = false) {
   if (parallelism.gather_input_group <= 1) return input;
+  if (into_userbuffer) return AllGatherIntoUserbuffer(input, parallelism.gather_input_group);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes[0] *= parallelism.gather_input_group;
   at::Tensor buffer = parallelism.workspace->Get(sizes, input.scalar_type(), slot);
@@ -71,7 +74,8 @@ struct LinearFunction : public Function<LinearFunction> {
                             const c10::optional<at::Tensor>& bias,
                             c10::intrusive_ptr<LinearState> state) {
     ctx->save_for_backward({input, weight});
-    const at::Tensor total_input = GatherSequence(input, state->parallelism, /*slot=*/0);
+    const at::Tensor total_input =
+        GatherSequence(input, state->parallelism, /*slot=*/0, state->parallelism.userbuffer_gather);
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     at::Tensor out = at::matmul(total_input, weight.t());
     if (bias.has_value()) out = out + *bias;  // out of place, as Megatron writes it
@@ -91,8 +95,19 @@ struct LinearFunction : public Function<LinearFunction> {
     const bool defer = deferred != nullptr && deferred->Accepts(deferred->grad_outputs);
     if (defer) deferred->grad_outputs.push_back(grad_output);
     const at::Tensor total_input =
-        defer ? at::Tensor() : GatherSequence(input, parallelism, /*slot=*/0);
-    at::Tensor grad_input = grad_output.matmul(weight);
+        defer ? at::Tensor()
+              : GatherSequence(input, parallelism, /*slot=*/0, parallelism.userbuffer_bulk_dgrad);
+    at::Tensor grad_input;
+    if (parallelism.userbuffer_bulk_wgrad && parallelism.gather_input_group > 1) {
+      // Into a userbuffer, reduce-scattered from there during the wgrad GEMM.
+      std::vector<int64_t> sizes = grad_output.sizes().vec();
+      sizes.back() = weight.size(1);
+      grad_input = UserbufferView(sizes, grad_output.scalar_type());
+      at::Tensor grad_input_2d = grad_input.view({-1, sizes.back()});
+      at::mm_out(grad_input_2d, grad_output.view({-1, grad_output.size(-1)}), weight);
+    } else {
+      grad_input = grad_output.matmul(weight);
+    }
     if (parallelism.gather_input_group > 1) {
       grad_input = ReduceScatter(grad_input, parallelism.gather_input_group);
     } else if (parallelism.all_reduce_input_grad_group > 1) {

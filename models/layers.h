@@ -66,6 +66,13 @@ struct LinearParallelism {
   int64_t all_reduce_input_grad_group = 1;
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace;  // required when gathering
   c10::intrusive_ptr<DeferredWgrad> deferred;        // the output layer, when deferring
+  // Transformer Engine's userbuffers (Note [Userbuffers] in ops/collectives.h), with
+  // sequence parallelism: all-gathers into them (a column-parallel forward's input, a
+  // row-parallel backward's output gradient); a column-parallel backward's input gather
+  // (bulk dgrad) and input gradient (bulk wgrad).
+  bool userbuffer_gather = false;
+  bool userbuffer_bulk_dgrad = false;
+  bool userbuffer_bulk_wgrad = false;
 };
 
 // How a Transformer Engine linear module running in FP8 is used, beyond its tensor-parallel

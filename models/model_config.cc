@@ -251,6 +251,18 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   } else if (t.fp8_param_gather || t.fp8_bf16_layers_at_start + t.fp8_bf16_layers_at_end > 0) {
     return Status::Error("FP8 parameters and bf16 first/last layers need FP8 training (fp8)");
   }
+  if (t.tp_comm_overlap) {
+    if (t.profile != ProfileKind::kTransformerEngine) {
+      return Status::Error(
+          "TP communication overlap needs Transformer Engine layers (profile "
+          "transformer_engine; Megatron-LM: --transformer-impl transformer_engine)");
+    }
+    if (t.fp8 == Fp8Recipe::kBlockwise) {
+      return Status::Error(
+          "TP communication overlap does not work with blockwise FP8 (Transformer Engine's "
+          "userbuffers raise on block scaling)");
+    }
+  }
   if (t.grad_reduce_in_bf16 && t.precision != Precision::kBf16) {
     return Status::Error("bf16 gradient buffers (grad_reduce_in_bf16) need bf16 training");
   }

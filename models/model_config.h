@@ -247,6 +247,14 @@ struct TrainingConfig {
     return fp8 != Fp8Recipe::kNone && index >= fp8_bf16_layers_at_start &&
            index < num_layers - fp8_bf16_layers_at_end;
   }
+  // --tp-comm-overlap: Transformer Engine's userbuffers (Note [Userbuffers] in
+  // ops/collectives.h), with the all-gather overlap (off: --no-tp-comm-overlap-ag) and the
+  // column-parallel backward's bulk overlaps (off: --no-tp-comm-bulk-dgrad and
+  // --no-tp-comm-bulk-wgrad, or --tp-comm-overlap-rs-dgrad for both).
+  bool tp_comm_overlap = false;
+  bool tp_comm_overlap_ag = true;
+  bool tp_comm_bulk_dgrad = true;
+  bool tp_comm_bulk_wgrad = true;
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;

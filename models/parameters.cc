@@ -42,7 +42,8 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
                          unit_,
                          {},
                          {},
-                         this});
+                         this,
+                         /*fp8=*/{}});
   return &parameters_.back();
 }
 

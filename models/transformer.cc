@@ -228,6 +228,20 @@ LinearParallelism TransformerModel::ColumnParallel() const {
   return p;
 }
 
+bool TransformerModel::Userbuffers() const {
+  return training_.tp_comm_overlap && shard_.sequence_parallel && shard_.tp > 1;
+}
+
+LinearParallelism TransformerModel::UserbufferColumnParallel() const {
+  LinearParallelism p = ColumnParallel();
+  if (Userbuffers()) {
+    p.userbuffer_gather = training_.tp_comm_overlap_ag;
+    p.userbuffer_bulk_dgrad = training_.tp_comm_bulk_dgrad;
+    p.userbuffer_bulk_wgrad = training_.tp_comm_bulk_wgrad;
+  }
+  return p;
+}
+
 at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parameter* bias) {
   return model_.norm == NormKind::kLayerNorm ? LayerNorm(x, *weight, bias) : RmsNorm(x, *weight);
 }
@@ -240,7 +254,7 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
   {
     ModuleScope s("linear_qkv");
     // Transformer Engine's LayerNormLinear: the norm's output is its own.
-    qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, ColumnParallel(),
+    qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, UserbufferColumnParallel(),
                  Fp8LinearOptions::LayerNormLinear());  // [S, B, (A+2G)D]
   }
   const int64_t S = qkv.size(0), B = qkv.size(1);
@@ -379,11 +393,15 @@ at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Paramete
   Fp8LinearOptions fp8;
   fp8.save_original_input = save_original_input && training_.fp8 != Fp8Recipe::kDelayed;
   if (shard_.sequence_parallel) fp8.reduce_scatter_output_group = shard_.tp;
+  // The backward's all-gather of the output gradient may land in a userbuffer.
+  LinearParallelism parallelism;
+  parallelism.userbuffer_gather = Userbuffers() && training_.tp_comm_overlap_ag;
   // The bias is added in BiasDropoutAdd (skip_bias_add).
-  at::Tensor out = Linear(input, weight, nullptr, {}, fp8);
+  at::Tensor out = Linear(input, weight, nullptr, parallelism, fp8);
   if (weight.fp8.recipe != Fp8Recipe::kNone && shard_.sequence_parallel) return out;
-  return shard_.sequence_parallel ? ReduceScatterToSequenceParallelRegion(out, shard_.tp)
-                                  : ReduceFromTensorParallelRegion(out, shard_.tp);
+  return shard_.sequence_parallel
+             ? ReduceScatterToSequenceParallelRegion(out, shard_.tp, parallelism.userbuffer_gather)
+             : ReduceFromTensorParallelRegion(out, shard_.tp);
 }
 
 at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
@@ -400,7 +418,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   {
     ModuleScope s("linear_fc1");
     // Transformer Engine's LayerNormLinear: the pre-MLP norm's output is its own.
-    h = Linear(ln_out, *layer.fc1_weight, nullptr, ColumnParallel(),
+    h = Linear(ln_out, *layer.fc1_weight, nullptr, UserbufferColumnParallel(),
                Fp8LinearOptions::LayerNormLinear());
   }
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation

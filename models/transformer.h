@@ -280,6 +280,11 @@ class TransformerModel {
   at::Tensor OutputLogits(const at::Tensor& hidden);  // [S, B, V/tp]
   at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);
   LinearParallelism ColumnParallel() const;
+  // Whether linear_qkv, linear_proj, linear_fc1 and linear_fc2 communicate through
+  // Transformer Engine's userbuffers (Note [Userbuffers] in ops/collectives.h).
+  bool Userbuffers() const;
+  // ColumnParallel() for linear_qkv and linear_fc1, with their userbuffer overlaps.
+  LinearParallelism UserbufferColumnParallel() const;
   double hidden_dropout() const;
 
   ModelConfig model_;

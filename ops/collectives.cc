@@ -6,6 +6,7 @@
 
 #include <mutex>
 
+#include "simulator/checked_math.h"
 #include "simulator/op_traits.h"
 
 namespace memsim {
@@ -108,6 +109,45 @@ void ReceiveInto(const at::Tensor& t) {
   static const auto op = Op<at::Tensor&(at::Tensor&)>("memsim::comm_recv_");
   at::Tensor out = t;
   op.call(out);
+}
+
+// Hands out userbuffer views' storages: none is ever dereferenced (meta), and a DataPtr
+// without a context is never reported freed.
+class UserbufferAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t) const override { return {Address(), c10::Device(at::kMeta)}; }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+ private:
+  static void* Address() {
+    static char userbuffer;
+    return &userbuffer;
+  }
+};
+
+at::Tensor UserbufferView(at::IntArrayRef sizes, at::ScalarType dtype) {
+  // A storage that no tracked allocator made, as torch::from_blob wraps the userbuffer.
+  static UserbufferAllocator allocator;
+  const auto options = at::TensorOptions().device(at::kMeta).dtype(dtype);
+  std::vector<int64_t> strides(sizes.size(), 1);
+  int64_t numel = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = numel;
+    numel = CheckedMul(numel, sizes[d]);
+  }
+  const int64_t nbytes = CheckedMul(numel, static_cast<int64_t>(c10::elementSize(dtype)));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       allocator.allocate(static_cast<size_t>(nbytes)), &allocator,
+                       /*resizable=*/true);
+  return at::empty({0}, options).set_(storage, 0, sizes, strides);
+}
+
+at::Tensor AllGatherIntoUserbuffer(const at::Tensor& t, int64_t group_size) {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] *= group_size;
+  at::Tensor gathered = UserbufferView(sizes, t.scalar_type());
+  ReceiveInto(gathered);  // stands for the ring exchange writing the shards in place
+  return gathered;
 }
 
 }  // namespace memsim

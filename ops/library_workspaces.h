@@ -17,7 +17,9 @@
 //     compute capability >= 9 (4 MiB before), cached per device, at TE's first GEMM;
 //     grouped GEMMs (GroupedLinear, --moe-grouped-gemm) use a separate list of
 //     kTeGroupedGemmStreams more of the same size (one per compute stream,
-//     transformer_engine/common/util/multi_stream.cpp), made at the first grouped GEMM.
+//     transformer_engine/common/util/multi_stream.cpp), made at the first grouped GEMM;
+//     with TP communication overlap one more, kTeUserbufferStreams times the size, at
+//     the first userbuffer GEMM.
 #pragma once
 
 #include <cstdint>
@@ -40,5 +42,9 @@ inline constexpr int kTeGroupedGemmStreams = 4;
 
 // Transformer Engine's GEMM workspace for `gpu` (each of them).
 int64_t TransformerEngineWorkspaceBytes(const GpuSpec& gpu);
+
+// The userbuffer GEMMs' workspace (Note [Userbuffers] in collectives.h): one allocation
+// of a GEMM workspace per overlap stream (_NUM_MAX_UB_STREAMS).
+inline constexpr int kTeUserbufferStreams = 3;
 
 }  // namespace memsim

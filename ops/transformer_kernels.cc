@@ -27,6 +27,14 @@ at::Tensor Fp8GemmMeta(const at::Tensor& a, const at::Tensor& b, at::ScalarType 
   return at::empty({a.size(0), b.size(1)}, a.options().dtype(out_dtype));
 }
 
+at::Tensor& Fp8GemmOutMeta(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && out.dim() == 2 &&
+                  out.size(0) == a.size(0) && out.size(1) == b.size(1),
+              "fp8_gemm_out: a ", a.sizes(), " and b ", b.sizes(), " do not multiply into out ",
+              out.sizes());
+  return out;
+}
+
 // mha_fwd: out like q; softmax_lse float32 [B, heads, S]; rng_state int64 [2] (dropout).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashForwardMeta(const at::Tensor& q,
                                                                 const at::Tensor& k,
@@ -72,6 +80,7 @@ void RegisterTransformerKernels() {
         new torch::Library(torch::Library::FRAGMENT, "memsim", c10::nullopt, __FILE__, __LINE__);
     def->def("wgrad_gemm_accum_(Tensor(a!) main_grad, Tensor input, Tensor grad_output) -> ()");
     def->def("fp8_gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor");
+    def->def("fp8_gemm_out(Tensor a, Tensor b, Tensor(a!) out) -> Tensor(a!)");
     def->def(
         "flash_attention_forward(Tensor q, Tensor k, Tensor v, float dropout_p, bool causal) -> "
         "(Tensor, Tensor, Tensor)");
@@ -82,6 +91,7 @@ void RegisterTransformerKernels() {
     gemm.cost_kind = OpCostKind::kMatmul;
     RegisterOpTraits("memsim::wgrad_gemm_accum_", gemm);
     RegisterOpTraits("memsim::fp8_gemm", gemm);
+    RegisterOpTraits("memsim::fp8_gemm_out", gemm);
     OpTraits attention = gemm;
     attention.is_attention = true;
     RegisterOpTraits("memsim::flash_attention_forward", attention);
@@ -91,13 +101,14 @@ void RegisterTransformerKernels() {
                                            __FILE__, __LINE__);
     meta->impl("wgrad_gemm_accum_", TORCH_FN(WgradGemmAccumMeta));
     meta->impl("fp8_gemm", TORCH_FN(Fp8GemmMeta));
+    meta->impl("fp8_gemm_out", TORCH_FN(Fp8GemmOutMeta));
     meta->impl("flash_attention_forward", TORCH_FN(FlashForwardMeta));
     meta->impl("flash_attention_backward", TORCH_FN(FlashBackwardMeta));
     // Called from custom autograd Functions (layers.cc), which do their own backward.
     static auto* autograd = new torch::Library(torch::Library::IMPL, "memsim",
                                                c10::DispatchKey::Autograd, __FILE__, __LINE__);
-    for (const char* op :
-         {"wgrad_gemm_accum_", "fp8_gemm", "flash_attention_forward", "flash_attention_backward"}) {
+    for (const char* op : {"wgrad_gemm_accum_", "fp8_gemm", "fp8_gemm_out",
+                           "flash_attention_forward", "flash_attention_backward"}) {
       autograd->impl(op, torch::CppFunction::makeFallthrough());
     }
   });
@@ -118,6 +129,15 @@ at::Tensor Fp8Gemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_
           .findSchemaOrThrow("memsim::fp8_gemm", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
   return op.call(a, b, out_dtype);
+}
+
+void Fp8GemmInto(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("memsim::fp8_gemm_out", "")
+          .typed<at::Tensor&(const at::Tensor&, const at::Tensor&, at::Tensor&)>();
+  at::Tensor target = out;
+  op.call(a, b, target);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForward(

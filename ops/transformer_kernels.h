@@ -8,6 +8,8 @@
 //   memsim::fp8_gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor
 //       Transformer Engine's FP8 GEMM (general_gemm on quantized operands held as uint8):
 //       a [M, K] times b [K, N] into a new [M, N] of out_dtype.
+//   memsim::fp8_gemm_out(Tensor a, Tensor b, Tensor(a!) out) -> Tensor(a!)
+//       the same into `out` (a userbuffer: Note [Userbuffers] in collectives.h).
 //   memsim::flash_attention_forward(Tensor q, Tensor k, Tensor v, float dropout_p,
 //       bool causal) -> (Tensor out, Tensor softmax_lse, Tensor rng_state)
 //   memsim::flash_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -27,6 +29,7 @@ void RegisterTransformerKernels();
 void WgradGemmAccumulate(const at::Tensor& main_grad, const at::Tensor& input,
                          const at::Tensor& grad_output);
 at::Tensor Fp8Gemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype);
+void Fp8GemmInto(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForward(const at::Tensor& q,
                                                                      const at::Tensor& k,
                                                                      const at::Tensor& v,

@@ -77,7 +77,7 @@ void BackwardFrom(const InFlight& f, const at::Tensor& grad) {
 // real run first needs each and kept to the end: PyTorch's cuBLAS workspace of the forward
 // thread at the first forward step and of autograd's backward thread at the first
 // backward step, when the stage runs a GEMM through PyTorch at all; Transformer Engine's
-// at the first forward step of a stage with TE layers.
+// (and its userbuffer GEMMs') at the first forward step of a stage with TE layers.
 class LibraryWorkspaces {
  public:
   LibraryWorkspaces(const GpuSpec* gpu, const ModelConfig& model, const TrainingConfig& training,
@@ -99,6 +99,9 @@ class LibraryWorkspaces {
                     : 0;
     const bool grouped_gemms = training.moe_grouped_gemm && model.num_experts > 0 && has_layers;
     te_grouped_.resize(grouped_gemms ? kTeGroupedGemmStreams : 0);
+    if (training.tp_comm_overlap && shard.sequence_parallel && shard.tp > 1 && has_layers) {
+      te_userbuffer_bytes_ = kTeUserbufferStreams * TransformerEngineWorkspaceBytes(*gpu);
+    }
   }
   LibraryWorkspaces(const LibraryWorkspaces&) = delete;
   LibraryWorkspaces& operator=(const LibraryWorkspaces&) = delete;
@@ -108,6 +111,7 @@ class LibraryWorkspaces {
     for (at::Tensor& w : te_grouped_) {
       Allocate(te_bytes_, "transformer_engine.grouped_gemm_workspace", &w);
     }
+    Allocate(te_userbuffer_bytes_, "transformer_engine.userbuffer_gemm_workspace", &te_userbuffer_);
     Allocate(cublas_bytes_, "cublas_workspace.forward_thread", &forward_);
   }
   void BeforeBackward() { Allocate(cublas_bytes_, "cublas_workspace.backward_thread", &backward_); }
@@ -120,8 +124,8 @@ class LibraryWorkspaces {
     *out = at::empty({bytes}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
   }
 
-  int64_t cublas_bytes_ = 0, te_bytes_ = 0;
-  at::Tensor forward_, backward_, te_;
+  int64_t cublas_bytes_ = 0, te_bytes_ = 0, te_userbuffer_bytes_ = 0;
+  at::Tensor forward_, backward_, te_, te_userbuffer_;
   std::vector<at::Tensor> te_grouped_;  // one per TE compute stream with grouped GEMMs
 };
 

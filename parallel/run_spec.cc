@@ -47,6 +47,10 @@ Status FinalizeUnchecked(RunSpec* spec) {
                          std::to_string(spec->gpu->compute_capability / 10) + "." +
                          std::to_string(spec->gpu->compute_capability % 10));
   }
+  if (t.tp_comm_overlap && !l.sequence_parallel) {
+    return Status::Error(
+        "TP communication overlap needs sequence parallelism (as Megatron-LM asserts)");
+  }
   if (t.fp8_param_gather && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
     return Status::Error(
         "FP8 parameters (--fp8-param-gather) need the distributed optimizer (as Megatron-LM "

@@ -158,6 +158,59 @@ TEST(Parameters, Fp8WeightsPerLayer) {
   EXPECT_EQ(per_layer() - sixteen_bit, 4 * 4);
 }
 
+// Bytes of every allocation of one forward and backward, on a TP rank with sequence
+// parallelism (REQUIRES: `model` finalized for `tp`).
+int64_t BytesAllocatedByStep(const ModelConfig& model, const TrainingConfig& training, int64_t tp) {
+  Session session;
+  ActiveSession active(session);
+  ParameterStore store(training.precision);
+  ModelShard shard = ModelShard::Whole(model);
+  shard.tp = tp;
+  shard.sequence_parallel = true;
+  TransformerModel transformer(model, training, shard, &store);
+  store.AllocateGradBuffer();
+  session.SetPhase(Phase::kForward);
+  at::Tensor loss = transformer.Forward();
+  session.SetPhase(Phase::kBackward);
+  loss.backward();
+  int64_t bytes = 0;
+  const Recorder& r = session.recorder();
+  for (const MemoryEvent& e : r.events()) {
+    if (e.is_alloc) bytes += r.storages()[static_cast<size_t>(e.storage_id)].size_bytes;
+  }
+  return bytes;
+}
+
+// TP communication overlap (Note [Userbuffers]), per layer, rows n = s*b, TP 2 with
+// sequence parallelism: the userbuffers take linear_qkv's and linear_fc1's all-gathered
+// inputs in forward and backward and their full input gradients, and linear_proj's and
+// linear_fc2's all-gathered output gradients: 8 tensors of n*h 16-bit values. With FP8
+// (tensorwise) the six gathers are FP8 (n*h bytes, each with a 4-byte scale) and the two
+// input gradients stay 16-bit.
+TEST(Allocations, UserbuffersTakeTheSequenceParallelGathers) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.profile = ProfileKind::kTransformerEngine;
+    const int64_t n = x.s * x.b, h = x.h;
+    auto per_layer = [&] {
+      auto bytes = [&](int64_t layers) {
+        ModelConfig m = test::Gpt(layers, x.h, x.a);
+        EXPECT_TRUE(FinalizeModelConfig(&m, 2).ok());
+        return BytesAllocatedByStep(m, t, /*tp=*/2);
+      };
+      return bytes(2) - bytes(1);
+    };
+    const int64_t nccl = per_layer();
+    t.tp_comm_overlap = true;
+    EXPECT_EQ(nccl - per_layer(), 8 * 2 * n * h) << "s=" << x.s << " b=" << x.b;
+    t.fp8 = Fp8Recipe::kTensorwise;
+    const int64_t fp8_userbuffers = per_layer();
+    t.tp_comm_overlap = false;
+    EXPECT_EQ(per_layer() - fp8_userbuffers, 6 * (n * h + 4) + 2 * 2 * n * h)
+        << "s=" << x.s << " b=" << x.b;
+  }
+}
+
 // --distribute-saved-activations with TP 2 (no sequence parallelism): each checkpointed
 // layer keeps half of its input, sbh bytes instead of 2sbh; the input's full storage goes
 // (nothing else holds the previous layer's output).

@@ -655,6 +655,15 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   llama_fp8.training.fp8 = Fp8Recipe::kBlockwise;
   llama_fp8.training.fp8_bf16_layers_at_start = 1;
   cases.push_back(llama_fp8);
+  // TP communication overlap: gathers and input gradients in userbuffers (Note
+  // [Userbuffers]), in 16 bits and with FP8.
+  Case llama_userbuffers = llama_te;
+  llama_userbuffers.name = "llama tp2 sp, transformer engine, userbuffers";
+  llama_userbuffers.training.tp_comm_overlap = true;
+  cases.push_back(llama_userbuffers);
+  llama_userbuffers.name += ", fp8 tensorwise";
+  llama_userbuffers.training.fp8 = Fp8Recipe::kTensorwise;
+  cases.push_back(llama_userbuffers);
   for (Case& c : cases) {
     c.training.num_microbatches = 4;
     ASSERT_TRUE(ValidateTrainingConfig(c.training, c.model).ok()) << c.name;
@@ -682,13 +691,14 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
 
 // The same for Megatron-LM's CI configurations read from their launch lines: a MoE GPT
 // with shared experts, grouped GEMMs, the all-to-all dispatcher, TP4 SP EP2 ETP2 PP2 and
-// unfused weight gradients; a dense GPT with them too, and one in FP8 with FP8 parameters
-// under TP4 SP CP2 (validation/cases).
+// unfused weight gradients; a dense GPT with them too, and in FP8 with FP8 parameters
+// under TP4 SP CP2, and under TP2 SP PP2 with TP communication overlap (validation/cases).
 TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
   for (const char* name :
        {"moe__gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_resume_torch_dist_dist_optimizer",
         "gpt__gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer",
-        "gpt__gpt3_weekly_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap"}) {
+        "gpt__gpt3_weekly_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap",
+        "gpt__gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap"}) {
     ValidationCase c;
     ASSERT_TRUE(LoadValidationCase(
                     std::string(MEMSIM_SOURCE_DIR) + "/validation/cases/" + name + ".yaml", &c)

@@ -23,12 +23,18 @@ struct ScatterToSequenceParallel : public Function<ScatterToSequenceParallel> {
 };
 
 struct ReduceScatterToSequenceParallel : public Function<ReduceScatterToSequenceParallel> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t tp,
+                            bool grad_into_userbuffer) {
     ctx->saved_data["tp"] = tp;
+    ctx->saved_data["userbuffer"] = grad_into_userbuffer;
     return ReduceScatter(input.contiguous(), tp);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {AllGather(grads[0].contiguous(), ctx->saved_data["tp"].toInt()), at::Tensor()};
+    const int64_t tp = ctx->saved_data["tp"].toInt();
+    const at::Tensor grad = grads[0].contiguous();
+    return {ctx->saved_data["userbuffer"].toBool() ? AllGatherIntoUserbuffer(grad, tp)
+                                                   : AllGather(grad, tp),
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -73,8 +79,9 @@ at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp) 
   return tp > 1 ? ScatterToSequenceParallel::apply(input, tp) : input;
 }
 
-at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp) {
-  return tp > 1 ? ReduceScatterToSequenceParallel::apply(input, tp) : input;
+at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp,
+                                                 bool grad_into_userbuffer) {
+  return tp > 1 ? ReduceScatterToSequenceParallel::apply(input, tp, grad_into_userbuffer) : input;
 }
 
 at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, int64_t tp) {

@@ -20,7 +20,10 @@
 namespace memsim {
 
 at::Tensor ScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
-at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp);
+// `grad_into_userbuffer`: the backward's all-gather lands in a userbuffer (Note
+// [Userbuffers] in ops/collectives.h), not a new tensor.
+at::Tensor ReduceScatterToSequenceParallelRegion(const at::Tensor& input, int64_t tp,
+                                                 bool grad_into_userbuffer = false);
 at::Tensor GatherFromSequenceParallelRegion(const at::Tensor& input, int64_t tp);
 at::Tensor ReduceFromTensorParallelRegion(const at::Tensor& input, int64_t tp);
 at::Tensor GatherFromTensorParallelRegion(const at::Tensor& input, int64_t tp);

@@ -136,6 +136,16 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--num-layers-at-start-in-bf16", Arity::kValue, ArgUse::kRead},
     {"--num-layers-at-end-in-bf16", Arity::kValue, ArgUse::kRead},
     {"--no-fp8-wgrad", Arity::kFlag, ArgUse::kRead},
+    {"--tp-comm-overlap", Arity::kFlag, ArgUse::kRead},
+    {"--tp-comm-overlap-cfg", Arity::kValue, ArgUse::kRead},
+    {"--no-tp-comm-overlap-ag", Arity::kFlag, ArgUse::kRead},
+    {"--no-tp-comm-bulk-dgrad", Arity::kFlag, ArgUse::kRead},
+    {"--no-tp-comm-bulk-wgrad", Arity::kFlag, ArgUse::kRead},
+    {"--tp-comm-overlap-rs-dgrad", Arity::kFlag, ArgUse::kRead},
+    {"--no-tp-comm-overlap-rs", Arity::kFlag, ArgUse::kRead},
+    {"--no-tp-comm-split-ag", Arity::kFlag, ArgUse::kRead},
+    {"--no-tp-comm-split-rs", Arity::kFlag, ArgUse::kRead},
+    {"--tp-comm-bootstrap-backend", Arity::kValue, ArgUse::kRead},
     {"--attention-backend", Arity::kValue, ArgUse::kRead},
     {"--use-flash-attn", Arity::kFlag, ArgUse::kRead},
     {"--optimizer", Arity::kValue, ArgUse::kRead},
@@ -483,8 +493,6 @@ constexpr MegatronArg kMegatronArgs[] = {
      "batch sizes that change during training"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
     {"--squared-relu", Arity::kValues, ArgUse::kRefused, "the squared-ReLU activation"},
-    {"--tp-comm-overlap", Arity::kValues, ArgUse::kRefused,
-     "tensor-parallel communication overlap buffers"},
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
     {"--use-megatron-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
@@ -1092,6 +1100,34 @@ Status ReadFp8(Args& a, int64_t num_layers, TrainingConfig* training) {
   return Status::OK();
 }
 
+// TP communication overlap (Note [Userbuffers] in ops/collectives.h). Reduce-scatter
+// overlap, the split and bootstrap settings change no allocation PyTorch sees; neither does
+// the --tp-comm-overlap-cfg file, whose methods size the userbuffers outside the allocator
+// (memsim does not read it).
+Status ReadTpCommOverlap(Args& a, TrainingConfig* training) {
+  TrainingConfig& t = *training;
+  const char* settings[] = {
+      "--tp-comm-overlap-cfg",   "--no-tp-comm-overlap-ag",    "--no-tp-comm-bulk-dgrad",
+      "--no-tp-comm-bulk-wgrad", "--tp-comm-overlap-rs-dgrad", "--no-tp-comm-overlap-rs",
+      "--no-tp-comm-split-ag",   "--no-tp-comm-split-rs",      "--tp-comm-bootstrap-backend"};
+  t.tp_comm_overlap = a.Has("--tp-comm-overlap");
+  if (!t.tp_comm_overlap) {
+    for (const char* name : settings) a.Ignore(name);
+    return Status::OK();
+  }
+  t.tp_comm_overlap_ag = !a.Has("--no-tp-comm-overlap-ag");
+  // rs_dgrad reduce-scatters the column-parallel input gradient instead of the bulk overlaps.
+  const bool rs_dgrad = a.Has("--tp-comm-overlap-rs-dgrad");
+  t.tp_comm_bulk_dgrad = !a.Has("--no-tp-comm-bulk-dgrad") && !rs_dgrad;
+  t.tp_comm_bulk_wgrad = !a.Has("--no-tp-comm-bulk-wgrad") && !rs_dgrad;
+  for (const char* name :
+       {"--tp-comm-overlap-cfg", "--no-tp-comm-overlap-rs", "--no-tp-comm-split-ag",
+        "--no-tp-comm-split-rs", "--tp-comm-bootstrap-backend"}) {
+    a.Ignore(name);
+  }
+  return Status::OK();
+}
+
 // Kernels: Transformer Engine (Megatron-LM's default) picks its attention backend per
 // GPU from the backends allowed (--attention-backend sets NVTE_FLASH_ATTN,
 // NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN; "auto" leaves the environment's); "local"
@@ -1255,6 +1291,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadFp8(a, m.num_layers, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadTpCommOverlap(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, m, &t));
   return ReadMemoryManagement(a, &t);
 }

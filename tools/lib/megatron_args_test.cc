@@ -605,6 +605,51 @@ TEST(MegatronArgs, Fp8Training) {
       "--fp8-format to simulate the run in bf16");
 }
 
+// --tp-comm-overlap (Note [Userbuffers]): its all-gather and bulk overlaps, each on by
+// default; --tp-comm-overlap-rs-dgrad replaces both bulk ones; the settings that change
+// no allocation PyTorch sees are ignored, all of them without the switch; Megatron-LM
+// asserts sequence parallelism.
+TEST(MegatronArgs, TpCommOverlap) {
+  const std::string base = std::string(kTinyGpt) +
+                           "--bf16 --transformer-impl transformer_engine "
+                           "--tensor-model-parallel-size 2 --sequence-parallel ";
+  const MegatronArgsResult r =
+      Parse(base +
+                "--tp-comm-overlap --tp-comm-overlap-cfg ub.yaml --no-tp-comm-bulk-wgrad "
+                "--tp-comm-bootstrap-backend nccl",
+            2);
+  EXPECT_TRUE(r.spec.training.tp_comm_overlap);
+  EXPECT_TRUE(r.spec.training.tp_comm_overlap_ag);
+  EXPECT_TRUE(r.spec.training.tp_comm_bulk_dgrad);
+  EXPECT_FALSE(r.spec.training.tp_comm_bulk_wgrad);
+  EXPECT_EQ(r.ignored,
+            (std::vector<std::string>{"--tp-comm-overlap-cfg", "--tp-comm-bootstrap-backend"}));
+  std::optional<ValidatedRun> run;
+  EXPECT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  const MegatronArgsResult rs = Parse(base + "--tp-comm-overlap --tp-comm-overlap-rs-dgrad", 2);
+  EXPECT_FALSE(rs.spec.training.tp_comm_bulk_dgrad);
+  EXPECT_FALSE(rs.spec.training.tp_comm_bulk_wgrad);
+  const MegatronArgsResult off = Parse(base + "--no-tp-comm-overlap-ag", 2);
+  EXPECT_FALSE(off.spec.training.tp_comm_overlap);
+  EXPECT_EQ(off.ignored, (std::vector<std::string>{"--no-tp-comm-overlap-ag"}));
+  EXPECT_EQ(FinalizeRunSpec(
+                Parse(std::string(kTinyGpt) + "--bf16 --transformer-impl transformer_engine "
+                                              "--tensor-model-parallel-size 2 --tp-comm-overlap",
+                      2)
+                    .spec,
+                &run)
+                .message(),
+            "TP communication overlap needs sequence parallelism (as Megatron-LM asserts)");
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--tp-comm-overlap --fp8-format hybrid --fp8-recipe "
+                                         "blockwise",
+                                  2)
+                                .spec,
+                            &run)
+                .message(),
+            "TP communication overlap does not work with blockwise FP8 (Transformer Engine's "
+            "userbuffers raise on block scaling)");
+}
+
 // train_step empties the cache after forward-backward (1), and after the step too (2).
 TEST(MegatronArgs, EmptyUnusedMemoryLevel) {
   const std::string base = std::string(kTinyGpt);

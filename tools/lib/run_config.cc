@@ -258,6 +258,22 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "fp8_bf16_layers_at_end", &t->fp8_bf16_layers_at_end);
        }},
+      {"tp_comm_overlap",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "tp_comm_overlap", &t->tp_comm_overlap);
+       }},
+      {"tp_comm_overlap_ag",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "tp_comm_overlap_ag", &t->tp_comm_overlap_ag);
+       }},
+      {"tp_comm_bulk_dgrad",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "tp_comm_bulk_dgrad", &t->tp_comm_bulk_dgrad);
+       }},
+      {"tp_comm_bulk_wgrad",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "tp_comm_bulk_wgrad", &t->tp_comm_bulk_wgrad);
+       }},
       {"precision_aware_optimizer",
        [&](const YAML::Node& v) {
          return Read(v, source, "precision_aware_optimizer", &t->precision_aware_optimizer);

@@ -342,6 +342,7 @@ int SimulateCommand(int argc, const char* const* argv) {
   std::string recompute_modules;
   std::string fp8;
   bool fp8_param_gather = false;
+  bool tp_comm_overlap = false;
   int64_t micro_batch = 0, microbatches = 0, tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0;
   int64_t first_stage_layers = 0, last_stage_layers = 0;
   ReportOptions report;
@@ -359,8 +360,10 @@ int SimulateCommand(int argc, const char* const* argv) {
       "(needs --profile transformer_engine)")(
       "fp8-param-gather", po::bool_switch(&fp8_param_gather),
       "FP8 parameters (needs --fp8 and --data-parallel distributed-optimizer)")(
-      "tp", PositiveValue(&tp, "tp"), "tensor-parallel size")("pp", PositiveValue(&pp, "pp"),
-                                                              "pipeline-parallel size")(
+      "tp-comm-overlap", po::bool_switch(&tp_comm_overlap),
+      "Transformer Engine's TP communication overlap (userbuffers; needs --sp and --profile "
+      "transformer_engine)")("tp", PositiveValue(&tp, "tp"), "tensor-parallel size")(
+      "pp", PositiveValue(&pp, "pp"), "pipeline-parallel size")(
       "vpp", PositiveValue(&vpp, "vpp"), "virtual pipeline stages per rank (interleaved 1F1B)")(
       "cp", PositiveValue(&cp, "cp"), "context-parallel size")("ep", PositiveValue(&ep, "ep"),
                                                                "expert-parallel size")(
@@ -391,6 +394,7 @@ int SimulateCommand(int argc, const char* const* argv) {
   }
   if (status.ok() && !fp8.empty()) status = ParseFp8Recipe(fp8, &spec.training.fp8);
   if (fp8_param_gather) spec.training.fp8_param_gather = true;
+  if (tp_comm_overlap) spec.training.tp_comm_overlap = true;
   if (micro_batch) spec.training.micro_batch_size = micro_batch;
   if (microbatches) spec.training.num_microbatches = microbatches;
   if (status.ok()) status = CheckReportOptions(report);
