@@ -131,11 +131,16 @@ void InitScalingState(Fp8Module& module) {
   }
 }
 
+// Copies of what the layer's backward needs: a linear's Parameter may not outlive its
+// forward (GroupedLinear's expert block).
 struct Fp8LinearState : public torch::CustomClassHolder {
-  Parameter* weight = nullptr;
+  Fp8Module fp8;  // the FP8 weight's tensors (made with the parameter)
+  ParameterStore* store = nullptr;
+  at::Tensor weight_main_grad;
   at::Tensor bias_main_grad;  // undefined without a bias
   LinearParallelism parallelism;
   Fp8LinearOptions options;
+  at::ScalarType dtype = at::kBFloat16;  // the 16-bit weight's: GEMM outputs and gradients
   std::vector<int64_t> input_sizes;
 };
 
@@ -143,12 +148,11 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias,
                             c10::intrusive_ptr<Fp8LinearState> state) {
-    Parameter& w = *state->weight;
-    const Fp8Recipe recipe = w.fp8.recipe;
+    const Fp8Recipe recipe = state->fp8.recipe;
     const bool blockwise = recipe == Fp8Recipe::kBlockwise;
     const Fp8LinearOptions& options = state->options;
     const int64_t gather = state->parallelism.gather_input_group;
-    const at::Tensor weight_operand = Fp8WeightData(w).t();  // [K, N]
+    const at::Tensor weight_operand = state->fp8.weight[0].t();  // [K, N]
     const auto release_norm_output = [&] {
       if (!options.input_is_fused_norm_output) return;
       MEMSIM_DCHECK(input.storage().nbytes() == input.nbytes());  // the norm's own output
@@ -176,7 +180,8 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     std::vector<int64_t> out_sizes = input.sizes().vec();
     out_sizes[0] *= gather;
     out_sizes.back() = weight.size(0);
-    out = out.view(out_sizes);
+    // Not a view: the caller may reduce it in place (as matmul's own reshape).
+    out = at::_unsafe_view(out, out_sizes);
     if (options.reduce_scatter_output_group > 1) {
       out = ReduceScatter(out, options.reduce_scatter_output_group);
     }
@@ -190,8 +195,7 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto state =
         c10::static_intrusive_pointer_cast<Fp8LinearState>(ctx->saved_data["state"].toCapsule());
-    Parameter& w = *state->weight;
-    const Fp8Recipe recipe = w.fp8.recipe;
+    const Fp8Recipe recipe = state->fp8.recipe;
     const bool blockwise = recipe == Fp8Recipe::kBlockwise;
     const Fp8LinearOptions& options = state->options;
     const LinearParallelism& parallelism = state->parallelism;
@@ -237,16 +241,16 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     kept = {};
 
     // dgrad [M, K], reduced over the tensor-parallel group as in 16 bits.
-    const at::Tensor& weight_data = Fp8WeightData(w);  // [N, K]
+    const at::Tensor& weight_data = state->fp8.weight[0];  // [N, K]
     std::vector<int64_t> total_sizes = state->input_sizes;
     total_sizes[0] *= gather;
     at::Tensor dgrad;
     if (parallelism.userbuffer_bulk_wgrad && gather > 1) {
       // Into a userbuffer, reduce-scattered from there during the wgrad GEMM.
-      dgrad = UserbufferView({go.data.size(0), weight_data.size(1)}, w.data.scalar_type());
+      dgrad = UserbufferView({go.data.size(0), weight_data.size(1)}, state->dtype);
       Fp8GemmInto(go.data, weight_data, dgrad);
     } else {
-      dgrad = Fp8Gemm(go.data, weight_data, w.data.scalar_type());
+      dgrad = Fp8Gemm(go.data, weight_data, state->dtype);
     }
     dgrad = dgrad.view(total_sizes);
     if (gather > 1 && !blockwise && !original_input.defined()) AddTranspose(total_input, recipe);
@@ -258,17 +262,18 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     }
 
     // wgrad: into main_grad in place, or a new 16-bit gradient the DDP hook adds.
-    ParameterStore* store = w.store;
+    ParameterStore* store = state->store;
     const at::Tensor input_operand = total_input.Operand();
+    const auto options16 = at::TensorOptions().device(at::kMeta).dtype(state->dtype);
+    const std::vector<int64_t> weight_sizes = {weight_data.size(0), weight_data.size(1)};
     if (store->gradient_accumulation_fusion()) {
-      WgradGemmAccumulate(w.main_grad, input_operand, go.Operand());
-      if (w.main_grad.defined()) store->DummyWgrad(w.data.sizes());
+      WgradGemmAccumulate(state->weight_main_grad, input_operand, go.Operand());
+      if (state->weight_main_grad.defined()) store->DummyWgrad(weight_sizes);
     } else {
-      AccumulateIntoMainGrad(w.main_grad, at::empty_like(w.data));
+      AccumulateIntoMainGrad(state->weight_main_grad, at::empty(weight_sizes, options16));
     }
     if (state->bias_main_grad.defined()) {
-      AccumulateIntoMainGrad(state->bias_main_grad,
-                             at::empty({N}, w.data.options().device(at::kMeta)));
+      AccumulateIntoMainGrad(state->bias_main_grad, at::empty({N}, options16));
     }
     return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -292,8 +297,12 @@ void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t 
 at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                      const LinearParallelism& parallelism, const Fp8LinearOptions& options) {
   MEMSIM_DCHECK(weight.fp8.recipe != Fp8Recipe::kNone);
+  MEMSIM_DCHECK(!weight.fp8.weight.empty());  // made with the parameter (MakeFp8Weight)
   auto state = c10::make_intrusive<Fp8LinearState>();
-  state->weight = &weight;
+  state->fp8 = weight.fp8;
+  state->store = weight.store;
+  state->weight_main_grad = weight.main_grad;
+  state->dtype = weight.data.scalar_type();
   if (bias != nullptr) state->bias_main_grad = bias->main_grad;
   state->parallelism = parallelism;
   state->options = options;

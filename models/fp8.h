@@ -15,11 +15,20 @@
 //     a weight's 128x128 blocks: [ceil(R/128), roundup(ceil(C/128), 4)] and its mirror.
 // Tensorwise scaling also makes and drops an fp32 [2] amax and scale per quantization.
 //
-// What runs in FP8: the decoder's TE GEMM modules (linear_qkv and linear_fc1 are
-// LayerNormLinear, linear_proj and linear_fc2 Linear; MTP's eh_proj) outside the bf16
-// first/last layers. Core attention (FP8 attention has no Megatron-LM argument), norms,
-// embeddings, the router and the output layer (Megatron's own ColumnParallelLinear) stay
-// 16-bit.
+// What runs in FP8: the decoder's TE GEMM modules outside the bf16 first/last layers:
+// linear_qkv and linear_fc1 (LayerNormLinear), linear_proj and linear_fc2 (Linear); MLA's
+// down projections (duplicated Linears, each quantizing the norm output itself) and up
+// projections (LayerNormLinears fusing q_layernorm and kv_layernorm); the routed experts
+// (GroupedLinear: per expert, as one quantization of all rows here, one scale where TE has
+// one per expert) and the shared experts (Linear); MTP's eh_proj. Core attention (FP8
+// attention has no Megatron-LM argument), norms, embeddings, the router and the output
+// layer (Megatron's own ColumnParallelLinear) stay 16-bit.
+// MoE: TEGroupedMLP's Fp8Padding copies the experts' rows and probabilities into buffers
+// padded to 16 rows per expert when any expert's count is off the multiple (memsim routes
+// evenly: all experts or none), and Fp8Unpadding copies fc2's output back; fc2 keeps its
+// 16-bit input under moe_act recomputation (which the delayed recipe refuses), the shared
+// experts' fc1 its 16-bit input (but delayed, or recomputed shared experts); MLA's down
+// projections keep theirs under layernorm recomputation (but delayed).
 //
 // Weights (Parameter::fp8):
 //   16-bit parameters: Megatron passes is_first_microbatch, so TE caches one FP8 copy of
@@ -59,9 +68,11 @@
 // all-reduced as in 16 bits); wgrad into main_grad as in 16 bits (Note [Weight gradients]).
 //
 // Not modelled (refused or left out): MXFP8 (Blackwell only; memsim has no Blackwell
-// GPU), FP8 MoE experts (GroupedLinear, Fp8Padding) and multi-latent attention (refused),
-// FP8 attention, the delayed recipe's amax-reduction temporaries (4 bytes per module per
-// step) and the norm kernels' workspaces.
+// GPU), FP8 with the op fuser (its 256-row padding; refused), router padding
+// (--moe-router-padding-for-fp8), FP8 attention, the delayed recipe's amax-reduction
+// temporaries (4 bytes per module per step), per-expert scales beyond one, and the norm
+// kernels' workspaces. MLA's input norm output lives until the attention returns (in TE
+// until both down projections have quantized it).
 #pragma once
 
 #include <ATen/core/Tensor.h>

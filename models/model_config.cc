@@ -225,11 +225,15 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     if (t.precision == Precision::kFp32) {
       return Status::Error("FP8 training needs bf16 or fp16 parameters, got fp32");
     }
-    if (m.num_experts > 0 || m.multi_latent_attention()) {
+    if (t.te_op_fuser) {
       return Status::Error(
-          "FP8 training is modelled for dense attention and MLPs; with MoE experts "
-          "(GroupedLinear, Fp8Padding) or multi-latent attention it is not yet: drop "
-          "--fp8-format to simulate the run in bf16");
+          "FP8 with Transformer Engine's op fuser is not modelled (its fused grouped MLP pads "
+          "to 256 rows); drop one of the two");
+    }
+    if (t.fp8 == Fp8Recipe::kDelayed && t.Recomputes(RecomputeModule::kMoeAct)) {
+      return Status::Error(
+          "moe_act recomputation does not work with the delayed FP8 recipe (as Megatron-Core "
+          "asserts)");
     }
     if (t.fp8_param_gather && t.precision_aware_optimizer) {
       return Status::Error(

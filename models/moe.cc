@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 
+#include "models/fp8.h"
 #include "ops/collectives.h"
 #include "parallel/regions/expert_parallel.h"
 #include "parallel/regions/tensor_parallel.h"
@@ -25,14 +26,51 @@ at::Tensor Activation(const ModelConfig& model, const at::Tensor& x) {
 
 // A grouped GEMM over the local experts' concatenated weights: memory and FLOPs equal one
 // [tokens, in] x [in, out] GEMM against one expert's block (views of the parameter).
-at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t out, bool rows) {
+// In FP8 the block's FP8 data and transpose are views of the experts' (one cached copy per
+// expert, Note [FP8 training]).
+at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t out, bool rows,
+                         const Fp8LinearOptions& fp8 = {}) {
   Parameter block;
   block.name = weight.name;
   block.data = rows ? weight.data.narrow(0, 0, out) : weight.data.narrow(1, 0, out);
   block.main_grad = rows ? weight.main_grad.narrow(0, 0, out) : weight.main_grad.narrow(1, 0, out);
   block.expert = true;
   block.store = weight.store;
-  return Linear(tokens, block, nullptr);
+  block.fp8 = weight.fp8;
+  if (!block.fp8.weight.empty()) {
+    // [rows, cols] data and its [cols, rows] transpose.
+    at::Tensor& data = block.fp8.weight[0];
+    at::Tensor& transpose = block.fp8.weight[1];
+    data = rows ? data.narrow(0, 0, out) : data.narrow(1, 0, out);
+    transpose = rows ? transpose.narrow(1, 0, out) : transpose.narrow(0, 0, out);
+  }
+  return Linear(tokens, block, nullptr, {}, fp8);
+}
+
+// TEGroupedMLP's Fp8Padding in FP8 (alignment 16 for delayed, tensorwise and blockwise):
+// when an expert's row count is off the multiple, every expert's rows and probabilities
+// are copied into a padded buffer (zeros after each expert's rows); memsim routes evenly,
+// so all experts are padded or none is. Returns {rows, probs} padded, or as given.
+constexpr int64_t kFp8RowAlignment = 16;
+std::pair<at::Tensor, at::Tensor> PadForFp8(const at::Tensor& x, const at::Tensor& probs,
+                                            int64_t experts) {
+  const int64_t rows = x.size(0) / experts;
+  const int64_t pad = (kFp8RowAlignment - rows % kFp8RowAlignment) % kFp8RowAlignment;
+  if (pad == 0 || x.size(0) % experts != 0) return {x, probs};
+  const int64_t H = x.size(1);
+  const at::Tensor padded_x =
+      at::cat({x.view({experts, rows, H}), at::zeros({experts, pad, H}, x.options())}, 1);
+  const at::Tensor padded_probs =
+      at::cat({probs.view({experts, rows}), at::zeros({experts, pad}, probs.options())}, 1);
+  return {padded_x.view({-1, H}), padded_probs.view({-1})};
+}
+
+// Fp8Unpadding: the rows of each expert, into a new [rows, H].
+at::Tensor UnpadForFp8(const at::Tensor& h, int64_t experts, int64_t rows) {
+  if (h.size(0) == rows) return h;
+  return h.view({experts, h.size(0) / experts, h.size(1)})
+      .narrow(1, 0, rows / experts)
+      .reshape({rows, h.size(1)});
 }
 
 }  // namespace
@@ -52,7 +90,12 @@ int64_t ReceivedTokens(const ModelConfig& m, int64_t tokens) {
 }
 
 MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
-                                  ParameterStore* store) {
+                                  ParameterStore* store,
+                                  const std::function<void(Parameter*)>& gemm_weight) {
+  const auto gemm = [&gemm_weight](Parameter* weight) {
+    if (gemm_weight) gemm_weight(weight);
+    return weight;
+  };
   const int64_t H = m.hidden_size, local = m.num_experts / p.ep;
   const int64_t fe = m.moe_ffn_hidden_size / p.etp;
   MoeParameters params;
@@ -64,20 +107,21 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
     ModuleScope s("experts");
     {
       ModuleScope f("linear_fc1");
-      params.experts_fc1 = store->Add("weight", {local * Fc1Width(m, fe), H}, /*expert=*/true);
+      params.experts_fc1 =
+          gemm(store->Add("weight", {local * Fc1Width(m, fe), H}, /*expert=*/true));
     }
     ModuleScope f("linear_fc2");
-    params.experts_fc2 = store->Add("weight", {H, local * fe}, /*expert=*/true);
+    params.experts_fc2 = gemm(store->Add("weight", {H, local * fe}, /*expert=*/true));
   }
   if (m.moe_shared_expert_size > 0) {
     ModuleScope s("shared_experts");
     const int64_t fs = m.moe_shared_expert_size / p.tp;
     {
       ModuleScope f("linear_fc1");
-      params.shared_fc1 = store->Add("weight", {Fc1Width(m, fs), H});
+      params.shared_fc1 = gemm(store->Add("weight", {Fc1Width(m, fs), H}));
     }
     ModuleScope f("linear_fc2");
-    params.shared_fc2 = store->Add("weight", {H, fs});
+    params.shared_fc2 = gemm(store->Add("weight", {H, fs}));
   }
   return params;
 }
@@ -284,15 +328,21 @@ Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens)
 // -2.70% with the fused kernel's tensors, while the op fuser's case reads -0.51% with them
 // and +0.99% this way. What the unfused form stands in for is not identified (no GPU trace).
 at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
-                   MoeParameters& params, const at::Tensor& x, const at::Tensor& probs) {
+                   MoeParameters& params, const at::Tensor& unpadded_x,
+                   const at::Tensor& unpadded_probs) {
   ModuleScope e("experts");
   const int64_t fe = m.moe_ffn_hidden_size / p.etp;
+  const int64_t local = m.num_experts / p.ep;
+  const bool fp8 = params.experts_fc1->fp8.recipe != Fp8Recipe::kNone;
+  auto [x, probs] = fp8 ? PadForFp8(unpadded_x, unpadded_probs, local)
+                        : std::pair<at::Tensor, at::Tensor>{unpadded_x, unpadded_probs};
   at::Tensor h;
   {
     ModuleScope f("linear_fc1");
     h = GroupedLinear(x, *params.experts_fc1, Fc1Width(m, fe), /*rows=*/true);
   }
-  const at::ScalarType dtype = x.scalar_type();
+  x.reset();
+  const at::ScalarType dtype = unpadded_x.scalar_type();
   auto weighted_activation = [&m, dtype,
                               op_fuser = t.te_op_fuser](const std::vector<at::Tensor>& in) {
     if (op_fuser) {  // TE's ScaledSwiGLU; the scales in the activation dtype
@@ -308,9 +358,15 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   } else {
     h = weighted_activation({h, probs})[0];
   }
+  probs.reset();
   ModuleScope f("linear_fc2");
-  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false);  // [N, H]
+  // Under moe_act recomputation fc2 keeps its 16-bit input, which the recomputation
+  // restores (experts.py: set_save_original_input).
+  Fp8LinearOptions fc2_fp8;
+  fc2_fp8.save_original_input = activation_checkpoint.has_value();
+  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false, fc2_fp8);  // [N, H]
   if (activation_checkpoint) activation_checkpoint->DiscardOutputAndRegisterRecompute(h);
+  if (fp8) h = UnpadForFp8(h, local, unpadded_x.size(0));
   if (!t.moe_grouped_gemm && m.num_experts / p.ep > 1) h = h.clone();  // torch.cat
   return h;
 }
@@ -329,11 +385,16 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     // Shared experts run first, on the same input, over the attention tp group.
     ModuleScope s("shared_experts");
     // Captures what outlives the forward: the recomputation runs in backward.
-    auto shared_experts = [&m, &params, tp = p.tp](const std::vector<at::Tensor>& in) {
+    // In FP8 (but delayed) fc1 keeps its 16-bit input, the norm's output the router holds
+    // anyway, unless the shared experts are recomputed (shared_experts.py).
+    Fp8LinearOptions fc1_fp8;
+    fc1_fp8.save_original_input =
+        t.fp8 != Fp8Recipe::kDelayed && !t.Recomputes(RecomputeModule::kSharedExperts);
+    auto shared_experts = [&m, &params, tp = p.tp, fc1_fp8](const std::vector<at::Tensor>& in) {
       at::Tensor h;
       {
         ModuleScope f("linear_fc1");
-        h = Linear(in[0], *params.shared_fc1, nullptr);
+        h = Linear(in[0], *params.shared_fc1, nullptr, {}, fc1_fp8);
       }
       h = Activation(m, h);
       ModuleScope f("linear_fc2");

@@ -33,6 +33,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "models/layers.h"
 #include "models/model_config.h"
 #include "models/parameters.h"
@@ -58,8 +60,12 @@ struct MoeParameters {
 };
 
 // Creates the MoE layer's parameters under the current module ("mlp").
+// `gemm_weight`, when set, is called on each GEMM weight of the experts and shared experts
+// (not the router) right after it is made, in its module's scope (FP8 modules: Note [FP8
+// training] in fp8.h).
 MoeParameters CreateMoeParameters(const ModelConfig& model, const MoeParallelism& parallel,
-                                  ParameterStore* store);
+                                  ParameterStore* store,
+                                  const std::function<void(Parameter*)>& gemm_weight = {});
 
 // Tokens dispatched and received by one rank, as above.
 int64_t DispatchedTokens(const ModelConfig& model, int64_t tokens);

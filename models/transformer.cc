@@ -142,6 +142,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
         {
           ModuleScope q("linear_q_down_proj");
           layer.q_down_weight = store->Add("weight", {Q, H});
+          MakeFp8(layer.q_down_weight, fp8);
         }
         {
           ModuleScope q("q_layernorm");
@@ -152,10 +153,12 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       {
         ModuleScope q(Q > 0 ? "linear_q_up_proj" : "linear_q_proj");
         layer.q_up_weight = store->Add("weight", {A * D / tp, Q > 0 ? Q : H});
+        MakeFp8(layer.q_up_weight, fp8);
       }
       {
         ModuleScope kv("linear_kv_down_proj");
         layer.kv_down_weight = store->Add("weight", {R + model_.qk_pos_emb_head_dim, H});
+        MakeFp8(layer.kv_down_weight, fp8);
       }
       {
         ModuleScope kv("kv_layernorm");
@@ -165,6 +168,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       ModuleScope kv("linear_kv_up_proj");
       layer.kv_up_weight =
           store->Add("weight", {A * (model_.qk_head_dim + model_.v_head_dim) / tp, R});
+      MakeFp8(layer.kv_up_weight, fp8);
     } else {
       ModuleScope q("linear_qkv");
       layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D / tp, H});
@@ -191,7 +195,10 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   ModuleScope s("mlp");
   layer.moe = model_.moe_layer(index);
   if (layer.moe) {
-    layer.experts = CreateMoeParameters(model_, {shard_.ep, shard_.etp, shard_.tp}, store);
+    std::function<void(Parameter*)> gemm_weight;
+    if (fp8) gemm_weight = [this](Parameter* weight) { MakeFp8(weight, true); };
+    layer.experts =
+        CreateMoeParameters(model_, {shard_.ep, shard_.etp, shard_.tp}, store, gemm_weight);
     return layer;
   }
   {
@@ -287,11 +294,16 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   const int64_t tp = shard_.tp, rope = model_.qk_pos_emb_head_dim, R = model_.kv_lora_rank;
   // The down projections are Transformer Engine's "duplicated" linears: every rank holds
   // the whole weight and projects its own (sequence-parallel) slice, with no communication.
+  // In FP8 (but delayed) the down projections keep the input norm's 16-bit output when
+  // the layernorm recompute module discards it (transformer_layer.py).
+  Fp8LinearOptions down_fp8;
+  down_fp8.save_original_input =
+      training_.Recomputes(RecomputeModule::kLayerNorm) && training_.fp8 != Fp8Recipe::kDelayed;
   at::Tensor q_compressed = ln_out;
   if (model_.q_lora_rank > 0) {
     {
       ModuleScope s("linear_q_down_proj");
-      q_compressed = Linear(ln_out, *layer.q_down_weight, nullptr);  // [S', B, Q]
+      q_compressed = Linear(ln_out, *layer.q_down_weight, nullptr, {}, down_fp8);  // [S', B, Q]
     }
     ModuleScope s("q_layernorm");
     q_compressed = Norm(q_compressed, layer.q_norm_weight, layer.q_norm_bias);
@@ -299,7 +311,8 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   at::Tensor kv_combined;
   {
     ModuleScope s("linear_kv_down_proj");
-    kv_combined = Linear(ln_out, *layer.kv_down_weight, nullptr);  // [S', B, R + rope]
+    kv_combined =
+        Linear(ln_out, *layer.kv_down_weight, nullptr, {}, down_fp8);  // [S', B, R + rope]
   }
   auto latent = kv_combined.split({R, rope}, -1);
   kv_combined.reset();
@@ -312,30 +325,38 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   }
   latent.clear();
   if (up_projection_checkpoint == nullptr) {
-    return LatentUpProjection(layer, std::move(q_compressed), std::move(kv_compressed), k_pos_emb);
+    return LatentUpProjection(layer, std::move(q_compressed), std::move(kv_compressed), k_pos_emb,
+                              /*norm_outputs_owned=*/true);
   }
+  // The checkpoint keeps the norms' outputs as its inputs.
   return up_projection_checkpoint->Run(
       [this, &layer](const std::vector<at::Tensor>& in) {
-        return LatentUpProjection(layer, in[0], in[1], in[2]);
+        return LatentUpProjection(layer, in[0], in[1], in[2], /*norm_outputs_owned=*/false);
       },
       {q_compressed, kv_compressed, k_pos_emb});
 }
 
 std::vector<at::Tensor> TransformerModel::LatentUpProjection(Layer& layer, at::Tensor q_compressed,
                                                              at::Tensor kv_compressed,
-                                                             const at::Tensor& k_pos_emb) {
+                                                             const at::Tensor& k_pos_emb,
+                                                             bool norm_outputs_owned) {
+  // Transformer Engine's up projections are LayerNormLinears fusing q_layernorm and
+  // kv_layernorm: in FP8 the norms' outputs live only until quantized.
+  const Fp8LinearOptions fused =
+      norm_outputs_owned ? Fp8LinearOptions::LayerNormLinear() : Fp8LinearOptions();
   const int64_t A = model_.num_attention_heads / shard_.tp;
   const int64_t qk = model_.qk_head_dim, rope = model_.qk_pos_emb_head_dim;
   const int64_t vd = model_.v_head_dim;
   at::Tensor q, kv;
   {
     ModuleScope s(model_.q_lora_rank > 0 ? "linear_q_up_proj" : "linear_q_proj");
-    q = Linear(q_compressed, *layer.q_up_weight, nullptr, ColumnParallel());
+    q = Linear(q_compressed, *layer.q_up_weight, nullptr, ColumnParallel(),
+               model_.q_lora_rank > 0 ? fused : Fp8LinearOptions());
   }
   q_compressed.reset();
   {
     ModuleScope s("linear_kv_up_proj");
-    kv = Linear(kv_compressed, *layer.kv_up_weight, nullptr, ColumnParallel());
+    kv = Linear(kv_compressed, *layer.kv_up_weight, nullptr, ColumnParallel(), fused);
   }
   kv_compressed.reset();
   const int64_t S = q.size(0), B = q.size(1);

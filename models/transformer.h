@@ -260,9 +260,11 @@ class TransformerModel {
   std::vector<at::Tensor> LatentQueryKeyValue(Layer& layer, const at::Tensor& ln_out,
                                               CheckpointWithoutOutput* up_projection_checkpoint);
   // qkv_up_proj_and_rope_apply on the compressed query and key-value and the key's
-  // positional part.
+  // positional part. `norm_outputs_owned`: nothing else holds the compressed tensors (the
+  // q and kv norms' outputs), so FP8 up projections may free them once quantized.
   std::vector<at::Tensor> LatentUpProjection(Layer& layer, at::Tensor q_compressed,
-                                             at::Tensor kv_compressed, const at::Tensor& k_pos_emb);
+                                             at::Tensor kv_compressed, const at::Tensor& k_pos_emb,
+                                             bool norm_outputs_owned);
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
   // linear_proj or linear_fc2: a row-parallel linear, its output reduced over tp (with
   // sequence parallelism an FP8 linear reduce-scatters it itself).

@@ -211,6 +211,41 @@ TEST(Allocations, UserbuffersTakeTheSequenceParallelGathers) {
   }
 }
 
+// Fp8Padding (Note [FP8 training]): with two local experts of 200 rows each (s*b*topk/E =
+// 200*1*2/2, off the multiple of 16) the experts' rows are copied into [2, 208, h] and
+// their probabilities into [2, 208] before fc1; with 256 rows each nothing is copied.
+TEST(Moe, Fp8PaddingCopiesRowsOnlyWhenAnExpertIsOffTheMultiple) {
+  for (const int64_t seq : {200, 256}) {
+    ModelConfig m = test::Llama(1, 256, 4, 4, 512, 1024);
+    m.num_experts = 2;
+    m.moe_router_topk = 2;
+    ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t;
+    t.seq_length = seq;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.moe_grouped_gemm = true;
+    t.fp8 = Fp8Recipe::kTensorwise;
+    ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+    Session session;
+    ActiveSession active(session);
+    ParameterStore store(t.precision);
+    TransformerModel transformer(m, t, ModelShard::Whole(m), &store);
+    store.AllocateGradBuffer();
+    session.SetPhase(Phase::kForward);
+    at::Tensor loss = transformer.Forward();
+    std::vector<std::vector<int64_t>> padded;
+    const Recorder& r = session.recorder();
+    for (const StorageInfo& info : r.storages()) {
+      if (r.names().Name(info.op) == "aten::cat") padded.push_back(r.ShapeOf(info).vec());
+    }
+    const std::vector<std::vector<int64_t>> expected =
+        seq == 200 ? std::vector<std::vector<int64_t>>{{2, 208, 256}, {2, 208}}
+                   : std::vector<std::vector<int64_t>>{};
+    EXPECT_EQ(padded, expected) << "seq " << seq;
+  }
+}
+
 // --distribute-saved-activations with TP 2 (no sequence parallelism): each checkpointed
 // layer keeps half of its input, sbh bytes instead of 2sbh; the input's full storage goes
 // (nothing else holds the previous layer's output).

@@ -664,6 +664,20 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   llama_userbuffers.name += ", fp8 tensorwise";
   llama_userbuffers.training.fp8 = Fp8Recipe::kTensorwise;
   cases.push_back(llama_userbuffers);
+  // FP8 experts (rows padded for FP8: 2*256*2/2 = 512 rows over 2 local experts need none;
+  // 3 experts' 1536/3... see PadForFp8) and shared experts, and MLA's FP8 projections.
+  Case moe_fp8 = moe_modules;
+  moe_fp8.name = "moe, fp8 tensorwise, recompute modules";
+  moe_fp8.training.fp8 = Fp8Recipe::kTensorwise;
+  cases.push_back(moe_fp8);
+  Case mla_fp8 = mla;
+  mla_fp8.name = "mla, fp8 blockwise, recompute modules";
+  mla_fp8.training.fp8 = Fp8Recipe::kBlockwise;
+  cases.push_back(mla_fp8);
+  mla_fp8.name = "mla, fp8 delayed";
+  mla_fp8.training.fp8 = Fp8Recipe::kDelayed;
+  mla_fp8.training.recompute = RecomputeKind::kNone;
+  cases.push_back(mla_fp8);
   for (Case& c : cases) {
     c.training.num_microbatches = 4;
     ASSERT_TRUE(ValidateTrainingConfig(c.training, c.model).ok()) << c.name;

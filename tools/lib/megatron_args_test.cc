@@ -598,11 +598,15 @@ TEST(MegatronArgs, Fp8Training) {
           .message(),
       "first and last layers in bf16 do not work with the delayed FP8 recipe (as "
       "Megatron-Core asserts)");
-  EXPECT_EQ(
-      FinalizeRunSpec(Parse(base + "--fp8-format hybrid --num-experts 4", 1).spec, &run).message(),
-      "FP8 training is modelled for dense attention and MLPs; with MoE experts "
-      "(GroupedLinear, Fp8Padding) or multi-latent attention it is not yet: drop "
-      "--fp8-format to simulate the run in bf16");
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--fp8-format hybrid --num-experts 4 --moe-grouped-gemm "
+                                         "--recompute-granularity selective "
+                                         "--recompute-modules moe_act",
+                                  1)
+                                .spec,
+                            &run)
+                .message(),
+            "moe_act recomputation does not work with the delayed FP8 recipe (as Megatron-Core "
+            "asserts)");
 }
 
 // --tp-comm-overlap (Note [Userbuffers]): its all-gather and bulk overlaps, each on by
