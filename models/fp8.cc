@@ -106,18 +106,13 @@ void AddTranspose(Fp8Tensor& q, Fp8Recipe recipe) {
   }
 }
 
-// TE's weight for the GEMMs, [N, K]: the FP8 parameter, or the cached FP8 copy; made
-// on first use.
-const at::Tensor& Fp8WeightData(Parameter& weight) {
-  Fp8Module& module = weight.fp8;
-  if (module.weight.empty()) {
-    CategoryScope category(Category::kParameter);
-    const Fp8Tensor q = Quantize(weight.data.size(0), weight.data.size(1), module.recipe, true,
-                                 true, /*weight=*/true);
-    module.weight = {q.data, q.transpose, q.scale_inv};
-    if (q.columnwise_scale_inv.defined()) module.weight.push_back(q.columnwise_scale_inv);
-  }
-  return module.weight[0];
+// The module's FP8 weight, [rows, cols] with its transpose and scales: the FP8
+// parameter, or TE's cached FP8 copy.
+void CreateFp8Weight(Fp8Module& module, int64_t rows, int64_t cols) {
+  CategoryScope category(Category::kParameter);
+  const Fp8Tensor q = Quantize(rows, cols, module.recipe, true, true, /*weight=*/true);
+  module.weight = {q.data, q.transpose, q.scale_inv};
+  if (q.columnwise_scale_inv.defined()) module.weight.push_back(q.columnwise_scale_inv);
 }
 
 // The delayed recipe's state (init_fp8_metadata; forward slots for input, weight and
@@ -161,8 +156,11 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     Fp8Tensor kept;
     at::Tensor out;
     if (options.save_original_input) {
+      // A transient quantization (gathered in FP8 under sequence parallelism).
       const Fp8Tensor q = Quantize(input, recipe, /*rowwise=*/true, /*columnwise=*/false);
-      out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
+      const Fp8Tensor total =
+          gather > 1 ? GatherRowwise(q, recipe, gather, state->parallelism.userbuffer_gather) : q;
+      out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
     } else if (gather > 1) {
       kept = Quantize(input, recipe, true, /*columnwise=*/blockwise);
       release_norm_output();
@@ -224,7 +222,12 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
 
     // The input the weight gradient reads, columnwise.
     Fp8Tensor total_input;
-    if (original_input.defined()) {
+    if (original_input.defined() && gather > 1) {
+      // Quantized again as forward would have kept it, then gathered like that.
+      kept = Quantize(original_input, recipe, /*rowwise=*/true, /*columnwise=*/blockwise);
+      if (blockwise) kept.DropRowwise(recipe);
+    }
+    if (original_input.defined() && gather <= 1) {
       total_input = Quantize(original_input, recipe, /*rowwise=*/!blockwise, true);
     } else if (gather > 1 && !blockwise) {
       // Waited for after the dgrad GEMM.
@@ -253,7 +256,7 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
       dgrad = Fp8Gemm(go.data, weight_data, state->dtype);
     }
     dgrad = dgrad.view(total_sizes);
-    if (gather > 1 && !blockwise && !original_input.defined()) AddTranspose(total_input, recipe);
+    if (gather > 1 && !blockwise) AddTranspose(total_input, recipe);
     at::Tensor grad_input = dgrad;
     if (gather > 1) {
       grad_input = ReduceScatter(dgrad, gather);
@@ -287,7 +290,7 @@ void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t 
   weight->fp8.fp8_param = fp8_param;
   weight->fp8.amax_history_len = amax_history_len;
   // Made here rather than in the module's first forward (Note [FP8 training]).
-  Fp8WeightData(*weight);
+  CreateFp8Weight(weight->fp8, weight->data.size(0), weight->data.size(1));
   InitScalingState(weight->fp8);
   // quantized_model_init: the 16-bit weight TE initialised (a host copy is kept for the
   // optimizer's masters) quantized with its transpose, then freed on the GPU.
