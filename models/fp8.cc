@@ -155,12 +155,12 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     };
     Fp8Tensor kept;
     at::Tensor out;
+    // Megatron keeps the 16-bit input only of linears that gather nothing (linear_proj, the
+    // experts' fc2, the shared experts' fc1, MLA's down projections).
+    MEMSIM_DCHECK(!options.save_original_input || gather == 1);
     if (options.save_original_input) {
-      // A transient quantization (gathered in FP8 under sequence parallelism).
       const Fp8Tensor q = Quantize(input, recipe, /*rowwise=*/true, /*columnwise=*/false);
-      const Fp8Tensor total =
-          gather > 1 ? GatherRowwise(q, recipe, gather, state->parallelism.userbuffer_gather) : q;
-      out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
+      out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
     } else if (gather > 1) {
       kept = Quantize(input, recipe, true, /*columnwise=*/blockwise);
       release_norm_output();
@@ -222,12 +222,7 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
 
     // The input the weight gradient reads, columnwise.
     Fp8Tensor total_input;
-    if (original_input.defined() && gather > 1) {
-      // Quantized again as forward would have kept it, then gathered like that.
-      kept = Quantize(original_input, recipe, /*rowwise=*/true, /*columnwise=*/blockwise);
-      if (blockwise) kept.DropRowwise(recipe);
-    }
-    if (original_input.defined() && gather <= 1) {
+    if (original_input.defined()) {
       total_input = Quantize(original_input, recipe, /*rowwise=*/!blockwise, true);
     } else if (gather > 1 && !blockwise) {
       // Waited for after the dgrad GEMM.
