@@ -54,7 +54,9 @@ Fp8Tensor Quantize(int64_t rows, int64_t cols, Fp8Recipe recipe, bool rowwise, b
   if (columnwise) q.transpose = Fp8Bytes(cols, rows);
   if (recipe != Fp8Recipe::kBlockwise) {
     q.scale_inv = Fp32({1});
-    if (recipe == Fp8Recipe::kTensorwise) Fp32({2});  // the amax and scale, dropped
+    // Tensorwise: the amax and scale of this quantization, dropped after it.
+    [[maybe_unused]] const at::Tensor amax_and_scale =
+        recipe == Fp8Recipe::kTensorwise ? Fp32({2}) : at::Tensor();
     return q;
   }
   if (rowwise) {
@@ -87,11 +89,11 @@ Fp8Tensor GatherRowwise(const Fp8Tensor& shard, Fp8Recipe recipe, int64_t group,
   total.data = AllGather(shard.data, group);
   if (recipe == Fp8Recipe::kBlockwise) {
     // The full rowwise scales, gathered through a temporary of the same size.
-    [[maybe_unused]] const at::Tensor interleaved =
-        AllGather(shard.scale_inv.t().contiguous(), group);
+    [[maybe_unused]] const at::Tensor interleaved = AllGather(shard.scale_inv, group);
     total.scale_inv = Fp32({shard.scale_inv.size(0), shard.scale_inv.size(1) * group});
   } else {
-    Fp32({1});  // make_empty's scale_inv, replaced by the shard's
+    // make_empty's scale_inv, replaced by the shard's.
+    [[maybe_unused]] const at::Tensor replaced_scale = Fp32({1});
     total.scale_inv = shard.scale_inv;
   }
   return total;
@@ -118,7 +120,7 @@ void CreateFp8Weight(Fp8Module& module, int64_t rows, int64_t cols) {
 // The delayed recipe's state (init_fp8_metadata; forward slots for input, weight and
 // output, backward slots for two gradients).
 void InitScalingState(Fp8Module& module) {
-  if (module.recipe != Fp8Recipe::kDelayed || !module.scaling_state.empty()) return;
+  if (module.recipe != Fp8Recipe::kDelayed) return;
   CategoryScope category(Category::kParameter);
   for (int64_t slots : {3, 2}) {
     module.scaling_state.push_back(Fp32({slots}));
@@ -198,25 +200,22 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     const Fp8LinearOptions& options = state->options;
     const LinearParallelism& parallelism = state->parallelism;
     const int64_t gather = parallelism.gather_input_group;
-    variable_list saved = ctx->get_saved_variables();
-    Fp8Tensor kept{saved[0], saved[1], saved[2], saved[3]};
-    const at::Tensor original_input = saved[4];
-    saved.clear();
+    // Autograd holds the saved tensors and the 16-bit output gradient until this returns.
+    const variable_list saved = ctx->get_saved_variables();
+    const Fp8Tensor kept{saved[0], saved[1], saved[2], saved[3]};
+    const at::Tensor& original_input = saved[4];
 
     // The output gradient, quantized both ways.
-    at::Tensor grad_output = grads[0];
-    grads.clear();
+    const at::Tensor& grad_output = grads[0];
     Fp8Tensor go;
     if (options.reduce_scatter_output_group > 1) {
       Fp8Tensor local = Quantize(grad_output, recipe, true, false);
-      grad_output.reset();
       go = GatherRowwise(local, recipe, options.reduce_scatter_output_group,
                          parallelism.userbuffer_gather);
       local = {};
       AddTranspose(go, recipe);
     } else {
       go = Quantize(grad_output, recipe, true, true);
-      grad_output.reset();
     }
     const int64_t N = go.data.size(1);
 
@@ -228,15 +227,17 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
       // Waited for after the dgrad GEMM.
       total_input = GatherRowwise(kept, recipe, gather, parallelism.userbuffer_bulk_dgrad);
     } else if (gather > 1) {
-      // The columnwise shards gathered through an interleaved temporary.
-      [[maybe_unused]] const at::Tensor interleaved =
-          AllGather(kept.transpose.t().contiguous(), gather);
-      total_input.transpose = Fp8Bytes(kept.transpose.size(0), kept.transpose.size(1) * gather);
-      total_input.columnwise_scale_inv = kept.columnwise_scale_inv;
+      // The columnwise shards and their scales gathered through interleaved temporaries
+      // (the gathered shards lie along the columns of [K, M]).
+      [[maybe_unused]] const at::Tensor interleaved = AllGather(kept.transpose, gather);
+      [[maybe_unused]] const at::Tensor interleaved_scales =
+          AllGather(kept.columnwise_scale_inv, gather);
+      const int64_t K = kept.transpose.size(0), M = kept.transpose.size(1) * gather;
+      total_input.transpose = Fp8Bytes(K, M);
+      total_input.columnwise_scale_inv = Fp32({CeilDiv(M, kBlock), RoundUp(K, 4)});
     } else {
       total_input = kept;
     }
-    kept = {};
 
     // dgrad [M, K], reduced over the tensor-parallel group as in 16 bits.
     const at::Tensor& weight_data = state->fp8.weight[0];  // [N, K]
@@ -260,18 +261,20 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     }
 
     // wgrad: into main_grad in place, or a new 16-bit gradient the DDP hook adds.
-    ParameterStore* store = state->store;
-    const at::Tensor input_operand = total_input.Operand();
-    const auto options16 = at::TensorOptions().device(at::kMeta).dtype(state->dtype);
-    const std::vector<int64_t> weight_sizes = {weight_data.size(0), weight_data.size(1)};
-    if (store->gradient_accumulation_fusion()) {
+    const at::Tensor input_operand = total_input.Operand();  // [M, K]
+    if (state->store->gradient_accumulation_fusion()) {
       WgradGemmAccumulate(state->weight_main_grad, input_operand, go.Operand());
-      if (state->weight_main_grad.defined()) store->DummyWgrad(weight_sizes);
+      if (state->weight_main_grad.defined()) {
+        state->store->DummyWgrad({weight_data.size(0), weight_data.size(1)});
+      }
     } else {
-      AccumulateIntoMainGrad(state->weight_main_grad, at::empty(weight_sizes, options16));
+      AccumulateIntoMainGrad(state->weight_main_grad,
+                             Fp8Gemm(go.Operand().t(), input_operand, state->dtype));
     }
     if (state->bias_main_grad.defined()) {
-      AccumulateIntoMainGrad(state->bias_main_grad, at::empty({N}, options16));
+      AccumulateIntoMainGrad(
+          state->bias_main_grad,
+          at::empty({N}, at::TensorOptions().device(at::kMeta).dtype(state->dtype)));
     }
     return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -304,6 +307,10 @@ at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias
   if (bias != nullptr) state->bias_main_grad = bias->main_grad;
   state->parallelism = parallelism;
   state->options = options;
+  // Transformer Engine refuses save_original_input with the delayed recipe, and Megatron
+  // asks for it only with the others.
+  state->options.save_original_input =
+      options.save_original_input && weight.fp8.recipe != Fp8Recipe::kDelayed;
   return Fp8LinearFunction::apply(
       input, weight.data, bias != nullptr ? c10::optional<at::Tensor>(bias->data) : c10::nullopt,
       std::move(state));
@@ -322,7 +329,9 @@ void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, Fp8Recip
   }
   // Each shard's cast writes its FP8 bytes into the parameter buffer and makes a transpose
   // of the shard it drops (the full transpose is rebuilt in place after the all-gather).
-  for (const at::Tensor& copy : copies) Fp8Bytes(1, copy.numel());
+  for (const at::Tensor& copy : copies) {
+    [[maybe_unused]] const at::Tensor shard_transpose = Fp8Bytes(1, copy.numel());
+  }
 }
 
 }  // namespace memsim

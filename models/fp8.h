@@ -15,14 +15,16 @@
 //     a weight's 128x128 blocks: [ceil(R/128), roundup(ceil(C/128), 4)] and its mirror.
 // Tensorwise scaling also makes and drops an fp32 [2] amax and scale per quantization.
 //
-// What runs in FP8: the decoder's TE GEMM modules outside the bf16 first/last layers:
+// What runs in FP8: the decoder's TE GEMM modules outside the bf16 first/last layers
+// (counted from the whole model's first and last layer, as is_first_last_bf16_layer does):
 // linear_qkv and linear_fc1 (LayerNormLinear), linear_proj and linear_fc2 (Linear); MLA's
 // down projections (duplicated Linears, each quantizing the norm output itself) and up
 // projections (LayerNormLinears fusing q_layernorm and kv_layernorm); the routed experts
 // (GroupedLinear: per expert, as one quantization of all rows here, one scale where TE has
 // one per expert) and the shared experts (Linear); MTP's eh_proj. Core attention (FP8
 // attention has no Megatron-LM argument), norms, embeddings, the router and the output
-// layer (Megatron's own ColumnParallelLinear) stay 16-bit.
+// layer (Megatron's own ColumnParallelLinear) stay 16-bit. TE also asserts FP8 GEMM shapes
+// (rows a multiple of 8, inner dimension of 16): FinalizeRunSpec refuses others.
 // MoE: TEGroupedMLP's Fp8Padding copies the experts' rows and probabilities into buffers
 // padded to 16 rows per expert when any expert's count is off the multiple (memsim routes
 // evenly: all experts or none), and Fp8Unpadding copies fc2's output back; fc2 keeps its
@@ -89,7 +91,7 @@ namespace memsim {
 void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t amax_history_len);
 
 // TE's Linear in FP8: y = x W^T (+ b), as Note [FP8 training] says.
-// REQUIRES: weight.fp8 != kNone.
+// REQUIRES: `weight` was made an FP8 module's by MakeFp8Weight; `options`' REQUIRES.
 at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                      const LinearParallelism& parallelism, const Fp8LinearOptions& options);
 

@@ -79,9 +79,12 @@ struct LinearParallelism {
 // group (Note [FP8 training] in fp8.h); ignored by 16-bit linears.
 struct Fp8LinearOptions {
   // LayerNormLinear: the input is the fused norm's output, which lives only until it is
-  // quantized.
+  // quantized. REQUIRES: the input owns its whole storage, which nothing else reads.
   bool input_is_fused_norm_output = false;
-  // Megatron's save_original_input (linear_proj, every recipe but delayed).
+  // Megatron's save_original_input (linear_proj, the experts' fc2 under moe_act
+  // recomputation, the shared experts' fc1, MLA's down projections under layernorm
+  // recomputation): the 16-bit input is kept instead of an FP8 copy; ignored with the
+  // delayed recipe. REQUIRES: the linear gathers nothing (gather_input_group == 1).
   bool save_original_input = false;
   // Row-parallel with sequence parallelism: TE reduce-scatters the output over this group
   // (1: the caller reduces it).

@@ -240,20 +240,27 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "FP8 parameters with the precision-aware optimizer are not modelled (Transformer "
           "Engine's FusedAdam casting into them); drop one of the two");
     }
-    if (t.fp8_amax_history_len < 1) {
-      return Status::Error("fp8_amax_history_len must be at least 1, got " +
-                           Str(t.fp8_amax_history_len));
+    // Transformer Engine's own default is 1024; a history is [L, slots] fp32 per module.
+    constexpr int64_t kMaxAmaxHistory = int64_t{1} << 20;
+    if (t.fp8_amax_history_len < 1 || t.fp8_amax_history_len > kMaxAmaxHistory) {
+      return Status::Error("fp8_amax_history_len must be between 1 and " + Str(kMaxAmaxHistory) +
+                           ", got " + Str(t.fp8_amax_history_len));
     }
-    if (t.fp8_bf16_layers_at_start < 0 || t.fp8_bf16_layers_at_end < 0) {
-      return Status::Error("the numbers of bf16 layers at the start and end must be >= 0");
+    const int64_t start = t.fp8_bf16_layers_at_start, end = t.fp8_bf16_layers_at_end;
+    if (start < 0 || end < 0 || start > m.num_layers || end > m.num_layers - start) {
+      return Status::Error("the bf16 layers at the start (" + Str(start) + ") and end (" +
+                           Str(end) + ") must be >= 0 and together at most the model's " +
+                           Str(m.num_layers) + " layers");
     }
-    if (t.fp8 == Fp8Recipe::kDelayed && t.fp8_bf16_layers_at_start + t.fp8_bf16_layers_at_end > 0) {
+    if (t.fp8 == Fp8Recipe::kDelayed && (start != 0 || end != 0)) {
       return Status::Error(
           "first and last layers in bf16 do not work with the delayed FP8 recipe (as "
           "Megatron-Core asserts)");
     }
-  } else if (t.fp8_param_gather || t.fp8_bf16_layers_at_start + t.fp8_bf16_layers_at_end > 0) {
-    return Status::Error("FP8 parameters and bf16 first/last layers need FP8 training (fp8)");
+  } else if (t.fp8_param_gather) {
+    return Status::Error("FP8 parameters (fp8_param_gather) need FP8 training (fp8)");
+  } else if (t.fp8_bf16_layers_at_start != 0 || t.fp8_bf16_layers_at_end != 0) {
+    return Status::Error("bf16 first and last layers need FP8 training (fp8)");
   }
   if (t.tp_comm_overlap) {
     if (t.profile != ProfileKind::kTransformerEngine) {

@@ -385,11 +385,10 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     // Shared experts run first, on the same input, over the attention tp group.
     ModuleScope s("shared_experts");
     // Captures what outlives the forward: the recomputation runs in backward.
-    // In FP8 (but delayed) fc1 keeps its 16-bit input, the norm's output the router holds
-    // anyway, unless the shared experts are recomputed (shared_experts.py).
+    // In FP8 fc1 keeps its 16-bit input, the norm's output the router holds anyway, unless
+    // the shared experts are recomputed (shared_experts.py).
     Fp8LinearOptions fc1_fp8;
-    fc1_fp8.save_original_input =
-        t.fp8 != Fp8Recipe::kDelayed && !t.Recomputes(RecomputeModule::kSharedExperts);
+    fc1_fp8.save_original_input = !t.Recomputes(RecomputeModule::kSharedExperts);
     auto shared_experts = [&m, &params, tp = p.tp, fc1_fp8](const std::vector<at::Tensor>& in) {
       at::Tensor h;
       {

@@ -46,9 +46,9 @@ struct Fp8Module {
   Fp8Recipe recipe = Fp8Recipe::kNone;
   bool fp8_param = false;  // --fp8-param-gather: the parameter itself is FP8
   int64_t amax_history_len = 1;
-  // The FP8 weight (data, transpose, scales: TE's cached copy, made in the module's first
-  // forward, or the FP8 parameter, whose 16-bit `data` then has no storage); then the
-  // delayed recipe's scales and amax histories.
+  // The FP8 weight (data, transpose, scales: TE's cached copy, or the FP8 parameter, whose
+  // 16-bit `data` then has no storage), made with the parameter; the delayed recipe's
+  // scales and amax histories.
   std::vector<at::Tensor> weight;
   std::vector<at::Tensor> scaling_state;
 };

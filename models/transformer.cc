@@ -235,13 +235,9 @@ LinearParallelism TransformerModel::ColumnParallel() const {
   return p;
 }
 
-bool TransformerModel::Userbuffers() const {
-  return training_.tp_comm_overlap && shard_.sequence_parallel && shard_.tp > 1;
-}
-
 LinearParallelism TransformerModel::UserbufferColumnParallel() const {
   LinearParallelism p = ColumnParallel();
-  if (Userbuffers()) {
+  if (UsesUserbuffers(training_, shard_)) {
     p.userbuffer_gather = training_.tp_comm_overlap_ag;
     p.userbuffer_bulk_dgrad = training_.tp_comm_bulk_dgrad;
     p.userbuffer_bulk_wgrad = training_.tp_comm_bulk_wgrad;
@@ -294,11 +290,10 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   const int64_t tp = shard_.tp, rope = model_.qk_pos_emb_head_dim, R = model_.kv_lora_rank;
   // The down projections are Transformer Engine's "duplicated" linears: every rank holds
   // the whole weight and projects its own (sequence-parallel) slice, with no communication.
-  // In FP8 (but delayed) the down projections keep the input norm's 16-bit output when
-  // the layernorm recompute module discards it (transformer_layer.py).
+  // In FP8 the down projections keep the input norm's 16-bit output when the layernorm
+  // recompute module discards it (transformer_layer.py).
   Fp8LinearOptions down_fp8;
-  down_fp8.save_original_input =
-      training_.Recomputes(RecomputeModule::kLayerNorm) && training_.fp8 != Fp8Recipe::kDelayed;
+  down_fp8.save_original_input = training_.Recomputes(RecomputeModule::kLayerNorm);
   at::Tensor q_compressed = ln_out;
   if (model_.q_lora_rank > 0) {
     {
@@ -412,11 +407,12 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
 at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Parameter& weight,
                                                bool save_original_input) {
   Fp8LinearOptions fp8;
-  fp8.save_original_input = save_original_input && training_.fp8 != Fp8Recipe::kDelayed;
+  fp8.save_original_input = save_original_input;
   if (shard_.sequence_parallel) fp8.reduce_scatter_output_group = shard_.tp;
   // The backward's all-gather of the output gradient may land in a userbuffer.
   LinearParallelism parallelism;
-  parallelism.userbuffer_gather = Userbuffers() && training_.tp_comm_overlap_ag;
+  parallelism.userbuffer_gather =
+      UsesUserbuffers(training_, shard_) && training_.tp_comm_overlap_ag;
   // The bias is added in BiasDropoutAdd (skip_bias_add).
   at::Tensor out = Linear(input, weight, nullptr, parallelism, fp8);
   if (weight.fp8.recipe != Fp8Recipe::kNone && shard_.sequence_parallel) return out;

@@ -168,6 +168,12 @@ struct ModelShard {
   }
 };
 
+// Whether `shard`'s linear_qkv, linear_proj, linear_fc1 and linear_fc2 communicate through
+// Transformer Engine's userbuffers (Note [Userbuffers] in ops/collectives.h).
+inline bool UsesUserbuffers(const TrainingConfig& training, const ModelShard& shard) {
+  return training.tp_comm_overlap && shard.sequence_parallel && shard.tp > 1;
+}
+
 class TransformerModel {
  public:
   // Creates every parameter of the shard in `store`, recorded under its module path.
@@ -282,9 +288,6 @@ class TransformerModel {
   at::Tensor OutputLogits(const at::Tensor& hidden);  // [S, B, V/tp]
   at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);
   LinearParallelism ColumnParallel() const;
-  // Whether linear_qkv, linear_proj, linear_fc1 and linear_fc2 communicate through
-  // Transformer Engine's userbuffers (Note [Userbuffers] in ops/collectives.h).
-  bool Userbuffers() const;
   // ColumnParallel() for linear_qkv and linear_fc1, with their userbuffer overlaps.
   LinearParallelism UserbufferColumnParallel() const;
   double hidden_dropout() const;

@@ -99,7 +99,7 @@ class LibraryWorkspaces {
                     : 0;
     const bool grouped_gemms = training.moe_grouped_gemm && model.num_experts > 0 && has_layers;
     te_grouped_.resize(grouped_gemms ? kTeGroupedGemmStreams : 0);
-    if (training.tp_comm_overlap && shard.sequence_parallel && shard.tp > 1 && has_layers) {
+    if (UsesUserbuffers(training, shard) && has_layers) {
       te_userbuffer_bytes_ = kTeUserbufferStreams * TransformerEngineWorkspaceBytes(*gpu);
     }
   }

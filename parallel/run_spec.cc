@@ -8,6 +8,34 @@
 namespace memsim {
 namespace {
 
+// Transformer Engine's assert_dim_for_fp8_exec: an FP8 GEMM's operands have rows a multiple
+// of 8 and an inner dimension a multiple of 16.
+Status CheckFp8GemmShapes(const ModelConfig& m, const ParallelLayout& l, const TrainingConfig& t) {
+  const int64_t rows = CheckedMul(t.seq_length / l.cp, t.micro_batch_size);
+  if (rows % 8 != 0) {
+    return Status::Error("FP8 GEMMs need the tokens per rank (sequence / CP * micro batch = " +
+                         std::to_string(rows) +
+                         ") to be a multiple of 8 (as Transformer Engine asserts)");
+  }
+  const int64_t attention_out =
+      m.num_attention_heads * (m.multi_latent_attention() ? m.v_head_dim : m.head_dim) / l.tp;
+  std::vector<std::pair<const char*, int64_t>> inner = {
+      {"hidden size", m.hidden_size}, {"attention width per TP rank", attention_out}};
+  const bool dense_layers = m.num_experts == 0 || m.moe_first_k_dense_layers > 0;
+  if (dense_layers) inner.emplace_back("FFN size per TP rank", m.ffn_hidden_size / l.tp);
+  if (m.num_experts > 0) {
+    inner.emplace_back("expert FFN size per expert-TP rank", m.moe_ffn_hidden_size / l.etp);
+  }
+  for (const auto& [what, value] : inner) {
+    if (value % 16 != 0) {
+      return Status::Error(std::string("FP8 GEMMs need the ") + what + " (" +
+                           std::to_string(value) +
+                           ") to be a multiple of 16 (as Transformer Engine asserts)");
+    }
+  }
+  return Status::OK();
+}
+
 Status FinalizeUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
   if (spec->training.te_attention && spec->gpu != nullptr) {
@@ -51,6 +79,7 @@ Status FinalizeUnchecked(RunSpec* spec) {
     return Status::Error(
         "TP communication overlap needs sequence parallelism (as Megatron-LM asserts)");
   }
+  if (t.fp8 != Fp8Recipe::kNone) MEMSIM_RETURN_IF_ERROR(CheckFp8GemmShapes(spec->model, l, t));
   if (t.fp8_param_gather && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
     return Status::Error(
         "FP8 parameters (--fp8-param-gather) need the distributed optimizer (as Megatron-LM "

@@ -643,8 +643,8 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   mla.layout.tp = 2;
   mla.layout.sequence_parallel = true;
   cases.push_back(mla);
-  // FP8 (Note [FP8 training]): the weights' FP8 copies and the delayed recipe's state are
-  // made in each layer's first forward; blockwise gathers under sequence parallelism.
+  // FP8 (Note [FP8 training]): the weights' FP8 copies and the delayed recipe's state,
+  // made with the parameters; blockwise gathers under sequence parallelism.
   Case gpt_fp8 = cases[2];
   gpt_fp8.name = "gpt, transformer engine, fp8 delayed, full recompute";
   gpt_fp8.training.profile = ProfileKind::kTransformerEngine;
@@ -664,8 +664,7 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   llama_userbuffers.name += ", fp8 tensorwise";
   llama_userbuffers.training.fp8 = Fp8Recipe::kTensorwise;
   cases.push_back(llama_userbuffers);
-  // FP8 experts (rows padded for FP8: 2*256*2/2 = 512 rows over 2 local experts need none;
-  // 3 experts' 1536/3... see PadForFp8) and shared experts, and MLA's FP8 projections.
+  // FP8 experts and shared experts, and MLA's FP8 projections.
   Case moe_fp8 = moe_modules;
   moe_fp8.name = "moe, fp8 tensorwise, recompute modules";
   moe_fp8.training.fp8 = Fp8Recipe::kTensorwise;

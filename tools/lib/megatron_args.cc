@@ -32,7 +32,7 @@ enum class Arity { kFlag, kValue, kValues };  // store_true, one value, nargs='*
 //             reduces and gathers in place in its contiguous buffers), RoPE variants (a
 //             rotation, not a tensor size), sliding windows (the attention saves the same
 //             tensors with any mask), and the settings of features that are off without
-//             their switch (FP8 recipe without --fp8-format, MLA ranks without
+//             their switch (FP8 settings without --fp8-format, MLA ranks without
 //             --multi-latent-attention);
 //   kRefused  it changes memory in a way memsim does not simulate; `refused_because`
 //             says what it is, and the arity is not used (the argument stops parsing).
@@ -1056,7 +1056,7 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
 // FP8 training (Note [FP8 training] in models/fp8.h): --fp8-format turns it on (e4m3 and
 // hybrid store the same bytes), --fp8-recipe picks the scaling; the margin, interval and
 // amax algorithm change values, not memory.
-Status ReadFp8(Args& a, int64_t num_layers, TrainingConfig* training) {
+Status ReadFp8(Args& a, TrainingConfig* training) {
   TrainingConfig& t = *training;
   const char* settings[] = {"--fp8-recipe",
                             "--fp8-param-gather",
@@ -1087,16 +1087,9 @@ Status ReadFp8(Args& a, int64_t num_layers, TrainingConfig* training) {
   MEMSIM_RETURN_IF_ERROR(a.Int("--fp8-amax-history-len", &t.fp8_amax_history_len));
   if (t.fp8 != Fp8Recipe::kDelayed) a.Ignore("--fp8-amax-history-len");
   if (a.Has("--first-last-layers-bf16")) {
-    // Both default to 1; Megatron-Core caps them at the layers per pipeline stage.
-    t.fp8_bf16_layers_at_start = t.fp8_bf16_layers_at_end = 1;
+    t.fp8_bf16_layers_at_start = t.fp8_bf16_layers_at_end = 1;  // Megatron-LM's defaults
     MEMSIM_RETURN_IF_ERROR(a.Int("--num-layers-at-start-in-bf16", &t.fp8_bf16_layers_at_start));
     MEMSIM_RETURN_IF_ERROR(a.Int("--num-layers-at-end-in-bf16", &t.fp8_bf16_layers_at_end));
-    if (t.fp8_bf16_layers_at_start + t.fp8_bf16_layers_at_end > num_layers) {
-      return Status::Error(
-          "--num-layers-at-start-in-bf16 plus --num-layers-at-end-in-bf16 exceed "
-          "--num-layers " +
-          Str(num_layers));
-    }
   } else {
     a.Ignore("--num-layers-at-start-in-bf16");
     a.Ignore("--num-layers-at-end-in-bf16");
@@ -1294,7 +1287,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, world_size, &spec));
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
-  MEMSIM_RETURN_IF_ERROR(ReadFp8(a, m.num_layers, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadFp8(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadTpCommOverlap(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, m, &t));
   return ReadMemoryManagement(a, &t);

@@ -5,7 +5,7 @@
 // megatron_args.cc), which says whether it is:
 //   * read: it decides memory and memsim models it (sizes, parallelism, precision, ...);
 //   * memory-neutral: accepted and reported in `ignored` (learning rate, data, logging, ...);
-//   * not modelled: it changes memory in a way memsim does not simulate (FP8, CPU
+//   * not modelled: it changes memory in a way memsim does not simulate (FP4, CPU
 //     offloading, ...): an error naming it.
 // An argument in no row is an error too: memsim cannot tell whether it changes memory.
 // Rules on the whole run (sequence vs CP, ...) are FinalizeRunSpec's (parallel/run_spec.h).
@@ -38,7 +38,7 @@ Status ParseMegatronArgs(const std::vector<std::string>& args,
                          MegatronArgsResult* out);
 
 // The Megatron-LM arguments memsim refuses because they change memory in ways it does not
-// model, each with what it is ("--fp8-format" -> "FP8 training"), sorted by name.
+// model, each with what it is ("--fp4-format" -> "FP4 training"), sorted by name.
 const std::map<std::string, std::string>& UnmodelledMegatronArgs();
 
 // The environment variables memsim models (CUBLAS_WORKSPACE_CONFIG, NVTE_*_ATTN, ...):

@@ -570,6 +570,21 @@ TEST(MegatronArgs, Fp8Training) {
   const MegatronArgsResult off = Parse(base + "--fp8-recipe tensorwise --fp8-param-gather", 1);
   EXPECT_EQ(off.spec.training.fp8, Fp8Recipe::kNone);
   EXPECT_EQ(off.ignored, (std::vector<std::string>{"--fp8-recipe", "--fp8-param-gather"}));
+  // What a run file could set without FP8.
+  RunSpec no_fp8 = off.spec;
+  no_fp8.training.fp8_param_gather = true;
+  no_fp8.layout.data_parallel = DataParallelKind::kDistributedOptimizer;
+  EXPECT_EQ(FinalizeRunSpec(no_fp8, &run).message(),
+            "FP8 parameters (fp8_param_gather) need FP8 training (fp8)");
+  // Transformer Engine's FP8 GEMM shapes.
+  EXPECT_EQ(
+      FinalizeRunSpec(Parse(base + "--fp8-format hybrid --hidden-size 72", 1).spec, &run).message(),
+      "FP8 GEMMs need the hidden size (72) to be a multiple of 16 (as Transformer Engine "
+      "asserts)");
+  EXPECT_EQ(
+      FinalizeRunSpec(Parse(base + "--fp8-format hybrid --seq-length 4", 1).spec, &run).message(),
+      "FP8 GEMMs need the tokens per rank (sequence / CP * micro batch = 4) to be a "
+      "multiple of 8 (as Transformer Engine asserts)");
 
   EXPECT_EQ(ErrorOf(base + "--fp8-format hybrid --fp8-recipe mxfp8"),
             "--fp8-recipe mxfp8 changes memory in a way memsim does not model (MXFP8, which "
@@ -578,9 +593,14 @@ TEST(MegatronArgs, Fp8Training) {
   EXPECT_EQ(ErrorOf(base + "--fp8-format hybrid --no-fp8-wgrad"),
             "--no-fp8-wgrad changes memory in a way memsim does not model (16-bit "
             "weight-gradient GEMMs in FP8 training); drop it to simulate the run without it");
-  EXPECT_EQ(ErrorOf(base + "--fp8-format hybrid --first-last-layers-bf16 "
-                           "--num-layers-at-start-in-bf16 2 --num-layers-at-end-in-bf16 1"),
-            "--num-layers-at-start-in-bf16 plus --num-layers-at-end-in-bf16 exceed --num-layers 2");
+  EXPECT_EQ(FinalizeRunSpec(Parse(base + "--fp8-format hybrid --fp8-recipe tensorwise "
+                                         "--first-last-layers-bf16 --num-layers-at-start-in-bf16 2",
+                                  1)
+                                .spec,
+                            &run)
+                .message(),
+            "the bf16 layers at the start (2) and end (1) must be >= 0 and together at most the "
+            "model's 2 layers");
   EXPECT_EQ(FinalizeRunSpec(Parse(base + "--fp8-format hybrid --fp8-param-gather", 1).spec, &run)
                 .message(),
             "FP8 parameters (--fp8-param-gather) need the distributed optimizer (as Megatron-LM "
