@@ -211,6 +211,37 @@ TEST(Allocations, UserbuffersTakeTheSequenceParallelGathers) {
   }
 }
 
+// FP8 MoE layers (Note [FP8 training]) against the same in 16 bits, r = s*b tokens, M =
+// r*topk expert rows (all experts local, 128 rows each: no padding), no tensor
+// parallelism: linear_qkv keeps its input's transpose (r*h bytes and a 4-byte scale)
+// instead of the 16-bit norm output (2rh); the experts' fc1 the transpose of the permuted
+// tokens (M*h + 4) instead of them (2Mh), fc2 the transpose of the weighted activation
+// (M*f + 4) instead of it (2Mf); linear_proj keeps its 16-bit input.
+TEST(Activations, Fp8MoeLayerKeepsTransposes) {
+  const int64_t s = 256, b = 1, h = 256, f = 512, topk = 2;
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_grouped_gemm = true;
+  auto per_layer = [&] {
+    auto bytes = [&](int64_t layers) {
+      ModelConfig m = test::Llama(layers, h, 4, 4, 704, 1024);
+      m.num_experts = 4;
+      m.moe_router_topk = topk;
+      m.moe_ffn_hidden_size = f;
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      return ActivationBytesAfterForward(m, t);
+    };
+    return bytes(2) - bytes(1);
+  };
+  const int64_t sixteen_bit = per_layer();
+  t.fp8 = Fp8Recipe::kTensorwise;
+  const int64_t r = s * b, M = r * topk;
+  EXPECT_EQ(per_layer() - sixteen_bit, (-r * h + 4) + (-M * h + 4) + (-M * f + 4));
+}
+
 // Fp8Padding (Note [FP8 training]): with two local experts of 200 rows each (s*b*topk/E =
 // 200*1*2/2, off the multiple of 16) the experts' rows are copied into [2, 208, h] and
 // their probabilities into [2, 208] before fc1; with 256 rows each nothing is copied.
