@@ -637,6 +637,39 @@ at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
 
 namespace {
 
+struct TeCrossEntropyFunction : public Function<TeCrossEntropyFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& labels, int64_t tp_group) {
+    const int64_t rows = logits.numel() / logits.size(-1);
+    const auto fp32 = logits.options().dtype(at::kFloat);
+    at::Tensor loss = at::zeros({rows}, fp32);
+    const at::Tensor statistics = at::zeros({3 * rows}, fp32);  // max, sum of exps, target
+    at::Tensor count = at::zeros({1}, logits.options().dtype(at::kLong));
+    at::Tensor grad = at::empty_like(logits, fp32);
+    if (tp_group > 1) {
+      [[maybe_unused]] const at::Tensor gathered = AllGather(statistics, tp_group);
+    }
+    count = at::clamp_min(count, 1);
+    ctx->save_for_backward({grad});
+    const at::IntArrayRef sizes = logits.sizes();
+    return at::_unsafe_view(loss, sizes.slice(0, sizes.size() - 1));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    at::Tensor grad = ctx->get_saved_variables()[0];
+    grad.mul_(grads[0].unsqueeze(-1));  // element_mul_kernel, in place
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor TeParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
+                                  int64_t tp_group) {
+  return TeCrossEntropyFunction::apply(logits, labels, tp_group);
+}
+
+namespace {
+
 struct AttachLossFunction : public Function<AttachLossFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& output,
                             const at::Tensor& loss) {

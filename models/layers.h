@@ -178,6 +178,16 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
                              int64_t tp_group = 1, bool fused = false);
 
+// Transformer Engine's parallel_cross_entropy (pytorch/cross_entropy.py and
+// triton/cross_entropy.py, TE 2.18; Megatron's --cross-entropy-fusion-impl te): forward
+// makes a float32 loss [S*B], statistics [3*S*B] (all-gathered over the tp group into a new
+// [3*S*B*tp]), an int64 count (clamped into a new one) and the float32 gradient [S, B, V/tp],
+// computed already and saved; the logits themselves are not kept. Backward scales the
+// gradient in place and hands it back (autograd casts it to the logits' dtype). Returns the
+// float32 loss [S, B].
+at::Tensor TeParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& labels,
+                                  int64_t tp_group = 1);
+
 // Megatron-Core's MTPLossAutoScaler (multi_token_prediction.py) and MoEAuxLossAutoScaler
 // (moe/moe_utils.py), which are the same: returns `output` as it
 // is (an alias) and saves `loss`, whose backward, reached through `output`'s, is a new

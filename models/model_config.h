@@ -222,8 +222,11 @@ struct TrainingConfig {
   bool te_op_fuser = false;
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllGather;
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
-  // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy).
+  // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy), or
+  // with Transformer Engine's kernel (--cross-entropy-fusion-impl te:
+  // TeParallelCrossEntropy), both in layers.h.
   bool cross_entropy_fusion = false;
+  bool te_cross_entropy = false;
   // --defer-embedding-wgrad-compute / --wgrad-deferral-limit: the output layer's weight
   // gradients of the first `wgrad_deferral_limit` microbatches (0: all) wait for the
   // pipeline flush, their inputs and output gradients kept until then (DeferredWgrad in

@@ -733,8 +733,7 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
     std::tie(mask, num_tokens) = RollLeft(mask);
     {
       ModuleScope s("output_layer");
-      loss = VocabCrossEntropy(logits, mtp_labels.transpose(0, 1).contiguous(), shard_.tp,
-                               training_.cross_entropy_fusion)
+      loss = CrossEntropy(logits, mtp_labels.transpose(0, 1).contiguous())
                  .transpose(0, 1)
                  .contiguous();  // [B, S]
     }
@@ -752,6 +751,12 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
   return main;
 }
 
+at::Tensor TransformerModel::CrossEntropy(const at::Tensor& logits, const at::Tensor& labels) {
+  return training_.te_cross_entropy
+             ? TeParallelCrossEntropy(logits, labels, shard_.tp)
+             : VocabCrossEntropy(logits, labels, shard_.tp, training_.cross_entropy_fusion);
+}
+
 at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden) {
   ModuleScope s("output_layer");
   LinearParallelism parallelism = ColumnParallel();
@@ -765,8 +770,7 @@ at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& la
   {
     at::Tensor logits = OutputLogits(hidden);
     ModuleScope s("output_layer");
-    loss = VocabCrossEntropy(logits, labels.transpose(0, 1).contiguous(), shard_.tp,
-                             training_.cross_entropy_fusion);  // [S, B]
+    loss = CrossEntropy(logits, labels.transpose(0, 1).contiguous());  // [S, B]
   }
   // loss_func: masked mean over tokens.
   ModuleScope s("loss");

@@ -286,6 +286,8 @@ class TransformerModel {
   at::Tensor MtpLosses(const at::Tensor& hidden, const at::Tensor& labels,
                        const at::Tensor& loss_mask);
   at::Tensor OutputLogits(const at::Tensor& hidden);  // [S, B, V/tp]
+  // The loss of logits [S, B, V/tp] against labels [S, B], as training picks it: [S, B].
+  at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& labels);
   at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);
   LinearParallelism ColumnParallel() const;
   // ColumnParallel() for linear_qkv and linear_fc1, with their userbuffer overlaps.

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <utility>
 #include <vector>
@@ -709,14 +710,16 @@ namespace {
 // Peak of exact requested bytes while the cross-entropy runs forward on bf16 logits
 // [S, B, V] that need a gradient; then backward, reporting the gradient's dtype.
 constexpr int64_t kS = 16, kB = 2, kV = 64;
-int64_t CrossEntropyForwardPeakBytes(bool fused, at::ScalarType* grad_dtype) {
+using CrossEntropyFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
+int64_t CrossEntropyForwardPeakBytes(const CrossEntropyFn& cross_entropy,
+                                     at::ScalarType* grad_dtype) {
   Session session;
   {
     ActiveSession active(session);
     auto meta = at::TensorOptions().device(at::kMeta);
     at::Tensor logits = at::empty({kS, kB, kV}, meta.dtype(at::kBFloat16)).requires_grad_(true);
     at::Tensor labels = at::empty({kS, kB}, meta.dtype(at::kLong));
-    at::Tensor loss = VocabCrossEntropy(logits, labels, /*tp_group=*/1, fused);
+    at::Tensor loss = cross_entropy(logits, labels);
     session.BeginIteration(0);  // marks the end of the forward on the timeline
     loss.sum().backward();
     *grad_dtype = logits.grad().scalar_type();
@@ -792,12 +795,32 @@ TEST(CheckpointWithoutOutput, RecomputesIntoTheDiscardedStorageOnCpu) {
 // last one with all of the above alive. Both hand back a bf16 gradient.
 TEST(Activations, FusedCrossEntropyHoldsOneMoreFloat32Logits) {
   at::ScalarType unfused_dtype, fused_dtype;
-  const int64_t unfused = CrossEntropyForwardPeakBytes(false, &unfused_dtype);
-  const int64_t fused = CrossEntropyForwardPeakBytes(true, &fused_dtype);
+  const auto vocab_parallel = [](bool fused) {
+    return [fused](const at::Tensor& logits, const at::Tensor& labels) {
+      return VocabCrossEntropy(logits, labels, /*tp_group=*/1, fused);
+    };
+  };
+  const int64_t unfused = CrossEntropyForwardPeakBytes(vocab_parallel(false), &unfused_dtype);
+  const int64_t fused = CrossEntropyForwardPeakBytes(vocab_parallel(true), &fused_dtype);
   EXPECT_EQ(unfused, kS * kB * kV * (2 + 4) + kS * kB * 8 + 4 * kS * kB * 4);
   EXPECT_EQ(fused - unfused, kS * kB * kV * 4);
   EXPECT_EQ(unfused_dtype, at::kBFloat16);
   EXPECT_EQ(fused_dtype, at::kBFloat16);
+}
+
+// Transformer Engine's kernel (--cross-entropy-fusion-impl te): logits bf16 and labels as
+// above, float32 loss [S*B] and statistics [3*S*B] (16 B a row), the int64 count and its
+// clamped copy (8 B each) and the float32 gradient computed in forward (4 B an element); no
+// float32 copy of the logits. The gradient handed back is bf16.
+TEST(Activations, TransformerEngineCrossEntropyKeepsOnlyTheGradient) {
+  at::ScalarType dtype;
+  const int64_t peak = CrossEntropyForwardPeakBytes(
+      [](const at::Tensor& logits, const at::Tensor& labels) {
+        return TeParallelCrossEntropy(logits, labels);
+      },
+      &dtype);
+  EXPECT_EQ(peak, kS * kB * kV * (2 + 4) + kS * kB * 8 + kS * kB * 16 + 2 * 8);
+  EXPECT_EQ(dtype, at::kBFloat16);
 }
 
 }  // namespace

@@ -1013,16 +1013,14 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   t.defer_embedding_wgrad = a.Has("--defer-embedding-wgrad-compute");
   MEMSIM_RETURN_IF_ERROR(a.Int("--wgrad-deferral-limit", &t.wgrad_deferral_limit));
   if (!t.defer_embedding_wgrad) a.Ignore("--wgrad-deferral-limit");
-  // The native fused cross-entropy (megatron/core/fusions/fused_cross_entropy.py) is
-  // modelled (VocabCrossEntropy); TE's (a kernel over the 16-bit logits) is not.
+  // The fused cross-entropy: Megatron's native one (megatron/core/fusions/
+  // fused_cross_entropy.py, VocabCrossEntropy) or Transformer Engine's kernel
+  // (TeParallelCrossEntropy).
   if (a.Has("--cross-entropy-loss-fusion")) {
     MEMSIM_RETURN_IF_ERROR(
         Choice(a, "--cross-entropy-fusion-impl", {"native", "te"}, "native", &text));
-    if (text == "te") {
-      return NotModelled("--cross-entropy-fusion-impl te",
-                         "Transformer Engine's cross-entropy kernel");
-    }
     t.cross_entropy_fusion = true;
+    t.te_cross_entropy = text == "te";
   }
   a.Ignore("--cross-entropy-fusion-impl");
   if (a.Text("--optimizer", "adam") == "dist_muon") {

@@ -535,6 +535,19 @@ TEST(MegatronArgs, PrecisionAwareOptimizer) {
       "asserts)");
 }
 
+// --cross-entropy-loss-fusion with the native implementation (the default) or Transformer
+// Engine's kernel.
+TEST(MegatronArgs, CrossEntropyFusion) {
+  const std::string base = std::string(kTinyGpt) + "--cross-entropy-loss-fusion ";
+  const MegatronArgsResult native = Parse(base, 1);
+  EXPECT_TRUE(native.spec.training.cross_entropy_fusion);
+  EXPECT_FALSE(native.spec.training.te_cross_entropy);
+  const MegatronArgsResult te = Parse(base + "--cross-entropy-fusion-impl te", 1);
+  EXPECT_TRUE(te.spec.training.cross_entropy_fusion);
+  EXPECT_TRUE(te.spec.training.te_cross_entropy);
+  EXPECT_FALSE(Parse(std::string(kTinyGpt), 1).spec.training.cross_entropy_fusion);
+}
+
 // FP8 training (Note [FP8 training]): --fp8-format turns it on with --fp8-recipe's scaling
 // (delayed by default); its settings are ignored without it; MXFP8 and 16-bit wgrad GEMMs
 // are refused; the FP8 rules are checked when the run is finalized.
