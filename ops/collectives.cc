@@ -142,6 +142,12 @@ at::Tensor UserbufferView(at::IntArrayRef sizes, at::ScalarType dtype) {
   return at::empty({0}, options).set_(storage, 0, sizes, strides);
 }
 
+int64_t UserbufferBytes(int64_t rows, int64_t hidden, bool fp8_mode, bool sixteen_bit_mode) {
+  constexpr int64_t kControlBytes = 3223808 + 131072;  // LOCALSIZE region, flags
+  const int64_t per_value = (fp8_mode ? 16 : 0) + (sixteen_bit_mode ? 24 : 0);
+  return CheckedAdd(CheckedMul(CheckedMul(rows, hidden), per_value), kControlBytes);
+}
+
 at::Tensor AllGatherIntoUserbuffer(const at::Tensor& t, int64_t group_size) {
   std::vector<int64_t> sizes = t.sizes().vec();
   sizes[0] *= group_size;

@@ -49,6 +49,13 @@ void ReceiveInto(const at::Tensor& t);
 // methods; the --tp-comm-overlap-cfg file changes them) and ~4 MiB of control memory sit
 // outside the allocator: memsim does not count them.
 
+// The userbuffers of TE's initialize_ub with its default methods, for `rows` = S*B/cp tokens
+// of `hidden` values, one set per quantization mode: FP8 (8 uint8 all-gather buffers and 4
+// 16-bit reduce-scatter ones: 16 bytes a token value) and/or 16-bit (12 16-bit buffers:
+// 24), plus the communicator's control memory (3,223,808 + 131,072 bytes), before the
+// driver's granularity rounding. Outside PyTorch's caching allocator.
+int64_t UserbufferBytes(int64_t rows, int64_t hidden, bool fp8_mode, bool sixteen_bit_mode);
+
 // A [sizes] tensor of `dtype` viewing a userbuffer: no allocation memsim records.
 at::Tensor UserbufferView(at::IntArrayRef sizes, at::ScalarType dtype);
 // `t` [d0, ...] all-gathered over the group into a userbuffer view [group * d0, ...].

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "ops/collectives.h"
 #include "parallel/pipeline_schedule.h"
 #include "simulator/checked_math.h"
 
@@ -143,6 +144,16 @@ Status FinalizeUnchecked(RunSpec* spec) {
 }
 
 }  // namespace
+
+int64_t UserbufferBytes(const RunSpec& spec) {
+  const TrainingConfig& t = spec.training;
+  const ParallelLayout& l = spec.layout;
+  if (!t.tp_comm_overlap || !l.sequence_parallel || l.tp <= 1) return 0;
+  const bool fp8 = t.fp8 != Fp8Recipe::kNone;
+  const bool bf16_layers = t.fp8_bf16_layers_at_start != 0 || t.fp8_bf16_layers_at_end != 0;
+  return UserbufferBytes(CheckedMul(t.seq_length / l.cp, t.micro_batch_size),
+                         spec.model.hidden_size, fp8, !fp8 || bf16_layers);
+}
 
 Status FinalizeRunSpec(const RunSpec& spec, std::optional<ValidatedRun>* run) {
   run->reset();

@@ -52,6 +52,11 @@ class ValidatedRun {
   RunSpec spec_;
 };
 
+// Bytes each rank holds outside PyTorch's caching allocator for the run: Transformer
+// Engine's userbuffers under TP communication overlap (Note [Userbuffers] in
+// ops/collectives.h), else 0. memsim's figures and fit verdict do not include them.
+int64_t UserbufferBytes(const RunSpec& spec);
+
 // Derives everything a simulation needs and checks it all, before anything runs: model
 // (vocabulary padded for tp), layout (every rule), training, and the number of
 // microbatches from the global batch (global = micro * dp * microbatches). On success

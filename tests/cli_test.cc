@@ -218,6 +218,22 @@ TEST(Cli, Fp8FromFlagsAndYamlIsTheSameRun) {
   EXPECT_NE(text.out.find(", bf16 with FP8 (delayed), seq 2048"), std::string::npos) << text.out;
 }
 
+// TP communication overlap's userbuffers sit outside PyTorch's allocator: reported per
+// rank, S*B*H*24 bytes in 16 bits (2048 * 2048 * 24) plus 3,354,880 of control memory.
+TEST(Cli, UserbuffersAreReportedBesideTheFigures) {
+  const std::string dir = Temp("userbuffers");
+  const CommandResult r = Memsim(
+      "simulate --model gpt3-1.3b --world-size 2 --tp 2 --sp --profile transformer_engine "
+      "--tp-comm-overlap --iterations 1 --json --out " +
+      dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const double expected_mib = (2048.0 * 2048 * 24 + 3354880) / (1 << 20);
+  for (const auto& c : j["rank_classes"]) {
+    EXPECT_DOUBLE_EQ(c["userbuffers_outside_allocator_MB"].get<double>(), expected_mib);
+  }
+}
+
 TEST(Cli, MegatronRefusesWhatMemsimDoesNotModel) {
   const CommandResult unknown = Memsim("megatron --world-size 8 -- --num-layers 2 --frobnicate 3");
   EXPECT_EQ(unknown.exit_code, 2);

@@ -136,6 +136,12 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   std::printf("Megatron est.: Megatron-LM's theoretical_memory_usage formula per stage%s",
               caveats.empty() ? ".\n" : "; it does not cover:\n");
   for (const std::string& c : caveats) std::printf("  - %s\n", c.c_str());
+  if (const int64_t userbuffers = UserbufferBytes(spec)) {
+    std::printf(
+        "Userbuffers (TP communication overlap): %s per rank outside PyTorch's allocator, not "
+        "in the figures above (TE's default methods)\n",
+        FormatBytes(userbuffers).c_str());
+  }
   for (const RankResult& r : results) {
     if (!r.fits()) std::printf("\n%s\n", DescribeOutOfMemory(r, gpu).c_str());
   }
@@ -220,6 +226,7 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   summary["theoretical_memory_caveats"] =
       TheoreticalMemoryCaveats(spec.model, spec.training, spec.layout, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
+  summary["userbuffers_outside_allocator_MB"] = BytesToMiB(UserbufferBytes(spec));
   summary["ranks"] = r.rank_class.ranks;
   summary["fits"] = r.fits();
   if (r.fits()) {
