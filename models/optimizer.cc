@@ -40,11 +40,11 @@ void MuonUpdate(const at::Tensor& master, const at::Tensor& grad, const at::Tens
   master.add_(update);
 }
 
-// This rank's shard of a flattened tensor: ceil(numel / shards) elements.
+// This rank's shard of a flattened tensor.
 at::Tensor Shard(const at::Tensor& t, int64_t shards) {
   if (shards == 1) return t.detach();
   const at::Tensor flat = t.detach().view({-1});
-  return flat.narrow(0, 0, (flat.numel() + shards - 1) / shards);
+  return flat.narrow(0, 0, ShardElements(flat.numel(), shards));
 }
 
 }  // namespace
@@ -68,7 +68,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(
       // the parameter has no 16-bit storage to shard.
       const int64_t shards = p.expert ? expert_shards_ : shards_;
       masters_.push_back(
-          at::empty({(p.data.numel() + shards - 1) / shards}, p.data.options().dtype(at::kFloat)));
+          at::empty({ShardElements(p.data.numel(), shards)}, p.data.options().dtype(at::kFloat)));
     } else if (!precision_aware_) {
       const at::Tensor shard = ParameterShard(p);
       masters_.push_back(store->precision() == Precision::kFp32 ? shard

@@ -40,6 +40,12 @@ namespace memsim {
 
 class ParameterStore;
 
+// The elements of one rank's shard when a `numel`-element parameter is split `shards` ways:
+// ceil(numel / shards) (memsim shards each parameter alone; optimizer.h).
+inline int64_t ShardElements(int64_t numel, int64_t shards) {
+  return (numel + shards - 1) / shards;
+}
+
 // What a Transformer Engine module running in FP8 keeps for its weight (Note [FP8
 // training] in fp8.h).
 struct Fp8Module {

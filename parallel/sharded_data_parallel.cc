@@ -16,8 +16,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
 
-int64_t ShardElements(int64_t numel, int64_t dp) { return (numel + dp - 1) / dp; }
-
 // Gives a tensor whose storage was freed its bytes back (the all-gather's output).
 void AllocateStorage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();

@@ -40,27 +40,47 @@ TrainingConfig Fp16Eager(const Shape& shape) {
   return t;
 }
 
+// Runs one microbatch's forward (and with `backward`, its backward) of `shard` on a fresh
+// session and returns what `measure` reads of the recording, while the graph is alive.
+template <typename Measure>
+auto RunStep(const ModelConfig& model, const TrainingConfig& training, const ModelShard& shard,
+             bool backward, Measure measure) {
+  Session session;
+  ActiveSession active(session);
+  ParameterStore store(training.precision);
+  TransformerModel transformer(model, training, shard, &store);
+  store.AllocateGradBuffer();
+  session.SetPhase(Phase::kForward);
+  at::Tensor loss = transformer.Forward();
+  if (backward) {
+    session.SetPhase(Phase::kBackward);
+    loss.backward();
+  }
+  return measure(session.recorder());
+}
+
+ModelShard TensorParallelShard(const ModelConfig& model, int64_t tp, bool sequence_parallel) {
+  ModelShard shard = ModelShard::Whole(model);
+  shard.tp = tp;
+  shard.sequence_parallel = sequence_parallel;
+  return shard;
+}
+
 // Bytes of `category`'s storages alive when the forward pass ends (the loss is computed,
 // backward has not started). `tp`: the whole model's tensor-parallel shard (REQUIRES:
 // `model` finalized for it).
 int64_t BytesAfterForward(const ModelConfig& model, const TrainingConfig& training,
                           Category category, int64_t tp = 1) {
-  Session session;
-  ActiveSession active(session);
-  ParameterStore store(training.precision);
-  ModelShard shard = ModelShard::Whole(model);
-  shard.tp = tp;
-  TransformerModel transformer(model, training, shard, &store);
-  store.AllocateGradBuffer();
-  session.SetPhase(Phase::kForward);
-  at::Tensor loss = transformer.Forward();
-  int64_t bytes = 0;
-  const Recorder& r = session.recorder();
-  ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
-    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-    if (s.category == category) bytes += s.size_bytes;
-  });
-  return bytes;
+  return RunStep(model, training, TensorParallelShard(model, tp, false), /*backward=*/false,
+                 [category](const Recorder& r) {
+                   int64_t bytes = 0;
+                   ForEachLiveStorage(
+                       r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+                         const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+                         if (s.category == category) bytes += s.size_bytes;
+                       });
+                   return bytes;
+                 });
 }
 
 // The activations: what the step holds for backward.
@@ -162,24 +182,15 @@ TEST(Parameters, Fp8WeightsPerLayer) {
 // Bytes of every allocation of one forward and backward, on a TP rank with sequence
 // parallelism (REQUIRES: `model` finalized for `tp`).
 int64_t BytesAllocatedByStep(const ModelConfig& model, const TrainingConfig& training, int64_t tp) {
-  Session session;
-  ActiveSession active(session);
-  ParameterStore store(training.precision);
-  ModelShard shard = ModelShard::Whole(model);
-  shard.tp = tp;
-  shard.sequence_parallel = true;
-  TransformerModel transformer(model, training, shard, &store);
-  store.AllocateGradBuffer();
-  session.SetPhase(Phase::kForward);
-  at::Tensor loss = transformer.Forward();
-  session.SetPhase(Phase::kBackward);
-  loss.backward();
-  int64_t bytes = 0;
-  const Recorder& r = session.recorder();
-  for (const MemoryEvent& e : r.events()) {
-    if (e.is_alloc) bytes += r.storages()[static_cast<size_t>(e.storage_id)].size_bytes;
-  }
-  return bytes;
+  return RunStep(model, training, TensorParallelShard(model, tp, true), /*backward=*/true,
+                 [](const Recorder& r) {
+                   int64_t bytes = 0;
+                   for (const MemoryEvent& e : r.events()) {
+                     if (e.is_alloc)
+                       bytes += r.storages()[static_cast<size_t>(e.storage_id)].size_bytes;
+                   }
+                   return bytes;
+                 });
 }
 
 // TP communication overlap (Note [Userbuffers]), per layer, rows n = s*b, TP 2 with
@@ -259,18 +270,16 @@ TEST(Moe, Fp8PaddingCopiesRowsOnlyWhenAnExpertIsOffTheMultiple) {
     t.moe_grouped_gemm = true;
     t.fp8 = Fp8Recipe::kTensorwise;
     ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
-    Session session;
-    ActiveSession active(session);
-    ParameterStore store(t.precision);
-    TransformerModel transformer(m, t, ModelShard::Whole(m), &store);
-    store.AllocateGradBuffer();
-    session.SetPhase(Phase::kForward);
-    at::Tensor loss = transformer.Forward();
-    std::vector<std::vector<int64_t>> padded;
-    const Recorder& r = session.recorder();
-    for (const StorageInfo& info : r.storages()) {
-      if (r.names().Name(info.op) == "aten::cat") padded.push_back(r.ShapeOf(info).vec());
-    }
+    const auto padded =
+        RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
+          std::vector<std::vector<int64_t>> shapes;
+          for (const StorageInfo& info : r.storages()) {
+            if (r.names().Name(info.op) == "aten::cat") {
+              shapes.push_back(r.ShapeOf(info).vec());
+            }
+          }
+          return shapes;
+        });
     const std::vector<std::vector<int64_t>> expected =
         seq == 200 ? std::vector<std::vector<int64_t>>{{2, 208, 256}, {2, 208}}
                    : std::vector<std::vector<int64_t>>{};
