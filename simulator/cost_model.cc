@@ -18,11 +18,15 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
 const std::vector<GpuSpec>& GpuPresets() {
   // Peaks from NVIDIA's SXM data sheets (dense, no sparsity); memory as nvidia-smi shows it.
   // Links as in a DGX node: NVLink 3 (600 GB/s both ways) and one 200 Gb/s HDR adapter per
-  // A100; NVLink 4 (900 GB/s) and one 400 Gb/s NDR adapter per H100/H200.
+  // A100; NVLink 4 (900 GB/s) and one 400 Gb/s NDR adapter per H100/H200; NVLink 5 (1.8 TB/s)
+  // and one 400 Gb/s adapter per B200 (HGX, 1000 W) and GB200 (NVL72, 1200 W), whose NVLink
+  // domain is the whole 72-GPU rack although a compute tray holds 4.
   static const std::vector<GpuSpec> presets = {
       {"A100-80GB", 81920 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 2.039e12, 300e9, 25e9},
       {"H100-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 450e9, 50e9},
       {"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12, 450e9, 50e9},
+      {"B200-180GB", 183359 * kMiB, 512 * kMiB, 100, 2.25e15, 80e12, 8e12, 900e9, 50e9},
+      {"GB200-186GB", 189471 * kMiB, 512 * kMiB, 100, 2.5e15, 90e12, 8e12, 900e9, 50e9, 72},
   };
   return presets;
 }

@@ -35,7 +35,7 @@ struct GpuSpec {
   std::string name;
   int64_t memory_bytes;    // total device memory as nvidia-smi reports it
   int64_t context_bytes;   // taken by the CUDA context and NCCL before PyTorch allocates
-  int compute_capability;  // major * 10 + minor: 80 (A100), 90 (H100, H200)
+  int compute_capability;  // major * 10 + minor: 80 (A100), 90 (H100, H200), 100 (B200)
   double half_flops;       // dense bf16/fp16 tensor-core peak, FLOP/s
   double fp32_flops;       // dense fp32 peak (no TF32), FLOP/s
   double bandwidth_bytes_per_s;
@@ -43,7 +43,7 @@ struct GpuSpec {
   // NVLink inside a node, the GPU's network adapter between nodes.
   double nvlink_bytes_per_s;
   double network_bytes_per_s;
-  int64_t gpus_per_node = 8;
+  int64_t gpus_per_node = 8;  // GPUs one NVLink domain joins: a node (a GB200 NVL72 rack: 72)
   double matmul_efficiency = 0.6;
   double bandwidth_efficiency = 0.7;
   double min_op_s = 80e-6;       // Note [Virtual clock]: the host's time per op, fitted
@@ -56,7 +56,7 @@ struct GpuSpec {
 // Looks up a preset by name, case-insensitively ("H100-80GB", "h100"...). Null if unknown.
 const GpuSpec* FindGpu(std::string_view name);
 const std::vector<GpuSpec>& GpuPresets();
-// "A100-80GB, H100-80GB, H200-141GB": for error messages and --help.
+// "A100-80GB, H100-80GB, ...": for error messages and --help.
 std::string GpuPresetNames();
 
 enum class OpCostKind : uint8_t { kFree, kMatmul, kMemoryBound };

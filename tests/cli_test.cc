@@ -305,6 +305,41 @@ TEST(Cli, ValidateReportsEveryBadCaseAndStillRunsTheOthers) {
   EXPECT_EQ(result["cases"].size(), 2u);
 }
 
+// Note [Software of a measurement]: a GB200 case measured on a PyTorch whose default cuBLAS
+// workspace on Blackwell was :4096:2:16:8 is simulated with that default; the case's own
+// CUBLAS_WORKSPACE_CONFIG still wins. The step makes two PyTorch cuBLAS workspaces (the
+// output layer's GEMMs on the forward thread and on autograd's), each 32 MiB on today's
+// Blackwell default and 4096 KiB * 2 + 16 KiB * 8 on the old one, so what stays allocated
+// after the step differs by 2 * (33,554,432 - 8,519,680) bytes.
+TEST(Cli, ValidateSimulatesACaseOnTheSoftwareItWasMeasuredOn) {
+  const std::string dir = Temp("validate_stack");
+  fs::create_directories(dir + "/cases");
+  auto gb200_case = [](const std::string& name, const std::string& env, const std::string& stack) {
+    std::string yaml = ValidationCaseYaml(name, "", "");
+    yaml.replace(yaml.find("gpu: H100-80GB"), 14, "gpu: GB200-186GB");
+    const size_t env_at = yaml.find("env: {");
+    yaml.replace(env_at, yaml.find('\n', env_at) - env_at, "env: {" + env + "}" + stack);
+    return yaml;
+  };
+  const std::string old_default = "\nstack: {default_cublas_workspace_config: ':4096:2:16:8'}";
+  std::ofstream(dir + "/cases/a.yaml") << gb200_case("today", "", "");
+  std::ofstream(dir + "/cases/b.yaml") << gb200_case("old_pytorch", "", old_default);
+  std::ofstream(dir + "/cases/c.yaml")
+      << gb200_case("old_pytorch_configured", "CUBLAS_WORKSPACE_CONFIG: ':4096:8'", old_default);
+  std::ofstream(dir + "/tolerances.yaml") << "{}\n";
+  const CommandResult run = Memsim("validate --cases " + dir + "/cases --tolerances " + dir +
+                                   "/tolerances.yaml --json " + dir + "/out.json");
+  EXPECT_EQ(run.exit_code, 2) << run.err;  // the made-up measurements are far off
+  const nlohmann::json result = nlohmann::json::parse(std::ifstream(dir + "/out.json"));
+  ASSERT_EQ(result["cases"].size(), 3u);
+  auto after_step = [&](size_t i) {
+    EXPECT_EQ(result["cases"][i]["metrics"][1]["metric"], "allocated after step");
+    return result["cases"][i]["metrics"][1]["memsim_bytes"].get<int64_t>();
+  };
+  EXPECT_EQ(after_step(0) - after_step(1), 2 * (33554432 - 8519680));
+  EXPECT_EQ(after_step(2), after_step(0));
+}
+
 // A case that logged its iteration time gets memsim's step time beside it (no tolerance
 // yet); one that did not gets none; a time that is not a positive number is refused.
 TEST(Cli, ValidateReportsIterationTimeBesideMemory) {

@@ -3,14 +3,24 @@
 
 Each case is one real measurement: the launch line and environment of a functional test
 (tests/functional_tests/test_cases/{gpt,moe}/NAME/model_config.yaml), the world size of
-the recipe that runs it (tests/test_utils/recipes/h100/*.yaml: nodes x gpus), and the
-memory its golden values recorded on that platform (golden_values_dev_dgx_h100.json:
+the recipe that runs it on the platform (tests/test_utils/recipes/{h100,gb200}/*.yaml:
+nodes x gpus), and the memory its golden values recorded there (golden_values_dev_PLATFORM.json:
 TensorBoard's mem-max-allocated-bytes and mem-allocated-bytes, logged by the last rank),
 and its iteration time (TensorBoard's iteration-time, seconds per iteration).
 
 Usage (a developer's tool; needs python3-yaml, which memsim itself does not):
   git -C MEGATRON_MIRROR archive COMMIT tests | tar -x -C /tmp/mlm
-  validation/import_megatron_ci.py /tmp/mlm COMMIT [--platform dgx_h100]
+  validation/import_megatron_ci.py /tmp/mlm COMMIT [--platform dgx_h100|dgx_gb200] \
+      [--history MEGATRON_MIRROR]
+
+With --history (a Megatron-LM git directory holding COMMIT), each case also records when
+its golden values were last regenerated (measured.recorded) and, where that was before the
+dev container's PyTorch gave Blackwell a 32 MiB default cuBLAS workspace, the older default
+(stack.default_cublas_workspace_config; Note [Software of a measurement] in
+tools/lib/validate.h).
+
+Cases of H100 runs are named after the test case; the other platforms' get "@a100" or
+"@gb200" after it (file NAME__gb200.yaml), so one test measured on two GPUs is two cases.
 
 Tolerances are not written here: validation/tolerances.yaml holds them, by hand, each
 with the reason the case is not yet closer.
@@ -19,30 +29,66 @@ import argparse
 import glob
 import json
 import os
+import subprocess
 import sys
 
 import yaml
 
-GPU_OF_PLATFORM = {"dgx_h100": "H100-80GB", "dgx_a100": "A100-80GB"}
+GPU_OF_PLATFORM = {"dgx_h100": "H100-80GB", "dgx_a100": "A100-80GB", "dgx_gb200": "GB200-186GB"}
+# The recipe folder that runs each platform's tests (h100/ runs A100 and H100 alike).
+RECIPES_OF_PLATFORM = {"dgx_h100": "h100", "dgx_a100": "h100", "dgx_gb200": "gb200"}
+# Pretraining runs only (the other recipes run inference, RL or performance sweeps that
+# log no training memory of this kind); gb200/ splits them into 2-node and 1-node files.
+PRETRAINING_RECIPES = ("gpt.yaml", "moe.yaml", "gpt-1node.yaml", "moe-1node.yaml")
 
 
-def world_sizes(root):
+def world_sizes(root, platform):
     """test_case -> (nodes * gpus, recipe path) from the recipes that run gpt/moe cases."""
     sizes = {}
-    for path in sorted(glob.glob(os.path.join(root, "tests/test_utils/recipes/h100/*.yaml"))):
+    folder = RECIPES_OF_PLATFORM[platform]
+    for path in sorted(glob.glob(os.path.join(root, f"tests/test_utils/recipes/{folder}/*.yaml"))):
+        if os.path.basename(path) not in PRETRAINING_RECIPES:
+            continue
         with open(path) as f:
             recipe = yaml.safe_load(f)
         spec = recipe.get("spec", {})
-        # Pretraining runs only: gpt.yaml and moe.yaml (the other recipes run inference,
-        # RL or performance sweeps that log no training memory of this kind).
-        if os.path.basename(path) not in ("gpt.yaml", "moe.yaml"):
-            continue
         for product in recipe.get("products", []):
             nodes = product.get("nodes", spec.get("nodes", 1))
             gpus = product.get("gpus", spec.get("gpus", 8))
             for case in product.get("test_case", []):
                 sizes.setdefault((spec["model"], case), (nodes * gpus, os.path.relpath(path, root)))
     return sizes
+
+
+# PyTorch's default cuBLAS workspace on Blackwell before pytorch/pytorch#175344, and the
+# first day a GB200 golden value was regenerated with the 32 MiB default (the last with the
+# old one was 2026-04-17, the first with the new 2026-05-07).
+OLD_BLACKWELL_CUBLAS_DEFAULT = ":4096:2:16:8"
+FIRST_32MIB_BLACKWELL_DAY = "2026-05-01"
+
+
+def memory_series(history, commit, path):
+    """The golden file's two memory series at `commit`, as comparable text (None: unreadable)."""
+    shown = subprocess.run(["git", "-C", history, "show", f"{commit}:{path}"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        return None
+    golden = json.loads(shown.stdout)
+    return json.dumps([golden.get(m, {}).get("values")
+                       for m in ("mem-max-allocated-bytes", "mem-allocated-bytes")], sort_keys=True)
+
+
+def regeneration_day(history, commit, path):
+    """The day of the last commit up to `commit` that changed the file's memory values
+    (commits that only reformat it or touch other metrics are skipped)."""
+    log = subprocess.run(["git", "-C", history, "log", "--format=%H %ad", "--date=short", commit,
+                          "--", path], capture_output=True, text=True, check=True).stdout.split()
+    commits = list(zip(log[0::2], log[1::2]))
+    values = memory_series(history, commit, path)
+    for (sha, day), (parent, _) in zip(commits, commits[1:] + [(None, None)]):
+        if parent is None or memory_series(history, parent, path) != values:
+            return day
+    return None
 
 
 def value_at(golden, metric, last_step):
@@ -77,8 +123,10 @@ def main():
     parser.add_argument("commit")
     parser.add_argument("--platform", default="dgx_h100", choices=sorted(GPU_OF_PLATFORM))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "cases"))
+    parser.add_argument("--history", help="Megatron-LM git directory: record regeneration days")
     opts = parser.parse_args()
-    sizes = world_sizes(opts.megatron_root)
+    sizes = world_sizes(opts.megatron_root, opts.platform)
+    suffix = "" if opts.platform == "dgx_h100" else opts.platform.replace("dgx_", "")
     written = 0
     pattern = f"tests/functional_tests/test_cases/[gm][po][te]/*/golden_values_dev_{opts.platform}.json"
     for golden_path in sorted(glob.glob(os.path.join(opts.megatron_root, pattern))):
@@ -87,7 +135,8 @@ def main():
         with open(golden_path) as f:
             golden = json.load(f)
         if (model, test_case) not in sizes:
-            print(f"skipped {test_case}: no h100 recipe gives its world size", file=sys.stderr)
+            print(f"skipped {test_case}: no {RECIPES_OF_PLATFORM[opts.platform]} recipe gives its "
+                  "world size", file=sys.stderr)
             continue
         world_size, recipe = sizes[(model, test_case)]
         with open(os.path.join(case_dir, "model_config.yaml")) as f:
@@ -104,7 +153,7 @@ def main():
         alloc_step, allocated = value_at(golden, "mem-allocated-bytes", last_step)
         rel = lambda p: os.path.relpath(p, opts.megatron_root)
         case = {
-            "name": f"{test_case}",
+            "name": f"{test_case}@{suffix}" if suffix else test_case,
             "source": {
                 "repository": "NVIDIA/Megatron-LM",
                 "commit": opts.commit,
@@ -124,10 +173,16 @@ def main():
         }
         if allocated is not None and alloc_step == step:
             case["measured"]["allocated_bytes"] = allocated
+        if opts.history:
+            day = regeneration_day(opts.history, opts.commit, rel(golden_path))
+            case["measured"]["recorded"] = day
+            if (opts.platform == "dgx_gb200" and day < FIRST_32MIB_BLACKWELL_DAY
+                    and "CUBLAS_WORKSPACE_CONFIG" not in case["env"]):
+                case["stack"] = {"default_cublas_workspace_config": OLD_BLACKWELL_CUBLAS_DEFAULT}
         iteration_time = steady_iteration_time(golden, last_step)
         if iteration_time is not None:
             case["measured"]["iteration_time_s"] = iteration_time
-        out = os.path.join(opts.out, f"{model}__{test_case}.yaml")
+        out = os.path.join(opts.out, f"{model}__{test_case}" + (f"__{suffix}" if suffix else "") + ".yaml")
         with open(out + ".tmp", "w") as f:
             f.write("# Generated by validation/import_megatron_ci.py; do not edit by hand.\n")
             yaml.safe_dump(case, f, sort_keys=False, width=100)

@@ -108,6 +108,7 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
   double iteration_time_s = 0;
   const std::map<std::string, YamlKeyHandler> measured_keys = {
       integer("iteration", &c.iteration),
+      text("recorded", &c.recorded),
       integer("max_allocated_bytes", &c.max_allocated_bytes),
       keep("allocated_bytes",
            [&](const YAML::Node& v) { return Read(v, path, "allocated_bytes", &allocated); }),
@@ -115,6 +116,9 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
            [&](const YAML::Node& v) {
              return Read(v, path, "iteration_time_s", &iteration_time_s);
            }),
+  };
+  const std::map<std::string, YamlKeyHandler> stack_keys = {
+      text("default_cublas_workspace_config", &c.default_cublas_workspace_config),
   };
   std::string recipe;
   const std::map<std::string, YamlKeyHandler> source_keys = {
@@ -133,6 +137,7 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
       keep("source",
            [&](const YAML::Node& v) { return ApplyKeys(v, path, "source", source_keys); }),
       keep("env", [&](const YAML::Node& v) { return ReadStringMap(v, path, "env", &c.env); }),
+      keep("stack", [&](const YAML::Node& v) { return ApplyKeys(v, path, "stack", stack_keys); }),
       keep("args", [&](const YAML::Node& v) { return ReadModelArgs(v, path, &c.args); }),
       keep("measured",
            [&](const YAML::Node& v) { return ApplyKeys(v, path, "measured", measured_keys); }),
@@ -235,7 +240,13 @@ struct CaseResult {
 void RunCase(const ValidationCase& c, CaseResult* result) {
   result->validation_case = c;
   MegatronArgsResult parsed;
-  Status status = ParseMegatronArgs(c.args, c.env, c.world_size, &parsed);
+  // The environment the measured run had, with its PyTorch's default cuBLAS workspace
+  // spelled out where that PyTorch's differs from memsim's (Note [Software of a measurement]).
+  std::map<std::string, std::string> env = c.env;
+  if (!c.default_cublas_workspace_config.empty()) {
+    env.emplace("CUBLAS_WORKSPACE_CONFIG", c.default_cublas_workspace_config);
+  }
+  Status status = ParseMegatronArgs(c.args, env, c.world_size, &parsed);
   RunSpec& spec = parsed.spec;
   if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
   std::optional<ValidatedRun> validated;
@@ -414,28 +425,39 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
       "Error = (memsim - real) / real. Tolerances and the reason for each one above 0.5% are\n"
       "in validation/tolerances.yaml.\n\n";
   md += "**" + a.Line(results.size()) + ".**\n\n";
-  // Dense and mixture-of-experts cases apart: their targets differ (0.5% and 2%).
+  // Dense and mixture-of-experts cases apart (their targets differ: 0.5% and 2%), then each
+  // GPU's cases apart.
   md +=
       "| group | compared | median \\|error\\| max allocated | median \\|error\\| allocated after "
       "step | "
       "worst \\|error\\| |\n| --- | ---: | ---: | ---: | ---: |\n";
-  for (const bool moe : {false, true}) {
+  auto group_row = [&](const std::string& label, const auto& in_group) {
     std::vector<double> peak, after;
     int compared = 0;
     for (const CaseResult& r : results) {
-      if (!r.refusal.empty() || r.mixture_of_experts != moe) continue;
+      if (!r.refusal.empty() || !in_group(r)) continue;
       ++compared;
       for (const Comparison& c : r.comparisons) {
         (c.metric == "max allocated" ? peak : after).push_back(std::fabs(c.error_pct()));
       }
     }
+    if (compared == 0) return;
     std::vector<double> all = peak;
     all.insert(all.end(), after.begin(), after.end());
     char row[256];
-    std::snprintf(row, sizeof(row), "| %s | %d | %.2f%% | %.2f%% | %.2f%% |\n",
-                  moe ? "mixture of experts" : "dense", compared, Median(peak), Median(after),
+    std::snprintf(row, sizeof(row), "| %s | %d | %.2f%% | %.2f%% | %.2f%% |\n", label.c_str(),
+                  compared, Median(peak), Median(after),
                   all.empty() ? 0.0 : *std::max_element(all.begin(), all.end()));
     md += row;
+  };
+  for (const bool moe : {false, true}) {
+    group_row(moe ? "mixture of experts" : "dense",
+              [moe](const CaseResult& r) { return r.mixture_of_experts == moe; });
+  }
+  std::set<std::string> gpus;
+  for (const CaseResult& r : results) gpus.insert(r.validation_case.gpu);
+  for (const std::string& gpu : gpus) {
+    group_row(gpu, [&gpu](const CaseResult& r) { return r.validation_case.gpu == gpu; });
   }
   md += "\n";
   md +=

@@ -16,6 +16,18 @@
 
 namespace memsim {
 
+// Note [Software of a measurement]
+// A golden value was measured on the software of the day it was regenerated, not on
+// today's. Megatron-LM's code is the case's commit; PyTorch is whatever the CI's dev
+// container held then. One difference shows in memory: PyTorch's default cuBLAS workspace
+// on Blackwell (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize) was
+// :4096:2:16:8 (8.125 MiB) until pytorch/pytorch#175344 (merged 2026-02-19) made it 32 MiB
+// as on Hopper; memsim follows the latter. The GB200 golden values regenerated up to
+// 2026-04-17 of runs that leave CUBLAS_WORKSPACE_CONFIG unset sit 47.75 MiB (two handles'
+// workspaces, 2 x 23.875 MiB) below the same tests' H100 values, those regenerated from
+// 2026-05-07 on do not. validation/import_megatron_ci.py reads each golden file's date from
+// Megatron-LM's history and writes the old default into the case's `stack` for the former,
+// so the case is simulated on the software it was measured on.
 struct ValidationCase {
   std::string path;  // the file it came from, for messages
   std::string name;
@@ -24,6 +36,13 @@ struct ValidationCase {
   int64_t world_size = 0;
   int64_t rank = 0;  // whose memory was logged
   std::map<std::string, std::string> env;
+  // Note [Software of a measurement]: PyTorch's default cuBLAS workspace (a
+  // CUBLAS_WORKSPACE_CONFIG value) in the software that recorded the values, where it
+  // differs from the PyTorch memsim follows; empty: the same. Applies only when `env` sets
+  // no CUBLAS_WORKSPACE_CONFIG.
+  std::string default_cublas_workspace_config;
+  // The date the golden values were last regenerated (YYYY-MM-DD); empty if unknown.
+  std::string recorded;
   // The launch line, built from the case's MODEL_ARGS as Megatron-LM's functional-test
   // runner (_run_training.sh) builds it: `true` is a bare flag, a list gives its values.
   std::vector<std::string> args;
