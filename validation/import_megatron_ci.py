@@ -60,11 +60,11 @@ def world_sizes(root, platform):
     return sizes
 
 
-# PyTorch's default cuBLAS workspace on Blackwell before pytorch/pytorch#175344, and the
-# first day a GB200 golden value was regenerated with the 32 MiB default (the last with the
-# old one was 2026-04-17, the first with the new 2026-05-07).
+# PyTorch's default cuBLAS workspace on Blackwell before pytorch/pytorch#175344, and the day
+# the CI's dev container moved to NGC PyTorch 26.04, which has the 32 MiB default
+# (docker/.ngc_version.dev, Megatron-LM commit 5fe3f06658).
 OLD_BLACKWELL_CUBLAS_DEFAULT = ":4096:2:16:8"
-FIRST_32MIB_BLACKWELL_DAY = "2026-05-01"
+FIRST_32MIB_BLACKWELL_DAY = "2026-05-07"
 
 
 def memory_series(history, commit, path):

@@ -22,12 +22,14 @@ namespace memsim {
 // container held then. One difference shows in memory: PyTorch's default cuBLAS workspace
 // on Blackwell (aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize) was
 // :4096:2:16:8 (8.125 MiB) until pytorch/pytorch#175344 (merged 2026-02-19) made it 32 MiB
-// as on Hopper; memsim follows the latter. The GB200 golden values regenerated up to
-// 2026-04-17 of runs that leave CUBLAS_WORKSPACE_CONFIG unset sit 47.75 MiB (two handles'
-// workspaces, 2 x 23.875 MiB) below the same tests' H100 values, those regenerated from
-// 2026-05-07 on do not. validation/import_megatron_ci.py reads each golden file's date from
-// Megatron-LM's history and writes the old default into the case's `stack` for the former,
-// so the case is simulated on the software it was measured on.
+// as on Hopper; memsim follows the latter. Megatron-LM's CI dev container moved from NGC
+// PyTorch 26.02 to 26.04, which has it, on 2026-05-07 (docker/.ngc_version.dev, commit
+// 5fe3f06658). Measured: the GB200 golden values regenerated before that day of runs that
+// leave CUBLAS_WORKSPACE_CONFIG unset sit 47.75 MiB (two handles' workspaces,
+// 2 x 23.875 MiB) below the same tests' H100 values; those regenerated from that day on do
+// not. validation/import_megatron_ci.py reads each golden file's date from Megatron-LM's
+// history and writes the old default into the case's `stack` for the former, so the case is
+// simulated on the software it was measured on.
 struct ValidationCase {
   std::string path;  // the file it came from, for messages
   std::string name;
