@@ -42,6 +42,19 @@ RECIPES_OF_PLATFORM = {"dgx_h100": "h100", "dgx_a100": "h100", "dgx_gb200": "gb2
 PRETRAINING_RECIPES = ("gpt.yaml", "moe.yaml", "gpt-1node.yaml", "moe-1node.yaml")
 
 
+def runs_dev_on(product, spec, platform):
+    """Whether a recipe's test-case entry runs in the dev environment on `platform` (a
+    variant without `platforms` runs on the spec's: dgx_a100 in h100/), so that its
+    golden_values_dev_PLATFORM.json is still regenerated."""
+    def listed(value):
+        return value if isinstance(value, list) else [value]
+    for variant in product.get("products", []):
+        platforms = listed(variant.get("platforms", spec.get("platforms", [])))
+        if "dev" in listed(variant.get("environment", [])) and platform in platforms:
+            return True
+    return False
+
+
 def world_sizes(root, platform):
     """test_case -> (nodes * gpus, recipe path) from the recipes that run gpt/moe cases."""
     sizes = {}
@@ -53,6 +66,8 @@ def world_sizes(root, platform):
             recipe = yaml.safe_load(f)
         spec = recipe.get("spec", {})
         for product in recipe.get("products", []):
+            if not runs_dev_on(product, spec, platform):
+                continue
             nodes = product.get("nodes", spec.get("nodes", 1))
             gpus = product.get("gpus", spec.get("gpus", 8))
             for case in product.get("test_case", []):
