@@ -495,6 +495,25 @@ void FreeStorage(const c10::Storage& storage) {
   storage.unsafeGetStorageImpl()->set_nbytes(0);
 }
 
+at::Tensor LeadingSlice(const at::Tensor& t, int64_t dim, int64_t length) {
+  if (t.storage().nbytes() > 0) return t.narrow(dim, 0, length);
+  c10::TensorImpl* source = t.unsafeGetTensorImpl();
+  c10::intrusive_ptr<c10::TensorImpl> view =
+      source->shallow_copy_and_detach(source->version_counter(),
+                                      /*allow_tensor_metadata_change=*/true);
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[static_cast<size_t>(dim)] = length;
+  view->set_sizes_and_strides(sizes, t.strides());
+  return at::Tensor(std::move(view));
+}
+
+void AllocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const auto bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
 void DrainDeferredWgrad(DeferredWgrad& deferred, Parameter& weight,
                         const LinearParallelism& parallelism) {
   const size_t count = deferred.inputs.size();

@@ -113,6 +113,13 @@ void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad)
 // Frees a storage's bytes, keeping the storage and its tensors (FSDP's
 // storage.resize_(0)); later reads of them see no bytes.
 void FreeStorage(const c10::Storage& storage);
+// t.narrow(dim, 0, length), also when t's storage has no bytes now (a Megatron-FSDP
+// main_grad, whose gradient bucket is allocated only in backward): the view is made
+// without checking it against the storage.
+at::Tensor LeadingSlice(const at::Tensor& t, int64_t dim, int64_t length);
+// Gives a tensor whose storage FreeStorage emptied the bytes of its elements back
+// (storage.resize_(numel)), allocated as a new storage allocation of the same storage.
+void AllocateStorage(const at::Tensor& t);
 
 // The deferred weight-gradient GEMMs of `weight` (DeferredWgrad), as
 // drain_embedding_wgrad_compute runs them: with sequence parallelism each input is

@@ -205,6 +205,11 @@ struct TrainingConfig {
   Precision exp_avg_dtype = Precision::kFp32;
   Precision exp_avg_sq_dtype = Precision::kFp32;
   bool store_param_remainders = true;  // bf16 parameters' fp32 masters keep 16 bits
+  // Megatron-FSDP's gradient dtypes (Note [Megatron-FSDP] in parallel/megatron_fsdp.h): the
+  // shards' (--megatron-fsdp-main-grads-dtype) and the full buckets' (--megatron-fsdp-grad-
+  // comm-dtype). Unset: auto, the parameters' dtype, then the main gradients'.
+  std::optional<Precision> fsdp_main_grads_dtype;
+  std::optional<Precision> fsdp_grad_comm_dtype;
   // --grad-reduce-in-bf16 (bf16 training): the gradient buffer is bf16, not fp32; the
   // optimizer then takes fp32 copies of its gradients as fp16 training does (Note [Mixed
   // precision state] in models/parameters.h).

@@ -33,7 +33,7 @@ at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t ou
   Parameter block;
   block.name = weight.name;
   block.data = rows ? weight.data.narrow(0, 0, out) : weight.data.narrow(1, 0, out);
-  block.main_grad = rows ? weight.main_grad.narrow(0, 0, out) : weight.main_grad.narrow(1, 0, out);
+  block.main_grad = LeadingSlice(weight.main_grad, rows ? 0 : 1, out);
   block.expert = true;
   block.store = weight.store;
   block.fp8 = weight.fp8;

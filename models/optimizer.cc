@@ -84,9 +84,7 @@ at::Tensor MixedPrecisionOptimizer::ParameterShard(const Parameter& p) const {
                                 : Shard(p.data, p.expert ? expert_shards_ : shards_);
 }
 
-void MixedPrecisionOptimizer::ZeroGrad() {
-  if (!precision_aware_ && store_->grad_dtype() != at::kFloat) master_grads_.clear();
-}
+void MixedPrecisionOptimizer::ZeroGrad() { master_grads_.clear(); }
 
 void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
   CategoryScope category(Category::kOptimizerState);
@@ -122,6 +120,7 @@ void MixedPrecisionOptimizer::Step() {
                                   ? p.shard_grad
                                   : Shard(p.main_grad, p.expert ? expert_shards_ : shards_);
       // A copy when gradients are 16-bit; FusedAdam's decoupled_grad is the shard itself.
+      master_grads_are_copies_ = !precision_aware_ && grad.scalar_type() != at::kFloat;
       master_grads_.push_back(precision_aware_ ? grad : grad.to(at::kFloat));
     }
   }
@@ -169,7 +168,8 @@ void MixedPrecisionOptimizer::Step() {
     }
     CastMastersToFp8Parameters(fp8_masters, fp8_recipe);
   }
-  if (precision_aware_ || store_->grad_dtype() == at::kFloat) master_grads_.clear();  // views
+  // Views of the gradients go now; fp32 copies of 16-bit gradients stay until zero_grad.
+  if (!master_grads_are_copies_) master_grads_.clear();
 }
 
 }  // namespace memsim

@@ -105,8 +105,10 @@ class MixedPrecisionOptimizer {
   int64_t step_ = 0;
   // fp32 (the parameters themselves in fp32 training), or precision-aware int16 remainders.
   std::vector<at::Tensor> masters_;
-  // 16-bit gradients: owned fp32 copies; else (and precision-aware) views of main_grad.
+  // 16-bit gradients: owned fp32 copies, kept until ZeroGrad (Megatron-FSDP's
+  // update_main_grads copies stay too); else (and precision-aware) views of main_grad.
   std::vector<at::Tensor> master_grads_;
+  bool master_grads_are_copies_ = false;
   // Per parameter: Adam's m, SGD's or Muon's momentum; Adam's v (undefined for Muon's).
   std::vector<at::Tensor> exp_avgs_;
   std::vector<at::Tensor> exp_avg_sqs_;

@@ -761,7 +761,11 @@ at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden) {
   ModuleScope s("output_layer");
   LinearParallelism parallelism = ColumnParallel();
   parallelism.deferred = deferred_wgrad_;
-  return Linear(hidden, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
+  auto run = [&](const at::Tensor& x) {
+    return Linear(x, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
+  };
+  return shard_.wrap_layer ? shard_.wrap_layer(ModelShard::kOutputLayerUnit, hidden, run)
+                           : run(hidden);
 }
 
 at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& labels,

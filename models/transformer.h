@@ -153,9 +153,12 @@ struct ModelShard {
   bool first_stage = true;
   bool last_stage = true;
   // Runs layer `index`'s forward (`run`) on `input`; set by data parallelism that works
-  // per layer (FSDP gathers the layer's parameters around it). Empty: run it directly.
+  // per layer (FSDP gathers the layer's parameters around it). Empty: run it directly. It
+  // also runs the output layer, as index kOutputLayerUnit (whose parameters belong to no
+  // layer: Megatron-FSDP allocates their gradient bucket when its backward starts).
   using LayerFn = std::function<at::Tensor(const at::Tensor&)>;
   std::function<at::Tensor(int64_t index, const at::Tensor& input, const LayerFn& run)> wrap_layer;
+  static constexpr int64_t kOutputLayerUnit = -2;
   // Copy the events of identical layers instead of running them all (Note [Layer
   // replication] in layer_replication.h); ignored with wrap_layer.
   bool replicate_layers = false;

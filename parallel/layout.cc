@@ -298,6 +298,9 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
 
 int64_t OptimizerShards(const ParallelLayout& layout, bool experts) {
   if (layout.data_parallel == DataParallelKind::kDdp) return 1;
+  if (layout.data_parallel == DataParallelKind::kMegatronFsdp) {
+    return experts ? layout.edp : layout.dp * layout.cp;
+  }
   if (layout.data_parallel != DataParallelKind::kDistributedOptimizer) {
     return experts ? layout.edp : layout.dp;  // ZeRO-2, FSDP: memsim's own sharding
   }

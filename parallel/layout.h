@@ -24,6 +24,7 @@ enum class DataParallelKind {
   kDistributedOptimizer,  // ZeRO-1: fp32 master weights and Adam states sharded over dp
   kZero2,                 // ... and gradients
   kFsdp,                  // ZeRO-3: parameters too, gathered around each layer
+  kMegatronFsdp,          // Megatron-Core's FSDP, optim_grads_params (megatron_fsdp.h)
 };
 // zero1 and zero3 are aliases parsing accepts (Note [Enum names]).
 inline constexpr EnumName<DataParallelKind> kDataParallelNames[] = {
@@ -32,7 +33,8 @@ inline constexpr EnumName<DataParallelKind> kDataParallelNames[] = {
     {DataParallelKind::kDistributedOptimizer, "zero1"},
     {DataParallelKind::kZero2, "zero2"},
     {DataParallelKind::kFsdp, "fsdp"},
-    {DataParallelKind::kFsdp, "zero3"}};
+    {DataParallelKind::kFsdp, "zero3"},
+    {DataParallelKind::kMegatronFsdp, "megatron-fsdp"}};
 
 struct ParallelLayout {
   int64_t world_size = 1;

@@ -17,6 +17,7 @@
 #include "ops/collectives.h"
 #include "ops/library_workspaces.h"
 #include "ops/ops.h"
+#include "parallel/megatron_fsdp.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/check.h"
@@ -71,6 +72,20 @@ void BackwardFrom(const InFlight& f, const at::Tensor& grad) {
   torch::autograd::Engine::get_default_engine().execute(
       {f.output_edge}, {grad}, /*keep_graph=*/false, /*create_graph=*/false,
       /*accumulate_grad=*/true, /*outputs=*/{});
+}
+
+// Megatron-FSDP's settings for this run (Note [Megatron-FSDP]).
+MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const ParallelLayout& layout) {
+  auto dtype = [](Precision p) {
+    return p == Precision::kBf16 ? at::kBFloat16 : p == Precision::kFp16 ? at::kHalf : at::kFloat;
+  };
+  MegatronFsdpOptions o;
+  o.shards = OptimizerShards(layout, false);
+  o.expert_shards = OptimizerShards(layout, true);
+  const Precision main_grads = t.fsdp_main_grads_dtype.value_or(t.precision);
+  o.main_grads = dtype(main_grads);
+  o.grad_comm = dtype(t.fsdp_grad_comm_dtype.value_or(main_grads));
+  return o;
 }
 
 // The CUDA libraries' GEMM workspaces (Note [Library workspaces]), allocated where the
@@ -163,10 +178,13 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
   shard.replicate_layers = replication.layers;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
-  if (layout.data_parallel == DataParallelKind::kFsdp) {
-    shard.wrap_layer = [&fsdp](int64_t unit, const at::Tensor& input,
-                               const ModelShard::LayerFn& run) {
-      return fsdp->RunLayer(unit, input, run);
+  std::unique_ptr<MegatronFsdp> megatron_fsdp;
+  LayerHooks* layer_hooks = nullptr;  // set below, before any layer runs
+  if (layout.data_parallel == DataParallelKind::kFsdp ||
+      layout.data_parallel == DataParallelKind::kMegatronFsdp) {
+    shard.wrap_layer = [&layer_hooks](int64_t unit, const at::Tensor& input,
+                                      const ModelShard::LayerFn& run) {
+      return RunHookedLayer(layer_hooks, unit, input, run);
     };
   }
   TransformerModel model(model_config, training, shard, &store);
@@ -176,6 +194,13 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       break;
     case DataParallelKind::kFsdp:
       fsdp = std::make_unique<FullyShardedDataParallel>(&store, layout.dp);
+      layer_hooks = fsdp.get();
+      break;
+    case DataParallelKind::kMegatronFsdp:
+      megatron_fsdp =
+          std::make_unique<MegatronFsdp>(&store, MegatronFsdpOptionsOf(training, layout));
+      layer_hooks = megatron_fsdp.get();
+      session.EmptyCache();  // the end of Megatron-FSDP's setup: gc.collect(), empty_cache()
       break;
     default:
       store.AllocateGradBuffer();
@@ -235,6 +260,7 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       }
       if (step.forward) {
         workspaces.BeforeForward();
+        if (megatron_fsdp) megatron_fsdp->BeforeForwardStep();
       } else {
         workspaces.BeforeBackward();
       }
@@ -265,6 +291,7 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
           BackwardFrom(f, grad);
         }
         if (f.input.defined()) Send(f.input.grad());
+        if (megatron_fsdp) megatron_fsdp->AfterBackwardStep();
       }
       if (step.microbatch == kTemplateMicrobatch) {
         templates[template_key] = {begin_event, static_cast<int64_t>(recorder.events().size()),

@@ -81,12 +81,14 @@ Status FinalizeUnchecked(RunSpec* spec) {
         "TP communication overlap needs sequence parallelism (as Megatron-LM asserts)");
   }
   if (t.fp8 != Fp8Recipe::kNone) MEMSIM_RETURN_IF_ERROR(CheckFp8GemmShapes(spec->model, l, t));
-  if (t.fp8_param_gather && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
+  if (t.fp8_param_gather && l.data_parallel != DataParallelKind::kDistributedOptimizer &&
+      l.data_parallel != DataParallelKind::kMegatronFsdp) {
     return Status::Error(
         "FP8 parameters (--fp8-param-gather) need the distributed optimizer (as Megatron-LM "
         "asserts)");
   }
-  if (t.precision_aware_optimizer && l.data_parallel != DataParallelKind::kDistributedOptimizer) {
+  if (t.precision_aware_optimizer && l.data_parallel != DataParallelKind::kDistributedOptimizer &&
+      l.data_parallel != DataParallelKind::kMegatronFsdp) {
     return Status::Error(
         "the precision-aware optimizer needs the distributed optimizer (as Megatron-Core "
         "asserts)");
@@ -116,6 +118,21 @@ Status FinalizeUnchecked(RunSpec* spec) {
     // memsim's FSDP wraps decoder layers; an MTP depth's layer would stay whole.
     return Status::Error(
         "multi-token prediction with FSDP is not modelled; use distributed-optimizer");
+  }
+  if (l.data_parallel == DataParallelKind::kMegatronFsdp) {
+    // Note [Megatron-FSDP] in parallel/megatron_fsdp.h: what memsim models of it.
+    std::string unmodelled;
+    if (l.pp > 1) unmodelled = "pipeline parallelism";
+    if (t.recompute == RecomputeKind::kFull) unmodelled = "full recomputation";
+    if (t.fp8_param_gather) unmodelled = "FP8 parameters (--fp8-param-gather)";
+    if (t.precision_aware_optimizer) unmodelled = "the precision-aware optimizer";
+    if (t.optimizer == OptimizerKind::kMuon) unmodelled = "Muon";
+    if (spec->model.mtp_num_layers > 0) unmodelled = "multi-token prediction";
+    if (t.precision == Precision::kFp32) unmodelled = "fp32 training";
+    if (!unmodelled.empty()) {
+      return Status::Error("Megatron-FSDP with " + unmodelled +
+                           " is not modelled; use the distributed optimizer instead");
+    }
   }
   if (l.cp > 1 && t.attention == AttentionKind::kEager) {
     return Status::Error(

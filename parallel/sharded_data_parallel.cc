@@ -1,7 +1,6 @@
 #include "parallel/sharded_data_parallel.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 
@@ -11,18 +10,6 @@
 
 namespace memsim {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::Function;
-using torch::autograd::variable_list;
-
-// Gives a tensor whose storage was freed its bytes back (the all-gather's output).
-void AllocateStorage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  const auto bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
 
 // One fp32 buffer holding every parameter's gradient shard, views handed out.
 at::Tensor AllocateShardGrads(std::vector<Parameter*> params, int64_t dp) {
@@ -41,39 +28,6 @@ at::Tensor AllocateShardGrads(std::vector<Parameter*> params, int64_t dp) {
   }
   return buffer;
 }
-
-// Autograd's saved data holds IValues: the FSDP object travels in a typed capsule (the
-// one IValue that carries a C++ object without registering a TorchScript class).
-// It does not own the object, which outlives every backward of the step.
-struct FsdpCapsule : torch::CustomClassHolder {
-  explicit FsdpCapsule(FullyShardedDataParallel* fsdp) : fsdp(fsdp) {}
-  FullyShardedDataParallel* const fsdp;
-};
-
-// The layer's boundaries, around its forward: identity there; in backward, the output
-// side runs first (FSDP's pre-backward hook), the input side last (post-backward).
-template <bool kPreBackward>
-struct BackwardHook : public Function<BackwardHook<kPreBackward>> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            FullyShardedDataParallel* fsdp, int64_t unit) {
-    ctx->saved_data["fsdp"] = c10::IValue::make_capsule(c10::make_intrusive<FsdpCapsule>(fsdp));
-    ctx->saved_data["unit"] = unit;
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    FullyShardedDataParallel* fsdp =
-        c10::static_intrusive_pointer_cast<FsdpCapsule>(ctx->saved_data["fsdp"].toCapsule())->fsdp;
-    const int64_t unit = ctx->saved_data["unit"].toInt();
-    if (kPreBackward) {
-      fsdp->PreBackward(unit);
-    } else {
-      fsdp->PostBackward(unit);
-    }
-    return {grads[0], at::Tensor(), at::Tensor()};
-  }
-};
-using PreBackwardHook = BackwardHook<true>;
-using PostBackwardHook = BackwardHook<false>;
 
 }  // namespace
 
@@ -143,17 +97,6 @@ void FullyShardedDataParallel::Reshard(int64_t index) {
   if (it == units_.end() || !it->second.gathered) return;
   for (Parameter* p : it->second.params) FreeStorage(p->data.storage());
   it->second.gathered = false;
-}
-
-at::Tensor FullyShardedDataParallel::RunLayer(int64_t unit, const at::Tensor& input,
-                                              const ModelShard::LayerFn& run) {
-  Gather(unit);
-  const bool recomputing =
-      CurrentRecorder() != nullptr && CurrentRecorder()->phase() == Phase::kBackward;
-  at::Tensor x = input.requires_grad() ? PostBackwardHook::apply(input, this, unit) : input;
-  at::Tensor out = run(x);
-  if (!recomputing) Reshard(unit);  // recomputation in backward keeps them for backward
-  return out.requires_grad() ? PreBackwardHook::apply(out, this, unit) : out;
 }
 
 void FullyShardedDataParallel::PreBackward(int64_t unit) {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "models/parameters.h"
-#include "models/transformer.h"
+#include "parallel/layer_hooks.h"
 #include "parallel/layout.h"
 
 namespace memsim {
@@ -35,8 +35,9 @@ inline constexpr int64_t kGradientBucketElements = 40'000'000;
 // REQUIRES: every parameter added to `store`; called instead of AllocateGradBuffer.
 void AllocateZero2Gradients(ParameterStore* store, int64_t dp);
 
-// FSDP: owns the gathered/resharded state of every layer's parameters.
-class FullyShardedDataParallel {
+// FSDP: owns the gathered/resharded state of every layer's parameters; its LayerHooks
+// run around each layer (RunHookedLayer).
+class FullyShardedDataParallel : public LayerHooks {
  public:
   // Shards every layer's parameters (their full storage freed, a 1/dp shard kept) and
   // allocates the fp32 gradient shards; root parameters get a gradient buffer.
@@ -45,12 +46,13 @@ class FullyShardedDataParallel {
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
-  // For ModelShard::wrap_layer.
-  at::Tensor RunLayer(int64_t unit, const at::Tensor& input, const ModelShard::LayerFn& run);
-
-  // Called by the layer boundaries' backward (fsdp hooks).
-  void PreBackward(int64_t unit);
-  void PostBackward(int64_t unit);
+  void PreForward(int64_t unit) override { Gather(unit); }
+  // Recomputation in backward keeps the parameters for the backward that follows.
+  void PostForward(int64_t unit, bool recomputing) override {
+    if (!recomputing) Reshard(unit);
+  }
+  void PreBackward(int64_t unit) override;
+  void PostBackward(int64_t unit) override;
 
  private:
   struct Unit {

@@ -121,6 +121,7 @@ StepTime EstimateStepTime(const ModelConfig& model, const TrainingConfig& traini
                   CollectiveSeconds(gpu, CollectiveKind::kAllGather, params, layout.dp, dp_stride);
         break;
       case DataParallelKind::kFsdp:
+      case DataParallelKind::kMegatronFsdp:
         // Shards only: every microbatch gathers the parameters for forward and again for
         // backward, and reduce-scatters the gradients.
         seconds =

@@ -39,7 +39,7 @@ TEST(EnumNames, EveryTableRoundTrips) {
   ExpectRoundTrips(kRecomputeMethodNames, 2);
   ExpectRoundTrips(kOptimizerNames, 3);
   ExpectRoundTrips(kProfileNames, 2);
-  ExpectRoundTrips(kDataParallelNames, 4);
+  ExpectRoundTrips(kDataParallelNames, 5);
   ExpectRoundTrips(kPlanVerdictNames, 6);
   ExpectRoundTrips(kTheoreticalActivationFormulaNames, 2);
 }
@@ -57,6 +57,7 @@ TEST(EnumNames, UnknownNameListsEveryChoiceAlphabetically) {
   const Status status = ParseEnum(kDataParallelNames, "zero4", "data parallelism", &kind);
   EXPECT_EQ(status.message(),
             "unknown data parallelism 'zero4' (use one of: ddp, distributed-optimizer, fsdp, "
+            "megatron-fsdp, "
             "zero1, zero2, zero3)");
   EXPECT_EQ(kind, DataParallelKind::kDdp);  // untouched
   Precision precision = Precision::kBf16;

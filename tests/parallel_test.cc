@@ -928,6 +928,96 @@ TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
   }
 }
 
+// Megatron-FSDP runs of a GPT: the most bytes alive at once of the all-gathered weight
+// buckets and of the full gradient buckets, and the model state alive when iteration 1
+// begins (parameters, gradients and optimizer state).
+struct MegatronFsdpRun {
+  int64_t gathered_peak = 0, grad_bucket_peak = 0, state_at_iteration1 = 0;
+};
+MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, int64_t dp) {
+  ParallelLayout layout;
+  layout.world_size = dp;
+  layout.data_parallel = DataParallelKind::kMegatronFsdp;
+  EXPECT_TRUE(FinalizeLayout(&layout, m).ok());
+  Session session;
+  {
+    ActiveSession active(session);
+    RunRankTraining(m, t, layout, 0, session);
+  }
+  const Recorder& r = session.recorder();
+  MegatronFsdpRun run;
+  int64_t gathered = 0, grad_buckets = 0;
+  for (const MemoryEvent& ev : r.events()) {
+    const StorageInfo& s = r.storages()[static_cast<size_t>(ev.storage_id)];
+    const std::string module = r.names().Name(s.module);
+    const int64_t bytes = ev.is_alloc ? s.size_bytes : -s.size_bytes;
+    if (module == "megatron_fsdp.all_gather") gathered += bytes;
+    if (module == "megatron_fsdp.grad_buckets") grad_buckets += bytes;
+    run.gathered_peak = std::max(run.gathered_peak, gathered);
+    run.grad_bucket_peak = std::max(run.grad_bucket_peak, grad_buckets);
+  }
+  int64_t iteration1 = -1;
+  for (const Marker& mk : r.markers()) {
+    if (mk.kind == MarkerKind::kIterationBegin && mk.iteration == 1) iteration1 = mk.event_index;
+  }
+  ForEachLiveStorage(r, iteration1 - 1, [&](int64_t id) {
+    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+    if (s.category == Category::kParameter || s.category == Category::kGradient ||
+        s.category == Category::kOptimizerState) {
+      run.state_at_iteration1 += s.size_bytes;
+    }
+  });
+  return run;
+}
+
+// Note [Megatron-FSDP], bf16 with the default dtypes (bf16 gradient shards and buckets, fp32
+// main weights), a 4-layer GPT (h = 128: 198,272 parameters a layer; 147,712 outside them:
+// word and position embeddings, final norm; the output layer is tied). A layer's bucket is
+// padded to a multiple of d * 512 (its largest row is fc2's, 4h), the non-unit one to
+// d * 128: with d = 2, S = 198,656 (194 * 1024) and 147,712 (577 * 256); with d = 4,
+// 198,656 (97 * 2048) and 147,968 (289 * 512). Each rank keeps S / d of every bucket as
+// bf16 weights and bf16 gradients, fp32 masters and Adam's two states (12 bytes) per
+// parameter / d, and after the first step the non-unit bucket stays gathered. Far under
+// the billion-element prefetch window, the whole model is gathered at once, and every
+// gradient bucket stays queued until the backward ends.
+TEST(MegatronFsdp, BucketsShardsAndTheWholeSmallModelGathered) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  struct Case {
+    int64_t dp, layer_bucket, root_bucket;
+  };
+  for (const Case& c : {Case{2, 198'656, 147'712}, Case{4, 198'656, 147'968}}) {
+    const int64_t parameters = 4 * 198'272 + 147'712;
+    const int64_t shards = (4 * c.layer_bucket + c.root_bucket) / c.dp;
+    const MegatronFsdpRun run = RunMegatronFsdp(m, t, c.dp);
+    EXPECT_EQ(run.state_at_iteration1,
+              shards * 2 + shards * 2 + parameters / c.dp * 12 + c.root_bucket * 2)
+        << "dp=" << c.dp;
+    EXPECT_EQ(run.gathered_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
+    EXPECT_EQ(run.grad_bucket_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
+  }
+}
+
+// The prefetch window and the reduce-scatter queue of a model whose layers exceed them
+// (h = 8192: 805,412,864 parameters a layer, bucket S = 805,437,440 at d = 2; 9,453,568
+// outside the layers). P = 805,412,864 (half of twice the mean layer) lets one layer be
+// prefetched past the one running, so at most the non-unit bucket and two layers are
+// gathered, in forward and in backward. The queue holds up to C = 1,610,825,728 elements:
+// the third layer's reduce-scatter frees the first one's bucket, so three layer buckets
+// and the non-unit one are the most alive at once.
+TEST(MegatronFsdp, PrefetchWindowAndQueueBoundWhatIsGathered) {
+  const Shape x{128, 1, 8192, 64};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.iterations = 1;
+  const MegatronFsdpRun run = RunMegatronFsdp(m, t, 2);
+  EXPECT_EQ(run.gathered_peak, (9'453'568 + 2 * int64_t{805'437'440}) * 2);
+  EXPECT_EQ(run.grad_bucket_peak, (9'453'568 + 3 * int64_t{805'437'440}) * 2);
+}
+
 // --defer-embedding-wgrad-compute: the last stage keeps the output layer's 16-bit output
 // gradient [S, B, V] of the first `limit` microbatches (all with 0) until the pipeline
 // flush, while later microbatches' come and go: at most min(m, limit + 1) are alive at

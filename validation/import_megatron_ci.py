@@ -80,6 +80,10 @@ def world_sizes(root, platform):
 # (docker/.ngc_version.dev, Megatron-LM commit 5fe3f06658).
 OLD_BLACKWELL_CUBLAS_DEFAULT = ":4096:2:16:8"
 FIRST_32MIB_BLACKWELL_DAY = "2026-05-07"
+# Until this day (Megatron-LM commit adfe9e11d9) Megatron-FSDP kept the gradients of bf16
+# runs in fp32 (grad_reduce_in_fp32, on for bf16); since then 'auto' means the parameters'.
+FIRST_AUTO_FSDP_GRADS_DAY = "2026-07-01"
+FSDP_GRAD_ARGS = ("--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype")
 
 
 def memory_series(history, commit, path):
@@ -191,9 +195,18 @@ def main():
         if opts.history:
             day = regeneration_day(opts.history, opts.commit, rel(golden_path))
             case["measured"]["recorded"] = day
+            stack = {}
             if (opts.platform == "dgx_gb200" and day < FIRST_32MIB_BLACKWELL_DAY
                     and "CUBLAS_WORKSPACE_CONFIG" not in case["env"]):
-                case["stack"] = {"default_cublas_workspace_config": OLD_BLACKWELL_CUBLAS_DEFAULT}
+                stack["default_cublas_workspace_config"] = OLD_BLACKWELL_CUBLAS_DEFAULT
+            if (model_args.get("--use-megatron-fsdp") and model_args.get("--bf16")
+                    and day < FIRST_AUTO_FSDP_GRADS_DAY
+                    and not model_args.get("--grad-reduce-in-bf16")):
+                old_defaults = {a: "fp32" for a in FSDP_GRAD_ARGS if a not in model_args}
+                if old_defaults:
+                    stack["args"] = old_defaults
+            if stack:
+                case["stack"] = stack
         iteration_time = steady_iteration_time(golden, last_step)
         if iteration_time is not None:
             case["measured"]["iteration_time_s"] = iteration_time

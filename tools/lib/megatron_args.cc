@@ -116,6 +116,12 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--use-distributed-optimizer", Arity::kFlag, ArgUse::kRead},
     {"--num-distributed-optimizer-instances", Arity::kValue, ArgUse::kRead},
     {"--data-parallel-sharding-strategy", Arity::kValue, ArgUse::kRead},
+    {"--use-megatron-fsdp", Arity::kFlag, ArgUse::kRead},
+    {"--megatron-fsdp-version", Arity::kValue, ArgUse::kRead},
+    {"--megatron-fsdp-main-params-dtype", Arity::kValue, ArgUse::kRead},
+    {"--megatron-fsdp-main-grads-dtype", Arity::kValue, ArgUse::kRead},
+    {"--megatron-fsdp-grad-comm-dtype", Arity::kValue, ArgUse::kRead},
+    {"--outer-dp-sharding-strategy", Arity::kValue, ArgUse::kRead},
     // Precision, kernels, optimizer.
     {"--bf16", Arity::kFlag, ArgUse::kRead},
     {"--fp16", Arity::kFlag, ArgUse::kRead},
@@ -499,7 +505,10 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--squared-relu", Arity::kValues, ArgUse::kRefused, "the squared-ReLU activation"},
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
-    {"--use-megatron-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
+    {"--fsdp-double-buffer", Arity::kFlag, ArgUse::kRefused,
+     "Megatron-FSDP's fixed double buffers"},
+    {"--nccl-ub", Arity::kFlag, ArgUse::kRefused,
+     "NCCL user buffers: a memory pool partly outside PyTorch's caching allocator"},
     {"--use-torch-fsdp2", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--yaml-cfg", Arity::kValues, ArgUse::kRefused, "arguments read from a YAML file"},
 };
@@ -927,6 +936,43 @@ Status ReadPipelineStages(Args& a, const ModelConfig& m, ParallelLayout* layout)
   return Status::OK();
 }
 
+// Megatron-FSDP (Note [Megatron-FSDP] in parallel/megatron_fsdp.h): --use-megatron-fsdp
+// with its default sharding strategy, optim_grads_params.
+Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
+  if (!a.Has("--use-megatron-fsdp")) {
+    if (a.Text("--data-parallel-sharding-strategy", "no_shard") != "no_shard") {
+      return NotModelled("--data-parallel-sharding-strategy", "FSDP");
+    }
+    for (const char* name :
+         {"--data-parallel-sharding-strategy", "--megatron-fsdp-version",
+          "--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype",
+          "--megatron-fsdp-grad-comm-dtype", "--outer-dp-sharding-strategy"}) {
+      a.Ignore(name);
+    }
+    return Status::OK();
+  }
+  std::string text;
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--data-parallel-sharding-strategy", {"optim_grads_params"},
+                                "optim_grads_params", &text));
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--megatron-fsdp-version", {"1"}, "1", &text));
+  // Hybrid FSDP (an outer data-parallel dimension) is not modelled.
+  MEMSIM_RETURN_IF_ERROR(
+      Choice(a, "--outer-dp-sharding-strategy", {"no_shard"}, "no_shard", &text));
+  // auto runs the optimizer on the 16-bit shards: not modelled.
+  MEMSIM_RETURN_IF_ERROR(Choice(a, "--megatron-fsdp-main-params-dtype", {"fp32"}, "fp32", &text));
+  TrainingConfig& t = spec->training;
+  for (auto [name, field] :
+       {std::pair{"--megatron-fsdp-main-grads-dtype", &t.fsdp_main_grads_dtype},
+        {"--megatron-fsdp-grad-comm-dtype", &t.fsdp_grad_comm_dtype}}) {
+    MEMSIM_RETURN_IF_ERROR(Choice(a, name, {"auto", "fp32", "bf16"}, "auto", &text));
+    if (text != "auto") *field = text == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  }
+  // Megatron-FSDP brings its own distributed optimizer (--use-distributed-optimizer is
+  // forced on).
+  spec->layout.data_parallel = DataParallelKind::kMegatronFsdp;
+  return Status::OK();
+}
+
 // Data parallelism and the microbatches of one iteration.
 Status ReadDataParallelism(Args& a, int64_t world_size, RunSpec* spec) {
   ParallelLayout& l = spec->layout;
@@ -936,10 +982,7 @@ Status ReadDataParallelism(Args& a, int64_t world_size, RunSpec* spec) {
   }
   MEMSIM_RETURN_IF_ERROR(
       a.Int("--num-distributed-optimizer-instances", &l.distributed_optimizer_instances));
-  if (a.Text("--data-parallel-sharding-strategy", "no_shard") != "no_shard") {
-    return NotModelled("--data-parallel-sharding-strategy", "FSDP");
-  }
-  a.Ignore("--data-parallel-sharding-strategy");
+  MEMSIM_RETURN_IF_ERROR(ReadMegatronFsdp(a, spec));
   const int64_t model_parallel = CheckedMul(CheckedMul(l.tp, l.pp), l.cp);
   if (world_size % model_parallel != 0) {
     return Status::Error("world size " + Str(world_size) +

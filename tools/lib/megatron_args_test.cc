@@ -910,3 +910,46 @@ TEST(MegatronArgs, SequenceVersusContextParallelIsTheRunSpecsRule) {
 
 }  // namespace
 }  // namespace memsim
+
+namespace memsim {
+namespace {
+
+// Megatron-FSDP (Note [Megatron-FSDP]): --use-megatron-fsdp with its default strategy, the
+// dtype arguments ('auto' leaves them to the parameters); what it does not model is refused
+// by name.
+TEST(MegatronArgs, MegatronFsdp) {
+  const std::string base = std::string(kTinyGpt) + "--bf16 --use-megatron-fsdp ";
+  const MegatronArgsResult r =
+      Parse(base + "--use-distributed-optimizer --ckpt-format fsdp_dtensor", 8);
+  EXPECT_EQ(r.spec.layout.data_parallel, DataParallelKind::kMegatronFsdp);
+  EXPECT_FALSE(r.spec.training.fsdp_main_grads_dtype.has_value());
+  EXPECT_FALSE(r.spec.training.fsdp_grad_comm_dtype.has_value());
+  const MegatronArgsResult typed =
+      Parse(base +
+                "--data-parallel-sharding-strategy optim_grads_params "
+                "--megatron-fsdp-main-grads-dtype fp32 --megatron-fsdp-grad-comm-dtype bf16",
+            8);
+  EXPECT_EQ(typed.spec.training.fsdp_main_grads_dtype, Precision::kFp32);
+  EXPECT_EQ(typed.spec.training.fsdp_grad_comm_dtype, Precision::kBf16);
+  EXPECT_EQ(ErrorOf(base + "--data-parallel-sharding-strategy optim_grads"),
+            "--data-parallel-sharding-strategy 'optim_grads' is not modelled (memsim supports "
+            "optim_grads_params)");
+  EXPECT_EQ(ErrorOf(base + "--megatron-fsdp-main-params-dtype auto"),
+            "--megatron-fsdp-main-params-dtype 'auto' is not modelled (memsim supports fp32)");
+  EXPECT_EQ(ErrorOf(base + "--nccl-ub"),
+            "--nccl-ub changes memory in a way memsim does not model (NCCL user buffers: a memory "
+            "pool partly outside PyTorch's caching allocator); drop it to simulate the run "
+            "without it");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--data-parallel-sharding-strategy optim_grads_params"),
+            "--data-parallel-sharding-strategy changes memory in a way memsim does not model "
+            "(FSDP); drop it to simulate the run without it");
+  std::optional<ValidatedRun> run;
+  EXPECT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  EXPECT_EQ(
+      FinalizeRunSpec(Parse(base + "--pipeline-model-parallel-size 2", 8).spec, &run).message(),
+      "Megatron-FSDP with pipeline parallelism is not modelled; use the distributed "
+      "optimizer instead");
+}
+
+}  // namespace
+}  // namespace memsim

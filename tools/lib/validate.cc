@@ -119,6 +119,10 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
   };
   const std::map<std::string, YamlKeyHandler> stack_keys = {
       text("default_cublas_workspace_config", &c.default_cublas_workspace_config),
+      keep("args",
+           [&](const YAML::Node& v) {
+             return ReadStringMap(v, path, "stack.args", &c.default_args);
+           }),
   };
   std::string recipe;
   const std::map<std::string, YamlKeyHandler> source_keys = {
@@ -246,7 +250,13 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   if (!c.default_cublas_workspace_config.empty()) {
     env.emplace("CUBLAS_WORKSPACE_CONFIG", c.default_cublas_workspace_config);
   }
-  Status status = ParseMegatronArgs(c.args, env, c.world_size, &parsed);
+  std::vector<std::string> args = c.args;
+  for (const auto& [name, value] : c.default_args) {
+    if (std::find(args.begin(), args.end(), name) != args.end()) continue;
+    args.push_back(name);
+    args.push_back(value);
+  }
+  Status status = ParseMegatronArgs(args, env, c.world_size, &parsed);
   RunSpec& spec = parsed.spec;
   if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
   std::optional<ValidatedRun> validated;

@@ -29,7 +29,10 @@ namespace memsim {
 // 2 x 23.875 MiB) below the same tests' H100 values; those regenerated from that day on do
 // not. validation/import_megatron_ci.py reads each golden file's date from Megatron-LM's
 // history and writes the old default into the case's `stack` for the former, so the case is
-// simulated on the software it was measured on.
+// simulated on the software it was measured on. Megatron-LM's own defaults move too: until
+// 2026-07-01 (commit adfe9e11d9) Megatron-FSDP kept bf16 runs' gradients in fp32 (the
+// "grandfathered" grad_reduce_in_fp32); since then auto means the parameters' dtype. The
+// importer writes such defaults into `stack.args`.
 struct ValidationCase {
   std::string path;  // the file it came from, for messages
   std::string name;
@@ -43,6 +46,10 @@ struct ValidationCase {
   // differs from the PyTorch memsim follows; empty: the same. Applies only when `env` sets
   // no CUBLAS_WORKSPACE_CONFIG.
   std::string default_cublas_workspace_config;
+  // Note [Software of a measurement]: Megatron-LM arguments whose default, in the code that
+  // recorded the values, differs from today's (argument -> value); applied when `args`
+  // does not give the argument.
+  std::map<std::string, std::string> default_args;
   // The date the golden values were last regenerated (YYYY-MM-DD); empty if unknown.
   std::string recorded;
   // The launch line, built from the case's MODEL_ARGS as Megatron-LM's functional-test

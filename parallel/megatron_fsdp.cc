@@ -1,0 +1,246 @@
+#include "parallel/megatron_fsdp.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "models/layers.h"
+#include "ops/collectives.h"
+#include "simulator/checked_math.h"
+#include "simulator/session.h"
+
+namespace memsim {
+namespace {
+
+// The product of a parameter's trailing dimensions (1 for a vector).
+int64_t RowElements(const at::Tensor& t) { return t.dim() <= 1 ? 1 : t.numel() / t.size(0); }
+
+// The bucket's chunk size factor, as Megatron-FSDP groups parameters: the largest row, made
+// the least common multiple with every row that neither divides it (with the parameter a
+// whole number of such chunks) nor belongs to a parameter smaller than one chunk.
+int64_t ChunkFactor(const std::vector<Parameter*>& params) {
+  std::vector<const at::Tensor*> by_row;
+  for (const Parameter* p : params) by_row.push_back(&p->data);
+  std::stable_sort(by_row.begin(), by_row.end(), [](const at::Tensor* a, const at::Tensor* b) {
+    return RowElements(*a) > RowElements(*b);
+  });
+  int64_t factor = RowElements(*by_row.front());
+  for (const at::Tensor* t : by_row) {
+    const int64_t row = RowElements(*t);
+    const bool fits =
+        row == factor || (factor % row == 0 && t->numel() % factor == 0) || t->numel() < factor;
+    if (!fits) factor = std::lcm(factor, row);
+  }
+  return factor;
+}
+
+}  // namespace
+
+MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& options) {
+  at::NoGradGuard no_grad;
+  // Buckets in the order their parameters first appear.
+  for (Parameter& p : store->parameters()) {
+    const bool expert = p.expert && p.unit >= 0;
+    auto it = std::find_if(buckets_.begin(), buckets_.end(),
+                           [&](const Bucket& b) { return b.unit == p.unit && b.expert == expert; });
+    if (it == buckets_.end()) {
+      buckets_.push_back(Bucket{p.unit, expert});
+      it = buckets_.end() - 1;
+    }
+    it->params.push_back(&p);
+  }
+  // The prefetch window and the reduce-scatter queue's capacity: twice the mean layer,
+  // at least a billion elements (suggested_communication_unit_size).
+  int64_t unit_elements = 0;
+  std::vector<int64_t> units;
+  for (const Parameter& p : store->parameters()) {
+    if (p.unit < 0) continue;
+    unit_elements = CheckedAdd(unit_elements, p.data.numel());
+    if (std::find(units.begin(), units.end(), p.unit) == units.end()) units.push_back(p.unit);
+  }
+  const int64_t mean_unit = units.empty() ? 0 : unit_elements / static_cast<int64_t>(units.size());
+  queue_capacity_elements_ = std::max<int64_t>(1'000'000'000, CheckedMul(mean_unit, 2));
+  prefetch_elements_ = queue_capacity_elements_ / 2;
+
+  // The shards: per bucket the 16-bit weights (the fp32 main weights are the optimizer's
+  // masters, cloned from these), and one gradient shard buffer for all buckets.
+  std::vector<int64_t> shard_elements;
+  int64_t all_grad_shards = 0;
+  for (Bucket& b : buckets_) {
+    const int64_t shards = b.expert ? options.expert_shards : options.shards;
+    int64_t elements = 0;
+    for (const Parameter* p : b.params) elements = CheckedAdd(elements, p->data.numel());
+    const int64_t pad = CheckedMul(shards, ChunkFactor(b.params));
+    b.full_elements = CheckedMul(ShardElements(elements, pad), pad);
+    shard_elements.push_back(b.full_elements / shards);
+    all_grad_shards = CheckedAdd(all_grad_shards, shard_elements.back());
+  }
+  const at::TensorOptions meta = at::TensorOptions().device(at::kMeta);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    const int64_t shards = b.expert ? options.expert_shards : options.shards;
+    const at::ScalarType dtype = b.params.front()->data.scalar_type();
+    ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.buckets." + std::to_string(i)});
+    CategoryScope category(Category::kParameter);
+    // The parameters move into a temporary full bucket; their shard is copied out.
+    b.weights = at::empty({b.full_elements}, meta.dtype(dtype));
+    int64_t offset = 0;
+    for (Parameter* p : b.params) {
+      p->data.set_(b.weights.storage(), offset, p->data.sizes(), p->data.strides());
+      offset += p->data.numel();
+    }
+    shards_.push_back(at::empty({shard_elements[i]}, meta.dtype(dtype)));
+    offset = 0;
+    for (Parameter* p : b.params) {
+      const int64_t share =
+          std::min(ShardElements(p->data.numel(), shards), shard_elements[i] - offset);
+      p->shard_data = shards_.back().narrow(0, offset, share);
+      offset += share;
+    }
+    shards_.back().copy_(b.weights.narrow(0, 0, shard_elements[i]));
+    FreeStorage(b.weights.storage());
+    b.grads = at::empty({b.full_elements}, meta.dtype(options.grad_comm));
+    offset = 0;
+    for (Parameter* p : b.params) {
+      p->main_grad = b.grads.narrow(0, offset, p->data.numel()).view(p->data.sizes());
+      offset += p->data.numel();
+    }
+    FreeStorage(b.grads.storage());
+  }
+  {
+    ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.grad_shards"});
+    CategoryScope category(Category::kGradient);
+    shards_.push_back(at::zeros({all_grad_shards}, meta.dtype(options.main_grads)));
+  }
+  int64_t offset = 0;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const int64_t shards = buckets_[i].expert ? options.expert_shards : options.shards;
+    buckets_[i].grad_shard = shards_.back().narrow(0, offset, shard_elements[i]);
+    int64_t share_offset = 0;
+    for (Parameter* p : buckets_[i].params) {
+      const int64_t share =
+          std::min(ShardElements(p->data.numel(), shards), shard_elements[i] - share_offset);
+      p->shard_grad = buckets_[i].grad_shard.narrow(0, share_offset, share);
+      share_offset += share;
+    }
+    offset += shard_elements[i];
+  }
+}
+
+void MegatronFsdp::Gather(Bucket& bucket) {
+  if (bucket.gathered) return;
+  ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.all_gather"});
+  CategoryScope category(Category::kParameter);
+  AllocateStorage(bucket.weights);
+  ReceiveInto(bucket.weights);  // all_gather_into_tensor from the weight shards
+  bucket.gathered = true;
+}
+
+void MegatronFsdp::GatherWithPrefetch(std::vector<size_t> wanted, Order order) {
+  if (wanted.empty()) return;
+  std::sort(wanted.begin(), wanted.end());
+  auto size_of = [this](const std::vector<size_t>& ids) {
+    int64_t elements = 0;
+    for (size_t id : ids) elements += buckets_[id].full_elements;
+    return elements;
+  };
+  // The first bucket past the run of consecutive wanted ones, in `order`.
+  auto next = [&](const std::vector<size_t>& ids) -> int64_t {
+    if (order == Order::kForward) {
+      size_t id = ids.front() + 1;
+      for (size_t k = 1; k < ids.size() && ids[k] == id; ++k) ++id;
+      return id < buckets_.size() ? static_cast<int64_t>(id) : -1;
+    }
+    int64_t id = static_cast<int64_t>(ids.back()) - 1;
+    for (size_t k = ids.size() - 1; k-- > 0 && static_cast<int64_t>(ids[k]) == id;) --id;
+    return id;
+  };
+  const int64_t base = size_of(wanted);
+  for (int64_t id = next(wanted); id >= 0; id = next(wanted)) {
+    if (size_of(wanted) - base >= prefetch_elements_) break;
+    wanted.insert(std::upper_bound(wanted.begin(), wanted.end(), static_cast<size_t>(id)),
+                  static_cast<size_t>(id));
+  }
+  for (size_t id : wanted) Gather(buckets_[id]);
+}
+
+std::vector<size_t> MegatronFsdp::BucketsOf(int64_t unit) const {
+  std::vector<size_t> ids;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (buckets_[i].unit == unit) ids.push_back(i);
+  }
+  return ids;
+}
+
+void MegatronFsdp::Release(int64_t unit) {
+  for (size_t id : BucketsOf(unit)) {
+    Bucket& b = buckets_[id];
+    if (!b.gathered) continue;
+    FreeStorage(b.weights.storage());
+    b.gathered = false;
+  }
+}
+
+void MegatronFsdp::AllocateGrads(Bucket& bucket) {
+  if (bucket.grads_allocated) return;
+  ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.grad_buckets"});
+  CategoryScope category(Category::kGradient);
+  AllocateStorage(bucket.grads);
+  bucket.grads_allocated = true;
+}
+
+void MegatronFsdp::ReduceScatter(Bucket& bucket) {
+  if (!bucket.grads_allocated) return;
+  while (queued_elements_ > queue_capacity_elements_) FreeOldestQueued();
+  at::NoGradGuard no_grad;
+  const at::Tensor shard = bucket.grads.narrow(0, 0, bucket.grad_shard.numel());
+  ReceiveInto(shard);  // reduce_scatter_tensor into the bucket's own shard slot
+  bucket.grad_shard.add_(shard);
+  queue_.push_back(&bucket);
+  queued_elements_ += bucket.full_elements;
+}
+
+void MegatronFsdp::FreeOldestQueued() {
+  Bucket* bucket = queue_.front();
+  queue_.pop_front();
+  queued_elements_ -= bucket->full_elements;
+  FreeStorage(bucket->grads.storage());
+  bucket->grads_allocated = false;
+}
+
+void MegatronFsdp::PreForward(int64_t unit) {
+  GatherWithPrefetch(BucketsOf(unit), Order::kForward);
+}
+
+void MegatronFsdp::PostForward(int64_t unit, bool recomputing) {
+  MEMSIM_DCHECK(!recomputing);  // full recomputation is refused (Note [Megatron-FSDP])
+  Release(unit);
+}
+
+void MegatronFsdp::PreBackward(int64_t unit) {
+  if (unit == ModelShard::kOutputLayerUnit) {
+    // The output layer's weight gradient is the first of the non-unit buckets'.
+    for (size_t id : BucketsOf(-1)) AllocateGrads(buckets_[id]);
+    return;
+  }
+  GatherWithPrefetch(BucketsOf(unit), Order::kBackward);
+  for (size_t id : BucketsOf(unit)) AllocateGrads(buckets_[id]);
+}
+
+void MegatronFsdp::PostBackward(int64_t unit) {
+  for (size_t id : BucketsOf(unit)) ReduceScatter(buckets_[id]);
+  Release(unit);
+}
+
+void MegatronFsdp::BeforeForwardStep() { GatherWithPrefetch(BucketsOf(-1), Order::kForward); }
+
+void MegatronFsdp::AfterBackwardStep() {
+  for (size_t id : BucketsOf(-1)) {
+    AllocateGrads(buckets_[id]);
+    ReduceScatter(buckets_[id]);
+  }
+  while (!queue_.empty()) FreeOldestQueued();
+}
+
+}  // namespace memsim
