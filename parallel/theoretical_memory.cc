@@ -170,6 +170,10 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const Tr
     caveats.push_back("selective recomputation ignored without sequence parallelism");
   }
   if (t.precision_aware_optimizer) caveats.push_back("precision-aware optimizer states ignored");
+  if (l.data_parallel == DataParallelKind::kFsdp ||
+      l.data_parallel == DataParallelKind::kMegatronFsdp) {
+    caveats.push_back("FSDP: sharded parameters and gradients counted as whole");
+  }
   if (t.grad_reduce_in_bf16 && t.precision == Precision::kBf16) {
     caveats.push_back("bf16 gradient buffers counted as fp32");
   }
