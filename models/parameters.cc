@@ -7,8 +7,8 @@
 
 namespace memsim {
 
-at::ScalarType ParameterStore::param_dtype() const {
-  switch (precision_) {
+at::ScalarType ScalarTypeOf(Precision precision) {
+  switch (precision) {
     case Precision::kFp32:
       return at::kFloat;
     case Precision::kBf16:
@@ -18,6 +18,8 @@ at::ScalarType ParameterStore::param_dtype() const {
   }
   return at::kFloat;
 }
+
+at::ScalarType ParameterStore::param_dtype() const { return ScalarTypeOf(precision_); }
 
 at::ScalarType ParameterStore::grad_dtype() const {
   if (precision_ == Precision::kFp16) return at::kHalf;

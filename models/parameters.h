@@ -40,6 +40,9 @@ namespace memsim {
 
 class ParameterStore;
 
+// The tensor dtype of a precision (fp32, bf16, fp16).
+at::ScalarType ScalarTypeOf(Precision precision);
+
 // The elements of one rank's shard when a `numel`-element parameter is split `shards` ways:
 // ceil(numel / shards) (memsim shards each parameter alone; optimizer.h).
 inline int64_t ShardElements(int64_t numel, int64_t shards) {

@@ -71,6 +71,7 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     const int64_t shards = b.expert ? options.expert_shards : options.shards;
     int64_t elements = 0;
     for (const Parameter* p : b.params) elements = CheckedAdd(elements, p->data.numel());
+    // S: the elements rounded up to a multiple of d * c.
     const int64_t pad = CheckedMul(shards, ChunkFactor(b.params));
     b.full_elements = CheckedMul(ShardElements(elements, pad), pad);
     shard_elements.push_back(b.full_elements / shards);

@@ -29,8 +29,7 @@ namespace {
 // Note [Precision-aware optimizer] in models/optimizer.h, from the run's settings.
 std::optional<PrecisionAwareStates> PrecisionAwareStatesOf(const TrainingConfig& t) {
   if (!t.precision_aware_optimizer) return std::nullopt;
-  auto dtype = [](Precision p) { return p == Precision::kBf16 ? at::kBFloat16 : at::kFloat; };
-  return PrecisionAwareStates{dtype(t.exp_avg_dtype), dtype(t.exp_avg_sq_dtype),
+  return PrecisionAwareStates{ScalarTypeOf(t.exp_avg_dtype), ScalarTypeOf(t.exp_avg_sq_dtype),
                               t.store_param_remainders};
 }
 
@@ -76,15 +75,12 @@ void BackwardFrom(const InFlight& f, const at::Tensor& grad) {
 
 // Megatron-FSDP's settings for this run (Note [Megatron-FSDP]).
 MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const ParallelLayout& layout) {
-  auto dtype = [](Precision p) {
-    return p == Precision::kBf16 ? at::kBFloat16 : p == Precision::kFp16 ? at::kHalf : at::kFloat;
-  };
   MegatronFsdpOptions o;
   o.shards = OptimizerShards(layout, false);
   o.expert_shards = OptimizerShards(layout, true);
   const Precision main_grads = t.fsdp_main_grads_dtype.value_or(t.precision);
-  o.main_grads = dtype(main_grads);
-  o.grad_comm = dtype(t.fsdp_grad_comm_dtype.value_or(main_grads));
+  o.main_grads = ScalarTypeOf(main_grads);
+  o.grad_comm = ScalarTypeOf(t.fsdp_grad_comm_dtype.value_or(main_grads));
   return o;
 }
 
