@@ -19,7 +19,13 @@
 //     kTeGroupedGemmStreams more of the same size (one per compute stream,
 //     transformer_engine/common/util/multi_stream.cpp), made at the first grouped GEMM;
 //     with TP communication overlap one more, kTeUserbufferStreams times the size, at
-//     the first userbuffer GEMM.
+//     the first userbuffer GEMM. The MoE router's gating GEMMs go through TE's
+//     general_gemm whenever TE is installed, whatever --transformer-impl says
+//     (Megatron-Core 0.20 moe/moe_utils.py RouterGatingLinearFunction, unless the router
+//     runs in fp64), so a stage with MoE layers has TE's workspace even with the local
+//     implementation, and the router runs no GEMM through PyTorch. (Measured: local-
+//     implementation MoE tests hold 28 MiB more on H100 and GB200 than on A100, the
+//     difference between TE's workspaces on the two, 32 MiB + 1 KiB against 4 MiB.)
 #pragma once
 
 #include <cstdint>

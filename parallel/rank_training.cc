@@ -88,26 +88,28 @@ MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const Paralle
 // real run first needs each and kept to the end: PyTorch's cuBLAS workspace of the forward
 // thread at the first forward step and of autograd's backward thread at the first
 // backward step, when the stage runs a GEMM through PyTorch at all; Transformer Engine's
-// (and its userbuffer GEMMs') at the first forward step of a stage with TE layers.
+// (and its userbuffer GEMMs') at the first forward step of a stage with TE layers or MoE
+// routers.
 class LibraryWorkspaces {
  public:
   LibraryWorkspaces(const GpuSpec* gpu, const ModelConfig& model, const TrainingConfig& training,
                     const ModelShard& shard) {
     if (gpu == nullptr) return;  // no GPU, no libraries (unit tests of the model alone)
     // PyTorch GEMMs: every linear layer in the local implementation; under TE, the output
-    // layer (Megatron's ColumnParallelLinear), unfused attention's bmm and the MoE router.
+    // layer (Megatron's ColumnParallelLinear) and unfused attention's bmm. TE's GEMMs: its
+    // layers, and the MoE router's in either implementation.
     const bool has_layers = std::any_of(shard.chunks.begin(), shard.chunks.end(),
                                         [](const auto& c) { return c.second > 0; });
-    const bool torch_gemms =
-        training.profile == ProfileKind::kMegatronLocal || shard.last_stage ||
-        (has_layers && (training.attention == AttentionKind::kEager || model.num_experts > 0));
+    const bool torch_gemms = training.profile == ProfileKind::kMegatronLocal ||
+                             shard.last_stage ||
+                             (has_layers && training.attention == AttentionKind::kEager);
     cublas_bytes_ = torch_gemms
                         ? (training.cublas_workspace_bytes >= 0 ? training.cublas_workspace_bytes
                                                                 : DefaultCublasWorkspaceBytes(*gpu))
                         : 0;
-    te_bytes_ = training.profile == ProfileKind::kTransformerEngine && has_layers
-                    ? TransformerEngineWorkspaceBytes(*gpu)
-                    : 0;
+    const bool te_gemms = has_layers && (training.profile == ProfileKind::kTransformerEngine ||
+                                         model.num_experts > 0);
+    te_bytes_ = te_gemms ? TransformerEngineWorkspaceBytes(*gpu) : 0;
     const bool grouped_gemms = training.moe_grouped_gemm && model.num_experts > 0 && has_layers;
     te_grouped_.resize(grouped_gemms ? kTeGroupedGemmStreams : 0);
     if (UsesUserbuffers(training, shard) && has_layers) {

@@ -388,6 +388,58 @@ ModelConfig SmallMoe(double capacity_factor) {
   return m;
 }
 
+// The GEMM workspaces (Note [Library workspaces]) a stage of `layout` allocates, by module.
+std::map<std::string, int64_t> WorkspaceBytes(const ModelConfig& m, const TrainingConfig& t,
+                                              const ParallelLayout& layout, int64_t pp_rank,
+                                              const char* gpu) {
+  Session session(FindGpu(gpu));
+  {
+    ActiveSession active(session);
+    RunRankTraining(m, t, layout, pp_rank, session);
+  }
+  const Recorder& r = session.recorder();
+  std::map<std::string, int64_t> bytes;
+  for (const StorageInfo& s : r.storages()) {
+    const std::string module = r.names().Name(s.module);
+    if (module.find("workspace") != std::string::npos) bytes[module] += s.size_bytes;
+  }
+  return bytes;
+}
+
+// The MoE router's gating GEMMs go through Transformer Engine's general_gemm in either
+// implementation (Megatron-Core's RouterGatingLinearFunction): a local-implementation MoE
+// stage holds TE's GEMM workspace (32 MiB + 1 KiB on Hopper, 4 MiB on Ampere) beside
+// PyTorch's two cuBLAS workspaces (CUBLAS_WORKSPACE_CONFIG :4096:8, 32 MiB each), and a TE
+// stage without the loss and with fused attention runs no GEMM through PyTorch at all.
+TEST(ExpertParallel, RouterGemmsUseTransformerEnginesWorkspace) {
+  const ModelConfig m = SmallMoe(0);
+  TrainingConfig t;
+  t.seq_length = 128;
+  t.micro_batch_size = 1;
+  t.iterations = 1;
+  t.cublas_workspace_bytes = 32 << 20;
+  ParallelLayout layout;
+  layout.world_size = 4;
+  layout.tp = 2;
+  layout.pp = 2;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  t.profile = ProfileKind::kMegatronLocal;
+  t.attention = AttentionKind::kFlash;
+  const std::map<std::string, int64_t> local = {
+      {"cublas_workspace.backward_thread", 32 << 20},
+      {"cublas_workspace.forward_thread", 32 << 20},
+      {"transformer_engine.gemm_workspace", (32 << 20) + 1024}};
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 0, "H100-80GB"), local);
+  std::map<std::string, int64_t> ampere = local;
+  ampere["transformer_engine.gemm_workspace"] = 4 << 20;
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 0, "A100-80GB"), ampere);
+  t.profile = ProfileKind::kTransformerEngine;
+  t.attention = AttentionKind::kFused;
+  EXPECT_EQ(
+      WorkspaceBytes(m, t, layout, 0, "H100-80GB"),
+      (std::map<std::string, int64_t>{{"transformer_engine.gemm_workspace", (32 << 20) + 1024}}));
+}
+
 // Sizes of the tensors the all-to-all token exchange allocated in forward.
 std::vector<int64_t> AllToAllBytes(const ModelConfig& m, const ParallelLayout& layout,
                                    const TrainingConfig& t) {
