@@ -518,7 +518,8 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
   for (const CaseResult& r : results) {
     const ValidationCase& c = r.validation_case;
     md += "- " + c.name + ": " + c.source_repository + "@" + c.source_commit.substr(0, 12) + " `" +
-          c.source_config + "`, `" + c.source_golden_values + "`\n";
+          c.source_config + "`, `" + c.source_golden_values + "`" +
+          (c.recorded.empty() ? "" : " (values recorded " + c.recorded + ")") + "\n";
   }
   return md;
 }
