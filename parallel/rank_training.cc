@@ -258,13 +258,14 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
       }
       if (step.forward) {
         workspaces.BeforeForward();
-        if (megatron_fsdp) megatron_fsdp->BeforeForwardStep();
       } else {
         workspaces.BeforeBackward();
       }
       const int64_t begin_event = static_cast<int64_t>(recorder.events().size());
       const double begin_s = recorder.now_s();
       if (step.forward) {
+        // Part of the step's events, so that a copied forward gathers what it releases.
+        if (megatron_fsdp) megatron_fsdp->BeforeForwardStep();
         InFlight& f = in_flight[key];
         if (!model.ChunkHasEmbedding(step.chunk)) {
           f.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);

@@ -792,6 +792,36 @@ TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
   }
 }
 
+// Runs stage `stage` of `layout` with and without microbatch replication and expects the
+// same event log (sizes, order, attribution, times) and the same peaks.
+void ExpectReplicationChangesNothing(const ModelConfig& m, const TrainingConfig& t,
+                                     const ParallelLayout& layout, int64_t stage) {
+  Session full, replicated;
+  {
+    ActiveSession active(full);
+    RunRankTraining(m, t, layout, stage, full, {/*microbatches=*/false, /*layers=*/false});
+  }
+  {
+    ActiveSession active(replicated);
+    RunRankTraining(m, t, layout, stage, replicated, {/*microbatches=*/true, /*layers=*/false});
+  }
+  const Recorder& a = full.recorder();
+  const Recorder& b = replicated.recorder();
+  ASSERT_EQ(a.events().size(), b.events().size()) << "vpp " << layout.vpp << " stage " << stage;
+  for (size_t e = 0; e < a.events().size(); ++e) {
+    const StorageInfo& sa = a.storages()[static_cast<size_t>(a.events()[e].storage_id)];
+    const StorageInfo& sb = b.storages()[static_cast<size_t>(b.events()[e].storage_id)];
+    ASSERT_EQ(a.events()[e].is_alloc, b.events()[e].is_alloc) << e;
+    ASSERT_EQ(sa.size_bytes, sb.size_bytes) << e;
+    ASSERT_EQ(sa.microbatch, sb.microbatch) << e;
+    ASSERT_EQ(a.names().Name(sa.module), b.names().Name(sb.module)) << e;
+    ASSERT_DOUBLE_EQ(a.events()[e].time_s, b.events()[e].time_s) << e;
+  }
+  const Timeline ta = Timeline::Replay(a), tb = Timeline::Replay(b);
+  EXPECT_EQ(ta.peak_allocated_bytes(), tb.peak_allocated_bytes());
+  EXPECT_EQ(ta.peak_reserved_bytes(), tb.peak_reserved_bytes());
+}
+
 // Note [Microbatch replication]: copying the steady state's events gives the same event
 // log (sizes, order, attribution) as running every microbatch.
 TEST(MicrobatchReplication, EqualsRunningEveryMicrobatch) {
@@ -806,33 +836,23 @@ TEST(MicrobatchReplication, EqualsRunningEveryMicrobatch) {
     layout.vpp = vpp;
     layout.data_parallel = DataParallelKind::kDistributedOptimizer;
     ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
-    for (int64_t stage : {0, 1}) {
-      Session full, replicated;
-      {
-        ActiveSession active(full);
-        RunRankTraining(m, t, layout, stage, full, {/*microbatches=*/false, /*layers=*/false});
-      }
-      {
-        ActiveSession active(replicated);
-        RunRankTraining(m, t, layout, stage, replicated, {/*microbatches=*/true, /*layers=*/false});
-      }
-      const Recorder& a = full.recorder();
-      const Recorder& b = replicated.recorder();
-      ASSERT_EQ(a.events().size(), b.events().size()) << "vpp " << vpp << " stage " << stage;
-      for (size_t e = 0; e < a.events().size(); ++e) {
-        const StorageInfo& sa = a.storages()[static_cast<size_t>(a.events()[e].storage_id)];
-        const StorageInfo& sb = b.storages()[static_cast<size_t>(b.events()[e].storage_id)];
-        ASSERT_EQ(a.events()[e].is_alloc, b.events()[e].is_alloc) << e;
-        ASSERT_EQ(sa.size_bytes, sb.size_bytes) << e;
-        ASSERT_EQ(sa.microbatch, sb.microbatch) << e;
-        ASSERT_EQ(a.names().Name(sa.module), b.names().Name(sb.module)) << e;
-        ASSERT_DOUBLE_EQ(a.events()[e].time_s, b.events()[e].time_s) << e;
-      }
-      const Timeline ta = Timeline::Replay(a), tb = Timeline::Replay(b);
-      EXPECT_EQ(ta.peak_allocated_bytes(), tb.peak_allocated_bytes());
-      EXPECT_EQ(ta.peak_reserved_bytes(), tb.peak_reserved_bytes());
-    }
+    for (int64_t stage : {0, 1}) ExpectReplicationChangesNothing(m, t, layout, stage);
   }
+}
+
+// The same with Megatron-FSDP, whose gathers and gradient buckets come and go inside each
+// step (Note [Megatron-FSDP]).
+TEST(MicrobatchReplication, EqualsRunningEveryMicrobatchWithMegatronFsdp) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.num_microbatches = 6;
+  ParallelLayout layout;
+  layout.world_size = 4;
+  layout.data_parallel = DataParallelKind::kMegatronFsdp;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  ExpectReplicationChangesNothing(m, t, layout, 0);
 }
 
 }  // namespace
