@@ -16,6 +16,7 @@
 #include "simulator/session.h"
 #include "simulator/timeline.h"
 #include "simulator/tracking_allocator.h"
+#include "tests/support/recorder_queries.h"
 #include "tests/support/test_models.h"
 
 namespace memsim {
@@ -520,13 +521,7 @@ void RunModelState(Precision precision, OptimizerKind optimizer, ModelStateRun* 
       run->optimizer_begin = mk.event_index;
     }
   }
-  ForEachLiveStorage(r, run->step_end, [&](int64_t id) {
-    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-    if (s.category == Category::kParameter || s.category == Category::kGradient ||
-        s.category == Category::kOptimizerState) {
-      run->state_bytes += s.size_bytes;
-    }
-  });
+  run->state_bytes = test::ModelStateBytesAfter(r, run->step_end);
 }
 
 // Parameters of that model: V*h + s*h + L*(12h^2 + 13h) + 2h.

@@ -17,6 +17,7 @@
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
+#include "tests/support/recorder_queries.h"
 #include "tests/support/test_models.h"
 #include "tools/lib/megatron_args.h"
 #include "tools/lib/validate.h"
@@ -108,15 +109,7 @@ int64_t ModelStateBytes(const ModelConfig& m, TrainingConfig t, const ParallelLa
   for (const Marker& mk : r.markers()) {
     if (mk.kind == MarkerKind::kIterationEnd) step_end = mk.event_index - 1;
   }
-  int64_t bytes = 0;
-  ForEachLiveStorage(r, step_end, [&](int64_t id) {
-    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-    if (s.category == Category::kParameter || s.category == Category::kGradient ||
-        s.category == Category::kOptimizerState) {
-      bytes += s.size_bytes;
-    }
-  });
-  return bytes;
+  return test::ModelStateBytesAfter(r, step_end);
 }
 
 // Megatron-LM's distributed optimizer documentation: 4 + 16/d (fp16), 6 + 12/d (bf16),
@@ -972,14 +965,7 @@ TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
     for (const Marker& mk : r.markers()) {
       if (mk.kind == MarkerKind::kIterationBegin && mk.iteration == 1) iteration1 = mk.event_index;
     }
-    int64_t state = 0;
-    ForEachLiveStorage(r, iteration1 - 1, [&](int64_t id) {
-      const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-      if (s.category == Category::kParameter || s.category == Category::kGradient ||
-          s.category == Category::kOptimizerState) {
-        state += s.size_bytes;
-      }
-    });
+    const int64_t state = test::ModelStateBytesAfter(r, iteration1 - 1);
     // Layers: 2 (bf16 shard) + 4 (fp32 grad shard) + 4 + 8 (master, Adam), all / dp.
     // Root: 2 + 4 whole, 12 / dp.
     EXPECT_EQ(state, 4 * layer_params * 18 / dp + root_params * 6 + root_params * 12 / dp)
@@ -1032,13 +1018,7 @@ MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, i
   for (const Marker& mk : r.markers()) {
     if (mk.kind == MarkerKind::kIterationBegin && mk.iteration == 1) iteration1 = mk.event_index;
   }
-  ForEachLiveStorage(r, iteration1 - 1, [&](int64_t id) {
-    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-    if (s.category == Category::kParameter || s.category == Category::kGradient ||
-        s.category == Category::kOptimizerState) {
-      run.state_at_iteration1 += s.size_bytes;
-    }
-  });
+  run.state_at_iteration1 = test::ModelStateBytesAfter(r, iteration1 - 1);
   return run;
 }
 
