@@ -51,7 +51,7 @@ Status RecordRankClass(const ValidatedRun& run, const RankClass& rank_class, Ran
   result->session = std::make_unique<Session>(spec.gpu);
   try {
     ActiveSession active(*result->session);
-    RunRankTraining(spec.model, spec.training, spec.layout, rank_class.pp_rank, *result->session);
+    RunRankTraining(run, rank_class.pp_rank, *result->session);
     result->own_clock = OwnClock(result->session->recorder());
   } catch (const UserError& e) {
     return Status::Error(e.what());
@@ -136,10 +136,7 @@ std::vector<StageClock> MeasuredClocks(const std::vector<RankResult>& stages,
 }
 
 double TheoreticalMemoryMB(const ValidatedRun& run, int64_t pp_rank) {
-  const RunSpec& spec = run.spec();
-  return ComputeTheoreticalMemory(spec.model, spec.training, spec.layout,
-                                  spec.training.num_microbatches, pp_rank)
-      .total_mb;
+  return ComputeTheoreticalMemory(run, pp_rank).total_mb;
 }
 
 }  // namespace memsim

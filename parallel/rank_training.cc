@@ -100,8 +100,7 @@ class LibraryWorkspaces {
     // layers, and the MoE router's in either implementation.
     const bool has_layers = std::any_of(shard.chunks.begin(), shard.chunks.end(),
                                         [](const auto& c) { return c.second > 0; });
-    const bool torch_gemms = training.profile == ProfileKind::kMegatronLocal ||
-                             shard.last_stage ||
+    const bool torch_gemms = training.profile == ProfileKind::kMegatronLocal || shard.last_stage ||
                              (has_layers && training.attention == AttentionKind::kEager);
     cublas_bytes_ = torch_gemms
                         ? (training.cublas_workspace_bytes >= 0 ? training.cublas_workspace_bytes
@@ -160,9 +159,11 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
   return shard;
 }
 
-void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& training,
-                     const ParallelLayout& layout, int64_t pp_rank, Session& session,
+void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
                      Replication replication) {
+  const ModelConfig& model_config = run.spec().model;
+  const TrainingConfig& training = run.spec().training;
+  const ParallelLayout& layout = run.spec().layout;
   MEMSIM_DCHECK(0 <= pp_rank && pp_rank < layout.pp && model_config.padded_vocab_size > 0 &&
                 training.num_microbatches > 0);
   RegisterOps();
@@ -304,13 +305,6 @@ void RunRankTraining(const ModelConfig& model_config, const TrainingConfig& trai
     if (training.empty_unused_memory_level >= 2) session.EmptyCache();
     session.EndIteration();
   }
-}
-
-void RunTraining(const ModelConfig& model, const TrainingConfig& training, Session& session) {
-  ParallelLayout layout;
-  const Status status = FinalizeLayout(&layout, model);
-  if (!status.ok()) throw UserError(status.message());
-  RunRankTraining(model, training, layout, 0, session);
 }
 
 }  // namespace memsim

@@ -8,6 +8,7 @@
 
 #include "models/model_config.h"
 #include "parallel/layout.h"
+#include "parallel/run_spec.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -26,16 +27,11 @@ struct Replication {
   bool layers = true;
 };
 
-// Records setup and `training.iterations` iterations of pipeline stage `pp_rank` into
-// `session`, which must be active on this thread. Every rank of a stage behaves alike
+// Records setup and `training.iterations` iterations of pipeline stage `pp_rank` of `run`
+// into `session`, which must be active on this thread. Every rank of a stage behaves alike
 // (Note [Rank classes] in rank_classes.h). A UserError from the engine propagates.
-// REQUIRES: `model` passed FinalizeModelConfig with layout.tp, `layout` FinalizeLayout,
-// `training` ValidateTrainingConfig.
-void RunRankTraining(const ModelConfig& model, const TrainingConfig& training,
-                     const ParallelLayout& layout, int64_t pp_rank, Session& session,
+// REQUIRES: 0 <= pp_rank < run.spec().layout.pp.
+void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
                      Replication replication = {});
-
-// The whole model on one GPU: RunRankTraining with a one-rank layout.
-void RunTraining(const ModelConfig& model, const TrainingConfig& training, Session& session);
 
 }  // namespace memsim

@@ -7,8 +7,12 @@
 // field (padded vocabulary, data-parallel sizes, microbatches from the global batch, TE's
 // attention backend) and checks every rule once, returning a ValidatedRun. Nothing else
 // makes one, so an unchecked configuration (CP with eager attention, a sequence CP does
-// not divide) cannot reach the model, the layout, the rank loop or the theoretical
-// estimate through the entry points.
+// not divide) cannot reach the engine: the rank loop (RunRankTraining), the simulation
+// entry points (rank_simulation.h) and the theoretical estimate take only a ValidatedRun.
+// The model itself (models/TransformerModel) sits below this layer (Note [Layers] in
+// README.md), as Megatron-Core's GPTModel takes a TransformerConfig; it takes its parts
+// with a REQUIRES, and outside unit tests only RunRankTraining builds one, from a
+// ValidatedRun.
 #pragma once
 
 #include <optional>

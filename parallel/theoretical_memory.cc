@@ -111,11 +111,12 @@ double WithEmbeddingAndSchedule(double layer_bytes, const TrainingConfig& t, con
 
 }  // namespace
 
-TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& m, const TrainingConfig& t,
-                                           const ParallelLayout& l, int64_t num_microbatches,
-                                           int64_t pp_rank) {
-  MEMSIM_DCHECK(num_microbatches > 0 && 0 <= pp_rank && pp_rank < l.pp && l.dp > 0 &&
-                m.padded_vocab_size > 0);
+TheoreticalMemory ComputeTheoreticalMemory(const ValidatedRun& run, int64_t pp_rank) {
+  const ModelConfig& m = run.spec().model;
+  const TrainingConfig& t = run.spec().training;
+  const ParallelLayout& l = run.spec().layout;
+  const int64_t num_microbatches = t.num_microbatches;
+  MEMSIM_DCHECK(0 <= pp_rank && pp_rank < l.pp);
   TheoreticalMemory r;
   r.weight_and_optimizer_mb = WeightAndOptimizerBytes(m, l, pp_rank, &r) / kBytesPerMegabyte;
   // The output layer and loss: Megatron-LM counts them when pp == 1; per stage, on the last.
@@ -152,8 +153,10 @@ TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& m, const TrainingC
   return r;
 }
 
-std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& m, const TrainingConfig& t,
-                                                  const ParallelLayout& l, int64_t pp_rank) {
+std::vector<std::string> TheoreticalMemoryCaveats(const ValidatedRun& run, int64_t pp_rank) {
+  const ModelConfig& m = run.spec().model;
+  const TrainingConfig& t = run.spec().training;
+  const ParallelLayout& l = run.spec().layout;
   std::vector<std::string> caveats;
   if (pp_rank > 0) caveats.push_back("a later stage: memsim's extension of the formula");
   if (m.num_experts > 0) {

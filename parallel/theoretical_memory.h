@@ -33,6 +33,7 @@
 
 #include "models/model_config.h"
 #include "parallel/layout.h"
+#include "parallel/run_spec.h"
 #include "simulator/enum_names.h"
 
 namespace memsim {
@@ -56,18 +57,14 @@ struct TheoreticalMemory {
       TheoreticalActivationFormula::kWithoutSequenceParallel;
 };
 
-// The estimate for pipeline stage `pp_rank` (0: Megatron-LM's own).
-// REQUIRES: `model` passed FinalizeModelConfig with `layout.tp`, `layout` passed
-// FinalizeLayout, num_microbatches > 0, 0 <= pp_rank < layout.pp.
-TheoreticalMemory ComputeTheoreticalMemory(const ModelConfig& model, const TrainingConfig& training,
-                                           const ParallelLayout& layout, int64_t num_microbatches,
-                                           int64_t pp_rank = 0);
+// The estimate for pipeline stage `pp_rank` of `run` (0: Megatron-LM's own), with the
+// run's microbatches per iteration.
+// REQUIRES: 0 <= pp_rank < run.spec().layout.pp.
+TheoreticalMemory ComputeTheoreticalMemory(const ValidatedRun& run, int64_t pp_rank = 0);
 
 // Where the estimate is known not to cover the configuration ("MoE: experts divided by TP
 // only ..."); empty when it does.
-std::vector<std::string> TheoreticalMemoryCaveats(const ModelConfig& model,
-                                                  const TrainingConfig& training,
-                                                  const ParallelLayout& layout, int64_t pp_rank);
+std::vector<std::string> TheoreticalMemoryCaveats(const ValidatedRun& run, int64_t pp_rank);
 
 inline const char* TheoreticalActivationFormulaName(TheoreticalActivationFormula formula) {
   return NameOf(kTheoreticalActivationFormulaNames, formula).data();  // a literal

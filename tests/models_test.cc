@@ -18,6 +18,7 @@
 #include "simulator/tracking_allocator.h"
 #include "tests/support/recorder_queries.h"
 #include "tests/support/test_models.h"
+#include "tests/support/validated_run.h"
 
 namespace memsim {
 namespace {
@@ -512,7 +513,7 @@ void RunModelState(Precision precision, OptimizerKind optimizer, ModelStateRun* 
   t.iterations = 1;
   {
     ActiveSession active(run->session);
-    RunTraining(m, t, run->session);
+    RunRankTraining(test::Validated(m, t), 0, run->session);
   }
   const Recorder& r = run->session.recorder();
   for (const Marker& mk : r.markers()) {

@@ -19,6 +19,7 @@
 #include "simulator/timeline.h"
 #include "tests/support/recorder_queries.h"
 #include "tests/support/test_models.h"
+#include "tests/support/validated_run.h"
 #include "tools/lib/megatron_args.h"
 #include "tools/lib/validate.h"
 
@@ -102,7 +103,7 @@ int64_t ModelStateBytes(const ModelConfig& m, TrainingConfig t, const ParallelLa
   Session session;
   {
     ActiveSession active(session);
-    RunRankTraining(m, t, layout, 0, session);
+    RunRankTraining(test::Validated(m, t, layout), 0, session);
   }
   const Recorder& r = session.recorder();
   int64_t step_end = -1;
@@ -251,7 +252,7 @@ int64_t StagePeak(const ModelConfig& m, const TrainingConfig& t, const ParallelL
   Session session;
   {
     ActiveSession active(session);
-    RunRankTraining(m, t, layout, pp_rank, session);
+    RunRankTraining(test::Validated(m, t, layout), pp_rank, session);
   }
   // Exact bytes (requested sizes): the caching allocator's block rounding depends on the
   // order of earlier frees, which differs between stages by up to a block's remainder.
@@ -388,7 +389,7 @@ std::map<std::string, int64_t> WorkspaceBytes(const ModelConfig& m, const Traini
   Session session(FindGpu(gpu));
   {
     ActiveSession active(session);
-    RunRankTraining(m, t, layout, pp_rank, session);
+    RunRankTraining(test::Validated(m, t, layout), pp_rank, session);
   }
   const Recorder& r = session.recorder();
   std::map<std::string, int64_t> bytes;
@@ -439,7 +440,7 @@ std::vector<int64_t> AllToAllBytes(const ModelConfig& m, const ParallelLayout& l
   Session session;
   {
     ActiveSession active(session);
-    RunRankTraining(m, t, layout, 0, session);
+    RunRankTraining(test::Validated(m, t, layout), 0, session);
   }
   const Recorder& r = session.recorder();
   std::vector<int64_t> sizes;
@@ -502,7 +503,7 @@ TEST(ExpertParallel, AllGatherDispatcherUsesThePersistentGlobalBuffer) {
   Session session;
   {
     ActiveSession active(session);
-    RunRankTraining(m, t, l, 0, session);
+    RunRankTraining(test::Validated(m, t, l), 0, session);
   }
   const Recorder& r = session.recorder();
   const int64_t gathered = 2 * 128 * 2;  // 2T
@@ -724,19 +725,18 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   cases.push_back(mla_fp8);
   for (Case& c : cases) {
     c.training.num_microbatches = 4;
-    ASSERT_TRUE(ValidateTrainingConfig(c.training, c.model).ok()) << c.name;
-    ASSERT_TRUE(FinalizeModelConfig(&c.model, c.layout.tp).ok()) << c.name;
-    ASSERT_TRUE(FinalizeLayout(&c.layout, c.model).ok()) << c.name;
-    for (int64_t stage = 0; stage < c.layout.pp; ++stage) {
+    SCOPED_TRACE(c.name);
+    const ValidatedRun run = test::Validated(c.model, c.training, c.layout);
+    for (int64_t stage = 0; stage < run.spec().layout.pp; ++stage) {
       for (bool microbatches : {false, true}) {
         Session full, replicated;
         {
           ActiveSession active(full);
-          RunRankTraining(c.model, c.training, c.layout, stage, full, {microbatches, false});
+          RunRankTraining(run, stage, full, {microbatches, false});
         }
         {
           ActiveSession active(replicated);
-          RunRankTraining(c.model, c.training, c.layout, stage, replicated, {microbatches, true});
+          RunRankTraining(run, stage, replicated, {microbatches, true});
         }
         const std::string what =
             c.name + " recompute " + std::string(NameOf(kRecomputeNames, c.training.recompute)) +
@@ -773,11 +773,11 @@ TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
       Session full(spec.gpu), replicated(spec.gpu);
       {
         ActiveSession active(full);
-        RunRankTraining(spec.model, spec.training, spec.layout, stage, full, {true, false});
+        RunRankTraining(*run, stage, full, {true, false});
       }
       {
         ActiveSession active(replicated);
-        RunRankTraining(spec.model, spec.training, spec.layout, stage, replicated, {true, true});
+        RunRankTraining(*run, stage, replicated, {true, true});
       }
       ExpectSameEventLog(full.recorder(), replicated.recorder(),
                          std::string(name) + " stage " + std::to_string(stage));
@@ -789,14 +789,15 @@ TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
 // same event log (sizes, order, attribution, times) and the same peaks.
 void ExpectReplicationChangesNothing(const ModelConfig& m, const TrainingConfig& t,
                                      const ParallelLayout& layout, int64_t stage) {
+  const ValidatedRun run = test::Validated(m, t, layout);
   Session full, replicated;
   {
     ActiveSession active(full);
-    RunRankTraining(m, t, layout, stage, full, {/*microbatches=*/false, /*layers=*/false});
+    RunRankTraining(run, stage, full, {/*microbatches=*/false, /*layers=*/false});
   }
   {
     ActiveSession active(replicated);
-    RunRankTraining(m, t, layout, stage, replicated, {/*microbatches=*/true, /*layers=*/false});
+    RunRankTraining(run, stage, replicated, {/*microbatches=*/true, /*layers=*/false});
   }
   const Recorder& a = full.recorder();
   const Recorder& b = replicated.recorder();
@@ -872,7 +873,7 @@ TEST(Profiles, LocalKeepsTheGlobalBufferTransformerEngineDoesNot) {
     Session session;
     {
       ActiveSession active(session);
-      RunRankTraining(m, tt, layout, 0, session);
+      RunRankTraining(test::Validated(m, tt, layout), 0, session);
     }
     return Timeline::Replay(session.recorder()).iterations().back().static_allocated_bytes;
   };
@@ -958,7 +959,7 @@ TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
     Session session;
     {
       ActiveSession active(session);
-      RunRankTraining(m, t, layout, 0, session);
+      RunRankTraining(test::Validated(m, t, layout), 0, session);
     }
     const Recorder& r = session.recorder();
     int64_t iteration1 = -1;
@@ -1000,7 +1001,7 @@ MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, i
   Session session;
   {
     ActiveSession active(session);
-    RunRankTraining(m, t, layout, 0, session);
+    RunRankTraining(test::Validated(m, t, layout), 0, session);
   }
   const Recorder& r = session.recorder();
   MegatronFsdpRun run;
@@ -1097,7 +1098,7 @@ TEST(DeferredEmbeddingWgrad, KeepsOutputGradientsUntilTheFlush) {
     Session session;
     {
       ActiveSession active(session);
-      RunRankTraining(m, t, layout, /*pp_rank=*/1, session);
+      RunRankTraining(test::Validated(m, t, layout), /*pp_rank=*/1, session);
     }
     const Recorder& r = session.recorder();
     int64_t optimizer_begin = -1;

@@ -129,7 +129,7 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   // Where Megatron-LM's formula is known not to cover this run, once per caveat.
   std::vector<std::string> caveats;
   for (const RankResult& r : results) {
-    for (const std::string& c : TheoreticalMemoryCaveats(spec.model, t, l, r.rank_class.pp_rank)) {
+    for (const std::string& c : TheoreticalMemoryCaveats(run, r.rank_class.pp_rank)) {
       if (std::find(caveats.begin(), caveats.end(), c) == caveats.end()) caveats.push_back(c);
     }
   }
@@ -223,8 +223,7 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   nlohmann::json summary =
       SummaryJson(r.session->recorder(), r.timeline, r.peak, ContextFor(run, r.rank_class));
   if (!advice.empty()) summary["advice"] = AdviceJson(advice);
-  summary["theoretical_memory_caveats"] =
-      TheoreticalMemoryCaveats(spec.model, spec.training, spec.layout, r.rank_class.pp_rank);
+  summary["theoretical_memory_caveats"] = TheoreticalMemoryCaveats(run, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
   summary["userbuffers_outside_allocator_MB"] = BytesToMiB(UserbufferBytes(spec));
   summary["ranks"] = r.rank_class.ranks;
