@@ -50,9 +50,10 @@ Status FinalizeUnchecked(RunSpec* spec) {
   if (spec->global_batch_size > 0) {
     const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
     if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
-      return Status::Error("global batch " + std::to_string(spec->global_batch_size) +
-                           " is not a multiple of micro batch * DP = " +
-                           std::to_string(t.micro_batch_size) + "*" + std::to_string(l.dp));
+      return Status::Error("global batch size " + std::to_string(spec->global_batch_size) +
+                           " is not a multiple of micro batch size " +
+                           std::to_string(t.micro_batch_size) + " x data-parallel size " +
+                           std::to_string(l.dp) + " = " + std::to_string(per_step));
     }
     t.num_microbatches = spec->global_batch_size / per_step;
   }

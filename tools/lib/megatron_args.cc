@@ -710,11 +710,7 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, int64_t
   MEMSIM_RETURN_IF_ERROR(a.Int("--hidden-size", &m.hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-attention-heads", &m.num_attention_heads));
   m.activation = a.Has("--swiglu") ? ActivationKind::kSwiglu : ActivationKind::kGelu;
-  // Megatron-LM's default FFN size: 4H, or for SwiGLU int(4H * 2/3 / 64) * 64 (rounded
-  // down to a multiple of 64).
-  m.ffn_hidden_size = m.activation == ActivationKind::kSwiglu
-                          ? CheckedMul(m.hidden_size, 8) / 192 * 64
-                          : CheckedMul(m.hidden_size, 4);
+  // Unset (0), FinalizeModelConfig gives Megatron-LM's default for the activation.
   MEMSIM_RETURN_IF_ERROR(a.Int("--ffn-hidden-size", &m.ffn_hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--kv-channels", &m.kv_channels));
   if (a.Has("--group-query-attention")) {
@@ -973,33 +969,26 @@ Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
   return Status::OK();
 }
 
-// Data parallelism and the microbatches of one iteration.
-Status ReadDataParallelism(Args& a, int64_t world_size, RunSpec* spec) {
+// Data parallelism and the global batch. FinalizeRunSpec derives the data-parallel size
+// and the microbatches of one iteration from them, and checks that they divide.
+Status ReadDataParallelism(Args& a, RunSpec* spec) {
   ParallelLayout& l = spec->layout;
-  TrainingConfig& t = spec->training;
   if (a.Has("--use-distributed-optimizer")) {
     l.data_parallel = DataParallelKind::kDistributedOptimizer;
   }
   MEMSIM_RETURN_IF_ERROR(
       a.Int("--num-distributed-optimizer-instances", &l.distributed_optimizer_instances));
   MEMSIM_RETURN_IF_ERROR(ReadMegatronFsdp(a, spec));
-  const int64_t model_parallel = CheckedMul(CheckedMul(l.tp, l.pp), l.cp);
-  if (world_size % model_parallel != 0) {
-    return Status::Error("world size " + Str(world_size) +
-                         " is not a multiple of TP*PP*CP = " + Str(l.tp) + "*" + Str(l.pp) + "*" +
-                         Str(l.cp) + " = " + Str(model_parallel));
+  // Megatron-LM's default global batch is micro batch * dp: one microbatch an iteration.
+  spec->training.num_microbatches = 1;
+  spec->global_batch_size = 0;
+  if (a.Has("--global-batch-size")) {
+    MEMSIM_RETURN_IF_ERROR(a.Int("--global-batch-size", &spec->global_batch_size));
+    if (spec->global_batch_size <= 0) {
+      return Status::Error("--global-batch-size must be positive, got " +
+                           Str(spec->global_batch_size));
+    }
   }
-  const int64_t dp = world_size / model_parallel;
-  const int64_t samples_per_microbatch = CheckedMul(t.micro_batch_size, dp);
-  spec->global_batch_size = samples_per_microbatch;  // Megatron-LM's default
-  MEMSIM_RETURN_IF_ERROR(a.Int("--global-batch-size", &spec->global_batch_size));
-  if (spec->global_batch_size <= 0 || spec->global_batch_size % samples_per_microbatch != 0) {
-    return Status::Error("--global-batch-size " + Str(spec->global_batch_size) +
-                         " is not a positive multiple of --micro-batch-size " +
-                         Str(t.micro_batch_size) + " x data-parallel size " + Str(dp) + " = " +
-                         Str(samples_per_microbatch));
-  }
-  t.num_microbatches = spec->global_batch_size / samples_per_microbatch;
   return Status::OK();
 }
 
@@ -1325,7 +1314,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadMixtureOfExperts(a, &m, &t, &l));
   MEMSIM_RETURN_IF_ERROR(ReadBatchAndParallelism(a, world_size, max_positions, &t, &l));
   MEMSIM_RETURN_IF_ERROR(ReadPipelineStages(a, m, &l));
-  MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, world_size, &spec));
+  MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, &spec));
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadFp8(a, &t));

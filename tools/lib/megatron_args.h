@@ -22,8 +22,9 @@
 namespace memsim {
 
 struct MegatronArgsResult {
-  // model.name "megatron"; training.num_microbatches = global batch / (micro batch * dp).
-  // Neither model nor layout is finalized.
+  // model.name "megatron"; global_batch_size as given (0: Megatron-LM's default, one
+  // microbatch an iteration). Not finalized: FinalizeRunSpec derives the data-parallel
+  // size, the microbatches and the default FFN size, and checks the whole run.
   RunSpec spec;
   // Arguments that do not change memory (or not with the others given), as spelled,
   // in the order given, each once.

@@ -3,6 +3,7 @@
 #include "tools/lib/megatron_args.h"
 #include "parallel/run_spec.h"
 #include "tests/support/test_models.h"
+#include "tests/support/validated_run.h"
 
 #include <gtest/gtest.h>
 
@@ -32,9 +33,15 @@ MegatronArgsResult Parse(const std::string& line, int64_t world_size) {
   return result;
 }
 
+// The first error of the launch line as `memsim megatron` reports it: reading the
+// arguments, then FinalizeRunSpec on the whole run.
 std::string ErrorOf(const std::string& line, int64_t world_size = 8) {
   MegatronArgsResult result;
-  const Status s = ParseMegatronArgs(Split(line), {}, world_size, &result);
+  Status s = ParseMegatronArgs(Split(line), {}, world_size, &result);
+  if (s.ok()) {
+    std::optional<ValidatedRun> run;
+    s = FinalizeRunSpec(result.spec, &run);
+  }
   EXPECT_FALSE(s.ok()) << line;
   EXPECT_EQ(s.message().find('\n'), std::string::npos);
   return s.message();
@@ -78,7 +85,8 @@ TEST(MegatronArgs, Llama3_8BMatchesThePreset) {
   const TrainingConfig& t = r.spec.training;
   EXPECT_EQ(t.seq_length, 8192);
   EXPECT_EQ(t.micro_batch_size, 1);
-  EXPECT_EQ(t.num_microbatches, 16);  // 128 / (1 * dp 8), dp = 16 / (TP 2 * PP 1 * CP 1)
+  // 128 / (1 * dp 8), dp = 16 / (TP 2 * PP 1 * CP 1)
+  EXPECT_EQ(test::Validated(r.spec).spec().training.num_microbatches, 16);
   EXPECT_EQ(t.precision, Precision::kBf16);
   EXPECT_EQ(t.attention, AttentionKind::kFlash);
   EXPECT_EQ(t.profile, ProfileKind::kTransformerEngine);
@@ -145,7 +153,8 @@ TEST(MegatronArgs, Gpt3WithInterleavedPipelineAndFullRecompute) {
       "--vocab-size 50257 --hidden-dropout 0.0 --attention-dropout 0.0",
       1024);
   const ModelConfig& m = r.spec.model;
-  EXPECT_EQ(m.ffn_hidden_size, 4 * 12288);
+  const ValidatedRun run = test::Validated(r.spec);
+  EXPECT_EQ(run.spec().model.ffn_hidden_size, 4 * 12288);
   EXPECT_EQ(m.num_query_groups, 0);  // multi-head attention
   EXPECT_EQ(m.kv_channels, 0);       // H / A
   EXPECT_EQ(m.norm, NormKind::kLayerNorm);
@@ -158,8 +167,8 @@ TEST(MegatronArgs, Gpt3WithInterleavedPipelineAndFullRecompute) {
   EXPECT_EQ(m.hidden_dropout, 0.0);
   EXPECT_EQ(m.attention_dropout, 0.0);
   EXPECT_EQ(m.make_vocab_size_divisible_by, 128);
-  EXPECT_EQ(r.spec.layout.vpp, 3);                  // 96 / 8 stages / 4 layers per chunk
-  EXPECT_EQ(r.spec.training.num_microbatches, 96);  // 1536 / (1 * dp 16)
+  EXPECT_EQ(r.spec.layout.vpp, 3);                      // 96 / 8 stages / 4 layers per chunk
+  EXPECT_EQ(run.spec().training.num_microbatches, 96);  // 1536 / (1 * dp 16)
   EXPECT_EQ(r.spec.training.precision, Precision::kFp16);
   EXPECT_EQ(r.spec.training.profile, ProfileKind::kMegatronLocal);
   EXPECT_EQ(r.spec.training.attention, AttentionKind::kEager);  // local, no --use-flash-attn
@@ -183,12 +192,13 @@ TEST(MegatronArgs, MegatronDefaults) {
       "--group-query-attention --seq-length 1024 --micro-batch-size 2 --vocab-size 32000 "
       "--recompute-activations --transformer-impl local --use-flash-attn",
       4);
-  EXPECT_EQ(r.spec.model.ffn_hidden_size, 10880);
+  const ValidatedRun run = test::Validated(r.spec);
+  EXPECT_EQ(run.spec().model.ffn_hidden_size, 10880);
   EXPECT_EQ(r.spec.model.num_query_groups, 1);
   EXPECT_EQ(r.spec.model.hidden_dropout, 0.1);
   EXPECT_EQ(r.spec.model.attention_dropout, 0.1);
-  EXPECT_EQ(r.spec.global_batch_size, 8);  // micro 2 * dp 4
-  EXPECT_EQ(r.spec.training.num_microbatches, 1);
+  EXPECT_EQ(r.spec.global_batch_size, 0);  // Megatron-LM's default: micro 2 * dp 4
+  EXPECT_EQ(run.spec().training.num_microbatches, 1);
   EXPECT_EQ(r.spec.training.precision, Precision::kFp32);
   EXPECT_EQ(r.spec.training.recompute, RecomputeKind::kSelective);
   EXPECT_EQ(r.spec.training.attention, AttentionKind::kFlash);
@@ -204,7 +214,7 @@ TEST(MegatronArgs, MegatronDefaults) {
   EXPECT_EQ(r.spec.model.num_query_groups, 0);
   EXPECT_EQ(r.spec.model.vocab_size, 1024);  // --padded-vocab-size is taken as is
   EXPECT_EQ(r.spec.model.make_vocab_size_divisible_by, 1);
-  EXPECT_EQ(r.spec.training.num_microbatches, 8);
+  EXPECT_EQ(test::Validated(r.spec).spec().training.num_microbatches, 8);  // 16 / (1 * dp 2)
   EXPECT_EQ(r.ignored, (std::vector<std::string>{"--num-query-groups", "--vocab-size",
                                                  "--moe-router-topk", "--use-flash-attn"}));
 }
@@ -385,7 +395,7 @@ TEST(MegatronArgs, UnevenPipelineStages) {
       8);
   EXPECT_EQ(r.spec.layout.first_stage_layers, 3);
   EXPECT_EQ(r.spec.layout.last_stage_layers, 9);
-  EXPECT_EQ(r.spec.training.num_microbatches, 4);  // 8 / (1 * dp 2)
+  EXPECT_EQ(test::Validated(r.spec).spec().training.num_microbatches, 4);  // 8 / (1 * dp 2)
   ModelConfig model = r.spec.model;
   ASSERT_TRUE(FinalizeModelConfig(&model).ok());
   EXPECT_TRUE(FinalizeLayout(&r.spec.layout, model).ok());
@@ -847,8 +857,9 @@ TEST(MegatronArgs, Errors) {
             "--hidden-dropout expects a number, got 'high'");
 
   EXPECT_EQ(ErrorOf(base + "--global-batch-size 12 --tensor-model-parallel-size 1", 8),
-            "--global-batch-size 12 is not a positive multiple of --micro-batch-size 1 x "
-            "data-parallel size 8 = 8");
+            "global batch size 12 is not a multiple of micro batch size 1 x data-parallel "
+            "size 8 = 8");
+  EXPECT_EQ(ErrorOf(base + "--global-batch-size 0"), "--global-batch-size must be positive, got 0");
   EXPECT_EQ(ErrorOf(base + "--tensor-model-parallel-size 3", 8),
             "world size 8 is not a multiple of TP*PP*CP = 3*1*1 = 3");
   EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-size 0"),
