@@ -36,6 +36,17 @@ std::string_view NameOf(const EnumName<E> (&table)[N], E value) {
   return "?";
 }
 
+// The printed name of every value, in the table's order (aliases left out): what outputs
+// export so that other tools (tools/plots) need no copy of the names.
+template <typename E, size_t N>
+std::vector<std::string> PrintedNames(const EnumName<E> (&table)[N]) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < N; ++i) {
+    if (NameOf(table, table[i].value) == table[i].name) names.emplace_back(table[i].name);
+  }
+  return names;
+}
+
 // Every name the table accepts (aliases included), in alphabetical order, comma-separated.
 template <typename E, size_t N>
 std::string AcceptedNames(const EnumName<E> (&table)[N]) {

@@ -65,6 +65,10 @@ nlohmann::json SummaryJson(const Recorder& recorder, const Timeline& timeline,
       {"breakdown_at_peak_MB", categories},
       {"modules_at_peak", modules},
       {"largest_tensors_at_peak", tensors},
+      // The names of phases and categories in the engine's order (Note [Enum names]): the
+      // Python tools read their order here instead of keeping a copy.
+      {"enum_names",
+       {{"phase", PrintedNames(kPhaseNames)}, {"category", PrintedNames(kCategoryNames)}}},
   };
   if (context.gpu_usable_bytes > 0) {
     summary["gpu_usable_MB"] = BytesToMiB(context.gpu_usable_bytes);

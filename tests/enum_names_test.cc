@@ -52,6 +52,15 @@ TEST(EnumNames, AliasesParseButDoNotPrint) {
   EXPECT_EQ(DataParallelName(DataParallelKind::kDistributedOptimizer), "distributed-optimizer");
 }
 
+TEST(EnumNames, PrintedNamesListEachValueOnceInTableOrder) {
+  EXPECT_EQ(PrintedNames(kPhaseNames),
+            (std::vector<std::string>{"setup", "forward", "backward", "optimizer"}));
+  // The aliases zero1, zero2 and zero3 are left out.
+  EXPECT_EQ(
+      PrintedNames(kDataParallelNames),
+      (std::vector<std::string>{"ddp", "distributed-optimizer", "zero2", "fsdp", "megatron-fsdp"}));
+}
+
 TEST(EnumNames, UnknownNameListsEveryChoiceAlphabetically) {
   DataParallelKind kind = DataParallelKind::kDdp;
   const Status status = ParseEnum(kDataParallelNames, "zero4", "data parallelism", &kind);

@@ -50,6 +50,10 @@ def summary(rank: int, **extra) -> dict:
             tensor(200.0, "embedding", "aten::embedding"),
             tensor(100.0, "decoder.layers.7.mlp", "aten::mm"),
         ],
+        "enum_names": {"phase": ["setup", "forward", "backward", "optimizer"],
+                       "category": ["unattributed", "parameters", "gradients", "optimizer_state",
+                                    "activations", "temporaries", "communication",
+                                    "workspaces"]},
         "future_key": {"ignored": True},
         **extra,
     }
@@ -139,6 +143,24 @@ class ReportTest(CliTestCase):
         del data["phases"]
         path = write_json(self.run_dir / "summary_rank4.json", data)
         self.assert_fails(path, "'phases'")
+
+    def test_phases_in_the_order_the_summary_names_them(self) -> None:
+        # The order comes from memsim (enum_names), not from a copy in the tool: a phase
+        # this tool has never heard of sits where memsim puts it.
+        data = summary(0)
+        data["enum_names"]["phase"] = ["setup", "forward", "recompute", "backward", "optimizer"]
+        data["phases"]["recompute"] = {"peak_allocated_MB": 4950.0}
+        write_json(self.run_dir / "summary_rank0.json", data)
+        self.run_ok("report", self.run_dir, "--dpi", 40)
+        text = (self.run_dir / "report" / "report.txt").read_text().split("==== ")[1]
+        self.assertEqual([row[0] for row in rows(text, "Memory by phase")],
+                         ["setup", "forward", "recompute", "backward", "optimizer"])
+
+    def test_summary_without_phase_names(self) -> None:
+        data = summary(4)
+        del data["enum_names"]
+        path = write_json(self.run_dir / "summary_rank4.json", data)
+        self.assert_fails(path, "'enum_names'")
 
     def test_summary_with_a_bad_tensor(self) -> None:
         data = summary(0)

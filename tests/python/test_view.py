@@ -220,6 +220,7 @@ class ViewSweepAndPlanTest(CliTestCase):
         run_dir = self.tmp / "run"
         write_json(run_dir / "summary_rank0.json", {
             "rank": 0, "peak_allocated_MB": 10.0, "phases": {"forward": {"peak_allocated_MB": 10.0}},
+            "enum_names": {"phase": ["setup", "forward", "backward", "optimizer"]},
             "modules_at_peak": [], "largest_tensors_at_peak": []})
         snapshot = run_dir / "snapshot_rank0.pickle"
         snapshot.write_bytes(b"\x80\x02}q\x00(X")  # cut off in its first string

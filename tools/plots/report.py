@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,6 @@ Writes to OUTPUT_DIR (default RUN_DIR/report), per rank R:
   timeline_rank{R}.png  allocated and reserved memory over time (when a trace exists)
 and report.txt with the same tables for every rank."""
 
-PHASE_ORDER = ("setup", "forward", "backward", "optimizer")
 OPTIONAL_NUMBERS = ("peak_reserved_MB", "static_memory_MB", "theoretical_memory_MB",
                     "peak_time_s", "gpu_usable_MB", "headroom_MB")
 SUMMARY = re.compile(r"^summary_rank(\d+)\.json$")
@@ -55,6 +55,7 @@ class RankReport:
     rank: int
     summary: dict
     phases: dict[str, float]  # phase -> peak allocated MiB, in training order
+    phase_order: list[str]  # memsim's phases in training order (the summary's enum_names)
     modules: list[Group]  # (module pattern,), largest first
     tensors: list[Group]  # (module pattern, op), largest first
     trace: list[Iteration] | None
@@ -113,9 +114,10 @@ def load_report(rank: int, path: Path) -> RankReport:
     number(summary, "peak_allocated_MB", str(path))
     for key in OPTIONAL_NUMBERS:
         optional_number(summary, key, str(path))
+    order = phase_order(summary, str(path))
     phases = typed(summary, "phases", dict, str(path))
     peaks = {}
-    for phase in sorted(phases, key=_training_order):
+    for phase in in_phase_order(phases, order):
         entry = phases[phase]
         if not isinstance(entry, dict):
             raise InputError(f"{path}: phases.{phase} is not an object")
@@ -125,6 +127,7 @@ def load_report(rank: int, path: Path) -> RankReport:
         rank=rank,
         summary=summary,
         phases=peaks,
+        phase_order=order,
         modules=group(_records(summary, "modules_at_peak", ("module",), "MB", path)),
         tensors=group(_records(summary, "largest_tensors_at_peak", ("module", "op"),
                                "size_MB", path)),
@@ -132,9 +135,19 @@ def load_report(rank: int, path: Path) -> RankReport:
     )
 
 
-def _training_order(phase: str) -> int:
-    """setup, forward, backward, optimizer, then phases this tool does not know."""
-    return PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER)
+def phase_order(summary: dict, where: str) -> list[str]:
+    """memsim's phases in training order, as the summary names them (its enum_names, which
+    memsim writes from the table it prints and parses with: Note [Enum names])."""
+    names = typed(summary, "enum_names", dict, where)
+    order = typed(names, "phase", list, f"{where}: enum_names")
+    if not all(isinstance(phase, str) for phase in order):
+        raise InputError(f"{where}: enum_names.phase must be a list of names")
+    return order
+
+
+def in_phase_order(phases: Iterable[str], order: list[str]) -> list[str]:
+    """`phases` in training order; phases the order does not name go last."""
+    return sorted(phases, key=lambda p: order.index(p) if p in order else len(order))
 
 
 def _records(summary: dict, key: str, fields: tuple[str, ...], mb_key: str,

@@ -24,16 +24,10 @@ from common import InputError
 MB = 2**20
 MEMSIM_CATEGORY = "memsim://category/"
 MEMSIM_TENSOR = "memsim://tensor"
-MEMSIM_CATEGORIES = {
-    "parameters": "Parameters",
-    "gradients": "Gradients",
-    "optimizer_state": "Optimizer State",
-    "activations": "Activations",
-    "temporaries": "Temporaries",
-    "communication": "Communication",
-    "workspaces": "Workspaces",
-    "unattributed": "Unknown",
-}
+# memsim's category names (kCategoryNames) are shown title-cased ("optimizer_state" ->
+# "Optimizer State"), so no copy of them is kept here; only memsim's "unattributed" takes
+# the analyzer's own name for what no rule explains.
+MEMSIM_CATEGORY_LABELS = {"unattributed": "Unknown"}
 # Checked in this order, so a MoE layer's attention counts as Expert/MoE.
 KEYWORDS = [
     ("Expert/MoE", ("expert", "moe")),
@@ -237,7 +231,7 @@ def category(frames: tuple[Frame, ...]) -> str:
     for frame in frames:
         if frame.filename.startswith(MEMSIM_CATEGORY):
             name = frame.filename[len(MEMSIM_CATEGORY):]
-            return MEMSIM_CATEGORIES.get(name, name.replace("_", " ").title())
+            return MEMSIM_CATEGORY_LABELS.get(name, name.replace("_", " ").title())
     text = " ".join(f"{f.filename} {f.name}" for f in frames).lower()
     for name, pattern in _KEYWORD_PATTERNS:
         if pattern.search(text):

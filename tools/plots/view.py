@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from common import CommandParser, InputError, Output, command_parser, existing_dir, load_json
-from report import SUMMARY, RankReport, load_report, module_pattern
+from report import SUMMARY, RankReport, in_phase_order, load_report, module_pattern
 from snapshot import read_snapshot_pickle
 
 DESCRIPTION = """\
@@ -91,15 +91,10 @@ def rank_data(report: RankReport, run_dir: Path) -> dict[str, Any]:
         "summary": summary,
         "timeline": timeline,
         "phases": phases,
-        "phases_present": sorted({p["phase"] for p in phases}, key=_phase_order),
+        "phases_present": in_phase_order({p["phase"] for p in phases}, report.phase_order),
         "events": events,
         "module_groups": module_groups(summary.get("modules_at_peak", [])),
     }
-
-
-def _phase_order(phase: str) -> int:
-    order = ["setup", "forward", "backward", "optimizer"]
-    return order.index(phase) if phase in order else len(order)
 
 
 def snapshot_events(path: Path) -> tuple[list[dict], list[dict]]:
