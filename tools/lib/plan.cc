@@ -40,17 +40,10 @@ int64_t FullestStage(const PlanEntry& e) {
 
 // `base` with `layout` applied, not yet finalized.
 RunSpec Apply(const RunSpec& base, const PlanLayout& layout) {
-  RunSpec spec = base;
-  spec.layout.tp = layout.tp;
-  spec.layout.pp = layout.pp;
-  spec.layout.vpp = layout.vpp;
-  spec.layout.cp = layout.cp;
-  spec.layout.ep = layout.ep;
+  RunSpec spec = WithLayoutPoint(base, layout);
   spec.layout.etp = layout.etp;
   spec.layout.sequence_parallel = layout.tp > 1;
   spec.layout.data_parallel = layout.data_parallel;
-  spec.training.micro_batch_size = layout.micro_batch;
-  spec.training.recompute = layout.recompute;
   return spec;
 }
 

@@ -29,6 +29,7 @@
 #include "parallel/step_time.h"
 #include "simulator/enum_names.h"
 #include "simulator/status.h"
+#include "tools/lib/layout_point.h"
 #include "tools/lib/run_config.h"
 
 namespace memsim {
@@ -46,10 +47,9 @@ struct PlanGrid {
 // to 8, micro batch 1, every recomputation, the distributed optimizer.
 PlanGrid DefaultPlanGrid(const RunSpec& base);
 
-struct PlanLayout {
-  int64_t tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, micro_batch = 1;
+// A point of the plan's search; sequence parallelism is on whenever TP > 1.
+struct PlanLayout : LayoutPoint {
   int64_t etp = 0;  // 0: = tp
-  RecomputeKind recompute = RecomputeKind::kNone;
   DataParallelKind data_parallel = DataParallelKind::kDistributedOptimizer;
 };
 // "TP4 PP2 VPP1 CP1 EP1 mbs1 recompute=none distributed-optimizer" (and "ETP1" after EP when

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "parallel/parallel_for.h"
 #include "simulator/atomic_file.h"
@@ -24,6 +25,7 @@
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/format.h"
 #include "tools/lib/json_reader.h"
+#include "tools/lib/layout_point.h"
 #include "tools/lib/run_config.h"
 #include "tools/lib/simulate.h"
 
@@ -33,10 +35,9 @@ namespace fs = std::filesystem;
 namespace po = boost::program_options;
 using nlohmann::json;
 
-struct SweepPoint {
-  int64_t index;  // "Config K"
-  int64_t tp, pp, vpp, cp, ep, micro_batch, seq_length;
-  RecomputeKind recompute;
+struct SweepPoint : LayoutPoint {
+  int64_t index = 0;  // "Config K"
+  int64_t seq_length = 0;
 };
 
 std::string TraceName(const RunSpec& spec, int64_t rank) {
@@ -128,14 +129,8 @@ struct PointSettings {
 // Simulates one layout, writes its traces, returns its result record.
 PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microbatches_per_pp,
                            const PointSettings& settings) {
-  spec.layout.tp = point.tp;
-  spec.layout.pp = point.pp;
-  spec.layout.vpp = point.vpp;
-  spec.layout.cp = point.cp;
-  spec.layout.ep = point.ep;
-  spec.training.micro_batch_size = point.micro_batch;
+  spec = WithLayoutPoint(std::move(spec), point);
   spec.training.seq_length = point.seq_length;
-  spec.training.recompute = point.recompute;
   json result = PointRecord(point);
   result["run"] = RunIdentity(spec, microbatches_per_pp);
   Status status;
@@ -486,7 +481,7 @@ int SweepCommand(int argc, const char* const* argv) {
             for (int64_t m : mbss)
               for (int64_t seq : seqs)
                 for (RecomputeKind r : recomputes) {
-                  const SweepPoint point{++index, t, p, v, c, e, m, seq, r};
+                  const SweepPoint point{{t, p, v, c, e, m, r}, ++index, seq};
                   grid.insert(RecordName(point));
                   if ((index - 1) % shard_count != shard_index) continue;
                   if (existing.count(RecordName(point))) continue;  // finished before --resume
