@@ -22,12 +22,13 @@ namespace memsim {
 // The largest sizes memsim simulates. Beyond them it says no at once, naming the limit,
 // instead of running for hours, exhausting memory or wrapping a 64-bit count. They are far
 // above any real run: 10,000 layers (the largest published models have under 200), 2^32
-// for any one dimension, 2^24 GPUs, 10,000 microbatches per iteration (cost grows with
-// them: 10,000 take about 10 s and 2 GB), and 2^50 bytes (1 PiB, far beyond any GPU) for
-// the largest tensor a layer makes.
+// for any one dimension, 2^32 GPUs (nothing memsim keeps grows with them: Note [Rank
+// classes]), 10,000 microbatches per iteration (cost grows with them: 10,000 take about
+// 10 s and 2 GB), and 2^50 bytes (1 PiB, far beyond any GPU) for the largest tensor a
+// layer makes.
 inline constexpr int64_t kMaxLayers = 10000;
 inline constexpr int64_t kMaxDimension = int64_t{1} << 32;
-inline constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 32;
 inline constexpr int64_t kMaxMicrobatches = 10000;
 inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 50;
 

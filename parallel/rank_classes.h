@@ -8,6 +8,10 @@
 // output layer and loss on the last, a different number of in-flight microbatches on
 // each). memsim simulates one rank per pipeline stage and reports that result for every
 // rank of the stage: an 8,192-GPU layout with PP=16 costs 16 simulations.
+//
+// In Megatron-LM's rank order (tp-cp-dp-pp, pipeline outermost) the ranks of a stage are
+// one contiguous range, so a class is its first rank and a count: nothing memsim keeps
+// grows with the world size.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +22,12 @@
 namespace memsim {
 
 struct RankClass {
-  int64_t pp_rank;
-  int64_t representative;      // the lowest rank of the class: the one simulated
-  std::vector<int64_t> ranks;  // every rank of the class, ascending
+  int64_t pp_rank = 0;
+  int64_t representative = 0;  // the lowest rank of the class: the one simulated
+  int64_t num_ranks = 0;       // its ranks are representative .. representative + num_ranks - 1
+
+  int64_t last_rank() const { return representative + num_ranks - 1; }
+  bool Contains(int64_t rank) const { return representative <= rank && rank <= last_rank(); }
 };
 
 // One class per pipeline stage, in stage order; together they hold every rank once.

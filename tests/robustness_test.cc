@@ -2,6 +2,7 @@
 // hang or a partial file: one test per defect found from outside (issue 16, D1-D15),
 // run through the memsim binary as a user runs it.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/support/command_runner.h"
 
@@ -68,8 +69,8 @@ TEST(Robustness, LayoutProductsDoNotWrap) {
                      "PP=128 is larger than the world size 64");
   ExpectOneLineError(Memsim("simulate --model gpt3-1.3b --micro-batch-size 3037000500"),
                      "a layer's largest tensor would take");
-  ExpectOneLineError(Memsim("simulate --model gpt3-1.3b --world-size 2147483648"),
-                     "world size 2147483648 is above memsim's limit of 16777216 GPUs");
+  ExpectOneLineError(Memsim("simulate --model gpt3-1.3b --world-size 8589934592"),
+                     "world size 8589934592 is above memsim's limit of 4294967296 GPUs");
   const std::string dir = ConfigDir("huge", {{"huge",
                                               "architecture: gpt\nnum_layers: 4611686018427387904\n"
                                               "hidden_size: 64\nnum_attention_heads: 4\n"}});
@@ -216,6 +217,19 @@ TEST(Robustness, RanksAllEstimatesOutputFirst) {
       out);
   ExpectOneLineError(run, "the files of 65536 ranks would take");
   EXPECT_TRUE(fs::is_empty(out));
+}
+
+// D9: 2^31 GPUs used to exhaust memory with per-rank lists. A rank class is a range
+// (Note [Rank classes]): stage 3 of PP 4 is ranks 3 * 2^29 .. 2^31 - 1.
+TEST(Robustness, TwoBillionGpusAreFourRankClasses) {
+  const CommandRun run = Memsim(
+      "simulate --model gpt3-1.3b --world-size 2147483648 --tp 8 --pp 4 --iterations 1 "
+      "--json --out " +
+      Dir("two_billion"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(j["rank_classes"].size(), 4u);
+  EXPECT_EQ(j["rank_classes"][3]["ranks"], nlohmann::json::parse("[[1610612736, 2147483647]]"));
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ class CompareAlignmentTest(CliTestCase):
         for rank in (0, 2):
             write_json(self.sim / f"memory_trace_rank{rank}.json",
                        {"3": trace_iteration(SIM_PHASED, static=100.0)})
-            write_json(self.sim / f"summary_rank{rank}.json", {"ranks": [rank, rank + 1]})
+            write_json(self.sim / f"summary_rank{rank}.json", {"ranks": [[rank, rank + 1]]})
         rows, stdout, stderr = self.rows()
         self.assertEqual(stderr, "")  # no rank skipped
         self.assertEqual({r: int(row["sim_rank"]) for r, row in rows.items()},
@@ -188,7 +188,7 @@ class CompareAlignmentTest(CliTestCase):
 
     def test_a_summary_without_rank_numbers_is_refused(self) -> None:
         self.write_phased()
-        path = write_json(self.sim / "summary_rank0.json", {"ranks": ["zero"]})
+        path = write_json(self.sim / "summary_rank0.json", {"ranks": [[0, "one"]]})
         result = run_cli("compare", "-r", self.real, "-s", self.sim, "-o", self.out)
         self.assert_bad_input(result, "compare", path, "'ranks'")
         self.assertFalse(self.out.exists())

@@ -65,7 +65,7 @@ class ReportTest(CliTestCase):
         self.run_dir = self.tmp / "memsim_out"
         write_json(self.run_dir / "summary_rank0.json", summary(0))
         write_json(self.run_dir / "summary_rank4.json",
-                   summary(4, rank_class=1, pp_stage=1, ranks=[4, 5, 6, 7, 12]))
+                   summary(4, rank_class=1, pp_stage=1, ranks=[[4, 7], [12, 12]]))
         write_json(self.run_dir / "memory_trace_rank0.json", {
             "0": trace_iteration([(0.0, 1000.0), (0.5, 4000.0)], peak=4000.0, static=1000.0),
             "1": trace_iteration([(1.0, 1500.0), (1.25, 5000.0), (1.9, 1500.0)], peak=5000.0)})

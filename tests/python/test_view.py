@@ -54,6 +54,7 @@ class Rendered(HTMLParser):
         self.categories: dict[tuple[str, str], str] = {}
         self.modules: dict[tuple[str, str], str] = {}
         self.rows: dict[tuple[str | None, str], int] = {}  # (rank, data-table) -> body rows
+        self.headings: dict[tuple[str | None, str], str] = {}  # (rank, "h2") -> its title
         self.heatmap_cells = 0
         self.body_rendered = False
         self._capture: tuple[dict, tuple[str, str]] | None = None
@@ -72,6 +73,8 @@ class Rendered(HTMLParser):
             self.rows[key] = self.rows.get(key, 0) + 1
         if tag == "td" and self._table == "heatmap":
             self.heatmap_cells += 1
+        if tag == "h2" and self.rank is not None:
+            self._capture = (self.headings, (self.rank, "h2"))
         for attr, store in (("data-field", self.fields), ("data-category", self.categories),
                             ("data-module", self.modules)):
             if attr in a:
@@ -138,6 +141,9 @@ class ViewTest(CliTestCase):
                 self.assertAlmostEqual(mib(dom.fields[(r, field)]), summary[field], delta=0.05,
                                        msg=field)
             self.assertEqual(dom.fields[(r, "peak_phase")], summary["peak_phase"])
+            # Each stage's class stands for 4 ranks (TP 2 x DP 2), from the summary's spans.
+            self.assertEqual(dom.headings[(r, "h2")],
+                             f"Rank {rank} (class of 4 ranks), pipeline stage {rank // 4}")
             for category, mb in summary["breakdown_at_peak_MB"].items():
                 if mb > 0:
                     self.assertAlmostEqual(mib(dom.categories[(r, category)]), mb, delta=0.05)

@@ -26,11 +26,24 @@ namespace po = boost::program_options;
 
 namespace {
 
-std::string RankRange(const std::vector<int64_t>& ranks) {
-  if (ranks.size() == 1) return std::to_string(ranks[0]);
-  // Ranks of a stage are contiguous in Megatron's order: show first-last (count).
-  return std::to_string(ranks.front()) + "-" + std::to_string(ranks.back()) + " (" +
-         std::to_string(ranks.size()) + ")";
+// "4-7 (4)", or "4" for a class of one rank (Note [Rank classes]: its ranks are contiguous).
+std::string RankRange(const RankClass& c) {
+  if (c.num_ranks == 1) return std::to_string(c.representative);
+  return std::to_string(c.representative) + "-" + std::to_string(c.last_rank()) + " (" +
+         std::to_string(c.num_ranks) + ")";
+}
+
+// Ranks first..last, all of one class, that get files.
+struct RankSpan {
+  int64_t first, last;
+  const RankResult* result;
+  int64_t size() const { return last - first + 1; }
+};
+
+int64_t RanksIn(const std::vector<RankSpan>& spans) {
+  int64_t ranks = 0;
+  for (const RankSpan& span : spans) ranks += span.size();
+  return ranks;
 }
 
 }  // namespace
@@ -118,7 +131,7 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
         r.fits() ? r.on_gpu.peak_reserved_bytes : r.timeline.peak_reserved_bytes();
     const double estimate_mb = TheoreticalMemoryMB(run, r.rank_class.pp_rank);
     std::printf("%-6zu %-18s %-6lld %11s %11s %14s %11s %13s  %s\n", i,
-                RankRange(r.rank_class.ranks).c_str(), static_cast<long long>(r.rank_class.pp_rank),
+                RankRange(r.rank_class).c_str(), static_cast<long long>(r.rank_class.pp_rank),
                 FormatBytes(r.timeline.iterations().back().static_allocated_bytes).c_str(),
                 FormatBytes(r.timeline.peak_allocated_bytes()).c_str(),
                 FormatBytes(reserved).c_str(),
@@ -177,18 +190,18 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   }
 }
 
-// Which ranks get files: "all", "first-per-class" or a comma-separated list.
+// Which ranks get files: "all", "first-per-class" or a comma-separated list, as spans of
+// ranks (Note [Rank classes]), so that "all" on any world size costs one span per class.
 Status SelectRanks(const std::string& text, const std::vector<RankResult>& results,
-                   int64_t world_size, std::vector<std::pair<int64_t, const RankResult*>>* out) {
-  std::vector<const RankResult*> class_of(static_cast<size_t>(world_size), nullptr);
-  for (const RankResult& r : results) {
-    for (int64_t rank : r.rank_class.ranks) class_of[static_cast<size_t>(rank)] = &r;
-  }
+                   int64_t world_size, std::vector<RankSpan>* out) {
   if (text == "all") {
-    for (int64_t rank = 0; rank < world_size; ++rank)
-      out->emplace_back(rank, class_of[static_cast<size_t>(rank)]);
+    for (const RankResult& r : results) {
+      out->push_back({r.rank_class.representative, r.rank_class.last_rank(), &r});
+    }
   } else if (text == "first-per-class") {
-    for (const RankResult& r : results) out->emplace_back(r.rank_class.representative, &r);
+    for (const RankResult& r : results) {
+      out->push_back({r.rank_class.representative, r.rank_class.representative, &r});
+    }
   } else {
     std::stringstream list(text);
     std::string item;
@@ -201,7 +214,10 @@ Status SelectRanks(const std::string& text, const std::vector<RankResult>& resul
                              std::to_string(world_size) +
                              "); use all, first-per-class or a list like 0,8,16");
       }
-      if (seen.insert(rank).second) out->emplace_back(rank, class_of[static_cast<size_t>(rank)]);
+      if (!seen.insert(rank).second) continue;
+      for (const RankResult& r : results) {
+        if (r.rank_class.Contains(rank)) out->push_back({rank, rank, &r});
+      }
     }
   }
   return Status::OK();
@@ -226,7 +242,9 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   summary["theoretical_memory_caveats"] = TheoreticalMemoryCaveats(run, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
   summary["userbuffers_outside_allocator_MB"] = BytesToMiB(UserbufferBytes(spec));
-  summary["ranks"] = r.rank_class.ranks;
+  // The ranks the class stands for, as [first, last] spans.
+  summary["ranks"] = nlohmann::json::array(
+      {nlohmann::json::array({r.rank_class.representative, r.rank_class.last_rank()})});
   summary["fits"] = r.fits();
   if (r.fits()) {
     summary["peak_reserved_on_gpu_MB"] = BytesToMiB(r.on_gpu.peak_reserved_bytes);
@@ -237,20 +255,34 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   return summary;
 }
 
+// The files of one rank class, built once and written for each of its selected ranks.
+struct ClassFiles {
+  std::string trace, snapshot, peak_snapshot;
+  nlohmann::json summary;
+};
+
+Status WriteRankFilesOf(const std::string& out_dir, int64_t rank, ClassFiles* f) {
+  const std::string suffix = "_rank" + std::to_string(rank);
+  MEMSIM_RETURN_IF_ERROR(
+      WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", f->trace));
+  f->summary["rank"] = rank;
+  MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", f->summary));
+  MEMSIM_RETURN_IF_ERROR(
+      WriteFileAtomically(out_dir + "/snapshot" + suffix + ".pickle", f->snapshot));
+  return WriteFileAtomically(out_dir + "/snapshot" + suffix + "_peak.pickle", f->peak_snapshot);
+}
+
 Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
-                      const std::vector<std::pair<int64_t, const RankResult*>>& ranks,
-                      const ReportOptions& options, const std::vector<Advice>& advice) {
+                      const std::vector<RankSpan>& ranks, const ReportOptions& options,
+                      const std::vector<Advice>& advice) {
   TraceOptions trace_options;
   trace_options.sample_interval_s = options.sample_interval_s;
   trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
   // Ranks of a class share one simulation: build each class's files once.
-  struct ClassFiles {
-    std::string trace, snapshot, peak_snapshot;
-    nlohmann::json summary;
-  };
   std::map<const RankResult*, ClassFiles> files;
   double total_bytes = 0;
-  for (const auto& [rank, result] : ranks) {
+  for (const RankSpan& span : ranks) {
+    const RankResult* result = span.result;
     ClassFiles& f = files[result];
     if (f.trace.empty()) {
       trace_options.theoretical_memory_mb = TheoreticalMemoryMB(run, result->rank_class.pp_rank);
@@ -269,29 +301,24 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
       f.summary = ClassSummary(run, *result, advice);
     }
     total_bytes +=
-        static_cast<double>(f.trace.size() + f.snapshot.size() + f.peak_snapshot.size()) + 4096;
+        (static_cast<double>(f.trace.size() + f.snapshot.size() + f.peak_snapshot.size()) + 4096) *
+        static_cast<double>(span.size());
   }
   // Say no before writing anything: --ranks all on a million GPUs would fill a disk.
   const double limit_bytes = options.max_output_gib * (1 << 30);
   if (total_bytes > limit_bytes) {
     char message[256];
     std::snprintf(message, sizeof(message),
-                  "the files of %zu ranks would take %.1f GiB, above --max-output %.1f GiB; "
+                  "the files of %lld ranks would take %.1f GiB, above --max-output %.1f GiB; "
                   "choose fewer --ranks (first-per-class) or raise --max-output",
-                  ranks.size(), total_bytes / (1 << 30), options.max_output_gib);
+                  static_cast<long long>(RanksIn(ranks)), total_bytes / (1 << 30),
+                  options.max_output_gib);
     return Status::Error(message);
   }
-  for (const auto& [rank, result] : ranks) {
-    ClassFiles& f = files[result];
-    const std::string suffix = "_rank" + std::to_string(rank);
-    MEMSIM_RETURN_IF_ERROR(
-        WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", f.trace));
-    f.summary["rank"] = rank;
-    MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", f.summary));
-    MEMSIM_RETURN_IF_ERROR(
-        WriteFileAtomically(out_dir + "/snapshot" + suffix + ".pickle", f.snapshot));
-    MEMSIM_RETURN_IF_ERROR(
-        WriteFileAtomically(out_dir + "/snapshot" + suffix + "_peak.pickle", f.peak_snapshot));
+  for (const RankSpan& span : ranks) {
+    for (int64_t rank = span.first; rank <= span.last; ++rank) {
+      MEMSIM_RETURN_IF_ERROR(WriteRankFilesOf(out_dir, rank, &files[span.result]));
+    }
   }
   return Status::OK();
 }
@@ -425,7 +452,7 @@ int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
   if (status.ok()) status = EnsureWritableDirectory(options.out_dir);
   std::vector<RankResult> results;
   if (status.ok()) status = SimulateAllClasses(*run, options.jobs, &results);
-  std::vector<std::pair<int64_t, const RankResult*>> selected;
+  std::vector<RankSpan> selected;
   if (status.ok()) {
     status = SelectRanks(options.ranks, results, run->spec().layout.world_size, &selected);
   }
@@ -460,8 +487,9 @@ int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
   } else {
     PrintReport(*run, results, options.top_n);
     if (options.advise) PrintAdvice(advice, fullest_bytes);
-    std::printf("\nWrote traces, summaries and snapshots of %zu rank%s to %s/\n", selected.size(),
-                selected.size() == 1 ? "" : "s", options.out_dir.c_str());
+    const int64_t written = RanksIn(selected);
+    std::printf("\nWrote traces, summaries and snapshots of %lld rank%s to %s/\n",
+                static_cast<long long>(written), written == 1 ? "" : "s", options.out_dir.c_str());
   }
   return options.check && !all_fit ? kExitDoesNotFit : kExitOk;
 }

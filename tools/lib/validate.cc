@@ -271,8 +271,7 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   }
   const RankResult* logged = nullptr;
   for (const RankResult& r : stages) {
-    const std::vector<int64_t>& ranks = r.rank_class.ranks;
-    if (std::find(ranks.begin(), ranks.end(), c.rank) != ranks.end()) logged = &r;
+    if (r.rank_class.Contains(c.rank)) logged = &r;
   }
   const RankResult& run = *logged;
   if (c.iteration_time_s) {

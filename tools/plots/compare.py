@@ -13,8 +13,10 @@ import csv
 import io
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -114,7 +116,7 @@ def load_pairs(real_dir: Path, sim_dir: Path, alignment: str) -> tuple[list[Pair
     with its rank class's, and says what it skipped or could not align."""
     real = traces_by_rank(real_dir, "real")
     sim = traces_by_rank(sim_dir, "simulated")
-    classes = rank_classes(sim_dir, sim)
+    classes = rank_classes(sim_dir, sim, real)
     partner = {rank: rank if rank in sim else classes[rank] for rank in real
                if rank in sim or rank in classes}
     if not partner:
@@ -170,10 +172,11 @@ def traces_by_rank(folder: Path, side: str) -> dict[int, Path]:
     return by_rank
 
 
-def rank_classes(sim_dir: Path, sim: dict[int, Path]) -> dict[int, int]:
-    """{rank: the simulated rank standing for it}, from the "ranks" of every
-    summary_rank{R}.json in `sim_dir` whose rank R has a simulated trace."""
-    classes: dict[int, int] = {}
+def rank_classes(sim_dir: Path, sim: dict[int, Path], wanted: Iterable[int]) -> dict[int, int]:
+    """{rank: the simulated rank standing for it} for each rank of `wanted` some class holds,
+    from the "ranks" ([first, last] spans) of every summary_rank{R}.json in `sim_dir` whose
+    rank R has a simulated trace."""
+    spans: list[tuple[int, int, int]] = []
     for path in sorted(sim_dir.iterdir()):
         match = SUMMARY.match(path.name)
         if not match or int(match.group(1)) not in sim:
@@ -181,13 +184,23 @@ def rank_classes(sim_dir: Path, sim: dict[int, Path]) -> dict[int, int]:
         summary = load_json(path)
         where = str(path)
         members = typed(summary, "ranks", list, where) if isinstance(summary, dict) else None
-        if members is None or not all(isinstance(r, int) and not isinstance(r, bool)
-                                      and r >= 0 for r in members):
-            raise InputError(f"{where}: 'ranks' must be a list of rank numbers; "
+        if members is None or not all(_is_span(span) for span in members):
+            raise InputError(f"{where}: 'ranks' must be a list of [first, last] rank spans; "
                              "regenerate it with memsim simulate")
-        for member in members:
-            classes.setdefault(member, int(match.group(1)))
+        spans += [(first, last, int(match.group(1))) for first, last in members]
+    classes: dict[int, int] = {}
+    for rank in wanted:
+        for first, last, sim_rank in spans:
+            if first <= rank <= last:
+                classes.setdefault(rank, sim_rank)
     return classes
+
+
+def _is_span(span: Any) -> bool:
+    """[first, last] with 0 <= first <= last, both integers."""
+    return (isinstance(span, list) and len(span) == 2
+            and all(isinstance(r, int) and not isinstance(r, bool) for r in span)
+            and 0 <= span[0] <= span[1])
 
 
 def _ranks(by_rank: dict[int, Path]) -> str:

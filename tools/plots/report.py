@@ -193,16 +193,11 @@ def title(r: RankReport) -> str:
     return f"Rank {r.rank}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def _ranges(ranks: list) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    values = sorted(int(v) for v in ranks if isinstance(v, int))
-    spans: list[list[int]] = []
-    for v in values:
-        if spans and v == spans[-1][1] + 1:
-            spans[-1][1] = v
-        else:
-            spans.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+def _ranges(spans: list) -> str:
+    """[[0, 2], [5, 5]] ([first, last] spans, as memsim writes "ranks") -> "0-2, 5"."""
+    pairs = [span for span in spans if isinstance(span, list) and len(span) == 2
+             and all(isinstance(r, int) for r in span)]
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in pairs)
 
 
 def headline(r: RankReport) -> str:

@@ -313,8 +313,9 @@ function tensors(rank) {
 
 function rankSection(rank) {
   const s = rank.summary;
-  const ranks = s.ranks || [s.rank];
-  const title = `Rank ${s.rank}` + (ranks.length > 1 ? ` (class of ${ranks.length} ranks)` : "") +
+  // "ranks": [first, last] spans of the ranks this class stands for.
+  const count = (s.ranks || []).reduce((n, [first, last]) => n + last - first + 1, 0);
+  const title = `Rank ${s.rank}` + (count > 1 ? ` (class of ${count} ranks)` : "") +
                 (s.pp_stage !== undefined ? `, pipeline stage ${s.pp_stage}` : "");
   return el("section", {"data-rank": s.rank},
             el("h2", {}, title), verdictCards(rank),
