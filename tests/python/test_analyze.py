@@ -328,6 +328,27 @@ class AnalyzeBadInputTest(CliTestCase):
     def test_missing_file(self) -> None:
         self.assert_fails(self.tmp / "nowhere.pickle", "cannot read")
 
+    # Found by tests/fuzz/fuzz_python_readers.py (the inputs are kept in its seeds): a few
+    # bytes of pickle that ask for gigabytes.
+    def test_memo_index_that_asks_for_gigabytes(self) -> None:
+        path = self.tmp / "memo.pickle"  # LONG_BINPUT 2^31 - 1: a memo table that large
+        path.write_bytes(b"\x80\x02]r\xff\xff\xff\x7f.")
+        self.assert_fails(path, "takes more memory than a snapshot of its size can need")
+
+    def test_bytearray_of_exabytes_is_one_line(self) -> None:
+        path = self.tmp / "bytearray.pickle"  # BYTEARRAY8 of 2^62 bytes
+        path.write_bytes(b"\x80\x05\x96" + (2**62).to_bytes(8, "little") + b".")
+        self.assert_fails(path, "takes more memory than a snapshot of its size can need")
+
+    def test_lists_shared_over_and_over(self) -> None:
+        # 1,000 references to one segment of 1,000 references to one block of 1,000 frames:
+        # a billion frames to walk from 6 KB of pickle.
+        block = {"size": 512, "state": "active_allocated",
+                 "frames": [frame("model.py", "forward")] * 1000}
+        segment = {"total_size": 512 * 1000, "blocks": [block] * 1000}
+        path = write_pickle(self.tmp / "shared.pickle", {"segments": [segment] * 1000})
+        self.assert_fails(path, "shared by reference over and over")
+
     def test_latest_that_is_a_folder(self) -> None:
         path = self.tmp / "ok.pickle"
         path.write_bytes(self.good_bytes())

@@ -309,6 +309,14 @@ class CompareBadInputTest(CliTestCase):
         path.write_text('{"1": ' + "9" * 5000 + "}")
         self.assert_fails(path, "not usable JSON")
 
+    def test_number_beyond_a_double(self) -> None:
+        # Found by tests/fuzz/fuzz_python_readers.py: float() of a 400-digit integer raised
+        # OverflowError, an internal error instead of a one-line refusal.
+        path = write_json(self.sim / "memory_trace_rank0.json",
+                          {"1": {"samples": [{"timestamp_s": 0.0,
+                                              "allocated_memory_MB": int("9" * 400)}]}})
+        self.assert_fails(path, "allocated_memory_MB", "expected a finite number")
+
     def test_not_a_trace(self) -> None:
         path = write_json(self.real / "memory_trace_rank0.json", {"samples": []})
         self.assert_fails(path, "not an iteration number")

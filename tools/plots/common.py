@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -41,8 +42,20 @@ def load_json(path: Path) -> Any:
 
 
 def is_number(value: Any) -> bool:
-    """True for JSON numbers; bool is an int subclass in Python but not a number here."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """True for JSON numbers a float holds: bool is an int subclass in Python but not a
+    number here, and neither is NaN, an infinity or an integer beyond a double's range."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters, for a message about bad input."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def number(mapping: dict, key: str, where: str) -> float:
@@ -51,7 +64,7 @@ def number(mapping: dict, key: str, where: str) -> float:
         raise InputError(f"{where}: missing '{key}'")
     value = mapping[key]
     if not is_number(value):
-        raise InputError(f"{where}: '{key}' is {value!r}, expected a number")
+        raise InputError(f"{where}: '{key}' is {shown(value)}, expected a finite number")
     return float(value)
 
 

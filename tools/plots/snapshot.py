@@ -12,14 +12,23 @@ simulator/snapshot_writer.h); other snapshots are classified by keywords.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
+import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import InputError
+try:
+    import resource
+except ImportError:  # not on Linux: reads are not bounded
+    resource = None  # type: ignore[assignment]
+
+from common import InputError, shown
 
 MB = 2**20
 MEMSIM_CATEGORY = "memsim://category/"
@@ -135,14 +144,60 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it references the Python class {module}.{name}")
 
 
+@contextmanager
+def bounded_memory(path: Path) -> Iterator[None]:
+    """Reading and walking the snapshot `path` may take max(2 GiB, 64 x its size) more
+    memory; beyond that it is an InputError, not an exhausted machine. A pickle can ask for
+    far more than its size: a huge memo index makes the unpickler allocate a table that
+    large, and lists shared by reference many times over are walked as often."""
+    limits = None  # (the limit set, the limits to restore) when this call set one
+    try:
+        headroom = max(2 << 30, 64 * path.stat().st_size)
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm") as statm:
+            in_use = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = in_use + headroom if hard == resource.RLIM_INFINITY else min(in_use + headroom,
+                                                                               hard)
+        # Unless already bounded as tightly (by a caller, or by the user's ulimit).
+        if soft == resource.RLIM_INFINITY or soft > limit:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+            limits = (soft, hard)
+    except (AttributeError, OSError, ValueError):
+        pass  # no limit to set here: another system, or the file is unreadable
+    try:
+        yield
+    except MemoryError:
+        raise InputError(f"{path}: reading it takes more memory than a snapshot of its size "
+                         "can need; not a snapshot PyTorch or memsim wrote (corrupt, or made "
+                         "to exhaust memory)") from None
+    finally:
+        if limits is not None:
+            resource.setrlimit(resource.RLIMIT_AS, limits)
+
+
+@contextmanager
+def _errors_not_printed() -> Iterator[None]:
+    """CPython prints some errors of a failing unpickler itself (a half-made bytearray
+    freed while its buffer is exported calls PyErr_Print): they belong to the one-line
+    refusal, not on stderr beside it."""
+    hooks = sys.excepthook, sys.unraisablehook
+    sys.excepthook, sys.unraisablehook = (lambda *_: None), (lambda _: None)
+    try:
+        yield
+    finally:
+        sys.excepthook, sys.unraisablehook = hooks
+
+
 def read_snapshot_pickle(path: Path) -> Any:
     """The plain data of a snapshot pickle (no classes imported); an unreadable or corrupt
-    file is an InputError naming `path`."""
+    file is an InputError naming `path`. Read within bounded_memory."""
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as f, bounded_memory(path), _errors_not_printed():
             return _PlainUnpickler(f).load()
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    except (InputError, MemoryError):
+        raise  # MemoryError: bounded_memory's refusal, by this call's or the caller's
     except Exception as e:  # pickle reports corruption as many exception types
         raise InputError(f"{path}: not a readable snapshot pickle ({type(e).__name__}: {e}); "
                          "the file is truncated or corrupt, dump the snapshot again") from None
@@ -150,7 +205,12 @@ def read_snapshot_pickle(path: Path) -> Any:
 
 def load_snapshot(path: Path) -> Snapshot:
     """Loads and validates a snapshot; every problem is an InputError naming `path`."""
-    data = read_snapshot_pickle(path)
+    with bounded_memory(path):
+        return _validated(path, read_snapshot_pickle(path))
+
+
+def _validated(path: Path, data: Any) -> Snapshot:
+    """The Snapshot of a pickle's plain data, every field checked."""
     raw_segments = data.get("segments") if isinstance(data, dict) else data
     if not isinstance(raw_segments, list):
         raise InputError(f"{path}: not a PyTorch memory snapshot (expected a dict with "
@@ -158,6 +218,7 @@ def load_snapshot(path: Path) -> Snapshot:
     if not raw_segments:
         raise InputError(f"{path}: the snapshot has no segments (nothing was reserved when "
                          "it was taken); take it at the memory peak, e.g. after the forward")
+    _check_nothing_shared_over(path, raw_segments)
     segments = tuple(_segment(s, f"{path}: segment {i}") for i, s in enumerate(raw_segments))
     traces = data.get("device_traces") if isinstance(data, dict) else None
     saw_oom = isinstance(traces, list) and any(
@@ -170,6 +231,26 @@ def load_snapshot(path: Path) -> Snapshot:
     return snapshot
 
 
+def _check_nothing_shared_over(path: Path, raw_segments: list) -> None:
+    """A pickle can share one list by reference many times over: [block] * 1000 costs
+    2,000 bytes, and when that block holds 1,000 frames a walk visits a million. PyTorch and
+    memsim store every block and frame of a snapshot on its own, at a byte or more each, so
+    more blocks and frames than the file has bytes means sharing: refused before the walk."""
+    budget = max(path.stat().st_size, 1)
+    walked = 0
+    for segment in raw_segments:
+        blocks = segment.get("blocks") if isinstance(segment, dict) else None
+        for block in blocks if isinstance(blocks, list) else ():
+            frames = block.get("frames") if isinstance(block, dict) else None
+            history = block.get("history") if isinstance(block, dict) else None
+            walked += 1 + (len(frames) if isinstance(frames, (list, tuple)) else 0) + (
+                len(history) if isinstance(history, list) else 0)
+            if walked > budget:
+                raise InputError(f"{path}: its blocks and frames are shared by reference "
+                                 f"over and over (more of them than the file's {budget} bytes); "
+                                 "not a snapshot PyTorch or memsim wrote")
+
+
 def _segment(raw: Any, where: str) -> Segment:
     """One validated segment."""
     if not isinstance(raw, dict):
@@ -177,7 +258,8 @@ def _segment(raw: Any, where: str) -> Segment:
     blocks = raw.get("blocks", [])
     if not isinstance(blocks, list):
         raise InputError(f"{where}: 'blocks' is not a list; not a PyTorch memory snapshot")
-    return Segment(_int(raw, "total_size", where), str(raw.get("segment_type", "large")),
+    kind = raw.get("segment_type")
+    return Segment(_int(raw, "total_size", where), kind if isinstance(kind, str) else "large",
                    tuple(_block(b, f"{where}, block {i}") for i, b in enumerate(blocks)))
 
 
@@ -207,7 +289,7 @@ def _int(raw: dict, key: str, where: str) -> int:
     """raw[key], which must be a non-negative integer."""
     value = raw.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InputError(f"{where}: '{key}' is {value!r}, expected a byte count; not a "
+        raise InputError(f"{where}: '{key}' is {shown(value)}, expected a byte count; not a "
                          "PyTorch memory snapshot")
     return value
 
@@ -220,9 +302,11 @@ def _frames(raw: Any) -> tuple[Frame, ...]:
 
 
 def _frame(raw: dict) -> Frame:
-    line = raw.get("line")
-    return Frame(str(raw.get("filename", "")), line if isinstance(line, int) else 0,
-                 str(raw.get("name", "")))
+    """A frame's fields, each of the wrong type read as empty (a frame only labels)."""
+    filename, line, name = raw.get("filename"), raw.get("line"), raw.get("name")
+    return Frame(filename if isinstance(filename, str) else "",
+                 line if isinstance(line, int) and not isinstance(line, bool) else 0,
+                 name if isinstance(name, str) else "")
 
 
 def category(frames: tuple[Frame, ...]) -> str:

@@ -19,9 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common import CommandParser, InputError, Output, command_parser, existing_dir, load_json
+from common import (CommandParser, InputError, Output, command_parser, existing_dir, is_number,
+                    load_json)
 from report import SUMMARY, RankReport, in_phase_order, load_report, module_pattern
-from snapshot import read_snapshot_pickle
+from snapshot import bounded_memory, read_snapshot_pickle
 
 DESCRIPTION = """\
 Write one self-contained HTML page (no network: script and data inlined) of a memsim output
@@ -104,7 +105,11 @@ def snapshot_events(path: Path) -> tuple[list[dict], list[dict]]:
     simulator/snapshot_writer.h), so consecutive allocations of one phase make a span."""
     if not path.is_file():
         return [], []
-    data = read_snapshot_pickle(path)
+    with bounded_memory(path):
+        return _snapshot_events(read_snapshot_pickle(path))
+
+
+def _snapshot_events(data: Any) -> tuple[list[dict], list[dict]]:
     traces = data.get("device_traces") if isinstance(data, dict) else None
     if not isinstance(traces, list) or not traces or not isinstance(traces[0], list):
         return [], []
@@ -112,15 +117,21 @@ def snapshot_events(path: Path) -> tuple[list[dict], list[dict]]:
     for entry in traces[0]:
         if not isinstance(entry, dict) or entry.get("action") not in ("alloc", "free_completed"):
             continue
-        frames = entry.get("frames") or []
-        if len(frames) < 3 or not all(isinstance(f, dict) for f in frames[:3]):
+        frames = entry.get("frames")
+        if not isinstance(frames, list) or len(frames) < 3 or not all(
+                isinstance(f, dict) for f in frames[:3]):
             continue  # not one of memsim's
-        time_s = entry.get("time_us", 0) / 1e6
-        phase = str(frames[1].get("name", "")).split(" ", 1)[0]
+        time_us, size = entry.get("time_us", 0), entry.get("size", 0)
+        module, op, phase_frame, tensor = (frames[0].get("filename"), frames[0].get("name"),
+                                           frames[1].get("name"), frames[2].get("name"))
+        if not (is_number(time_us) and is_number(size)
+                and all(isinstance(n, str) for n in (module, op, phase_frame, tensor))):
+            continue  # not one of memsim's
+        time_s = time_us / 1e6
+        phase = phase_frame.split(" ", 1)[0]
         events.append({"t": time_s, "action": "alloc" if entry["action"] == "alloc" else "free",
-                       "size_MB": entry.get("size", 0) / 2**20,
-                       "module": frames[0].get("filename"), "op": frames[0].get("name"),
-                       "tensor": frames[2].get("name"), "phase": phase})
+                       "size_MB": size / 2**20, "module": module, "op": op, "tensor": tensor,
+                       "phase": phase})
         if entry["action"] == "alloc":
             if spans and spans[-1]["phase"] == phase:
                 spans[-1]["end"] = time_s
