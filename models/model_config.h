@@ -197,7 +197,15 @@ struct TrainingConfig {
   }
   OptimizerKind optimizer = OptimizerKind::kAdam;
   int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update
-  bool dropout = true;        // false: every dropout probability is treated as 0
+  // Megatron-Core's layer-wise optimizer (Muon with --use-distributed-optimizer and
+  // --no-use-layer-wise-param-layout, over plain DDP): each data-parallel rank owns whole
+  // parameters and their optimizer state (Note [Layer-wise optimizer] in models/optimizer.h).
+  bool layer_wise_optimizer = false;
+  // Under it, the global rank whose share the simulated stage holds; unset: the data-parallel
+  // rank holding the most optimizer state (what decides whether a layout fits). `memsim
+  // validate` sets the rank a measurement logged.
+  std::optional<int64_t> layer_wise_rank;
+  bool dropout = true;  // false: every dropout probability is treated as 0
   // --use-precision-aware-optimizer (Note [Precision-aware optimizer] in models/optimizer.h):
   // Transformer Engine's FusedAdam holds the master weights and Adam's states, in these
   // dtypes (fp32 or bf16), and reads the gradient buffer (main_grads_dtype) as it is.

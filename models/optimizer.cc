@@ -7,6 +7,7 @@
 
 #include "models/fp8.h"
 #include "ops/fused_optimizers.h"
+#include "simulator/check.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -49,39 +50,93 @@ at::Tensor Shard(const at::Tensor& t, int64_t shards) {
 
 }  // namespace
 
-MixedPrecisionOptimizer::MixedPrecisionOptimizer(
-    ParameterStore* store, OptimizerKind kind, int64_t shards, int64_t expert_shards,
-    int64_t muon_ns_steps, std::optional<PrecisionAwareStates> precision_aware)
-    : store_(store),
-      kind_(kind),
-      shards_(shards),
-      expert_shards_(expert_shards),
-      muon_ns_steps_(muon_ns_steps),
-      precision_aware_(precision_aware) {
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
+                                                 const OptimizerOptions& options)
+    : store_(store), options_(options) {
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   CategoryScope category(Category::kOptimizerState);
   at::NoGradGuard no_grad;
   for (Parameter& p : store->parameters()) {
-    // Transformer Engine's FusedAdam makes its masters in the first step.
-    if (p.fp8.fp8_param) {
+    // Muon needs whole matrices, so it never runs on shards (Note [Muon]).
+    muon_.push_back(options_.kind == OptimizerKind::kMuon && p.data.dim() == 2 &&
+                    !p.embedding_or_output);
+  }
+  owned_.assign(muon_.size(), true);
+  if (options_.layer_wise) DealWholeParameters(*options_.layer_wise);
+  size_t i = 0;
+  for (Parameter& p : store->parameters()) {
+    if (!owned_[i++]) {
+      masters_.emplace_back();  // another rank's
+    } else if (p.fp8.fp8_param) {
       // From the 16-bit value Transformer Engine kept on the host (Note [FP8 training]):
       // the parameter has no 16-bit storage to shard.
-      const int64_t shards = p.expert ? expert_shards_ : shards_;
+      const int64_t shards = p.expert ? options_.expert_shards : options_.shards;
       masters_.push_back(
           at::empty({ShardElements(p.data.numel(), shards)}, p.data.options().dtype(at::kFloat)));
-    } else if (!precision_aware_) {
+    } else if (!options_.precision_aware) {
+      // Transformer Engine's FusedAdam makes its masters in the first step.
       const at::Tensor shard = ParameterShard(p);
       masters_.push_back(store->precision() == Precision::kFp32 ? shard
                                                                 : shard.clone().to(at::kFloat));
     }
-    // Muon needs whole matrices, so it never runs on shards (Note [Muon]).
-    muon_.push_back(kind == OptimizerKind::kMuon && p.data.dim() == 2 && !p.embedding_or_output);
+  }
+}
+
+void MixedPrecisionOptimizer::DealWholeParameters(const LayerWiseGroups& groups) {
+  const auto& params = store_->parameters();
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int64_t na = params[a].data.numel(), nb = params[b].data.numel();
+    return na != nb ? na < nb : muon_[a] && !muon_[b];
+  });
+  // The ping-pong deal, and the state each rank ends up with: an fp32 master and Muon's
+  // momentum or Adam's two moments per element.
+  auto deal = [&](bool experts, int64_t ranks, std::optional<int64_t> simulated,
+                  std::vector<int64_t>* elements) {
+    std::vector<int64_t> owner(params.size(), -1), state_bytes(static_cast<size_t>(ranks), 0);
+    elements->assign(static_cast<size_t>(ranks), 0);
+    int64_t turn = 0;
+    for (size_t i : order) {
+      if (params[i].expert != experts) continue;
+      const int64_t step = turn++ % (2 * ranks);
+      const int64_t rank = step < ranks ? step : 2 * ranks - 1 - step;
+      owner[i] = rank;
+      const int64_t numel = params[i].data.numel();
+      (*elements)[static_cast<size_t>(rank)] += numel;
+      state_bytes[static_cast<size_t>(rank)] += numel * (muon_[i] ? 8 : 12);
+    }
+    const int64_t rank = simulated.value_or(
+        std::max_element(state_bytes.begin(), state_bytes.end()) - state_bytes.begin());
+    MEMSIM_DCHECK(0 <= rank && rank < ranks);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].expert == experts) owned_[i] = owner[i] == rank;
+    }
+    return rank;
+  };
+  dense_rank_ =
+      deal(/*experts=*/false, groups.dense_ranks, groups.dense_rank, &dense_rank_elements_);
+  expert_rank_ =
+      deal(/*experts=*/true, groups.expert_ranks, groups.expert_rank, &expert_rank_elements_);
+}
+
+void MixedPrecisionOptimizer::AllGatherParameters(const std::vector<int64_t>& rank_elements,
+                                                  int64_t own) const {
+  if (rank_elements.size() <= 1) return;
+  CategoryScope category(Category::kCommunication);
+  const auto options =
+      at::TensorOptions().device(at::kMeta).dtype(ScalarTypeOf(store_->precision()));
+  std::vector<at::Tensor> gather;  // _flatten_dense_tensors of its own, then torch.empty
+  gather.push_back(at::empty({rank_elements[static_cast<size_t>(own)]}, options));
+  for (size_t r = 0; r < rank_elements.size(); ++r) {
+    if (static_cast<int64_t>(r) != own) gather.push_back(at::empty({rank_elements[r]}, options));
   }
 }
 
 at::Tensor MixedPrecisionOptimizer::ParameterShard(const Parameter& p) const {
-  return p.shard_data.defined() ? p.shard_data.detach()
-                                : Shard(p.data, p.expert ? expert_shards_ : shards_);
+  return p.shard_data.defined()
+             ? p.shard_data.detach()
+             : Shard(p.data, p.expert ? options_.expert_shards : options_.shards);
 }
 
 void MixedPrecisionOptimizer::ZeroGrad() { master_grads_.clear(); }
@@ -90,15 +145,17 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
   CategoryScope category(Category::kOptimizerState);
   for (Parameter& p : store_->parameters()) {
     const at::Tensor shard = ParameterShard(p);
-    exp_avgs_.push_back(at::zeros(shard.sizes(), shard.options().dtype(precision_aware_->exp_avg)));
+    exp_avgs_.push_back(
+        at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg)));
     exp_avg_sqs_.push_back(
-        at::zeros(shard.sizes(), shard.options().dtype(precision_aware_->exp_avg_sq)));
+        at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg_sq)));
     // A non-fp32 state's scale (_initialize_state's torch.ones([1]), fp32), per parameter.
-    for (at::ScalarType dtype : {precision_aware_->exp_avg, precision_aware_->exp_avg_sq}) {
+    for (at::ScalarType dtype :
+         {options_.precision_aware->exp_avg, options_.precision_aware->exp_avg_sq}) {
       if (dtype != at::kFloat)
         state_scales_.push_back(at::ones({1}, shard.options().dtype(at::kFloat)));
     }
-    if (precision_aware_->param_remainders && shard.scalar_type() == at::kBFloat16) {
+    if (options_.precision_aware->param_remainders && shard.scalar_type() == at::kBFloat16) {
       masters_.push_back(at::zeros(shard.sizes(), shard.options().dtype(at::kShort)));
     } else {
       at::Tensor master = at::empty(shard.sizes(), shard.options().dtype(at::kFloat));
@@ -111,62 +168,75 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
 void MixedPrecisionOptimizer::Step() {
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   at::NoGradGuard no_grad;
+  const bool precision_aware = options_.precision_aware.has_value();
   ++step_;
   master_grads_.clear();
   {
     CategoryScope category(Category::kGradient);
+    size_t i = 0;
     for (Parameter& p : store_->parameters()) {
-      const at::Tensor grad = p.shard_grad.defined()
-                                  ? p.shard_grad
-                                  : Shard(p.main_grad, p.expert ? expert_shards_ : shards_);
+      if (!owned_[i++]) {
+        master_grads_.emplace_back();
+        continue;
+      }
+      const at::Tensor grad =
+          p.shard_grad.defined()
+              ? p.shard_grad
+              : Shard(p.main_grad, p.expert ? options_.expert_shards : options_.shards);
       // A copy when gradients are 16-bit; FusedAdam's decoupled_grad is the shard itself.
-      master_grads_are_copies_ = !precision_aware_ && grad.scalar_type() != at::kFloat;
-      master_grads_.push_back(precision_aware_ ? grad : grad.to(at::kFloat));
+      master_grads_are_copies_ = !precision_aware && grad.scalar_type() != at::kFloat;
+      master_grads_.push_back(precision_aware ? grad : grad.to(at::kFloat));
     }
   }
-  if (exp_avgs_.empty() && precision_aware_) CreatePrecisionAwareStates();
+  if (exp_avgs_.empty() && precision_aware) CreatePrecisionAwareStates();
   if (exp_avgs_.empty()) {
     CategoryScope category(Category::kOptimizerState);
     for (size_t i = 0; i < masters_.size(); ++i) {
-      exp_avgs_.push_back(at::zeros_like(masters_[i]));
-      const bool adam =
-          kind_ == OptimizerKind::kAdam || (kind_ == OptimizerKind::kMuon && !muon_[i]);
-      exp_avg_sqs_.push_back(adam ? at::zeros_like(masters_[i]) : at::Tensor());
+      const bool adam = options_.kind == OptimizerKind::kAdam ||
+                        (options_.kind == OptimizerKind::kMuon && !muon_[i]);
+      exp_avgs_.push_back(owned_[i] ? at::zeros_like(masters_[i]) : at::Tensor());
+      exp_avg_sqs_.push_back(owned_[i] && adam ? at::zeros_like(masters_[i]) : at::Tensor());
     }
   }
   // One fused update over the parameters Adam (or SGD) takes, then Muon's one by one.
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
   for (size_t i = 0; i < masters_.size(); ++i) {
-    if (muon_[i]) continue;
+    if (muon_[i] || !owned_[i]) continue;
     params.push_back(masters_[i]);
     grads.push_back(master_grads_[i]);
     exp_avgs.push_back(exp_avgs_[i]);
     exp_avg_sqs.push_back(exp_avg_sqs_[i]);
   }
-  if (kind_ == OptimizerKind::kSgd) {
+  if (options_.kind == OptimizerKind::kSgd) {
     FusedSgdStep(params, grads, exp_avgs, /*lr=*/1e-3, /*momentum=*/0.9, /*weight_decay=*/0.0);
   } else if (!params.empty()) {
     FusedAdamStep(params, grads, exp_avgs, exp_avg_sqs, AdamHyperparameters{}, step_);
   }
   for (size_t i = 0; i < masters_.size(); ++i) {
-    if (muon_[i]) MuonUpdate(masters_[i], master_grads_[i], exp_avgs_[i], muon_ns_steps_);
+    if (muon_[i] && owned_[i]) {
+      MuonUpdate(masters_[i], master_grads_[i], exp_avgs_[i], options_.muon_ns_steps);
+    }
   }
-  if (store_->precision() != Precision::kFp32 && !precision_aware_) {  // else the kernel does
+  if (store_->precision() != Precision::kFp32 && !precision_aware) {  // else the kernel does
     size_t i = 0;
     std::vector<at::Tensor> fp8_masters;
     Fp8Recipe fp8_recipe = Fp8Recipe::kNone;
     for (Parameter& p : store_->parameters()) {
-      const at::Tensor& master = masters_[i++];
+      const size_t index = i++;
+      if (!owned_[index]) continue;
+      const at::Tensor& master = masters_[index];
       if (p.fp8.fp8_param) {
         fp8_masters.push_back(master);
         fp8_recipe = p.fp8.recipe;
         continue;
       }
-      (p.shard_data.defined() ? p.shard_data.detach()
-                              : Shard(p.data, p.expert ? expert_shards_ : shards_))
-          .copy_(master);
+      ParameterShard(p).copy_(master);
     }
     CastMastersToFp8Parameters(fp8_masters, fp8_recipe);
+  }
+  if (options_.layer_wise) {
+    AllGatherParameters(dense_rank_elements_, dense_rank_);
+    AllGatherParameters(expert_rank_elements_, expert_rank_);
   }
   // Views of the gradients go now; fp32 copies of 16-bit gradients stay until zero_grad.
   if (!master_grads_are_copies_) master_grads_.clear();

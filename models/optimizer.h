@@ -35,9 +35,32 @@
 //   Not modelled (transient, step only): the TP "duplicated" mode's fp32 gather copies
 //   that Transformer Engine's linear weights take even at TP=1, and the QKV split's
 //   per-head-group copies; together at most a few fp32 copies of one matrix.
-// With --use-distributed-optimizer Megatron-LM swaps in its layer-wise optimizer, which
-// shards whole tensors over the data-parallel ranks (so ranks differ): not modelled, and
-// refused when the run is finalized.
+// With --use-distributed-optimizer Megatron-LM swaps in its layer-wise optimizer (Note
+// [Layer-wise optimizer]).
+//
+// Note [Layer-wise optimizer]
+// Muon with --use-distributed-optimizer --no-use-layer-wise-param-layout (Megatron-Core
+// 0.20: arguments.py turns the flag into use_layer_wise_distributed_optimizer and leaves DDP
+// in plain all-reduce mode; optimizer/__init__.py builds LayerWiseDistributedOptimizer over
+// Float16 wrappers of Muon and TE FusedAdam; layer_wise_optimizer.py
+// _shard_params_ping_pong):
+//   grads:   DDP's full fp32 gradient buffers, unpadded, all-reduced (memsim's ddp);
+//   owners:  every parameter of both optimizers in one list, sorted by numel (a stable sort;
+//            Muon's groups come before Adam's), then dealt whole: dense parameters to the
+//            dp*cp ranks in the ping-pong order 0, 1, .., n-1, n-1, .., 0, 0, 1, ..; routed
+//            experts' the same way over the expert data-parallel ranks, with a counter of
+//            their own. Only the owner holds the parameter's fp32 master and state (Muon's
+//            momentum, Adam's two moments), so ranks differ: memsim simulates the rank
+//            holding the most (the dense and the expert rank with the most state bytes),
+//            the one that decides whether the layout fits, or a given rank;
+//   step:    each rank updates what it owns and copies it into the 16-bit parameters, then
+//            allgather_params: a flat copy of its own dense parameters and a receive buffer
+//            of every other rank's (the whole dense model in 16 bits, alive together),
+//            freed when the values are copied in; the same over the expert data-parallel
+//            group when it has more than one rank.
+// Sorting by (numel, Adam after Muon) gives every rank the same bytes as Megatron's order:
+// ties of one kind hold equal state. Without --no-use-layer-wise-param-layout Megatron
+// places Muon parameters by LPT over padded shards of separate buffers: not modelled.
 //
 // Note [Precision-aware optimizer]
 // --use-precision-aware-optimizer (Megatron-Core 0.20's distrib_optimizer.py with Transformer
@@ -72,18 +95,32 @@ struct PrecisionAwareStates {
   bool param_remainders = true;
 };
 
+// The groups a layer-wise optimizer deals whole parameters over (Note [Layer-wise optimizer]).
+struct LayerWiseGroups {
+  int64_t dense_ranks = 1;   // dp * cp
+  int64_t expert_ranks = 1;  // expert data parallelism
+  // This rank's place in each group; unset: the rank holding the most state there.
+  std::optional<int64_t> dense_rank, expert_rank;
+};
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::kAdam;
+  // The data-parallel size with a distributed optimizer, else 1; `expert_shards` the same
+  // for routed experts' parameters (expert data parallelism).
+  int64_t shards = 1;
+  int64_t expert_shards = 1;
+  int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of a Muon update (Note [Muon])
+  // Transformer Engine's FusedAdam keeps the masters and states (REQUIRES: kind Adam).
+  std::optional<PrecisionAwareStates> precision_aware;
+  // Whole parameters dealt over the data-parallel ranks (REQUIRES: kind Muon, shards 1).
+  std::optional<LayerWiseGroups> layer_wise;
+};
+
 class MixedPrecisionOptimizer {
  public:
   // Allocates the master parameters (in the setup phase, as optimizer construction does;
   // with `precision_aware` the first Step() makes them).
-  // `shards`: the data-parallel size with a distributed optimizer, else 1;
-  // `expert_shards` the same for routed experts' parameters (expert data parallelism).
-  // `muon_ns_steps`: Newton-Schulz iterations of a Muon update (Note [Muon]).
-  // `precision_aware`: Transformer Engine's FusedAdam keeps the masters and states
-  // (REQUIRES: kind Adam).
-  MixedPrecisionOptimizer(ParameterStore* store, OptimizerKind kind, int64_t shards = 1,
-                          int64_t expert_shards = 1, int64_t muon_ns_steps = 5,
-                          std::optional<PrecisionAwareStates> precision_aware = std::nullopt);
+  MixedPrecisionOptimizer(ParameterStore* store, const OptimizerOptions& options);
   MixedPrecisionOptimizer(const MixedPrecisionOptimizer&) = delete;
   MixedPrecisionOptimizer& operator=(const MixedPrecisionOptimizer&) = delete;
 
@@ -95,14 +132,22 @@ class MixedPrecisionOptimizer {
   at::Tensor ParameterShard(const Parameter& p) const;
   // FusedAdam's first-step state (Note [Precision-aware optimizer]).
   void CreatePrecisionAwareStates();
+  // Which parameters this rank owns under the layer-wise optimizer; `rank_elements_`.
+  void DealWholeParameters(const LayerWiseGroups& groups);
+  // allgather_params of Note [Layer-wise optimizer]: every rank's parameters of one group
+  // (`rank_elements` of them each, this rank's `own`) in flat 16-bit buffers together.
+  void AllGatherParameters(const std::vector<int64_t>& rank_elements, int64_t own) const;
 
   ParameterStore* store_;
-  OptimizerKind kind_;
-  int64_t shards_;
-  int64_t expert_shards_;
-  int64_t muon_ns_steps_;
-  std::optional<PrecisionAwareStates> precision_aware_;
+  OptimizerOptions options_;
   int64_t step_ = 0;
+  // Whether this rank updates the parameter (all of them but under the layer-wise
+  // optimizer); the others have no master, gradient copy or state here.
+  std::vector<bool> owned_;
+  // Layer-wise: the 16-bit elements each rank owns, dense and expert groups; the rank
+  // simulated in each.
+  std::vector<int64_t> dense_rank_elements_, expert_rank_elements_;
+  int64_t dense_rank_ = 0, expert_rank_ = 0;
   // fp32 (the parameters themselves in fp32 training), or precision-aware int16 remainders.
   std::vector<at::Tensor> masters_;
   // 16-bit gradients: owned fp32 copies, kept until ZeroGrad (Megatron-FSDP's

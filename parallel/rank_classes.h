@@ -7,7 +7,10 @@
 // identical; only the pipeline stage changes what a rank holds (embedding on the first,
 // output layer and loss on the last, a different number of in-flight microbatches on
 // each). memsim simulates one rank per pipeline stage and reports that result for every
-// rank of the stage: an 8,192-GPU layout with PP=16 costs 16 simulations.
+// rank of the stage: an 8,192-GPU layout with PP=16 costs 16 simulations. One exception:
+// Megatron's layer-wise optimizer gives data-parallel ranks different parameters to own;
+// the simulated rank is then the one holding the most optimizer state (Note [Layer-wise
+// optimizer] in models/optimizer.h), an upper bound for the rest of its class.
 //
 // In Megatron-LM's rank order (tp-cp-dp-pp, pipeline outermost) the ranks of a stage are
 // one contiguous range, so a class is its first rank and a count: nothing memsim keeps

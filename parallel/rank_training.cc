@@ -204,9 +204,25 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     default:
       store.AllocateGradBuffer();
   }
-  MixedPrecisionOptimizer optimizer(&store, training.optimizer, OptimizerShards(layout, false),
-                                    OptimizerShards(layout, true), training.muon_ns_steps,
-                                    PrecisionAwareStatesOf(training));
+  OptimizerOptions optimizer_options;
+  optimizer_options.kind = training.optimizer;
+  optimizer_options.shards = OptimizerShards(layout, false);
+  optimizer_options.expert_shards = OptimizerShards(layout, true);
+  optimizer_options.muon_ns_steps = training.muon_ns_steps;
+  optimizer_options.precision_aware = PrecisionAwareStatesOf(training);
+  if (training.layer_wise_optimizer) {
+    LayerWiseGroups groups{layout.dp * layout.cp, layout.edp};
+    if (training.layer_wise_rank) {
+      // Its place in the dp-cp group (ranks ordered tp, cp, dp) and in the expert data-
+      // parallel one (the stage's ranks regrouped etp, ep, edp; Note [Rank classes]).
+      const RankCoordinates c = CoordinatesOf(layout, *training.layer_wise_rank);
+      groups.dense_rank = c.dp_rank * layout.cp + c.cp_rank;
+      const int64_t in_stage = *training.layer_wise_rank % (layout.world_size / layout.pp);
+      groups.expert_rank = in_stage / (layout.etp * layout.ep);
+    }
+    optimizer_options.layer_wise = groups;
+  }
+  MixedPrecisionOptimizer optimizer(&store, optimizer_options);
   const std::vector<PipelineStep> schedule = PipelineSchedule(
       layout.pp, layout.vpp, pp_rank, training.num_microbatches, layout.microbatch_group_size);
   const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());

@@ -152,11 +152,19 @@ Status FinalizeUnchecked(RunSpec* spec) {
     }
     if (l.data_parallel != DataParallelKind::kDdp) {
       return Status::Error(
-          "memsim models the Muon optimizer without a distributed optimizer only: Megatron-LM "
-          "shards Muon by whole tensors (its layer-wise optimizer), so data-parallel ranks hold "
-          "different memory, which memsim's one-rank-per-stage simulation does not model; drop "
-          "--use-distributed-optimizer (or use data_parallel: ddp)");
+          "memsim models the Muon optimizer over plain data parallelism (data_parallel: ddp), "
+          "with Megatron-LM's layer-wise optimizer or without; a distributed optimizer's "
+          "shards of Muon's matrices do not exist in Megatron-LM");
     }
+  }
+  if (t.layer_wise_optimizer && t.optimizer != OptimizerKind::kMuon) {
+    return Status::Error(
+        "Megatron-LM's layer-wise optimizer is the distributed Muon's; "
+        "use it with the Muon optimizer");
+  }
+  if (t.layer_wise_rank && (*t.layer_wise_rank < 0 || *t.layer_wise_rank >= l.world_size)) {
+    return Status::Error("the layer-wise optimizer's rank " + std::to_string(*t.layer_wise_rank) +
+                         " is not a rank of the " + std::to_string(l.world_size) + " GPUs");
   }
   return ValidateTrainingConfig(t, spec->model);
 }

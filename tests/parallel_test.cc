@@ -785,6 +785,82 @@ TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
   }
 }
 
+// One iteration of stage 0 of a validation case, and where its optimizer step begins and
+// its iteration ends.
+struct CaseStep {
+  std::unique_ptr<Session> session;
+  int64_t optimizer_begin = -1, step_end = -1;
+};
+CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> layer_wise_rank) {
+  ValidationCase c;
+  EXPECT_TRUE(
+      LoadValidationCase(std::string(MEMSIM_SOURCE_DIR) + "/validation/cases/" + name + ".yaml", &c)
+          .ok());
+  MegatronArgsResult parsed;
+  EXPECT_TRUE(ParseMegatronArgs(c.args, c.env, c.world_size, &parsed).ok());
+  parsed.spec.gpu = FindGpu(c.gpu);
+  parsed.spec.training.iterations = 1;
+  parsed.spec.training.layer_wise_rank = layer_wise_rank;
+  const ValidatedRun run = test::Validated(parsed.spec);
+  CaseStep step;
+  step.session = std::make_unique<Session>(run.spec().gpu);
+  {
+    ActiveSession active(*step.session);
+    RunRankTraining(run, 0, *step.session);
+  }
+  for (const Marker& mk : step.session->recorder().markers()) {
+    if (mk.kind == MarkerKind::kIterationEnd) step.step_end = mk.event_index - 1;
+    if (mk.kind == MarkerKind::kPhaseBegin && mk.phase == Phase::kOptimizer) {
+      step.optimizer_begin = mk.event_index;
+    }
+  }
+  return step;
+}
+
+// Note [Layer-wise optimizer] on Megatron-LM's CI run of distributed Muon (validation case
+// gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon: 12 layers, H 512, 8 experts on EP8 over
+// 8 GPUs, so DP 8 and expert DP 1; bf16; --no-use-layer-wise-param-layout). Worked from
+// Megatron-Core's source: the 88 dense parameters sorted by numel are the 50 norm weights
+// and biases (512, Adam), 12 routers (8x512), 12 linear_proj (512x512), the position
+// embedding (1024x512), 12 linear_qkv (1536x512), all Muon, and last the word embedding
+// (50304x512, Adam); dealt 0..7, 7..0, .. they give rank 7 the most: the word embedding and
+// six norms (Adam, 25,758,720 elements), the routers of two layers and two linear_proj
+// (Muon, 532,480), and every local expert weight (Muon, 12,582,912). State: fp32 masters of
+// 38,874,112 elements, Muon momenta of 13,115,392, Adam moments of 2 x 25,758,720:
+// 414,027,776 bytes. Beside it every rank keeps its 51,520,512 bf16 parameters and full
+// fp32 gradient buffers (plain DDP). The step's all-gather holds the whole dense model in
+// bf16 at once: rank 7's 26,291,200 elements flat and the 12,646,400 of the others.
+TEST(LayerWiseOptimizer, DistributedMuonOnMegatronsCiRun) {
+  const CaseStep step = RunCaseStep("moe__gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon",
+                                    /*layer_wise_rank=*/std::nullopt);
+  const Recorder& r = step.session->recorder();
+  EXPECT_EQ(test::ModelStateBytesAfter(r, step.step_end),
+            51520512 * 2 + 51520512 * 4 + 414027776);  // 723,150,848
+  std::vector<int64_t> gathered;
+  for (int64_t e = step.optimizer_begin; e <= step.step_end; ++e) {
+    const MemoryEvent& event = r.events()[static_cast<size_t>(e)];
+    const StorageInfo& s = r.storages()[static_cast<size_t>(event.storage_id)];
+    if (event.is_alloc && s.category == Category::kCommunication) gathered.push_back(s.size_bytes);
+  }
+  // Its own elements, then the other ranks' from the same deal: ranks 0 and 1 own 2,097,152
+  // Muon and 3,584 Adam elements, ranks 2-4 1,843,200 and 3,072, rank 5 1,581,056 and
+  // 3,072, rank 6 1,318,912 and 3,072; 2 bytes each.
+  EXPECT_EQ(gathered, (std::vector<int64_t>{26291200 * 2, 2100736 * 2, 2100736 * 2, 1846272 * 2,
+                                            1846272 * 2, 1846272 * 2, 1584128 * 2, 1321984 * 2}));
+}
+
+// The same test on 4 GPUs (EP4, two experts a rank; the GB200 one-node case), whose logged
+// rank 3 is not the fullest: dealt 0..3, 3..0, rank 0 takes the word embedding. Rank 3
+// owns 12 norms (6,144 elements, Adam), 4 routers, 2 linear_proj and 4 linear_qkv
+// (3,686,400, Muon) and its 24 expert weights (25,165,824, Muon): 6,144 x 12 + 28,852,224 x 8
+// = 230,891,520 bytes of state, beside 64,103,424 bf16 parameters and fp32 gradients.
+TEST(LayerWiseOptimizer, TheMeasuredRankIsTheOneSimulated) {
+  const CaseStep step = RunCaseStep(
+      "moe__gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon_1node__gb200", /*rank=*/3);
+  EXPECT_EQ(test::ModelStateBytesAfter(step.session->recorder(), step.step_end),
+            64103424 * 2 + 64103424 * 4 + 230891520);
+}
+
 // Runs stage `stage` of `layout` with and without microbatch replication and expects the
 // same event log (sizes, order, attribution, times) and the same peaks.
 void ExpectReplicationChangesNothing(const ModelConfig& m, const TrainingConfig& t,

@@ -166,7 +166,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--muon-nesterov", Arity::kFlag, ArgUse::kNeutral},
     {"--muon-no-split-qkv", Arity::kFlag, ArgUse::kNeutral},
     {"--muon-use-syrk", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-use-layer-wise-param-layout", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-use-layer-wise-param-layout", Arity::kFlag, ArgUse::kRead},
     {"--no-gradient-accumulation-fusion", Arity::kFlag, ArgUse::kRead},
     // Recomputation and memory management.
     {"--recompute-activations", Arity::kFlag, ArgUse::kRead},
@@ -1064,16 +1064,23 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   MEMSIM_RETURN_IF_ERROR(ParseEnum(kOptimizerNames, text, "optimizer", &t.optimizer));
   if (t.optimizer != OptimizerKind::kMuon) {
     for (const char* name : {"--muon-num-ns-steps", "--muon-scalar-optimizer", "--muon-tp-mode",
-                             "--muon-fp32-matmul-prec"}) {
+                             "--muon-fp32-matmul-prec", "--no-use-layer-wise-param-layout"}) {
       a.Ignore(name);
     }
     return Status::OK();
   }
   // Note [Muon] in models/optimizer.h: the defaults are what memsim models.
   if (a.Has("--use-distributed-optimizer")) {
-    return NotModelled("--use-distributed-optimizer with --optimizer muon",
-                       "the layer-wise distributed Muon optimizer: whole tensors sharded over "
-                       "the data-parallel ranks, so the ranks hold different memory");
+    // Note [Layer-wise optimizer]: Muon's distributed optimizer deals whole parameters.
+    if (!a.Has("--no-use-layer-wise-param-layout")) {
+      return NotModelled("--use-distributed-optimizer with --optimizer muon",
+                         "the layer-wise optimizer's parameter layout (Muon's matrices placed by "
+                         "LPT in padded shards of buffers of their own); add "
+                         "--no-use-layer-wise-param-layout for the layout memsim models");
+    }
+    t.layer_wise_optimizer = true;
+  } else {
+    a.Ignore("--no-use-layer-wise-param-layout");
   }
   MEMSIM_RETURN_IF_ERROR(a.Int("--muon-num-ns-steps", &t.muon_ns_steps));
   if (t.muon_ns_steps < 1) return Status::Error("--muon-num-ns-steps must be at least 1");
@@ -1316,6 +1323,8 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadPipelineStages(a, m, &l));
   MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, &spec));
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
+  // The layer-wise optimizer runs over plain DDP (Note [Layer-wise optimizer]).
+  if (t.layer_wise_optimizer) l.data_parallel = DataParallelKind::kDdp;
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadFp8(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadTpCommOverlap(a, &t));

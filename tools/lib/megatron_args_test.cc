@@ -755,10 +755,18 @@ TEST(MegatronArgs, Muon) {
   const MegatronArgsResult r = Parse(line, 8);
   EXPECT_EQ(r.spec.training.optimizer, OptimizerKind::kMuon);
   EXPECT_EQ(r.spec.training.muon_ns_steps, 3);
+  EXPECT_FALSE(r.spec.training.layer_wise_optimizer);
+  // Note [Layer-wise optimizer]: the distributed optimizer is the layer-wise one, over
+  // plain DDP; memsim models it with the legacy parameter layout only.
+  const MegatronArgsResult layer_wise =
+      Parse(line + " --use-distributed-optimizer --no-use-layer-wise-param-layout", 8);
+  EXPECT_TRUE(layer_wise.spec.training.layer_wise_optimizer);
+  EXPECT_EQ(layer_wise.spec.layout.data_parallel, DataParallelKind::kDdp);
   EXPECT_EQ(ErrorOf(line + " --use-distributed-optimizer"),
             "--use-distributed-optimizer with --optimizer muon changes memory in a way memsim "
-            "does not model (the layer-wise distributed Muon optimizer: whole tensors sharded "
-            "over the data-parallel ranks, so the ranks hold different memory); drop it to "
+            "does not model (the layer-wise optimizer's parameter layout (Muon's matrices placed "
+            "by LPT in padded shards of buffers of their own); add "
+            "--no-use-layer-wise-param-layout for the layout memsim models); drop it to "
             "simulate the run without it");
   EXPECT_EQ(ErrorOf(line + " --muon-tp-mode blockwise"),
             "--muon-tp-mode 'blockwise' is not modelled (memsim supports duplicated)");

@@ -259,6 +259,8 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   Status status = ParseMegatronArgs(args, env, c.world_size, &parsed);
   RunSpec& spec = parsed.spec;
   if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
+  // Data-parallel ranks differ under the layer-wise optimizer: simulate the one measured.
+  if (spec.training.layer_wise_optimizer) spec.training.layer_wise_rank = c.rank;
   std::optional<ValidatedRun> validated;
   if (status.ok()) status = FinalizeRunSpec(spec, &validated);
   if (status.ok()) spec = validated->spec();
