@@ -90,8 +90,9 @@ void MixedPrecisionOptimizer::DealWholeParameters(const LayerWiseGroups& groups)
     const int64_t na = params[a].data.numel(), nb = params[b].data.numel();
     return na != nb ? na < nb : muon_[a] && !muon_[b];
   });
-  // The ping-pong deal, and the state each rank ends up with: an fp32 master and Muon's
-  // momentum or Adam's two moments per element.
+  // The ping-pong deal, and the state each rank ends up with: per element an fp32 master
+  // (the parameter itself in fp32 training) and Muon's momentum or Adam's two moments.
+  const int64_t master_bytes = store_->precision() == Precision::kFp32 ? 0 : 4;
   auto deal = [&](bool experts, int64_t ranks, std::optional<int64_t> simulated,
                   std::vector<int64_t>* elements) {
     std::vector<int64_t> owner(params.size(), -1), state_bytes(static_cast<size_t>(ranks), 0);
@@ -104,7 +105,7 @@ void MixedPrecisionOptimizer::DealWholeParameters(const LayerWiseGroups& groups)
       owner[i] = rank;
       const int64_t numel = params[i].data.numel();
       (*elements)[static_cast<size_t>(rank)] += numel;
-      state_bytes[static_cast<size_t>(rank)] += numel * (muon_[i] ? 8 : 12);
+      state_bytes[static_cast<size_t>(rank)] += numel * (master_bytes + (muon_[i] ? 4 : 8));
     }
     const int64_t rank = simulated.value_or(
         std::max_element(state_bytes.begin(), state_bytes.end()) - state_bytes.begin());
