@@ -747,6 +747,20 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   }
 }
 
+// The run of validation case `name` (validation/cases/NAME.yaml) as its launch line gives it,
+// on its GPU, not yet finalized.
+RunSpec CaseSpec(const std::string& name) {
+  ValidationCase c;
+  EXPECT_TRUE(
+      LoadValidationCase(std::string(MEMSIM_SOURCE_DIR) + "/validation/cases/" + name + ".yaml", &c)
+          .ok())
+      << name;
+  MegatronArgsResult parsed;
+  EXPECT_TRUE(ParseMegatronArgs(c.args, c.env, c.world_size, &parsed).ok()) << name;
+  parsed.spec.gpu = FindGpu(c.gpu);
+  return parsed.spec;
+}
+
 // The same for Megatron-LM's CI configurations read from their launch lines: a MoE GPT
 // with shared experts, grouped GEMMs, the all-to-all dispatcher, TP4 SP EP2 ETP2 PP2 and
 // unfused weight gradients; a dense GPT with them too, and in FP8 with FP8 parameters
@@ -757,17 +771,11 @@ TEST(LayerReplication, EqualsRunningEveryLayerOnMegatronCiConfigs) {
         "gpt__gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer",
         "gpt__gpt3_weekly_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap",
         "gpt__gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap"}) {
-    ValidationCase c;
-    ASSERT_TRUE(LoadValidationCase(
-                    std::string(MEMSIM_SOURCE_DIR) + "/validation/cases/" + name + ".yaml", &c)
-                    .ok());
-    MegatronArgsResult parsed;
-    ASSERT_TRUE(ParseMegatronArgs(c.args, c.env, c.world_size, &parsed).ok()) << name;
-    parsed.spec.gpu = FindGpu(c.gpu);
-    parsed.spec.training.num_microbatches = 2;
-    parsed.spec.global_batch_size = 0;
+    RunSpec case_spec = CaseSpec(name);
+    case_spec.training.num_microbatches = 2;
+    case_spec.global_batch_size = 0;
     std::optional<ValidatedRun> run;
-    ASSERT_TRUE(FinalizeRunSpec(parsed.spec, &run).ok()) << name;
+    ASSERT_TRUE(FinalizeRunSpec(case_spec, &run).ok()) << name;
     const RunSpec& spec = run->spec();
     for (int64_t stage = 0; stage < spec.layout.pp; ++stage) {
       Session full(spec.gpu), replicated(spec.gpu);
@@ -792,16 +800,10 @@ struct CaseStep {
   int64_t optimizer_begin = -1, step_end = -1;
 };
 CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> layer_wise_rank) {
-  ValidationCase c;
-  EXPECT_TRUE(
-      LoadValidationCase(std::string(MEMSIM_SOURCE_DIR) + "/validation/cases/" + name + ".yaml", &c)
-          .ok());
-  MegatronArgsResult parsed;
-  EXPECT_TRUE(ParseMegatronArgs(c.args, c.env, c.world_size, &parsed).ok());
-  parsed.spec.gpu = FindGpu(c.gpu);
-  parsed.spec.training.iterations = 1;
-  parsed.spec.training.layer_wise_rank = layer_wise_rank;
-  const ValidatedRun run = test::Validated(parsed.spec);
+  RunSpec spec = CaseSpec(name);
+  spec.training.iterations = 1;
+  spec.training.layer_wise_rank = layer_wise_rank;
+  const ValidatedRun run = test::Validated(spec);
   CaseStep step;
   step.session = std::make_unique<Session>(run.spec().gpu);
   {
