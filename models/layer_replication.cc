@@ -19,12 +19,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-int64_t StorageIdOf(const at::Tensor& t, const Recorder& recorder) {
-  return t.defined() && t.has_storage()
-             ? TrackingAllocator::StorageIdOf(t.storage().data_ptr(), &recorder)
-             : -1;
-}
-
 // A span of the event log and of the virtual clock.
 struct Span {
   int64_t begin_event = 0, end_event = 0;
@@ -109,7 +103,7 @@ struct GapBridge : public torch::autograd::Function<GapBridge> {
         c10::static_intrusive_pointer_cast<GapState>(ctx->saved_data["state"].toCapsule());
     Recorder& r = *state->recorder;
     if (state->u_backward.end_event <= state->u_backward.begin_event ||
-        StorageIdOf(grads[0], r) != state->u_grad_in_id) {
+        TrackingAllocator::StorageIdOf(grads[0], r) != state->u_grad_in_id) {
       Bug("the backward of " + state->u_paths[0] + " was not seen whole");
     }
     int64_t grad_id = state->u_grad_in_id;
@@ -191,19 +185,20 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
   // The storages unit i keeps in its state slots (-1: empty).
   auto state_ids = [&](int64_t i) {
     std::vector<int64_t> ids;
-    for (const at::Tensor* slot : units.state(i)) ids.push_back(StorageIdOf(*slot, r));
+    for (const at::Tensor* slot : units.state(i))
+      ids.push_back(TrackingAllocator::StorageIdOf(*slot, r));
     return ids;
   };
   const int64_t t_unit = first + 1, u_unit = last - 2;
   h = units.run(first, h);
 
   // T: the forward template.
-  const int64_t t_input = StorageIdOf(h, r);
+  const int64_t t_input = TrackingAllocator::StorageIdOf(h, r);
   const std::vector<int64_t> t_old_state = state_ids(t_unit);
   Span t = Begin(r);
   h = units.run(t_unit, h);
   End(r, &t);
-  const int64_t t_output = StorageIdOf(h, r);
+  const int64_t t_output = TrackingAllocator::StorageIdOf(h, r);
   const std::vector<int64_t> t_state = state_ids(t_unit);
   // T's own forward storages: ids are handed out in event order.
   const int64_t t_end_id = static_cast<int64_t>(r.storages().size());
@@ -250,7 +245,7 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
   GapState* s = gap.get();  // the bridge node keeps it alive through backward
   u_input.register_hook([s](const at::Tensor& grad) {
     End(*s->recorder, &s->u_backward);
-    s->u_grad_in_id = StorageIdOf(grad, *s->recorder);
+    s->u_grad_in_id = TrackingAllocator::StorageIdOf(grad, *s->recorder);
   });
   const std::vector<int64_t> u_old_state = state_ids(u_unit);
   Span u = Begin(r);
@@ -261,12 +256,12 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
   gap->u_forward = {u_first, u_first + (t_forward.last - t_forward.first), 0};
   if (!SameForward(r, t, u, t_forward.first, u_first,
                    OuterIds(t_input, input, t_old_state, u_old_state)) ||
-      StorageIdOf(h, r) - u_first != t_output - t_forward.first) {
+      TrackingAllocator::StorageIdOf(h, r) - u_first != t_output - t_forward.first) {
     Bug(gap->u_paths[0] + "'s forward differs from " + units.module_paths(t_unit)[0] + "'s");
   }
   h.register_hook([s](const at::Tensor& grad) {
     s->u_backward = Begin(*s->recorder);
-    s->u_grad_out_id = StorageIdOf(grad, *s->recorder);
+    s->u_grad_out_id = TrackingAllocator::StorageIdOf(grad, *s->recorder);
   });
   return units.run(last - 1, h);
 }

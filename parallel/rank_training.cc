@@ -22,6 +22,7 @@
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/check.h"
 #include "simulator/status.h"
+#include "simulator/tracking_allocator.h"
 
 namespace memsim {
 namespace {
@@ -43,12 +44,40 @@ std::optional<PrecisionAwareStates> PrecisionAwareStatesOf(const TrainingConfig&
 // and so every number derived from it, is what running them all would record (a test
 // compares the two); the cost no longer grows with ops times microbatches. A forward
 // step whose copy would refer to storages it cannot map runs for real instead (and so
-// does its backward); a backward whose forward was copied must be copied too.
+// does its backward); a backward whose forward was copied must be copied too. What the
+// schedule receives and keeps between steps stays real (Note [Tensors the schedule keeps]).
 constexpr int64_t kTemplateMicrobatch = 1;
 
 struct StepTemplate {
   int64_t begin_event, end_event;
   double begin_s, duration_s;
+  int64_t input_grad_id;  // a backward's: the storage of its input's gradient (-1: none)
+};
+
+// Note [Tensors the schedule keeps]
+// Megatron-Core keeps three references from one pipeline step into later ones (0.20,
+// pipeline_parallel/schedules.py and transformer/transformer_block.py), and what they
+// hold stays allocated until the reference moves on:
+//   a chunk's input: forward_step hands each received input to set_input_tensor, and the
+//     chunk's TransformerBlock keeps it (self.input_tensor) until its next forward replaces
+//     it; backward_step retains the input's gradient (x.grad), which the input then holds
+//     too. So every chunk that receives its input keeps the last one and its gradient
+//     through the optimizer step until the next iteration's first forward of the chunk:
+//     2 x [S/cp (/tp with SP), B, H] per such chunk after the step;
+//   input_tensor_grad: the schedule's local keeps each input gradient from the end of its
+//     backward step to the end of the next backward step (of any chunk);
+//   output_tensor_grad (1F1B without interleaving): the received output gradient stays
+//     from its receive to the next one, through the next forward step. The interleaved
+//     schedule files each one until its backward and lets it go at the end of that step.
+// Whether letting go of a reference frees anything depends on the schedule around it (is
+// the input still in flight, does its chunk still hold it), which differs between a
+// step and its copy (Note [Microbatch replication]). So the inputs, their gradients and
+// the received output gradients are real tensors for copied steps too, received and let
+// go outside the span of events a copy replays: a copy holds only the step's own work.
+struct ScheduleReferences {
+  std::vector<at::Tensor> chunk_inputs;  // TransformerBlock.input_tensor, per chunk
+  at::Tensor input_grad;                 // input_tensor_grad
+  at::Tensor output_grad;                // output_tensor_grad (1F1B without interleaving)
 };
 
 // What a microbatch-chunk keeps between its forward and its backward.
@@ -231,6 +260,9 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   // microbatches cannot hold: the stage with the loss runs every microbatch for real.
   const bool replicate =
       replication.microbatches && !(training.defer_embedding_wgrad && shard.last_stage);
+  ScheduleReferences kept;
+  kept.chunk_inputs.resize(static_cast<size_t>(model.num_chunks()));
+  Recorder& recorder = session.recorder();
 
   for (int32_t it = 0; it < training.iterations; ++it) {
     {
@@ -242,7 +274,6 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
     std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
-    Recorder& recorder = session.recorder();
     for (const PipelineStep& step : schedule) {
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
       session.SetPhase(step.forward ? Phase::kForward : Phase::kBackward);
@@ -250,6 +281,23 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
       const auto template_key = std::make_pair(step.forward, step.chunk);
       auto found = templates.find(template_key);
       const bool replicated_forward = replicas.count(key) > 0;
+      // What the step receives, outside the span a copy replays (Note [Tensors the schedule
+      // keeps]): a forward's input, handed to set_input_tensor; a backward's output gradient.
+      at::Tensor output_grad;
+      if (step.forward) {
+        InFlight& f = in_flight[key];
+        if (!model.ChunkHasEmbedding(step.chunk)) {
+          f.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);
+          ReceiveInto(f.input);
+        }
+        kept.chunk_inputs[static_cast<size_t>(step.chunk)] = f.input;
+      } else if (!model.ChunkHasLoss(step.chunk)) {
+        output_grad = at::empty(model.HiddenShape(), hidden_options);
+        ReceiveInto(output_grad);
+        if (layout.vpp == 1) kept.output_grad = output_grad;
+      }
+      at::Tensor input;  // a backward's input, whose gradient it computes
+      bool copied = false;
       if (replicate && step.microbatch > kTemplateMicrobatch && found != templates.end() &&
           (step.forward || replicated_forward)) {
         const StepTemplate& t = found->second;
@@ -259,61 +307,74 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
         if (recorder.AppendReplica(t.begin_event, t.end_event, recorder.now_s() - t.begin_s, outer,
                                    &ids)) {
           recorder.AdvanceClock(t.duration_s);
+          copied = true;
           if (step.forward) {
             replicas[key] = ids;
-          } else {
-            replicas.erase(key);
+            continue;
           }
-          continue;
-        }
-        if (!step.forward) {
+          replicas.erase(key);
+          input = std::move(in_flight.at(key).input);
+          in_flight.erase(key);
+          if (input.defined() && t.input_grad_id >= 0) {
+            // The copy's gradient of the input, which backward left in input.grad.
+            MEMSIM_DCHECK(ids.Maps(t.input_grad_id));
+            recorder.AdoptNextAllocation(t.input_grad_id + ids.shift);
+            input.mutable_grad() = at::empty(model.HiddenShape(), hidden_options);
+          }
+        } else if (!step.forward) {
           // Its forward was copied, so there are no tensors to run it for real.
           throw UserError("memsim bug: the backward of microbatch " +
                           std::to_string(step.microbatch) +
                           " cannot be copied; rerun without microbatch replication");
         }
       }
-      if (step.forward) {
-        workspaces.BeforeForward();
-      } else {
-        workspaces.BeforeBackward();
-      }
-      const int64_t begin_event = static_cast<int64_t>(recorder.events().size());
-      const double begin_s = recorder.now_s();
-      if (step.forward) {
-        // Part of the step's events, so that a copied forward gathers what it releases.
-        if (megatron_fsdp) megatron_fsdp->BeforeForwardStep();
-        InFlight& f = in_flight[key];
-        if (!model.ChunkHasEmbedding(step.chunk)) {
-          f.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);
-          ReceiveInto(f.input);
-        }
-        f.output = model.ForwardChunk(step.chunk, f.input);
-        if (!model.ChunkHasLoss(step.chunk)) {
-          Send(f.output);
-          if (layout.deallocate_pipeline_outputs) DeallocateOutput(f);
-        }
-      } else {
-        InFlight f = std::move(in_flight.at(key));
-        in_flight.erase(key);
-        if (model.ChunkHasLoss(step.chunk)) {
-          torch::autograd::backward({f.output});
+      if (!copied) {
+        if (step.forward) {
+          workspaces.BeforeForward();
         } else {
-          at::Tensor grad = at::empty(model.HiddenShape(), hidden_options);
-          ReceiveInto(grad);
-          if (!layout.deallocate_pipeline_outputs) {
-            f.output_edge = torch::autograd::impl::gradient_edge(f.output);
-          }
-          BackwardFrom(f, grad);
+          workspaces.BeforeBackward();
         }
-        if (f.input.defined()) Send(f.input.grad());
-        if (megatron_fsdp) megatron_fsdp->AfterBackwardStep();
+        const int64_t begin_event = static_cast<int64_t>(recorder.events().size());
+        const double begin_s = recorder.now_s();
+        if (step.forward) {
+          // Part of the step's events, so that a copied forward gathers what it releases.
+          if (megatron_fsdp) megatron_fsdp->BeforeForwardStep();
+          InFlight& f = in_flight[key];
+          f.output = model.ForwardChunk(step.chunk, f.input);
+          if (!model.ChunkHasLoss(step.chunk)) {
+            Send(f.output);
+            if (layout.deallocate_pipeline_outputs) DeallocateOutput(f);
+          }
+        } else {
+          InFlight f = std::move(in_flight.at(key));
+          in_flight.erase(key);
+          if (model.ChunkHasLoss(step.chunk)) {
+            torch::autograd::backward({f.output});
+          } else {
+            if (!layout.deallocate_pipeline_outputs) {
+              f.output_edge = torch::autograd::impl::gradient_edge(f.output);
+            }
+            BackwardFrom(f, output_grad);
+          }
+          if (megatron_fsdp) megatron_fsdp->AfterBackwardStep();
+          input = std::move(f.input);
+        }
+        if (step.microbatch == kTemplateMicrobatch) {
+          templates[template_key] = {
+              begin_event, static_cast<int64_t>(recorder.events().size()), begin_s,
+              recorder.now_s() - begin_s,
+              input.defined() ? TrackingAllocator::StorageIdOf(input.grad(), recorder) : -1};
+        }
       }
-      if (step.microbatch == kTemplateMicrobatch) {
-        templates[template_key] = {begin_event, static_cast<int64_t>(recorder.events().size()),
-                                   begin_s, recorder.now_s() - begin_s};
+      if (!step.forward) {
+        // backward_step returned: input_tensor_grad moves on to this gradient, which is sent.
+        kept.input_grad = input.defined() ? input.grad() : at::Tensor();
+        if (input.defined()) Send(input.grad());
       }
     }
+    // The schedule returned, and its locals with it.
+    kept.input_grad.reset();
+    kept.output_grad.reset();
     model.FinishDeferredWgrad();  // finish_embedding_wgrad_compute, before finalize_model_grads
     if (training.empty_unused_memory_level >= 1) session.EmptyCache();  // train_step's
     session.SetPhase(Phase::kOptimizer);

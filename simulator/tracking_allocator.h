@@ -11,6 +11,7 @@
 // nullptr for them without allocating.
 #pragma once
 
+#include <ATen/core/TensorBase.h>
 #include <c10/core/Allocator.h>
 
 #include "simulator/recorder.h"
@@ -28,6 +29,10 @@ class TrackingAllocator final : public c10::Allocator {
 
   // The storage id of a DataPtr this allocator made for `recorder`, or -1.
   static int64_t StorageIdOf(const c10::DataPtr& data_ptr, const Recorder* recorder);
+  // The same for a tensor's storage; -1 for an undefined tensor.
+  static int64_t StorageIdOf(const at::TensorBase& t, const Recorder& recorder) {
+    return t.defined() && t.has_storage() ? StorageIdOf(t.storage().data_ptr(), &recorder) : -1;
+  }
 
  private:
   c10::DeviceType device_type_;

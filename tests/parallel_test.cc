@@ -288,6 +288,111 @@ TEST(PipelineMemory, StagesPeakByInFlightMicrobatches) {
   EXPECT_EQ(p1 - p2, 34 * sbh + 5 * x.a * x.s * x.s * x.b + 16 * x.s * x.b + 2);
 }
 
+// What the pipeline keeps of microbatch `microbatch` right before marker `marker`: the
+// storages it received or computed at the top level (the received inputs and output
+// gradients, the inputs' gradients), as (phase, bytes), sorted.
+std::vector<std::pair<Phase, int64_t>> KeptOfMicrobatch(const Recorder& r, const Marker& marker,
+                                                        int32_t iteration, int32_t microbatch) {
+  std::vector<std::pair<Phase, int64_t>> kept;
+  ForEachLiveStorage(r, marker.event_index - 1, [&](int64_t id) {
+    const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+    if (s.module == 0 && s.iteration == iteration && s.microbatch == microbatch &&
+        (s.phase == Phase::kForward || s.phase == Phase::kBackward)) {
+      kept.emplace_back(s.phase, s.size_bytes);
+    }
+  });
+  std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+// The first marker of `kind` for (iteration, microbatch (-1: any), phase).
+Marker MarkerAt(const Recorder& r, MarkerKind kind, int32_t iteration, int32_t microbatch,
+                Phase phase) {
+  for (const Marker& m : r.markers()) {
+    if (m.kind == kind && m.iteration == iteration &&
+        (microbatch < 0 || m.microbatch == microbatch) && m.phase == phase) {
+      return m;
+    }
+  }
+  ADD_FAILURE() << "no marker";
+  return r.markers().back();
+}
+
+// Note [Tensors the schedule keeps]: after the optimizer step every chunk that receives
+// its input still holds the last one and its gradient (TransformerBlock.input_tensor and
+// its .grad), 2 x [S, B, H] 16-bit each; a chunk with the embedding holds nothing.
+TEST(PipelineMemory, EachChunkKeepsItsLastInputAndGradientThroughTheStep) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.num_microbatches = 4;
+  t.iterations = 2;
+  const int64_t hidden_bytes = x.s * x.b * x.h * 2;
+  for (int64_t vpp : {1, 2}) {
+    ParallelLayout layout;
+    layout.world_size = 2;
+    layout.pp = 2;
+    layout.vpp = vpp;
+    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    for (int64_t stage : {0, 1}) {
+      Session session;
+      {
+        ActiveSession active(session);
+        RunRankTraining(test::Validated(m, t, layout), stage, session);
+      }
+      const Recorder& r = session.recorder();
+      // Chunks fed by the previous stage: all but the first stage's first.
+      const int64_t fed = stage == 0 ? vpp - 1 : vpp;
+      std::vector<std::pair<Phase, int64_t>> expected;
+      for (int64_t c = 0; c < fed; ++c) expected.emplace_back(Phase::kForward, hidden_bytes);
+      for (int64_t c = 0; c < fed; ++c) expected.emplace_back(Phase::kBackward, hidden_bytes);
+      // Each chunk's last forward is of the last microbatch.
+      const Marker end = MarkerAt(r, MarkerKind::kIterationEnd, 1, -1, Phase::kOptimizer);
+      EXPECT_EQ(KeptOfMicrobatch(r, end, 1, 3), expected) << "vpp " << vpp << " stage " << stage;
+    }
+  }
+}
+
+// The schedule's locals (Note [Tensors the schedule keeps]): on the last stage (1F1B, no
+// warm-up) microbatch 1's input gradient lives through microbatch 2's forward, and its
+// input goes when microbatch 2's arrives; on the first stage microbatch 1's received output
+// gradient lives until microbatch 2's is received.
+TEST(PipelineMemory, TheScheduleKeepsTheLastGradientsIntoTheNextSteps) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.num_microbatches = 4;
+  t.iterations = 1;
+  const int64_t hidden_bytes = x.s * x.b * x.h * 2;
+  ParallelLayout layout;
+  layout.world_size = 2;
+  layout.pp = 2;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  std::vector<Session> sessions(2);
+  for (int64_t stage : {0, 1}) {
+    ActiveSession active(sessions[stage]);
+    RunRankTraining(test::Validated(m, t, layout), stage, sessions[stage]);
+  }
+  using Kept = std::vector<std::pair<Phase, int64_t>>;
+  const Recorder& last = sessions[1].recorder();
+  // Before microbatch 2's forward: microbatch 1's input and its gradient.
+  EXPECT_EQ(
+      KeptOfMicrobatch(last, MarkerAt(last, MarkerKind::kPhaseBegin, 0, 2, Phase::kForward), 0, 1),
+      (Kept{{Phase::kForward, hidden_bytes}, {Phase::kBackward, hidden_bytes}}));
+  // After it (before microbatch 2's backward): the gradient alone.
+  EXPECT_EQ(
+      KeptOfMicrobatch(last, MarkerAt(last, MarkerKind::kPhaseBegin, 0, 2, Phase::kBackward), 0, 1),
+      (Kept{{Phase::kBackward, hidden_bytes}}));
+  // Stage 0 (order F0 F1 B0 F2 B1 F3 B2 F4...): microbatch 1's output gradient, received in
+  // its backward, is still there when microbatch 2's backward begins, after F3.
+  const Recorder& first = sessions[0].recorder();
+  EXPECT_EQ(KeptOfMicrobatch(
+                first, MarkerAt(first, MarkerKind::kPhaseBegin, 0, 2, Phase::kBackward), 0, 1),
+            (Kept{{Phase::kBackward, hidden_bytes}}));
+}
+
 TEST(RankClasses, EightThousandGpusSimulateOneRankPerStage) {
   ModelConfig m = Gpt({2048, 1, 20480, 160}, 96, 8);
   ParallelLayout layout;
@@ -1230,7 +1335,13 @@ namespace {
 // Interleaved 1F1B: stage r holds (pp - r - 1) * 2 + (vpp - 1) * pp + 1 model chunks in
 // flight, so neighbouring middle stages differ by two chunks' activations (here one
 // layer per chunk: Table 2's bytes, the LayerNorm statistics and the deallocated
-// output's 2-byte stub each).
+// output's 2-byte stub each). The peaks: stage 1 in its backward of microbatch 1 in chunk
+// 1, with chunk 0's microbatches 0-3 and chunk 1's 1-5 in flight (9), microbatch 0's input
+// gradient (the schedule's input_tensor_grad) and microbatch 1's received output gradient;
+// stage 2 in its backward of microbatch 1 in chunk 0, with chunk 0's 1-7 in flight (7), the
+// same two gradients and chunk 1's input of microbatch 3 with its gradient (the chunk keeps
+// its last input: Note [Tensors the schedule keeps]). Both hold 11 [S, B, H] pipeline
+// tensors, so the two more chunks of stage 1 come without the two inputs Table 2 counts.
 TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
   const Shape x{512, 2, 512, 8};
   const ModelConfig m = Gpt(x, 8);
@@ -1249,7 +1360,7 @@ TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
   const int64_t p1 = StagePeak(m, t, layout, 1), p2 = StagePeak(m, t, layout, 2);
   const int64_t sbh = x.s * x.b * x.h;
   const int64_t chunk = 34 * sbh + 5 * x.a * x.s * x.s * x.b + 16 * x.s * x.b + 2;
-  EXPECT_EQ(p1 - p2, 2 * chunk);
+  EXPECT_EQ(p1 - p2, 2 * chunk - 2 * (2 * sbh));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "parallel/step_time.h"
+#include "simulator/caching_allocator_model.h"
 #include "tests/support/command_runner.h"
 #include "tests/support/test_models.h"
 #include "tools/lib/plan.h"
@@ -203,7 +204,10 @@ TEST(Plan, RankingMatchesBruteForce) {
 }
 
 // Screening (fewer microbatches) decides as the full simulation does and times each
-// microbatch as it does: the step times agree without verification.
+// microbatch as it does: the step times agree without verification. The peaks agree up to
+// one 2 MiB segment of the allocator's small pool, which a long run may add as its small
+// blocks fragment (the allocated peaks are the same: TP2 PP2 here reserves one more segment
+// on stage 0 from about 10 microbatches on).
 TEST(Plan, ScreeningAgreesWithFullSimulation) {
   const GpuSpec gpu = H100();
   const RunSpec base = SmallRun(&gpu);
@@ -222,7 +226,14 @@ TEST(Plan, ScreeningAgreesWithFullSimulation) {
             SCOPED_TRACE(Key(l));
             ASSERT_EQ(screened.verdict, full.verdict);
             if (full.verdict != PlanVerdict::kFits) continue;
-            EXPECT_EQ(screened.stage_peak_reserved_bytes, full.stage_peak_reserved_bytes);
+            ASSERT_EQ(screened.stage_peak_reserved_bytes.size(),
+                      full.stage_peak_reserved_bytes.size());
+            for (size_t stage = 0; stage < full.stage_peak_reserved_bytes.size(); ++stage) {
+              const int64_t more =
+                  full.stage_peak_reserved_bytes[stage] - screened.stage_peak_reserved_bytes[stage];
+              EXPECT_TRUE(more == 0 || more == CachingAllocatorModel::kSmallBuffer)
+                  << stage << ": " << more;
+            }
             EXPECT_NEAR(screened.step.total_s, full.step.total_s, 1e-9 * full.step.total_s);
           }
 }

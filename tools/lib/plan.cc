@@ -49,7 +49,7 @@ RunSpec Apply(const RunSpec& base, const PlanLayout& layout) {
 
 // Microbatches that hold as many in flight as any larger count (Note [Plan search] 4).
 int64_t ScreeningMicrobatches(const ParallelLayout& layout, int64_t microbatches) {
-  const int64_t saturating = layout.vpp > 1 ? 2 * layout.pp : std::max<int64_t>(2, layout.pp);
+  const int64_t saturating = layout.vpp > 1 ? 2 * layout.pp : layout.pp + 1;
   return std::min(microbatches, saturating);
 }
 

@@ -11,10 +11,12 @@
 //   3. dominated: layouts that differ only in recomputation are tried with the least
 //      recomputation first; once one fits, those recomputing more are not simulated (they
 //      only add work on the clock, so they are never faster).
-//   4. screened: the rest are simulated with min(m, k) microbatches, k = max(2, pp)
-//      (2 * pp interleaved): past k the schedule holds no more microbatches in flight,
-//      so memory does not grow with m, and the step time scales the measured
-//      per-microbatch times to m (Note [Step time]).
+//   4. screened: the rest are simulated with min(m, k) microbatches, k = pp + 1 (2 * pp
+//      interleaved): past k the schedule holds no more microbatches in flight, and every
+//      stage has run a forward after a backward whose gradients the schedule still keeps
+//      (Note [Tensors the schedule keeps] in parallel/rank_training.cc), so memory does not
+//      grow with m; the step time scales the measured per-microbatch times to m (Note [Step
+//      time]).
 //   5. verified: the best `verify` layouts are simulated again with all m microbatches,
 //      and that simulation's verdict and times are the ones reported; a layout whose
 //      verdict changes is reported so, never ranked on the screened one.
