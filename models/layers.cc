@@ -221,6 +221,19 @@ struct SwigluFunction : public Function<SwigluFunction> {
   }
 };
 
+// Megatron's squared_relu (activations.py: pow(relu(x), 2), torch.compile'd): a new output
+// like the input; saves one tensor like it (the input: a compiled graph recomputes the
+// rest); backward: the input's gradient.
+struct SquaredReluFunction : public Function<SquaredReluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
+    ctx->save_for_backward({input});
+    return at::empty_like(input);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty_like(ctx->get_saved_variables()[0])};
+  }
+};
+
 // Backward: the input's gradient like the input, the weights' like the weights.
 struct WeightedSwigluFunction : public Function<WeightedSwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
@@ -575,6 +588,19 @@ at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype, 
 }
 
 at::Tensor Swiglu(const at::Tensor& input) { return SwigluFunction::apply(input); }
+
+at::Tensor Activation(ActivationKind kind, const at::Tensor& input) {
+  switch (kind) {
+    case ActivationKind::kGelu:
+      return at::gelu(input);
+    case ActivationKind::kSwiglu:
+      return Swiglu(input);
+    case ActivationKind::kSquaredRelu:
+      return SquaredReluFunction::apply(input);
+  }
+  MEMSIM_DCHECK(false);
+  return at::Tensor();
+}
 
 at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights) {
   return WeightedSwigluFunction::apply(input, weights);

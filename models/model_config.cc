@@ -96,8 +96,8 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
                          Str(m->num_attention_heads) + " attention heads");
   }
   if (m->ffn_hidden_size == 0) {
-    // Megatron-LM (arguments.py): 4H for GeLU; for SwiGLU int((4H * 2/3) / 64) * 64.
-    m->ffn_hidden_size = m->activation == ActivationKind::kGelu
+    // Megatron-LM (arguments.py): 4H; for SwiGLU int((4H * 2/3) / 64) * 64.
+    m->ffn_hidden_size = m->activation != ActivationKind::kSwiglu
                              ? CheckedMul(4, m->hidden_size)
                              : CheckedMul(8, m->hidden_size) / 3 / 64 * 64;
   }

@@ -33,7 +33,13 @@ inline constexpr int64_t kMaxMicrobatches = 10000;
 inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 50;
 
 enum class NormKind { kLayerNorm, kRmsNorm };
-enum class ActivationKind { kGelu, kSwiglu };
+// The MLP's activation: GeLU, SwiGLU (gated: fc1 is 2F wide) or squared ReLU
+// (Megatron's --squared-relu: relu(x)^2, Nemotron).
+enum class ActivationKind { kGelu, kSwiglu, kSquaredRelu };
+inline constexpr EnumName<ActivationKind> kActivationNames[] = {
+    {ActivationKind::kGelu, "gelu"},
+    {ActivationKind::kSwiglu, "swiglu"},
+    {ActivationKind::kSquaredRelu, "squared_relu"}};
 enum class PositionKind { kLearned, kRope };
 
 struct ModelConfig {
@@ -84,6 +90,10 @@ struct ModelConfig {
   // --mtp-num-layers: multi-token prediction depth, built after the decoder on the last
   // pipeline stage (Note [Multi-token prediction] in transformer.h); 0: none.
   int64_t mtp_num_layers = 0;
+  // fc1's output width for an FFN of `ffn`: twice it for a gated activation (SwiGLU).
+  int64_t Fc1Width(int64_t ffn) const {
+    return activation == ActivationKind::kSwiglu ? 2 * ffn : ffn;
+  }
   // Whether decoder layer `index` (0-based) is a mixture of experts.
   bool moe_layer(int64_t index) const {
     return num_experts > 0 && index >= moe_first_k_dense_layers;

@@ -16,14 +16,6 @@
 namespace memsim {
 namespace {
 
-int64_t Fc1Width(const ModelConfig& model, int64_t ffn) {
-  return model.activation == ActivationKind::kSwiglu ? 2 * ffn : ffn;
-}
-
-at::Tensor Activation(const ModelConfig& model, const at::Tensor& x) {
-  return model.activation == ActivationKind::kGelu ? at::gelu(x) : Swiglu(x);
-}
-
 // A grouped GEMM over the local experts' concatenated weights: memory and FLOPs equal one
 // [tokens, in] x [in, out] GEMM against one expert's block (views of the parameter).
 // In FP8 the block's FP8 data and transpose are views of the experts' (one cached copy per
@@ -107,8 +99,7 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
     ModuleScope s("experts");
     {
       ModuleScope f("linear_fc1");
-      params.experts_fc1 =
-          gemm(store->Add("weight", {local * Fc1Width(m, fe), H}, /*expert=*/true));
+      params.experts_fc1 = gemm(store->Add("weight", {local * m.Fc1Width(fe), H}, /*expert=*/true));
     }
     ModuleScope f("linear_fc2");
     params.experts_fc2 = gemm(store->Add("weight", {H, local * fe}, /*expert=*/true));
@@ -118,7 +109,7 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
     const int64_t fs = m.moe_shared_expert_size / p.tp;
     {
       ModuleScope f("linear_fc1");
-      params.shared_fc1 = gemm(store->Add("weight", {Fc1Width(m, fs), H}));
+      params.shared_fc1 = gemm(store->Add("weight", {m.Fc1Width(fs), H}));
     }
     ModuleScope f("linear_fc2");
     params.shared_fc2 = gemm(store->Add("weight", {H, fs}));
@@ -339,7 +330,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   at::Tensor h;
   {
     ModuleScope f("linear_fc1");
-    h = GroupedLinear(x, *params.experts_fc1, Fc1Width(m, fe), /*rows=*/true);
+    h = GroupedLinear(x, *params.experts_fc1, m.Fc1Width(fe), /*rows=*/true);
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
@@ -348,7 +339,8 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     if (op_fuser) {  // TE's ScaledSwiGLU; the scales in the activation dtype
       return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1).to(dtype))};
     }
-    return std::vector<at::Tensor>{(Activation(m, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
+    return std::vector<at::Tensor>{
+        (Activation(m.activation, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
   };
   // moe_act: the weighted activation goes once fc2 has saved it.
   std::optional<CheckpointWithoutOutput> activation_checkpoint;
@@ -395,7 +387,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
         ModuleScope f("linear_fc1");
         h = Linear(in[0], *params.shared_fc1, nullptr, {}, fc1_fp8);
       }
-      h = Activation(m, h);
+      h = Activation(m.activation, h);
       ModuleScope f("linear_fc2");
       return ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), tp);
     };

@@ -130,7 +130,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   const int64_t tp = shard_.tp;
   const bool layer_norm = model_.norm == NormKind::kLayerNorm;
   const bool bias = model_.add_bias_linear;
-  const int64_t fc1_out = (model_.activation == ActivationKind::kSwiglu ? 2 * F : F) / tp;
+  const int64_t fc1_out = model_.Fc1Width(F) / tp;
   Layer layer{};
   layer.index = index;
   std::tie(layer.input_norm_weight, layer.input_norm_bias) = AddNorm("input_layernorm", store);
@@ -439,7 +439,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
                Fp8LinearOptions::LayerNormLinear());
   }
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
-  h = model_.activation == ActivationKind::kGelu ? at::gelu(h) : Swiglu(h);
+  h = Activation(model_.activation, h);
   ModuleScope s("linear_fc2");
   return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false);
 }

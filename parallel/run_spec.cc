@@ -1,5 +1,6 @@
 #include "parallel/run_spec.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "ops/collectives.h"
@@ -49,13 +50,16 @@ Status FinalizeUnchecked(RunSpec* spec) {
   TrainingConfig& t = spec->training;
   if (spec->global_batch_size > 0) {
     const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
-    if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
+    if (spec->round_global_batch_down && per_step > 0) {
+      t.num_microbatches = std::max<int64_t>(1, spec->global_batch_size / per_step);
+    } else if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
       return Status::Error("global batch size " + std::to_string(spec->global_batch_size) +
                            " is not a multiple of micro batch size " +
                            std::to_string(t.micro_batch_size) + " x data-parallel size " +
                            std::to_string(l.dp) + " = " + std::to_string(per_step));
+    } else {
+      t.num_microbatches = spec->global_batch_size / per_step;
     }
-    t.num_microbatches = spec->global_batch_size / per_step;
   }
   MEMSIM_RETURN_IF_ERROR(
       CheckMicrobatchGroup(l.pp, l.vpp, t.num_microbatches,

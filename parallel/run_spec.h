@@ -33,6 +33,10 @@ struct RunSpec {
   // Samples per iteration over all data-parallel ranks; 0: use training.num_microbatches.
   // Otherwise num_microbatches = global_batch_size / (micro_batch_size * dp).
   int64_t global_batch_size = 0;
+  // Megatron-LM's --decrease-batch-size-if-needed: a global batch that micro batch * dp
+  // does not divide is rounded down to a multiple of it (at least one microbatch) instead
+  // of being an error.
+  bool round_global_batch_down = false;
   const GpuSpec* gpu = nullptr;
   std::string model_source;  // preset name or file the model came from
 };

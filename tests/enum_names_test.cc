@@ -34,6 +34,7 @@ TEST(EnumNames, EveryTableRoundTrips) {
   ExpectRoundTrips(kPhaseNames, kNumPhases);
   ExpectRoundTrips(kCategoryNames, kNumCategories);
   ExpectRoundTrips(kPrecisionNames, 3);
+  ExpectRoundTrips(kActivationNames, 3);
   ExpectRoundTrips(kAttentionNames, 3);
   ExpectRoundTrips(kRecomputeNames, 3);
   ExpectRoundTrips(kRecomputeMethodNames, 2);

@@ -458,6 +458,27 @@ TEST(Activations, LlamaFlashAttentionTable) {
   }
 }
 
+// Squared ReLU (--squared-relu, Nemotron): the Llama table above with its SwiGLU input
+// 4SBF/t replaced by squared_relu's saved input, fc1's F-wide output, 2SBF/t; fc2 keeps the
+// activation's output, 2SBF/t, as with SwiGLU: SB(8H + 8 + (6H + 4GD + 4A + 4F)/t) + 16.
+TEST(Activations, SquaredReluKeepsItsInputAndOutput) {
+  const int64_t S = 128, B = 2, H = 256, A = 8, G = 2, F = 1024, D = H / A;
+  auto after_forward = [&](int64_t layers) {
+    ModelConfig m = test::Llama(layers, H, A, G, F, 1024);
+    m.activation = ActivationKind::kSquaredRelu;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t;
+    t.seq_length = S;
+    t.micro_batch_size = B;
+    t.precision = Precision::kBf16;
+    t.attention = AttentionKind::kFlash;
+    t.dropout = false;
+    return ActivationBytesAfterForward(m, t);
+  };
+  EXPECT_EQ(after_forward(2) - after_forward(1),
+            S * B * (8 * H + 8 + 6 * H + 4 * G * D + 4 * A + 4 * F) + 16);
+}
+
 // Multi-token prediction (Note [Multi-token prediction] in transformer.h): what one more
 // depth keeps for backward, measured as the difference between k = 2 and k = 1 depths
 // (Llama, bf16, flash attention, no dropout, tp = 1, B > 1), worked out from

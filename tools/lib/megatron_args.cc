@@ -1,11 +1,14 @@
 #include "tools/lib/megatron_args.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -60,6 +63,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--padded-vocab-size", Arity::kValue, ArgUse::kRead},
     {"--make-vocab-size-divisible-by", Arity::kValue, ArgUse::kRead},
     {"--swiglu", Arity::kFlag, ArgUse::kRead},
+    {"--squared-relu", Arity::kFlag, ArgUse::kRead},
     {"--normalization", Arity::kValue, ArgUse::kRead},
     {"--position-embedding-type", Arity::kValue, ArgUse::kRead},
     {"--use-rotary-position-embeddings", Arity::kFlag, ArgUse::kRead},
@@ -97,6 +101,11 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--seq-length", Arity::kValue, ArgUse::kRead},
     {"--micro-batch-size", Arity::kValue, ArgUse::kRead},
     {"--global-batch-size", Arity::kValue, ArgUse::kRead},
+    {"--step-batch-size-schedule", Arity::kValue, ArgUse::kRead},
+    {"--decrease-batch-size-if-needed", Arity::kFlag, ArgUse::kRead},
+    // Deprecated and ignored by Megatron-Core 0.20 (num_microbatches_calculator.py); the
+    // global batch is --global-batch-size throughout.
+    {"--rampup-batch-size", Arity::kValues, ArgUse::kNeutral},
     // Parallelism.
     {"--tensor-model-parallel-size", Arity::kValue, ArgUse::kRead},
     {"--pipeline-model-parallel-size", Arity::kValue, ArgUse::kRead},
@@ -446,8 +455,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--cpu-offloading", Arity::kValues, ArgUse::kRefused, "activation offloading to CPU"},
     {"--decoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--decoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
-    {"--decrease-batch-size-if-needed", Arity::kValues, ArgUse::kRefused,
-     "batch sizes that change during training"},
     {"--delay-offload-until-cuda-graph", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
     {"--delay-wgrad-compute", Arity::kValues, ArgUse::kRefused, "delayed weight gradients"},
@@ -499,10 +506,7 @@ constexpr MegatronArg kMegatronArgs[] = {
      "overlapped expert-parallel communication"},
     {"--qk-l2-norm", Arity::kValues, ArgUse::kRefused, "q/k normalization"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
-    {"--rampup-batch-size", Arity::kValues, ArgUse::kRefused,
-     "batch sizes that change during training"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
-    {"--squared-relu", Arity::kValues, ArgUse::kRefused, "the squared-ReLU activation"},
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
     {"--fsdp-double-buffer", Arity::kFlag, ArgUse::kRefused,
@@ -710,6 +714,17 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, int64_t
   MEMSIM_RETURN_IF_ERROR(a.Int("--hidden-size", &m.hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-attention-heads", &m.num_attention_heads));
   m.activation = a.Has("--swiglu") ? ActivationKind::kSwiglu : ActivationKind::kGelu;
+  if (a.Has("--squared-relu")) {
+    // argument_utils.py asserts it without --swiglu; TransformerConfig refuses the fused
+    // bias-activation (on by default: --bias-gelu-fusion) with any but GeLU and SwiGLU.
+    if (a.Has("--swiglu")) return Status::Error("--squared-relu excludes --swiglu");
+    if (!a.Has("--no-bias-gelu-fusion") && !a.Has("--disable-bias-linear")) {
+      return Status::Error(
+          "--squared-relu needs --no-bias-gelu-fusion or --disable-bias-linear: Megatron-LM "
+          "fuses the bias into GeLU or SwiGLU only and raises ValueError otherwise");
+    }
+    m.activation = ActivationKind::kSquaredRelu;
+  }
   // Unset (0), FinalizeModelConfig gives Megatron-LM's default for the activation.
   MEMSIM_RETURN_IF_ERROR(a.Int("--ffn-hidden-size", &m.ffn_hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--kv-channels", &m.kv_channels));
@@ -969,9 +984,58 @@ Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
   return Status::OK();
 }
 
+// The largest batch size of a --step-batch-size-schedule, "THRESHOLD:BATCH_SIZE ..." (spaces
+// or commas between entries, values with an optional K, M, B or T suffix: Megatron-Core's
+// StepBatchsizeNumMicroBatchesCalculator._parse_schedule).
+Status LargestScheduledBatch(const std::string& schedule, int64_t* largest) {
+  auto bad = [&schedule](const std::string& why) {
+    return Status::Error("--step-batch-size-schedule '" + schedule.substr(0, 60) + "': " + why +
+                         " (expected \"THRESHOLD:BATCH_SIZE ...\", e.g. \"0:768 250B:1536\")");
+  };
+  auto number = [](std::string text, double* out) {
+    double multiplier = 1;
+    if (!text.empty()) {
+      const char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+      const double scale = suffix == 'T'   ? 1e12
+                           : suffix == 'B' ? 1e9
+                           : suffix == 'M' ? 1e6
+                           : suffix == 'K' ? 1e3
+                                           : 0;
+      if (scale > 0) {
+        multiplier = scale;
+        text.pop_back();
+      }
+    }
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) return false;
+    *out = v * multiplier;
+    return true;
+  };
+  std::string entries = schedule;
+  std::replace(entries.begin(), entries.end(), ',', ' ');
+  std::istringstream stream(entries);
+  std::string entry;
+  *largest = 0;
+  while (stream >> entry) {
+    const size_t colon = entry.find(':');
+    double threshold = 0, batch = 0;
+    if (colon == std::string::npos || !number(entry.substr(0, colon), &threshold) ||
+        !number(entry.substr(colon + 1), &batch)) {
+      return bad("invalid entry '" + entry.substr(0, 40) + "'");
+    }
+    if (batch < 1 || batch > static_cast<double>(std::numeric_limits<int32_t>::max())) {
+      return bad("batch size " + entry.substr(colon + 1, 40) + " out of range");
+    }
+    *largest = std::max(*largest, static_cast<int64_t>(batch));
+  }
+  if (*largest == 0) return bad("no entries");
+  return Status::OK();
+}
+
 // Data parallelism and the global batch. FinalizeRunSpec derives the data-parallel size
 // and the microbatches of one iteration from them, and checks that they divide.
-Status ReadDataParallelism(Args& a, RunSpec* spec) {
+Status ReadDataParallelism(Args& a, RunSpec* spec, std::vector<std::string>* notes) {
   ParallelLayout& l = spec->layout;
   if (a.Has("--use-distributed-optimizer")) {
     l.data_parallel = DataParallelKind::kDistributedOptimizer;
@@ -988,6 +1052,27 @@ Status ReadDataParallelism(Args& a, RunSpec* spec) {
       return Status::Error("--global-batch-size must be positive, got " +
                            Str(spec->global_batch_size));
     }
+  }
+  // num_microbatches_calculator.py: the running batch rounded down to a multiple of micro
+  // batch * dp (the global batch stays what Megatron logs).
+  spec->round_global_batch_down = a.Has("--decrease-batch-size-if-needed");
+  if (a.Has("--step-batch-size-schedule")) {
+    if (a.Has("--global-batch-size")) {
+      return Status::Error(
+          "Cannot specify both --step-batch-size-schedule and --global-batch-size (Megatron-LM "
+          "refuses it)");
+    }
+    if (spec->round_global_batch_down) {
+      return Status::Error(
+          "Cannot specify both --step-batch-size-schedule and --decrease-batch-size-if-needed "
+          "(Megatron-LM refuses it)");
+    }
+    MEMSIM_RETURN_IF_ERROR(
+        LargestScheduledBatch(a.Text("--step-batch-size-schedule", ""), &spec->global_batch_size));
+    notes->push_back(
+        "--step-batch-size-schedule: memsim simulates the largest global batch of "
+        "the schedule, " +
+        Str(spec->global_batch_size) + " (memory grows with the batch, if at all)");
   }
   return Status::OK();
 }
@@ -1321,7 +1406,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadMixtureOfExperts(a, &m, &t, &l));
   MEMSIM_RETURN_IF_ERROR(ReadBatchAndParallelism(a, world_size, max_positions, &t, &l));
   MEMSIM_RETURN_IF_ERROR(ReadPipelineStages(a, m, &l));
-  MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, &spec));
+  MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, &spec, &out->notes));
   MEMSIM_RETURN_IF_ERROR(ReadPrecisionAndOptimizer(a, &t));
   // The layer-wise optimizer runs over plain DDP (Note [Layer-wise optimizer]).
   if (t.layer_wise_optimizer) l.data_parallel = DataParallelKind::kDdp;

@@ -29,6 +29,9 @@ struct MegatronArgsResult {
   // Arguments that do not change memory (or not with the others given), as spelled,
   // in the order given, each once.
   std::vector<std::string> ignored;
+  // What memsim decided where an argument varies during training (the largest batch of
+  // --step-batch-size-schedule), a sentence each, to be shown to the user.
+  std::vector<std::string> notes;
 };
 
 // `world_size` is the number of ranks (Megatron-LM takes it from WORLD_SIZE). `env` holds

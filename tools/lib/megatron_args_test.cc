@@ -429,6 +429,72 @@ TEST(MegatronArgs, QkLayernorm) {
   EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
 }
 
+// --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
+// refuses it with the default fused bias-GeLU and with --swiglu.
+TEST(MegatronArgs, SquaredRelu) {
+  const std::string base = std::string(kTinyGpt) + "--squared-relu ";
+  const MegatronArgsResult r = Parse(base + "--disable-bias-linear", 1);
+  EXPECT_EQ(r.spec.model.activation, ActivationKind::kSquaredRelu);
+  std::optional<ValidatedRun> run;
+  ASSERT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  EXPECT_EQ(run->spec().model.ffn_hidden_size, 4 * 64);
+  EXPECT_EQ(Parse(base + "--no-bias-gelu-fusion", 1).spec.model.activation,
+            ActivationKind::kSquaredRelu);
+  EXPECT_EQ(ErrorOf(base),
+            "--squared-relu needs --no-bias-gelu-fusion or --disable-bias-linear: Megatron-LM "
+            "fuses the bias into GeLU or SwiGLU only and raises ValueError otherwise");
+  EXPECT_EQ(ErrorOf(base + "--swiglu --disable-bias-linear"), "--squared-relu excludes --swiglu");
+}
+
+// Batch sizes that change during training: Megatron-Core 0.20 ignores --rampup-batch-size;
+// of a --step-batch-size-schedule memsim simulates the largest batch, and says so;
+// --decrease-batch-size-if-needed rounds the batch down to a multiple of micro batch * dp.
+TEST(MegatronArgs, BatchSizeSchedules) {
+  const std::string tiny =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --vocab-size 100 ";
+  const MegatronArgsResult ramp =
+      Parse(tiny + "--global-batch-size 8 --rampup-batch-size 2 2 100", 2);
+  EXPECT_EQ(ramp.spec.global_batch_size, 8);
+  EXPECT_EQ(ramp.ignored, (std::vector<std::string>{"--rampup-batch-size"}));
+
+  const MegatronArgsResult steps =
+      Parse(tiny + "--step-batch-size-schedule 0:4,1.5K:16,2M:0.012K", 2);
+  EXPECT_EQ(steps.spec.global_batch_size, 16);
+  EXPECT_EQ(steps.notes,
+            (std::vector<std::string>{
+                "--step-batch-size-schedule: memsim simulates the largest global "
+                "batch of the schedule, 16 (memory grows with the batch, if at all)"}));
+  std::optional<ValidatedRun> run;
+  ASSERT_TRUE(FinalizeRunSpec(steps.spec, &run).ok());
+  EXPECT_EQ(run->spec().training.num_microbatches, 8);  // 16 / (1 * dp 2)
+
+  // 9 samples on dp 2: 4 microbatches (8 samples); 1 sample: still one.
+  for (const auto& [batch, microbatches] : {std::pair{9, 4}, std::pair{1, 1}}) {
+    const MegatronArgsResult down = Parse(
+        tiny + "--decrease-batch-size-if-needed " + "--global-batch-size " + std::to_string(batch),
+        2);
+    ASSERT_TRUE(FinalizeRunSpec(down.spec, &run).ok());
+    EXPECT_EQ(run->spec().training.num_microbatches, microbatches) << batch;
+  }
+  EXPECT_EQ(ErrorOf(tiny + "--global-batch-size 9", 2),
+            "global batch size 9 is not a multiple of micro batch size 1 x data-parallel size 2 "
+            "= 2");
+  EXPECT_EQ(ErrorOf(tiny + "--global-batch-size 8 --step-batch-size-schedule 0:8", 2),
+            "Cannot specify both --step-batch-size-schedule and --global-batch-size (Megatron-LM "
+            "refuses it)");
+  EXPECT_EQ(ErrorOf(tiny + "--step-batch-size-schedule 0:8 --decrease-batch-size-if-needed", 2),
+            "Cannot specify both --step-batch-size-schedule and --decrease-batch-size-if-needed "
+            "(Megatron-LM refuses it)");
+  EXPECT_EQ(
+      ErrorOf(tiny + "--step-batch-size-schedule 0-8", 2),
+      "--step-batch-size-schedule '0-8': invalid entry '0-8' (expected \"THRESHOLD:BATCH_SIZE "
+      "...\", e.g. \"0:768 250B:1536\")");
+  EXPECT_EQ(ErrorOf(tiny + "--step-batch-size-schedule 0:1e300", 2),
+            "--step-batch-size-schedule '0:1e300': batch size 1e300 out of range (expected "
+            "\"THRESHOLD:BATCH_SIZE ...\", e.g. \"0:768 250B:1536\")");
+}
+
 // --mtp-num-layers is read; what memsim does not model is refused (FinalizeModelConfig
 // checks Megatron-LM's own rule, MTP needs RoPE: ModelConfig.RejectsImpossibleShapes).
 TEST(MegatronArgs, MultiTokenPrediction) {

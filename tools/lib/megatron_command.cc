@@ -101,6 +101,9 @@ int MegatronCommand(int argc, const char* const* argv) {
     std::fprintf(stderr, "memsim megatron: ignored (no effect on memory): %s\n",
                  EscapeControl(list).c_str());
   }
+  for (const std::string& note : parsed.notes) {
+    std::fprintf(stderr, "memsim megatron: %s\n", EscapeControl(note).c_str());
+  }
   return SimulateAndReport(parsed.spec, report, "megatron");
 }
 

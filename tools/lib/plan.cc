@@ -736,6 +736,9 @@ int PlanCommand(int argc, const char* const* argv) {
     MegatronArgsResult parsed;
     const std::vector<std::string> args(argv + separator + 1, argv + argc);
     if (status.ok()) status = ReadLaunchLine(args, world_size, &parsed);
+    for (const std::string& note : parsed.notes) {
+      std::fprintf(stderr, "memsim plan: %s\n", EscapeControl(note).c_str());
+    }
     base = parsed.spec;
     base.gpu = FindGpu("H100-80GB");
     if (status.ok() && !spec_options.gpu.empty()) status = ParseGpu(spec_options.gpu, &base.gpu);

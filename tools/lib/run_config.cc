@@ -63,6 +63,9 @@ std::vector<std::string> ModelPresetNames() {
 Status ParsePrecision(const std::string& text, Precision* out) {
   return ParseEnum(kPrecisionNames, text, "precision", out);
 }
+Status ParseActivation(const std::string& text, ActivationKind* out) {
+  return ParseEnum(kActivationNames, text, "activation", out);
+}
 Status ParseAttention(const std::string& text, AttentionKind* out) {
   return ParseEnum(kAttentionNames, text, "attention", out);
 }
@@ -167,6 +170,10 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       {"base", [](const YAML::Node&) { return Status::OK(); }},
       {"name", [&](const YAML::Node& v) { return Read(v, source, "name", &m->name); }},
       {"architecture", [](const YAML::Node&) { return Status::OK(); }},  // applied first
+      {"activation",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "activation", &ParseActivation, &m->activation);
+       }},
       i64("num_layers", &m->num_layers),
       i64("hidden_size", &m->hidden_size),
       i64("num_attention_heads", &m->num_attention_heads),

@@ -37,6 +37,7 @@ Status LoadDefaultRun(RunSpec* spec);
 // Parses enum values as the YAML files and command line spell them (the tables of Note
 // [Enum names], beside each enum).
 Status ParsePrecision(const std::string& text, Precision* out);
+Status ParseActivation(const std::string& text, ActivationKind* out);
 Status ParseAttention(const std::string& text, AttentionKind* out);
 Status ParseRecompute(const std::string& text, RecomputeKind* out);
 Status ParseFp8Recipe(const std::string& text, Fp8Recipe* out);
