@@ -114,6 +114,11 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     if (m->moe_ffn_hidden_size == 0) m->moe_ffn_hidden_size = m->ffn_hidden_size;
     if (m->moe_capacity_factor < 0)
       return Status::Error("moe_capacity_factor must not be negative");
+    if (m->moe_pad_to_capacity && m->moe_capacity_factor == 0) {
+      return Status::Error(
+          "padding expert inputs to capacity needs a capacity factor (Megatron-LM: "
+          "--moe-pad-expert-input-to-capacity requires --moe-expert-capacity-factor)");
+    }
     if (m->moe_imbalance_factor < 1) {
       return Status::Error("moe_imbalance_factor is the busiest expert's load over the mean: >= 1");
     }

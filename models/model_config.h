@@ -82,11 +82,17 @@ struct ModelConfig {
   int64_t moe_ffn_hidden_size = 0;       // per routed expert; 0: F
   int64_t moe_shared_expert_size = 0;    // FFN size of the shared experts; 0: none
   int64_t moe_first_k_dense_layers = 0;  // DeepSeek: the first layers are dense
-  double moe_capacity_factor = 0.0;      // 0: dropless
-  double moe_imbalance_factor = 1.0;     // dropless: busiest expert's load over the mean
-  bool moe_router_fp32 = false;          // --moe-router-dtype fp32: logits and probs in fp32
-  double moe_aux_loss_coeff = 0.0;       // > 0: the load-balancing loss keeps [T, E] fp32 scores
-  double moe_z_loss_coeff = 0.0;         // > 0: the z-loss keeps the router logits
+  // Token dropping (--moe-expert-capacity-factor; 0: dropless): each expert takes at most
+  // its capacity ceil(cf * T*K / E) of a rank's T tokens, dropping the lowest-probability
+  // ones (or, with moe_drop_by_position, the last); with moe_pad_to_capacity
+  // (--moe-pad-expert-input-to-capacity) every expert's input is filled up to it.
+  double moe_capacity_factor = 0.0;
+  bool moe_pad_to_capacity = false;
+  bool moe_drop_by_position = false;  // --moe-token-drop-policy position (default probs)
+  double moe_imbalance_factor = 1.0;  // busiest expert's load over the mean (not padded)
+  bool moe_router_fp32 = false;       // --moe-router-dtype fp32: logits and probs in fp32
+  double moe_aux_loss_coeff = 0.0;    // > 0: the load-balancing loss keeps [T, E] fp32 scores
+  double moe_z_loss_coeff = 0.0;      // > 0: the z-loss keeps the router logits
   // --mtp-num-layers: multi-token prediction depth, built after the decoder on the last
   // pipeline stage (Note [Multi-token prediction] in transformer.h); 0: none.
   int64_t mtp_num_layers = 0;

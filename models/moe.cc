@@ -4,6 +4,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -67,18 +68,29 @@ at::Tensor UnpadForFp8(const at::Tensor& h, int64_t experts, int64_t rows) {
 
 }  // namespace
 
+int64_t ExpertCapacity(const ModelConfig& m, int64_t tokens) {
+  // moe_utils.get_capacity: ceil(T*K / E * cf), no minimum.
+  return static_cast<int64_t>(std::ceil(static_cast<double>(tokens * m.moe_router_topk) /
+                                        static_cast<double>(m.num_experts) *
+                                        m.moe_capacity_factor));
+}
+
 int64_t DispatchedTokens(const ModelConfig& m, int64_t tokens) {
   const int64_t routed = tokens * m.moe_router_topk;
   if (m.moe_capacity_factor <= 0) return routed;
-  const auto capacity = static_cast<int64_t>(std::ceil(
-      m.moe_capacity_factor * static_cast<double>(routed) / static_cast<double>(m.num_experts)));
-  return capacity * m.num_experts;
+  const int64_t filled = ExpertCapacity(m, tokens) * m.num_experts;
+  // Evenly routed, each expert is offered T*K/E tokens and keeps up to its capacity.
+  return m.moe_pad_to_capacity ? filled : std::min(routed, filled);
 }
 
 int64_t ReceivedTokens(const ModelConfig& m, int64_t tokens) {
-  const int64_t dispatched = DispatchedTokens(m, tokens);
-  if (m.moe_capacity_factor > 0) return dispatched;
-  return static_cast<int64_t>(std::ceil(m.moe_imbalance_factor * static_cast<double>(dispatched)));
+  const int64_t routed = tokens * m.moe_router_topk;
+  if (m.moe_pad_to_capacity) return DispatchedTokens(m, tokens);
+  const auto busiest =
+      static_cast<int64_t>(std::ceil(m.moe_imbalance_factor * static_cast<double>(routed)));
+  // From each of ep ranks each local expert takes at most its capacity: E * capacity.
+  return m.moe_capacity_factor > 0 ? std::min(busiest, ExpertCapacity(m, tokens) * m.num_experts)
+                                   : busiest;
 }
 
 MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
@@ -130,24 +142,28 @@ at::TensorOptions Meta(at::ScalarType dtype) {
 // moe_utils.permute's index: which row of the input each output row copies. Unfused
 // (dropless branch): routing_map.T.contiguous() [M, X] bool and its stable argsort int64
 // [M*X], whose first `rows` entries modulo X are the index (int64 [rows]); the argsort
-// buffer lives on while a view of it does (the alltoall probabilities keep one). Fused
+// buffer lives on while a view of it does (the alltoall probabilities keep one). Padded to
+// capacity (drop_and_pad): the map as int8, its per-expert argsort int64 [M, X], of which
+// the first capacity columns are copied out (int64 [rows]) and the argsort goes. Fused
 // (TE's moe_permute): one int32 row_id_map [X, 2M + 1].
 struct Permutation {
   at::Tensor index;  // saved by the tokens' permute
-  at::Tensor order;  // unfused: the argsort buffer
+  at::Tensor order;  // unfused and not padded: the argsort buffer
   int64_t inputs;    // X
 };
 
-Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, bool fused) {
+Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, bool fused,
+                            bool padded) {
   Permutation p{at::Tensor(), at::Tensor(), inputs};
   if (fused) {
     p.index = at::empty({inputs, 2 * map_columns + 1}, Meta(at::kInt));
     return p;
   }
-  at::Tensor map_t = at::empty({map_columns, inputs}, Meta(at::kBool));
+  at::Tensor map_t = at::empty({map_columns, inputs}, Meta(padded ? at::kChar : at::kBool));
   p.order = at::empty({map_columns * inputs}, Meta(at::kLong));
   map_t.reset();
   p.index = at::empty({rows}, Meta(at::kLong));
+  if (padded) p.order.reset();
   return p;
 }
 
@@ -289,6 +305,24 @@ Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens)
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(logits.scalar_type());  // [T, K]
   probs = at::zeros_like(logits).scatter(1, top, probs);                            // [T, E]
   at::Tensor routing_map = at::empty(logits.sizes(), Meta(at::kBool));
+  if (m.moe_capacity_factor > 0) {
+    // apply_router_token_dropping (moe_utils.py): each expert's capacity highest tokens
+    // (by probability, or by position: the map as int32) make a [T, E] mask; the map becomes
+    // the mask (padded) or the map and the mask, and the probabilities are multiplied by it
+    // (the product keeps it for backward).
+    const int64_t capacity = ExpertCapacity(m, logits.size(0));
+    at::Tensor mask;
+    if (capacity > logits.size(0)) {
+      mask = at::ones_like(probs).to(at::kBool);
+    } else {
+      const at::Tensor scored = m.moe_drop_by_position ? routing_map.to(at::kInt) : probs;
+      const at::Tensor kept = std::get<1>(at::topk(scored, capacity, 0));  // [capacity, E]
+      mask = at::zeros_like(probs).scatter(0, kept, 1).to(at::kBool);
+    }
+    routing_map = m.moe_pad_to_capacity ? mask : at::logical_and(routing_map, mask);
+    mask.reset();
+    probs = probs * routing_map;
+  }
   if (m.moe_aux_loss_coeff > 0) {
     // The load-balancing loss: softmax over all experts in fp32 (kept for backward), its
     // per-expert sums against the tokens per expert.
@@ -406,7 +440,8 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     const at::Tensor hidden_g = AllGatherRows(tokens, group, global_buffer);  // [T_g, H]
     params.kept_map = at::empty({gathered, local}, Meta(at::kBool));          // local_map
     map.reset();
-    const Permutation perm = MakePermutation(gathered, local, N, t.moe_permute_fusion);
+    const Permutation perm =
+        MakePermutation(gathered, local, N, t.moe_permute_fusion, /*padded=*/false);
     const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
                                                                /*masked_select=*/true);
     at::Tensor x = PermuteFunction::apply(hidden_g, perm.index, N);
@@ -420,27 +455,34 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     params.kept_probs = routing.probs;
     params.kept_map = routing.routing_map;
     const int64_t D = DispatchedTokens(m, T);
-    const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion);
+    const bool padded = m.moe_pad_to_capacity && !t.moe_permute_fusion;
+    const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion, padded);
     at::Tensor x = PermuteFunction::apply(tokens, perm.index, D);  // [D, H]
-    at::Tensor probs = PermuteProbsFunction::apply(
-        routing.probs, t.moe_permute_fusion ? perm.index : perm.order, E, D,
-        /*masked_select=*/false);                                      // [D] p
-    x = AllToAllTokens(x, p.ep, R);                                    // [R, H]
-    probs = AllToAllTokens(probs.unsqueeze(-1), p.ep, R).squeeze(-1);  // [R] p
-    x = AllGatherRows(x, p.etp);                                       // [N, H]
-    probs = AllGatherRows(probs, p.etp);                               // [N] p
+    // The probabilities' gather index: TE's map, the argsort, or padded its own int64 [D].
+    const at::Tensor probs_index = t.moe_permute_fusion ? perm.index
+                                   : padded             ? at::empty({D}, Meta(at::kLong))
+                                                        : perm.order;
+    at::Tensor probs = PermuteProbsFunction::apply(routing.probs, probs_index, E, D,
+                                                   /*masked_select=*/false);  // [D] p
+    x = AllToAllTokens(x, p.ep, R);                                           // [R, H]
+    probs = AllToAllTokens(probs.unsqueeze(-1), p.ep, R).squeeze(-1);         // [R] p
+    x = AllGatherRows(x, p.etp);                                              // [N, H]
+    probs = AllGatherRows(probs, p.etp);                                      // [N] p
+    // With more than one local expert the received rows are regrouped by expert:
+    // sort_chunks_by_idxs, split + cat (new buffers) or TE's chunk sort with an int32 [N]
+    // map it keeps; padded to capacity, a view of [ep, E_local, capacity] rows transposed
+    // into a new buffer.
+    const bool chunk_sort_map = t.moe_permute_fusion && !m.moe_pad_to_capacity;
     if (local > 1) {
-      // sort_chunks_by_idxs: split + cat (new buffers), or TE's chunk sort with an int32
-      // [N] map it keeps.
       x = x.clone();
       probs = probs.clone();
-      if (t.moe_permute_fusion) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
+      if (chunk_sort_map) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
     }
     x = Experts(m, t, p, params, x, probs);
     ModuleScope c("token_combine");
     if (local > 1) {
       x = x.clone();
-      if (t.moe_permute_fusion) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
+      if (chunk_sort_map) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
     }
     if (p.etp > 1) {
       if (fp32_probs) x = x.to(at::kFloat);

@@ -12,8 +12,10 @@
 // Tokens: T = S*B/(tp*cp) on the rank (Megatron trains MoE with tp > 1 only under
 // sequence parallelism); top-K routing; p = the probabilities' dtype (fp32 with
 // --moe-router-dtype fp32, else the training dtype). Per rank, the experts process
-// N = etp * R (token, expert) pairs, R = T*K, or E * ceil(cf * T*K / E) with capacity
-// factor cf, or ceil(f * T*K) for a dropless run whose busiest rank takes f times the mean.
+// N = etp * R (token, expert) pairs, R = T*K; with capacity factor cf each expert takes at
+// most c = ceil(cf * T*K / E) of a rank's tokens, R = min(T*K, E*c), exactly E*c when its
+// input is padded to capacity; a run whose busiest rank takes f times the mean
+// (moe_imbalance_factor) has R = ceil(f * T*K), at most E*c (not padded).
 //
 // Kept for backward, per layer (Note: what autograd saves, as Megatron's code does):
 //   router: its input [T, H]; top-K indices int64 [T, K] and softmax fp32 [T, K];
@@ -67,7 +69,8 @@ MoeParameters CreateMoeParameters(const ModelConfig& model, const MoeParallelism
                                   ParameterStore* store,
                                   const std::function<void(Parameter*)>& gemm_weight = {});
 
-// Tokens dispatched and received by one rank, as above.
+// Tokens dispatched and received by one rank, as above; an expert's capacity c.
+int64_t ExpertCapacity(const ModelConfig& model, int64_t tokens);
 int64_t DispatchedTokens(const ModelConfig& model, int64_t tokens);
 int64_t ReceivedTokens(const ModelConfig& model, int64_t tokens);
 

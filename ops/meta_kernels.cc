@@ -93,8 +93,9 @@ at::Tensor Roll(const at::Tensor& self, c10::IntArrayRef /*shifts*/, c10::IntArr
   return at::empty_like(input, at::MemoryFormat::Contiguous);
 }
 
-// logical_or.out (and through it logical_or / logical_or_): broadcast shape into `out`.
-at::Tensor& LogicalOrOut(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+// logical_or.out and logical_and.out (and through them the functional and in-place forms):
+// the broadcast shape into `out`.
+at::Tensor& LogicalOut(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   at::native::resize_output(out, at::infer_size(self.sizes(), other.sizes()));
   return out;
 }
@@ -137,7 +138,8 @@ void RegisterMetaKernels() {
     aten_meta->impl("where.self", TORCH_FN(WhereSelf));
     aten_meta->impl("relu", TORCH_FN(Relu));
     aten_meta->impl("roll", TORCH_FN(Roll));
-    aten_meta->impl("logical_or.out", TORCH_FN(LogicalOrOut));
+    aten_meta->impl("logical_or.out", TORCH_FN(LogicalOut));
+    aten_meta->impl("logical_and.out", TORCH_FN(LogicalOut));
     {
       // LibTorch logs a warning (through glog) when a kernel is replaced; this
       // replacement is deliberate (Note [Meta resize_]), so keep the user's terminal clean.

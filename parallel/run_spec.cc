@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "models/moe.h"
 #include "ops/collectives.h"
 #include "parallel/pipeline_schedule.h"
 #include "simulator/checked_math.h"
@@ -38,6 +39,16 @@ Status CheckFp8GemmShapes(const ModelConfig& m, const ParallelLayout& l, const T
   return Status::OK();
 }
 
+}  // namespace
+
+int64_t TokensPerRank(const RunSpec& spec) {
+  const ParallelLayout& l = spec.layout;
+  return spec.training.seq_length / (l.cp * (l.sequence_parallel ? l.tp : 1)) *
+         spec.training.micro_batch_size;
+}
+
+namespace {
+
 Status FinalizeUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
   if (spec->training.te_attention && spec->gpu != nullptr) {
@@ -69,6 +80,19 @@ Status FinalizeUnchecked(RunSpec* spec) {
     return Status::Error("sequence length " + std::to_string(t.seq_length) +
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
+  }
+  if (spec->model.moe_pad_to_capacity) {
+    // permute's drop_and_pad keeps each expert's first `capacity` of the rank's tokens: more
+    // than it has fails (moe_utils.permute's view), so Megatron-LM cannot run it.
+    const int64_t tokens = TokensPerRank(*spec);
+    const int64_t capacity = ExpertCapacity(spec->model, tokens);
+    if (capacity > tokens) {
+      return Status::Error("padding expert inputs to capacity needs a capacity of at most the " +
+                           std::to_string(tokens) + " tokens a rank routes, got " +
+                           std::to_string(capacity) +
+                           " (top-k x capacity factor above the experts): Megatron-LM fails on "
+                           "it; lower the capacity factor");
+    }
   }
   if (t.te_op_fuser && l.etp > 1) {
     // TEGroupedMLP._is_fused_impl_supported: the experts' tensor-parallel group is 1.

@@ -60,6 +60,10 @@ class ValidatedRun {
   RunSpec spec_;
 };
 
+// Tokens of one microbatch on a rank of a layer: S/cp (/tp with sequence parallelism) * B,
+// the rows an MoE layer routes.
+int64_t TokensPerRank(const RunSpec& spec);
+
 // Bytes each rank holds outside PyTorch's caching allocator for the run: Transformer
 // Engine's userbuffers under TP communication overlap (Note [Userbuffers] in
 // ops/collectives.h), else 0. memsim's figures and fit verdict do not include them.

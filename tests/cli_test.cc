@@ -50,6 +50,41 @@ TEST(Cli, DefaultExamplePrintsPerRankPeakAndWritesFiles) {
   EXPECT_TRUE(j.contains("0") && j.contains("1"));
 }
 
+// What an MoE run assumes of its routing is said, and --moe-imbalance changes it: at 1.25
+// the busiest rank's experts take 1.25 times the mean load, so its peak (in forward, at
+// sequence 8192) is higher.
+TEST(Cli, MoeRoutingIsStatedAndImbalanceRaisesThePeak) {
+  const std::string base =
+      "simulate --model mixtral-8x7b --world-size 8 --ep 8 --seq-length 8192 --iterations 1 "
+      "--data-parallel distributed-optimizer --json --out " +
+      Temp("moe");
+  auto peak = [](const CommandResult& run) {
+    return nlohmann::json::parse(run.out)["rank_classes"][0]["peak_allocated_MB"].get<double>();
+  };
+  const CommandResult even = Memsim(base);
+  const CommandResult busy = Memsim(base + " --moe-imbalance 1.25");
+  ASSERT_EQ(even.exit_code, 0) << even.err;
+  ASSERT_EQ(busy.exit_code, 0) << busy.err;
+  EXPECT_GT(peak(busy), peak(even));
+  EXPECT_EQ(nlohmann::json::parse(busy.out)["moe_routing"],
+            nlohmann::json({{"capacity_factor", 0.0},
+                            {"expert_capacity", 0},
+                            {"pad_to_capacity", false},
+                            {"imbalance", 1.25}}));
+  const CommandResult text = Memsim(
+      "simulate --model mixtral-8x7b --world-size 8 --ep 8 "
+      "--seq-length 256 --iterations 1 --moe-imbalance 1.25 --out " +
+      Temp("moe_text"));
+  EXPECT_NE(text.out.find("MoE routing: dropless, busiest expert 1.25x the mean load"),
+            std::string::npos)
+      << text.out;
+  const CommandResult bad = Memsim("simulate --model mixtral-8x7b --moe-imbalance 0.5");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err,
+            "memsim simulate: --moe-imbalance is the busiest expert's load over the mean: at least "
+            "1, got 0.5 (see memsim simulate --help)\n");
+}
+
 TEST(Cli, JsonListsEveryRankClass) {
   const std::string out = Temp("json");
   const CommandResult run = Memsim(

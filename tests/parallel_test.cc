@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include "models/parameters.h"
 #include "models/transformer.h"
 
@@ -557,11 +558,15 @@ std::vector<int64_t> AllToAllBytes(const ModelConfig& m, const ParallelLayout& l
   return sizes;
 }
 
-// Mixtral-style MoE on TP2 PP1 EP2 with the alltoall dispatcher: each all-to-all of tokens
-// carries the rank's dispatched tokens, E * ceil(cf * T*K / E) rows of H bf16 values,
-// T = S*B/tp tokens with sequence parallelism; the probabilities travel beside them, one
-// bf16 value a row.
-TEST(ExpertParallel, AllToAllBuffersScaleWithCapacityFactor) {
+// Mixtral-style MoE on TP2 PP1 EP2 with the alltoall dispatcher, T = S*B/tp = 512 tokens
+// with sequence parallelism, K = 2 of E = 8 experts: the all-to-all carries a rank's D
+// dispatched rows of H bf16 values out and back, and the R rows its experts receive come in
+// with their probabilities, one bf16 value a row. Evenly routed, D = R = T*K; with a
+// capacity factor cf an expert takes at most c = ceil(cf * T*K / E) of a rank's tokens
+// (moe_utils.get_capacity), D = min(T*K, E*c), and padded to capacity D = R = E*c; when the
+// busiest rank's experts take f times the mean (--moe-imbalance), R = ceil(f * T*K), at
+// most E*c.
+TEST(ExpertParallel, AllToAllRowsFollowTheCapacity) {
   TrainingConfig t;
   t.seq_length = 512;
   t.micro_batch_size = 2;
@@ -572,19 +577,128 @@ TEST(ExpertParallel, AllToAllBuffersScaleWithCapacityFactor) {
   layout.tp = 2;
   layout.ep = 2;
   layout.sequence_parallel = true;
-  const int64_t tokens = 512 * 2 / 2;  // T = 512
-  for (double cf : {1.0, 1.5, 2.0}) {
-    const ModelConfig m = SmallMoe(cf);
+  struct Case {
+    double cf;
+    bool pad;
+    double f;
+    int64_t d, r;
+  };
+  // T*K = 1024; c = 64 (cf 0.5), 160 (1.25), 192 (1.5), 256 (2).
+  for (const Case& c : {Case{0, false, 1, 1024, 1024}, Case{0.5, false, 1, 512, 512},
+                        Case{1.5, false, 1, 1024, 1024}, Case{0.5, true, 1, 512, 512},
+                        Case{1.5, true, 1, 1536, 1536}, Case{2, true, 1, 2048, 2048},
+                        Case{0, false, 1.5, 1024, 1536}, Case{1.25, false, 1.5, 1024, 1280},
+                        Case{1.25, true, 1.5, 1280, 1280}}) {
+    ModelConfig m = SmallMoe(c.cf);
+    m.moe_pad_to_capacity = c.pad;
+    m.moe_imbalance_factor = c.f;
     ParallelLayout l = layout;
     ASSERT_TRUE(FinalizeLayout(&l, m).ok());
-    const int64_t rows = 8 * static_cast<int64_t>(std::ceil(cf * tokens * 2 / 8));
     std::vector<int64_t> sizes = AllToAllBytes(m, l, t);
     std::sort(sizes.begin(), sizes.end());
-    // Per MoE layer (2 layers): the probabilities, the tokens out and the tokens back.
-    EXPECT_EQ(sizes, (std::vector<int64_t>{rows * 2, rows * 2, rows * 256 * 2, rows * 256 * 2,
-                                           rows * 256 * 2, rows * 256 * 2}))
-        << cf;
+    // Per MoE layer (2 layers): the probabilities, the tokens in and the tokens back.
+    std::vector<int64_t> expected = {c.r * 2,       c.r * 2,       c.r * 256 * 2,
+                                     c.r * 256 * 2, c.d * 256 * 2, c.d * 256 * 2};
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(sizes, expected) << c.cf << (c.pad ? " padded" : "") << " f " << c.f;
   }
+  // c = 640 of the 512 tokens: Megatron-LM's padded permute cannot take it.
+  RunSpec spec;
+  spec.model = SmallMoe(5);
+  spec.model.moe_pad_to_capacity = true;
+  spec.training = t;
+  spec.layout = layout;
+  std::optional<ValidatedRun> run;
+  EXPECT_EQ(FinalizeRunSpec(spec, &run).message(),
+            "padding expert inputs to capacity needs a capacity of at most the 512 tokens a rank "
+            "routes, got 640 (top-k x capacity factor above the experts): Megatron-LM fails on "
+            "it; lower the capacity factor");
+}
+
+// apply_router_token_dropping (moe_utils.py), per MoE layer, c = 64 of T = 512 tokens, E = 8
+// (bf16 probabilities): topk over each expert's column, values [c, E] bf16 and indices [c, E]
+// int64; zeros [T, E] bf16 scattered into a new [T, E] bf16, made bool [T, E]; the map and
+// the mask, a new bool [T, E] (not when padded: the mask is the map); the probabilities times
+// it, [T, E] bf16. The position policy ranks the map as int32 [T, E], and its top-k values
+// are int32.
+TEST(ExpertParallel, TokenDroppingMasksTheRouting) {
+  TrainingConfig t;
+  t.seq_length = 512;
+  t.micro_batch_size = 2;
+  t.iterations = 1;
+  t.moe_dispatcher = MoeDispatcher::kAllToAll;
+  ParallelLayout layout;
+  layout.world_size = 8;
+  layout.tp = 2;
+  layout.ep = 2;
+  layout.sequence_parallel = true;
+  auto router_allocations = [&](ModelConfig m) {
+    ParallelLayout l = layout;
+    EXPECT_TRUE(FinalizeLayout(&l, m).ok());
+    Session session;
+    {
+      ActiveSession active(session);
+      RunRankTraining(test::Validated(m, t, l), 0, session);
+    }
+    const Recorder& r = session.recorder();
+    std::multiset<int64_t> sizes;
+    for (const StorageInfo& s : r.storages()) {
+      if (r.names().Name(s.module) == "decoder.layers.0.mlp.router" && s.phase == Phase::kForward) {
+        sizes.insert(s.size_bytes);
+      }
+    }
+    return sizes;
+  };
+  const std::multiset<int64_t> dropless = router_allocations(SmallMoe(0));
+  auto added = [&](ModelConfig m) {
+    std::multiset<int64_t> with = router_allocations(std::move(m));
+    for (int64_t size : dropless) {
+      auto it = with.find(size);
+      EXPECT_NE(it, with.end()) << size;
+      if (it != with.end()) with.erase(it);
+    }
+    return with;
+  };
+  const int64_t T = 512, E = 8, c = 64;
+  EXPECT_EQ(added(SmallMoe(0.5)), (std::multiset<int64_t>{c * E * 2, c * E * 8, T * E * 2,
+                                                          T * E * 2, T * E, T * E, T * E * 2}));
+  ModelConfig padded = SmallMoe(0.5);
+  padded.moe_pad_to_capacity = true;
+  EXPECT_EQ(added(padded),
+            (std::multiset<int64_t>{c * E * 2, c * E * 8, T * E * 2, T * E * 2, T * E, T * E * 2}));
+  ModelConfig position = SmallMoe(0.5);
+  position.moe_drop_by_position = true;
+  EXPECT_EQ(added(position), (std::multiset<int64_t>{T * E * 4, c * E * 4, c * E * 8, T * E * 2,
+                                                     T * E * 2, T * E, T * E, T * E * 2}));
+  // The permutation's argsort int64 [E * T]: the probabilities gather through a view of it
+  // and keep it until backward; padded, the first c of each expert are copied out and the
+  // permuted probabilities index their own int64 [E * c], so it goes in forward.
+  auto argsort_freed_in = [&](const ModelConfig& m) {
+    ParallelLayout l = layout;
+    EXPECT_TRUE(FinalizeLayout(&l, m).ok());
+    Session session;
+    {
+      ActiveSession active(session);
+      RunRankTraining(test::Validated(m, t, l), 0, session);
+    }
+    const Recorder& r = session.recorder();
+    std::set<Phase> phases;
+    for (const StorageInfo& s : r.storages()) {
+      if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher" &&
+          s.dtype == at::kLong && s.size_bytes == E * T * 8 && s.free_event >= 0) {
+        Phase at = Phase::kSetup;  // the phase whose marker last precedes the free
+        for (const Marker& marker : r.markers()) {
+          if (marker.kind == MarkerKind::kPhaseBegin && marker.event_index <= s.free_event) {
+            at = marker.phase;
+          }
+        }
+        phases.insert(at);
+      }
+    }
+    return phases;
+  };
+  EXPECT_EQ(argsort_freed_in(SmallMoe(0.5)), std::set<Phase>{Phase::kBackward});
+  EXPECT_EQ(argsort_freed_in(padded), std::set<Phase>{Phase::kForward});
 }
 
 // Megatron's default allgather dispatcher on EP2 (etp = tp = 1, T = S*B tokens): the

@@ -33,7 +33,9 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v,
       "data-parallel", po::value(&v->data_parallel),
       "ddp, distributed-optimizer (ZeRO-1), zero2 or fsdp")(
       "sp", po::bool_switch(&v->sequence_parallel), "sequence parallelism")(
-      "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record");
+      "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record")(
+      "moe-imbalance", MoeImbalanceValue(&v->moe_imbalance),
+      "MoE: the busiest expert's load over the mean (default 1: even routing)");
   if (seq_length_list != nullptr) {
     options->add_options()("seq-length", po::value(seq_length_list),
                            "sequence lengths, a list like 2048,4096");
@@ -41,6 +43,17 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v,
     options->add_options()("seq-length", PositiveValue(&v->seq_length, "seq-length"),
                            "sequence length");
   }
+}
+
+po::typed_value<double>* MoeImbalanceValue(double* out) {
+  return po::value(out)->notifier([name = std::string("--moe-imbalance")](double value) {
+    if (!(value >= 1 && value <= 1e6)) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%g", value);
+      throw po::error(name + " is the busiest expert's load over the mean: at least 1, got " +
+                      text);
+    }
+  });
 }
 
 Status ParseIntList(const std::string& text, const char* name, std::vector<int64_t>* out) {
@@ -112,6 +125,7 @@ Status BuildRunSpec(const SpecOptions& v, bool default_run, const char* command,
   if (v.global_batch_size) spec->global_batch_size = v.global_batch_size;
   if (v.iterations) spec->training.iterations = static_cast<int32_t>(v.iterations);
   if (v.sequence_parallel) spec->layout.sequence_parallel = true;
+  if (v.moe_imbalance) spec->model.moe_imbalance_factor = v.moe_imbalance;
   return status;
 }
 

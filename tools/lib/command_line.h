@@ -17,8 +17,13 @@ namespace memsim {
 struct SpecOptions {
   std::string config, model, hf_config, gpu, precision, attention, data_parallel, profile;
   int64_t world_size = 0, seq_length = 0, global_batch_size = 0, iterations = 0;
+  double moe_imbalance = 0;  // 0: not given
   bool sequence_parallel = false;
 };
+
+// The busiest expert's load over the mean that MoE runs assume (model
+// moe_imbalance_factor; Note in models/moe.h), as --moe-imbalance: at least 1.
+boost::program_options::typed_value<double>* MoeImbalanceValue(double* out);
 
 // With `seq_length_list`, --seq-length takes a list ("2048,4096") into it instead of
 // one value into values->seq_length.

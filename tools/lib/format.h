@@ -24,6 +24,13 @@ inline std::string FormatBytes(int64_t bytes) {
 }
 
 // `text` as one CSV field: in double quotes, each quote inside doubled.
+// A number as %g prints it ("1.5", "2").
+inline std::string FormatNumber(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", v);
+  return text;
+}
+
 inline std::string CsvQuoted(const std::string& text) {
   std::string quoted = "\"";
   for (char c : text) {

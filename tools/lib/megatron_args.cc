@@ -86,6 +86,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-ffn-hidden-size", Arity::kValue, ArgUse::kRead},
     {"--moe-shared-expert-intermediate-size", Arity::kValue, ArgUse::kRead},
     {"--moe-expert-capacity-factor", Arity::kValue, ArgUse::kRead},
+    {"--moe-pad-expert-input-to-capacity", Arity::kFlag, ArgUse::kRead},
+    {"--moe-token-drop-policy", Arity::kValue, ArgUse::kRead},
     {"--moe-layer-freq", Arity::kValue, ArgUse::kRead},
     {"--moe-token-dispatcher-type", Arity::kValue, ArgUse::kRead},
     {"--moe-grouped-gemm", Arity::kFlag, ArgUse::kRead},
@@ -327,7 +329,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-router-score-function", Arity::kValue, ArgUse::kNeutral},
     {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kNeutral},
     {"--moe-shared-expert-overlap", Arity::kFlag, ArgUse::kNeutral},
-    {"--moe-token-drop-policy", Arity::kValue, ArgUse::kNeutral},
     {"--moe-use-legacy-grouped-gemm", Arity::kFlag, ArgUse::kNeutral},
     {"--mscale", Arity::kValue, ArgUse::kNeutral},
     {"--mscale-all-dim", Arity::kValue, ArgUse::kNeutral},
@@ -484,8 +485,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--is-hybrid-model", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--moe-enable-deepep", Arity::kValues, ArgUse::kRefused, "the DeepEP token dispatcher"},
     {"--moe-extended-tp", Arity::kValues, ArgUse::kRefused, "extended expert tensor parallelism"},
-    {"--moe-pad-expert-input-to-capacity", Arity::kValues, ArgUse::kRefused,
-     "expert inputs padded to capacity"},
     {"--moe-router-padding-for-fp8", Arity::kValues, ArgUse::kRefused,
      "routing padded for FP8 (extra tokens instead of Fp8Padding)"},
     {"--moe-router-padding-for-quantization", Arity::kValues, ArgUse::kRefused,
@@ -806,6 +805,8 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-layer-freq",
                                              "--moe-shared-expert-intermediate-size",
                                              "--moe-expert-capacity-factor",
+                                             "--moe-pad-expert-input-to-capacity",
+                                             "--moe-token-drop-policy",
                                              "--moe-token-dispatcher-type",
                                              "--moe-router-dtype",
                                              "--moe-aux-loss-coeff",
@@ -824,6 +825,14 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     MEMSIM_RETURN_IF_ERROR(
         a.Int("--moe-shared-expert-intermediate-size", &m.moe_shared_expert_size));
     MEMSIM_RETURN_IF_ERROR(a.Float("--moe-expert-capacity-factor", &m.moe_capacity_factor));
+    // A negative capacity factor is Megatron's None: dropless (TransformerConfig).
+    if (m.moe_capacity_factor < 0) m.moe_capacity_factor = 0;
+    m.moe_pad_to_capacity = a.Has("--moe-pad-expert-input-to-capacity");
+    MEMSIM_RETURN_IF_ERROR(
+        Choice(a, "--moe-token-drop-policy", {"probs", "position"}, "probs", &text));
+    m.moe_drop_by_position = text == "position";
+    // Without a capacity nothing is dropped: the policy changes nothing.
+    if (m.moe_capacity_factor == 0) a.Ignore("--moe-token-drop-policy");
     if (a.Has("--moe-layer-freq")) {
       MEMSIM_RETURN_IF_ERROR(ParseMoeLayerFreq(a.Text("--moe-layer-freq", ""), m.num_layers,
                                                &m.moe_first_k_dense_layers));

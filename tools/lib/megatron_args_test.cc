@@ -386,6 +386,29 @@ TEST(MegatronArgs, MixtureOfExperts) {
   EXPECT_EQ(r.spec.model.moe_first_k_dense_layers, 2);
 }
 
+// Token dropping: --moe-pad-expert-input-to-capacity and --moe-token-drop-policy are read
+// with a capacity factor (a negative one is Megatron's None: dropless); padding without one
+// is refused, as Megatron refuses it; without a capacity the policy changes nothing.
+TEST(MegatronArgs, ExpertCapacity) {
+  const std::string moe = std::string(kTinyGpt) +
+                          "--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type "
+                          "alltoall ";
+  MegatronArgsResult r = Parse(moe +
+                                   "--moe-expert-capacity-factor 1.25 "
+                                   "--moe-pad-expert-input-to-capacity "
+                                   "--moe-token-drop-policy position",
+                               1);
+  EXPECT_EQ(r.spec.model.moe_capacity_factor, 1.25);
+  EXPECT_TRUE(r.spec.model.moe_pad_to_capacity);
+  EXPECT_TRUE(r.spec.model.moe_drop_by_position);
+  r = Parse(moe + "--moe-expert-capacity-factor -1 --moe-token-drop-policy probs", 1);
+  EXPECT_EQ(r.spec.model.moe_capacity_factor, 0);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--moe-token-drop-policy"}));
+  EXPECT_EQ(ErrorOf(moe + "--moe-pad-expert-input-to-capacity", 1),
+            "padding expert inputs to capacity needs a capacity factor (Megatron-LM: "
+            "--moe-pad-expert-input-to-capacity requires --moe-expert-capacity-factor)");
+}
+
 TEST(MegatronArgs, UnevenPipelineStages) {
   // Only the first stage named: the other 3 stages share 27 layers, 9 each.
   MegatronArgsResult r = Parse(

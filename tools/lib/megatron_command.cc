@@ -58,6 +58,7 @@ int MegatronCommand(int argc, const char* const* argv) {
       "  memsim megatron --refused    (the arguments memsim refuses, and why)\n\n"
       "Options");
   int64_t world_size = 0, iterations = 0;
+  double moe_imbalance = 0;
   std::string gpu_name = "H100-80GB";
   ReportOptions report;
   bool list_refused = false;
@@ -66,7 +67,9 @@ int MegatronCommand(int argc, const char* const* argv) {
       "list the Megatron-LM arguments memsim refuses, with what each changes, and exit")(
       "world-size", PositiveValue(&world_size, "world-size"), "number of GPUs")(
       "gpu", po::value(&gpu_name), ("GPU preset: " + GpuPresetNames()).c_str())(
-      "iterations", PositiveValue(&iterations, "iterations"), "training iterations to record");
+      "iterations", PositiveValue(&iterations, "iterations"), "training iterations to record")(
+      "moe-imbalance", MoeImbalanceValue(&moe_imbalance),
+      "MoE: the busiest expert's load over the mean (default 1: even routing)");
   AddReportOptions(&options, &report);
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(separator, argv, options, "megatron", &vm)) {
@@ -87,6 +90,7 @@ int MegatronCommand(int argc, const char* const* argv) {
   if (status.ok() && iterations != 0) {
     parsed.spec.training.iterations = static_cast<int32_t>(iterations);
   }
+  if (moe_imbalance != 0) parsed.spec.model.moe_imbalance_factor = moe_imbalance;
   if (status.ok()) {
     std::optional<ValidatedRun> checked;
     status = FinalizeRunSpec(parsed.spec, &checked);

@@ -200,6 +200,8 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       i64("moe_shared_expert_size", &m->moe_shared_expert_size),
       i64("moe_first_k_dense_layers", &m->moe_first_k_dense_layers),
       f64("moe_capacity_factor", &m->moe_capacity_factor),
+      flag("moe_pad_to_capacity", &m->moe_pad_to_capacity),
+      flag("moe_drop_by_position", &m->moe_drop_by_position),
       f64("moe_imbalance_factor", &m->moe_imbalance_factor),
       i64("mtp_num_layers", &m->mtp_num_layers),
   };

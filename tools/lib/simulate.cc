@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "models/moe.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
 #include "simulator/snapshot_writer.h"
@@ -122,6 +123,23 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
               static_cast<long long>(l.dp), static_cast<long long>(l.cp),
               static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str(),
               l.pipeline_layout.empty() ? "" : (", stages " + l.pipeline_layout).c_str());
+  const ModelConfig& m = spec.model;
+  if (m.num_experts > 0) {
+    // What the experts' row counts assume (moe.h): routing is not known before the run.
+    std::string routing =
+        m.moe_capacity_factor > 0
+            ? "capacity factor " + FormatNumber(m.moe_capacity_factor) + " (" +
+                  std::to_string(ExpertCapacity(m, TokensPerRank(spec))) + " tokens an expert" +
+                  (m.moe_pad_to_capacity ? ", inputs padded to it)" : ", dropping the rest)")
+            : "dropless";
+    if (!m.moe_pad_to_capacity) {
+      routing += m.moe_imbalance_factor > 1
+                     ? ", busiest expert " + FormatNumber(m.moe_imbalance_factor) +
+                           "x the mean load (--moe-imbalance)"
+                     : ", experts evenly loaded (--moe-imbalance to assume otherwise)";
+    }
+    std::printf("MoE routing: %s\n", routing.c_str());
+  }
   std::printf("\n%-6s %-18s %-6s %11s %11s %14s %11s %13s  %s\n", "class", "ranks", "stage",
               "static", "peak alloc", "peak reserved", "headroom", "Megatron est.", "fits");
   for (size_t i = 0; i < results.size(); ++i) {
@@ -483,6 +501,15 @@ int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
                           {"theoretical_memory_MB", TheoreticalMemoryMB(*run, 0)},
                           {"rank_classes", classes}};
     if (options.advise) out["advice"] = AdviceJson(advice);
+    if (const ModelConfig& m = spec.model; m.num_experts > 0) {
+      // What the experts' row counts assume (moe.h).
+      out["moe_routing"] = {
+          {"capacity_factor", m.moe_capacity_factor},
+          {"expert_capacity",
+           m.moe_capacity_factor > 0 ? ExpertCapacity(m, TokensPerRank(spec)) : 0},
+          {"pad_to_capacity", m.moe_pad_to_capacity},
+          {"imbalance", m.moe_imbalance_factor}};
+    }
     std::cout << out.dump(2) << "\n";
   } else {
     PrintReport(*run, results, options.top_n);
