@@ -234,6 +234,18 @@ struct SquaredReluFunction : public Function<SquaredReluFunction> {
   }
 };
 
+struct L2NormFunction : public Function<L2NormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
+    auto sizes = input.sizes().vec();
+    sizes.back() = 1;
+    ctx->save_for_backward({input, at::empty(sizes, input.options().dtype(at::kFloat))});
+    return at::empty(input.sizes(), input.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty(ctx->get_saved_variables()[0].sizes(), grads[0].options())};
+  }
+};
+
 // Backward: the input's gradient like the input, the weights' like the weights.
 struct WeightedSwigluFunction : public Function<WeightedSwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
@@ -605,6 +617,8 @@ at::Tensor Activation(ActivationKind kind, const at::Tensor& input) {
 at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights) {
   return WeightedSwigluFunction::apply(input, weights);
 }
+
+at::Tensor L2Norm(const at::Tensor& input) { return L2NormFunction::apply(input); }
 
 at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::apply(input); }
 

@@ -161,6 +161,12 @@ at::Tensor Activation(ActivationKind kind, const at::Tensor& input);
 // its input and the weights only.
 at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights);
 
+// Megatron-Core's L2Norm (transformer/torch_norm.py, torch.compile'd): x * rsqrt(mean(x^2) +
+// eps) over the last dimension, computed in float32 and cast back: a new contiguous output
+// like `input`; saves `input` as it is (a view keeps its whole storage) and the float32
+// rsqrt [..., 1].
+at::Tensor L2Norm(const at::Tensor& input);
+
 // Transformer Engine's fused RoPE (FusedRoPEFunc, Megatron's default apply_rope_fusion):
 // a new output like the input; saves nothing but the (persistent) frequencies.
 at::Tensor RotaryEmbedding(const at::Tensor& input);

@@ -90,6 +90,11 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   } else if (m->q_lora_rank > 0) {
     return Status::Error("q_lora_rank needs multi-latent attention (kv_lora_rank > 0)");
   }
+  if (m->qk_l2_norm && m->multi_latent_attention()) {
+    return Status::Error(
+        "qk_l2_norm is not supported with multi-latent attention (Megatron-Core "
+        "refuses it)");
+  }
   if (m->num_query_groups == 0) m->num_query_groups = m->num_attention_heads;
   if (m->num_attention_heads % m->num_query_groups != 0) {
     return Status::Error(Str(m->num_query_groups) + " query groups (kv heads) do not divide " +

@@ -62,6 +62,10 @@ struct ModelConfig {
   // --qk-layernorm: a norm (of the model's kind) over each head's query and key, D wide,
   // before the rotary embedding (SelfAttention.get_query_key_value_tensors).
   bool qk_layernorm = false;
+  // --qk-l2-norm: a weightless RMS norm (Megatron-Core's L2Norm, torch_norm.py) over each
+  // head's query and key instead, in Transformer Engine layers and in MoE models (Megatron-
+  // Core's local dense layer spec leaves it out: QkL2NormApplies).
+  bool qk_l2_norm = false;
   // Multi-latent attention (--multi-latent-attention; DeepSeek-V2/V3), on when
   // kv_lora_rank > 0 (Megatron-Core's MLASelfAttention): queries from the hidden state, or
   // through a q_lora_rank-wide projection and norm; keys and values from a kv_lora_rank-wide

@@ -175,7 +175,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       MakeFp8(layer.qkv_weight, fp8);
       if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D / tp});
     }
-    if (model_.qk_layernorm && !model_.multi_latent_attention()) {
+    if (model_.qk_layernorm && !model_.multi_latent_attention() && !QkL2NormApplies()) {
       {
         ModuleScope q("q_layernorm");
         layer.q_norm_weight = store->Add("weight", {D});
@@ -245,6 +245,11 @@ LinearParallelism TransformerModel::UserbufferColumnParallel() const {
   return p;
 }
 
+bool TransformerModel::QkL2NormApplies() const {
+  return model_.qk_l2_norm &&
+         (training_.profile == ProfileKind::kTransformerEngine || model_.num_experts > 0);
+}
+
 at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parameter* bias) {
   return model_.norm == NormKind::kLayerNorm ? LayerNorm(x, *weight, bias) : RmsNorm(x, *weight);
 }
@@ -269,7 +274,15 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
   at::Tensor k = parts[1];
   at::Tensor v = parts[2];
   parts.clear();
-  if (model_.qk_layernorm) {
+  if (QkL2NormApplies()) {
+    // SelfAttention's L2Norm in place of any q/k layernorm; its modules keep their names.
+    {
+      ModuleScope s("q_layernorm");
+      q = L2Norm(q);
+    }
+    ModuleScope s("k_layernorm");
+    k = L2Norm(k);
+  } else if (model_.qk_layernorm) {
     // Apex's and Transformer Engine's norms save the contiguous input they normalize.
     {
       ModuleScope s("q_layernorm");

@@ -13,7 +13,9 @@
 //     self_attention.linear_qkv.weight       ((A + 2G) * D / tp, H)
 //     self_attention.linear_qkv.bias         ((A + 2G) * D / tp)  if add_qkv_bias
 //     self_attention.q_layernorm.weight/.bias (D)                 if qk_layernorm (bias:
-//     self_attention.k_layernorm.weight/.bias (D)                  LayerNorm only)
+//     self_attention.k_layernorm.weight/.bias (D)                  LayerNorm only), unless
+//                                                                  qk_l2_norm applies (no
+//                                                                  parameters)
 //     multi-latent attention (kv_lora_rank = R > 0, q/k width Dq = qk + rope, v width Dv)
 //     instead of linear_qkv, q_layernorm and k_layernorm:
 //       self_attention.linear_q_down_proj.weight (Q, H)             if q_lora_rank = Q > 0
@@ -50,7 +52,9 @@
 //   of LayerNorms and masks is sharded too: SBH(34/t + 5AS/(Ht)). The real kernels also
 //   keep each LayerNorm's float32 mean and rstd (2 * 2 * 4SB, /t with SP). With
 //   qk_layernorm the q and k norms keep their contiguous inputs and outputs, 2SB(A+G)D/t
-//   each, and float32 statistics per head row.
+//   each, and float32 statistics per head row. With qk_l2_norm the weightless L2Norm keeps
+//   its inputs as they come (the reshaped query, 2SBAD/t when G < A; the key, a view of
+//   linear_qkv's output, which it keeps whole) and float32 rsqrt 4SB(A+G)/t.
 //
 // The same for the Llama family (RMSNorm, SwiGLU, RoPE, no biases), flash attention, no
 // dropout, no recomputation, B > 1, in bytes, t = tp, without sequence parallelism:
@@ -258,6 +262,10 @@ class TransformerModel {
   // The norm, run in `checkpoint` when it is not null (the layernorm recompute module).
   at::Tensor RecomputableNorm(const at::Tensor& x, Parameter* weight, Parameter* bias,
                               CheckpointWithoutOutput* checkpoint);
+  // Whether --qk-l2-norm puts an L2Norm on the query and key: Megatron-Core builds it into
+  // Transformer Engine layer specs and MoE models' specs, not into the local dense spec
+  // (gpt_builders.py passes qk_l2_norm only there).
+  bool QkL2NormApplies() const;
   // The layer's pre_mlp_layernorm (in its module), recomputable.
   at::Tensor PreMlpNorm(Layer& layer, const at::Tensor& x, CheckpointWithoutOutput* checkpoint);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);

@@ -163,7 +163,7 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ValidatedRun& run, int64
     caveats.push_back("MoE: experts divided by TP only (EP, ETP ignored), no routing activations");
   }
   if (l.cp > 1) caveats.push_back("context parallelism ignored");
-  if (m.qk_layernorm) caveats.push_back("q/k norms ignored");
+  if (m.qk_layernorm || m.qk_l2_norm) caveats.push_back("q/k norms ignored");
   if (m.multi_latent_attention()) {
     caveats.push_back("multi-latent attention counted as multi-head attention");
   }

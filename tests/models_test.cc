@@ -479,6 +479,51 @@ TEST(Activations, SquaredReluKeepsItsInputAndOutput) {
             S * B * (8 * H + 8 + 6 * H + 4 * G * D + 4 * A + 4 * F) + 16);
 }
 
+// --qk-l2-norm (Megatron-Core's L2Norm on each head's query and key, before RoPE): per layer
+// it keeps the reshaped query it normalizes (a copy when G < A: 2SBAD), the key as the view
+// of linear_qkv's output it is (which fused attention's saved value view keeps anyway), and
+// float32 rsqrt per head row, 4SB(A + G). Megatron-Core's local dense layers leave it out;
+// with --qk-layernorm too it takes the norms' place, and they have no parameters.
+TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
+  const int64_t S = 128, B = 2, H = 256, A = 8, G = 2, F = 512, D = H / A;
+  auto model = [&](int64_t layers, bool l2, bool layernorm) {
+    ModelConfig m = test::Llama(layers, H, A, G, F, 1024);
+    m.qk_l2_norm = l2;
+    m.qk_layernorm = layernorm;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    return m;
+  };
+  auto per_layer = [&](bool l2, ProfileKind profile) {
+    TrainingConfig t;
+    t.seq_length = S;
+    t.micro_batch_size = B;
+    t.precision = Precision::kBf16;
+    t.attention = AttentionKind::kFused;
+    t.profile = profile;
+    t.dropout = false;
+    return ActivationBytesAfterForward(model(2, l2, false), t) -
+           ActivationBytesAfterForward(model(1, l2, false), t);
+  };
+  EXPECT_EQ(per_layer(true, ProfileKind::kTransformerEngine) -
+                per_layer(false, ProfileKind::kTransformerEngine),
+            2 * S * B * A * D + 4 * S * B * (A + G));
+  EXPECT_EQ(per_layer(true, ProfileKind::kMegatronLocal),
+            per_layer(false, ProfileKind::kMegatronLocal));
+  auto parameters = [&](bool l2, bool layernorm, ProfileKind profile) {
+    const ModelConfig m = model(2, l2, layernorm);
+    Session session;
+    ActiveSession active(session);
+    TrainingConfig t;
+    t.profile = profile;
+    ParameterStore store(Precision::kBf16);
+    TransformerModel built(m, t, ModelShard::Whole(m), &store);
+    return store.num_elements();
+  };
+  const int64_t plain = parameters(false, false, ProfileKind::kTransformerEngine);
+  EXPECT_EQ(parameters(true, true, ProfileKind::kTransformerEngine), plain);
+  EXPECT_EQ(parameters(true, true, ProfileKind::kMegatronLocal), plain + 2 * 2 * D);  // q, k
+}
+
 // Multi-token prediction (Note [Multi-token prediction] in transformer.h): what one more
 // depth keeps for backward, measured as the difference between k = 2 and k = 1 depths
 // (Llama, bf16, flash attention, no dropout, tp = 1, B > 1), worked out from
@@ -715,6 +760,16 @@ TEST(ModelConfig, RejectsImpossibleShapes) {
   m.position = PositionKind::kRope;
   EXPECT_EQ(FinalizeModelConfig(&m).message(),
             "sizes must not be negative (query groups, kv channels, ffn, experts, MTP layers)");
+  m = test::WithLatentAttention(ModelConfig(), 0, 64, 32, 16, 32);
+  m.qk_l2_norm = true;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(),
+            "qk_l2_norm is not supported with multi-latent attention (Megatron-Core refuses it)");
+  m = ModelConfig();
+  m.num_experts = 4;
+  m.moe_pad_to_capacity = true;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(),
+            "padding expert inputs to capacity needs a capacity factor (Megatron-LM: "
+            "--moe-pad-expert-input-to-capacity requires --moe-expert-capacity-factor)");
 }
 
 TEST(ModelConfig, PadsVocabularyLikeMegatron) {

@@ -71,6 +71,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--disable-bias-linear", Arity::kFlag, ArgUse::kRead},
     {"--add-qkv-bias", Arity::kFlag, ArgUse::kRead},
     {"--qk-layernorm", Arity::kFlag, ArgUse::kRead},
+    {"--qk-l2-norm", Arity::kFlag, ArgUse::kRead},
     {"--multi-latent-attention", Arity::kFlag, ArgUse::kRead},
     {"--q-lora-rank", Arity::kValue, ArgUse::kRead},
     {"--kv-lora-rank", Arity::kValue, ArgUse::kRead},
@@ -503,7 +504,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
     {"--overlap-moe-expert-parallel-comm", Arity::kValues, ArgUse::kRefused,
      "overlapped expert-parallel communication"},
-    {"--qk-l2-norm", Arity::kValues, ArgUse::kRefused, "q/k normalization"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
@@ -764,6 +764,7 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, int64_t
   m.add_bias_linear = !a.Has("--disable-bias-linear");
   m.add_qkv_bias = m.add_bias_linear || a.Has("--add-qkv-bias");  // as Megatron-LM syncs them
   m.qk_layernorm = a.Has("--qk-layernorm");
+  m.qk_l2_norm = a.Has("--qk-l2-norm");
   if (a.Has("--multi-latent-attention")) {
     // Megatron-LM's argument defaults (arguments.py): no q down projection (--q-lora-rank
     // None), kv_lora_rank 32, q/k heads 128 + 64 wide, v heads 128.

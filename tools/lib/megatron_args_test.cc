@@ -449,6 +449,8 @@ TEST(MegatronArgs, EmbeddingAndLossInPipelineSplit) {
 TEST(MegatronArgs, QkLayernorm) {
   const MegatronArgsResult r = Parse(std::string(kTinyGpt) + "--qk-layernorm --test-mode", 1);
   EXPECT_TRUE(r.spec.model.qk_layernorm);
+  EXPECT_FALSE(r.spec.model.qk_l2_norm);
+  EXPECT_TRUE(Parse(std::string(kTinyGpt) + "--qk-l2-norm", 1).spec.model.qk_l2_norm);
   EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
 }
 

@@ -187,6 +187,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("add_bias_linear", &m->add_bias_linear),
       flag("add_qkv_bias", &m->add_qkv_bias),
       flag("qk_layernorm", &m->qk_layernorm),
+      flag("qk_l2_norm", &m->qk_l2_norm),
       i64("q_lora_rank", &m->q_lora_rank),
       i64("kv_lora_rank", &m->kv_lora_rank),
       i64("qk_head_dim", &m->qk_head_dim),
