@@ -68,7 +68,9 @@ struct StepTemplate {
 //     backward step to the end of the next backward step (of any chunk);
 //   output_tensor_grad (1F1B without interleaving): the received output gradient stays
 //     from its receive to the next one, through the next forward step. The interleaved
-//     schedule files each one until its backward and lets it go at the end of that step.
+//     schedule receives it one step early, with the input of the forward step that runs
+//     before its backward (send_forward_backward_recv_forward_backward), and lets it go at
+//     the end of the backward step.
 // Whether letting go of a reference frees anything depends on the schedule around it (is
 // the input still in flight, does its chunk still hold it), which differs between a
 // step and its copy (Note [Microbatch replication]). So the inputs, their gradients and
@@ -274,7 +276,9 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
     std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
-    for (const PipelineStep& step : schedule) {
+    at::Tensor prefetched_output_grad;  // received for the next step, a backward
+    for (size_t s = 0; s < schedule.size(); ++s) {
+      const PipelineStep& step = schedule[s];
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
       session.SetPhase(step.forward ? Phase::kForward : Phase::kBackward);
       const auto key = std::make_pair(step.microbatch, step.chunk);
@@ -290,7 +294,16 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
           f.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);
           ReceiveInto(f.input);
         }
+        // The interleaved schedule receives the next backward's output gradient with this
+        // forward's input (send_forward_backward_recv_forward_backward), before it runs.
+        if (layout.vpp > 1 && s + 1 < schedule.size() && !schedule[s + 1].forward &&
+            !model.ChunkHasLoss(schedule[s + 1].chunk)) {
+          prefetched_output_grad = at::empty(model.HiddenShape(), hidden_options);
+          ReceiveInto(prefetched_output_grad);
+        }
         kept.chunk_inputs[static_cast<size_t>(step.chunk)] = f.input;
+      } else if (prefetched_output_grad.defined()) {
+        output_grad = std::move(prefetched_output_grad);
       } else if (!model.ChunkHasLoss(step.chunk)) {
         output_grad = at::empty(model.HiddenShape(), hidden_options);
         ReceiveInto(output_grad);

@@ -394,6 +394,34 @@ TEST(PipelineMemory, TheScheduleKeepsTheLastGradientsIntoTheNextSteps) {
             (Kept{{Phase::kBackward, hidden_bytes}}));
 }
 
+// The interleaved schedule receives a backward's output gradient with the input of the
+// forward step before it: on stage 0 of PP 2, VPP 2 (order F2c0 B0c1 F3c0 B1c1 ...), the
+// gradient for microbatch 1's backward of chunk 1 is alive when that backward begins,
+// received during microbatch 3's forward of chunk 0 (whose chunk embeds: no input).
+TEST(PipelineMemory, InterleavedScheduleReceivesTheOutputGradientAStepEarly) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.num_microbatches = 8;
+  t.iterations = 1;
+  ParallelLayout layout;
+  layout.world_size = 2;
+  layout.pp = 2;
+  layout.vpp = 2;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  Session session;
+  {
+    ActiveSession active(session);
+    RunRankTraining(test::Validated(m, t, layout), 0, session);
+  }
+  const Recorder& r = session.recorder();
+  EXPECT_EQ(KeptOfMicrobatch(r, MarkerAt(r, MarkerKind::kPhaseBegin, 0, 1, Phase::kBackward), 0, 3),
+            (std::vector<std::pair<Phase, int64_t>>{
+                {Phase::kForward, 2},  // microbatch 3's sent output, deallocated to a stub
+                {Phase::kForward, x.s * x.b * x.h * 2}}));
+}
+
 TEST(RankClasses, EightThousandGpusSimulateOneRankPerStage) {
   ModelConfig m = Gpt({2048, 1, 20480, 160}, 96, 8);
   ParallelLayout layout;
