@@ -44,6 +44,9 @@ struct ParallelLayout {
   int64_t vpp = 1;  // virtual pipeline stages (model chunks) per pipeline rank
   // Interleaving runs microbatches through each chunk in groups of this many; 0: pp.
   int64_t microbatch_group_size = 0;
+  // --overlap-moe-expert-parallel-comm: Megatron-Core's combined 1F1B schedule (Note
+  // [Combined 1F1B] in parallel/pipeline_schedule.h).
+  bool combined_1f1b = false;
   int64_t cp = 1;   // context parallel
   int64_t ep = 1;   // expert parallel
   int64_t etp = 0;  // expert tensor parallel; 0: = tp

@@ -113,7 +113,8 @@ Status PutStagesOnPipelineClock(const ParallelLayout& layout, int64_t num_microb
   std::vector<std::vector<IterationMarkers>> iterations(pp);
   for (size_t s = 0; s < pp; ++s) {
     schedules.push_back(PipelineSchedule(layout.pp, layout.vpp, static_cast<int64_t>(s),
-                                         num_microbatches, layout.microbatch_group_size));
+                                         num_microbatches, layout.microbatch_group_size,
+                                         layout.combined_1f1b));
     MEMSIM_RETURN_IF_ERROR(ReadIterations(*stages[s], schedules.back().size(),
                                           static_cast<int64_t>(s), &iterations[s]));
     if (iterations[s].size() != iterations[0].size()) {

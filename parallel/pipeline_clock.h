@@ -42,7 +42,7 @@ namespace memsim {
 // Start times of every stage's steps, in schedule order, when step k of stage s
 // (schedules[s][k]) takes durations_s[s][k] and stage s may start its first step at
 // ready_s[s] (Note [Pipeline clock]). Empty if the schedules deadlock (a memsim bug).
-// REQUIRES: schedules[s] is PipelineSchedule(pp, vpp, s, num_microbatches, group) for
+// REQUIRES: schedules[s] is PipelineSchedule(pp, vpp, s, num_microbatches, group, combined) for
 // pp = schedules.size(); durations_s[s].size() == schedules[s].size(); durations >= 0.
 std::vector<std::vector<double>> PipelineStepStarts(
     const std::vector<std::vector<PipelineStep>>& schedules, int64_t vpp, int64_t num_microbatches,

@@ -23,16 +23,19 @@ Status CheckMicrobatchGroup(int64_t pp, int64_t vpp, int64_t num_microbatches, i
 }
 
 std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_rank,
-                                           int64_t num_microbatches, int64_t group) {
+                                           int64_t num_microbatches, int64_t group,
+                                           bool combined_1f1b) {
   if (group == 0) group = pp;
   if (pp_rank < 0 || pp_rank >= pp || num_microbatches < 1 ||
       !CheckMicrobatchGroup(pp, vpp, num_microbatches, group).ok()) {
     throw std::invalid_argument("PipelineSchedule: arguments outside its REQUIRES");
   }
   const int64_t total = num_microbatches * vpp;
-  // get_pp_rank_microbatches: everything is warm-up when the count reaches the total.
-  const int64_t warmup =
-      std::min(vpp == 1 ? pp - pp_rank - 1 : (pp - pp_rank - 1) * 2 + (vpp - 1) * group, total);
+  // get_pp_rank_microbatches: everything is warm-up when the count reaches the total; the
+  // combined 1F1B schedule warms up with one more interleaved forward.
+  const int64_t interleaved_warmup =
+      (pp - pp_rank - 1) * 2 + (vpp - 1) * group + (combined_1f1b ? 1 : 0);
+  const int64_t warmup = std::min(vpp == 1 ? pp - pp_rank - 1 : interleaved_warmup, total);
   // get_schedule_table: microbatches in groups of `group` (the last group takes the rest),
   // each group run through chunk 0, 1, ... in turn; backward visits chunks in reverse.
   std::vector<PipelineStep> table;

@@ -12,6 +12,17 @@
 // m * vpp (get_pp_rank_microbatches in Megatron-Core 0.20's schedules.py; the older
 // rule "all warm-up when m == pp" is gone). With m >> pp the first stage holds
 // 1 + (pp - 1)/(pp * vpp) times the activations of 1F1B.
+//
+// Note [Combined 1F1B]
+// --overlap-moe-expert-parallel-comm runs each 1F1B step's forward and backward together,
+// layer by layer, so that one's expert all-to-all hides behind the other's computation
+// (pipeline_parallel/combined_1f1b.py, models/common/model_chunk_schedule_plan.py in
+// Megatron-Core 0.20). What changes memory: interleaved, one more warm-up forward
+// (get_pp_rank_microbatches), so every stage holds one more microbatch-chunk; without a
+// pipeline, forward of microbatch k+1 and backward of k run layer by layer in turn. memsim
+// runs each step's forward before its backward: the layer-by-layer interleaving's transients
+// (by the source, a few MiB of the next microbatch's data and attention mask next to the
+// previous one's loss backward) are not modelled.
 #pragma once
 
 #include <cstdint>
@@ -31,11 +42,12 @@ struct PipelineStep {
 // pp <= g <= m, and the last group (m mod g) empty or at least pp.
 Status CheckMicrobatchGroup(int64_t pp, int64_t vpp, int64_t num_microbatches, int64_t group);
 
-// `group` 0 means pp (Megatron's default).
+// `group` 0 means pp (Megatron's default); `combined_1f1b`: Note [Combined 1F1B].
 // REQUIRES: 0 <= pp_rank < pp, vpp >= 1, num_microbatches >= 1, CheckMicrobatchGroup ok
 // (std::invalid_argument otherwise).
 std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_rank,
-                                           int64_t num_microbatches, int64_t group = 0);
+                                           int64_t num_microbatches, int64_t group = 0,
+                                           bool combined_1f1b = false);
 
 // The most microbatch-chunks whose forward has run and backward has not, over the schedule.
 int64_t MaxInFlight(const std::vector<PipelineStep>& schedule);

@@ -254,8 +254,9 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     optimizer_options.layer_wise = groups;
   }
   MixedPrecisionOptimizer optimizer(&store, optimizer_options);
-  const std::vector<PipelineStep> schedule = PipelineSchedule(
-      layout.pp, layout.vpp, pp_rank, training.num_microbatches, layout.microbatch_group_size);
+  const std::vector<PipelineStep> schedule =
+      PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
+                       layout.microbatch_group_size, layout.combined_1f1b);
   const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());
   LibraryWorkspaces workspaces(session.gpu(), model_config, training, shard);
   // Deferred output-layer weight gradients keep tensors across microbatches, which copied

@@ -81,6 +81,24 @@ Status FinalizeUnchecked(RunSpec* spec) {
                          " is not divisible by CP" + (l.sequence_parallel ? "*TP" : "") + " = " +
                          std::to_string(seq_divisor));
   }
+  if (l.combined_1f1b) {
+    // TransformerConfig.__post_init__'s rules for overlap_moe_expert_parallel_comm.
+    const ModelConfig& m = spec->model;
+    const char* broken =
+        m.num_experts == 0 || l.ep == 1                ? "it needs expert parallelism (EP > 1)"
+        : t.moe_dispatcher != MoeDispatcher::kAllToAll ? "it needs the alltoall token dispatcher"
+        : t.precision == Precision::kFp32              ? "it needs bf16 or fp16"
+        : l.pp > 1 && l.vpp == 1              ? "with PP > 1 it needs virtual pipeline stages"
+        : t.recompute == RecomputeKind::kFull ? "it excludes full recomputation"
+        : t.Recomputes(RecomputeModule::kMoe) ? "it excludes the moe recompute module"
+        : m.mtp_num_layers > 1                ? "it allows at most one MTP layer"
+                                              : nullptr;
+    if (broken != nullptr) {
+      return Status::Error(std::string("overlapping expert-parallel communication (the combined "
+                                       "1F1B schedule): ") +
+                           broken + ", as Megatron-Core asserts");
+    }
+  }
   if (spec->model.moe_pad_to_capacity) {
     // permute's drop_and_pad keeps each expert's first `capacity` of the rank's tokens: more
     // than it has fails (moe_utils.permute's view), so Megatron-LM cannot run it.

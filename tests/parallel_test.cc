@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 #include "models/parameters.h"
 #include "models/transformer.h"
 
@@ -237,6 +238,28 @@ TEST(PipelineSchedule, InterleavedWarmupFollowsMegatronCore) {
   EXPECT_FALSE(schedule[4].forward);
   EXPECT_EQ(schedule[4].chunk, 1);
   EXPECT_EQ(schedule[4].microbatch, 0);
+}
+
+// Note [Combined 1F1B]: --overlap-moe-expert-parallel-comm warms up one more interleaved
+// forward (get_pp_rank_microbatches), so every stage holds one more microbatch-chunk; PP 4,
+// VPP 2, 8 microbatches: warm-up 6 + 4 + 1, 4 + 4 + 1, 2 + 4 + 1, 0 + 4 + 1, in flight one
+// more each. Without interleaving (and without a pipeline) the schedule is 1F1B's.
+TEST(PipelineSchedule, CombinedOneForwardOneBackwardWarmsUpOneMore) {
+  for (int64_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 2, r, 8, 0, /*combined_1f1b=*/true)),
+              (4 - r - 1) * 2 + 4 + 2)
+        << r;
+  }
+  for (int64_t r = 0; r < 4; ++r) {
+    const auto schedule = [&](bool combined) {
+      std::vector<std::tuple<bool, int64_t, int64_t>> steps;
+      for (const PipelineStep& s : PipelineSchedule(4, 1, r, 8, 0, combined)) {
+        steps.emplace_back(s.forward, s.microbatch, s.chunk);
+      }
+      return steps;
+    };
+    EXPECT_EQ(schedule(true), schedule(false)) << r;
+  }
 }
 
 TEST(PipelineSchedule, MicrobatchGroupRules) {

@@ -330,6 +330,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-router-score-function", Arity::kValue, ArgUse::kNeutral},
     {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kNeutral},
     {"--moe-shared-expert-overlap", Arity::kFlag, ArgUse::kNeutral},
+    {"--overlap-moe-expert-parallel-comm", Arity::kFlag, ArgUse::kRead},
     {"--moe-use-legacy-grouped-gemm", Arity::kFlag, ArgUse::kNeutral},
     {"--mscale", Arity::kValue, ArgUse::kNeutral},
     {"--mscale-all-dim", Arity::kValue, ArgUse::kNeutral},
@@ -502,8 +503,6 @@ constexpr MegatronArg kMegatronArgs[] = {
      "one multi-token prediction layer repeated"},
     {"--offload-modules", Arity::kValues, ArgUse::kRefused, "fine-grained activation offloading"},
     {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
-    {"--overlap-moe-expert-parallel-comm", Arity::kValues, ArgUse::kRefused,
-     "overlapped expert-parallel communication"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
@@ -815,6 +814,13 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-permute-fusion",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
+  // The combined 1F1B schedule (Note [Combined 1F1B]); FinalizeRunSpec checks its rules.
+  l.combined_1f1b = a.Has("--overlap-moe-expert-parallel-comm");
+  if (l.combined_1f1b && a.Has("--moe-shared-expert-overlap")) {
+    return Status::Error(
+        "--moe-shared-expert-overlap cannot be used with --overlap-moe-expert-parallel-comm "
+        "(Megatron-Core asserts it)");
+  }
   t.te_op_fuser = a.Has("--use-transformer-engine-op-fuser");  // the rules: model_config.cc
   if (m.num_experts == 0) {
     for (const std::string& name : moe_args) a.Ignore(name);

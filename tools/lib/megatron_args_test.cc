@@ -409,6 +409,38 @@ TEST(MegatronArgs, ExpertCapacity) {
             "--moe-pad-expert-input-to-capacity requires --moe-expert-capacity-factor)");
 }
 
+// --overlap-moe-expert-parallel-comm: the combined 1F1B schedule, with Megatron-Core's rules.
+TEST(MegatronArgs, ExpertParallelCommunicationOverlap) {
+  const std::string moe = std::string(kTinyGpt) +
+                          "--num-experts 4 --moe-token-dispatcher-type alltoall --bf16 "
+                          "--expert-model-parallel-size 2 --overlap-moe-expert-parallel-comm ";
+  EXPECT_TRUE(Parse(moe, 2).spec.layout.combined_1f1b);
+  EXPECT_EQ(ErrorOf(moe + "--moe-shared-expert-overlap", 2),
+            "--moe-shared-expert-overlap cannot be used with --overlap-moe-expert-parallel-comm "
+            "(Megatron-Core asserts it)");
+  const std::string prefix =
+      "overlapping expert-parallel communication (the combined 1F1B schedule): ";
+  EXPECT_EQ(ErrorOf(moe + "--pipeline-model-parallel-size 2", 4),
+            prefix + "with PP > 1 it needs virtual pipeline stages, as Megatron-Core asserts");
+  EXPECT_EQ(ErrorOf(moe + "--recompute-granularity full --recompute-method uniform "
+                          "--recompute-num-layers 1",
+                    2),
+            prefix + "it excludes full recomputation, as Megatron-Core asserts");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--num-experts 4 --moe-token-dispatcher-type "
+                                            "alltoall --expert-model-parallel-size 2 "
+                                            "--overlap-moe-expert-parallel-comm",
+                    2),
+            prefix + "it needs bf16 or fp16, as Megatron-Core asserts");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--num-experts 4 --expert-model-parallel-size 2 "
+                                            "--overlap-moe-expert-parallel-comm --bf16",
+                    2),
+            prefix + "it needs the alltoall token dispatcher, as Megatron-Core asserts");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--num-experts 4 --moe-token-dispatcher-type "
+                                            "alltoall --overlap-moe-expert-parallel-comm --bf16",
+                    2),
+            prefix + "it needs expert parallelism (EP > 1), as Megatron-Core asserts");
+}
+
 TEST(MegatronArgs, UnevenPipelineStages) {
   // Only the first stage named: the other 3 stages share 27 layers, 9 each.
   MegatronArgsResult r = Parse(

@@ -140,6 +140,8 @@ Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, Parall
        [&](const YAML::Node& v) {
          return Read(v, source, "pipeline_layout", &l->pipeline_layout);
        }},
+      {"combined_1f1b",
+       [&](const YAML::Node& v) { return Read(v, source, "combined_1f1b", &l->combined_1f1b); }},
       {"data_parallel",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "data_parallel", &ParseDataParallel, &l->data_parallel);
