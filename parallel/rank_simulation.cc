@@ -78,7 +78,7 @@ Status ReplayRankClass(const ValidatedRun& run, RankResult* result) {
     result->timeline = Timeline::Replay(recorder);
     result->peak = AnalyzePeak(recorder, result->timeline, kLargestTensorsKept);
     if (spec.gpu != nullptr) {
-      result->on_gpu = ReplayWithCapacity(recorder, spec.gpu->usable_bytes(), result->timeline);
+      result->on_gpu = ReplayWithCapacity(recorder, AllocatorCapacityBytes(spec), result->timeline);
     }
   } catch (const std::exception& e) {
     return Status::Error("internal error replaying pipeline stage " +

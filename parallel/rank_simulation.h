@@ -31,9 +31,10 @@ struct RankResult {
   // were put on one pipeline clock (Note [Pipeline clock] in parallel/pipeline_clock.h).
   StageClock own_clock;
   bool fits() const { return on_gpu.fits(); }
-  // Usable memory minus the peak reserved on the GPU; >= 0 whenever the step fits.
-  int64_t headroom_bytes(const GpuSpec& gpu) const {
-    return gpu.usable_bytes() - on_gpu.peak_reserved_bytes;
+  // What the allocator can reserve (AllocatorCapacityBytes) minus the peak reserved on the
+  // GPU; >= 0 whenever the step fits.
+  int64_t headroom_bytes(const RunSpec& spec) const {
+    return AllocatorCapacityBytes(spec) - on_gpu.peak_reserved_bytes;
   }
 };
 

@@ -227,6 +227,11 @@ int64_t UserbufferBytes(const RunSpec& spec) {
                          spec.model.hidden_size, fp8, !fp8 || bf16_layers);
 }
 
+int64_t AllocatorCapacityBytes(const RunSpec& spec) {
+  MEMSIM_DCHECK(spec.gpu != nullptr);
+  return spec.gpu->usable_bytes() - UserbufferBytes(spec);
+}
+
 Status FinalizeRunSpec(const RunSpec& spec, std::optional<ValidatedRun>* run) {
   run->reset();
   RunSpec finalized = spec;

@@ -69,6 +69,12 @@ int64_t TokensPerRank(const RunSpec& spec);
 // ops/collectives.h), else 0. memsim's figures and fit verdict do not include them.
 int64_t UserbufferBytes(const RunSpec& spec);
 
+// What PyTorch's caching allocator of a rank can reserve: the GPU's usable memory less what
+// the run holds outside the allocator (UserbufferBytes). The fit verdict, headroom and
+// pruning measure against it.
+// REQUIRES: spec.gpu is set.
+int64_t AllocatorCapacityBytes(const RunSpec& spec);
+
 // Derives everything a simulation needs and checks it all, before anything runs: model
 // (vocabulary padded for tp), layout (every rule), training, and the number of
 // microbatches from the global batch (global = micro * dp * microbatches). On success

@@ -254,7 +254,9 @@ TEST(Cli, Fp8FromFlagsAndYamlIsTheSameRun) {
 }
 
 // TP communication overlap's userbuffers sit outside PyTorch's allocator: reported per
-// rank, S*B*H*24 bytes in 16 bits (2048 * 2048 * 24) plus 3,354,880 of control memory.
+// rank, S*B*H*24 bytes in 16 bits (2048 * 2048 * 24) plus 3,354,880 of control memory, and
+// left out of what the allocator can reserve: headroom = usable - userbuffers - peak
+// reserved on the GPU.
 TEST(Cli, UserbuffersAreReportedBesideTheFigures) {
   const std::string dir = Temp("userbuffers");
   const CommandResult r = Memsim(
@@ -266,6 +268,10 @@ TEST(Cli, UserbuffersAreReportedBesideTheFigures) {
   const double expected_mib = (2048.0 * 2048 * 24 + 3354880) / (1 << 20);
   for (const auto& c : j["rank_classes"]) {
     EXPECT_DOUBLE_EQ(c["userbuffers_outside_allocator_MB"].get<double>(), expected_mib);
+    EXPECT_NEAR(c["headroom_MB"].get<double>(),
+                c["gpu_usable_MB"].get<double>() - expected_mib -
+                    c["peak_reserved_on_gpu_MB"].get<double>(),
+                1e-6);
   }
 }
 

@@ -56,7 +56,7 @@ int64_t ScreeningMicrobatches(const ParallelLayout& layout, int64_t microbatches
 // Note [Plan search] 2: whether the memory that lives through the whole step already
 // exceeds the GPU; `reason` says where.
 Status SetupExceedsGpu(const ValidatedRun& run, bool* exceeds, std::string* reason) {
-  const int64_t usable_bytes = run.spec().gpu->usable_bytes();
+  const int64_t usable_bytes = AllocatorCapacityBytes(run.spec());
   SetupMemory setup;
   MEMSIM_RETURN_IF_ERROR(SimulateSetup(run, &setup));
   *exceeds = setup.peak_allocated_bytes > usable_bytes;
@@ -173,16 +173,15 @@ PlanEntry SimulatePlanLayout(const RunSpec& base, const PlanLayout& layout, bool
     entry.reason = status.message();
     return entry;
   }
-  entry.headroom_bytes = spec.gpu->usable_bytes();
+  entry.headroom_bytes = AllocatorCapacityBytes(spec);
   for (const RankResult& r : stages) {
     entry.stage_peak_reserved_bytes.push_back(r.timeline.peak_reserved_bytes());
     if (!r.fits() && entry.oom_stage < 0) {
       entry.oom_stage = r.rank_class.pp_rank;
-      entry.over_bytes = r.timeline.peak_reserved_bytes() - spec.gpu->usable_bytes();
-      entry.reason = DescribeOutOfMemory(r, *spec.gpu);
+      entry.over_bytes = r.timeline.peak_reserved_bytes() - AllocatorCapacityBytes(spec);
+      entry.reason = DescribeOutOfMemory(r, spec);
     }
-    if (r.fits())
-      entry.headroom_bytes = std::min(entry.headroom_bytes, r.headroom_bytes(*spec.gpu));
+    if (r.fits()) entry.headroom_bytes = std::min(entry.headroom_bytes, r.headroom_bytes(spec));
   }
   if (entry.oom_stage >= 0) {
     entry.verdict = PlanVerdict::kOutOfMemory;

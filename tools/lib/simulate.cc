@@ -49,23 +49,24 @@ int64_t RanksIn(const std::vector<RankSpan>& spans) {
 
 }  // namespace
 
-std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu) {
+std::string DescribeOutOfMemory(const RankResult& r, const RunSpec& spec) {
   const Recorder& rec = r.session->recorder();
   const MemoryEvent& event = rec.events()[static_cast<size_t>(r.on_gpu.oom_event)];
   const StorageInfo& s = rec.storages()[static_cast<size_t>(event.storage_id)];
   const std::string& module = rec.names().Name(s.module);
   char text[512];
-  std::snprintf(
-      text, sizeof(text),
-      "Out of memory on stage %lld (rank %lld): the first allocation that fails is %s "
-      "(%s) by %s in %s, %s of iteration %d, microbatch %d, with %s allocated and %s "
-      "reserved of %s usable",
-      static_cast<long long>(r.rank_class.pp_rank),
-      static_cast<long long>(r.rank_class.representative), FormatBytes(s.size_bytes).c_str(),
-      StorageShapeString(rec, s).c_str(), rec.names().Name(s.op).c_str(),
-      module.empty() ? "<top>" : module.c_str(), std::string(PhaseName(s.phase)).c_str(),
-      s.iteration, s.microbatch, FormatBytes(r.on_gpu.allocated_bytes_at_oom).c_str(),
-      FormatBytes(r.on_gpu.reserved_bytes_at_oom).c_str(), FormatBytes(gpu.usable_bytes()).c_str());
+  std::snprintf(text, sizeof(text),
+                "Out of memory on stage %lld (rank %lld): the first allocation that fails is %s "
+                "(%s) by %s in %s, %s of iteration %d, microbatch %d, with %s allocated and %s "
+                "reserved of %s the allocator can reserve",
+                static_cast<long long>(r.rank_class.pp_rank),
+                static_cast<long long>(r.rank_class.representative),
+                FormatBytes(s.size_bytes).c_str(), StorageShapeString(rec, s).c_str(),
+                rec.names().Name(s.op).c_str(), module.empty() ? "<top>" : module.c_str(),
+                std::string(PhaseName(s.phase)).c_str(), s.iteration, s.microbatch,
+                FormatBytes(r.on_gpu.allocated_bytes_at_oom).c_str(),
+                FormatBytes(r.on_gpu.reserved_bytes_at_oom).c_str(),
+                FormatBytes(AllocatorCapacityBytes(spec)).c_str());
   return text;
 }
 
@@ -153,7 +154,7 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
                 FormatBytes(r.timeline.iterations().back().static_allocated_bytes).c_str(),
                 FormatBytes(r.timeline.peak_allocated_bytes()).c_str(),
                 FormatBytes(reserved).c_str(),
-                r.fits() ? FormatBytes(r.headroom_bytes(gpu)).c_str() : "-",
+                r.fits() ? FormatBytes(r.headroom_bytes(spec)).c_str() : "-",
                 FormatBytes(static_cast<int64_t>(estimate_mb * (1 << 20))).c_str(),
                 r.fits() ? "yes" : "NO (out of memory)");
   }
@@ -169,12 +170,13 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   for (const std::string& c : caveats) std::printf("  - %s\n", c.c_str());
   if (const int64_t userbuffers = UserbufferBytes(spec)) {
     std::printf(
-        "Userbuffers (TP communication overlap): %s per rank outside PyTorch's allocator, not "
-        "in the figures above (TE's default methods)\n",
-        FormatBytes(userbuffers).c_str());
+        "Userbuffers (TP communication overlap): %s per rank outside PyTorch's allocator (TE's "
+        "default methods): not in the figures above, but the verdict and headroom leave them "
+        "room (the allocator can reserve %s)\n",
+        FormatBytes(userbuffers).c_str(), FormatBytes(AllocatorCapacityBytes(spec)).c_str());
   }
   for (const RankResult& r : results) {
-    if (!r.fits()) std::printf("\n%s\n", DescribeOutOfMemory(r, gpu).c_str());
+    if (!r.fits()) std::printf("\n%s\n", DescribeOutOfMemory(r, spec).c_str());
   }
   // Why: the class with the highest peak.
   const RankResult* worst = &results[0];
@@ -266,9 +268,9 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   summary["fits"] = r.fits();
   if (r.fits()) {
     summary["peak_reserved_on_gpu_MB"] = BytesToMiB(r.on_gpu.peak_reserved_bytes);
-    summary["headroom_MB"] = BytesToMiB(r.headroom_bytes(*spec.gpu));
+    summary["headroom_MB"] = BytesToMiB(r.headroom_bytes(spec));
   } else {
-    summary["out_of_memory"] = DescribeOutOfMemory(r, *spec.gpu);
+    summary["out_of_memory"] = DescribeOutOfMemory(r, spec);
   }
   return summary;
 }

@@ -16,7 +16,7 @@ namespace memsim {
 // "Out of memory on stage S (rank R): the first allocation that fails is ..." with its
 // size, shape, op, module, phase, iteration, microbatch, and the memory at that moment.
 // REQUIRES: !r.fits().
-std::string DescribeOutOfMemory(const RankResult& r, const GpuSpec& gpu);
+std::string DescribeOutOfMemory(const RankResult& r, const RunSpec& spec);
 
 // How `simulate` reports a finalized RunSpec.
 struct ReportOptions {

@@ -177,13 +177,13 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
   if (settings.prune) {
     SetupMemory setup;
     status = SimulateSetup(*run, &setup);
-    if (status.ok() && setup.peak_allocated_bytes > spec.gpu->usable_bytes()) {
+    if (status.ok() && setup.peak_allocated_bytes > AllocatorCapacityBytes(spec)) {
       char reason[256];
       std::snprintf(reason, sizeof(reason),
                     "pruned (not simulated): parameters, gradient buffers and master weights "
                     "alone take %.1f MB on stage %lld, over the usable %.1f MB",
                     BytesToMiB(setup.peak_allocated_bytes), static_cast<long long>(setup.pp_rank),
-                    BytesToMiB(spec.gpu->usable_bytes()));
+                    BytesToMiB(AllocatorCapacityBytes(spec)));
       result["status"] = "oom";
       result["pruned"] = true;
       result["reason"] = reason;
@@ -227,9 +227,9 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
     std::snprintf(peak, sizeof(peak),
                   "predicted out of memory: peak %.1f MB > usable %.1f MB on stage %lld; ",
                   BytesToMiB(failing->timeline.peak_reserved_bytes()),
-                  BytesToMiB(spec.gpu->usable_bytes()),
+                  BytesToMiB(AllocatorCapacityBytes(spec)),
                   static_cast<long long>(failing->rank_class.pp_rank));
-    result["reason"] = peak + DescribeOutOfMemory(*failing, *spec.gpu);
+    result["reason"] = peak + DescribeOutOfMemory(*failing, spec);
   }
   return {result, Status::OK()};
 }
