@@ -416,10 +416,11 @@ std::string RenderMarkdown(const PlanReport& report, const GpuSpec& gpu) {
   } else {
     md << "## Layouts that fit, fastest first\n\n"
        << "Step time from the virtual clock (Note [Step time] in parallel/step_time.h): it ranks "
-          "layouts; as a prediction it is rough (median error 19% against Megatron-LM's "
-          "functional tests, VALIDATION.md). Headroom: usable memory minus the peak "
-          "reserved of the fullest stage. Screened: simulated with fewer microbatches (same "
-          "memory, Note [Plan search]).\n\n"
+          "layouts; as a prediction it is rough (median error 20% against Megatron-LM's "
+          "functional tests on H100, VALIDATION.md). Headroom: what the allocator can reserve "
+          "(usable memory less TP overlap's userbuffers) minus the peak reserved of the "
+          "fullest stage. Screened: simulated with fewer microbatches (same memory, Note "
+          "[Plan search]).\n\n"
        << "| # | layout | DP | microbatches | step (s) | tokens/s/GPU | bubble | headroom | "
           "verified |\n|---|---|---|---|---|---|---|---|---|\n";
     for (size_t i = 0; i < fitting.size() && static_cast<int64_t>(i) < report.shown; ++i) {
