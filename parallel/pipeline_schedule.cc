@@ -22,6 +22,16 @@ Status CheckMicrobatchGroup(int64_t pp, int64_t vpp, int64_t num_microbatches, i
   return Status::OK();
 }
 
+int64_t PipelineWarmup(int64_t pp, int64_t vpp, int64_t pp_rank, int64_t num_microbatches,
+                       int64_t group, bool combined_1f1b) {
+  if (group == 0) group = pp;
+  // get_pp_rank_microbatches: everything is warm-up when the count reaches the total; the
+  // combined 1F1B schedule warms up with one more interleaved forward.
+  const int64_t interleaved_warmup =
+      (pp - pp_rank - 1) * 2 + (vpp - 1) * group + (combined_1f1b ? 1 : 0);
+  return std::min(vpp == 1 ? pp - pp_rank - 1 : interleaved_warmup, num_microbatches * vpp);
+}
+
 std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_rank,
                                            int64_t num_microbatches, int64_t group,
                                            bool combined_1f1b) {
@@ -31,11 +41,7 @@ std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_r
     throw std::invalid_argument("PipelineSchedule: arguments outside its REQUIRES");
   }
   const int64_t total = num_microbatches * vpp;
-  // get_pp_rank_microbatches: everything is warm-up when the count reaches the total; the
-  // combined 1F1B schedule warms up with one more interleaved forward.
-  const int64_t interleaved_warmup =
-      (pp - pp_rank - 1) * 2 + (vpp - 1) * group + (combined_1f1b ? 1 : 0);
-  const int64_t warmup = std::min(vpp == 1 ? pp - pp_rank - 1 : interleaved_warmup, total);
+  const int64_t warmup = PipelineWarmup(pp, vpp, pp_rank, num_microbatches, group, combined_1f1b);
   // get_schedule_table: microbatches in groups of `group` (the last group takes the rest),
   // each group run through chunk 0, 1, ... in turn; backward visits chunks in reverse.
   std::vector<PipelineStep> table;
@@ -56,9 +62,13 @@ std::vector<PipelineStep> PipelineSchedule(int64_t pp, int64_t vpp, int64_t pp_r
   std::vector<PipelineStep> steps;
   steps.reserve(static_cast<size_t>(2 * total));
   for (int64_t k = 0; k < warmup; ++k) steps.push_back(step(k, true));
+  // The combined 1F1B schedule runs a steady step's forward and backward layer by layer:
+  // memsim lets the backward go first (Note [Combined 1F1B]).
+  const bool backward_first = combined_1f1b && vpp > 1;
   for (int64_t k = 0; k < total - warmup; ++k) {
+    if (backward_first) steps.push_back(step(k, false));
     steps.push_back(step(warmup + k, true));
-    steps.push_back(step(k, false));
+    if (!backward_first) steps.push_back(step(k, false));
   }
   for (int64_t k = total - warmup; k < total; ++k) steps.push_back(step(k, false));
   return steps;

@@ -15,14 +15,19 @@
 //
 // Note [Combined 1F1B]
 // --overlap-moe-expert-parallel-comm runs each 1F1B step's forward and backward together,
-// layer by layer, so that one's expert all-to-all hides behind the other's computation
+// layer by layer (forward layer i of one microbatch-chunk, then backward layer L-1-i of
+// another), so that one's expert all-to-all hides behind the other's computation
 // (pipeline_parallel/combined_1f1b.py, models/common/model_chunk_schedule_plan.py in
-// Megatron-Core 0.20). What changes memory: interleaved, one more warm-up forward
-// (get_pp_rank_microbatches), so every stage holds one more microbatch-chunk; without a
-// pipeline, forward of microbatch k+1 and backward of k run layer by layer in turn. memsim
-// runs each step's forward before its backward: the layer-by-layer interleaving's transients
-// (by the source, a few MiB of the next microbatch's data and attention mask next to the
-// previous one's loss backward) are not modelled.
+// Megatron-Core 0.20). Interleaved, it warms up one more forward (get_pp_rank_microbatches),
+// and mid-step a stage holds its W + 1 warm-up chunks and one layer more: the forward's
+// first layers while the backward's chunk still holds its last. Without a pipeline, forward
+// of microbatch k+1 and backward of k pair up the same way: one microbatch and one layer.
+// memsim runs whole chunks, so it runs the backward of a steady step before its forward
+// (interleaved: W + 1 chunks at most) and, without a pipeline, 1F1B's forward then
+// backward: both one layer's activations under the real peak (docs/source-notes/
+// combined-1f1b.md: about 93 MiB in its CI case, whose peak is the loss's, elsewhere).
+// The other transients at the pairing's boundaries (the next microbatch's data and mask
+// beside the previous one's loss backward, a few MiB there) are not modelled.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +46,11 @@ struct PipelineStep {
 // Megatron-LM's rules for the microbatch group size g of interleaving (vpp > 1):
 // pp <= g <= m, and the last group (m mod g) empty or at least pp.
 Status CheckMicrobatchGroup(int64_t pp, int64_t vpp, int64_t num_microbatches, int64_t group);
+
+// The warm-up forwards of stage `pp_rank` (get_pp_rank_microbatches), clamped to every
+// step when they reach it; arguments as PipelineSchedule's.
+int64_t PipelineWarmup(int64_t pp, int64_t vpp, int64_t pp_rank, int64_t num_microbatches,
+                       int64_t group = 0, bool combined_1f1b = false);
 
 // `group` 0 means pp (Megatron's default); `combined_1f1b`: Note [Combined 1F1B].
 // REQUIRES: 0 <= pp_rank < pp, vpp >= 1, num_microbatches >= 1, CheckMicrobatchGroup ok

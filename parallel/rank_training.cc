@@ -69,8 +69,12 @@ struct StepTemplate {
 //   output_tensor_grad (1F1B without interleaving): the received output gradient stays
 //     from its receive to the next one, through the next forward step. The interleaved
 //     schedule receives it one step early, with the input of the forward step that runs
-//     before its backward (send_forward_backward_recv_forward_backward), and lets it go at
-//     the end of the backward step.
+//     before its backward (send_forward_backward_recv_forward_backward; the default
+//     overlapped p2p path receives at the same points), unless every forward is warm-up
+//     (or the combined 1F1B schedule runs the backward first: Note [Combined 1F1B]), and
+//     lets it go at the end of the backward step. On the last stage with microbatch groups
+//     larger than PP, Megatron receives up to g - pp + 1 gradients ahead into a queue:
+//     memsim holds one.
 // Whether letting go of a reference frees anything depends on the schedule around it (is
 // the input still in flight, does its chunk still hold it), which differs between a
 // step and its copy (Note [Microbatch replication]). So the inputs, their gradients and
@@ -242,7 +246,9 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   optimizer_options.muon_ns_steps = training.muon_ns_steps;
   optimizer_options.precision_aware = PrecisionAwareStatesOf(training);
   if (training.layer_wise_optimizer) {
-    LayerWiseGroups groups{layout.dp * layout.cp, layout.edp};
+    LayerWiseGroups groups;
+    groups.dense_ranks = layout.dp * layout.cp;
+    groups.expert_ranks = layout.edp;
     if (training.layer_wise_rank) {
       // Its place in the dp-cp group (ranks ordered tp, cp, dp) and in the expert data-
       // parallel one (the stage's ranks regrouped etp, ep, edp; Note [Rank classes]).
@@ -278,6 +284,11 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
     at::Tensor prefetched_output_grad;  // received for the next step, a backward
+    // When every forward is warm-up, the first gradient is received at its backward.
+    const bool steady_state =
+        PipelineWarmup(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
+                       layout.microbatch_group_size,
+                       layout.combined_1f1b) < training.num_microbatches * layout.vpp;
     for (size_t s = 0; s < schedule.size(); ++s) {
       const PipelineStep& step = schedule[s];
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
@@ -297,8 +308,8 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
         }
         // The interleaved schedule receives the next backward's output gradient with this
         // forward's input (send_forward_backward_recv_forward_backward), before it runs.
-        if (layout.vpp > 1 && s + 1 < schedule.size() && !schedule[s + 1].forward &&
-            !model.ChunkHasLoss(schedule[s + 1].chunk)) {
+        if (layout.vpp > 1 && !layout.combined_1f1b && steady_state && s + 1 < schedule.size() &&
+            !schedule[s + 1].forward && !model.ChunkHasLoss(schedule[s + 1].chunk)) {
           prefetched_output_grad = at::empty(model.HiddenShape(), hidden_options);
           ReceiveInto(prefetched_output_grad);
         }
@@ -331,7 +342,12 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
           in_flight.erase(key);
           if (input.defined() && t.input_grad_id >= 0) {
             // The copy's gradient of the input, which backward left in input.grad.
-            MEMSIM_DCHECK(ids.Maps(t.input_grad_id));
+            if (!ids.Maps(t.input_grad_id)) {
+              throw UserError("memsim bug: the copied backward of microbatch " +
+                              std::to_string(step.microbatch) +
+                              " has no gradient of its input; rerun without microbatch "
+                              "replication");
+            }
             recorder.AdoptNextAllocation(t.input_grad_id + ids.shift);
             input.mutable_grad() = at::empty(model.HiddenShape(), hidden_options);
           }

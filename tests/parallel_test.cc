@@ -241,14 +241,21 @@ TEST(PipelineSchedule, InterleavedWarmupFollowsMegatronCore) {
 }
 
 // Note [Combined 1F1B]: --overlap-moe-expert-parallel-comm warms up one more interleaved
-// forward (get_pp_rank_microbatches), so every stage holds one more microbatch-chunk; PP 4,
-// VPP 2, 8 microbatches: warm-up 6 + 4 + 1, 4 + 4 + 1, 2 + 4 + 1, 0 + 4 + 1, in flight one
-// more each. Without interleaving (and without a pipeline) the schedule is 1F1B's.
+// forward (get_pp_rank_microbatches) and runs each steady step's backward first: PP 4, VPP
+// 2, 8 microbatches: warm-up 6 + 4 + 1, 4 + 4 + 1, 2 + 4 + 1, 0 + 4 + 1, the most in
+// flight, and each steady step a backward then a forward. Without interleaving (and without
+// a pipeline) the schedule is 1F1B's.
 TEST(PipelineSchedule, CombinedOneForwardOneBackwardWarmsUpOneMore) {
   for (int64_t r = 0; r < 4; ++r) {
-    EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 2, r, 8, 0, /*combined_1f1b=*/true)),
-              (4 - r - 1) * 2 + 4 + 2)
-        << r;
+    const auto schedule = PipelineSchedule(4, 2, r, 8, 0, /*combined_1f1b=*/true);
+    const int64_t warmup = (4 - r - 1) * 2 + 4 + 1;
+    EXPECT_EQ(PipelineWarmup(4, 2, r, 8, 0, true), warmup);
+    EXPECT_EQ(MaxInFlight(schedule), warmup) << r;
+    ASSERT_EQ(schedule.size(), 32u);
+    for (int64_t k = 0; k < 16 - warmup; ++k) {  // the steady steps: B(k), F(warmup + k)
+      EXPECT_FALSE(schedule[static_cast<size_t>(warmup + 2 * k)].forward) << r << " " << k;
+      EXPECT_TRUE(schedule[static_cast<size_t>(warmup + 2 * k + 1)].forward) << r << " " << k;
+    }
   }
   for (int64_t r = 0; r < 4; ++r) {
     const auto schedule = [&](bool combined) {
@@ -260,6 +267,7 @@ TEST(PipelineSchedule, CombinedOneForwardOneBackwardWarmsUpOneMore) {
     };
     EXPECT_EQ(schedule(true), schedule(false)) << r;
   }
+  EXPECT_EQ(PipelineSchedule(1, 1, 0, 4, 0, true).size(), PipelineSchedule(1, 1, 0, 4).size());
 }
 
 TEST(PipelineSchedule, MicrobatchGroupRules) {
@@ -1180,6 +1188,51 @@ TEST(MicrobatchReplication, EqualsRunningEveryMicrobatch) {
     ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
     for (int64_t stage : {0, 1}) ExpectReplicationChangesNothing(m, t, layout, stage);
   }
+}
+
+// Longer pipelines: PP 4 with and without interleaving, and interleaved with as many
+// microbatches as stages (stages 0 and 1 warm up every forward: no gradient received early).
+TEST(MicrobatchReplication, EqualsRunningEveryMicrobatchOnLongerPipelines) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 8);
+  TrainingConfig t = Fp16Eager(x);
+  struct Case {
+    int64_t vpp, microbatches;
+  };
+  for (const Case& c : {Case{1, 8}, Case{2, 8}, Case{2, 4}}) {
+    t.num_microbatches = c.microbatches;
+    ParallelLayout layout;
+    layout.world_size = 4;
+    layout.pp = 4;
+    layout.vpp = c.vpp;
+    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    for (int64_t stage = 0; stage < 4; ++stage) {
+      SCOPED_TRACE("vpp " + std::to_string(c.vpp) + " m " + std::to_string(c.microbatches));
+      ExpectReplicationChangesNothing(m, t, layout, stage);
+    }
+  }
+}
+
+// The combined 1F1B schedule (Note [Combined 1F1B]): an MoE model on EP 2, PP 2, VPP 2.
+TEST(MicrobatchReplication, EqualsRunningEveryMicrobatchWithCombined1F1B) {
+  ModelConfig m = test::Llama(4, 256, 8, 4, 512, 1024);
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t;
+  t.seq_length = 128;
+  t.micro_batch_size = 2;
+  t.precision = Precision::kBf16;
+  t.moe_dispatcher = MoeDispatcher::kAllToAll;
+  t.num_microbatches = 6;
+  ParallelLayout layout;
+  layout.world_size = 4;
+  layout.pp = 2;
+  layout.vpp = 2;
+  layout.ep = 2;
+  layout.combined_1f1b = true;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  for (int64_t stage : {0, 1}) ExpectReplicationChangesNothing(m, t, layout, stage);
 }
 
 // The same with Megatron-FSDP, whose gathers and gradient buckets come and go inside each
