@@ -69,10 +69,12 @@ at::Tensor UnpadForFp8(const at::Tensor& h, int64_t experts, int64_t rows) {
 }  // namespace
 
 int64_t ExpertCapacity(const ModelConfig& m, int64_t tokens) {
-  // moe_utils.get_capacity: ceil(T*K / E * cf), no minimum.
-  return static_cast<int64_t>(std::ceil(static_cast<double>(tokens * m.moe_router_topk) /
-                                        static_cast<double>(m.num_experts) *
-                                        m.moe_capacity_factor));
+  // moe_utils.get_capacity: ceil(T*K / E * cf), no minimum. Beyond T*K (every routed token)
+  // it would drop nothing either way, so it is capped there, where it fits an int64.
+  const double routed = static_cast<double>(tokens) * static_cast<double>(m.moe_router_topk);
+  const double capacity =
+      std::ceil(routed / static_cast<double>(m.num_experts) * m.moe_capacity_factor);
+  return static_cast<int64_t>(std::min(capacity, routed));
 }
 
 int64_t DispatchedTokens(const ModelConfig& m, int64_t tokens) {

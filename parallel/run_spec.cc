@@ -39,16 +39,6 @@ Status CheckFp8GemmShapes(const ModelConfig& m, const ParallelLayout& l, const T
   return Status::OK();
 }
 
-}  // namespace
-
-int64_t TokensPerRank(const RunSpec& spec) {
-  const ParallelLayout& l = spec.layout;
-  return spec.training.seq_length / (l.cp * (l.sequence_parallel ? l.tp : 1)) *
-         spec.training.micro_batch_size;
-}
-
-namespace {
-
 Status FinalizeUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
   if (spec->training.te_attention && spec->gpu != nullptr) {
@@ -62,7 +52,14 @@ Status FinalizeUnchecked(RunSpec* spec) {
   if (spec->global_batch_size > 0) {
     const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
     if (spec->round_global_batch_down && per_step > 0) {
-      t.num_microbatches = std::max<int64_t>(1, spec->global_batch_size / per_step);
+      t.num_microbatches = spec->global_batch_size / per_step;
+      if (t.num_microbatches == 0) {
+        return Status::Error("global batch size " + std::to_string(spec->global_batch_size) +
+                             " rounds down to no microbatch of micro batch size " +
+                             std::to_string(t.micro_batch_size) + " x data-parallel size " +
+                             std::to_string(l.dp) + " = " + std::to_string(per_step) +
+                             "; raise the global batch");
+      }
     } else if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
       return Status::Error("global batch size " + std::to_string(spec->global_batch_size) +
                            " is not a multiple of micro batch size " +
@@ -99,11 +96,11 @@ Status FinalizeUnchecked(RunSpec* spec) {
                            broken + ", as Megatron-Core asserts");
     }
   }
-  if (spec->model.moe_pad_to_capacity) {
+  if (spec->model.moe_pad_to_capacity && spec->model.num_experts > 0) {
     // permute's drop_and_pad keeps each expert's first `capacity` of the rank's tokens: more
     // than it has fails (moe_utils.permute's view), so Megatron-LM cannot run it.
     const int64_t tokens = TokensPerRank(*spec);
-    const int64_t capacity = ExpertCapacity(spec->model, tokens);
+    const int64_t capacity = ExpertCapacityPerRank(*spec);
     if (capacity > tokens) {
       return Status::Error("padding expert inputs to capacity needs a capacity of at most the " +
                            std::to_string(tokens) + " tokens a rank routes, got " +
@@ -216,6 +213,16 @@ Status FinalizeUnchecked(RunSpec* spec) {
 }
 
 }  // namespace
+
+int64_t TokensPerRank(const RunSpec& spec) {
+  const ParallelLayout& l = spec.layout;
+  return spec.training.seq_length / (l.cp * (l.sequence_parallel ? l.tp : 1)) *
+         spec.training.micro_batch_size;
+}
+
+int64_t ExpertCapacityPerRank(const RunSpec& spec) {
+  return spec.model.moe_capacity_factor > 0 ? ExpertCapacity(spec.model, TokensPerRank(spec)) : 0;
+}
 
 int64_t UserbufferBytes(const RunSpec& spec) {
   const TrainingConfig& t = spec.training;

@@ -34,8 +34,8 @@ struct RunSpec {
   // Otherwise num_microbatches = global_batch_size / (micro_batch_size * dp).
   int64_t global_batch_size = 0;
   // Megatron-LM's --decrease-batch-size-if-needed: a global batch that micro batch * dp
-  // does not divide is rounded down to a multiple of it (at least one microbatch) instead
-  // of being an error.
+  // does not divide is rounded down to a multiple of it instead of being an error (to none
+  // still is one).
   bool round_global_batch_down = false;
   const GpuSpec* gpu = nullptr;
   std::string model_source;  // preset name or file the model came from
@@ -64,9 +64,14 @@ class ValidatedRun {
 // the rows an MoE layer routes.
 int64_t TokensPerRank(const RunSpec& spec);
 
+// The most of a rank's tokens one expert takes under the capacity factor (ExpertCapacity in
+// models/moe.h), or 0 for a dropless run.
+int64_t ExpertCapacityPerRank(const RunSpec& spec);
+
 // Bytes each rank holds outside PyTorch's caching allocator for the run: Transformer
 // Engine's userbuffers under TP communication overlap (Note [Userbuffers] in
-// ops/collectives.h), else 0. memsim's figures and fit verdict do not include them.
+// ops/collectives.h), else 0. memsim's figures do not include them; the fit verdict
+// measures against what is left (AllocatorCapacityBytes).
 int64_t UserbufferBytes(const RunSpec& spec);
 
 // What PyTorch's caching allocator of a rank can reserve: the GPU's usable memory less what

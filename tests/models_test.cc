@@ -766,6 +766,17 @@ TEST(ModelConfig, RejectsImpossibleShapes) {
             "qk_l2_norm is not supported with multi-latent attention (Megatron-Core refuses it)");
   m = ModelConfig();
   m.num_experts = 4;
+  m.moe_capacity_factor = std::nan("");
+  EXPECT_EQ(FinalizeModelConfig(&m).message(),
+            "moe_capacity_factor must be in [0, 1e6] (0: dropless), got nan");
+  m = ModelConfig();
+  m.num_experts = 4;
+  m.moe_imbalance_factor = 0.5;
+  EXPECT_EQ(FinalizeModelConfig(&m).message(),
+            "moe_imbalance_factor is the busiest expert's load over the mean: in [1, 1e6], got "
+            "0.5");
+  m = ModelConfig();
+  m.num_experts = 4;
   m.moe_pad_to_capacity = true;
   EXPECT_EQ(FinalizeModelConfig(&m).message(),
             "padding expert inputs to capacity needs a capacity factor (Megatron-LM: "

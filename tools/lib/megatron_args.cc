@@ -1001,13 +1001,16 @@ Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
 }
 
 // The largest batch size of a --step-batch-size-schedule, "THRESHOLD:BATCH_SIZE ..." (spaces
-// or commas between entries, values with an optional K, M, B or T suffix: Megatron-Core's
-// StepBatchsizeNumMicroBatchesCalculator._parse_schedule).
-Status LargestScheduledBatch(const std::string& schedule, int64_t* largest) {
+// or commas between entries, values with an optional K, M, B or T suffix), checked as
+// Megatron-Core's StepBatchsizeNumMicroBatchesCalculator checks it: thresholds are tokens
+// (Megatron passes --seq-length), in samples the first is 0 and they strictly increase, and
+// every batch size is positive.
+Status LargestScheduledBatch(const std::string& schedule, int64_t seq_length, int64_t* largest) {
   auto bad = [&schedule](const std::string& why) {
     return Status::Error("--step-batch-size-schedule '" + schedule.substr(0, 60) + "': " + why +
                          " (expected \"THRESHOLD:BATCH_SIZE ...\", e.g. \"0:768 250B:1536\")");
   };
+  // _parse_numeric_value: int(float(text) * suffix), here bounded to what an int64 holds.
   auto number = [](std::string text, double* out) {
     double multiplier = 1;
     if (!text.empty()) {
@@ -1025,14 +1028,14 @@ Status LargestScheduledBatch(const std::string& schedule, int64_t* largest) {
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
     if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) return false;
-    *out = v * multiplier;
-    return true;
+    *out = std::floor(v * multiplier);
+    return *out >= 0 && *out < 9e18;
   };
   std::string entries = schedule;
   std::replace(entries.begin(), entries.end(), ',', ' ');
   std::istringstream stream(entries);
   std::string entry;
-  *largest = 0;
+  std::vector<std::pair<int64_t, int64_t>> steps;  // (threshold in samples, batch size)
   while (stream >> entry) {
     const size_t colon = entry.find(':');
     double threshold = 0, batch = 0;
@@ -1041,11 +1044,21 @@ Status LargestScheduledBatch(const std::string& schedule, int64_t* largest) {
       return bad("invalid entry '" + entry.substr(0, 40) + "'");
     }
     if (batch < 1 || batch > static_cast<double>(std::numeric_limits<int32_t>::max())) {
-      return bad("batch size " + entry.substr(colon + 1, 40) + " out of range");
+      return bad("batch size " + entry.substr(colon + 1, 40) + " is not in [1, 2147483647]");
     }
-    *largest = std::max(*largest, static_cast<int64_t>(batch));
+    steps.emplace_back(static_cast<int64_t>(threshold) / std::max<int64_t>(1, seq_length),
+                       static_cast<int64_t>(batch));
   }
-  if (*largest == 0) return bad("no entries");
+  if (steps.empty()) return bad("no entries");
+  std::sort(steps.begin(), steps.end());
+  if (steps.front().first != 0) return bad("the first threshold must be 0");
+  for (size_t k = 1; k < steps.size(); ++k) {
+    if (steps[k].first == steps[k - 1].first) {
+      return bad("thresholds must be distinct in samples of --seq-length " + Str(seq_length));
+    }
+  }
+  *largest = 0;
+  for (const auto& step : steps) *largest = std::max(*largest, step.second);
   return Status::OK();
 }
 
@@ -1083,8 +1096,9 @@ Status ReadDataParallelism(Args& a, RunSpec* spec, std::vector<std::string>* not
           "Cannot specify both --step-batch-size-schedule and --decrease-batch-size-if-needed "
           "(Megatron-LM refuses it)");
     }
-    MEMSIM_RETURN_IF_ERROR(
-        LargestScheduledBatch(a.Text("--step-batch-size-schedule", ""), &spec->global_batch_size));
+    MEMSIM_RETURN_IF_ERROR(LargestScheduledBatch(a.Text("--step-batch-size-schedule", ""),
+                                                 spec->training.seq_length,
+                                                 &spec->global_batch_size));
     notes->push_back(
         "--step-batch-size-schedule: memsim simulates the largest global batch of "
         "the schedule, " +

@@ -526,14 +526,15 @@ TEST(MegatronArgs, BatchSizeSchedules) {
   ASSERT_TRUE(FinalizeRunSpec(steps.spec, &run).ok());
   EXPECT_EQ(run->spec().training.num_microbatches, 8);  // 16 / (1 * dp 2)
 
-  // 9 samples on dp 2: 4 microbatches (8 samples); 1 sample: still one.
-  for (const auto& [batch, microbatches] : {std::pair{9, 4}, std::pair{1, 1}}) {
-    const MegatronArgsResult down = Parse(
-        tiny + "--decrease-batch-size-if-needed " + "--global-batch-size " + std::to_string(batch),
-        2);
-    ASSERT_TRUE(FinalizeRunSpec(down.spec, &run).ok());
-    EXPECT_EQ(run->spec().training.num_microbatches, microbatches) << batch;
-  }
+  // 9 samples on dp 2: 4 microbatches (8 samples); 1 sample rounds down to none, which
+  // Megatron-Core's calculator asserts against.
+  const MegatronArgsResult down =
+      Parse(tiny + "--decrease-batch-size-if-needed --global-batch-size 9", 2);
+  ASSERT_TRUE(FinalizeRunSpec(down.spec, &run).ok());
+  EXPECT_EQ(run->spec().training.num_microbatches, 4);
+  EXPECT_EQ(ErrorOf(tiny + "--decrease-batch-size-if-needed --global-batch-size 1", 2),
+            "global batch size 1 rounds down to no microbatch of micro batch size 1 x "
+            "data-parallel size 2 = 2; raise the global batch");
   EXPECT_EQ(ErrorOf(tiny + "--global-batch-size 9", 2),
             "global batch size 9 is not a multiple of micro batch size 1 x data-parallel size 2 "
             "= 2");
@@ -547,9 +548,19 @@ TEST(MegatronArgs, BatchSizeSchedules) {
       ErrorOf(tiny + "--step-batch-size-schedule 0-8", 2),
       "--step-batch-size-schedule '0-8': invalid entry '0-8' (expected \"THRESHOLD:BATCH_SIZE "
       "...\", e.g. \"0:768 250B:1536\")");
+  const std::string expected = " (expected \"THRESHOLD:BATCH_SIZE ...\", e.g. \"0:768 250B:1536\")";
+  EXPECT_EQ(
+      ErrorOf(tiny + "--step-batch-size-schedule 0:3e9", 2),
+      "--step-batch-size-schedule '0:3e9': batch size 3e9 is not in [1, 2147483647]" + expected);
   EXPECT_EQ(ErrorOf(tiny + "--step-batch-size-schedule 0:1e300", 2),
-            "--step-batch-size-schedule '0:1e300': batch size 1e300 out of range (expected "
-            "\"THRESHOLD:BATCH_SIZE ...\", e.g. \"0:768 250B:1536\")");
+            "--step-batch-size-schedule '0:1e300': invalid entry '0:1e300'" + expected);
+  // Thresholds are tokens, 8 a sample here: the first must be 0 samples, the rest distinct.
+  EXPECT_EQ(ErrorOf(tiny + "--step-batch-size-schedule 8:16", 2),
+            "--step-batch-size-schedule '8:16': the first threshold must be 0" + expected);
+  EXPECT_EQ(ErrorOf(tiny + "--step-batch-size-schedule 0:8,4:16", 2),
+            "--step-batch-size-schedule '0:8,4:16': thresholds must be distinct in samples of "
+            "--seq-length 8" +
+                expected);
 }
 
 // --mtp-num-layers is read; what memsim does not model is refused (FinalizeModelConfig
