@@ -153,7 +153,7 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
 // Megatron's fused SwiGLU (bias_swiglu / SwiGLUFunction): [.., 2F] -> [.., F], saves its
 // input only.
 at::Tensor Swiglu(const at::Tensor& input);
-// The MLP's activation of `kind` on fc1's output (FC1Width wide): GeLU (torch's gelu, which
+// The MLP's activation of `kind` on fc1's output (Fc1Width wide): GeLU (torch's gelu, which
 // saves its input), SwiGLU (Swiglu) or squared ReLU (a new output; saves its input).
 at::Tensor Activation(ActivationKind kind, const at::Tensor& input);
 // Transformer Engine's ScaledSwiGLU op (transformer_engine/pytorch/ops/basic/swiglu.py,

@@ -5,7 +5,7 @@
 // Parameters of one MoE layer on a rank (legend in model_config.h; E_local = E/ep,
 // F_e = moe_ffn_hidden_size, etp = expert tensor parallelism, F_s = shared expert size):
 //   mlp.router.weight                 (E, H)
-//   mlp.experts.linear_fc1.weight     (E_local * 2F_e/etp, H)   SwiGLU; F_e/etp for GeLU
+//   mlp.experts.linear_fc1.weight     (E_local * 2F_e/etp, H)   SwiGLU; F_e/etp otherwise
 //   mlp.experts.linear_fc2.weight     (H, E_local * F_e/etp)
 //   mlp.shared_experts.linear_fc1     (2F_s/tp, H), linear_fc2 (H, F_s/tp)   if F_s > 0
 //
@@ -26,8 +26,9 @@
 //     select); the local routing map [T_g, E_local] bool (kept until the layer's next
 //     forward); the permutation index (int64 [N], or TE's int32 map [T_g, 2 E_local + 1]);
 //   alltoall dispatcher: probabilities [T, E] p and routing map [T, E] bool (kept until the
-//     layer's next forward); the permutation (int64 [T*K] and, through the permuted
-//     probabilities, the whole int64 argsort [E*T]; or TE's int32 map [T, 2E + 1]);
+//     layer's next forward); the permutation (int64 [D], D = R before the all-to-all, and
+//     through the permuted probabilities the whole int64 argsort [E*T], or when padded to
+//     capacity their own int64 [D]; or TE's int32 map [T, 2E + 1]);
 //   experts: their input [N, H], fc1 output, activation, probability-weighted activation
 //     [N, F_e/etp] each, and the probabilities [N] p (TEGroupedMLP and SequentialMLP alike;
 //     with Transformer Engine's op fuser no activation: Experts in moe.cc says why).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "models/layers.h"
 #include "ops/collectives.h"
@@ -45,7 +46,10 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     auto it = std::find_if(buckets_.begin(), buckets_.end(),
                            [&](const Bucket& b) { return b.unit == p.unit && b.expert == expert; });
     if (it == buckets_.end()) {
-      buckets_.push_back(Bucket{p.unit, expert});
+      Bucket bucket;
+      bucket.unit = p.unit;
+      bucket.expert = expert;
+      buckets_.push_back(std::move(bucket));
       it = buckets_.end() - 1;
     }
     it->params.push_back(&p);

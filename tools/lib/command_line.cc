@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tools/lib/exit_codes.h"
+#include "tools/lib/format.h"
 #include "tools/lib/hf_config.h"
 
 namespace memsim {
@@ -48,10 +49,8 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v,
 po::typed_value<double>* MoeImbalanceValue(double* out) {
   return po::value(out)->notifier([name = std::string("--moe-imbalance")](double value) {
     if (!(value >= 1 && value <= 1e6)) {
-      char text[32];
-      std::snprintf(text, sizeof(text), "%g", value);
       throw po::error(name + " is the busiest expert's load over the mean: at least 1, got " +
-                      text);
+                      FormatNumber(value));
     }
   });
 }

@@ -23,7 +23,6 @@ inline std::string FormatBytes(int64_t bytes) {
   return buf;
 }
 
-// `text` as one CSV field: in double quotes, each quote inside doubled.
 // A number as %g prints it ("1.5", "2").
 inline std::string FormatNumber(double v) {
   char text[32];
@@ -31,6 +30,7 @@ inline std::string FormatNumber(double v) {
   return text;
 }
 
+// `text` as one CSV field: in double quotes, each quote inside doubled.
 inline std::string CsvQuoted(const std::string& text) {
   std::string quoted = "\"";
   for (char c : text) {

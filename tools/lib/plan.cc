@@ -56,14 +56,15 @@ int64_t ScreeningMicrobatches(const ParallelLayout& layout, int64_t microbatches
 // Note [Plan search] 2: whether the memory that lives through the whole step already
 // exceeds the GPU; `reason` says where.
 Status SetupExceedsGpu(const ValidatedRun& run, bool* exceeds, std::string* reason) {
-  const int64_t usable_bytes = AllocatorCapacityBytes(run.spec());
+  const int64_t capacity_bytes = AllocatorCapacityBytes(run.spec());
   SetupMemory setup;
   MEMSIM_RETURN_IF_ERROR(SimulateSetup(run, &setup));
-  *exceeds = setup.peak_allocated_bytes > usable_bytes;
+  *exceeds = setup.peak_allocated_bytes > capacity_bytes;
   if (*exceeds) {
     *reason = "parameters, gradient buffers and master weights alone take " +
               FormatBytes(setup.peak_allocated_bytes) + " on stage " +
-              std::to_string(setup.pp_rank) + ", over the usable " + FormatBytes(usable_bytes);
+              std::to_string(setup.pp_rank) + ", over the " + FormatBytes(capacity_bytes) +
+              " the allocator can reserve";
   }
   return Status::OK();
 }
@@ -419,8 +420,8 @@ std::string RenderMarkdown(const PlanReport& report, const GpuSpec& gpu) {
           "layouts; as a prediction it is rough (median error 20% against Megatron-LM's "
           "functional tests on H100, VALIDATION.md). Headroom: what the allocator can reserve "
           "(usable memory less TP overlap's userbuffers) minus the peak reserved of the "
-          "fullest stage. Screened: simulated with fewer microbatches (same memory, Note "
-          "[Plan search]).\n\n"
+          "fullest stage. Screened: simulated with fewer microbatches (the same memory to "
+          "within one 2 MiB allocator segment, Note [Plan search]).\n\n"
        << "| # | layout | DP | microbatches | step (s) | tokens/s/GPU | bubble | headroom | "
           "verified |\n|---|---|---|---|---|---|---|---|---|\n";
     for (size_t i = 0; i < fitting.size() && static_cast<int64_t>(i) < report.shown; ++i) {

@@ -130,7 +130,7 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
     std::string routing =
         m.moe_capacity_factor > 0
             ? "capacity factor " + FormatNumber(m.moe_capacity_factor) + " (" +
-                  std::to_string(ExpertCapacity(m, TokensPerRank(spec))) + " tokens an expert" +
+                  std::to_string(ExpertCapacityPerRank(spec)) + " tokens an expert" +
                   (m.moe_pad_to_capacity ? ", inputs padded to it)" : ", dropping the rest)")
             : "dropless";
     if (!m.moe_pad_to_capacity) {
@@ -505,12 +505,10 @@ int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
     if (options.advise) out["advice"] = AdviceJson(advice);
     if (const ModelConfig& m = spec.model; m.num_experts > 0) {
       // What the experts' row counts assume (moe.h).
-      out["moe_routing"] = {
-          {"capacity_factor", m.moe_capacity_factor},
-          {"expert_capacity",
-           m.moe_capacity_factor > 0 ? ExpertCapacity(m, TokensPerRank(spec)) : 0},
-          {"pad_to_capacity", m.moe_pad_to_capacity},
-          {"imbalance", m.moe_imbalance_factor}};
+      out["moe_routing"] = {{"capacity_factor", m.moe_capacity_factor},
+                            {"expert_capacity", ExpertCapacityPerRank(spec)},
+                            {"pad_to_capacity", m.moe_pad_to_capacity},
+                            {"imbalance", m.moe_imbalance_factor}};
     }
     std::cout << out.dump(2) << "\n";
   } else {

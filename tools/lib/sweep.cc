@@ -181,7 +181,7 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
       char reason[256];
       std::snprintf(reason, sizeof(reason),
                     "pruned (not simulated): parameters, gradient buffers and master weights "
-                    "alone take %.1f MB on stage %lld, over the usable %.1f MB",
+                    "alone take %.1f MB on stage %lld, over the %.1f MB the allocator can reserve",
                     BytesToMiB(setup.peak_allocated_bytes), static_cast<long long>(setup.pp_rank),
                     BytesToMiB(AllocatorCapacityBytes(spec)));
       result["status"] = "oom";
@@ -224,11 +224,12 @@ PointOutcome SimulatePoint(RunSpec spec, const SweepPoint& point, int64_t microb
   if (failing != nullptr) {
     // "peak X MB" as the seeds' logs (and the heatmap) read it, then why.
     char peak[160];
-    std::snprintf(peak, sizeof(peak),
-                  "predicted out of memory: peak %.1f MB > usable %.1f MB on stage %lld; ",
-                  BytesToMiB(failing->timeline.peak_reserved_bytes()),
-                  BytesToMiB(AllocatorCapacityBytes(spec)),
-                  static_cast<long long>(failing->rank_class.pp_rank));
+    std::snprintf(
+        peak, sizeof(peak),
+        "predicted out of memory: peak %.1f MB > allocator capacity %.1f MB on stage %lld; ",
+        BytesToMiB(failing->timeline.peak_reserved_bytes()),
+        BytesToMiB(AllocatorCapacityBytes(spec)),
+        static_cast<long long>(failing->rank_class.pp_rank));
     result["reason"] = peak + DescribeOutOfMemory(*failing, spec);
   }
   return {result, Status::OK()};

@@ -4,11 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <map>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -404,13 +404,12 @@ std::string StepTimeByPlatform(const std::vector<CaseResult>& results) {
     if (!r.has_step_time()) continue;
     const ValidationCase& c = r.validation_case;
     const bool one_node = c.name.find("_1node@") != std::string::npos;
-    errors[c.gpu + (one_node ? " (one node)" : "")].push_back(
-        std::fabs(r.step_time_error_pct()));
+    errors[c.gpu + (one_node ? " (one node)" : "")].push_back(std::fabs(r.step_time_error_pct()));
   }
   std::string rows;
   for (const auto& [platform, e] : errors) {
-    const auto within = std::count_if(e.begin(), e.end(),
-                                      [](double x) { return x <= kStepTimeTargetPct; });
+    const auto within =
+        std::count_if(e.begin(), e.end(), [](double x) { return x <= kStepTimeTargetPct; });
     char median[32];
     std::snprintf(median, sizeof(median), "%.1f%%", Median(e));
     rows += "| " + platform + " | " + std::to_string(e.size()) + " | " + median + " | " +
@@ -526,7 +525,8 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
       "and about 7 times as long on a single GB200 node (1.9-3 s an iteration for a 12-layer,\n"
       "512-wide model): those runs measure their environment more than the GPU.\n\n**" +
       StepTimeLine(results) +
-      ".**\n\n| platform | compared | median \\|error\\| | within 25% |\n| --- | ---: | ---: | ---: "
+      ".**\n\n| platform | compared | median \\|error\\| | within 25% |\n| --- | ---: | ---: | "
+      "---: "
       "|\n" +
       StepTimeByPlatform(results) +
       "\n| case | GPU | real s | memsim s | error % |\n| --- | --- | ---: | ---: | ---: |\n";
