@@ -91,6 +91,18 @@ int64_t ActivationBytesAfterForward(const ModelConfig& model, const TrainingConf
   return BytesAfterForward(model, training, Category::kActivation, tp);
 }
 
+// Sequence `s`, micro batch `b`, bf16, no dropout, `attention`: the setting the tables of the
+// newer architectures are worked out in.
+TrainingConfig Bf16WithoutDropout(int64_t s, int64_t b, AttentionKind attention) {
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.precision = Precision::kBf16;
+  t.attention = attention;
+  t.dropout = false;
+  return t;
+}
+
 // One layer's saved activations: the difference between an L=2 and an L=1 model, which
 // cancels the embedding, loss and one-off workspaces.
 int64_t PerLayerActivationBytes(const Shape& shape, const TrainingConfig& training) {
@@ -359,13 +371,8 @@ TEST(Activations, MlaUpProjectionRecompute) {
       ModelConfig m = test::WithLatentAttention(test::Llama(layers, 256, A, A, 512, 1024), q_lora,
                                                 R, qk, rope, v);
       EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-      TrainingConfig t;
-      t.seq_length = s;
-      t.micro_batch_size = b;
-      t.precision = Precision::kBf16;
-      t.attention = AttentionKind::kFused;
+      TrainingConfig t = Bf16WithoutDropout(s, b, AttentionKind::kFused);
       t.profile = ProfileKind::kTransformerEngine;
-      t.dropout = false;
       t.recompute = RecomputeKind::kSelective;
       t.recompute_modules = modules;
       return ActivationBytesAfterForward(m, t);
@@ -388,12 +395,7 @@ TEST(Activations, OpFuserExpertsKeepNoActivation) {
   m.moe_router_topk = K;
   m.moe_ffn_hidden_size = F_e;
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
-  TrainingConfig t;
-  t.seq_length = s;
-  t.micro_batch_size = b;
-  t.precision = Precision::kBf16;
-  t.attention = AttentionKind::kFlash;
-  t.dropout = false;
+  TrainingConfig t = Bf16WithoutDropout(s, b, AttentionKind::kFlash);
   t.moe_grouped_gemm = true;
   t.profile = ProfileKind::kTransformerEngine;
   ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
@@ -443,12 +445,7 @@ TEST(Activations, LlamaFlashAttentionTable) {
     auto after_forward = [&](int64_t layers) {
       ModelConfig m = test::Llama(layers, x.h, x.a, x.g, x.f, 1024);
       EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-      TrainingConfig t;
-      t.seq_length = x.s;
-      t.micro_batch_size = x.b;
-      t.precision = Precision::kBf16;
-      t.attention = AttentionKind::kFlash;
-      t.dropout = false;
+      TrainingConfig t = Bf16WithoutDropout(x.s, x.b, AttentionKind::kFlash);
       return ActivationBytesAfterForward(m, t);
     };
     const int64_t d = x.h / x.a;
@@ -467,12 +464,7 @@ TEST(Activations, SquaredReluKeepsItsInputAndOutput) {
     ModelConfig m = test::Llama(layers, H, A, G, F, 1024);
     m.activation = ActivationKind::kSquaredRelu;
     EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-    TrainingConfig t;
-    t.seq_length = S;
-    t.micro_batch_size = B;
-    t.precision = Precision::kBf16;
-    t.attention = AttentionKind::kFlash;
-    t.dropout = false;
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
     return ActivationBytesAfterForward(m, t);
   };
   EXPECT_EQ(after_forward(2) - after_forward(1),
@@ -494,13 +486,8 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
     return m;
   };
   auto per_layer = [&](bool l2, ProfileKind profile) {
-    TrainingConfig t;
-    t.seq_length = S;
-    t.micro_batch_size = B;
-    t.precision = Precision::kBf16;
-    t.attention = AttentionKind::kFused;
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFused);
     t.profile = profile;
-    t.dropout = false;
     return ActivationBytesAfterForward(model(2, l2, false), t) -
            ActivationBytesAfterForward(model(1, l2, false), t);
   };
@@ -546,12 +533,7 @@ TEST(Activations, MultiTokenPredictionDepth) {
     ModelConfig m = test::Llama(1, H, A, G, F, V);
     m.mtp_num_layers = depths;
     EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-    TrainingConfig t;
-    t.seq_length = S;
-    t.micro_batch_size = B;
-    t.precision = Precision::kBf16;
-    t.attention = AttentionKind::kFlash;
-    t.dropout = false;
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
     return ActivationBytesAfterForward(m, t);
   };
   const int64_t layer = S * B * (14 * H + 8 + 4 * G * D + 4 * A + 6 * F) + 16;

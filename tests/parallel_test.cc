@@ -19,6 +19,7 @@
 #include "parallel/sharded_data_parallel.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
+#include "tests/support/recorded_rank.h"
 #include "tests/support/recorder_queries.h"
 #include "tests/support/test_models.h"
 #include "tests/support/validated_run.h"
@@ -102,12 +103,8 @@ TEST(TensorParallelActivations, Korthikanti) {
 // Bytes of parameters, gradients and optimizer state at the end of the first step.
 int64_t ModelStateBytes(const ModelConfig& m, TrainingConfig t, const ParallelLayout& layout) {
   t.iterations = 1;
-  Session session;
-  {
-    ActiveSession active(session);
-    RunRankTraining(test::Validated(m, t, layout), 0, session);
-  }
-  const Recorder& r = session.recorder();
+  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout));
+  const Recorder& r = session->recorder();
   int64_t step_end = -1;
   for (const Marker& mk : r.markers()) {
     if (mk.kind == MarkerKind::kIterationEnd) step_end = mk.event_index - 1;
@@ -281,14 +278,10 @@ TEST(PipelineSchedule, MicrobatchGroupRules) {
 
 int64_t StagePeak(const ModelConfig& m, const TrainingConfig& t, const ParallelLayout& layout,
                   int64_t pp_rank) {
-  Session session;
-  {
-    ActiveSession active(session);
-    RunRankTraining(test::Validated(m, t, layout), pp_rank, session);
-  }
+  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout), pp_rank);
   // Exact bytes (requested sizes): the caching allocator's block rounding depends on the
   // order of earlier frees, which differs between stages by up to a block's remainder.
-  const Timeline timeline = Timeline::Replay(session.recorder());
+  const Timeline timeline = Timeline::Replay(session->recorder());
   int64_t peak = 0;
   for (const TimelinePoint& p : timeline.points()) peak = std::max(peak, p.requested_bytes);
   return peak;
@@ -368,12 +361,9 @@ TEST(PipelineMemory, EachChunkKeepsItsLastInputAndGradientThroughTheStep) {
     layout.vpp = vpp;
     ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
     for (int64_t stage : {0, 1}) {
-      Session session;
-      {
-        ActiveSession active(session);
-        RunRankTraining(test::Validated(m, t, layout), stage, session);
-      }
-      const Recorder& r = session.recorder();
+      const std::unique_ptr<Session> session =
+          test::RecordRank(test::Validated(m, t, layout), stage);
+      const Recorder& r = session->recorder();
       // Chunks fed by the previous stage: all but the first stage's first.
       const int64_t fed = stage == 0 ? vpp - 1 : vpp;
       std::vector<std::pair<Phase, int64_t>> expected;
@@ -441,12 +431,8 @@ TEST(PipelineMemory, InterleavedScheduleReceivesTheOutputGradientAStepEarly) {
   layout.pp = 2;
   layout.vpp = 2;
   ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
-  Session session;
-  {
-    ActiveSession active(session);
-    RunRankTraining(test::Validated(m, t, layout), 0, session);
-  }
-  const Recorder& r = session.recorder();
+  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout));
+  const Recorder& r = session->recorder();
   EXPECT_EQ(KeptOfMicrobatch(r, MarkerAt(r, MarkerKind::kPhaseBegin, 0, 1, Phase::kBackward), 0, 3),
             (std::vector<std::pair<Phase, int64_t>>{
                 {Phase::kForward, 2},  // microbatch 3's sent output, deallocated to a stub
@@ -551,12 +537,9 @@ ModelConfig SmallMoe(double capacity_factor) {
 std::map<std::string, int64_t> WorkspaceBytes(const ModelConfig& m, const TrainingConfig& t,
                                               const ParallelLayout& layout, int64_t pp_rank,
                                               const char* gpu) {
-  Session session(FindGpu(gpu));
-  {
-    ActiveSession active(session);
-    RunRankTraining(test::Validated(m, t, layout), pp_rank, session);
-  }
-  const Recorder& r = session.recorder();
+  const std::unique_ptr<Session> session =
+      test::RecordRank(test::Validated(m, t, layout), pp_rank, FindGpu(gpu));
+  const Recorder& r = session->recorder();
   std::map<std::string, int64_t> bytes;
   for (const StorageInfo& s : r.storages()) {
     const std::string module = r.names().Name(s.module);
@@ -599,19 +582,33 @@ TEST(ExpertParallel, RouterGemmsUseTransformerEnginesWorkspace) {
       (std::map<std::string, int64_t>{{"transformer_engine.gemm_workspace", (32 << 20) + 1024}}));
 }
 
-// Sizes of the tensors the all-to-all token exchange allocated in forward.
-std::vector<int64_t> AllToAllBytes(const ModelConfig& m, const ParallelLayout& layout,
-                                   const TrainingConfig& t) {
-  Session session;
-  {
-    ActiveSession active(session);
-    RunRankTraining(test::Validated(m, t, layout), 0, session);
-  }
-  const Recorder& r = session.recorder();
-  std::vector<int64_t> sizes;
+// `m` (SmallMoe) on TP2 EP2 of 8 GPUs with sequence parallelism and the alltoall dispatcher,
+// S = 512, B = 2: T = S*B/tp = 512 tokens a rank, one step.
+RunSpec SmallMoeAllToAll(const ModelConfig& m) {
+  RunSpec spec;
+  spec.model = m;
+  spec.training.seq_length = 512;
+  spec.training.micro_batch_size = 2;
+  spec.training.iterations = 1;
+  spec.training.moe_dispatcher = MoeDispatcher::kAllToAll;
+  spec.layout.world_size = 8;
+  spec.layout.tp = 2;
+  spec.layout.ep = 2;
+  spec.layout.sequence_parallel = true;
+  return spec;
+}
+
+// Sizes of the storages rank 0 of SmallMoeAllToAll(m) allocated in forward inside `module`
+// (whole name) or by `op`; one of them empty.
+std::multiset<int64_t> ForwardAllocations(const ModelConfig& m, const std::string& module,
+                                          const std::string& op) {
+  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(SmallMoeAllToAll(m)));
+  const Recorder& r = session->recorder();
+  std::multiset<int64_t> sizes;
   for (const StorageInfo& s : r.storages()) {
-    if (r.names().Name(s.op) == "memsim::comm_all_to_all" && s.phase == Phase::kForward) {
-      sizes.push_back(s.size_bytes);
+    if (s.phase == Phase::kForward &&
+        (module.empty() ? r.names().Name(s.op) == op : r.names().Name(s.module) == module)) {
+      sizes.insert(s.size_bytes);
     }
   }
   return sizes;
@@ -626,16 +623,6 @@ std::vector<int64_t> AllToAllBytes(const ModelConfig& m, const ParallelLayout& l
 // busiest rank's experts take f times the mean (--moe-imbalance), R = ceil(f * T*K), at
 // most E*c.
 TEST(ExpertParallel, AllToAllRowsFollowTheCapacity) {
-  TrainingConfig t;
-  t.seq_length = 512;
-  t.micro_batch_size = 2;
-  t.iterations = 1;
-  t.moe_dispatcher = MoeDispatcher::kAllToAll;
-  ParallelLayout layout;
-  layout.world_size = 8;
-  layout.tp = 2;
-  layout.ep = 2;
-  layout.sequence_parallel = true;
   struct Case {
     double cf;
     bool pad;
@@ -651,22 +638,16 @@ TEST(ExpertParallel, AllToAllRowsFollowTheCapacity) {
     ModelConfig m = SmallMoe(c.cf);
     m.moe_pad_to_capacity = c.pad;
     m.moe_imbalance_factor = c.f;
-    ParallelLayout l = layout;
-    ASSERT_TRUE(FinalizeLayout(&l, m).ok());
-    std::vector<int64_t> sizes = AllToAllBytes(m, l, t);
-    std::sort(sizes.begin(), sizes.end());
     // Per MoE layer (2 layers): the probabilities, the tokens in and the tokens back.
-    std::vector<int64_t> expected = {c.r * 2,       c.r * 2,       c.r * 256 * 2,
-                                     c.r * 256 * 2, c.d * 256 * 2, c.d * 256 * 2};
-    std::sort(expected.begin(), expected.end());
-    EXPECT_EQ(sizes, expected) << c.cf << (c.pad ? " padded" : "") << " f " << c.f;
+    EXPECT_EQ(ForwardAllocations(m, "", "memsim::comm_all_to_all"),
+              (std::multiset<int64_t>{c.r * 2, c.r * 2, c.r * 256 * 2, c.r * 256 * 2, c.d * 256 * 2,
+                                      c.d * 256 * 2}))
+        << c.cf << (c.pad ? " padded" : "") << " f " << c.f;
   }
   // c = 640 of the 512 tokens: Megatron-LM's padded permute cannot take it.
-  RunSpec spec;
-  spec.model = SmallMoe(5);
-  spec.model.moe_pad_to_capacity = true;
-  spec.training = t;
-  spec.layout = layout;
+  ModelConfig too_large = SmallMoe(5);
+  too_large.moe_pad_to_capacity = true;
+  const RunSpec spec = SmallMoeAllToAll(too_large);
   std::optional<ValidatedRun> run;
   EXPECT_EQ(FinalizeRunSpec(spec, &run).message(),
             "padding expert inputs to capacity needs a capacity of at most the 512 tokens a rank "
@@ -681,32 +662,8 @@ TEST(ExpertParallel, AllToAllRowsFollowTheCapacity) {
 // it, [T, E] bf16. The position policy ranks the map as int32 [T, E], and its top-k values
 // are int32.
 TEST(ExpertParallel, TokenDroppingMasksTheRouting) {
-  TrainingConfig t;
-  t.seq_length = 512;
-  t.micro_batch_size = 2;
-  t.iterations = 1;
-  t.moe_dispatcher = MoeDispatcher::kAllToAll;
-  ParallelLayout layout;
-  layout.world_size = 8;
-  layout.tp = 2;
-  layout.ep = 2;
-  layout.sequence_parallel = true;
-  auto router_allocations = [&](ModelConfig m) {
-    ParallelLayout l = layout;
-    EXPECT_TRUE(FinalizeLayout(&l, m).ok());
-    Session session;
-    {
-      ActiveSession active(session);
-      RunRankTraining(test::Validated(m, t, l), 0, session);
-    }
-    const Recorder& r = session.recorder();
-    std::multiset<int64_t> sizes;
-    for (const StorageInfo& s : r.storages()) {
-      if (r.names().Name(s.module) == "decoder.layers.0.mlp.router" && s.phase == Phase::kForward) {
-        sizes.insert(s.size_bytes);
-      }
-    }
-    return sizes;
+  auto router_allocations = [](const ModelConfig& m) {
+    return ForwardAllocations(m, "decoder.layers.0.mlp.router", "");
   };
   const std::multiset<int64_t> dropless = router_allocations(SmallMoe(0));
   auto added = [&](ModelConfig m) {
@@ -733,14 +690,8 @@ TEST(ExpertParallel, TokenDroppingMasksTheRouting) {
   // and keep it until backward; padded, the first c of each expert are copied out and the
   // permuted probabilities index their own int64 [E * c], so it goes in forward.
   auto argsort_freed_in = [&](const ModelConfig& m) {
-    ParallelLayout l = layout;
-    EXPECT_TRUE(FinalizeLayout(&l, m).ok());
-    Session session;
-    {
-      ActiveSession active(session);
-      RunRankTraining(test::Validated(m, t, l), 0, session);
-    }
-    const Recorder& r = session.recorder();
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(SmallMoeAllToAll(m)));
+    const Recorder& r = session->recorder();
     std::set<Phase> phases;
     for (const StorageInfo& s : r.storages()) {
       if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher" &&
@@ -778,12 +729,8 @@ TEST(ExpertParallel, AllGatherDispatcherUsesThePersistentGlobalBuffer) {
   l.world_size = 2;
   l.ep = 2;
   ASSERT_TRUE(FinalizeLayout(&l, m).ok());
-  Session session;
-  {
-    ActiveSession active(session);
-    RunRankTraining(test::Validated(m, t, l), 0, session);
-  }
-  const Recorder& r = session.recorder();
+  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, l));
+  const Recorder& r = session->recorder();
   const int64_t gathered = 2 * 128 * 2;  // 2T
   std::vector<int64_t> global_buffers;
   int64_t masks = 0, local_probs = 0;
@@ -1083,11 +1030,7 @@ CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> layer_wise_
   spec.training.layer_wise_rank = layer_wise_rank;
   const ValidatedRun run = test::Validated(spec);
   CaseStep step;
-  step.session = std::make_unique<Session>(run.spec().gpu);
-  {
-    ActiveSession active(*step.session);
-    RunRankTraining(run, 0, *step.session);
-  }
+  step.session = test::RecordRank(run, 0, run.spec().gpu);
   for (const Marker& mk : step.session->recorder().markers()) {
     if (mk.kind == MarkerKind::kIterationEnd) step.step_end = mk.event_index - 1;
     if (mk.kind == MarkerKind::kPhaseBegin && mk.phase == Phase::kOptimizer) {
@@ -1271,12 +1214,8 @@ TEST(Profiles, LocalKeepsTheGlobalBufferTransformerEngineDoesNot) {
   auto static_memory = [&](ProfileKind profile) {
     TrainingConfig tt = t;
     tt.profile = profile;
-    Session session;
-    {
-      ActiveSession active(session);
-      RunRankTraining(test::Validated(m, tt, layout), 0, session);
-    }
-    return Timeline::Replay(session.recorder()).iterations().back().static_allocated_bytes;
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, tt, layout));
+    return Timeline::Replay(session->recorder()).iterations().back().static_allocated_bytes;
   };
   // B*A/t = 2*8/2 = 8 score matrices of 512^2 fp16 = 4 MiB (more than the all-gather's
   // S*B*H*2 = 512 KiB, so the buffer has that size).
@@ -1357,12 +1296,8 @@ TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
     layout.world_size = dp;
     layout.data_parallel = DataParallelKind::kFsdp;
     ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
-    Session session;
-    {
-      ActiveSession active(session);
-      RunRankTraining(test::Validated(m, t, layout), 0, session);
-    }
-    const Recorder& r = session.recorder();
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout));
+    const Recorder& r = session->recorder();
     int64_t iteration1 = -1;
     for (const Marker& mk : r.markers()) {
       if (mk.kind == MarkerKind::kIterationBegin && mk.iteration == 1) iteration1 = mk.event_index;
@@ -1399,12 +1334,8 @@ MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, i
   layout.world_size = dp;
   layout.data_parallel = DataParallelKind::kMegatronFsdp;
   EXPECT_TRUE(FinalizeLayout(&layout, m).ok());
-  Session session;
-  {
-    ActiveSession active(session);
-    RunRankTraining(test::Validated(m, t, layout), 0, session);
-  }
-  const Recorder& r = session.recorder();
+  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout));
+  const Recorder& r = session->recorder();
   MegatronFsdpRun run;
   int64_t gathered = 0, grad_buckets = 0;
   for (const MemoryEvent& ev : r.events()) {
@@ -1496,12 +1427,9 @@ TEST(DeferredEmbeddingWgrad, KeepsOutputGradientsUntilTheFlush) {
     t.defer_embedding_wgrad = c.defer;
     t.wgrad_deferral_limit = c.limit;
     ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
-    Session session;
-    {
-      ActiveSession active(session);
-      RunRankTraining(test::Validated(m, t, layout), /*pp_rank=*/1, session);
-    }
-    const Recorder& r = session.recorder();
+    const std::unique_ptr<Session> session =
+        test::RecordRank(test::Validated(m, t, layout), /*pp_rank=*/1);
+    const Recorder& r = session->recorder();
     int64_t optimizer_begin = -1;
     for (const Marker& mk : r.markers()) {
       if (mk.kind == MarkerKind::kPhaseBegin && mk.phase == Phase::kOptimizer) {
