@@ -1,11 +1,11 @@
 #include "models/model_config.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <iterator>
 #include <string>
 
 #include "simulator/checked_math.h"
+#include "simulator/format.h"
 
 namespace memsim {
 namespace {
@@ -15,11 +15,6 @@ std::string Str(int64_t v) { return std::to_string(v); }
 // The largest MoE capacity or imbalance factor memsim takes: far above any real run, and
 // the expert capacities derived from it stay within an int64.
 constexpr double kMaxFactor = 1e6;
-std::string FormatFactor(double v) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", v);
-  return text;
-}
 
 Status Positive(int64_t value, const char* name) {
   if (value <= 0) return Status::Error(std::string(name) + " must be positive, got " + Str(value));
@@ -129,7 +124,7 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     if (m->moe_ffn_hidden_size == 0) m->moe_ffn_hidden_size = m->ffn_hidden_size;
     if (!(m->moe_capacity_factor >= 0 && m->moe_capacity_factor <= kMaxFactor)) {
       return Status::Error("moe_capacity_factor must be in [0, 1e6] (0: dropless), got " +
-                           FormatFactor(m->moe_capacity_factor));
+                           FormatNumber(m->moe_capacity_factor));
     }
     if (m->moe_pad_to_capacity && m->moe_capacity_factor == 0) {
       return Status::Error(
@@ -139,7 +134,7 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     if (!(m->moe_imbalance_factor >= 1 && m->moe_imbalance_factor <= kMaxFactor)) {
       return Status::Error(
           "moe_imbalance_factor is the busiest expert's load over the mean: in [1, 1e6], got " +
-          FormatFactor(m->moe_imbalance_factor));
+          FormatNumber(m->moe_imbalance_factor));
     }
     if (m->moe_first_k_dense_layers > m->num_layers) {
       return Status::Error("moe_first_k_dense_layers exceeds num_layers");

@@ -51,22 +51,18 @@ Status FinalizeUnchecked(RunSpec* spec) {
   TrainingConfig& t = spec->training;
   if (spec->global_batch_size > 0) {
     const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
-    if (spec->round_global_batch_down && per_step > 0) {
-      t.num_microbatches = spec->global_batch_size / per_step;
-      if (t.num_microbatches == 0) {
-        return Status::Error("global batch size " + std::to_string(spec->global_batch_size) +
-                             " rounds down to no microbatch of micro batch size " +
-                             std::to_string(t.micro_batch_size) + " x data-parallel size " +
-                             std::to_string(l.dp) + " = " + std::to_string(per_step) +
-                             "; raise the global batch");
-      }
-    } else if (per_step <= 0 || spec->global_batch_size % per_step != 0) {
-      return Status::Error("global batch size " + std::to_string(spec->global_batch_size) +
-                           " is not a multiple of micro batch size " +
-                           std::to_string(t.micro_batch_size) + " x data-parallel size " +
-                           std::to_string(l.dp) + " = " + std::to_string(per_step));
-    } else {
-      t.num_microbatches = spec->global_batch_size / per_step;
+    const std::string global = "global batch size " + std::to_string(spec->global_batch_size);
+    const std::string step = "micro batch size " + std::to_string(t.micro_batch_size) +
+                             " x data-parallel size " + std::to_string(l.dp) + " = " +
+                             std::to_string(per_step);
+    if (per_step <= 0 ||
+        (!spec->round_global_batch_down && spec->global_batch_size % per_step != 0)) {
+      return Status::Error(global + " is not a multiple of " + step);
+    }
+    t.num_microbatches = spec->global_batch_size / per_step;
+    if (t.num_microbatches == 0) {  // only when rounding down
+      return Status::Error(global + " rounds down to no microbatch of " + step +
+                           "; raise the global batch");
     }
   }
   MEMSIM_RETURN_IF_ERROR(

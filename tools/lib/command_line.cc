@@ -9,8 +9,8 @@
 #include <sstream>
 #include <vector>
 
+#include "simulator/format.h"
 #include "tools/lib/exit_codes.h"
-#include "tools/lib/format.h"
 #include "tools/lib/hf_config.h"
 
 namespace memsim {
@@ -34,9 +34,8 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v,
       "data-parallel", po::value(&v->data_parallel),
       "ddp, distributed-optimizer (ZeRO-1), zero2 or fsdp")(
       "sp", po::bool_switch(&v->sequence_parallel), "sequence parallelism")(
-      "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record")(
-      "moe-imbalance", MoeImbalanceValue(&v->moe_imbalance),
-      "MoE: the busiest expert's load over the mean (default 1: even routing)");
+      "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record");
+  AddMoeImbalanceOption(options, &v->moe_imbalance);
   if (seq_length_list != nullptr) {
     options->add_options()("seq-length", po::value(seq_length_list),
                            "sequence lengths, a list like 2048,4096");
@@ -46,13 +45,21 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v,
   }
 }
 
-po::typed_value<double>* MoeImbalanceValue(double* out) {
-  return po::value(out)->notifier([name = std::string("--moe-imbalance")](double value) {
-    if (!(value >= 1 && value <= 1e6)) {
-      throw po::error(name + " is the busiest expert's load over the mean: at least 1, got " +
-                      FormatNumber(value));
-    }
-  });
+namespace {
+
+// 0 would read as "not given": refused here; FinalizeModelConfig checks the rest.
+void CheckMoeImbalance(double value) {
+  if (!(value >= 1)) {
+    throw po::error("--moe-imbalance is the busiest expert's load over the mean: at least 1, got " +
+                    FormatNumber(value));
+  }
+}
+
+}  // namespace
+
+void AddMoeImbalanceOption(po::options_description* options, double* out) {
+  options->add_options()("moe-imbalance", po::value(out)->notifier(&CheckMoeImbalance),
+                         "MoE: the busiest expert's load over the mean (default 1: even routing)");
 }
 
 Status ParseIntList(const std::string& text, const char* name, std::vector<int64_t>* out) {

@@ -21,9 +21,9 @@ struct SpecOptions {
   bool sequence_parallel = false;
 };
 
-// The busiest expert's load over the mean that MoE runs assume (model
-// moe_imbalance_factor; Note in models/moe.h), as --moe-imbalance: at least 1.
-boost::program_options::typed_value<double>* MoeImbalanceValue(double* out);
+// --moe-imbalance into `out` (0 when not given): the busiest expert's load over the mean
+// that MoE runs assume (model moe_imbalance_factor, models/moe.h), at least 1.
+void AddMoeImbalanceOption(boost::program_options::options_description* options, double* out);
 
 // With `seq_length_list`, --seq-length takes a list ("2048,4096") into it instead of
 // one value into values->seq_length.

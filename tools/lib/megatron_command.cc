@@ -67,9 +67,8 @@ int MegatronCommand(int argc, const char* const* argv) {
       "list the Megatron-LM arguments memsim refuses, with what each changes, and exit")(
       "world-size", PositiveValue(&world_size, "world-size"), "number of GPUs")(
       "gpu", po::value(&gpu_name), ("GPU preset: " + GpuPresetNames()).c_str())(
-      "iterations", PositiveValue(&iterations, "iterations"), "training iterations to record")(
-      "moe-imbalance", MoeImbalanceValue(&moe_imbalance),
-      "MoE: the busiest expert's load over the mean (default 1: even routing)");
+      "iterations", PositiveValue(&iterations, "iterations"), "training iterations to record");
+  AddMoeImbalanceOption(&options, &moe_imbalance);
   AddReportOptions(&options, &report);
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(separator, argv, options, "megatron", &vm)) {

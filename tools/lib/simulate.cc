@@ -14,13 +14,13 @@
 #include "models/moe.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
+#include "simulator/format.h"
 #include "simulator/snapshot_writer.h"
 #include "simulator/summary_writer.h"
 #include "simulator/trace_writer.h"
 #include "tools/lib/advice.h"
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
-#include "tools/lib/format.h"
 
 namespace memsim {
 namespace po = boost::program_options;

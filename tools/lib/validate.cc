@@ -525,9 +525,8 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
       "and about 7 times as long on a single GB200 node (1.9-3 s an iteration for a 12-layer,\n"
       "512-wide model): those runs measure their environment more than the GPU.\n\n**" +
       StepTimeLine(results) +
-      ".**\n\n| platform | compared | median \\|error\\| | within 25% |\n| --- | ---: | ---: | "
-      "---: "
-      "|\n" +
+      ".**\n\n| platform | compared | median \\|error\\| | within 25% |\n"
+      "| --- | ---: | ---: | ---: |\n" +
       StepTimeByPlatform(results) +
       "\n| case | GPU | real s | memsim s | error % |\n| --- | --- | ---: | ---: | ---: |\n";
   for (const CaseResult& r : results) {

@@ -1,4 +1,4 @@
-// Human-readable numbers for the command line.
+// Human-readable numbers for messages and reports.
 #pragma once
 
 #include <cstdint>
