@@ -15,7 +15,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
 
-constexpr int64_t kBlock = 128;  // blockwise scaling's block length
+constexpr int64_t kBlock = 128;      // blockwise scaling's block length
+constexpr int64_t kMxfp8Block = 32;  // MXFP8's block length (one E8M0 scale per 32 values)
 
 int64_t CeilDiv(int64_t x, int64_t d) { return (x + d - 1) / d; }
 int64_t RoundUp(int64_t x, int64_t m) { return CeilDiv(x, m) * m; }
@@ -27,31 +28,69 @@ at::Tensor Fp8Bytes(int64_t rows, int64_t cols) {
 at::Tensor Fp32(std::vector<int64_t> shape) {
   return at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
 }
+// MXFP8's E8M0 scales: one byte each.
+at::Tensor Uint8(std::vector<int64_t> shape) {
+  return at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+}
+
+// MXFP8's scale shapes for `groups` tensors of rows/groups rows each (GroupedLinear's
+// experts, each quantized alone): rowwise 1x32 blocks padded to 128 rows and 4 blocks,
+// columnwise 32x1 blocks padded to 4 blocks and 128 columns (quantizer.cpp get_scale_shape).
+at::Tensor Mxfp8RowwiseScales(int64_t rows, int64_t cols, int64_t groups = 1) {
+  return Uint8(
+      {groups * RoundUp(CeilDiv(rows, groups), 128), RoundUp(CeilDiv(cols, kMxfp8Block), 4)});
+}
+at::Tensor Mxfp8ColumnwiseScales(int64_t rows, int64_t cols, int64_t groups = 1) {
+  return Uint8(
+      {groups * RoundUp(CeilDiv(CeilDiv(rows, groups), kMxfp8Block), 4), RoundUp(cols, 128)});
+}
+
+// The copy of compact MXFP8 scales that te_general_gemm swizzles into the GEMM's layout,
+// alive for that GEMM (swizzle_scales_for_gemm). Scales quantized for a GEMM are written
+// swizzled already; those of an all-gather (compact, so that rows concatenate) are not.
+at::Tensor SwizzledCopy(const at::Tensor& compact_scales) {
+  return Uint8(compact_scales.sizes().vec());
+}
 
 // A quantized [rows, cols] tensor as Transformer Engine's storage classes hold it (Note
 // [FP8 training]); a part is undefined when its usage was not asked for or was dropped.
 struct Fp8Tensor {
-  at::Tensor data;                  // rowwise [rows, cols]
-  at::Tensor transpose;             // columnwise [cols, rows]
-  at::Tensor scale_inv;             // per-tensor: the one scale; blockwise: the rowwise scales
-  at::Tensor columnwise_scale_inv;  // blockwise only
+  at::Tensor data;        // rowwise [rows, cols]
+  at::Tensor columnwise;  // the transpose [cols, rows]; MXFP8: [rows, cols], not transposed
+  at::Tensor scale_inv;   // per-tensor: the one scale; blockwise, MXFP8: the rowwise scales
+  at::Tensor columnwise_scale_inv;  // blockwise and MXFP8 only
 
   // update_usage(rowwise_usage=False): a per-tensor scale stays, the transpose needs it.
   void DropRowwise(Fp8Recipe recipe) {
     data.reset();
-    if (recipe == Fp8Recipe::kBlockwise) scale_inv.reset();
+    if (recipe == Fp8Recipe::kBlockwise || recipe == Fp8Recipe::kMxfp8) scale_inv.reset();
   }
   // The tensor as a [rows, cols] GEMM operand, for its shape.
-  at::Tensor Operand() const { return data.defined() ? data : transpose.t(); }
+  at::Tensor Operand(Fp8Recipe recipe) const {
+    if (data.defined()) return data;
+    return recipe == Fp8Recipe::kMxfp8 ? columnwise : columnwise.t();
+  }
 };
 
 // What TE's quantizer allocates for a [rows, cols] tensor with these usages; `weight`:
-// blockwise 128x128 blocks instead of 1x128.
+// blockwise 128x128 blocks instead of 1x128; `groups`: MXFP8 scales per group of rows.
 Fp8Tensor Quantize(int64_t rows, int64_t cols, Fp8Recipe recipe, bool rowwise, bool columnwise,
-                   bool weight = false) {
+                   bool weight = false, int64_t groups = 1) {
   Fp8Tensor q;
+  if (recipe == Fp8Recipe::kMxfp8) {
+    // Both usages in the same layout, each with its own scales; no amax, no scale.
+    if (rowwise) {
+      q.data = Fp8Bytes(rows, cols);
+      q.scale_inv = Mxfp8RowwiseScales(rows, cols, groups);
+    }
+    if (columnwise) {
+      q.columnwise = Fp8Bytes(rows, cols);
+      q.columnwise_scale_inv = Mxfp8ColumnwiseScales(rows, cols, groups);
+    }
+    return q;
+  }
   if (rowwise) q.data = Fp8Bytes(rows, cols);
-  if (columnwise) q.transpose = Fp8Bytes(cols, rows);
+  if (columnwise) q.columnwise = Fp8Bytes(cols, rows);
   if (recipe != Fp8Recipe::kBlockwise) {
     q.scale_inv = Fp32({1});
     // Tensorwise: the amax and scale of this quantization, dropped after it.
@@ -71,8 +110,9 @@ Fp8Tensor Quantize(int64_t rows, int64_t cols, Fp8Recipe recipe, bool rowwise, b
   return q;
 }
 
-Fp8Tensor Quantize(const at::Tensor& x, Fp8Recipe recipe, bool rowwise, bool columnwise) {
-  return Quantize(Rows(x), x.size(-1), recipe, rowwise, columnwise);
+Fp8Tensor Quantize(const at::Tensor& x, Fp8Recipe recipe, bool rowwise, bool columnwise,
+                   int64_t groups = 1) {
+  return Quantize(Rows(x), x.size(-1), recipe, rowwise, columnwise, /*weight=*/false, groups);
 }
 
 // gather_along_first_dim of a quantized shard's rowwise data into a fresh tensor, or
@@ -87,7 +127,10 @@ Fp8Tensor GatherRowwise(const Fp8Tensor& shard, Fp8Recipe recipe, int64_t group,
     return total;
   }
   total.data = AllGather(shard.data, group);
-  if (recipe == Fp8Recipe::kBlockwise) {
+  if (recipe == Fp8Recipe::kMxfp8) {
+    // _all_gather_mxfp8: the scales gathered straight into the output's compact scales.
+    total.scale_inv = Mxfp8RowwiseScales(total.data.size(0), total.data.size(1));
+  } else if (recipe == Fp8Recipe::kBlockwise) {
     // The full rowwise scales, gathered through a temporary of the same size.
     [[maybe_unused]] const at::Tensor interleaved = AllGather(shard.scale_inv, group);
     total.scale_inv = Fp32({shard.scale_inv.size(0), shard.scale_inv.size(1) * group});
@@ -99,10 +142,22 @@ Fp8Tensor GatherRowwise(const Fp8Tensor& shard, Fp8Recipe recipe, int64_t group,
   return total;
 }
 
+// MXFP8's columnwise data of a sequence-parallel shard gathered along the rows, with its
+// compact scales (_all_gather_mxfp8).
+Fp8Tensor GatherMxfp8Columnwise(const Fp8Tensor& shard, int64_t group) {
+  Fp8Tensor total;
+  total.columnwise = AllGather(shard.columnwise, group);
+  total.columnwise_scale_inv =
+      Mxfp8ColumnwiseScales(total.columnwise.size(0), total.columnwise.size(1));
+  return total;
+}
+
 // The columnwise data a GEMM reads the other way (update_usage(columnwise_usage=True)).
+// REQUIRES: a recipe with transposes (not MXFP8).
 void AddTranspose(Fp8Tensor& q, Fp8Recipe recipe) {
+  MEMSIM_DCHECK(recipe != Fp8Recipe::kMxfp8);
   const int64_t rows = q.data.size(0), cols = q.data.size(1);
-  q.transpose = Fp8Bytes(cols, rows);
+  q.columnwise = Fp8Bytes(cols, rows);
   if (recipe == Fp8Recipe::kBlockwise) {
     q.columnwise_scale_inv = Fp32({CeilDiv(rows, kBlock), RoundUp(cols, 4)});
   }
@@ -113,7 +168,7 @@ void AddTranspose(Fp8Tensor& q, Fp8Recipe recipe) {
 void CreateFp8Weight(Fp8Module& module, int64_t rows, int64_t cols) {
   CategoryScope category(Category::kParameter);
   const Fp8Tensor q = Quantize(rows, cols, module.recipe, true, true, /*weight=*/true);
-  module.weight = {q.data, q.transpose, q.scale_inv};
+  module.weight = {q.data, q.columnwise, q.scale_inv};
   if (q.columnwise_scale_inv.defined()) module.weight.push_back(q.columnwise_scale_inv);
 }
 
@@ -147,7 +202,9 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
                             c10::intrusive_ptr<Fp8LinearState> state) {
     const Fp8Recipe recipe = state->fp8.recipe;
     const bool blockwise = recipe == Fp8Recipe::kBlockwise;
+    const bool mxfp8 = recipe == Fp8Recipe::kMxfp8;
     const Fp8LinearOptions& options = state->options;
+    const int64_t groups = options.row_groups;
     const int64_t gather = state->parallelism.gather_input_group;
     const at::Tensor weight_operand = state->fp8.weight[0].t();  // [K, N]
     const auto release_norm_output = [&] {
@@ -161,17 +218,22 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     // experts' fc2, the shared experts' fc1, MLA's down projections).
     MEMSIM_DCHECK(!options.save_original_input || gather == 1);
     if (options.save_original_input) {
-      const Fp8Tensor q = Quantize(input, recipe, /*rowwise=*/true, /*columnwise=*/false);
+      const Fp8Tensor q = Quantize(input, recipe, /*rowwise=*/true, /*columnwise=*/false, groups);
       out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
     } else if (gather > 1) {
-      kept = Quantize(input, recipe, true, /*columnwise=*/blockwise);
+      // MXFP8 cannot make columnwise data from gathered rowwise data: the shard is
+      // quantized both ways, as blockwise does.
+      kept = Quantize(input, recipe, true, /*columnwise=*/blockwise || mxfp8);
       release_norm_output();
       Fp8Tensor total = GatherRowwise(kept, recipe, gather, state->parallelism.userbuffer_gather);
-      out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
+      {
+        const at::Tensor swizzled = mxfp8 ? SwizzledCopy(total.scale_inv) : at::Tensor();
+        out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
+      }
       total = {};
-      if (blockwise) kept.DropRowwise(recipe);
+      if (blockwise || mxfp8) kept.DropRowwise(recipe);
     } else {
-      kept = Quantize(input, recipe, true, true);
+      kept = Quantize(input, recipe, true, true, groups);
       release_norm_output();
       out = Fp8Gemm(kept.data, weight_operand, input.scalar_type());
       kept.DropRowwise(recipe);
@@ -186,7 +248,7 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
       out = ReduceScatter(out, options.reduce_scatter_output_group);
     }
     state->input_sizes = input.sizes().vec();
-    ctx->save_for_backward({kept.data, kept.transpose, kept.scale_inv, kept.columnwise_scale_inv,
+    ctx->save_for_backward({kept.data, kept.columnwise, kept.scale_inv, kept.columnwise_scale_inv,
                             options.save_original_input ? input : at::Tensor()});
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     return out;
@@ -197,7 +259,9 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
         c10::static_intrusive_pointer_cast<Fp8LinearState>(ctx->saved_data["state"].toCapsule());
     const Fp8Recipe recipe = state->fp8.recipe;
     const bool blockwise = recipe == Fp8Recipe::kBlockwise;
+    const bool mxfp8 = recipe == Fp8Recipe::kMxfp8;
     const Fp8LinearOptions& options = state->options;
+    const int64_t groups = options.row_groups;
     const LinearParallelism& parallelism = state->parallelism;
     const int64_t gather = parallelism.gather_input_group;
     // Autograd holds the saved tensors and the 16-bit output gradient until this returns.
@@ -205,35 +269,50 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     const Fp8Tensor kept{saved[0], saved[1], saved[2], saved[3]};
     const at::Tensor& original_input = saved[4];
 
-    // The output gradient, quantized both ways.
+    // The output gradient, quantized both ways. MXFP8 gathers both usages of the shard
+    // (compact scales, swizzled at each GEMM) instead of building a transpose.
     const at::Tensor& grad_output = grads[0];
+    const int64_t scatter = options.reduce_scatter_output_group;
     Fp8Tensor go;
-    if (options.reduce_scatter_output_group > 1) {
+    if (scatter > 1 && mxfp8) {
+      Fp8Tensor local = Quantize(grad_output, recipe, true, true);
+      go = GatherRowwise(local, recipe, scatter, /*into_userbuffer=*/false);
+      Fp8Tensor columnwise = GatherMxfp8Columnwise(local, scatter);
+      go.columnwise = std::move(columnwise.columnwise);
+      go.columnwise_scale_inv = std::move(columnwise.columnwise_scale_inv);
+      local = {};
+    } else if (scatter > 1) {
       Fp8Tensor local = Quantize(grad_output, recipe, true, false);
-      go = GatherRowwise(local, recipe, options.reduce_scatter_output_group,
-                         parallelism.userbuffer_gather);
+      go = GatherRowwise(local, recipe, scatter, parallelism.userbuffer_gather);
       local = {};
       AddTranspose(go, recipe);
     } else {
-      go = Quantize(grad_output, recipe, true, true);
+      go = Quantize(grad_output, recipe, true, true, groups);
     }
+    const bool go_compact = mxfp8 && scatter > 1;
     const int64_t N = go.data.size(1);
 
     // The input the weight gradient reads, columnwise.
     Fp8Tensor total_input;
+    bool input_compact = false;
     if (original_input.defined()) {
-      total_input = Quantize(original_input, recipe, /*rowwise=*/!blockwise, true);
+      total_input =
+          Quantize(original_input, recipe, /*rowwise=*/!blockwise && !mxfp8, true, groups);
+    } else if (gather > 1 && mxfp8) {
+      // Straight into columnwise data; waited for after the dgrad GEMM.
+      total_input = GatherMxfp8Columnwise(kept, gather);
+      input_compact = true;
     } else if (gather > 1 && !blockwise) {
       // Waited for after the dgrad GEMM.
       total_input = GatherRowwise(kept, recipe, gather, parallelism.userbuffer_bulk_dgrad);
     } else if (gather > 1) {
       // The columnwise shards and their scales gathered through interleaved temporaries
       // (the gathered shards lie along the columns of [K, M]).
-      [[maybe_unused]] const at::Tensor interleaved = AllGather(kept.transpose, gather);
+      [[maybe_unused]] const at::Tensor interleaved = AllGather(kept.columnwise, gather);
       [[maybe_unused]] const at::Tensor interleaved_scales =
           AllGather(kept.columnwise_scale_inv, gather);
-      const int64_t K = kept.transpose.size(0), M = kept.transpose.size(1) * gather;
-      total_input.transpose = Fp8Bytes(K, M);
+      const int64_t K = kept.columnwise.size(0), M = kept.columnwise.size(1) * gather;
+      total_input.columnwise = Fp8Bytes(K, M);
       total_input.columnwise_scale_inv = Fp32({CeilDiv(M, kBlock), RoundUp(K, 4)});
     } else {
       total_input = kept;
@@ -249,10 +328,11 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
       dgrad = UserbufferView({go.data.size(0), weight_data.size(1)}, state->dtype);
       Fp8GemmInto(go.data, weight_data, dgrad);
     } else {
+      const at::Tensor swizzled = go_compact ? SwizzledCopy(go.scale_inv) : at::Tensor();
       dgrad = Fp8Gemm(go.data, weight_data, state->dtype);
     }
     dgrad = dgrad.view(total_sizes);
-    if (gather > 1 && !blockwise) AddTranspose(total_input, recipe);
+    if (gather > 1 && !blockwise && !mxfp8) AddTranspose(total_input, recipe);
     at::Tensor grad_input = dgrad;
     if (gather > 1) {
       grad_input = ReduceScatter(dgrad, gather);
@@ -261,15 +341,22 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     }
 
     // wgrad: into main_grad in place, or a new 16-bit gradient the DDP hook adds.
-    const at::Tensor input_operand = total_input.Operand();  // [M, K]
-    if (state->store->gradient_accumulation_fusion()) {
-      WgradGemmAccumulate(state->weight_main_grad, input_operand, go.Operand());
-      if (state->weight_main_grad.defined()) {
-        state->store->DummyWgrad({weight_data.size(0), weight_data.size(1)});
+    const at::Tensor input_operand = total_input.Operand(recipe);  // [M, K]
+    const at::Tensor go_operand = go.Operand(recipe);              // [M, N]
+    {
+      const at::Tensor swizzled_go =
+          go_compact ? SwizzledCopy(go.columnwise_scale_inv) : at::Tensor();
+      const at::Tensor swizzled_input =
+          input_compact ? SwizzledCopy(total_input.columnwise_scale_inv) : at::Tensor();
+      if (state->store->gradient_accumulation_fusion()) {
+        WgradGemmAccumulate(state->weight_main_grad, input_operand, go_operand);
+      } else {
+        AccumulateIntoMainGrad(state->weight_main_grad,
+                               Fp8Gemm(go_operand.t(), input_operand, state->dtype));
       }
-    } else {
-      AccumulateIntoMainGrad(state->weight_main_grad,
-                             Fp8Gemm(go.Operand().t(), input_operand, state->dtype));
+    }
+    if (state->store->gradient_accumulation_fusion() && state->weight_main_grad.defined()) {
+      state->store->DummyWgrad({weight_data.size(0), weight_data.size(1)});
     }
     if (state->bias_main_grad.defined()) {
       AccumulateIntoMainGrad(

@@ -12,7 +12,17 @@
 //     one fp32 scale_inv shared by both;
 //   blockwise: rowwise data R*C and fp32 scales [ceil(C/128), roundup(R, 4)], columnwise
 //     data R*C and [ceil(R/128), roundup(C, 4)] (1x128 blocks: activations, gradients);
-//     a weight's 128x128 blocks: [ceil(R/128), roundup(ceil(C/128), 4)] and its mirror.
+//     a weight's 128x128 blocks: [ceil(R/128), roundup(ceil(C/128), 4)] and its mirror;
+//   mxfp8 (Blackwell: compute capability 10.x; csrc/quantizer.cpp MXFP8Quantizer,
+//     tensor/mxfp8_tensor.py): rowwise data R*C and columnwise data R*C in the same layout
+//     (not a transpose: Blackwell's GEMM reads either), each with one-byte E8M0 scales per
+//     32 values, rowwise [roundup(R, 128), roundup(C/32, 4)], columnwise [roundup(R/32, 4),
+//     roundup(C, 128)], weights alike; no amax, no scale. R and C must be multiples of 32
+//     (FinalizeRunSpec refuses others). GroupedLinear quantizes each expert alone, so each
+//     expert's scales are padded (Fp8LinearOptions::row_groups). A GEMM reads scales in a
+//     swizzled layout: quantizations made for a GEMM write them so, but gathered tensors
+//     keep compact scales (so that ranks' rows concatenate), and each GEMM that reads them
+//     makes a swizzled copy of the same size for its duration (swizzle_scales_for_gemm).
 // Tensorwise scaling also makes and drops an fp32 [2] amax and scale per quantization.
 //
 // What runs in FP8: the decoder's TE GEMM modules outside the bf16 first/last layers
@@ -34,12 +44,17 @@
 //
 // Weights (Parameter::fp8):
 //   16-bit parameters: Megatron passes is_first_microbatch, so TE caches one FP8 copy of
-//     each weight with its transpose, made in its first forward, re-quantized in place on
-//     each step's first microbatch and kept for the run: 2 bytes per weight element more
-//     than 16-bit training. memsim makes it with the parameter, in the setup: the same
-//     bytes from the first forward on, counted in static memory (where a planner wants
-//     them), and layers stay alike for replication (Note [Layer replication]);
-//   --fp8-param-gather: the parameter is FP8 (1 byte in the parameter buffer) and keeps
+//     each weight with its transpose (MXFP8: its columnwise data, scales pre-swizzled),
+//     made in its first forward, re-quantized in place on each step's first microbatch and
+//     kept for the run: 2 bytes per weight element more than 16-bit training (MXFP8: and
+//     its scales, about 2/32 of a byte). MXFP8 weights are quantized over the experts'
+//     concatenated block, which pads the scales as per expert when an expert's rows
+//     (fc1) or columns (fc2) are a multiple of 128. memsim makes it with the parameter, in the
+//     setup: the same bytes from the first forward on, counted in static memory (where a planner
+//     wants them), and layers stay alike for replication (Note [Layer replication]);
+//   --fp8-param-gather (refused with MXFP8: Megatron-Core then has no parameter buffer and
+//     gathers bf16 values through the gradient buffer, --reuse-grad-buf-for-mxfp8-param-ag,
+//     param_and_grad_buffer.py): the parameter is FP8 (1 byte in the parameter buffer) and keeps
 //     its transpose (1 byte), refilled in place after each parameter all-gather; the
 //     16-bit value exists only while TE initialises the weight. In the optimizer step
 //     (quantize_param_shard) the master shards' bf16 copies are held together, each shard's
@@ -50,9 +65,10 @@
 //
 // A linear's forward, input x of M rows (m = M/tp before a sequence-parallel gather) and
 // K columns, output [M, N] 16-bit:
-//   column-parallel with sequence parallelism: x quantized rowwise (blockwise: both ways)
-//     and all-gathered in FP8 into a fresh M*K, freed after the GEMM; kept for backward:
-//     the local rowwise shard (blockwise: the columnwise shard);
+//   column-parallel with sequence parallelism: x quantized rowwise (blockwise, MXFP8: both
+//     ways) and all-gathered in FP8 into a fresh M*K (MXFP8: with compact scales, gathered
+//     straight into the output's), freed after the GEMM; kept for backward: the local
+//     rowwise shard (blockwise, MXFP8: the columnwise shard);
 //   otherwise: x quantized both ways; the rowwise data dropped after the GEMM, the
 //     transpose kept;
 //   LayerNormLinear: the norm keeps its input and statistics as in 16-bit training; its
@@ -65,12 +81,21 @@
 //   row-parallel with sequence parallelism: TE reduce-scatters the output itself.
 // Backward: the output gradient quantized both ways (M*N twice; row-parallel with sequence
 // parallelism: the local shard quantized rowwise and all-gathered in FP8 into M*N data and
-// an M*N transpose); column-parallel with sequence parallelism: the kept shard all-gathered
-// in FP8 (M*K) and its transpose built (M*K); dgrad [M, K] 16-bit (reduce-scattered or
-// all-reduced as in 16 bits); wgrad into main_grad as in 16 bits (Note [Weight gradients]).
+// an M*N transpose; MXFP8: the shard quantized both ways and both usages all-gathered);
+// column-parallel with sequence parallelism: the kept shard all-gathered in FP8 (M*K) and
+// its transpose built (M*K; MXFP8: the columnwise shards gathered straight into M*K
+// columnwise data); dgrad [M, K] 16-bit (reduce-scattered or all-reduced as in 16 bits);
+// wgrad into main_grad as in 16 bits (Note [Weight gradients]). The input quantized again
+// for save_original_input is columnwise only under blockwise and MXFP8.
 //
-// Not modelled (refused or left out): MXFP8 (Blackwell only; memsim has no Blackwell
-// GPU), FP8 with the op fuser (its 256-row padding; refused), router padding
+// MoE under MXFP8: Fp8Padding aligns each expert's rows to 32 (get_align_size_for_quantization).
+//
+// Not modelled (refused or left out): MXFP8 parameters (--fp8-param-gather) and MXFP8
+// with userbuffers (refused), the fused bias-gradient quantization's fp32 workspace
+// (linears with a bias), TE's bulk allocation of all experts' MXFP8 data and scales in one
+// buffer (memsim: one data and one scale tensor per usage, the same bytes, since 32-row
+// multiples keep every part aligned), the cuDNN-fused norm (NVTE_NORM_FWD_USE_CUDNN), FP8
+// with the op fuser (its 256-row padding; refused), router padding
 // (--moe-router-padding-for-fp8), FP8 attention, the delayed recipe's amax-reduction
 // temporaries (4 bytes per module per step), per-expert scales beyond one, and the norm
 // kernels' workspaces. MLA's input norm output lives until the attention returns (in TE

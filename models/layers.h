@@ -89,6 +89,9 @@ struct Fp8LinearOptions {
   // Row-parallel with sequence parallelism: TE reduce-scatters the output over this group
   // (1: the caller reduces it).
   int64_t reduce_scatter_output_group = 1;
+  // GroupedLinear: the rows are this many experts' (equal counts), each quantized alone;
+  // MXFP8 pads each expert's scales (1: one tensor).
+  int64_t row_groups = 1;
 
   static Fp8LinearOptions LayerNormLinear() {
     Fp8LinearOptions options;

@@ -254,6 +254,13 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "moe_act recomputation does not work with the delayed FP8 recipe (as Megatron-Core "
           "asserts)");
     }
+    if (t.fp8 == Fp8Recipe::kMxfp8 && t.fp8_param_gather) {
+      return Status::Error(
+          "MXFP8 parameters (fp8_param_gather with the mxfp8 recipe) are not modelled "
+          "(Megatron-Core gathers them in bf16 through the gradient buffer, "
+          "--reuse-grad-buf-for-mxfp8-param-ag); drop fp8_param_gather to simulate TE's "
+          "cached MXFP8 weights instead");
+    }
     if (t.fp8_param_gather && t.precision_aware_optimizer) {
       return Status::Error(
           "FP8 parameters with the precision-aware optimizer are not modelled (Transformer "
@@ -291,6 +298,11 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       return Status::Error(
           "TP communication overlap does not work with blockwise FP8 (Transformer Engine's "
           "userbuffers raise on block scaling)");
+    }
+    if (t.fp8 == Fp8Recipe::kMxfp8) {
+      return Status::Error(
+          "TP communication overlap with MXFP8 is not modelled (its userbuffer gathers of "
+          "scales); drop one of the two");
     }
   }
   if (t.grad_reduce_in_bf16 && t.precision != Precision::kBf16) {

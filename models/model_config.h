@@ -178,11 +178,13 @@ inline constexpr EnumName<OptimizerKind> kOptimizerNames[] = {
     {OptimizerKind::kAdam, "adam"}, {OptimizerKind::kSgd, "sgd"}, {OptimizerKind::kMuon, "muon"}};
 // Transformer Engine's FP8 recipe (--fp8-recipe with --fp8-format; Note [FP8 training] in
 // models/fp8.h says what each keeps). kNone: no FP8.
-enum class Fp8Recipe { kNone, kDelayed, kTensorwise, kBlockwise };
+// kMxfp8 (Blackwell's MX format) needs compute capability 10.x.
+enum class Fp8Recipe { kNone, kDelayed, kTensorwise, kBlockwise, kMxfp8 };
 inline constexpr EnumName<Fp8Recipe> kFp8RecipeNames[] = {{Fp8Recipe::kNone, "none"},
                                                           {Fp8Recipe::kDelayed, "delayed"},
                                                           {Fp8Recipe::kTensorwise, "tensorwise"},
-                                                          {Fp8Recipe::kBlockwise, "blockwise"}};
+                                                          {Fp8Recipe::kBlockwise, "blockwise"},
+                                                          {Fp8Recipe::kMxfp8, "mxfp8"}};
 // Which real implementation's kernels the layers mirror (GlobalMemoryBuffer in layers.h
 // says where they differ).
 enum class ProfileKind { kMegatronLocal, kTransformerEngine };

@@ -31,24 +31,28 @@ at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t ou
   block.store = weight.store;
   block.fp8 = weight.fp8;
   if (!block.fp8.weight.empty()) {
-    // [rows, cols] data and its [cols, rows] transpose.
+    // [rows, cols] data and its columnwise data: a [cols, rows] transpose, or (MXFP8) the
+    // same layout.
     at::Tensor& data = block.fp8.weight[0];
-    at::Tensor& transpose = block.fp8.weight[1];
-    data = rows ? data.narrow(0, 0, out) : data.narrow(1, 0, out);
-    transpose = rows ? transpose.narrow(1, 0, out) : transpose.narrow(0, 0, out);
+    at::Tensor& columnwise = block.fp8.weight[1];
+    const bool transposed = block.fp8.recipe != Fp8Recipe::kMxfp8;
+    const int64_t dim = rows ? 0 : 1;
+    data = data.narrow(dim, 0, out);
+    columnwise = columnwise.narrow(transposed ? 1 - dim : dim, 0, out);
   }
   return Linear(tokens, block, nullptr, {}, fp8);
 }
 
-// TEGroupedMLP's Fp8Padding in FP8 (alignment 16 for delayed, tensorwise and blockwise):
-// when an expert's row count is off the multiple, every expert's rows and probabilities
-// are copied into a padded buffer (zeros after each expert's rows); memsim routes evenly,
-// so all experts are padded or none is. Returns {rows, probs} padded, or as given.
-constexpr int64_t kFp8RowAlignment = 16;
+// TEGroupedMLP's Fp8Padding in FP8 (get_align_size_for_quantization: 32 rows for MXFP8,
+// 16 for the other recipes): when an expert's row count is off the multiple, every
+// expert's rows and probabilities are copied into a padded buffer (zeros after each
+// expert's rows); memsim routes evenly, so all experts are padded or none is. Returns
+// {rows, probs} padded, or as given.
 std::pair<at::Tensor, at::Tensor> PadForFp8(const at::Tensor& x, const at::Tensor& probs,
-                                            int64_t experts) {
+                                            int64_t experts, Fp8Recipe recipe) {
+  const int64_t alignment = recipe == Fp8Recipe::kMxfp8 ? 32 : 16;
   const int64_t rows = x.size(0) / experts;
-  const int64_t pad = (kFp8RowAlignment - rows % kFp8RowAlignment) % kFp8RowAlignment;
+  const int64_t pad = (alignment - rows % alignment) % alignment;
   if (pad == 0 || x.size(0) % experts != 0) return {x, probs};
   const int64_t H = x.size(1);
   const at::Tensor padded_x =
@@ -360,13 +364,16 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   ModuleScope e("experts");
   const int64_t fe = m.moe_ffn_hidden_size / p.etp;
   const int64_t local = m.num_experts / p.ep;
-  const bool fp8 = params.experts_fc1->fp8.recipe != Fp8Recipe::kNone;
-  auto [x, probs] = fp8 ? PadForFp8(unpadded_x, unpadded_probs, local)
+  const Fp8Recipe recipe = params.experts_fc1->fp8.recipe;
+  const bool fp8 = recipe != Fp8Recipe::kNone;
+  auto [x, probs] = fp8 ? PadForFp8(unpadded_x, unpadded_probs, local, recipe)
                         : std::pair<at::Tensor, at::Tensor>{unpadded_x, unpadded_probs};
   at::Tensor h;
   {
     ModuleScope f("linear_fc1");
-    h = GroupedLinear(x, *params.experts_fc1, m.Fc1Width(fe), /*rows=*/true);
+    Fp8LinearOptions fc1_fp8;
+    fc1_fp8.row_groups = local;
+    h = GroupedLinear(x, *params.experts_fc1, m.Fc1Width(fe), /*rows=*/true, fc1_fp8);
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
@@ -392,6 +399,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   // restores (experts.py: set_save_original_input).
   Fp8LinearOptions fc2_fp8;
   fc2_fp8.save_original_input = activation_checkpoint.has_value();
+  fc2_fp8.row_groups = local;
   h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false, fc2_fp8);  // [N, H]
   if (activation_checkpoint) activation_checkpoint->DiscardOutputAndRegisterRecompute(h);
   if (fp8) h = UnpadForFp8(h, local, unpadded_x.size(0));

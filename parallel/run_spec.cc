@@ -12,28 +12,40 @@ namespace memsim {
 namespace {
 
 // Transformer Engine's assert_dim_for_fp8_exec: an FP8 GEMM's operands have rows a multiple
-// of 8 and an inner dimension a multiple of 16.
+// of 8 and an inner dimension a multiple of 16. MXFP8's quantizer asserts more: both
+// dimensions of every tensor it quantizes (the local rows under sequence parallelism, and
+// the output gradients' widths too) a multiple of its 32-value block.
 Status CheckFp8GemmShapes(const ModelConfig& m, const ParallelLayout& l, const TrainingConfig& t) {
+  const bool mxfp8 = t.fp8 == Fp8Recipe::kMxfp8;
+  const char* asserts = mxfp8 ? " (as Transformer Engine's MXFP8 quantizer asserts)"
+                              : " (as Transformer Engine asserts)";
+  const int64_t row_multiple = mxfp8 ? 32 : 8, width_multiple = mxfp8 ? 32 : 16;
   const int64_t rows = CheckedMul(t.seq_length / l.cp, t.micro_batch_size);
-  if (rows % 8 != 0) {
-    return Status::Error("FP8 GEMMs need the tokens per rank (sequence / CP * micro batch = " +
-                         std::to_string(rows) +
-                         ") to be a multiple of 8 (as Transformer Engine asserts)");
+  const int64_t local_rows = mxfp8 && l.sequence_parallel ? rows / l.tp : rows;
+  if (local_rows % row_multiple != 0) {
+    return Status::Error(
+        std::string("FP8 GEMMs need the tokens per rank (sequence / CP * micro batch") +
+        (local_rows != rows ? " / TP" : "") + " = " + std::to_string(local_rows) +
+        ") to be a multiple of " + std::to_string(row_multiple) + asserts);
   }
   const int64_t attention_out =
       m.num_attention_heads * (m.multi_latent_attention() ? m.v_head_dim : m.head_dim) / l.tp;
-  std::vector<std::pair<const char*, int64_t>> inner = {
+  std::vector<std::pair<const char*, int64_t>> widths = {
       {"hidden size", m.hidden_size}, {"attention width per TP rank", attention_out}};
   const bool dense_layers = m.num_experts == 0 || m.moe_first_k_dense_layers > 0;
-  if (dense_layers) inner.emplace_back("FFN size per TP rank", m.ffn_hidden_size / l.tp);
+  if (dense_layers) widths.emplace_back("FFN size per TP rank", m.ffn_hidden_size / l.tp);
   if (m.num_experts > 0) {
-    inner.emplace_back("expert FFN size per expert-TP rank", m.moe_ffn_hidden_size / l.etp);
+    widths.emplace_back("expert FFN size per expert-TP rank", m.moe_ffn_hidden_size / l.etp);
   }
-  for (const auto& [what, value] : inner) {
-    if (value % 16 != 0) {
+  if (mxfp8 && !m.multi_latent_attention()) {
+    widths.emplace_back("QKV width per TP rank",
+                        (m.num_attention_heads + 2 * m.num_query_groups) * m.head_dim / l.tp);
+  }
+  for (const auto& [what, value] : widths) {
+    if (value % width_multiple != 0) {
       return Status::Error(std::string("FP8 GEMMs need the ") + what + " (" +
-                           std::to_string(value) +
-                           ") to be a multiple of 16 (as Transformer Engine asserts)");
+                           std::to_string(value) + ") to be a multiple of " +
+                           std::to_string(width_multiple) + asserts);
     }
   }
   return Status::OK();
@@ -110,11 +122,20 @@ Status FinalizeUnchecked(RunSpec* spec) {
     return Status::Error("Transformer Engine's op fuser needs expert tensor parallelism 1, got " +
                          std::to_string(l.etp) + " (as Megatron-Core asserts)");
   }
-  if (t.fp8 != Fp8Recipe::kNone && spec->gpu != nullptr && spec->gpu->compute_capability < 89) {
-    return Status::Error("FP8 training needs a GPU of compute capability 8.9 or later; " +
-                         spec->gpu->name + " has " +
-                         std::to_string(spec->gpu->compute_capability / 10) + "." +
-                         std::to_string(spec->gpu->compute_capability % 10));
+  if (t.fp8 != Fp8Recipe::kNone && spec->gpu != nullptr) {
+    const int capability = spec->gpu->compute_capability;
+    const std::string has = spec->gpu->name + " has " + std::to_string(capability / 10) + "." +
+                            std::to_string(capability % 10);
+    if (capability < 89) {
+      return Status::Error("FP8 training needs a GPU of compute capability 8.9 or later; " + has);
+    }
+    // Transformer Engine's check_mxfp8_support.
+    if (t.fp8 == Fp8Recipe::kMxfp8 && (capability < 100 || capability >= 120)) {
+      return Status::Error(
+          "MXFP8 needs a Blackwell GPU of compute capability 10.x (B200, "
+          "GB200); " +
+          has + ": choose another --fp8-recipe or --gpu");
+    }
   }
   if (t.tp_comm_overlap && !l.sequence_parallel) {
     return Status::Error(

@@ -167,6 +167,25 @@ TEST(Activations, Fp8LinearsKeepTransposesInsteadOf16BitInputs) {
   }
 }
 
+// MXFP8 (Note [FP8 training]) against the same layer in 16 bits, as above: the kept
+// columnwise data has the same bytes as a transpose, but its scales are one byte per 32
+// values, [roundup(ceil(r/32), 4), roundup(cols, 128)]; linear_proj keeps its 16-bit input.
+TEST(Activations, Mxfp8LinearsKeepColumnwiseDataWithBlockScales) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.profile = ProfileKind::kTransformerEngine;
+    const int64_t sixteen_bit = PerLayerActivationBytes(x, t);
+    const int64_t r = x.s * x.b, h = x.h;
+    const auto scales = [r](int64_t cols) {
+      return ((r + 31) / 32 + 3) / 4 * 4 * ((cols + 127) / 128 * 128);
+    };
+    t.fp8 = Fp8Recipe::kMxfp8;
+    EXPECT_EQ(PerLayerActivationBytes(x, t) - sixteen_bit,
+              2 * (-r * h + scales(h)) + (-4 * r * h + scales(4 * h)))
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h;
+  }
+}
+
 // FP8 weights (Note [FP8 training]), per GPT layer of hidden size h: its four GEMM weights
 // hold 12h^2 elements. TE's cached FP8 copy adds data and transpose (2 bytes an element)
 // and a 4-byte scale per weight; the delayed recipe adds per module fp32 scales [3] and [2]
@@ -191,6 +210,18 @@ TEST(Parameters, Fp8WeightsPerLayer) {
   t.fp8 = Fp8Recipe::kTensorwise;
   t.fp8_param_gather = true;
   EXPECT_EQ(per_layer() - sixteen_bit, 4 * 4);
+  // MXFP8: rowwise and columnwise data of each weight [N, K] and their one-byte scales,
+  // [roundup(N, 128), roundup(K/32, 4)] and [roundup(N/32, 4), roundup(K, 128)].
+  t.fp8_param_gather = false;
+  t.fp8 = Fp8Recipe::kMxfp8;
+  const auto up = [](int64_t v, int64_t m) { return (v + m - 1) / m * m; };
+  int64_t scales = 0;
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {3 * x.h, x.h}, {x.h, x.h}, {4 * x.h, x.h}, {x.h, 4 * x.h}}) {
+    scales += up(n, 128) * up(k / 32, 4) + up(n / 32, 4) * up(k, 128);
+  }
+  EXPECT_EQ(scales, 2 * weight_elements / 32);  // h = 256: no padding
+  EXPECT_EQ(per_layer() - sixteen_bit, 2 * weight_elements + scales);
 }
 
 // Bytes of every allocation of one forward and backward, on a TP rank with sequence
@@ -268,25 +299,65 @@ TEST(Activations, Fp8MoeLayerKeepsTransposes) {
   EXPECT_EQ(per_layer() - sixteen_bit, (-r * h + 4) + (-M * h + 4) + (-M * f + 4));
 }
 
+// The same under MXFP8 with 32 rows per expert (s = 64): each expert's rows are quantized
+// alone, so each has its own columnwise scales, [roundup(32/32, 4) = 4, roundup(cols, 128)]
+// (16 scale rows for the 4 experts where one tensor of 128 rows would have 4);
+// linear_qkv keeps [roundup(64/32, 4) = 4, h] scales with its columnwise data.
+TEST(Activations, Mxfp8ExpertsScaleEachExpertAlone) {
+  const int64_t s = 64, h = 256, f = 512, topk = 2, experts = 4;
+  TrainingConfig t;
+  t.seq_length = s;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_grouped_gemm = true;
+  auto per_layer = [&] {
+    auto bytes = [&](int64_t layers) {
+      ModelConfig m = test::Llama(layers, h, 4, 4, 704, 1024);
+      m.num_experts = experts;
+      m.moe_router_topk = topk;
+      m.moe_ffn_hidden_size = f;
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      return ActivationBytesAfterForward(m, t);
+    };
+    return bytes(2) - bytes(1);
+  };
+  const int64_t sixteen_bit = per_layer();
+  t.fp8 = Fp8Recipe::kMxfp8;
+  const int64_t r = s, M = r * topk;
+  EXPECT_EQ(per_layer() - sixteen_bit,
+            (-r * h + 4 * h) + (-M * h + experts * 4 * h) + (-M * f + experts * 4 * f));
+}
+
 // Fp8Padding (Note [FP8 training]): with two local experts of 200 rows each (s*b*topk/E =
 // 200*1*2/2, off the multiple of 16) the experts' rows are copied into [2, 208, h] and
-// their probabilities into [2, 208] before fc1; with 256 rows each nothing is copied.
+// their probabilities into [2, 208] before fc1; with 256 or 208 rows each nothing is
+// copied. MXFP8 aligns to 32: 208 rows are copied into [2, 224, h] and [2, 224].
 TEST(Moe, Fp8PaddingCopiesRowsOnlyWhenAnExpertIsOffTheMultiple) {
-  for (const int64_t seq : {200, 256}) {
+  using Shapes = std::vector<std::vector<int64_t>>;
+  const struct {
+    Fp8Recipe recipe;
+    int64_t seq;
+    Shapes copies;
+  } cases[] = {{Fp8Recipe::kTensorwise, 200, {{2, 208, 256}, {2, 208}}},
+               {Fp8Recipe::kTensorwise, 256, {}},
+               {Fp8Recipe::kTensorwise, 208, {}},
+               {Fp8Recipe::kMxfp8, 208, {{2, 224, 256}, {2, 224}}},
+               {Fp8Recipe::kMxfp8, 256, {}}};
+  for (const auto& c : cases) {
     ModelConfig m = test::Llama(1, 256, 4, 4, 512, 1024);
     m.num_experts = 2;
     m.moe_router_topk = 2;
     ASSERT_TRUE(FinalizeModelConfig(&m).ok());
     TrainingConfig t;
-    t.seq_length = seq;
+    t.seq_length = c.seq;
     t.precision = Precision::kBf16;
     t.profile = ProfileKind::kTransformerEngine;
     t.moe_grouped_gemm = true;
-    t.fp8 = Fp8Recipe::kTensorwise;
+    t.fp8 = c.recipe;
     ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
     const auto padded =
         RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
-          std::vector<std::vector<int64_t>> shapes;
+          Shapes shapes;
           for (const StorageInfo& info : r.storages()) {
             if (r.names().Name(info.op) == "aten::cat") {
               shapes.push_back(r.ShapeOf(info).vec());
@@ -294,10 +365,7 @@ TEST(Moe, Fp8PaddingCopiesRowsOnlyWhenAnExpertIsOffTheMultiple) {
           }
           return shapes;
         });
-    const std::vector<std::vector<int64_t>> expected =
-        seq == 200 ? std::vector<std::vector<int64_t>>{{2, 208, 256}, {2, 208}}
-                   : std::vector<std::vector<int64_t>>{};
-    EXPECT_EQ(padded, expected) << "seq " << seq;
+    EXPECT_EQ(padded, c.copies) << NameOf(kFp8RecipeNames, c.recipe) << ", seq " << c.seq;
   }
 }
 

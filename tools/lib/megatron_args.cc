@@ -504,6 +504,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--offload-modules", Arity::kValues, ArgUse::kRefused, "fine-grained activation offloading"},
     {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
+    {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
+     "MXFP8 parameters gathered in bf16 through the gradient buffer"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
     {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
@@ -1223,13 +1225,8 @@ Status ReadFp8(Args& a, TrainingConfig* training) {
   }
   std::string text;
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--fp8-format", {"e4m3", "hybrid"}, "e4m3", &text));
-  if (a.Text("--fp8-recipe", "delayed") == "mxfp8") {
-    return NotModelled("--fp8-recipe mxfp8",
-                       "MXFP8, which needs a Blackwell GPU (compute capability 10.0); memsim "
-                       "has none");
-  }
   MEMSIM_RETURN_IF_ERROR(
-      Choice(a, "--fp8-recipe", {"delayed", "tensorwise", "blockwise"}, "delayed", &text));
+      Choice(a, "--fp8-recipe", {"delayed", "tensorwise", "blockwise", "mxfp8"}, "delayed", &text));
   MEMSIM_RETURN_IF_ERROR(ParseEnum(kFp8RecipeNames, text, "fp8 recipe", &t.fp8));
   if (a.Has("--no-fp8-wgrad")) {
     return NotModelled("--no-fp8-wgrad", "16-bit weight-gradient GEMMs in FP8 training");

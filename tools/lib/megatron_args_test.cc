@@ -2,6 +2,7 @@
 // layout, batch and training switches, the memory-neutral arguments, and the errors.
 #include "tools/lib/megatron_args.h"
 #include "parallel/run_spec.h"
+#include "simulator/cost_model.h"
 #include "tests/support/test_models.h"
 #include "tests/support/validated_run.h"
 
@@ -693,8 +694,8 @@ TEST(MegatronArgs, CrossEntropyFusion) {
 }
 
 // FP8 training (Note [FP8 training]): --fp8-format turns it on with --fp8-recipe's scaling
-// (delayed by default); its settings are ignored without it; MXFP8 and 16-bit wgrad GEMMs
-// are refused; the FP8 rules are checked when the run is finalized.
+// (delayed by default); its settings are ignored without it; 16-bit wgrad GEMMs and MXFP8
+// parameters are refused; the FP8 rules are checked when the run is finalized.
 TEST(MegatronArgs, Fp8Training) {
   const std::string base = std::string(kTinyGpt) + "--bf16 --transformer-impl transformer_engine ";
   const MegatronArgsResult r =
@@ -743,9 +744,31 @@ TEST(MegatronArgs, Fp8Training) {
       "FP8 GEMMs need the tokens per rank (sequence / CP * micro batch = 4) to be a "
       "multiple of 8 (as Transformer Engine asserts)");
 
-  EXPECT_EQ(ErrorOf(base + "--fp8-format hybrid --fp8-recipe mxfp8"),
-            "--fp8-recipe mxfp8 changes memory in a way memsim does not model (MXFP8, which "
-            "needs a Blackwell GPU (compute capability 10.0); memsim has none); drop it to "
+  // MXFP8: Blackwell only, every quantized dimension a multiple of 32, no FP8 parameters.
+  const std::string mxfp8 = base + "--fp8-format e4m3 --fp8-recipe mxfp8 ";
+  RunSpec blackwell = Parse(mxfp8 + "--seq-length 32", 1).spec;
+  EXPECT_EQ(blackwell.training.fp8, Fp8Recipe::kMxfp8);
+  EXPECT_TRUE(FinalizeRunSpec(blackwell, &run).ok());
+  blackwell.gpu = FindGpu("H100-80GB");
+  EXPECT_EQ(FinalizeRunSpec(blackwell, &run).message(),
+            "MXFP8 needs a Blackwell GPU of compute capability 10.x (B200, GB200); H100-80GB "
+            "has 9.0: choose another --fp8-recipe or --gpu");
+  blackwell.gpu = FindGpu("GB200-186GB");
+  EXPECT_TRUE(FinalizeRunSpec(blackwell, &run).ok());
+  EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 16"),
+            "FP8 GEMMs need the tokens per rank (sequence / CP * micro batch = 16) to be a "
+            "multiple of 32 (as Transformer Engine's MXFP8 quantizer asserts)");
+  EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 32 --hidden-size 80 --num-attention-heads 5"),
+            "FP8 GEMMs need the hidden size (80) to be a multiple of 32 (as Transformer "
+            "Engine's MXFP8 quantizer asserts)");
+  EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 32 --fp8-param-gather --use-distributed-optimizer"),
+            "MXFP8 parameters (fp8_param_gather with the mxfp8 recipe) are not modelled "
+            "(Megatron-Core gathers them in bf16 through the gradient buffer, "
+            "--reuse-grad-buf-for-mxfp8-param-ag); drop fp8_param_gather to simulate TE's "
+            "cached MXFP8 weights instead");
+  EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 32 --reuse-grad-buf-for-mxfp8-param-ag"),
+            "--reuse-grad-buf-for-mxfp8-param-ag changes memory in a way memsim does not model "
+            "(MXFP8 parameters gathered in bf16 through the gradient buffer); drop it to "
             "simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--fp8-format hybrid --no-fp8-wgrad"),
             "--no-fp8-wgrad changes memory in a way memsim does not model (16-bit "

@@ -409,8 +409,8 @@ int SimulateCommand(int argc, const char* const* argv) {
       "what selective recomputation recomputes, comma-separated (default core_attn): "
       "core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj")(
       "fp8", po::value(&fp8),
-      "FP8 training with Transformer Engine's recipe: delayed, tensorwise or blockwise "
-      "(needs --profile transformer_engine)")(
+      "FP8 training with Transformer Engine's recipe: delayed, tensorwise, blockwise or "
+      "mxfp8 (needs --profile transformer_engine; mxfp8 a Blackwell --gpu)")(
       "fp8-param-gather", po::bool_switch(&fp8_param_gather),
       "FP8 parameters (needs --fp8 and --data-parallel distributed-optimizer)")(
       "tp-comm-overlap", po::bool_switch(&tp_comm_overlap),
