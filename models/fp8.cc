@@ -45,11 +45,13 @@ at::Tensor Mxfp8ColumnwiseScales(int64_t rows, int64_t cols, int64_t groups = 1)
       {groups * RoundUp(CeilDiv(CeilDiv(rows, groups), kMxfp8Block), 4), RoundUp(cols, 128)});
 }
 
-// The copy of compact MXFP8 scales that te_general_gemm swizzles into the GEMM's layout,
-// alive for that GEMM (swizzle_scales_for_gemm). Scales quantized for a GEMM are written
-// swizzled already; those of an all-gather (compact, so that rows concatenate) are not.
-at::Tensor SwizzledCopy(const at::Tensor& compact_scales) {
-  return Uint8(compact_scales.sizes().vec());
+// The copy of compact MXFP8 scales that te_general_gemm swizzles into the GEMM's layout
+// after making its output, alive until the GEMM returns (swizzle_scales_for_gemm): called
+// right after the GEMM that reads them, it is made and freed there. Scales quantized for a
+// GEMM are written swizzled already; those of an all-gather (compact, so that rows
+// concatenate) are not. Does nothing for an undefined tensor.
+void SwizzleForGemm(const at::Tensor& compact_scales) {
+  if (compact_scales.defined()) Uint8(compact_scales.sizes().vec());
 }
 
 // A quantized [rows, cols] tensor as Transformer Engine's storage classes hold it (Note
@@ -121,7 +123,7 @@ Fp8Tensor GatherRowwise(const Fp8Tensor& shard, Fp8Recipe recipe, int64_t group,
                         bool into_userbuffer = false) {
   Fp8Tensor total;
   if (into_userbuffer) {
-    MEMSIM_DCHECK(recipe != Fp8Recipe::kBlockwise);
+    MEMSIM_DCHECK(recipe != Fp8Recipe::kBlockwise && recipe != Fp8Recipe::kMxfp8);
     total.data = AllGatherIntoUserbuffer(shard.data, group);
     total.scale_inv = shard.scale_inv;
     return total;
@@ -226,10 +228,8 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
       kept = Quantize(input, recipe, true, /*columnwise=*/blockwise || mxfp8);
       release_norm_output();
       Fp8Tensor total = GatherRowwise(kept, recipe, gather, state->parallelism.userbuffer_gather);
-      {
-        const at::Tensor swizzled = mxfp8 ? SwizzledCopy(total.scale_inv) : at::Tensor();
-        out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
-      }
+      out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
+      if (mxfp8) SwizzleForGemm(total.scale_inv);
       total = {};
       if (blockwise || mxfp8) kept.DropRowwise(recipe);
     } else {
@@ -328,8 +328,8 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
       dgrad = UserbufferView({go.data.size(0), weight_data.size(1)}, state->dtype);
       Fp8GemmInto(go.data, weight_data, dgrad);
     } else {
-      const at::Tensor swizzled = go_compact ? SwizzledCopy(go.scale_inv) : at::Tensor();
       dgrad = Fp8Gemm(go.data, weight_data, state->dtype);
+      if (go_compact) SwizzleForGemm(go.scale_inv);
     }
     dgrad = dgrad.view(total_sizes);
     if (gather > 1 && !blockwise && !mxfp8) AddTranspose(total_input, recipe);
@@ -343,20 +343,20 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     // wgrad: into main_grad in place, or a new 16-bit gradient the DDP hook adds.
     const at::Tensor input_operand = total_input.Operand(recipe);  // [M, K]
     const at::Tensor go_operand = go.Operand(recipe);              // [M, N]
-    {
-      const at::Tensor swizzled_go =
-          go_compact ? SwizzledCopy(go.columnwise_scale_inv) : at::Tensor();
-      const at::Tensor swizzled_input =
-          input_compact ? SwizzledCopy(total_input.columnwise_scale_inv) : at::Tensor();
-      if (state->store->gradient_accumulation_fusion()) {
-        WgradGemmAccumulate(state->weight_main_grad, input_operand, go_operand);
-      } else {
-        AccumulateIntoMainGrad(state->weight_main_grad,
-                               Fp8Gemm(go_operand.t(), input_operand, state->dtype));
+    // A linear gathers its input or its output gradient, not both: at most one copy.
+    const at::Tensor compact = go_compact      ? go.columnwise_scale_inv
+                               : input_compact ? total_input.columnwise_scale_inv
+                                               : at::Tensor();
+    if (state->store->gradient_accumulation_fusion()) {
+      WgradGemmAccumulate(state->weight_main_grad, input_operand, go_operand);
+      SwizzleForGemm(compact);
+      if (state->weight_main_grad.defined()) {
+        state->store->DummyWgrad({weight_data.size(0), weight_data.size(1)});
       }
-    }
-    if (state->store->gradient_accumulation_fusion() && state->weight_main_grad.defined()) {
-      state->store->DummyWgrad({weight_data.size(0), weight_data.size(1)});
+    } else {
+      const at::Tensor wgrad = Fp8Gemm(go_operand.t(), input_operand, state->dtype);
+      SwizzleForGemm(compact);
+      AccumulateIntoMainGrad(state->weight_main_grad, wgrad);
     }
     if (state->bias_main_grad.defined()) {
       AccumulateIntoMainGrad(

@@ -13,7 +13,7 @@
 //   blockwise: rowwise data R*C and fp32 scales [ceil(C/128), roundup(R, 4)], columnwise
 //     data R*C and [ceil(R/128), roundup(C, 4)] (1x128 blocks: activations, gradients);
 //     a weight's 128x128 blocks: [ceil(R/128), roundup(ceil(C/128), 4)] and its mirror;
-//   mxfp8 (Blackwell: compute capability 10.x; csrc/quantizer.cpp MXFP8Quantizer,
+//   mxfp8 (Blackwell: compute capability 10.0 to 11.x; csrc/quantizer.cpp MXFP8Quantizer,
 //     tensor/mxfp8_tensor.py): rowwise data R*C and columnwise data R*C in the same layout
 //     (not a transpose: Blackwell's GEMM reads either), each with one-byte E8M0 scales per
 //     32 values, rowwise [roundup(R, 128), roundup(C/32, 4)], columnwise [roundup(R/32, 4),
@@ -30,11 +30,13 @@
 // linear_qkv and linear_fc1 (LayerNormLinear), linear_proj and linear_fc2 (Linear); MLA's
 // down projections (duplicated Linears, each quantizing the norm output itself) and up
 // projections (LayerNormLinears fusing q_layernorm and kv_layernorm); the routed experts
-// (GroupedLinear: per expert, as one quantization of all rows here, one scale where TE has
-// one per expert) and the shared experts (Linear); MTP's eh_proj. Core attention (FP8
+// (GroupedLinear: per expert, as one quantization of all rows here, one per-tensor scale
+// where TE has one per expert; MXFP8 scales padded per expert) and the shared experts
+// (Linear); MTP's eh_proj. Core attention (FP8
 // attention has no Megatron-LM argument), norms, embeddings, the router and the output
 // layer (Megatron's own ColumnParallelLinear) stay 16-bit. TE also asserts FP8 GEMM shapes
-// (rows a multiple of 8, inner dimension of 16): FinalizeRunSpec refuses others.
+// (rows a multiple of 8, inner dimension of 16; MXFP8: both dimensions of every quantized
+// tensor a multiple of 32): FinalizeRunSpec refuses others.
 // MoE: TEGroupedMLP's Fp8Padding copies the experts' rows and probabilities into buffers
 // padded to 16 rows per expert when any expert's count is off the multiple (memsim routes
 // evenly: all experts or none), and Fp8Unpadding copies fc2's output back; fc2 keeps its
@@ -48,8 +50,9 @@
 //     made in its first forward, re-quantized in place on each step's first microbatch and
 //     kept for the run: 2 bytes per weight element more than 16-bit training (MXFP8: and
 //     its scales, about 2/32 of a byte). MXFP8 weights are quantized over the experts'
-//     concatenated block, which pads the scales as per expert when an expert's rows
-//     (fc1) or columns (fc2) are a multiple of 128. memsim makes it with the parameter, in the
+//     concatenated block: TE pads each expert's scales alone, so memsim counts a few
+//     scale bytes too few when an expert's rows (fc1) or columns (fc2) are not a multiple
+//     of 128. memsim makes it with the parameter, in the
 //     setup: the same bytes from the first forward on, counted in static memory (where a planner
 //     wants them), and layers stay alike for replication (Note [Layer replication]);
 //   --fp8-param-gather (refused with MXFP8: Megatron-Core then has no parameter buffer and
@@ -72,7 +75,7 @@
 //   otherwise: x quantized both ways; the rowwise data dropped after the GEMM, the
 //     transpose kept;
 //   LayerNormLinear: the norm keeps its input and statistics as in 16-bit training; its
-//     16-bit output lives only until quantized (tensorwise, blockwise: a temporary of the
+//     16-bit output lives only until quantized (tensorwise, blockwise, MXFP8: a temporary of the
 //     unfused kernel; delayed: TE's kernel writes FP8 directly, memsim still makes the
 //     temporary, 2*m*K bytes that exist only until the quantization);
 //   linear_proj with every recipe but delayed (Megatron's save_original_input): the
@@ -92,12 +95,12 @@
 //
 // Not modelled (refused or left out): MXFP8 parameters (--fp8-param-gather) and MXFP8
 // with userbuffers (refused), the fused bias-gradient quantization's fp32 workspace
-// (linears with a bias), TE's bulk allocation of all experts' MXFP8 data and scales in one
-// buffer (memsim: one data and one scale tensor per usage, the same bytes, since 32-row
-// multiples keep every part aligned), the cuDNN-fused norm (NVTE_NORM_FWD_USE_CUDNN), FP8
-// with the op fuser (its 256-row padding; refused), router padding
+// (linears with a bias), TE's bulk allocation of all experts' MXFP8 data and scales in two
+// buffers, one per usage (memsim: one data and one scale tensor per usage, the same bytes,
+// since 32-row multiples keep every part aligned), the cuDNN-fused norm (NVTE_NORM_FWD_USE_CUDNN),
+// FP8 with the op fuser (its 256-row padding; refused), router padding
 // (--moe-router-padding-for-fp8), FP8 attention, the delayed recipe's amax-reduction
-// temporaries (4 bytes per module per step), per-expert scales beyond one, and the norm
+// temporaries (4 bytes per module per step), per-expert per-tensor scales beyond one, and the norm
 // kernels' workspaces. MLA's input norm output lives until the attention returns (in TE
 // until both down projections have quantized it).
 #pragma once

@@ -37,9 +37,22 @@ Status CheckFp8GemmShapes(const ModelConfig& m, const ParallelLayout& l, const T
   if (m.num_experts > 0) {
     widths.emplace_back("expert FFN size per expert-TP rank", m.moe_ffn_hidden_size / l.etp);
   }
-  if (mxfp8 && !m.multi_latent_attention()) {
-    widths.emplace_back("QKV width per TP rank",
-                        (m.num_attention_heads + 2 * m.num_query_groups) * m.head_dim / l.tp);
+  if (mxfp8) {  // the other widths MXFP8 quantizes: weights' rows, output gradients' widths
+    const int64_t A = m.num_attention_heads;
+    if (m.multi_latent_attention()) {
+      if (m.q_lora_rank > 0) widths.emplace_back("q_lora_rank", m.q_lora_rank);
+      widths.emplace_back("kv_lora_rank", m.kv_lora_rank);
+      widths.emplace_back("kv_lora_rank + qk_pos_emb_head_dim",
+                          m.kv_lora_rank + m.qk_pos_emb_head_dim);
+      widths.emplace_back("query width per TP rank", A * m.head_dim / l.tp);
+      widths.emplace_back("key-value width per TP rank", A * (m.qk_head_dim + m.v_head_dim) / l.tp);
+    } else {
+      widths.emplace_back("QKV width per TP rank",
+                          (A + 2 * m.num_query_groups) * m.head_dim / l.tp);
+    }
+    if (m.moe_shared_expert_size > 0) {
+      widths.emplace_back("shared-expert FFN size per TP rank", m.moe_shared_expert_size / l.tp);
+    }
   }
   for (const auto& [what, value] : widths) {
     if (value % width_multiple != 0) {
@@ -132,7 +145,7 @@ Status FinalizeUnchecked(RunSpec* spec) {
     // Transformer Engine's check_mxfp8_support.
     if (t.fp8 == Fp8Recipe::kMxfp8 && (capability < 100 || capability >= 120)) {
       return Status::Error(
-          "MXFP8 needs a Blackwell GPU of compute capability 10.x (B200, "
+          "MXFP8 needs a Blackwell GPU of compute capability 10.0 to 11.x (B200, "
           "GB200); " +
           has + ": choose another --fp8-recipe or --gpu");
     }

@@ -751,8 +751,8 @@ TEST(MegatronArgs, Fp8Training) {
   EXPECT_TRUE(FinalizeRunSpec(blackwell, &run).ok());
   blackwell.gpu = FindGpu("H100-80GB");
   EXPECT_EQ(FinalizeRunSpec(blackwell, &run).message(),
-            "MXFP8 needs a Blackwell GPU of compute capability 10.x (B200, GB200); H100-80GB "
-            "has 9.0: choose another --fp8-recipe or --gpu");
+            "MXFP8 needs a Blackwell GPU of compute capability 10.0 to 11.x (B200, GB200); "
+            "H100-80GB has 9.0: choose another --fp8-recipe or --gpu");
   blackwell.gpu = FindGpu("GB200-186GB");
   EXPECT_TRUE(FinalizeRunSpec(blackwell, &run).ok());
   EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 16"),
@@ -760,6 +760,11 @@ TEST(MegatronArgs, Fp8Training) {
             "multiple of 32 (as Transformer Engine's MXFP8 quantizer asserts)");
   EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 32 --hidden-size 80 --num-attention-heads 5"),
             "FP8 GEMMs need the hidden size (80) to be a multiple of 32 (as Transformer "
+            "Engine's MXFP8 quantizer asserts)");
+  EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 32 --multi-latent-attention --q-lora-rank 48 "
+                            "--kv-lora-rank 64 --qk-head-dim 16 --qk-pos-emb-head-dim 16 "
+                            "--v-head-dim 16"),
+            "FP8 GEMMs need the q_lora_rank (48) to be a multiple of 32 (as Transformer "
             "Engine's MXFP8 quantizer asserts)");
   EXPECT_EQ(ErrorOf(mxfp8 + "--seq-length 32 --fp8-param-gather --use-distributed-optimizer"),
             "MXFP8 parameters (fp8_param_gather with the mxfp8 recipe) are not modelled "
