@@ -268,6 +268,29 @@ TEST(Allocations, UserbuffersTakeTheSequenceParallelGathers) {
   }
 }
 
+// The activations one MoE layer keeps after its forward (Transformer Engine layers, bf16,
+// 4 experts all local, grouped GEMM, hidden h, expert FFN f): a 2-layer model less a
+// 1-layer one.
+int64_t MoeLayerActivationBytes(int64_t s, int64_t b, int64_t h, int64_t f, int64_t topk,
+                                Fp8Recipe fp8) {
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_grouped_gemm = true;
+  t.fp8 = fp8;
+  auto bytes = [&](int64_t layers) {
+    ModelConfig m = test::Llama(layers, h, 4, 4, 704, 1024);
+    m.num_experts = 4;
+    m.moe_router_topk = topk;
+    m.moe_ffn_hidden_size = f;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    return ActivationBytesAfterForward(m, t);
+  };
+  return bytes(2) - bytes(1);
+}
+
 // FP8 MoE layers (Note [FP8 training]) against the same in 16 bits, r = s*b tokens, M =
 // r*topk expert rows (all experts local, 128 rows each: no padding), no tensor
 // parallelism: linear_qkv keeps its input's transpose (r*h bytes and a 4-byte scale)
@@ -276,27 +299,10 @@ TEST(Allocations, UserbuffersTakeTheSequenceParallelGathers) {
 // (M*f + 4) instead of it (2Mf); linear_proj keeps its 16-bit input.
 TEST(Activations, Fp8MoeLayerKeepsTransposes) {
   const int64_t s = 256, b = 1, h = 256, f = 512, topk = 2;
-  TrainingConfig t;
-  t.seq_length = s;
-  t.micro_batch_size = b;
-  t.precision = Precision::kBf16;
-  t.profile = ProfileKind::kTransformerEngine;
-  t.moe_grouped_gemm = true;
-  auto per_layer = [&] {
-    auto bytes = [&](int64_t layers) {
-      ModelConfig m = test::Llama(layers, h, 4, 4, 704, 1024);
-      m.num_experts = 4;
-      m.moe_router_topk = topk;
-      m.moe_ffn_hidden_size = f;
-      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-      return ActivationBytesAfterForward(m, t);
-    };
-    return bytes(2) - bytes(1);
-  };
-  const int64_t sixteen_bit = per_layer();
-  t.fp8 = Fp8Recipe::kTensorwise;
+  const int64_t sixteen_bit = MoeLayerActivationBytes(s, b, h, f, topk, Fp8Recipe::kNone);
   const int64_t r = s * b, M = r * topk;
-  EXPECT_EQ(per_layer() - sixteen_bit, (-r * h + 4) + (-M * h + 4) + (-M * f + 4));
+  EXPECT_EQ(MoeLayerActivationBytes(s, b, h, f, topk, Fp8Recipe::kTensorwise) - sixteen_bit,
+            (-r * h + 4) + (-M * h + 4) + (-M * f + 4));
 }
 
 // The same under MXFP8 with 32 rows per expert (s = 64): each expert's rows are quantized
@@ -305,26 +311,9 @@ TEST(Activations, Fp8MoeLayerKeepsTransposes) {
 // linear_qkv keeps [roundup(64/32, 4) = 4, h] scales with its columnwise data.
 TEST(Activations, Mxfp8ExpertsScaleEachExpertAlone) {
   const int64_t s = 64, h = 256, f = 512, topk = 2, experts = 4;
-  TrainingConfig t;
-  t.seq_length = s;
-  t.precision = Precision::kBf16;
-  t.profile = ProfileKind::kTransformerEngine;
-  t.moe_grouped_gemm = true;
-  auto per_layer = [&] {
-    auto bytes = [&](int64_t layers) {
-      ModelConfig m = test::Llama(layers, h, 4, 4, 704, 1024);
-      m.num_experts = experts;
-      m.moe_router_topk = topk;
-      m.moe_ffn_hidden_size = f;
-      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-      return ActivationBytesAfterForward(m, t);
-    };
-    return bytes(2) - bytes(1);
-  };
-  const int64_t sixteen_bit = per_layer();
-  t.fp8 = Fp8Recipe::kMxfp8;
+  const int64_t sixteen_bit = MoeLayerActivationBytes(s, 1, h, f, topk, Fp8Recipe::kNone);
   const int64_t r = s, M = r * topk;
-  EXPECT_EQ(per_layer() - sixteen_bit,
+  EXPECT_EQ(MoeLayerActivationBytes(s, 1, h, f, topk, Fp8Recipe::kMxfp8) - sixteen_bit,
             (-r * h + 4 * h) + (-M * h + experts * 4 * h) + (-M * f + experts * 4 * f));
 }
 
