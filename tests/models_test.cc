@@ -148,7 +148,9 @@ TEST(Activations, KorthikantiFullRecomputation) {
 // the transpose of the GeLU output (4rh and a scale) instead of it (8rh); linear_proj keeps
 // its 16-bit input (save_original_input), except with the delayed recipe, which keeps its
 // transpose (rh and a scale) instead. Per-tensor scales are one fp32; blockwise columnwise
-// scales are fp32 [ceil(r/128), roundup(cols, 4)].
+// scales are fp32 [ceil(r/128), roundup(cols, 4)]. MXFP8 keeps columnwise data of the
+// transpose's bytes with one-byte scales per 32 values, [roundup(ceil(r/32), 4),
+// roundup(cols, 128)].
 TEST(Activations, Fp8LinearsKeepTransposesInsteadOf16BitInputs) {
   for (const Shape& x : kShapes) {
     TrainingConfig t = Fp16Eager(x);
@@ -164,24 +166,12 @@ TEST(Activations, Fp8LinearsKeepTransposesInsteadOf16BitInputs) {
     const auto scales = [r](int64_t cols) { return 4 * ((r + 127) / 128) * ((cols + 3) / 4 * 4); };
     EXPECT_EQ(PerLayerActivationBytes(x, t) - sixteen_bit,
               2 * (-r * h + scales(h)) + (-4 * r * h + scales(4 * h)));
-  }
-}
-
-// MXFP8 (Note [FP8 training]) against the same layer in 16 bits, as above: the kept
-// columnwise data has the same bytes as a transpose, but its scales are one byte per 32
-// values, [roundup(ceil(r/32), 4), roundup(cols, 128)]; linear_proj keeps its 16-bit input.
-TEST(Activations, Mxfp8LinearsKeepColumnwiseDataWithBlockScales) {
-  for (const Shape& x : kShapes) {
-    TrainingConfig t = Fp16Eager(x);
-    t.profile = ProfileKind::kTransformerEngine;
-    const int64_t sixteen_bit = PerLayerActivationBytes(x, t);
-    const int64_t r = x.s * x.b, h = x.h;
-    const auto scales = [r](int64_t cols) {
+    t.fp8 = Fp8Recipe::kMxfp8;
+    const auto mx_scales = [r](int64_t cols) {
       return ((r + 31) / 32 + 3) / 4 * 4 * ((cols + 127) / 128 * 128);
     };
-    t.fp8 = Fp8Recipe::kMxfp8;
     EXPECT_EQ(PerLayerActivationBytes(x, t) - sixteen_bit,
-              2 * (-r * h + scales(h)) + (-4 * r * h + scales(4 * h)))
+              2 * (-r * h + mx_scales(h)) + (-4 * r * h + mx_scales(4 * h)))
         << "s=" << x.s << " b=" << x.b << " h=" << x.h;
   }
 }

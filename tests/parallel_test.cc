@@ -276,6 +276,16 @@ TEST(PipelineSchedule, MicrobatchGroupRules) {
   EXPECT_TRUE(CheckMicrobatchGroup(4, 1, 3, 0).ok());   // no interleaving, no rule
 }
 
+// A pipeline of `pp` stages of `vpp` chunks each and no other parallelism (world size pp).
+ParallelLayout PipelineOnly(const ModelConfig& m, int64_t pp, int64_t vpp = 1) {
+  ParallelLayout layout;
+  layout.world_size = pp;
+  layout.pp = pp;
+  layout.vpp = vpp;
+  EXPECT_TRUE(FinalizeLayout(&layout, m).ok());
+  return layout;
+}
+
 int64_t StagePeak(const ModelConfig& m, const TrainingConfig& t, const ParallelLayout& layout,
                   int64_t pp_rank) {
   const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout), pp_rank);
@@ -296,10 +306,7 @@ TEST(PipelineMemory, StagesPeakByInFlightMicrobatches) {
   t.precision = Precision::kBf16;  // no fp32 master-gradient copies: the peak is activations
   t.num_microbatches = 12;
   t.iterations = 1;
-  ParallelLayout layout;
-  layout.world_size = 6;
-  layout.pp = 6;
-  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const ParallelLayout layout = PipelineOnly(m, 6);
   const int64_t p1 = StagePeak(m, t, layout, 1), p2 = StagePeak(m, t, layout, 2);
   const int64_t p3 = StagePeak(m, t, layout, 3), p4 = StagePeak(m, t, layout, 4);
   EXPECT_GT(p1 - p2, 0);
@@ -355,11 +362,7 @@ TEST(PipelineMemory, EachChunkKeepsItsLastInputAndGradientThroughTheStep) {
   t.iterations = 2;
   const int64_t hidden_bytes = x.s * x.b * x.h * 2;
   for (int64_t vpp : {1, 2}) {
-    ParallelLayout layout;
-    layout.world_size = 2;
-    layout.pp = 2;
-    layout.vpp = vpp;
-    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    const ParallelLayout layout = PipelineOnly(m, 2, vpp);
     for (int64_t stage : {0, 1}) {
       const std::unique_ptr<Session> session =
           test::RecordRank(test::Validated(m, t, layout), stage);
@@ -388,10 +391,7 @@ TEST(PipelineMemory, TheScheduleKeepsTheLastGradientsIntoTheNextSteps) {
   t.num_microbatches = 4;
   t.iterations = 1;
   const int64_t hidden_bytes = x.s * x.b * x.h * 2;
-  ParallelLayout layout;
-  layout.world_size = 2;
-  layout.pp = 2;
-  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const ParallelLayout layout = PipelineOnly(m, 2);
   std::vector<Session> sessions(2);
   for (int64_t stage : {0, 1}) {
     ActiveSession active(sessions[stage]);
@@ -426,11 +426,7 @@ TEST(PipelineMemory, InterleavedScheduleReceivesTheOutputGradientAStepEarly) {
   t.precision = Precision::kBf16;
   t.num_microbatches = 8;
   t.iterations = 1;
-  ParallelLayout layout;
-  layout.world_size = 2;
-  layout.pp = 2;
-  layout.vpp = 2;
-  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const ParallelLayout layout = PipelineOnly(m, 2, 2);
   const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout));
   const Recorder& r = session->recorder();
   EXPECT_EQ(KeptOfMicrobatch(r, MarkerAt(r, MarkerKind::kPhaseBegin, 0, 1, Phase::kBackward), 0, 3),
@@ -1144,11 +1140,7 @@ TEST(MicrobatchReplication, EqualsRunningEveryMicrobatchOnLongerPipelines) {
   };
   for (const Case& c : {Case{1, 8}, Case{2, 8}, Case{2, 4}}) {
     t.num_microbatches = c.microbatches;
-    ParallelLayout layout;
-    layout.world_size = 4;
-    layout.pp = 4;
-    layout.vpp = c.vpp;
-    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    const ParallelLayout layout = PipelineOnly(m, 4, c.vpp);
     for (int64_t stage = 0; stage < 4; ++stage) {
       SCOPED_TRACE("vpp " + std::to_string(c.vpp) + " m " + std::to_string(c.microbatches));
       ExpectReplicationChangesNothing(m, t, layout, stage);
@@ -1410,10 +1402,7 @@ TEST(MegatronFsdp, PrefetchWindowAndQueueBoundWhatIsGathered) {
 TEST(DeferredEmbeddingWgrad, KeepsOutputGradientsUntilTheFlush) {
   const Shape x{128, 2, 128, 4};
   const ModelConfig m = Gpt(x, 2);  // vocabulary 1024
-  ParallelLayout layout;
-  layout.world_size = 2;
-  layout.pp = 2;
-  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const ParallelLayout layout = PipelineOnly(m, 2);
   const int64_t grad_bytes = x.s * x.b * m.padded_vocab_size * 2;
   struct Case {
     bool defer;
@@ -1495,11 +1484,7 @@ TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
   t.precision = Precision::kBf16;
   t.num_microbatches = 8;
   t.iterations = 1;
-  ParallelLayout layout;
-  layout.world_size = 4;
-  layout.pp = 4;
-  layout.vpp = 2;
-  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const ParallelLayout layout = PipelineOnly(m, 4, 2);
   for (int64_t r = 0; r < 4; ++r) {
     EXPECT_EQ(MaxInFlight(PipelineSchedule(4, 2, r, 8)), (4 - r - 1) * 2 + (2 - 1) * 4 + 1);
   }
