@@ -54,6 +54,14 @@ void SwizzleForGemm(const at::Tensor& compact_scales) {
   if (compact_scales.defined()) Uint8(compact_scales.sizes().vec());
 }
 
+// Whether `fp8`'s columnwise data is a tensor of its own: not for a per-tensor recipe on a
+// GPU whose FP8 GEMMs read any layout (Float8Quantizer::create_tensor: the rowwise data
+// serves both), always for blockwise (its columnwise scales differ) and MXFP8.
+bool HasTransposes(const Fp8Module& fp8) {
+  const bool per_tensor = fp8.recipe == Fp8Recipe::kDelayed || fp8.recipe == Fp8Recipe::kTensorwise;
+  return !per_tensor || !fp8.any_layout_gemm;
+}
+
 // A quantized [rows, cols] tensor as Transformer Engine's storage classes hold it (Note
 // [FP8 training]); a part is undefined when its usage was not asked for or was dropped.
 struct Fp8Tensor {
@@ -62,10 +70,12 @@ struct Fp8Tensor {
   at::Tensor scale_inv;   // per-tensor: the one scale; blockwise, MXFP8: the rowwise scales
   at::Tensor columnwise_scale_inv;  // blockwise and MXFP8 only
 
-  // update_usage(rowwise_usage=False): a per-tensor scale stays, the transpose needs it.
-  void DropRowwise(Fp8Recipe recipe) {
+  // update_usage(rowwise_usage=False, columnwise_usage=True): a per-tensor scale stays, the
+  // transpose needs it; without transposes the data itself is the columnwise data.
+  void DropRowwise(const Fp8Module& fp8) {
+    if (!HasTransposes(fp8)) return;
     data.reset();
-    if (recipe == Fp8Recipe::kBlockwise || recipe == Fp8Recipe::kMxfp8) scale_inv.reset();
+    if (fp8.recipe == Fp8Recipe::kBlockwise || fp8.recipe == Fp8Recipe::kMxfp8) scale_inv.reset();
   }
   // The tensor as a [rows, cols] GEMM operand, for its shape.
   at::Tensor Operand(Fp8Recipe recipe) const {
@@ -76,8 +86,9 @@ struct Fp8Tensor {
 
 // What TE's quantizer allocates for a [rows, cols] tensor with these usages; `weight`:
 // blockwise 128x128 blocks instead of 1x128; `groups`: MXFP8 scales per group of rows.
-Fp8Tensor Quantize(int64_t rows, int64_t cols, Fp8Recipe recipe, bool rowwise, bool columnwise,
+Fp8Tensor Quantize(int64_t rows, int64_t cols, const Fp8Module& fp8, bool rowwise, bool columnwise,
                    bool weight = false, int64_t groups = 1) {
+  const Fp8Recipe recipe = fp8.recipe;
   Fp8Tensor q;
   if (recipe == Fp8Recipe::kMxfp8) {
     // Both usages in the same layout, each with its own scales; no amax, no scale.
@@ -90,6 +101,10 @@ Fp8Tensor Quantize(int64_t rows, int64_t cols, Fp8Recipe recipe, bool rowwise, b
       q.columnwise_scale_inv = Mxfp8ColumnwiseScales(rows, cols, groups);
     }
     return q;
+  }
+  if (!HasTransposes(fp8)) {
+    rowwise = rowwise || columnwise;
+    columnwise = false;
   }
   if (rowwise) q.data = Fp8Bytes(rows, cols);
   if (columnwise) q.columnwise = Fp8Bytes(cols, rows);
@@ -112,9 +127,9 @@ Fp8Tensor Quantize(int64_t rows, int64_t cols, Fp8Recipe recipe, bool rowwise, b
   return q;
 }
 
-Fp8Tensor Quantize(const at::Tensor& x, Fp8Recipe recipe, bool rowwise, bool columnwise,
+Fp8Tensor Quantize(const at::Tensor& x, const Fp8Module& fp8, bool rowwise, bool columnwise,
                    int64_t groups = 1) {
-  return Quantize(Rows(x), x.size(-1), recipe, rowwise, columnwise, /*weight=*/false, groups);
+  return Quantize(Rows(x), x.size(-1), fp8, rowwise, columnwise, /*weight=*/false, groups);
 }
 
 // gather_along_first_dim of a quantized shard's rowwise data into a fresh tensor, or
@@ -154,10 +169,13 @@ Fp8Tensor GatherMxfp8Columnwise(const Fp8Tensor& shard, int64_t group) {
   return total;
 }
 
-// The columnwise data a GEMM reads the other way (update_usage(columnwise_usage=True)).
-// REQUIRES: a recipe with transposes (not MXFP8).
-void AddTranspose(Fp8Tensor& q, Fp8Recipe recipe) {
+// The columnwise data a GEMM reads the other way (update_usage(columnwise_usage=True));
+// nothing where the rowwise data serves (HasTransposes).
+// REQUIRES: not MXFP8 (its columnwise data is quantized, not transposed).
+void AddTranspose(Fp8Tensor& q, const Fp8Module& fp8) {
+  const Fp8Recipe recipe = fp8.recipe;
   MEMSIM_DCHECK(recipe != Fp8Recipe::kMxfp8);
+  if (!HasTransposes(fp8)) return;
   const int64_t rows = q.data.size(0), cols = q.data.size(1);
   q.columnwise = Fp8Bytes(cols, rows);
   if (recipe == Fp8Recipe::kBlockwise) {
@@ -169,7 +187,7 @@ void AddTranspose(Fp8Tensor& q, Fp8Recipe recipe) {
 // parameter, or TE's cached FP8 copy.
 void CreateFp8Weight(Fp8Module& module, int64_t rows, int64_t cols) {
   CategoryScope category(Category::kParameter);
-  const Fp8Tensor q = Quantize(rows, cols, module.recipe, true, true, /*weight=*/true);
+  const Fp8Tensor q = Quantize(rows, cols, module, true, true, /*weight=*/true);
   module.weight = {q.data, q.columnwise, q.scale_inv};
   if (q.columnwise_scale_inv.defined()) module.weight.push_back(q.columnwise_scale_inv);
 }
@@ -202,7 +220,8 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias,
                             c10::intrusive_ptr<Fp8LinearState> state) {
-    const Fp8Recipe recipe = state->fp8.recipe;
+    const Fp8Module& fp8 = state->fp8;
+    const Fp8Recipe recipe = fp8.recipe;
     const bool blockwise = recipe == Fp8Recipe::kBlockwise;
     const bool mxfp8 = recipe == Fp8Recipe::kMxfp8;
     const Fp8LinearOptions& options = state->options;
@@ -220,23 +239,23 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     // experts' fc2, the shared experts' fc1, MLA's down projections).
     MEMSIM_DCHECK(!options.save_original_input || gather == 1);
     if (options.save_original_input) {
-      const Fp8Tensor q = Quantize(input, recipe, /*rowwise=*/true, /*columnwise=*/false, groups);
+      const Fp8Tensor q = Quantize(input, fp8, /*rowwise=*/true, /*columnwise=*/false, groups);
       out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
     } else if (gather > 1) {
       // MXFP8 cannot make columnwise data from gathered rowwise data: the shard is
       // quantized both ways, as blockwise does.
-      kept = Quantize(input, recipe, true, /*columnwise=*/blockwise || mxfp8);
+      kept = Quantize(input, fp8, true, /*columnwise=*/blockwise || mxfp8);
       release_norm_output();
       Fp8Tensor total = GatherRowwise(kept, recipe, gather, state->parallelism.userbuffer_gather);
       out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
       if (mxfp8) SwizzleForGemm(total.scale_inv);
       total = {};
-      if (blockwise || mxfp8) kept.DropRowwise(recipe);
+      if (blockwise || mxfp8) kept.DropRowwise(fp8);
     } else {
-      kept = Quantize(input, recipe, true, true, groups);
+      kept = Quantize(input, fp8, true, true, groups);
       release_norm_output();
       out = Fp8Gemm(kept.data, weight_operand, input.scalar_type());
-      kept.DropRowwise(recipe);
+      kept.DropRowwise(fp8);
     }
     // The GEMM adds the bias in its epilogue.
     std::vector<int64_t> out_sizes = input.sizes().vec();
@@ -257,7 +276,8 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto state =
         c10::static_intrusive_pointer_cast<Fp8LinearState>(ctx->saved_data["state"].toCapsule());
-    const Fp8Recipe recipe = state->fp8.recipe;
+    const Fp8Module& fp8 = state->fp8;
+    const Fp8Recipe recipe = fp8.recipe;
     const bool blockwise = recipe == Fp8Recipe::kBlockwise;
     const bool mxfp8 = recipe == Fp8Recipe::kMxfp8;
     const Fp8LinearOptions& options = state->options;
@@ -275,19 +295,19 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     const int64_t scatter = options.reduce_scatter_output_group;
     Fp8Tensor go;
     if (scatter > 1 && mxfp8) {
-      Fp8Tensor local = Quantize(grad_output, recipe, true, true);
+      Fp8Tensor local = Quantize(grad_output, fp8, true, true);
       go = GatherRowwise(local, recipe, scatter, /*into_userbuffer=*/false);
       Fp8Tensor columnwise = GatherMxfp8Columnwise(local, scatter);
       go.columnwise = std::move(columnwise.columnwise);
       go.columnwise_scale_inv = std::move(columnwise.columnwise_scale_inv);
       local = {};
     } else if (scatter > 1) {
-      Fp8Tensor local = Quantize(grad_output, recipe, true, false);
+      Fp8Tensor local = Quantize(grad_output, fp8, true, false);
       go = GatherRowwise(local, recipe, scatter, parallelism.userbuffer_gather);
       local = {};
-      AddTranspose(go, recipe);
+      AddTranspose(go, fp8);
     } else {
-      go = Quantize(grad_output, recipe, true, true, groups);
+      go = Quantize(grad_output, fp8, true, true, groups);
     }
     const bool go_compact = mxfp8 && scatter > 1;
     const int64_t N = go.data.size(1);
@@ -296,8 +316,7 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     Fp8Tensor total_input;
     bool input_compact = false;
     if (original_input.defined()) {
-      total_input =
-          Quantize(original_input, recipe, /*rowwise=*/!blockwise && !mxfp8, true, groups);
+      total_input = Quantize(original_input, fp8, /*rowwise=*/!blockwise && !mxfp8, true, groups);
     } else if (gather > 1 && mxfp8) {
       // Straight into columnwise data; waited for after the dgrad GEMM.
       total_input = GatherMxfp8Columnwise(kept, gather);
@@ -332,7 +351,7 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
       if (go_compact) SwizzleForGemm(go.scale_inv);
     }
     dgrad = dgrad.view(total_sizes);
-    if (gather > 1 && !blockwise && !mxfp8) AddTranspose(total_input, recipe);
+    if (gather > 1 && !blockwise && !mxfp8) AddTranspose(total_input, fp8);
     at::Tensor grad_input = dgrad;
     if (gather > 1) {
       grad_input = ReduceScatter(dgrad, gather);
@@ -369,17 +388,18 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
 
 }  // namespace
 
-void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t amax_history_len) {
-  MEMSIM_DCHECK(recipe != Fp8Recipe::kNone && weight->fp8.recipe == Fp8Recipe::kNone);
-  weight->fp8.recipe = recipe;
-  weight->fp8.fp8_param = fp8_param;
-  weight->fp8.amax_history_len = amax_history_len;
+void MakeFp8Weight(Parameter* weight, const TrainingConfig& training) {
+  MEMSIM_DCHECK(training.fp8 != Fp8Recipe::kNone && weight->fp8.recipe == Fp8Recipe::kNone);
+  weight->fp8.recipe = training.fp8;
+  weight->fp8.fp8_param = training.fp8_param_gather;
+  weight->fp8.amax_history_len = training.fp8_amax_history_len;
+  weight->fp8.any_layout_gemm = training.fp8_gemm_any_layout;
   // Made here rather than in the module's first forward (Note [FP8 training]).
   CreateFp8Weight(weight->fp8, weight->data.size(0), weight->data.size(1));
   InitScalingState(weight->fp8);
   // quantized_model_init: the 16-bit weight TE initialised (a host copy is kept for the
   // optimizer's masters) quantized with its transpose, then freed on the GPU.
-  if (fp8_param) FreeStorage(weight->data.storage());
+  if (training.fp8_param_gather) FreeStorage(weight->data.storage());
 }
 
 at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
@@ -403,7 +423,7 @@ at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias
       std::move(state));
 }
 
-void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, Fp8Recipe recipe) {
+void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, const Fp8Module& fp8) {
   if (masters.empty()) return;
   CategoryScope category(Category::kTemporary);
   std::vector<at::Tensor> copies;  // held until every shard is cast
@@ -411,11 +431,13 @@ void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, Fp8Recip
   const int64_t count = static_cast<int64_t>(masters.size());
   [[maybe_unused]] const at::Tensor packed_amaxes = Fp32({count});
   std::vector<at::Tensor> scales;
-  if (recipe == Fp8Recipe::kTensorwise) {
+  if (fp8.recipe == Fp8Recipe::kTensorwise) {
     for (int64_t i = 0; i < count; ++i) scales.push_back(Fp32({1}));
   }
   // Each shard's cast writes its FP8 bytes into the parameter buffer and makes a transpose
-  // of the shard it drops (the full transpose is rebuilt in place after the all-gather).
+  // of the shard it drops (the full transpose is rebuilt in place after the all-gather);
+  // none where the GPU needs no transposes (update_quantized's convert_and_update_tensor).
+  if (!HasTransposes(fp8)) return;
   for (const at::Tensor& copy : copies) {
     [[maybe_unused]] const at::Tensor shard_transpose = Fp8Bytes(1, copy.numel());
   }

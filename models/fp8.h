@@ -9,7 +9,13 @@
 // ("TN"), so a quantized tensor that a backward GEMM reads the other way also keeps its
 // transpose ("columnwise" data). A quantized [R, C] tensor holds:
 //   delayed, tensorwise (per-tensor scaling): rowwise data R*C bytes, transpose R*C bytes,
-//     one fp32 scale_inv shared by both;
+//     one fp32 scale_inv shared by both; where the GPU's FP8 GEMMs read any layout
+//     (nvte_is_non_tn_fp8_gemm_supported: compute capability 10.x, 11.x, 13 and later;
+//     TrainingConfig::fp8_gemm_any_layout) no transpose at all: Float8Quantizer and
+//     Float8CurrentScalingQuantizer make the rowwise data for either usage, update_usage
+//     keeps it, and cached weights and FP8 parameters are their data alone (the GB200
+//     FP8 cases measure 9-10 MiB less than the same tests on H100 after the step, which
+//     this accounts for);
 //   blockwise: rowwise data R*C and fp32 scales [ceil(C/128), roundup(R, 4)], columnwise
 //     data R*C and [ceil(R/128), roundup(C, 4)] (1x128 blocks: activations, gradients);
 //     a weight's 128x128 blocks: [ceil(R/128), roundup(ceil(C/128), 4)] and its mirror;
@@ -112,11 +118,11 @@
 
 namespace memsim {
 
-// Makes `weight` the weight of an FP8 module (Note [FP8 training]): allocates its FP8
-// data, transpose and scales (and the delayed recipe's state); with `fp8_param` they are
-// the parameter and its 16-bit storage is freed.
-// REQUIRES: recipe != kNone; called once, before the weight is used.
-void MakeFp8Weight(Parameter* weight, Fp8Recipe recipe, bool fp8_param, int64_t amax_history_len);
+// Makes `weight` the weight of an FP8 module of `training`'s recipe (Note [FP8 training]):
+// allocates its FP8 data, transpose and scales (and the delayed recipe's state); with
+// fp8_param_gather they are the parameter and its 16-bit storage is freed.
+// REQUIRES: training.fp8 != kNone; called once, before the weight is used.
+void MakeFp8Weight(Parameter* weight, const TrainingConfig& training);
 
 // TE's Linear in FP8: y = x W^T (+ b), as Note [FP8 training] says.
 // REQUIRES: `weight` was made an FP8 module's by MakeFp8Weight; `options`' REQUIRES.
@@ -125,6 +131,6 @@ at::Tensor Fp8Linear(const at::Tensor& input, Parameter& weight, Parameter* bias
 
 // The temporaries of the optimizer step's casts of the fp32 master shards `masters` into
 // their FP8 parameters (quantize_param_shard).
-void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, Fp8Recipe recipe);
+void CastMastersToFp8Parameters(const std::vector<at::Tensor>& masters, const Fp8Module& fp8);
 
 }  // namespace memsim

@@ -281,6 +281,10 @@ struct TrainingConfig {
   int64_t fp8_amax_history_len = 1;  // the delayed recipe's history (Megatron's default)
   int64_t fp8_bf16_layers_at_start = 0;
   int64_t fp8_bf16_layers_at_end = 0;
+  // Derived by FinalizeRunSpec from the GPU (TE's nvte_is_non_tn_fp8_gemm_supported:
+  // compute capability 10.x, 11.x, 13 and later): its FP8 GEMMs read operands in any
+  // layout, so the per-tensor recipes keep no transposes (Note [FP8 training]).
+  bool fp8_gemm_any_layout = false;
   // Whether decoder layer `index` (of `num_layers`) runs its GEMMs in FP8.
   bool Fp8Layer(int64_t index, int64_t num_layers) const {
     return fp8 != Fp8Recipe::kNone && index >= fp8_bf16_layers_at_start &&

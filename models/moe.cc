@@ -25,20 +25,21 @@ at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t ou
                          const Fp8LinearOptions& fp8 = {}) {
   Parameter block;
   block.name = weight.name;
-  block.data = rows ? weight.data.narrow(0, 0, out) : weight.data.narrow(1, 0, out);
+  // An FP8 parameter's 16-bit data has no bytes (MakeFp8Weight): a view all the same.
+  block.data = LeadingSlice(weight.data, rows ? 0 : 1, out);
   block.main_grad = LeadingSlice(weight.main_grad, rows ? 0 : 1, out);
   block.expert = true;
   block.store = weight.store;
   block.fp8 = weight.fp8;
   if (!block.fp8.weight.empty()) {
-    // [rows, cols] data and its columnwise data: a [cols, rows] transpose, or (MXFP8) the
-    // same layout.
+    // [rows, cols] data and its columnwise data: a [cols, rows] transpose, the same layout
+    // (MXFP8), or none (per-tensor recipes where the GPU's FP8 GEMMs read any layout).
     at::Tensor& data = block.fp8.weight[0];
     at::Tensor& columnwise = block.fp8.weight[1];
     const bool transposed = block.fp8.recipe != Fp8Recipe::kMxfp8;
     const int64_t dim = rows ? 0 : 1;
     data = data.narrow(dim, 0, out);
-    columnwise = columnwise.narrow(transposed ? 1 - dim : dim, 0, out);
+    if (columnwise.defined()) columnwise = columnwise.narrow(transposed ? 1 - dim : dim, 0, out);
   }
   return Linear(tokens, block, nullptr, {}, fp8);
 }

@@ -221,19 +221,20 @@ void MixedPrecisionOptimizer::Step() {
   if (store_->precision() != Precision::kFp32 && !precision_aware) {  // else the kernel does
     size_t i = 0;
     std::vector<at::Tensor> fp8_masters;
-    Fp8Recipe fp8_recipe = Fp8Recipe::kNone;
+    Fp8Module fp8_kind;  // the recipe and layouts of the FP8 parameters (one for all)
     for (Parameter& p : store_->parameters()) {
       const size_t index = i++;
       if (!owned_[index]) continue;
       const at::Tensor& master = masters_[index];
       if (p.fp8.fp8_param) {
         fp8_masters.push_back(master);
-        fp8_recipe = p.fp8.recipe;
+        fp8_kind.recipe = p.fp8.recipe;
+        fp8_kind.any_layout_gemm = p.fp8.any_layout_gemm;
         continue;
       }
       ParameterShard(p).copy_(master);
     }
-    CastMastersToFp8Parameters(fp8_masters, fp8_recipe);
+    CastMastersToFp8Parameters(fp8_masters, fp8_kind);
   }
   if (options_.layer_wise) {
     AllGatherParameters(dense_rank_elements_, dense_rank_);

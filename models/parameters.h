@@ -55,6 +55,8 @@ struct Fp8Module {
   Fp8Recipe recipe = Fp8Recipe::kNone;
   bool fp8_param = false;  // --fp8-param-gather: the parameter itself is FP8
   int64_t amax_history_len = 1;
+  // TrainingConfig::fp8_gemm_any_layout: a per-tensor recipe keeps no transposes.
+  bool any_layout_gemm = false;
   // The FP8 weight (data, transpose, scales: TE's cached copy, or the FP8 parameter, whose
   // 16-bit `data` then has no storage), made with the parameter; the delayed recipe's
   // scales and amax histories.

@@ -118,8 +118,7 @@ TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(ParameterStore* stor
 
 void TransformerModel::MakeFp8(Parameter* weight, bool fp8) const {
   if (fp8) {
-    MakeFp8Weight(weight, training_.fp8, training_.fp8_param_gather,
-                  training_.fp8_amax_history_len);
+    MakeFp8Weight(weight, training_);
   }
 }
 

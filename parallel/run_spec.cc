@@ -71,6 +71,11 @@ Status FinalizeUnchecked(RunSpec* spec) {
                                              spec->gpu->compute_capability,
                                              &spec->training.attention));
   }
+  if (spec->gpu != nullptr) {
+    const int capability = spec->gpu->compute_capability;
+    spec->training.fp8_gemm_any_layout =
+        (capability >= 100 && capability < 120) || capability >= 130;
+  }
   MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
   const ParallelLayout& l = spec->layout;
   TrainingConfig& t = spec->training;

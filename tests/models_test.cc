@@ -212,6 +212,13 @@ TEST(Parameters, Fp8WeightsPerLayer) {
   }
   EXPECT_EQ(scales, 2 * weight_elements / 32);  // h = 256: no padding
   EXPECT_EQ(per_layer() - sixteen_bit, 2 * weight_elements + scales);
+  // Where the GPU's FP8 GEMMs read any layout (Blackwell), the per-tensor recipes keep no
+  // transposes: TE's cached copy is its data alone, an FP8 parameter 1 byte an element.
+  t.fp8 = Fp8Recipe::kTensorwise;
+  t.fp8_gemm_any_layout = true;
+  EXPECT_EQ(per_layer() - sixteen_bit, weight_elements + 4 * 4);
+  t.fp8_param_gather = true;
+  EXPECT_EQ(per_layer() - sixteen_bit, -weight_elements + 4 * 4);
 }
 
 // Bytes of every allocation of one forward and backward, on a TP rank with sequence
@@ -262,7 +269,7 @@ TEST(Allocations, UserbuffersTakeTheSequenceParallelGathers) {
 // 4 experts all local, grouped GEMM, hidden h, expert FFN f): a 2-layer model less a
 // 1-layer one.
 int64_t MoeLayerActivationBytes(int64_t s, int64_t b, int64_t h, int64_t f, int64_t topk,
-                                Fp8Recipe fp8) {
+                                Fp8Recipe fp8, bool fp8_param = false) {
   TrainingConfig t;
   t.seq_length = s;
   t.micro_batch_size = b;
@@ -270,6 +277,7 @@ int64_t MoeLayerActivationBytes(int64_t s, int64_t b, int64_t h, int64_t f, int6
   t.profile = ProfileKind::kTransformerEngine;
   t.moe_grouped_gemm = true;
   t.fp8 = fp8;
+  t.fp8_param_gather = fp8_param;
   auto bytes = [&](int64_t layers) {
     ModelConfig m = test::Llama(layers, h, 4, 4, 704, 1024);
     m.num_experts = 4;
@@ -279,6 +287,32 @@ int64_t MoeLayerActivationBytes(int64_t s, int64_t b, int64_t h, int64_t f, int6
     return ActivationBytesAfterForward(m, t);
   };
   return bytes(2) - bytes(1);
+}
+
+// Where the GPU's FP8 GEMMs read any layout (Blackwell), tensorwise FP8 quantizes without
+// transposes; per layer, rows r = s*b, no tensor parallelism, the step allocates r*h bytes
+// less for each of linear_qkv's and linear_fc1's inputs, linear_proj's 16-bit input
+// quantized again in backward, and linear_fc2's output gradient; 4rh less for linear_fc2's
+// input and linear_fc1's output gradient; 3rh less for linear_qkv's output gradient; rh
+// for linear_proj's: 16*r*h in all; and the four weights' cached transposes (12h^2 bytes,
+// made with the model here).
+TEST(Allocations, Fp8WithoutTransposesWhereGemmsReadAnyLayout) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Fp16Eager(x);
+    t.profile = ProfileKind::kTransformerEngine;
+    t.fp8 = Fp8Recipe::kTensorwise;
+    auto per_layer = [&] {
+      auto bytes = [&](int64_t layers) {
+        const ModelConfig m = GptConfig(x, layers);
+        return BytesAllocatedByStep(m, t, /*tp=*/1);
+      };
+      return bytes(2) - bytes(1);
+    };
+    const int64_t hopper = per_layer();
+    t.fp8_gemm_any_layout = true;
+    EXPECT_EQ(hopper - per_layer(), 16 * x.s * x.b * x.h + 12 * x.h * x.h)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h;
+  }
 }
 
 // FP8 MoE layers (Note [FP8 training]) against the same in 16 bits, r = s*b tokens, M =
@@ -292,6 +326,9 @@ TEST(Activations, Fp8MoeLayerKeepsTransposes) {
   const int64_t sixteen_bit = MoeLayerActivationBytes(s, b, h, f, topk, Fp8Recipe::kNone);
   const int64_t r = s * b, M = r * topk;
   EXPECT_EQ(MoeLayerActivationBytes(s, b, h, f, topk, Fp8Recipe::kTensorwise) - sixteen_bit,
+            (-r * h + 4) + (-M * h + 4) + (-M * f + 4));
+  // FP8 parameters (the experts' 16-bit weights without bytes) keep the same activations.
+  EXPECT_EQ(MoeLayerActivationBytes(s, b, h, f, topk, Fp8Recipe::kTensorwise, true) - sixteen_bit,
             (-r * h + 4) + (-M * h + 4) + (-M * f + 4));
 }
 
