@@ -30,20 +30,20 @@ class HeatmapTest(CliTestCase):
         super().setUp()
         self.mem, self.logs = self.tmp / "traces", self.tmp / "logs"
         self.output = self.tmp / "figures" / "sweep_heatmap"
-#(tp, pp)->per - rank peaks(MiB) and theory; rank 1 is the worst rank.
+        # (tp, pp) -> per-rank peaks (MiB) and theory; rank 1 is the worst rank.
         self.peaks = {(1, 4): ([40 * GB, 50 * GB], 60 * GB), (2, 2): ([30 * GB, 35 * GB], 90 * GB),
                       (2, 4): ([20 * GB, 22 * GB], -1)}
         for (tp, pp), (peaks, theory) in self.peaks.items():
             for rank, peak in enumerate(peaks):
-#The first iteration peaks highest(warm - up) : a layout's peak is the
-#largest of any iteration, not the last one's.
+                # The first iteration peaks highest (warm-up): a layout's peak is the
+                # largest of any iteration, not the last one's.
                 write_json(self.mem / trace_name(rank * pp, tp, pp), {
                     "0": trace_iteration([(0.0, peak / 2), (0.5, peak)], peak=peak, theory=theory),
                     "1": trace_iteration([(1.0, peak / 3), (1.5, peak * 0.75)], peak=peak * 0.75,
                                          theory=theory)})
-#A layout the simulator predicted out of memory : trace and reason both give a peak;
-#the trace 's (allocated, as in every other cell) is shown, not the reason' s
-#(reserved).
+        # A layout the simulator predicted out of memory: trace and reason both give a peak;
+        # the trace's (allocated, as in every other cell) is shown, not the reason's
+        # (reserved).
         write_json(self.mem / trace_name(0, 1, 2), {"0": trace_iteration([(0.0, 95 * GB)])})
         self.successful = [log_line(1, 1, 4, "SUCCESS"), log_line(2, 2, 2, "SUCCESS"),
                            log_line(3, 2, 4, "SUCCESS")]
@@ -67,8 +67,7 @@ class HeatmapTest(CliTestCase):
 
     def layouts(self, stdout: str) -> dict[tuple[int, int], str]:
         return {(int(m[1]), int(m[2])): m[3]
-                for m in re.finditer(r"^TP=(\d+) PP=(\d+): (.*)$", stdout, re.MULTILINE)
-}
+                for m in re.finditer(r"^TP=(\d+) PP=(\d+): (.*)$", stdout, re.MULTILINE)}
 
     def test_writes_png_and_pdf(self) -> None:
         result = self.heatmap()
@@ -93,7 +92,7 @@ class HeatmapTest(CliTestCase):
         })
 
     def test_pruned_layout_shows_its_setup(self) -> None:
-#memsim sweep-- prune : no trace, the reason gives the setup's memory (MiB).
+        # memsim sweep --prune: no trace, the reason gives the setup's memory (MiB).
         self.failed.append(log_line(7, 4, 4, "FAILED (pruned (not simulated): parameters, "
                                              "gradient buffers and master weights alone take "
                                              "102400.0 MB on stage 0, over the 81047.0 MB "
@@ -118,7 +117,7 @@ class HeatmapTest(CliTestCase):
             return Path(f"{self.output}.png")
 
         invalid = self.assert_png(png("invalid"), 200, 80)
-#The same sweep with TP = 3 PP = 2 out of memory instead of invalid.
+        # The same sweep with TP=3 PP=2 out of memory instead of invalid.
         self.failed[-1] = log_line(6, 3, 2, "FAILED (predicted out of memory)")
         self.write_logs()
         oom = self.assert_png(png("oom"), 200, 80)
@@ -181,7 +180,7 @@ class HeatmapTest(CliTestCase):
         self.assertEqual(result.returncode, 0)
         self.assertTrue(result.stdout.startswith("usage: memsim heatmap"), result.stdout)
 
-#Bad input : exit 2, one line naming the problem, no output folder created.
+    # Bad input: exit 2, one line naming the problem, no output folder created.
 
     def assert_fails(self, *mentions) -> None:
         self.assert_bad_input(self.heatmap(), "heatmap", *mentions)
