@@ -25,7 +25,8 @@ struct RankResult {
   std::unique_ptr<Session> session;
   Timeline timeline;
   PeakAnalysis peak;
-  // The recording replayed on the GPU's usable memory: the verdict, and the headroom.
+  // The recording replayed on what the allocator can reserve (AllocatorCapacityBytes): the
+  // verdict, and the headroom.
   CapacityReplay on_gpu;
   // What the stage's own virtual clock measured in the last iteration, before the stages
   // were put on one pipeline clock (Note [Pipeline clock] in parallel/pipeline_clock.h).

@@ -272,6 +272,14 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   ScheduleReferences kept;
   kept.chunk_inputs.resize(static_cast<size_t>(model.num_chunks()));
   Recorder& recorder = session.recorder();
+  // The interleaved schedule (not combined 1F1B) receives a backward's output gradient with
+  // the forward before it, once there is a steady state: when every forward is warm-up,
+  // the first gradient is received at its backward.
+  const bool prefetch_output_grads =
+      layout.vpp > 1 && !layout.combined_1f1b &&
+      PipelineWarmup(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
+                     layout.microbatch_group_size,
+                     layout.combined_1f1b) < training.num_microbatches * layout.vpp;
 
   for (int32_t it = 0; it < training.iterations; ++it) {
     {
@@ -284,11 +292,6 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
     at::Tensor prefetched_output_grad;  // received for the next step, a backward
-    // When every forward is warm-up, the first gradient is received at its backward.
-    const bool steady_state =
-        PipelineWarmup(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
-                       layout.microbatch_group_size,
-                       layout.combined_1f1b) < training.num_microbatches * layout.vpp;
     for (size_t s = 0; s < schedule.size(); ++s) {
       const PipelineStep& step = schedule[s];
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
@@ -308,8 +311,8 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
         }
         // The interleaved schedule receives the next backward's output gradient with this
         // forward's input (send_forward_backward_recv_forward_backward), before it runs.
-        if (layout.vpp > 1 && !layout.combined_1f1b && steady_state && s + 1 < schedule.size() &&
-            !schedule[s + 1].forward && !model.ChunkHasLoss(schedule[s + 1].chunk)) {
+        if (prefetch_output_grads && s + 1 < schedule.size() && !schedule[s + 1].forward &&
+            !model.ChunkHasLoss(schedule[s + 1].chunk)) {
           prefetched_output_grad = at::empty(model.HiddenShape(), hidden_options);
           ReceiveInto(prefetched_output_grad);
         }

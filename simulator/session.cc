@@ -24,8 +24,7 @@ void Session::BeginIteration(int32_t iteration) {
 void Session::EndIteration() { recorder_.AddMarker(MarkerKind::kIterationEnd); }
 
 void Session::Retag(const at::Tensor& tensor, Category category) {
-  if (!tensor.defined() || !tensor.has_storage()) return;
-  const int64_t id = TrackingAllocator::StorageIdOf(tensor.storage().data_ptr(), &recorder_);
+  const int64_t id = TrackingAllocator::StorageIdOf(tensor, recorder_);
   if (id >= 0) recorder_.Retag(id, category);
 }
 

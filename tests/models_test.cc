@@ -555,6 +555,19 @@ TEST(Activations, SquaredReluKeepsItsInputAndOutput) {
             S * B * (8 * H + 8 + 6 * H + 4 * G * D + 4 * A + 4 * F) + 16);
 }
 
+// The parameters of model `m` (finalized here) built whole with `profile`'s layers.
+int64_t ParameterCount(ModelConfig m, ProfileKind profile = ProfileKind::kMegatronLocal) {
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+  Session session;
+  ActiveSession active(session);
+  TrainingConfig t;
+  t.seq_length = m.max_position_embeddings > 0 ? m.max_position_embeddings : 2048;
+  t.profile = profile;
+  ParameterStore store(Precision::kBf16);
+  TransformerModel model(m, t, ModelShard::Whole(m), &store);
+  return store.num_elements();
+}
+
 // --qk-l2-norm (Megatron-Core's L2Norm on each head's query and key, before RoPE): per layer
 // it keeps the reshaped query it normalizes (a copy when G < A: 2SBAD), the key as the view
 // of linear_qkv's output it is (which fused attention's saved value view keeps anyway), and
@@ -581,14 +594,7 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   EXPECT_EQ(per_layer(true, ProfileKind::kMegatronLocal),
             per_layer(false, ProfileKind::kMegatronLocal));
   auto parameters = [&](bool l2, bool layernorm, ProfileKind profile) {
-    const ModelConfig m = model(2, l2, layernorm);
-    Session session;
-    ActiveSession active(session);
-    TrainingConfig t;
-    t.profile = profile;
-    ParameterStore store(Precision::kBf16);
-    TransformerModel built(m, t, ModelShard::Whole(m), &store);
-    return store.num_elements();
+    return ParameterCount(model(2, l2, layernorm), profile);
   };
   const int64_t plain = parameters(false, false, ProfileKind::kTransformerEngine);
   EXPECT_EQ(parameters(true, true, ProfileKind::kTransformerEngine), plain);
@@ -695,17 +701,6 @@ TEST(ModelState, MuonKeepsOneMomentumPerMatrix) {
   }
   EXPECT_EQ(step_peak - timeline.AllocatedBefore(run.step_end + 1),
             3 * 4 * 4 * StateModel::h * StateModel::h);
-}
-
-int64_t ParameterCount(ModelConfig m) {
-  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-  Session session;
-  ActiveSession active(session);
-  TrainingConfig t;
-  t.seq_length = m.max_position_embeddings > 0 ? m.max_position_embeddings : 2048;
-  ParameterStore store(Precision::kBf16);
-  TransformerModel model(m, t, ModelShard::Whole(m), &store);
-  return store.num_elements();
 }
 
 using test::Llama;

@@ -93,6 +93,13 @@ void ShowProgress(const char* unit, size_t done, size_t total, double elapsed_s)
   if (done == total) std::fprintf(stderr, "\n");
 }
 
+void ApplySpecOverrides(const SpecOptions& v, RunSpec* spec) {
+  if (v.seq_length) spec->training.seq_length = v.seq_length;
+  if (v.global_batch_size) spec->global_batch_size = v.global_batch_size;
+  if (v.iterations) spec->training.iterations = static_cast<int32_t>(v.iterations);
+  if (v.moe_imbalance) spec->model.moe_imbalance_factor = v.moe_imbalance;
+}
+
 Status BuildRunSpec(const SpecOptions& v, bool default_run, const char* command, RunSpec* spec) {
   spec->gpu = FindGpu("H100-80GB");
   Status status;
@@ -127,11 +134,8 @@ Status BuildRunSpec(const SpecOptions& v, bool default_run, const char* command,
     status = Status::Error("--iterations must be in [1, 1000]");
   }
   if (v.world_size) spec->layout.world_size = v.world_size;
-  if (v.seq_length) spec->training.seq_length = v.seq_length;
-  if (v.global_batch_size) spec->global_batch_size = v.global_batch_size;
-  if (v.iterations) spec->training.iterations = static_cast<int32_t>(v.iterations);
   if (v.sequence_parallel) spec->layout.sequence_parallel = true;
-  if (v.moe_imbalance) spec->model.moe_imbalance_factor = v.moe_imbalance;
+  ApplySpecOverrides(v, spec);
   return status;
 }
 

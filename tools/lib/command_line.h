@@ -65,6 +65,10 @@ void ShowProgress(const char* unit, size_t done, size_t total, double elapsed_s)
 // Loads the base (--config run file, --model preset or --hf-config) and applies the other
 // options. With none of the three, `default_run` loads the built-in default example;
 // otherwise it is an error.
+// Applies the options that override a loaded run (sequence length, global batch,
+// iterations, MoE imbalance) where they were given; BuildRunSpec and a plan's launch line.
+void ApplySpecOverrides(const SpecOptions& values, RunSpec* spec);
+
 Status BuildRunSpec(const SpecOptions& values, bool default_run, const char* command,
                     RunSpec* spec);
 

@@ -743,12 +743,7 @@ int PlanCommand(int argc, const char* const* argv) {
     base = parsed.spec;
     base.gpu = FindGpu("H100-80GB");
     if (status.ok() && !spec_options.gpu.empty()) status = ParseGpu(spec_options.gpu, &base.gpu);
-    if (spec_options.seq_length) base.training.seq_length = spec_options.seq_length;
-    if (spec_options.global_batch_size) base.global_batch_size = spec_options.global_batch_size;
-    if (spec_options.moe_imbalance) base.model.moe_imbalance_factor = spec_options.moe_imbalance;
-    if (spec_options.iterations) {
-      base.training.iterations = static_cast<int32_t>(spec_options.iterations);
-    }
+    ApplySpecOverrides(spec_options, &base);
     base.model_source = "the launch line's model";
   } else if (status.ok()) {
     status = BuildRunSpec(spec_options, /*default_run=*/false, "plan", &base);
