@@ -320,6 +320,42 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error("recompute_modules has bits of no module: " +
                          Str(static_cast<int64_t>(t.recompute_modules)));
   }
+  if (t.offload_modules >> std::size(kOffloadModuleNames) != 0) {
+    return Status::Error("offload_modules has bits of no module: " +
+                         Str(static_cast<int64_t>(t.offload_modules)));
+  }
+  if (t.min_offloaded_tensor_elements < 0) {
+    return Status::Error("min_offloaded_tensor_size must be >= 0, got " +
+                         Str(t.min_offloaded_tensor_elements));
+  }
+  if (t.offload_modules != 0) {
+    // TransformerConfig.__post_init__ and arguments.py (Megatron-Core 0.20).
+    if (t.profile != ProfileKind::kTransformerEngine) {
+      return Status::Error(
+          "fine-grained activation offloading needs Transformer Engine layers "
+          "(--transformer-impl transformer_engine), as Megatron-LM requires");
+    }
+    if (t.Offloads(OffloadModule::kAttnProj) && !t.Offloads(OffloadModule::kCoreAttn)) {
+      return Status::Error("offload module attn_proj needs core_attn, as Megatron-Core requires");
+    }
+    if (t.Recomputes(RecomputeModule::kMoe) &&
+        (t.offload_modules & (OffloadModuleBit(OffloadModule::kExpertFc1) |
+                              OffloadModuleBit(OffloadModule::kMoeAct))) != 0) {
+      return Status::Error(
+          "offload modules expert_fc1 and moe_act cannot be used with the moe recompute module "
+          "(Megatron-Core rejects it)");
+    }
+    if (t.recompute == RecomputeKind::kFull) {
+      return Status::Error(
+          "fine-grained activation offloading with full recomputation is not modelled; use "
+          "selective recomputation");
+    }
+    if (t.Offloads(OffloadModule::kQkvLinear) && !m.multi_latent_attention()) {
+      return Status::Error(
+          "offload module qkv_linear is modelled for multi-latent attention only (Megatron-Core "
+          "0.20's self-attention has no such region)");
+    }
+  }
   // TransformerConfig.__post_init__'s rules.
   if (t.Recomputes(RecomputeModule::kMoeAct) && !t.moe_grouped_gemm) {
     return Status::Error(

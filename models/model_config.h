@@ -169,6 +169,27 @@ inline constexpr EnumName<RecomputeModule> kRecomputeModuleNames[] = {
 constexpr uint32_t RecomputeModuleBit(RecomputeModule module) {
   return 1u << static_cast<uint32_t>(module);
 }
+// What fine-grained activation offloading copies to the host (Megatron-Core's
+// --offload-modules; Note [Fine-grained activation offloading] in
+// models/activation_offload.h says what each region saves). Bits of
+// TrainingConfig::offload_modules.
+enum class OffloadModule : uint32_t {
+  kAttnNorm,   // the input norm's input (the layer's input)
+  kQkvLinear,  // the query/key/value projections' saved tensors (multi-latent attention)
+  kCoreAttn,   // core attention's saved tensors and its query, key and value
+  kAttnProj,   // the output projection's input
+  kMlpNorm,    // the pre-MLP norm's input (MoE layers)
+  kExpertFc1,  // the routed experts' fc1 input
+  kMoeAct,     // the routed experts' activation input
+};
+inline constexpr EnumName<OffloadModule> kOffloadModuleNames[] = {
+    {OffloadModule::kAttnNorm, "attn_norm"},   {OffloadModule::kQkvLinear, "qkv_linear"},
+    {OffloadModule::kCoreAttn, "core_attn"},   {OffloadModule::kAttnProj, "attn_proj"},
+    {OffloadModule::kMlpNorm, "mlp_norm"},     {OffloadModule::kExpertFc1, "expert_fc1"},
+    {OffloadModule::kMoeAct, "moe_act"}};
+constexpr uint32_t OffloadModuleBit(OffloadModule module) {
+  return 1u << static_cast<uint32_t>(module);
+}
 enum class RecomputeMethod { kUniform, kBlock };
 inline constexpr EnumName<RecomputeMethod> kRecomputeMethodNames[] = {
     {RecomputeMethod::kUniform, "uniform"}, {RecomputeMethod::kBlock, "block"}};
@@ -216,6 +237,14 @@ struct TrainingConfig {
   bool Recomputes(RecomputeModule module) const {
     return recompute == RecomputeKind::kSelective &&
            (recompute_modules & RecomputeModuleBit(module)) != 0;
+  }
+  // --fine-grained-activation-offloading with --offload-modules: OffloadModuleBit()s of the
+  // regions whose saved tensors go to the host between forward and backward (0: none), of
+  // at least `min_offloaded_tensor_elements` elements (--min-offloaded-tensor-size).
+  uint32_t offload_modules = 0;
+  int64_t min_offloaded_tensor_elements = 1024 * 1024;
+  bool Offloads(OffloadModule module) const {
+    return (offload_modules & OffloadModuleBit(module)) != 0;
   }
   OptimizerKind optimizer = OptimizerKind::kAdam;
   int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update

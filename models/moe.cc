@@ -361,7 +361,7 @@ Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens)
 // and +0.99% this way. What the unfused form stands in for is not identified (no GPU trace).
 at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
                    MoeParameters& params, const at::Tensor& unpadded_x,
-                   const at::Tensor& unpadded_probs) {
+                   const at::Tensor& unpadded_probs, ActivationOffloader* offloader) {
   ModuleScope e("experts");
   const int64_t fe = m.moe_ffn_hidden_size / p.etp;
   const int64_t local = m.num_experts / p.ep;
@@ -374,7 +374,11 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     ModuleScope f("linear_fc1");
     Fp8LinearOptions fc1_fp8;
     fc1_fp8.row_groups = local;
+    // experts.py: fc1 saves its whole input (set_save_original_input), offloaded as that.
+    OffloadRegion offload(offloader, OffloadModule::kExpertFc1, &x);
     h = GroupedLinear(x, *params.experts_fc1, m.Fc1Width(fe), /*rows=*/true, fc1_fp8);
+    offload.EndSaving({h});
+    offload.Commit(&h, {{x}});
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
@@ -386,14 +390,18 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     return std::vector<at::Tensor>{
         (Activation(m.activation, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
   };
-  // moe_act: the weighted activation goes once fc2 has saved it.
+  // moe_act: the weighted activation goes once fc2 has saved it. Offloading's moe_act
+  // region covers the activation alone; it commits after fc2 (experts.py).
+  at::Tensor fc1_output = std::move(h);
+  OffloadRegion offload(offloader, OffloadModule::kMoeAct, &fc1_output);
   std::optional<CheckpointWithoutOutput> activation_checkpoint;
   if (t.Recomputes(RecomputeModule::kMoeAct)) {
     activation_checkpoint.emplace();
-    h = activation_checkpoint->Run(weighted_activation, {h, probs})[0];
+    h = activation_checkpoint->Run(weighted_activation, {fc1_output, probs})[0];
   } else {
-    h = weighted_activation({h, probs})[0];
+    h = weighted_activation({fc1_output, probs})[0];
   }
+  offload.EndSaving({h});
   probs.reset();
   ModuleScope f("linear_fc2");
   // Under moe_act recomputation fc2 keeps its 16-bit input, which the recomputation
@@ -403,6 +411,8 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   fc2_fp8.row_groups = local;
   h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false, fc2_fp8);  // [N, H]
   if (activation_checkpoint) activation_checkpoint->DiscardOutputAndRegisterRecompute(h);
+  offload.Commit(&h, {{fc1_output}});
+  fc1_output.reset();
   if (fp8) h = UnpadForFp8(h, local, unpadded_x.size(0));
   if (!t.moe_grouped_gemm && m.num_experts / p.ep > 1) h = h.clone();  // torch.cat
   return h;
@@ -413,7 +423,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
 at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
                       MoeParameters& params,
                       const c10::intrusive_ptr<GlobalMemoryBuffer>& global_buffer,
-                      const at::Tensor& hidden) {
+                      const at::Tensor& hidden, ActivationOffloader* offloader) {
   const int64_t H = m.hidden_size, E = m.num_experts, local = E / p.ep;
   const at::Tensor tokens = hidden.reshape({-1, H});  // [T, H]
   const int64_t T = tokens.size(0);
@@ -456,7 +466,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
                                                                /*masked_select=*/true);
     at::Tensor x = PermuteFunction::apply(hidden_g, perm.index, N);
-    x = Experts(m, t, p, params, x, local_probs);
+    x = Experts(m, t, p, params, x, local_probs, offloader);
     ModuleScope c("token_combine");
     x = UnpermuteFunction::apply(x, gathered);  // [T_g, H]
     if (fp32_probs) x = x.to(at::kFloat);
@@ -489,7 +499,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
       probs = probs.clone();
       if (chunk_sort_map) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
     }
-    x = Experts(m, t, p, params, x, probs);
+    x = Experts(m, t, p, params, x, probs, offloader);
     ModuleScope c("token_combine");
     if (local > 1) {
       x = x.clone();

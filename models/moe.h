@@ -39,6 +39,7 @@
 #include <functional>
 
 #include "models/layers.h"
+#include "models/activation_offload.h"
 #include "models/model_config.h"
 #include "models/parameters.h"
 
@@ -76,10 +77,11 @@ int64_t DispatchedTokens(const ModelConfig& model, int64_t tokens);
 int64_t ReceivedTokens(const ModelConfig& model, int64_t tokens);
 
 // hidden [S', B, H] -> [S', B, H]. `global_buffer` is Megatron's persistent "mpu" buffer,
-// into which the allgather dispatcher gathers the hidden states.
+// into which the allgather dispatcher gathers the hidden states. `offloader` (may be null)
+// offloads the experts' expert_fc1 and moe_act regions.
 at::Tensor MoeForward(const ModelConfig& model, const TrainingConfig& training,
                       const MoeParallelism& parallel, MoeParameters& params,
                       const c10::intrusive_ptr<GlobalMemoryBuffer>& global_buffer,
-                      const at::Tensor& hidden);
+                      const at::Tensor& hidden, ActivationOffloader* offloader = nullptr);
 
 }  // namespace memsim

@@ -28,6 +28,7 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
                       ? workspace_
                       : c10::make_intrusive<GlobalMemoryBuffer>(/*persistent=*/true)) {
   const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
+  if (training.offload_modules != 0) offloader_ = std::make_unique<ActivationOffloader>(training_);
   // FinalizeModelConfig padded V for tp; FinalizeLayout checked that tp divides the heads.
   MEMSIM_DCHECK(tp > 0 && V > 0 && V % tp == 0 && model.num_attention_heads % tp == 0 &&
                 model.head_dim > 0);
@@ -388,10 +389,21 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   if (model_.multi_latent_attention() && training_.Recomputes(RecomputeModule::kMlaUpProj)) {
     up_projection.emplace();
   }
-  std::vector<at::Tensor> qkv =
-      model_.multi_latent_attention()
-          ? LatentQueryKeyValue(layer, ln_out, up_projection ? &*up_projection : nullptr)
-          : QueryKeyValue(layer, ln_out);
+  std::vector<at::Tensor> qkv;
+  {
+    // Offloading's qkv_linear region (multi_latent_attention.py): the down projections
+    // both save the norm's output, which recomputing the layernorm module regenerates.
+    at::Tensor hidden_states = ln_out;
+    OffloadRegion offload(model_.multi_latent_attention() ? offloader_.get() : nullptr,
+                          OffloadModule::kQkvLinear, &hidden_states);
+    qkv = model_.multi_latent_attention()
+              ? LatentQueryKeyValue(layer, hidden_states,
+                                    up_projection ? &*up_projection : nullptr)
+              : QueryKeyValue(layer, hidden_states);
+    offload.EndSaving(qkv);
+    offload.Commit(&qkv[0], {{hidden_states, /*saves=*/2,
+                              /*regenerated=*/training_.Recomputes(RecomputeModule::kLayerNorm)}});
+  }
   at::Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
   qkv.clear();
   const double attention_dropout = training_.dropout ? model_.attention_dropout : 0.0;
@@ -408,12 +420,27 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
         training_.attention == AttentionKind::kEager) {
       context = Checkpoint(core, {q, k, v});
     } else {
-      context = core({q, k, v});
+      // Offloading's core_attn region; eager attention's probabilities are saved by the
+      // softmax and by the bmm (dropout 0 returns them). The up projections' recomputation
+      // regenerates query, key and value.
+      at::Tensor query = q;
+      OffloadRegion offload(offloader_.get(), OffloadModule::kCoreAttn, &query);
+      context = core({query, k, v});
+      offload.EndSaving({context}, /*largest_saved_twice=*/training_.attention ==
+                                           AttentionKind::kEager &&
+                                       attention_dropout == 0);
+      const bool regenerated = up_projection.has_value();
+      offload.Commit(&context, {{q, 1, regenerated}, {k, 1, regenerated}, {v, 1, regenerated}});
     }
   }
   if (up_projection) up_projection->DiscardOutputAndRegisterRecompute(context);
   ModuleScope s("linear_proj");
-  return RowParallelLinear(context, *layer.proj_weight, /*save_original_input=*/true);
+  // Offloading's attn_proj region: the projection's input.
+  OffloadRegion offload(offloader_.get(), OffloadModule::kAttnProj, &context);
+  at::Tensor out = RowParallelLinear(context, *layer.proj_weight, /*save_original_input=*/true);
+  offload.EndSaving({out});
+  offload.Commit(&out, {{context}});
+  return out;
 }
 
 at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Parameter& weight,
@@ -438,7 +465,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   if (layer.moe) {
     auto moe = [this, &layer](const std::vector<at::Tensor>& in) {
       return MoeForward(model_, training_, {shard_.ep, shard_.etp, shard_.tp}, layer.experts,
-                        moe_buffer_, in[0]);
+                        moe_buffer_, in[0], offloader_.get());
     };
     // moe: MoELayer.forward checkpoints routing, dispatch, experts and combine as one.
     return training_.Recomputes(RecomputeModule::kMoe) ? Checkpoint(moe, {ln_out}) : moe({ln_out});
@@ -485,18 +512,28 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   if (recompute_norms && (local || layer.moe)) mlp_norm_checkpoint.emplace();
   CheckpointWithoutOutput* mlp_norm = mlp_norm_checkpoint ? &*mlp_norm_checkpoint : nullptr;
 
+  // Offloading's attn_norm and mlp_norm regions (transformer_layer.py) exist where the norm
+  // is a module of its own: under Transformer Engine, multi-latent attention's input norm
+  // and an MoE layer's pre-MLP norm. Each saves its input, released at its commit after the
+  // bias-dropout-add.
+  at::Tensor x = hidden;
+  OffloadRegion attn_norm_offload(model_.multi_latent_attention() ? offloader_.get() : nullptr,
+                                  OffloadModule::kAttnNorm, &x);
   at::Tensor ln_out;
   {
     ModuleScope s("input_layernorm");
-    ln_out = RecomputableNorm(hidden, layer.input_norm_weight, layer.input_norm_bias,
+    ln_out = RecomputableNorm(x, layer.input_norm_weight, layer.input_norm_bias,
                               input_norm_checkpoint ? &*input_norm_checkpoint : nullptr);
   }
+  attn_norm_offload.EndSaving({ln_out});
   at::Tensor attention_out = Attention(layer, ln_out);
   ln_out.reset();
   if (input_norm_checkpoint)
     input_norm_checkpoint->DiscardOutputAndRegisterRecompute(attention_out);
-  at::Tensor residual = BiasDropoutAdd(attention_out, layer.proj_bias, hidden, hidden_dropout());
+  at::Tensor residual = BiasDropoutAdd(attention_out, layer.proj_bias, x, hidden_dropout());
   attention_out.reset();
+  attn_norm_offload.Commit(&residual, {{x}});
+  x.reset();
   at::Tensor mlp_out;
   if (!layer.moe && training_.Recomputes(RecomputeModule::kMlp)) {
     // Transformer Engine's dense MLP starts with the fused pre-MLP norm (linear_fc1 is a
@@ -506,9 +543,16 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
     };
     mlp_out = Checkpoint(mlp, {local ? PreMlpNorm(layer, residual, mlp_norm) : residual});
   } else {
+    OffloadRegion mlp_norm_offload(layer.moe ? offloader_.get() : nullptr,
+                                   OffloadModule::kMlpNorm, &residual);
     ln_out = PreMlpNorm(layer, residual, mlp_norm);
+    mlp_norm_offload.EndSaving({ln_out});
     mlp_out = Mlp(layer, ln_out);
     ln_out.reset();
+    if (mlp_norm_checkpoint) mlp_norm_checkpoint->DiscardOutputAndRegisterRecompute(mlp_out);
+    at::Tensor out = BiasDropoutAdd(mlp_out, layer.fc2_bias, residual, hidden_dropout());
+    mlp_norm_offload.Commit(&out, {{residual}});
+    return out;
   }
   if (mlp_norm_checkpoint) mlp_norm_checkpoint->DiscardOutputAndRegisterRecompute(mlp_out);
   return BiasDropoutAdd(mlp_out, layer.fc2_bias, residual, hidden_dropout());

@@ -134,9 +134,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "models/activation_offload.h"
 #include "models/layers.h"
 #include "models/model_config.h"
 #include "models/moe.h"
@@ -190,6 +192,8 @@ class TransformerModel {
                    const ModelShard& shard, ParameterStore* store);
 
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  // Fine-grained activation offloading (null when off), driven by the pipeline schedule.
+  ActivationOffloader* offloader() { return offloader_.get(); }
   bool ChunkHasEmbedding(int64_t chunk) const { return shard_.first_stage && chunk == 0; }
   bool ChunkHasLoss(int64_t chunk) const { return shard_.last_stage && chunk == num_chunks() - 1; }
   // Shape of the hidden state between layers and pipeline stages: [S/cp (/tp with SP), B, H].
@@ -319,6 +323,8 @@ class TransformerModel {
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
   c10::intrusive_ptr<DeferredWgrad> deferred_wgrad_;   // output layer; null unless deferring
   c10::intrusive_ptr<GlobalMemoryBuffer> moe_buffer_;  // Megatron's "mpu" buffer for MoE
+  // Fine-grained activation offloading's state; null when nothing is offloaded.
+  std::unique_ptr<ActivationOffloader> offloader_;
 };
 
 }  // namespace memsim

@@ -210,7 +210,10 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
       (training.precision_aware_optimizer && training.main_grads_dtype == Precision::kBf16);
   ParameterStore store(training.precision, training.gradient_accumulation_fusion, bf16_gradients);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
-  shard.replicate_layers = replication.layers;
+  // Offloading moves storages between steps and layers (a reload belongs to the layer or
+  // chunk before its own), which copies cannot map: every layer and microbatch runs.
+  const bool offloading = training.offload_modules != 0;
+  shard.replicate_layers = replication.layers && !offloading;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   std::unique_ptr<MegatronFsdp> megatron_fsdp;
   LayerHooks* layer_hooks = nullptr;  // set below, before any layer runs
@@ -267,8 +270,8 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   LibraryWorkspaces workspaces(session.gpu(), model_config, training, shard);
   // Deferred output-layer weight gradients keep tensors across microbatches, which copied
   // microbatches cannot hold: the stage with the loss runs every microbatch for real.
-  const bool replicate =
-      replication.microbatches && !(training.defer_embedding_wgrad && shard.last_stage);
+  const bool replicate = replication.microbatches && !offloading &&
+                         !(training.defer_embedding_wgrad && shard.last_stage);
   ScheduleReferences kept;
   kept.chunk_inputs.resize(static_cast<size_t>(model.num_chunks()));
   Recorder& recorder = session.recorder();
@@ -288,6 +291,14 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     }
     optimizer.ZeroGrad();
     session.BeginIteration(it);
+    ActivationOffloader* offloader = model.offloader();
+    if (offloader != nullptr) {
+      std::vector<ActivationOffloader::ChunkKey> backward_order;
+      for (const PipelineStep& step : schedule) {
+        if (!step.forward) backward_order.emplace_back(step.microbatch, step.chunk);
+      }
+      offloader->BeginIteration(it, std::move(backward_order));
+    }
     std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
     std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
@@ -297,6 +308,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
       session.SetPhase(step.forward ? Phase::kForward : Phase::kBackward);
       const auto key = std::make_pair(step.microbatch, step.chunk);
+      if (offloader != nullptr) offloader->BeginStep(step.forward, key);
       const auto template_key = std::make_pair(step.forward, step.chunk);
       auto found = templates.find(template_key);
       const bool replicated_forward = replicas.count(key) > 0;
@@ -405,6 +417,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
         if (input.defined()) Send(input.grad());
       }
     }
+    if (offloader != nullptr) offloader->EndIteration();
     // The schedule returned, and its locals with it.
     kept.input_grad.reset();
     kept.output_grad.reset();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -27,6 +28,7 @@ Recorder::~Recorder() {
   for (AllocationRecord* record : live_records_) {
     if (record != nullptr) record->recorder = nullptr;
   }
+  for (const auto& [id, record] : evicted_) record->recorder = nullptr;
 }
 
 Category Recorder::CategoryForNewStorage() const {
@@ -46,6 +48,13 @@ AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
     live_records_[static_cast<size_t>(id)] = record;
     return record;
   }
+  const int64_t id = NewStorage(size_bytes);
+  auto* record = new AllocationRecord{this, id, c10::DataPtr()};
+  live_records_.push_back(record);
+  return record;
+}
+
+int64_t Recorder::NewStorage(int64_t size_bytes) {
   const int64_t id = static_cast<int64_t>(storages_.size());
   StorageInfo& info = storages_.emplace_back();
   info.size_bytes = size_bytes;
@@ -59,12 +68,47 @@ AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
   events_.push_back({id, now_s_, true});
   live_bytes_ = CheckedAdd(live_bytes_, size_bytes);  // throws before a count can wrap
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
-  auto* record = new AllocationRecord{this, id, c10::DataPtr()};
+  return id;
+}
+
+void Recorder::Evict(int64_t storage_id) {
+  AllocationRecord* record = live_records_.at(static_cast<size_t>(storage_id));
+  if (record == nullptr) {
+    throw std::logic_error("memsim: evicting storage " + std::to_string(storage_id) +
+                           ", which is not alive");
+  }
+  OnFree(storage_id);
+  evicted_.emplace(storage_id, record);
+}
+
+int64_t Recorder::Restore(int64_t storage_id) {
+  auto it = evicted_.find(storage_id);
+  if (it == evicted_.end()) return -1;  // never evicted, or its tensors died meanwhile
+  AllocationRecord* record = it->second;
+  evicted_.erase(it);
+  const int64_t id = NewStorage(storages_[static_cast<size_t>(storage_id)].size_bytes);
+  const StorageInfo& original = storages_[static_cast<size_t>(storage_id)];
+  StorageInfo& info = storages_[static_cast<size_t>(id)];
+  // Attributed to what made the tensor: a reloaded activation is still that activation.
+  info.op = original.op;
+  info.module = original.module;
+  info.category = original.category;
+  info.ndim = original.ndim;
+  info.dtype = original.dtype;
+  info.shape_offset = original.shape_offset;
+  record->storage_id = id;
   live_records_.push_back(record);
-  return record;
+  return id;
 }
 
 void Recorder::OnFree(int64_t storage_id) {
+  if (!evicted_.empty()) {
+    // The tensors of an evicted storage died: its free was recorded at Evict.
+    if (auto it = evicted_.find(storage_id); it != evicted_.end()) {
+      evicted_.erase(it);
+      return;
+    }
+  }
   StorageInfo& info = storages_.at(static_cast<size_t>(storage_id));
   MEMSIM_DCHECK(info.free_event < 0);  // each storage is freed once
   info.free_event = static_cast<int64_t>(events_.size());

@@ -201,6 +201,17 @@ class Recorder {
   // REQUIRES: `storage_id` is alive, has no tensor, and the allocation has its size.
   void AdoptNextAllocation(int64_t storage_id);
 
+  // --- Offloading (Note [Fine-grained activation offloading] in models/activation_offload.h).
+  // Records the free of live storage `storage_id` while its tensors keep it: its bytes
+  // moved to the host. The tensors' own free later records nothing.
+  // REQUIRES: `storage_id` is alive (std::logic_error otherwise).
+  void Evict(int64_t storage_id);
+  // Brings an evicted storage's bytes back as a new storage allocated now (attributed to
+  // the op and module that made the original), which its tensors free when they die.
+  // Returns the new id, or -1 when `storage_id` is not evicted (never was, or its tensors
+  // died meanwhile: nothing to bring back).
+  int64_t Restore(int64_t storage_id);
+
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }
   const std::vector<StorageInfo>& storages() const { return storages_; }
@@ -220,12 +231,16 @@ class Recorder {
 
  private:
   Category CategoryForNewStorage() const;
+  // Appends storage and allocation event for `size_bytes` with the current attribution.
+  int64_t NewStorage(int64_t size_bytes);
   void RecordModuleChange();
 
   c10::DeviceType device_type_;
   std::vector<MemoryEvent> events_;
   std::vector<StorageInfo> storages_;
   std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed
+  // Evicted storages whose tensors are alive: their records, until Restore or their free.
+  std::unordered_map<int64_t, AllocationRecord*> evicted_;
   std::vector<Marker> markers_;
   std::vector<int64_t> shape_dims_;
   NameTable names_;

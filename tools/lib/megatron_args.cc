@@ -189,6 +189,13 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-layer-recompute", Arity::kFlag, ArgUse::kRead},
     {"--distribute-saved-activations", Arity::kFlag, ArgUse::kRead},
     {"--cpu-offloading-num-layers", Arity::kValue, ArgUse::kRead},
+    {"--fine-grained-activation-offloading", Arity::kFlag, ArgUse::kRead},
+    {"--offload-modules", Arity::kValues, ArgUse::kRead},
+    {"--min-offloaded-tensor-size", Arity::kValue, ArgUse::kRead},
+    {"--delta-offload-bytes-across-pp-ranks", Arity::kValue, ArgUse::kRead},
+    {"--activation-offload-fraction", Arity::kValue, ArgUse::kRead},
+    // Makes the compute stream wait for older host copies: timing, not memory.
+    {"--fine-grained-offloading-max-inflight-offloads", Arity::kValue, ArgUse::kNeutral},
     {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
     {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},
     // What the graphs capture and when: only with --cuda-graph-impl, which is refused.
@@ -453,24 +460,16 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--weight-decay-incr-style", Arity::kValue, ArgUse::kNeutral},
     {"--window-size", Arity::kValue, ArgUse::kNeutral},
     // Refused: they change memory in ways memsim does not simulate.
-    {"--activation-offload-fraction", Arity::kValues, ArgUse::kRefused,
-     "fine-grained activation offloading"},
     {"--cpu-offloading", Arity::kValues, ArgUse::kRefused, "activation offloading to CPU"},
     {"--decoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--decoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--delay-offload-until-cuda-graph", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
     {"--delay-wgrad-compute", Arity::kValues, ArgUse::kRefused, "delayed weight gradients"},
-    {"--delta-offload-bytes-across-pp-ranks", Arity::kValues, ArgUse::kRefused,
-     "fine-grained activation offloading"},
     {"--enable-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--encoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--external-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
-    {"--fine-grained-activation-offloading", Arity::kValues, ArgUse::kRefused,
-     "fine-grained activation offloading"},
-    {"--fine-grained-offloading-max-inflight-offloads", Arity::kValues, ArgUse::kRefused,
-     "fine-grained activation offloading"},
     {"--fp16-lm-cross-entropy", Arity::kValues, ArgUse::kRefused, "an fp16 cross entropy"},
     {"--fp32-residual-connection", Arity::kValues, ArgUse::kRefused, "an fp32 residual stream"},
     {"--fp4-format", Arity::kValues, ArgUse::kRefused, "FP4 training"},
@@ -492,8 +491,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-router-padding-for-quantization", Arity::kValues, ArgUse::kRefused,
      "routing padded for FP8 (extra tokens instead of Fp8Padding)"},
     {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
-    {"--min-offloaded-tensor-size", Arity::kValues, ArgUse::kRefused,
-     "fine-grained activation offloading"},
     {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused,
      "fused MLA down projections and input layernorm"},
     {"--mtp-detach-heads", Arity::kValues, ArgUse::kRefused,
@@ -501,7 +498,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--mtp-hsm", Arity::kValues, ArgUse::kRefused, "multi-token prediction hidden-state mixing"},
     {"--mtp-use-repeated-layer", Arity::kValues, ArgUse::kRefused,
      "one multi-token prediction layer repeated"},
-    {"--offload-modules", Arity::kValues, ArgUse::kRefused, "fine-grained activation offloading"},
     {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
     {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
@@ -1402,6 +1398,48 @@ Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
   return Status::OK();
 }
 
+// Fine-grained activation offloading (Note [Fine-grained activation offloading] in
+// models/activation_offload.h): which regions, and the policies that keep more groups on
+// the device only at their defaults.
+Status ReadActivationOffloading(Args& a, TrainingConfig* t) {
+  if (!a.Has("--fine-grained-activation-offloading")) {
+    for (const char* name : {"--offload-modules", "--min-offloaded-tensor-size",
+                             "--delta-offload-bytes-across-pp-ranks",
+                             "--activation-offload-fraction"}) {
+      a.Ignore(name);  // TransformerConfig reads them only with the switch
+    }
+    return Status::OK();
+  }
+  if (!a.Has("--offload-modules") || a.Values("--offload-modules").empty()) {
+    return Status::Error(
+        "--fine-grained-activation-offloading needs --offload-modules (Megatron-Core requires a "
+        "non-empty list)");
+  }
+  for (const std::string& name : a.Values("--offload-modules")) {
+    if (name == "fused_group_mlp" || name == "gdp_qkv") {
+      return NotModelled("--offload-modules " + name,
+                         "offloading the op fuser's grouped MLP or gated delta networks");
+    }
+  }
+  const Status parsed = ParseOffloadModules(a.Values("--offload-modules"), &t->offload_modules);
+  if (!parsed.ok()) return Status::Error("--offload-modules: " + parsed.message());
+  MEMSIM_RETURN_IF_ERROR(a.Int("--min-offloaded-tensor-size", &t->min_offloaded_tensor_elements));
+  int64_t delta = 0;
+  MEMSIM_RETURN_IF_ERROR(a.Int("--delta-offload-bytes-across-pp-ranks", &delta));
+  if (delta != 0) {
+    return NotModelled("--delta-offload-bytes-across-pp-ranks",
+                       "offloading fewer groups on later pipeline ranks");
+  }
+  a.Ignore("--delta-offload-bytes-across-pp-ranks");
+  double fraction = 1.0;
+  MEMSIM_RETURN_IF_ERROR(a.Float("--activation-offload-fraction", &fraction));
+  if (fraction != 1.0) {
+    return NotModelled("--activation-offload-fraction", "offloading a fraction of the groups");
+  }
+  a.Ignore("--activation-offload-fraction");
+  return Status::OK();
+}
+
 // Every argument group of a launch line into `out->spec` (Note [Megatron arguments]).
 Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   RunSpec& spec = out->spec;
@@ -1441,6 +1479,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadFp8(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadTpCommOverlap(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, m, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadActivationOffloading(a, &t));
   return ReadMemoryManagement(a, &t);
 }
 

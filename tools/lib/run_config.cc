@@ -85,6 +85,16 @@ Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* ou
   *out = bits;
   return Status::OK();
 }
+Status ParseOffloadModules(const std::vector<std::string>& names, uint32_t* out) {
+  uint32_t bits = 0;
+  for (const std::string& name : names) {
+    OffloadModule module;
+    MEMSIM_RETURN_IF_ERROR(ParseEnum(kOffloadModuleNames, name, "offload module", &module));
+    bits |= OffloadModuleBit(module);
+  }
+  *out = bits;
+  return Status::OK();
+}
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
   return ParseEnum(kRecomputeMethodNames, text, "recompute method", out);
 }
@@ -324,6 +334,18 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          Status s = ParseRecomputeModules(names, &t->recompute_modules);
          return s.ok() ? s
                        : Status::Error(Where(source, v) + ": recompute_modules: " + s.message());
+       }},
+      {"offload_modules",
+       [&](const YAML::Node& v) {
+         // Fine-grained activation offloading, as Megatron's --offload-modules names them.
+         std::vector<std::string> names;
+         MEMSIM_RETURN_IF_ERROR(Read(v, source, "offload_modules", &names));
+         Status s = ParseOffloadModules(names, &t->offload_modules);
+         return s.ok() ? s : Status::Error(Where(source, v) + ": offload_modules: " + s.message());
+       }},
+      {"min_offloaded_tensor_size",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "min_offloaded_tensor_size", &t->min_offloaded_tensor_elements);
        }},
       {"empty_unused_memory_level",
        [&](const YAML::Node& v) {

@@ -44,6 +44,8 @@ Status ParseFp8Recipe(const std::string& text, Fp8Recipe* out);
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
 // Recompute module names ("core_attn", "mlp"; none for none) as RecomputeModuleBit()s.
 Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out);
+// Megatron's --offload-modules names into OffloadModuleBit()s.
+Status ParseOffloadModules(const std::vector<std::string>& names, uint32_t* out);
 Status ParseOptimizer(const std::string& text, OptimizerKind* out);
 Status ParseProfile(const std::string& text, ProfileKind* out);
 Status ParseGpu(const std::string& text, const GpuSpec** out);

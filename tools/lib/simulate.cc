@@ -393,6 +393,7 @@ int SimulateCommand(int argc, const char* const* argv) {
   SpecOptions spec_options;
   std::string recompute;
   std::string recompute_modules;
+  std::string offload_modules;
   std::string fp8;
   bool fp8_param_gather = false;
   bool tp_comm_overlap = false;
@@ -408,6 +409,10 @@ int SimulateCommand(int argc, const char* const* argv) {
       "recompute-modules", po::value(&recompute_modules),
       "what selective recomputation recomputes, comma-separated (default core_attn): "
       "core_attn, layernorm, mlp, moe, moe_act, shared_experts, mla_up_proj")(
+      "offload-modules", po::value(&offload_modules),
+      "fine-grained activation offloading of these regions, comma-separated: attn_norm, "
+      "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act (needs --profile "
+      "transformer_engine)")(
       "fp8", po::value(&fp8),
       "FP8 training with Transformer Engine's recipe: delayed, tensorwise, blockwise or "
       "mxfp8 (needs --profile transformer_engine; mxfp8 a Blackwell --gpu)")(
@@ -431,19 +436,27 @@ int SimulateCommand(int argc, const char* const* argv) {
   Status status = BuildRunSpec(spec_options, /*default_run=*/true, "simulate", &spec);
   if (status.ok() && !recompute.empty())
     status = ParseRecompute(recompute, &spec.training.recompute);
-  if (status.ok() && vm.count("recompute-modules") != 0) {
-    std::vector<std::string> names;  // comma-separated
-    status = ParseNameList<std::string>(
-        recompute_modules,
+  auto split_names = [](const std::string& text, std::vector<std::string>* names) {
+    return ParseNameList<std::string>(  // comma-separated
+        text,
         +[](const std::string& name, std::string* out) {
           *out = name;
           return Status::OK();
         },
-        &names);
+        names);
+  };
+  if (status.ok() && vm.count("recompute-modules") != 0) {
+    std::vector<std::string> names;
+    status = split_names(recompute_modules, &names);
     if (status.ok()) status = ParseRecomputeModules(names, &spec.training.recompute_modules);
     if (status.ok() && spec.training.recompute != RecomputeKind::kSelective) {
       status = Status::Error("--recompute-modules needs --recompute selective");
     }
+  }
+  if (status.ok() && vm.count("offload-modules") != 0) {
+    std::vector<std::string> names;
+    status = split_names(offload_modules, &names);
+    if (status.ok()) status = ParseOffloadModules(names, &spec.training.offload_modules);
   }
   if (status.ok() && !fp8.empty()) status = ParseFp8Recipe(fp8, &spec.training.fp8);
   if (fp8_param_gather) spec.training.fp8_param_gather = true;

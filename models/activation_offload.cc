@@ -1,0 +1,287 @@
+#include "models/activation_offload.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+#include "simulator/recorder.h"
+#include "simulator/session.h"
+#include "simulator/tracking_allocator.h"
+
+namespace memsim {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::Function;
+using torch::autograd::variable_list;
+
+// A region's group: what it saved and where its bytes are.
+class OffloadGroup : public torch::CustomClassHolder {
+ public:
+  struct Saved {
+    int64_t storage_id;  // the id evicted at the commit
+    int64_t size_bytes;
+    NameId module;  // where the tensor was made: copies are attributed there
+    int copies;     // reloads into new tensors
+    bool restore;   // a reload restores the storage itself (once)
+    bool forced;    // a forced-released input: evicted again at the start node in backward
+  };
+
+  ActivationOffloader* owner = nullptr;
+  OffloadModule module = OffloadModule::kAttnNorm;
+  ActivationOffloader::ChunkKey chunk{-1, -1};
+  size_t index = 0;  // in its chunk's start order
+  std::vector<Saved> saved;
+  bool offloaded = false;
+  bool reloaded = false;
+  std::vector<int64_t> restored_forced;  // the ids the forced inputs' reloads restored
+  std::vector<at::Tensor> copies;        // reloads into new tensors
+};
+
+namespace {
+
+c10::intrusive_ptr<OffloadGroup> GroupOf(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<OffloadGroup>(ctx->saved_data["group"].toCapsule());
+}
+
+// FineGrainedOffloadingGroupStartFunction: identity; its backward reloads the next group.
+struct GroupStartFunction : public Function<GroupStartFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            c10::intrusive_ptr<OffloadGroup> group) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto group = GroupOf(ctx);
+    group->owner->StartBackward(*group);
+    return {grads[0], at::Tensor()};
+  }
+};
+
+// FineGrainedOffloadingGroupCommitFunction: identity; its backward waits for the group's
+// reload, which memsim makes there when nothing prefetched it.
+struct GroupCommitFunction : public Function<GroupCommitFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y,
+                            c10::intrusive_ptr<OffloadGroup> group) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto group = GroupOf(ctx);
+    group->owner->CommitBackward(*group);
+    return {grads[0], at::Tensor()};
+  }
+};
+
+int64_t ElementsOf(const StorageInfo& storage) {
+  const int64_t element_bytes =
+      storage.dtype == c10::ScalarType::Undefined
+          ? 1
+          : static_cast<int64_t>(c10::elementSize(storage.dtype));
+  return storage.size_bytes / element_bytes;
+}
+
+}  // namespace
+
+ActivationOffloader::ActivationOffloader(const TrainingConfig& training) : training_(training) {}
+ActivationOffloader::~ActivationOffloader() = default;
+
+void ActivationOffloader::BeginIteration(int32_t iteration, std::vector<ChunkKey> backward_order) {
+  iteration_ = iteration;
+  backward_order_ = std::move(backward_order);
+  backward_position_.clear();
+  for (size_t i = 0; i < backward_order_.size(); ++i) backward_position_[backward_order_[i]] = i;
+  backward_next_ = 0;
+  chunks_.clear();
+  in_forward_ = false;
+}
+
+void ActivationOffloader::BeginStep(bool forward, ChunkKey chunk) {
+  if (in_forward_) chunks_[forward_chunk_].forward_done = true;
+  in_forward_ = forward;
+  if (forward) {
+    forward_chunk_ = chunk;
+    return;
+  }
+  // pop_backward_chunk: the queue's front moves past the chunk whose backward runs.
+  auto it = backward_position_.find(chunk);
+  if (it != backward_position_.end()) backward_next_ = std::max(backward_next_, it->second + 1);
+}
+
+void ActivationOffloader::EndIteration() {
+  if (iteration_ != 0) return;
+  // post_warmup_callback: for each name, the last group of that name in the first backward
+  // chunk that has one stays on the device, for as many names as the most any chunk has.
+  size_t margin = 0;
+  for (const auto& [chunk, names] : registry_) {
+    const std::set<OffloadModule> distinct(names.begin(), names.end());
+    margin = std::max(margin, distinct.size());
+  }
+  std::vector<OffloadModule> order;  // the names as the callback's dict first meets them
+  std::map<OffloadModule, std::pair<ChunkKey, size_t>> last_of_name;
+  for (auto it = backward_order_.rbegin(); it != backward_order_.rend(); ++it) {
+    auto found = registry_.find(*it);
+    if (found == registry_.end()) continue;
+    for (size_t i = 0; i < found->second.size(); ++i) {
+      const OffloadModule name = found->second[i];
+      if (last_of_name.count(name) == 0) order.push_back(name);
+      last_of_name[name] = {*it, i};
+    }
+  }
+  for (size_t i = 0; i < order.size() && i < margin; ++i) kept_.insert(last_of_name[order[i]]);
+}
+
+int64_t ActivationOffloader::FrontBackwardChunk(size_t from, const OffloadModule* module) const {
+  for (size_t i = from; i < backward_order_.size(); ++i) {
+    auto found = registry_.find(backward_order_[i]);
+    if (found == registry_.end() || found->second.empty()) continue;
+    if (module == nullptr ||
+        std::find(found->second.begin(), found->second.end(), *module) != found->second.end()) {
+      return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
+}
+
+bool ActivationOffloader::KeepsOnDevice(const OffloadGroup& group) const {
+  if (iteration_ == 0) return false;  // warm-up offloads everything
+  if (kept_.count({group.chunk, group.index}) > 0) return true;
+  // The front of the backward queue keeps the last group of each name: it is needed next.
+  const int64_t front = FrontBackwardChunk(backward_next_, &group.module);
+  if (front < 0 || backward_order_[static_cast<size_t>(front)] != group.chunk) return false;
+  const std::vector<OffloadModule>& names = registry_.at(group.chunk);
+  return std::find(names.begin() + static_cast<std::ptrdiff_t>(group.index) + 1, names.end(),
+                   group.module) == names.end();
+}
+
+c10::intrusive_ptr<OffloadGroup> ActivationOffloader::StartGroup(OffloadModule module) {
+  auto group = c10::make_intrusive<OffloadGroup>();
+  group->owner = this;
+  group->module = module;
+  group->chunk = forward_chunk_;
+  ChunkState& chunk = chunks_[forward_chunk_];
+  group->index = chunk.groups.size();
+  chunk.groups.push_back(group);
+  if (iteration_ == 0) registry_[forward_chunk_].push_back(module);
+  return group;
+}
+
+void ActivationOffloader::Commit(const c10::intrusive_ptr<OffloadGroup>& group) {
+  Recorder* recorder = CurrentRecorder();
+  if (recorder == nullptr || KeepsOnDevice(*group)) return;
+  group->offloaded = true;
+  for (const OffloadGroup::Saved& saved : group->saved) recorder->Evict(saved.storage_id);
+  chunks_[group->chunk].to_reload.push_back(group);
+}
+
+void ActivationOffloader::Reload(OffloadGroup& group) {
+  Recorder* recorder = CurrentRecorder();
+  if (recorder == nullptr || !group.offloaded || group.reloaded) return;
+  group.reloaded = true;
+  for (const OffloadGroup::Saved& saved : group.saved) {
+    int copies = saved.copies;
+    if (saved.restore) {
+      const int64_t restored = recorder->Restore(saved.storage_id);
+      if (restored < 0) {
+        ++copies;  // its tensors are gone; the reload is a tensor of its own
+      } else if (saved.forced) {
+        group.restored_forced.push_back(restored);
+      }
+    }
+    ModuleScope module(saved.module);
+    CategoryScope category(Category::kActivation);
+    for (int i = 0; i < copies; ++i) {
+      group.copies.push_back(at::empty({saved.size_bytes}, at::TensorOptions()
+                                                               .device(recorder->device_type())
+                                                               .dtype(at::kByte)));
+    }
+  }
+}
+
+void ActivationOffloader::CommitBackward(OffloadGroup& group) { Reload(group); }
+
+void ActivationOffloader::StartBackward(OffloadGroup& group) {
+  // The region's ops are done with its reloads: the forced inputs' go, as do the copies.
+  group.copies.clear();
+  if (Recorder* recorder = CurrentRecorder()) {
+    for (int64_t id : group.restored_forced) {
+      if (recorder->storages()[static_cast<size_t>(id)].free_event < 0) recorder->Evict(id);
+    }
+  }
+  group.restored_forced.clear();
+  // bulk_reload: the top of this chunk's stack, else the next backward chunk's last group.
+  ChunkState& chunk = chunks_[group.chunk];
+  ChunkState* source = &chunk;
+  if (chunk.to_reload.empty()) {
+    const int64_t front = FrontBackwardChunk(backward_next_, nullptr);
+    if (front < 0) return;
+    auto next = chunks_.find(backward_order_[static_cast<size_t>(front)]);
+    if (next == chunks_.end() || !next->second.forward_done || next->second.to_reload.empty()) {
+      return;
+    }
+    source = &next->second;
+  }
+  c10::intrusive_ptr<OffloadGroup> popped = std::move(source->to_reload.back());
+  source->to_reload.pop_back();
+  Reload(*popped);
+}
+
+OffloadRegion::OffloadRegion(ActivationOffloader* offloader, OffloadModule module, at::Tensor* x) {
+  if (offloader == nullptr || !offloader->Offloads(module) || CurrentRecorder() == nullptr) return;
+  offloader_ = offloader;
+  group_ = offloader->StartGroup(module);
+  first_storage_ = static_cast<int64_t>(CurrentRecorder()->storages().size());
+  *x = GroupStartFunction::apply(*x, group_);
+}
+
+OffloadRegion::~OffloadRegion() = default;
+
+void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool largest_saved_twice) {
+  if (offloader_ == nullptr) return;
+  const Recorder& recorder = *CurrentRecorder();
+  std::vector<int64_t> output_ids;
+  for (const at::Tensor& t : outputs) output_ids.push_back(TrackingAllocator::StorageIdOf(t, recorder));
+  const std::vector<StorageInfo>& storages = recorder.storages();
+  OffloadGroup::Saved* largest = nullptr;
+  for (int64_t id = first_storage_; id < static_cast<int64_t>(storages.size()); ++id) {
+    const StorageInfo& s = storages[static_cast<size_t>(id)];
+    const bool activation =
+        s.category == Category::kActivation || s.category == Category::kCommunication;
+    if (s.free_event >= 0 || !activation ||
+        std::find(output_ids.begin(), output_ids.end(), id) != output_ids.end() ||
+        ElementsOf(s) < offloader_->min_offloaded_tensor_elements()) {
+      continue;
+    }
+    group_->saved.push_back({id, s.size_bytes, s.module, /*copies=*/0, /*restore=*/true,
+                             /*forced=*/false});
+    if (largest == nullptr || s.size_bytes > largest->size_bytes) largest = &group_->saved.back();
+  }
+  if (largest_saved_twice && largest != nullptr) largest->copies = 1;
+}
+
+void OffloadRegion::Commit(at::Tensor* y, const std::vector<ForcedRelease>& forced) {
+  if (offloader_ == nullptr) return;
+  const Recorder& recorder = *CurrentRecorder();
+  for (const ForcedRelease& f : forced) {
+    const int64_t id = TrackingAllocator::StorageIdOf(f.tensor, recorder);
+    // tensor_need_offloading_checker: the tensor's own elements decide.
+    if (id < 0 || recorder.storages()[static_cast<size_t>(id)].free_event >= 0 ||
+        f.tensor.numel() < offloader_->min_offloaded_tensor_elements()) {
+      continue;
+    }
+    auto same = std::find_if(group_->saved.begin(), group_->saved.end(),
+                             [id](const OffloadGroup::Saved& s) { return s.storage_id == id; });
+    if (same != group_->saved.end()) {  // another view of a storage already in the group
+      same->copies += f.saves;
+      continue;
+    }
+    const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
+    group_->saved.push_back({id, s.size_bytes, s.module,
+                             /*copies=*/f.regenerated ? f.saves : f.saves - 1,
+                             /*restore=*/!f.regenerated, /*forced=*/true});
+  }
+  offloader_->Commit(group_);
+  *y = GroupCommitFunction::apply(*y, group_);
+}
+
+}  // namespace memsim

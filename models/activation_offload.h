@@ -1,0 +1,152 @@
+// Fine-grained activation offloading: what Megatron-Core's saved-tensor hooks copy to the
+// host between a region's forward and its backward, and when the bytes come back.
+//
+// Note [Fine-grained activation offloading]
+// Megatron-Core 0.20 (pipeline_parallel/fine_grained_activation_offload.py; the reading,
+// with file and line for each rule, is docs/source-notes/fine-grained-activation-
+// offloading.md) wraps each region of --offload-modules as
+//     with off_interface(flag, x, name) as x: ...ops...
+//     y = manager.group_offload(y, forced_released_tensors=[...])
+// Every tensor autograd saves inside the `with` block goes to the region's group. At the
+// commit (group_offload) the group's tensors of at least --min-offloaded-tensor-size
+// elements are copied to the host and their device memory is gone: allocated memory drops
+// at once (the caching allocator frees on the free call; record_stream only delays reuse).
+// The forced-released tensors (the region's inputs) are resized to 0 bytes then too.
+// In backward each region's start node reloads one group (bulk_reload): the top of its
+// chunk's stack of offloaded groups, or, when that is empty, the top of the next backward
+// chunk's (once that chunk's forward is complete). A reload is a new device tensor that
+// lives until its consumer is done with it; a group not reloaded ahead is reloaded when
+// its tensors are unpacked, which memsim places at the group's commit in backward.
+// Which groups stay on the device (should_bulk_offload): none in the first iteration
+// (warm-up); afterwards the last group of each name in the first backward chunk that has
+// it (post_warmup_callback's margin), and the last group of each name of a chunk that is
+// the front of the backward queue when it runs forward. So from the second iteration on a
+// rank keeps one layer's regions and reloads one layer ahead.
+//
+// What memsim models and how:
+//   - A region's saved tensors are its forced-released inputs (named by the layer, with how
+//     many of its ops save each: a duplicated save is a second host copy and a second
+//     reload) and every activation storage allocated inside the `with` block and alive at
+//     its end other than the block's outputs (what autograd holds), each saved once unless
+//     the region says its largest is saved twice (eager attention's probabilities, saved
+//     by the softmax and by the bmm).
+//   - Offloading evicts each storage (Recorder::Evict): its free is recorded while the
+//     tensors that stand for it stay usable on meta.
+//   - A reload restores the storage (Recorder::Restore), freed where its tensors die, as
+//     without offloading; a forced-released input is evicted again at the region's start
+//     node in backward (its reload lived until the region's ops were done). Extra saves and
+//     inputs that recomputation regenerates (the norm output of --recompute-modules
+//     layernorm, multi-latent attention's up projections under mla_up_proj) reload into new
+//     tensors, kept until the region's start node in backward.
+// Not modelled: the per-stream pools of the reload stream (reserved memory, not allocated),
+// the .contiguous() copies of saved views covering less than half their storage (the
+// threshold is applied to a storage's elements, not a view's), and the pinned host memory.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "models/model_config.h"
+
+namespace memsim {
+
+class OffloadGroup;
+
+// The offloading state of one rank: its chunk handlers, the backward queue, and what the
+// warm-up iteration registered. Used by one thread (the rank's).
+class ActivationOffloader {
+ public:
+  // A microbatch-chunk of the pipeline schedule: (microbatch, model chunk).
+  using ChunkKey = std::pair<int64_t, int64_t>;
+
+  explicit ActivationOffloader(const TrainingConfig& training);
+  ~ActivationOffloader();  // where OffloadGroup is complete
+  ActivationOffloader(const ActivationOffloader&) = delete;
+  ActivationOffloader& operator=(const ActivationOffloader&) = delete;
+
+  bool Offloads(OffloadModule module) const { return training_.Offloads(module); }
+
+  // --- Driven by the rank's training loop. ---
+  // Before an iteration's schedule runs: the chunks in the order their backward steps run.
+  void BeginIteration(int32_t iteration, std::vector<ChunkKey> backward_order);
+  // Before each step of the schedule.
+  void BeginStep(bool forward, ChunkKey chunk);
+  // After the schedule: the first iteration's registry decides what stays on the device.
+  void EndIteration();
+
+  // --- Driven by OffloadRegion and the nodes it inserts. ---
+  c10::intrusive_ptr<OffloadGroup> StartGroup(OffloadModule module);
+  void Commit(const c10::intrusive_ptr<OffloadGroup>& group);
+  void CommitBackward(OffloadGroup& group);
+  void StartBackward(OffloadGroup& group);
+  int64_t min_offloaded_tensor_elements() const { return training_.min_offloaded_tensor_elements; }
+
+ private:
+  struct ChunkState {
+    std::vector<c10::intrusive_ptr<OffloadGroup>> groups;    // this iteration's, in commit order
+    std::vector<c10::intrusive_ptr<OffloadGroup>> to_reload;  // offloaded, not yet popped
+    bool forward_done = false;
+  };
+  bool KeepsOnDevice(const OffloadGroup& group) const;
+  // The first chunk at or after `from` in the backward order that registered `module`
+  // (any module when null); -1 when none.
+  int64_t FrontBackwardChunk(size_t from, const OffloadModule* module) const;
+  void Reload(OffloadGroup& group);
+
+  const TrainingConfig& training_;
+  int32_t iteration_ = 0;
+  std::vector<ChunkKey> backward_order_;
+  std::map<ChunkKey, size_t> backward_position_;
+  size_t backward_next_ = 0;  // the backward queue's front: first chunk not yet in backward
+  std::map<ChunkKey, ChunkState> chunks_;
+  ChunkKey forward_chunk_{-1, -1};
+  bool in_forward_ = false;
+  // The first iteration's group names per chunk, in commit order (the warm-up registry).
+  std::map<ChunkKey, std::vector<OffloadModule>> registry_;
+  // (chunk, index in its commit order) of the groups post_warmup_callback keeps.
+  std::set<std::pair<ChunkKey, size_t>> kept_;
+};
+
+// A tensor a region hands to group_offload's forced_released_tensors.
+struct ForcedRelease {
+  at::Tensor tensor;
+  int saves = 1;             // how many of the region's ops save it
+  bool regenerated = false;  // recomputation in backward restores its storage itself
+};
+
+// One offloaded region, as the layers write it:
+//     OffloadRegion region(offloader, OffloadModule::kCoreAttn, &q);  // with ... as q
+//     ... ops ...
+//     region.EndSaving({context});                                    // end of the block
+//     region.Commit(&context, {{q}, {k}, {v}});                       // group_offload
+// Every call is a no-op when `offloader` is null or does not offload `module`.
+class OffloadRegion {
+ public:
+  // Passes *x through the group's start node, whose backward reloads the next group.
+  OffloadRegion(ActivationOffloader* offloader, OffloadModule module, at::Tensor* x);
+  ~OffloadRegion();  // where OffloadGroup is complete
+  OffloadRegion(const OffloadRegion&) = delete;
+  OffloadRegion& operator=(const OffloadRegion&) = delete;
+
+  // The end of the `with` block: the activations allocated since the start and alive now,
+  // but not `outputs`, are what the block's ops saved. `largest_saved_twice`: the largest
+  // of them is saved by two ops.
+  void EndSaving(const std::vector<at::Tensor>& outputs, bool largest_saved_twice = false);
+  // group_offload: offloads the group unless policy keeps it, and passes *y through the
+  // commit node, whose backward reloads the group if nothing did before.
+  // REQUIRES: EndSaving ran.
+  void Commit(at::Tensor* y, const std::vector<ForcedRelease>& forced);
+
+ private:
+  ActivationOffloader* offloader_ = nullptr;  // null: inactive
+  c10::intrusive_ptr<OffloadGroup> group_;
+  int64_t first_storage_ = 0;
+};
+
+}  // namespace memsim
