@@ -74,10 +74,9 @@ struct GroupCommitFunction : public Function<GroupCommitFunction> {
 };
 
 int64_t ElementsOf(const StorageInfo& storage) {
-  const int64_t element_bytes =
-      storage.dtype == c10::ScalarType::Undefined
-          ? 1
-          : static_cast<int64_t>(c10::elementSize(storage.dtype));
+  const int64_t element_bytes = storage.dtype == c10::ScalarType::Undefined
+                                    ? 1
+                                    : static_cast<int64_t>(c10::elementSize(storage.dtype));
   return storage.size_bytes / element_bytes;
 }
 
@@ -191,9 +190,9 @@ void ActivationOffloader::Reload(OffloadGroup& group) {
     ModuleScope module(saved.module);
     CategoryScope category(Category::kActivation);
     for (int i = 0; i < copies; ++i) {
-      group.copies.push_back(at::empty({saved.size_bytes}, at::TensorOptions()
-                                                               .device(recorder->device_type())
-                                                               .dtype(at::kByte)));
+      group.copies.push_back(
+          at::empty({saved.size_bytes},
+                    at::TensorOptions().device(recorder->device_type()).dtype(at::kByte)));
     }
   }
 }
@@ -240,7 +239,8 @@ void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool large
   if (offloader_ == nullptr) return;
   const Recorder& recorder = *CurrentRecorder();
   std::vector<int64_t> output_ids;
-  for (const at::Tensor& t : outputs) output_ids.push_back(TrackingAllocator::StorageIdOf(t, recorder));
+  for (const at::Tensor& t : outputs)
+    output_ids.push_back(TrackingAllocator::StorageIdOf(t, recorder));
   const std::vector<StorageInfo>& storages = recorder.storages();
   OffloadGroup::Saved* largest = nullptr;
   for (int64_t id = first_storage_; id < static_cast<int64_t>(storages.size()); ++id) {

@@ -89,7 +89,7 @@ class ActivationOffloader {
 
  private:
   struct ChunkState {
-    std::vector<c10::intrusive_ptr<OffloadGroup>> groups;    // this iteration's, in commit order
+    std::vector<c10::intrusive_ptr<OffloadGroup>> groups;     // this iteration's, in commit order
     std::vector<c10::intrusive_ptr<OffloadGroup>> to_reload;  // offloaded, not yet popped
     bool forward_done = false;
   };

@@ -666,9 +666,12 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   const at::Tensor q3 = q.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
   const at::Tensor k3 = key.reshape({seq, batch * heads, head_dim}).transpose(0, 1);
-  const at::Tensor buffer = workspace.Get({batch * heads, seq, seq}, q.scalar_type());
+  at::Tensor buffer = workspace.Get({batch * heads, seq, seq}, q.scalar_type());
   at::Tensor scores = at::baddbmm(buffer, q3, k3.transpose(1, 2), /*beta=*/0.0,
                                   /*alpha=*/1.0 / std::sqrt(static_cast<double>(head_dim)));
+  // Transformer Engine rebinds its torch.empty buffer to baddbmm's result (backends.py),
+  // which lets it go; a persistent buffer stays in its workspace.
+  buffer.reset();
   // FusedScaleMaskSoftmax takes the fused causal kernel for 16-bit inputs with
   // 16 < S <= 16384 and S, B*A divisible by 4; otherwise masked_fill_ + torch softmax.
   const bool fused =

@@ -183,9 +183,9 @@ enum class OffloadModule : uint32_t {
   kMoeAct,     // the routed experts' activation input
 };
 inline constexpr EnumName<OffloadModule> kOffloadModuleNames[] = {
-    {OffloadModule::kAttnNorm, "attn_norm"},   {OffloadModule::kQkvLinear, "qkv_linear"},
-    {OffloadModule::kCoreAttn, "core_attn"},   {OffloadModule::kAttnProj, "attn_proj"},
-    {OffloadModule::kMlpNorm, "mlp_norm"},     {OffloadModule::kExpertFc1, "expert_fc1"},
+    {OffloadModule::kAttnNorm, "attn_norm"}, {OffloadModule::kQkvLinear, "qkv_linear"},
+    {OffloadModule::kCoreAttn, "core_attn"}, {OffloadModule::kAttnProj, "attn_proj"},
+    {OffloadModule::kMlpNorm, "mlp_norm"},   {OffloadModule::kExpertFc1, "expert_fc1"},
     {OffloadModule::kMoeAct, "moe_act"}};
 constexpr uint32_t OffloadModuleBit(OffloadModule module) {
   return 1u << static_cast<uint32_t>(module);

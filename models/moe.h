@@ -38,8 +38,8 @@
 
 #include <functional>
 
-#include "models/layers.h"
 #include "models/activation_offload.h"
+#include "models/layers.h"
 #include "models/model_config.h"
 #include "models/parameters.h"
 

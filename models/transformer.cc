@@ -397,8 +397,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     OffloadRegion offload(model_.multi_latent_attention() ? offloader_.get() : nullptr,
                           OffloadModule::kQkvLinear, &hidden_states);
     qkv = model_.multi_latent_attention()
-              ? LatentQueryKeyValue(layer, hidden_states,
-                                    up_projection ? &*up_projection : nullptr)
+              ? LatentQueryKeyValue(layer, hidden_states, up_projection ? &*up_projection : nullptr)
               : QueryKeyValue(layer, hidden_states);
     offload.EndSaving(qkv);
     offload.Commit(&qkv[0], {{hidden_states, /*saves=*/2,
@@ -426,9 +425,9 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
       at::Tensor query = q;
       OffloadRegion offload(offloader_.get(), OffloadModule::kCoreAttn, &query);
       context = core({query, k, v});
-      offload.EndSaving({context}, /*largest_saved_twice=*/training_.attention ==
-                                           AttentionKind::kEager &&
-                                       attention_dropout == 0);
+      offload.EndSaving({context},
+                        /*largest_saved_twice=*/training_.attention == AttentionKind::kEager &&
+                            attention_dropout == 0);
       const bool regenerated = up_projection.has_value();
       offload.Commit(&context, {{q, 1, regenerated}, {k, 1, regenerated}, {v, 1, regenerated}});
     }
@@ -543,8 +542,8 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
     };
     mlp_out = Checkpoint(mlp, {local ? PreMlpNorm(layer, residual, mlp_norm) : residual});
   } else {
-    OffloadRegion mlp_norm_offload(layer.moe ? offloader_.get() : nullptr,
-                                   OffloadModule::kMlpNorm, &residual);
+    OffloadRegion mlp_norm_offload(layer.moe ? offloader_.get() : nullptr, OffloadModule::kMlpNorm,
+                                   &residual);
     ln_out = PreMlpNorm(layer, residual, mlp_norm);
     mlp_norm_offload.EndSaving({ln_out});
     mlp_out = Mlp(layer, ln_out);

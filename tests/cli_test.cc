@@ -144,6 +144,16 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
       << "model: gpt3-1.3b\ntraining:\n  recompute: selective\n  recompute_modules: [mlp, x]\n";
   ExpectOneLineError(Memsim("simulate --config " + dir + "/modules2.yaml"),
                      "modules2.yaml:4: recompute_modules: unknown recompute module 'x'");
+  ExpectOneLineError(Memsim("simulate --offload-modules core_attn"),
+                     "fine-grained activation offloading needs Transformer Engine layers");
+  ExpectOneLineError(
+      Memsim("simulate --profile transformer_engine --offload-modules core_attn,attn"),
+      "unknown offload module 'attn'");
+  std::ofstream(dir + "/offload.yaml")
+      << "model: gpt3-1.3b\ntraining:\n  offload_modules: [attn_proj]\n"
+      << "  profile: transformer_engine\n";
+  ExpectOneLineError(Memsim("simulate --config " + dir + "/offload.yaml"),
+                     "offload module attn_proj needs core_attn");
   // A pipeline layout fixes what sweep and plan vary; memsim's FSDP would not shard MTP.
   std::ofstream(dir + "/layout.yaml")
       << "model: gpt3-1.3b\nlayout:\n  world_size: 2\n  pp: 2\n  pipeline_layout: 'E(t*12|)*2L'\n";

@@ -443,6 +443,29 @@ TEST(Activations, TransformerEngineFusesTheDenseNorms) {
   }
 }
 
+// Fine-grained activation offloading (Note [Fine-grained activation offloading] in
+// models/activation_offload.h) of core_attn and attn_proj takes what those regions saved off
+// the device at their commits: eager attention's probabilities (2bas^2, one storage however
+// many ops save it), the qkv projection's output that query, key and value view (6sbh) and
+// the output projection's input (2sbh). --min-offloaded-tensor-size applies to each
+// tensor's own elements: above sbh, query, key and value (views of sbh elements each) and
+// the projection's input stay, and only the probabilities go.
+TEST(Activations, OffloadingCoreAttentionAndProjection) {
+  for (const Shape& x : kShapes) {
+    TrainingConfig t = Bf16WithoutDropout(x.s, x.b, AttentionKind::kEager);
+    t.profile = ProfileKind::kTransformerEngine;
+    const int64_t kept = PerLayerActivationBytes(x, t);
+    t.offload_modules =
+        OffloadModuleBit(OffloadModule::kCoreAttn) | OffloadModuleBit(OffloadModule::kAttnProj);
+    t.min_offloaded_tensor_elements = 0;
+    EXPECT_EQ(kept - PerLayerActivationBytes(x, t), 2 * x.b * x.a * x.s * x.s + 8 * x.s * x.b * x.h)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+    t.min_offloaded_tensor_elements = x.s * x.b * x.h + 1;
+    EXPECT_EQ(kept - PerLayerActivationBytes(x, t), 2 * x.b * x.a * x.s * x.s)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
 // mla_up_proj discards the query, key and value the up projections and RoPE make
 // (2sb*A*(qk+rope) twice, 2sb*A*v; cuDNN attention saved them in place) and keeps the
 // up projection's inputs: the compressed query and key-value, which the linears kept

@@ -1490,5 +1490,54 @@ TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
   EXPECT_EQ(p1 - p2, 2 * chunk - 2 * (2 * sbh));
 }
 
+// Megatron-Core's offloading policy over training steps (Note [Fine-grained activation
+// offloading] in models/activation_offload.h), on a 2-layer GPT (s 128, b 2, h 256, a 8,
+// eager attention, core_attn and attn_proj offloaded): the first iteration offloads both
+// layers' groups, 2bas^2 + 8sbh bytes each (Activations.OffloadingCoreAttentionAndProjection);
+// from the second the last layer of the first backward chunk keeps its groups, so one
+// layer's go. Every reload is let go again: after each step the same memory is allocated.
+TEST(Offloading, FirstIterationOffloadsEveryLayerThenTheLastStays) {
+  const int64_t s = 128, b = 2, h = 256, a = 8;
+  ModelConfig m = test::Gpt(2, h, a);
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.attention = AttentionKind::kEager;
+  t.dropout = false;
+  t.profile = ProfileKind::kTransformerEngine;
+  // Live bytes when each iteration's backward begins, and when it ends.
+  auto measure = [&](const TrainingConfig& training) {
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, training));
+    const Recorder& r = session->recorder();
+    auto live_before = [&r](int64_t event) {
+      int64_t bytes = 0;
+      ForEachLiveStorage(r, event - 1, [&](int64_t id) {
+        bytes += r.storages()[static_cast<size_t>(id)].size_bytes;
+      });
+      return bytes;
+    };
+    std::vector<int64_t> before_backward, at_end;
+    for (const Marker& marker : r.markers()) {
+      if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kBackward) {
+        before_backward.push_back(live_before(marker.event_index));
+      } else if (marker.kind == MarkerKind::kIterationEnd) {
+        at_end.push_back(live_before(marker.event_index));
+      }
+    }
+    return std::make_pair(before_backward, at_end);
+  };
+  const auto kept = measure(t);
+  t.offload_modules =
+      OffloadModuleBit(OffloadModule::kCoreAttn) | OffloadModuleBit(OffloadModule::kAttnProj);
+  t.min_offloaded_tensor_elements = 0;
+  const auto offloaded = measure(t);
+  const int64_t per_layer = 2 * b * a * s * s + 8 * s * b * h;
+  ASSERT_EQ(kept.first.size(), 2u);
+  ASSERT_EQ(offloaded.first.size(), 2u);
+  EXPECT_EQ(kept.first[0] - offloaded.first[0], 2 * per_layer);
+  EXPECT_EQ(kept.first[1] - offloaded.first[1], per_layer);
+  EXPECT_EQ(offloaded.second, kept.second);
+}
+
 }  // namespace
 }  // namespace memsim

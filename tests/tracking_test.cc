@@ -175,6 +175,39 @@ TEST(Tracking, MetaResizeGrowsThroughTheTracker) {
   EXPECT_EQ(Events(session.recorder()), expected);
 }
 
+// Offloading's accounting (Note [Fine-grained activation offloading] in
+// models/activation_offload.h): an evicted storage's free is recorded at once and its
+// tensors' own free records nothing; a restored one is a new storage allocated then and
+// attributed like the original, freed where its tensors die; one whose tensors died while
+// evicted has nothing to restore.
+TEST(Tracking, EvictedStoragesFreeAtOnceAndComeBackAsNewStorages) {
+  Session session;
+  int64_t restored = -1;
+  {
+    ActiveSession active(session);
+    Recorder& r = session.recorder();
+    at::Tensor a = at::empty({4, 8}, MetaFloat());  // id 0: 128 B
+    at::Tensor b = at::empty({2}, MetaFloat());     // id 1: 8 B
+    r.Evict(0);
+    r.Evict(1);
+    EXPECT_EQ(r.live_bytes(), 0);
+    b.reset();  // died while evicted: no event
+    EXPECT_EQ(r.Restore(1), -1);
+    restored = r.Restore(0);      // id 2: 128 B
+    EXPECT_EQ(r.Restore(0), -1);  // restored already
+    EXPECT_EQ(r.live_bytes(), 128);
+    at::Tensor c = a + 1;  // a is still a usable meta tensor; c is id 3
+  }                        // c dies, then a: its free is the restored storage's
+  const std::vector<EventTuple> expected = {{true, 0, 128},  {true, 1, 8},   {false, 0, 128},
+                                            {false, 1, 8},   {true, 2, 128}, {true, 3, 128},
+                                            {false, 3, 128}, {false, 2, 128}};
+  EXPECT_EQ(Events(session.recorder()), expected);
+  EXPECT_EQ(restored, 2);
+  const Recorder& r = session.recorder();
+  EXPECT_EQ(r.names().Name(r.storages()[2].op), "aten::empty.memory_format");
+  EXPECT_EQ(r.ShapeOf(r.storages()[2]), c10::IntArrayRef({4, 8}));
+}
+
 // An empty_cache() marker (Session::EmptyCache) releases the cached segments no block uses
 // when the log is replayed (Note [Allocator replay]): a 30 MiB tensor gets a 30 MiB segment
 // of its own; freed and cached, it would hold the next 4 MiB tensor, but emptied, that one

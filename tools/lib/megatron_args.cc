@@ -1403,9 +1403,9 @@ Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
 // the device only at their defaults.
 Status ReadActivationOffloading(Args& a, TrainingConfig* t) {
   if (!a.Has("--fine-grained-activation-offloading")) {
-    for (const char* name : {"--offload-modules", "--min-offloaded-tensor-size",
-                             "--delta-offload-bytes-across-pp-ranks",
-                             "--activation-offload-fraction"}) {
+    for (const char* name :
+         {"--offload-modules", "--min-offloaded-tensor-size",
+          "--delta-offload-bytes-across-pp-ranks", "--activation-offload-fraction"}) {
       a.Ignore(name);  // TransformerConfig reads them only with the switch
     }
     return Status::OK();

@@ -487,6 +487,46 @@ TEST(MegatronArgs, QkLayernorm) {
   EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
 }
 
+// Fine-grained activation offloading: the regions of --offload-modules and the threshold;
+// the policies that keep more groups on the device only at their defaults; Megatron-Core's
+// own rules (a non-empty list, attn_proj with core_attn, Transformer Engine layers).
+TEST(MegatronArgs, FineGrainedActivationOffloading) {
+  const std::string base = std::string(kTinyGpt) + "--fine-grained-activation-offloading ";
+  const MegatronArgsResult r =
+      Parse(base +
+                "--offload-modules core_attn attn_proj --min-offloaded-tensor-size 4096 "
+                "--activation-offload-fraction 1.0 --delta-offload-bytes-across-pp-ranks 0",
+            1);
+  EXPECT_EQ(r.spec.training.offload_modules, OffloadModuleBit(OffloadModule::kCoreAttn) |
+                                                 OffloadModuleBit(OffloadModule::kAttnProj));
+  EXPECT_EQ(r.spec.training.min_offloaded_tensor_elements, 4096);
+  std::optional<ValidatedRun> run;
+  EXPECT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  // Without the switch the list is read by no one.
+  EXPECT_EQ(
+      Parse(std::string(kTinyGpt) + "--offload-modules core_attn", 1).spec.training.offload_modules,
+      0u);
+  EXPECT_EQ(ErrorOf(base, 1),
+            "--fine-grained-activation-offloading needs --offload-modules (Megatron-Core "
+            "requires a non-empty list)");
+  EXPECT_EQ(ErrorOf(base + "--offload-modules core_attn --activation-offload-fraction 0.5", 1),
+            "--activation-offload-fraction changes memory in a way memsim does not model "
+            "(offloading a fraction of the groups); drop it to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--offload-modules fused_group_mlp", 1),
+            "--offload-modules fused_group_mlp changes memory in a way memsim does not model "
+            "(offloading the op fuser's grouped MLP or gated delta networks); drop it to "
+            "simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--offload-modules attn", 1).rfind("--offload-modules: ", 0), 0u);
+  EXPECT_EQ(ErrorOf(base + "--offload-modules attn_proj", 1),
+            "offload module attn_proj needs core_attn, as Megatron-Core requires");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) +
+                        "--transformer-impl local --fine-grained-activation-offloading "
+                        "--offload-modules core_attn",
+                    1),
+            "fine-grained activation offloading needs Transformer Engine layers "
+            "(--transformer-impl transformer_engine), as Megatron-LM requires");
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {
@@ -990,8 +1030,8 @@ TEST(MegatronArgs, Errors) {
             "unknown Megatron-LM argument '--foo'; if it does not change memory, drop it from "
             "the arguments given to memsim");
   // Known to change memory, so never "drop it if it does not change memory".
-  EXPECT_EQ(ErrorOf(base + "--fine-grained-activation-offloading --offload-modules core_attn"),
-            "--fine-grained-activation-offloading changes memory in a way memsim does not model "
+  EXPECT_EQ(ErrorOf(base + "--delay-offload-until-cuda-graph"),
+            "--delay-offload-until-cuda-graph changes memory in a way memsim does not model "
             "(fine-grained activation offloading); drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 2"),
             "--cpu-offloading-num-layers changes memory in a way memsim does not model "

@@ -141,6 +141,19 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
     }
     std::printf("MoE routing: %s\n", routing.c_str());
   }
+  if (t.offload_modules != 0) {
+    // What leaves the device, and the policy's effect a reader might not expect.
+    std::string regions;
+    for (const EnumName<OffloadModule>& module : kOffloadModuleNames) {
+      if (t.Offloads(module.value)) {
+        regions += (regions.empty() ? "" : ", ") + std::string(module.name);
+      }
+    }
+    std::printf(
+        "activation offloading: %s (tensors of at least %lld elements); the first iteration "
+        "offloads every layer, later ones keep one layer per rank on the GPU\n",
+        regions.c_str(), static_cast<long long>(t.min_offloaded_tensor_elements));
+  }
   std::printf("\n%-6s %-18s %-6s %11s %11s %14s %11s %13s  %s\n", "class", "ranks", "stage",
               "static", "peak alloc", "peak reserved", "headroom", "Megatron est.", "fits");
   for (size_t i = 0; i < results.size(); ++i) {
