@@ -356,6 +356,32 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "0.20's self-attention has no such region)");
     }
   }
+  if (t.cuda_graphs) {
+    if (t.cuda_graph_modules >> std::size(kCudaGraphModuleNames) != 0) {
+      return Status::Error("cuda_graph_modules has bits of no module: " +
+                           Str(static_cast<int64_t>(t.cuda_graph_modules)));
+    }
+    if (t.profile != ProfileKind::kTransformerEngine) {
+      return Status::Error(
+          "CUDA graphs (--cuda-graph-impl transformer_engine) need Transformer Engine layers");
+    }
+    if (t.cuda_graph_warmup_steps < 0) {
+      return Status::Error("cuda_graph_warmup_steps must be >= 0, got " +
+                           Str(t.cuda_graph_warmup_steps));
+    }
+    if (t.cuda_graph_modules == 0 && m.num_experts > 0) {
+      return Status::Error(
+          "whole-layer CUDA graphs of MoE layers are not modelled; name the modules "
+          "(--cuda-graph-modules attn moe_router)");
+    }
+    if (t.offload_modules != 0) {
+      return Status::Error(
+          "fine-grained activation offloading with CUDA graphs is not modelled; drop one");
+    }
+    if (t.recompute == RecomputeKind::kFull) {
+      return Status::Error("CUDA graphs with full recomputation are not modelled");
+    }
+  }
   // TransformerConfig.__post_init__'s rules.
   if (t.Recomputes(RecomputeModule::kMoeAct) && !t.moe_grouped_gemm) {
     return Status::Error(

@@ -9,6 +9,7 @@
 //   tp/pp/dp/ep/cp: tensor-, pipeline-, data-, expert-, context-parallel sizes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -190,6 +191,23 @@ inline constexpr EnumName<OffloadModule> kOffloadModuleNames[] = {
 constexpr uint32_t OffloadModuleBit(OffloadModule module) {
   return 1u << static_cast<uint32_t>(module);
 }
+// What Transformer Engine's CUDA graphs capture of each layer (Megatron-Core's
+// --cuda-graph-modules; Note [CUDA graphs] in parallel/cuda_graphs.h). Bits of
+// TrainingConfig::cuda_graph_modules.
+enum class CudaGraphModule : uint32_t {
+  kAttn,           // input norm, self-attention, bias-dropout-add
+  kMlp,            // a dense layer's pre-MLP norm, MLP, bias-dropout-add
+  kMoeRouter,      // an MoE layer's pre-MLP norm, router and shared experts
+  kMoePreprocess,  // the dispatcher's preprocessing too (counted as eager: index work)
+};
+inline constexpr EnumName<CudaGraphModule> kCudaGraphModuleNames[] = {
+    {CudaGraphModule::kAttn, "attn"},
+    {CudaGraphModule::kMlp, "mlp"},
+    {CudaGraphModule::kMoeRouter, "moe_router"},
+    {CudaGraphModule::kMoePreprocess, "moe_preprocess"}};
+constexpr uint32_t CudaGraphModuleBit(CudaGraphModule module) {
+  return 1u << static_cast<uint32_t>(module);
+}
 enum class RecomputeMethod { kUniform, kBlock };
 inline constexpr EnumName<RecomputeMethod> kRecomputeMethodNames[] = {
     {RecomputeMethod::kUniform, "uniform"}, {RecomputeMethod::kBlock, "block"}};
@@ -245,6 +263,25 @@ struct TrainingConfig {
   int64_t min_offloaded_tensor_elements = 1024 * 1024;
   bool Offloads(OffloadModule module) const {
     return (offload_modules & OffloadModuleBit(module)) != 0;
+  }
+  // --cuda-graph-impl transformer_engine: Transformer Engine's per-layer CUDA graphs of
+  // `cuda_graph_modules` (0: the whole layer), captured after `cuda_graph_warmup_steps`
+  // eager iterations (Note [CUDA graphs] in parallel/cuda_graphs.h).
+  bool cuda_graphs = false;
+  uint32_t cuda_graph_modules = 0;
+  int64_t cuda_graph_warmup_steps = 3;
+  bool Graphs(CudaGraphModule module) const {
+    if (!cuda_graphs) return false;
+    if (cuda_graph_modules == 0) {
+      return module == CudaGraphModule::kAttn || module == CudaGraphModule::kMlp;
+    }
+    return (cuda_graph_modules & CudaGraphModuleBit(module)) != 0;
+  }
+  // The simulated iteration before which the graphs are captured: the eager ones before it
+  // stand for the warm-up steps (the first, then the steady state); -1 without graphs.
+  int32_t CudaGraphCaptureIteration() const {
+    if (!cuda_graphs) return -1;
+    return static_cast<int32_t>(std::min<int64_t>(cuda_graph_warmup_steps, 2));
   }
   OptimizerKind optimizer = OptimizerKind::kAdam;
   int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update

@@ -427,6 +427,10 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   const int64_t H = m.hidden_size, E = m.num_experts, local = E / p.ep;
   const at::Tensor tokens = hidden.reshape({-1, H});  // [T, H]
   const int64_t T = tokens.size(0);
+  // CUDA graphs' moe_router module captures the shared experts and the router (Note [CUDA
+  // graphs] in parallel/cuda_graphs.h).
+  std::optional<GraphedScope> router_graph;
+  router_graph.emplace(t.Graphs(CudaGraphModule::kMoeRouter));
   at::Tensor shared;
   if (params.shared_fc1 != nullptr) {
     // Shared experts run first, on the same input, over the attention tp group.
@@ -450,6 +454,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
                                                            : shared_experts({tokens});
   }
   Routing routing = Route(m, *params.router, tokens);
+  router_graph.reset();
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;
   const int64_t R = ReceivedTokens(m, T), N = R * p.etp;
   at::Tensor out;

@@ -515,6 +515,9 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   // is a module of its own: under Transformer Engine, multi-latent attention's input norm
   // and an MoE layer's pre-MLP norm. Each saves its input, released at its commit after the
   // bias-dropout-add.
+  // CUDA graphs' attn module: the input norm, self-attention and bias-dropout-add.
+  std::optional<GraphedScope> attn_graph;
+  attn_graph.emplace(training_.Graphs(CudaGraphModule::kAttn));
   at::Tensor x = hidden;
   OffloadRegion attn_norm_offload(model_.multi_latent_attention() ? offloader_.get() : nullptr,
                                   OffloadModule::kAttnNorm, &x);
@@ -533,6 +536,10 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   attention_out.reset();
   attn_norm_offload.Commit(&residual, {{x}});
   x.reset();
+  attn_graph.reset();
+  // The mlp module: a dense layer's rest; moe_router: an MoE layer's pre-MLP norm (and, in
+  // MoeForward, its router and shared experts).
+  GraphedScope mlp_graph(!layer.moe && training_.Graphs(CudaGraphModule::kMlp));
   at::Tensor mlp_out;
   if (!layer.moe && training_.Recomputes(RecomputeModule::kMlp)) {
     // Transformer Engine's dense MLP starts with the fused pre-MLP norm (linear_fc1 is a
@@ -544,7 +551,10 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   } else {
     OffloadRegion mlp_norm_offload(layer.moe ? offloader_.get() : nullptr, OffloadModule::kMlpNorm,
                                    &residual);
-    ln_out = PreMlpNorm(layer, residual, mlp_norm);
+    {
+      GraphedScope router_graph(layer.moe && training_.Graphs(CudaGraphModule::kMoeRouter));
+      ln_out = PreMlpNorm(layer, residual, mlp_norm);
+    }
     mlp_norm_offload.EndSaving({ln_out});
     mlp_out = Mlp(layer, ln_out);
     ln_out.reset();

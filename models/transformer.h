@@ -192,6 +192,12 @@ class TransformerModel {
                    const ModelShard& shard, ParameterStore* store);
 
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  // The transformer layers chunk `chunk` runs: its decoder layers, and on the last stage's
+  // last chunk the multi-token prediction layers.
+  int64_t LayersInChunk(int64_t chunk) const {
+    return static_cast<int64_t>(chunks_[static_cast<size_t>(chunk)].size()) +
+           (ChunkHasLoss(chunk) ? static_cast<int64_t>(mtp_layers_.size()) : 0);
+  }
   // Fine-grained activation offloading (null when off), driven by the pipeline schedule.
   ActivationOffloader* offloader() { return offloader_.get(); }
   bool ChunkHasEmbedding(int64_t chunk) const { return shard_.first_stage && chunk == 0; }

@@ -17,6 +17,7 @@
 #include "ops/collectives.h"
 #include "ops/library_workspaces.h"
 #include "ops/ops.h"
+#include "parallel/cuda_graphs.h"
 #include "parallel/megatron_fsdp.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/sharded_data_parallel.h"
@@ -212,7 +213,8 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
   // Offloading moves storages between steps and layers (a reload belongs to the layer or
   // chunk before its own), which copies cannot map: every layer and microbatch runs.
-  const bool offloading = training.offload_modules != 0;
+  // So do CUDA graphs' capture and replays, whose allocations count by scope.
+  const bool offloading = training.offload_modules != 0 || training.cuda_graphs;
   shard.replicate_layers = replication.layers && !offloading;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   std::unique_ptr<MegatronFsdp> megatron_fsdp;
@@ -284,21 +286,9 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
                      layout.microbatch_group_size,
                      layout.combined_1f1b) < training.num_microbatches * layout.vpp;
 
-  for (int32_t it = 0; it < training.iterations; ++it) {
-    {
-      at::NoGradGuard no_grad;
-      if (store.grad_buffer().defined()) store.grad_buffer().zero_();  // zero_grad_buffer()
-    }
-    optimizer.ZeroGrad();
-    session.BeginIteration(it);
-    ActivationOffloader* offloader = model.offloader();
-    if (offloader != nullptr) {
-      std::vector<ActivationOffloader::ChunkKey> backward_order;
-      for (const PipelineStep& step : schedule) {
-        if (!step.forward) backward_order.emplace_back(step.microbatch, step.chunk);
-      }
-      offloader->BeginIteration(it, std::move(backward_order));
-    }
+  // One pass over the schedule: every step's forward or backward, with what the schedule
+  // keeps between steps (Note [Tensors the schedule keeps]).
+  auto run_schedule = [&](ActivationOffloader* offloader) {
     std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
     std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
@@ -417,6 +407,40 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
         if (input.defined()) Send(input.grad());
       }
     }
+  };
+  // Note [CUDA graphs] in parallel/cuda_graphs.h: the capture pass, counting only the graphed
+  // scopes, with the static buffers the graphs keep from then on.
+  std::vector<at::Tensor> graph_static_buffers;
+  auto capture_cuda_graphs = [&]() {
+    std::vector<int64_t> graphed_layers;
+    for (int64_t c = 0; c < model.num_chunks(); ++c)
+      graphed_layers.push_back(model.LayersInChunk(c));
+    graph_static_buffers = AllocateCudaGraphStaticBuffers(
+        model_config, training, model.HiddenShape(), model.activation_dtype(), layout.cp,
+        GraphedLayersInFlight(schedule, graphed_layers));
+    recorder.set_graph_mode(Recorder::GraphMode::kCapture);
+    run_schedule(nullptr);
+    kept.input_grad.reset();
+    kept.output_grad.reset();
+    recorder.set_graph_mode(Recorder::GraphMode::kReplay);
+  };
+  for (int32_t it = 0; it < training.iterations; ++it) {
+    if (it == training.CudaGraphCaptureIteration()) capture_cuda_graphs();
+    {
+      at::NoGradGuard no_grad;
+      if (store.grad_buffer().defined()) store.grad_buffer().zero_();  // zero_grad_buffer()
+    }
+    optimizer.ZeroGrad();
+    session.BeginIteration(it);
+    ActivationOffloader* offloader = model.offloader();
+    if (offloader != nullptr) {
+      std::vector<ActivationOffloader::ChunkKey> backward_order;
+      for (const PipelineStep& step : schedule) {
+        if (!step.forward) backward_order.emplace_back(step.microbatch, step.chunk);
+      }
+      offloader->BeginIteration(it, std::move(backward_order));
+    }
+    run_schedule(offloader);
     if (offloader != nullptr) offloader->EndIteration();
     // The schedule returned, and its locals with it.
     kept.input_grad.reset();

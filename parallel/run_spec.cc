@@ -79,6 +79,8 @@ Status FinalizeUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
   const ParallelLayout& l = spec->layout;
   TrainingConfig& t = spec->training;
+  // With CUDA graphs the run goes on to a replayed iteration (Note [CUDA graphs]).
+  if (t.cuda_graphs) t.iterations = std::max(t.iterations, t.CudaGraphCaptureIteration() + 1);
   if (spec->global_batch_size > 0) {
     const int64_t per_step = CheckedMul(t.micro_batch_size, l.dp);
     const std::string global = "global batch size " + std::to_string(spec->global_batch_size);

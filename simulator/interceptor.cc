@@ -167,11 +167,15 @@ std::unique_ptr<at::ObserverContext> OnBackwardNodeStart(const at::RecordFunctio
   const bool has_seq = fn.seqNr() >= 0 && seq != std::numeric_limits<uint64_t>::max();
   recorder->PushBackwardNodeModule(has_seq ? recorder->ModuleForSequenceNr(seq)
                                            : recorder->current_module());
+  recorder->PushBackwardNodeGraphed(has_seq && recorder->IsGraphedSequenceNr(seq));
   return nullptr;
 }
 
 void OnBackwardNodeEnd(const at::RecordFunction&, at::ObserverContext*) {
-  if (Recorder* recorder = CurrentRecorder()) recorder->PopBackwardNodeModule();
+  if (Recorder* recorder = CurrentRecorder()) {
+    recorder->PopBackwardNodeModule();
+    recorder->PopBackwardNodeGraphed();
+  }
 }
 
 }  // namespace

@@ -173,6 +173,24 @@ NameId Recorder::ModuleForSequenceNr(uint64_t seq) const {
   return std::prev(it)->second;
 }
 
+void Recorder::BeginGraphedScope() {
+  if (graphed_depth_++ == 0) graphed_scope_first_ = at::sequence_number::peek();
+}
+
+void Recorder::EndGraphedScope() {
+  MEMSIM_DCHECK(graphed_depth_ > 0);
+  if (--graphed_depth_ > 0) return;
+  const uint64_t last = at::sequence_number::peek();
+  if (last > graphed_scope_first_) graphed_sequence_nrs_.emplace_back(graphed_scope_first_, last);
+}
+
+bool Recorder::IsGraphedSequenceNr(uint64_t seq) const {
+  // The last range starting at or before seq.
+  auto it = std::upper_bound(graphed_sequence_nrs_.begin(), graphed_sequence_nrs_.end(), seq,
+                             [](uint64_t s, const auto& range) { return s < range.first; });
+  return it != graphed_sequence_nrs_.begin() && seq < std::prev(it)->second;
+}
+
 void Recorder::Retag(int64_t storage_id, Category category) {
   storages_.at(static_cast<size_t>(storage_id)).category = category;
 }

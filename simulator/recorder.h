@@ -201,6 +201,37 @@ class Recorder {
   // REQUIRES: `storage_id` is alive, has no tensor, and the allocation has its size.
   void AdoptNextAllocation(int64_t storage_id);
 
+  // --- CUDA graphs (Note [CUDA graphs] in parallel/cuda_graphs.h). ---
+  // What PyTorch's allocated_bytes sees of the graphed scopes: everything (eager steps),
+  // only them (the capture pass, which runs nothing else), or nothing of them (replays).
+  enum class GraphMode : uint8_t { kEager, kCapture, kReplay };
+  void set_graph_mode(GraphMode mode) { graph_mode_ = mode; }
+  // Graphed scopes nest; the autograd nodes created inside one are graphed in backward.
+  void BeginGraphedScope();
+  void EndGraphedScope();
+  // Whether the node with forward sequence number `seq` was created in a graphed scope.
+  bool IsGraphedSequenceNr(uint64_t seq) const;
+  void PushBackwardNodeGraphed(bool graphed) { backward_graphed_.push_back(graphed); }
+  void PopBackwardNodeGraphed() {
+    MEMSIM_DCHECK(!backward_graphed_.empty());
+    backward_graphed_.pop_back();
+  }
+  // Whether an allocation now is one the run's allocated memory counts (else the tracking
+  // allocator does not record it, nor its free). State the driving code names (parameters,
+  // gradients, optimizer state, workspaces and caches) counts in every mode: the runtime
+  // makes it wherever it is first needed.
+  bool Counts() const {
+    if (graph_mode_ == GraphMode::kEager) return true;
+    if (!category_stack_.empty() && category_stack_.back() != Category::kActivation &&
+        category_stack_.back() != Category::kTemporary &&
+        category_stack_.back() != Category::kCommunication) {
+      return true;
+    }
+    const bool graphed =
+        graphed_depth_ > 0 || (!backward_graphed_.empty() && backward_graphed_.back());
+    return graph_mode_ == GraphMode::kCapture ? graphed : !graphed;
+  }
+
   // --- Offloading (Note [Fine-grained activation offloading] in models/activation_offload.h).
   // Records the free of live storage `storage_id` while its tensors keep it: its bytes
   // moved to the host. The tensors' own free later records nothing.
@@ -239,6 +270,12 @@ class Recorder {
   std::vector<MemoryEvent> events_;
   std::vector<StorageInfo> storages_;
   std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed
+  GraphMode graph_mode_ = GraphMode::kEager;
+  int graphed_depth_ = 0;
+  uint64_t graphed_scope_first_ = 0;  // the outermost open graphed scope's first sequence nr
+  // [first, last) sequence numbers of the nodes created in graphed scopes; sorted.
+  std::vector<std::pair<uint64_t, uint64_t>> graphed_sequence_nrs_;
+  std::vector<bool> backward_graphed_;  // per running backward node
   // Evicted storages whose tensors are alive: their records, until Restore or their free.
   std::unordered_map<int64_t, AllocationRecord*> evicted_;
   std::vector<Marker> markers_;

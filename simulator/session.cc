@@ -62,4 +62,12 @@ CategoryScope::~CategoryScope() {
   if (recorder_ != nullptr) recorder_->PopCategory();
 }
 
+GraphedScope::GraphedScope(bool active) : recorder_(active ? CurrentRecorder() : nullptr) {
+  if (recorder_ != nullptr) recorder_->BeginGraphedScope();
+}
+
+GraphedScope::~GraphedScope() {
+  if (recorder_ != nullptr) recorder_->EndGraphedScope();
+}
+
 }  // namespace memsim

@@ -122,4 +122,18 @@ class CategoryScope {
   Recorder* recorder_;
 };
 
+// A region Transformer Engine's CUDA graphs capture (Note [CUDA graphs] in
+// parallel/cuda_graphs.h): what it and its backward allocate counts only while capturing.
+// Inactive (no effect) when `active` is false.
+class GraphedScope {
+ public:
+  explicit GraphedScope(bool active);
+  ~GraphedScope();
+  GraphedScope(const GraphedScope&) = delete;
+  GraphedScope& operator=(const GraphedScope&) = delete;
+
+ private:
+  Recorder* recorder_;
+};
+
 }  // namespace memsim

@@ -20,7 +20,8 @@ c10::DataPtr TrackingAllocator::allocate(size_t n) const {
   c10::DataPtr underlying =
       underlying_ != nullptr ? underlying_->allocate(n) : c10::DataPtr(nullptr, device_type_);
   Recorder* recorder = CurrentRecorder();
-  if (recorder == nullptr || recorder->device_type() != device_type_ || n == 0) {
+  if (recorder == nullptr || recorder->device_type() != device_type_ || n == 0 ||
+      !recorder->Counts()) {
     return underlying;
   }
   void* data = underlying.get();

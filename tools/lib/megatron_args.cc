@@ -198,10 +198,11 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fine-grained-offloading-max-inflight-offloads", Arity::kValue, ArgUse::kNeutral},
     {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
     {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},
-    // What the graphs capture and when: only with --cuda-graph-impl, which is refused.
+    // What the graphs capture and when: only with --cuda-graph-impl.
     {"--cuda-graph-modules", Arity::kValues, ArgUse::kRead},
     {"--cuda-graph-scope", Arity::kValues, ArgUse::kRead},
     {"--cuda-graph-warmup-steps", Arity::kValue, ArgUse::kRead},
+    {"--cuda-graph-retain-backward-graph", Arity::kFlag, ArgUse::kRead},
     // Memory-neutral (Note [Megatron arguments]).
     {"--adam-beta1", Arity::kValue, ArgUse::kNeutral},
     {"--adam-beta2", Arity::kValue, ArgUse::kNeutral},
@@ -1376,6 +1377,51 @@ Status ReadRecomputation(Args& a, const ModelConfig& m, TrainingConfig* training
   return Status::OK();
 }
 
+// Transformer Engine's CUDA graphs (Note [CUDA graphs] in parallel/cuda_graphs.h): which
+// modules, and after how many eager steps they are captured.
+Status ReadCudaGraphs(Args& a, TrainingConfig* t) {
+  const std::string impl = a.Text("--cuda-graph-impl", "none");
+  const char* modules_arg = a.Has("--cuda-graph-scope") ? "--cuda-graph-scope"  // deprecated
+                                                        : "--cuda-graph-modules";
+  if (impl == "none") {
+    for (const char* name : {"--cuda-graph-impl", "--cuda-graph-modules", "--cuda-graph-scope",
+                             "--cuda-graph-warmup-steps"}) {
+      a.Ignore(name);
+    }
+    return Status::OK();
+  }
+  if (impl != "transformer_engine") {
+    return NotModelled("--cuda-graph-impl " + impl,
+                       "CUDA graphs other than Transformer Engine's per-layer ones");
+  }
+  if (a.Has("--cuda-graph-scope") && a.Has("--cuda-graph-modules")) {
+    return Status::Error(
+        "--cuda-graph-scope and --cuda-graph-modules cannot be used together (Megatron-LM "
+        "rejects it)");
+  }
+  if (a.Has("--cuda-graph-retain-backward-graph")) {
+    return NotModelled("--cuda-graph-retain-backward-graph",
+                       "graphs that keep their saved activations between replays");
+  }
+  t->cuda_graphs = true;
+  uint32_t bits = 0;
+  if (a.Has(modules_arg)) {
+    for (const std::string& name : a.Values(modules_arg)) {
+      if (name == "full") continue;  // the deprecated spelling of the whole layer
+      CudaGraphModule module;
+      const Status parsed = ParseEnum(kCudaGraphModuleNames, name, "CUDA graph module", &module);
+      if (!parsed.ok()) {
+        return NotModelled(std::string(modules_arg) + " " + name,
+                           "CUDA graphs of modules other than attn, mlp, moe_router and "
+                           "moe_preprocess");
+      }
+      bits |= CudaGraphModuleBit(module);
+    }
+  }
+  t->cuda_graph_modules = bits;
+  return a.Int("--cuda-graph-warmup-steps", &t->cuda_graph_warmup_steps);
+}
+
 // Memory management: emptying the cache (train_step's choices 0, 1, 2); CPU offloading and
 // CUDA graphs only when off.
 Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
@@ -1388,14 +1434,7 @@ Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
     return NotModelled("--cpu-offloading-num-layers", "activation offloading to CPU");
   }
   a.Ignore("--cpu-offloading-num-layers");
-  if (a.Text("--cuda-graph-impl", "none") != "none") {
-    return NotModelled("--cuda-graph-impl", "CUDA graphs");
-  }
-  for (const char* name : {"--cuda-graph-impl", "--cuda-graph-modules", "--cuda-graph-scope",
-                           "--cuda-graph-warmup-steps"}) {
-    a.Ignore(name);
-  }
-  return Status::OK();
+  return ReadCudaGraphs(a, training);
 }
 
 // Fine-grained activation offloading (Note [Fine-grained activation offloading] in
