@@ -144,6 +144,10 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
       << "model: gpt3-1.3b\ntraining:\n  recompute: selective\n  recompute_modules: [mlp, x]\n";
   ExpectOneLineError(Memsim("simulate --config " + dir + "/modules2.yaml"),
                      "modules2.yaml:4: recompute_modules: unknown recompute module 'x'");
+  ExpectOneLineError(Memsim("simulate --cuda-graphs attn"),
+                     "CUDA graphs (--cuda-graph-impl transformer_engine) need Transformer Engine");
+  ExpectOneLineError(Memsim("simulate --profile transformer_engine --cuda-graphs attn,full"),
+                     "unknown CUDA graph module 'full'");
   ExpectOneLineError(Memsim("simulate --offload-modules core_attn"),
                      "fine-grained activation offloading needs Transformer Engine layers");
   ExpectOneLineError(

@@ -11,6 +11,7 @@
 #include "models/parameters.h"
 #include "models/transformer.h"
 
+#include "parallel/cuda_graphs.h"
 #include "parallel/layout.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/rank_classes.h"
@@ -1537,6 +1538,50 @@ TEST(Offloading, FirstIterationOffloadsEveryLayerThenTheLastStays) {
   EXPECT_EQ(kept.first[0] - offloaded.first[0], 2 * per_layer);
   EXPECT_EQ(kept.first[1] - offloaded.first[1], per_layer);
   EXPECT_EQ(offloaded.second, kept.second);
+}
+
+// Note [CUDA graphs]: Transformer Engine keeps one static input set per graphed layer in
+// flight. 1F1B on the first of 2 stages with 4 microbatches holds 2 microbatches (one
+// warm-up forward, then one more before the first backward), so 3-layer chunks need 6;
+// interleaved on the last of 2 stages with 4 virtual chunks of 2 layers and 4
+// microbatches, 6 warm-up forwards and the first steady one are in flight: 14 (the CI case
+// gpt3_mcore_te_tp2_pp2_ep4_etp1_resume_torch_dist_attn_cudagraph).
+TEST(CudaGraphs, StaticInputSetsPerGraphedLayerInFlight) {
+  EXPECT_EQ(GraphedLayersInFlight(PipelineSchedule(2, 1, 0, 4), {3}), 6);
+  EXPECT_EQ(GraphedLayersInFlight(PipelineSchedule(2, 4, 1, 4), {2, 2, 2, 2}), 14);
+  EXPECT_EQ(GraphedLayersInFlight(PipelineSchedule(1, 1, 0, 3), {5}), 5);
+}
+
+// With CUDA graphs captured before the first iteration, a replayed step ends with what an
+// eager step ends with plus the graphs' static buffers: on a 2-layer GPT without a
+// pipeline (one microbatch in flight) two input sets, each a hidden state [s, b, h] in
+// bf16 and a [b, 1, s, s] byte mask, and one output-gradient and one input-gradient hidden
+// state: 2 (2sbh + bs^2) + 4sbh bytes.
+TEST(CudaGraphs, ReplayedStepsKeepTheStaticBuffers) {
+  const int64_t s = 128, b = 2, h = 256, a = 8;
+  ModelConfig m = test::Gpt(2, h, a);
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.num_microbatches = 2;
+  t.profile = ProfileKind::kTransformerEngine;
+  auto after_last_step = [&](const TrainingConfig& training) {
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, training));
+    const Recorder& r = session->recorder();
+    int64_t end = -1;
+    for (const Marker& marker : r.markers()) {
+      if (marker.kind == MarkerKind::kIterationEnd) end = marker.event_index;
+    }
+    int64_t bytes = 0;
+    ForEachLiveStorage(
+        r, end - 1, [&](int64_t id) { bytes += r.storages()[static_cast<size_t>(id)].size_bytes; });
+    return bytes;
+  };
+  const int64_t eager = after_last_step(t);
+  t.cuda_graphs = true;
+  t.cuda_graph_modules = CudaGraphModuleBit(CudaGraphModule::kAttn);
+  t.cuda_graph_warmup_steps = 0;
+  EXPECT_EQ(after_last_step(t) - eager, 2 * (2 * s * b * h + b * s * s) + 4 * s * b * h);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -206,6 +208,53 @@ TEST(Tracking, EvictedStoragesFreeAtOnceAndComeBackAsNewStorages) {
   const Recorder& r = session.recorder();
   EXPECT_EQ(r.names().Name(r.storages()[2].op), "aten::empty.memory_format");
   EXPECT_EQ(r.ShapeOf(r.storages()[2]), c10::IntArrayRef({4, 8}));
+}
+
+// Note [CUDA graphs]: what the recorder counts in each graph mode. A graphed scope's
+// forward (sin) and its backward node (cos and mul) count while capturing and not in
+// replays; the eager rest (the input, sum and the engine's seed gradient) the other way
+// round; state the driving code names (a workspace) counts in every mode.
+TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
+  auto ops_recorded = [](Recorder::GraphMode mode) {
+    Session session;
+    {
+      ActiveSession active(session);
+      session.recorder().set_graph_mode(mode);
+      at::Tensor x = at::empty({4}, MetaFloat()).requires_grad_();
+      at::Tensor y;
+      {
+        GraphedScope graphed(true);
+        y = at::sin(x);
+      }
+      at::Tensor workspace;
+      {
+        CategoryScope category(Category::kWorkspace);
+        workspace = at::empty({8}, MetaFloat());
+      }
+      y.sum().backward();
+    }
+    std::set<std::string> ops;
+    const Recorder& r = session.recorder();
+    for (const StorageInfo& storage : r.storages()) ops.insert(r.names().Name(storage.op));
+    return ops;
+  };
+  const std::set<std::string> graphed = {"aten::sin", "aten::cos", "aten::mul.Tensor"};
+  const std::set<std::string> eager = ops_recorded(Recorder::GraphMode::kEager);
+  const std::set<std::string> capture = ops_recorded(Recorder::GraphMode::kCapture);
+  const std::set<std::string> replay = ops_recorded(Recorder::GraphMode::kReplay);
+  for (const std::string& op : graphed) {
+    EXPECT_EQ(eager.count(op), 1u) << op;
+    EXPECT_EQ(capture.count(op), 1u) << op;
+    EXPECT_EQ(replay.count(op), 0u) << op;
+  }
+  for (const std::string& op : {"aten::sum", "aten::ones_like"}) {
+    EXPECT_EQ(eager.count(op), 1u) << op;
+    EXPECT_EQ(capture.count(op), 0u) << op;
+    EXPECT_EQ(replay.count(op), 1u) << op;
+  }
+  // The input and the workspace are both aten::empty: the workspace counts in each mode.
+  EXPECT_EQ(capture.count("aten::empty.memory_format"), 1u);
+  EXPECT_EQ(replay.count("aten::empty.memory_format"), 1u);
 }
 
 // An empty_cache() marker (Session::EmptyCache) releases the cached segments no block uses

@@ -527,6 +527,40 @@ TEST(MegatronArgs, FineGrainedActivationOffloading) {
             "(--transformer-impl transformer_engine), as Megatron-LM requires");
 }
 
+// Transformer Engine's CUDA graphs: the modules (--cuda-graph-scope is their deprecated
+// spelling) and the warm-up steps; other implementations and retained backward graphs are
+// refused, and so are whole-layer graphs of MoE layers.
+TEST(MegatronArgs, CudaGraphs) {
+  const std::string base = std::string(kTinyGpt) + "--cuda-graph-impl transformer_engine ";
+  const MegatronArgsResult r =
+      Parse(base + "--cuda-graph-modules attn mlp --cuda-graph-warmup-steps 0", 1);
+  EXPECT_TRUE(r.spec.training.cuda_graphs);
+  EXPECT_EQ(r.spec.training.cuda_graph_modules,
+            CudaGraphModuleBit(CudaGraphModule::kAttn) | CudaGraphModuleBit(CudaGraphModule::kMlp));
+  EXPECT_EQ(r.spec.training.cuda_graph_warmup_steps, 0);
+  std::optional<ValidatedRun> run;
+  ASSERT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  EXPECT_EQ(run->spec().training.iterations, 2);  // captured before the first
+  const MegatronArgsResult later = Parse(base + "--cuda-graph-scope attn", 1);
+  EXPECT_EQ(later.spec.training.cuda_graph_modules, CudaGraphModuleBit(CudaGraphModule::kAttn));
+  ASSERT_TRUE(FinalizeRunSpec(later.spec, &run).ok());
+  EXPECT_EQ(run->spec().training.iterations, 3);  // two eager, then a replayed one
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--cuda-graph-impl none --cuda-graph-modules attn", 1)
+                .spec.training.cuda_graphs,
+            false);
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--cuda-graph-impl local", 1),
+            "--cuda-graph-impl local changes memory in a way memsim does not model (CUDA graphs "
+            "other than Transformer Engine's per-layer ones); drop it to simulate the run "
+            "without it");
+  EXPECT_EQ(ErrorOf(base + "--cuda-graph-retain-backward-graph", 1),
+            "--cuda-graph-retain-backward-graph changes memory in a way memsim does not model "
+            "(graphs that keep their saved activations between replays); drop it to simulate "
+            "the run without it");
+  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-grouped-gemm", 1),
+            "whole-layer CUDA graphs of MoE layers are not modelled; name the modules "
+            "(--cuda-graph-modules attn moe_router)");
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {

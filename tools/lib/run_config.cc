@@ -95,6 +95,16 @@ Status ParseOffloadModules(const std::vector<std::string>& names, uint32_t* out)
   *out = bits;
   return Status::OK();
 }
+Status ParseCudaGraphModules(const std::vector<std::string>& names, uint32_t* out) {
+  uint32_t bits = 0;
+  for (const std::string& name : names) {
+    CudaGraphModule module;
+    MEMSIM_RETURN_IF_ERROR(ParseEnum(kCudaGraphModuleNames, name, "CUDA graph module", &module));
+    bits |= CudaGraphModuleBit(module);
+  }
+  *out = bits;
+  return Status::OK();
+}
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
   return ParseEnum(kRecomputeMethodNames, text, "recompute method", out);
 }
@@ -342,6 +352,21 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          MEMSIM_RETURN_IF_ERROR(Read(v, source, "offload_modules", &names));
          Status s = ParseOffloadModules(names, &t->offload_modules);
          return s.ok() ? s : Status::Error(Where(source, v) + ": offload_modules: " + s.message());
+       }},
+      {"cuda_graph_modules",
+       [&](const YAML::Node& v) {
+         // Transformer Engine's CUDA graphs of these modules; an empty list: whole layers.
+         std::vector<std::string> names;
+         MEMSIM_RETURN_IF_ERROR(Read(v, source, "cuda_graph_modules", &names));
+         Status s = ParseCudaGraphModules(names, &t->cuda_graph_modules);
+         if (!s.ok())
+           return Status::Error(Where(source, v) + ": cuda_graph_modules: " + s.message());
+         t->cuda_graphs = true;
+         return Status::OK();
+       }},
+      {"cuda_graph_warmup_steps",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "cuda_graph_warmup_steps", &t->cuda_graph_warmup_steps);
        }},
       {"min_offloaded_tensor_size",
        [&](const YAML::Node& v) {

@@ -46,6 +46,8 @@ Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out);
 Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out);
 // Megatron's --offload-modules names into OffloadModuleBit()s.
 Status ParseOffloadModules(const std::vector<std::string>& names, uint32_t* out);
+// Megatron's --cuda-graph-modules names into CudaGraphModuleBit()s.
+Status ParseCudaGraphModules(const std::vector<std::string>& names, uint32_t* out);
 Status ParseOptimizer(const std::string& text, OptimizerKind* out);
 Status ParseProfile(const std::string& text, ProfileKind* out);
 Status ParseGpu(const std::string& text, const GpuSpec** out);

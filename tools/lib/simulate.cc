@@ -141,6 +141,18 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
     }
     std::printf("MoE routing: %s\n", routing.c_str());
   }
+  if (t.cuda_graphs) {
+    std::string modules;
+    for (const EnumName<CudaGraphModule>& module : kCudaGraphModuleNames) {
+      if (t.Graphs(module.value)) {
+        modules += (modules.empty() ? "" : ", ") + std::string(module.name);
+      }
+    }
+    std::printf(
+        "CUDA graphs: %s, captured before iteration %d (the capture counts only them; replayed "
+        "iterations count only the rest, and the graphs' static buffers)\n",
+        modules.c_str(), t.CudaGraphCaptureIteration());
+  }
   if (t.offload_modules != 0) {
     // What leaves the device, and the policy's effect a reader might not expect.
     std::string regions;
@@ -407,6 +419,7 @@ int SimulateCommand(int argc, const char* const* argv) {
   std::string recompute;
   std::string recompute_modules;
   std::string offload_modules;
+  std::string cuda_graph_modules;
   std::string fp8;
   bool fp8_param_gather = false;
   bool tp_comm_overlap = false;
@@ -426,6 +439,10 @@ int SimulateCommand(int argc, const char* const* argv) {
       "fine-grained activation offloading of these regions, comma-separated: attn_norm, "
       "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act (needs --profile "
       "transformer_engine)")(
+      "cuda-graphs", po::value(&cuda_graph_modules),
+      "Transformer Engine's CUDA graphs of these modules, comma-separated: attn, mlp, "
+      "moe_router, moe_preprocess (needs --profile transformer_engine; captured before the "
+      "first iteration)")(
       "fp8", po::value(&fp8),
       "FP8 training with Transformer Engine's recipe: delayed, tensorwise, blockwise or "
       "mxfp8 (needs --profile transformer_engine; mxfp8 a Blackwell --gpu)")(
@@ -465,6 +482,13 @@ int SimulateCommand(int argc, const char* const* argv) {
     if (status.ok() && spec.training.recompute != RecomputeKind::kSelective) {
       status = Status::Error("--recompute-modules needs --recompute selective");
     }
+  }
+  if (status.ok() && vm.count("cuda-graphs") != 0) {
+    std::vector<std::string> names;
+    status = split_names(cuda_graph_modules, &names);
+    if (status.ok()) status = ParseCudaGraphModules(names, &spec.training.cuda_graph_modules);
+    spec.training.cuda_graphs = true;
+    spec.training.cuda_graph_warmup_steps = 0;
   }
   if (status.ok() && vm.count("offload-modules") != 0) {
     std::vector<std::string> names;
