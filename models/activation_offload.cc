@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "simulator/recorder.h"
 #include "simulator/session.h"
@@ -242,7 +243,7 @@ void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool large
   for (const at::Tensor& t : outputs)
     output_ids.push_back(TrackingAllocator::StorageIdOf(t, recorder));
   const std::vector<StorageInfo>& storages = recorder.storages();
-  OffloadGroup::Saved* largest = nullptr;
+  std::optional<size_t> largest;  // an index: saved grows
   for (int64_t id = first_storage_; id < static_cast<int64_t>(storages.size()); ++id) {
     const StorageInfo& s = storages[static_cast<size_t>(id)];
     const bool activation =
@@ -254,9 +255,11 @@ void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool large
     }
     group_->saved.push_back({id, s.size_bytes, s.module, /*copies=*/0, /*restore=*/true,
                              /*forced=*/false});
-    if (largest == nullptr || s.size_bytes > largest->size_bytes) largest = &group_->saved.back();
+    if (!largest || s.size_bytes > group_->saved[*largest].size_bytes) {
+      largest = group_->saved.size() - 1;
+    }
   }
-  if (largest_saved_twice && largest != nullptr) largest->copies = 1;
+  if (largest_saved_twice && largest) group_->saved[*largest].copies = 1;
 }
 
 void OffloadRegion::Commit(at::Tensor* y, const std::vector<ForcedRelease>& forced) {
