@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "simulator/check.h"
+#include "simulator/checked_math.h"
 #include "simulator/recorder.h"
 #include "simulator/session.h"
 #include "simulator/tracking_allocator.h"
@@ -20,12 +22,13 @@ using torch::autograd::variable_list;
 class OffloadGroup : public torch::CustomClassHolder {
  public:
   struct Saved {
-    int64_t storage_id;  // the id evicted at the commit
-    int64_t size_bytes;
-    NameId module;  // where the tensor was made: copies are attributed there
-    int copies;     // reloads into new tensors
-    bool restore;   // a reload restores the storage itself (once)
-    bool forced;    // a forced-released input: evicted again at the start node in backward
+    int64_t storage_id;    // the storage the tensor views
+    int64_t reload_bytes;  // what each copy brings back (Note: a thin view, its own bytes)
+    NameId module;         // where the tensor was made: copies are attributed there
+    int copies;            // reloads into new tensors
+    bool evict;            // the commit evicts the storage (its first entry in the group)
+    bool restore;          // a reload restores the storage itself (once)
+    bool forced;           // a forced-released input: evicted again at the start node in backward
   };
 
   ActivationOffloader* owner = nullptr;
@@ -150,6 +153,7 @@ bool ActivationOffloader::KeepsOnDevice(const OffloadGroup& group) const {
   const int64_t front = FrontBackwardChunk(backward_next_, &group.module);
   if (front < 0 || backward_order_[static_cast<size_t>(front)] != group.chunk) return false;
   const std::vector<OffloadModule>& names = registry_.at(group.chunk);
+  MEMSIM_DCHECK(group.index < names.size());  // every iteration starts the same groups
   return std::find(names.begin() + static_cast<std::ptrdiff_t>(group.index) + 1, names.end(),
                    group.module) == names.end();
 }
@@ -159,9 +163,7 @@ c10::intrusive_ptr<OffloadGroup> ActivationOffloader::StartGroup(OffloadModule m
   group->owner = this;
   group->module = module;
   group->chunk = forward_chunk_;
-  ChunkState& chunk = chunks_[forward_chunk_];
-  group->index = chunk.groups.size();
-  chunk.groups.push_back(group);
+  group->index = chunks_[forward_chunk_].started++;
   if (iteration_ == 0) registry_[forward_chunk_].push_back(module);
   return group;
 }
@@ -170,7 +172,9 @@ void ActivationOffloader::Commit(const c10::intrusive_ptr<OffloadGroup>& group) 
   Recorder* recorder = CurrentRecorder();
   if (recorder == nullptr || KeepsOnDevice(*group)) return;
   group->offloaded = true;
-  for (const OffloadGroup::Saved& saved : group->saved) recorder->Evict(saved.storage_id);
+  for (const OffloadGroup::Saved& saved : group->saved) {
+    if (saved.evict) recorder->Evict(saved.storage_id);
+  }
   chunks_[group->chunk].to_reload.push_back(group);
 }
 
@@ -192,7 +196,7 @@ void ActivationOffloader::Reload(OffloadGroup& group) {
     CategoryScope category(Category::kActivation);
     for (int i = 0; i < copies; ++i) {
       group.copies.push_back(
-          at::empty({saved.size_bytes},
+          at::empty({saved.reload_bytes},
                     at::TensorOptions().device(recorder->device_type()).dtype(at::kByte)));
     }
   }
@@ -238,6 +242,8 @@ OffloadRegion::~OffloadRegion() = default;
 
 void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool largest_saved_twice) {
   if (offloader_ == nullptr) return;
+  MEMSIM_DCHECK(!saving_ended_);
+  saving_ended_ = true;
   const Recorder& recorder = *CurrentRecorder();
   std::vector<int64_t> output_ids;
   for (const at::Tensor& t : outputs)
@@ -253,9 +259,9 @@ void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool large
         ElementsOf(s) < offloader_->min_offloaded_tensor_elements()) {
       continue;
     }
-    group_->saved.push_back({id, s.size_bytes, s.module, /*copies=*/0, /*restore=*/true,
-                             /*forced=*/false});
-    if (!largest || s.size_bytes > group_->saved[*largest].size_bytes) {
+    group_->saved.push_back({id, s.size_bytes, s.module, /*copies=*/0, /*evict=*/true,
+                             /*restore=*/true, /*forced=*/false});
+    if (!largest || s.size_bytes > group_->saved[*largest].reload_bytes) {
       largest = group_->saved.size() - 1;
     }
   }
@@ -264,6 +270,7 @@ void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool large
 
 void OffloadRegion::Commit(at::Tensor* y, const std::vector<ForcedRelease>& forced) {
   if (offloader_ == nullptr) return;
+  MEMSIM_DCHECK(saving_ended_);
   const Recorder& recorder = *CurrentRecorder();
   for (const ForcedRelease& f : forced) {
     const int64_t id = TrackingAllocator::StorageIdOf(f.tensor, recorder);
@@ -272,16 +279,18 @@ void OffloadRegion::Commit(at::Tensor* y, const std::vector<ForcedRelease>& forc
         f.tensor.numel() < offloader_->min_offloaded_tensor_elements()) {
       continue;
     }
-    auto same = std::find_if(group_->saved.begin(), group_->saved.end(),
-                             [id](const OffloadGroup::Saved& s) { return s.storage_id == id; });
-    if (same != group_->saved.end()) {  // another view of a storage already in the group
-      same->copies += f.saves;
-      continue;
-    }
     const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
-    group_->saved.push_back({id, s.size_bytes, s.module,
-                             /*copies=*/f.regenerated ? f.saves : f.saves - 1,
-                             /*restore=*/!f.regenerated, /*forced=*/true});
+    // A view covering less than half its storage is copied (and reloaded) at its own size;
+    // the forced release frees the whole storage either way.
+    const int64_t view_bytes = CheckedMul(f.tensor.numel(), f.tensor.element_size());
+    const bool whole = 2 * view_bytes >= s.size_bytes;
+    const bool first =
+        std::none_of(group_->saved.begin(), group_->saved.end(),
+                     [id](const OffloadGroup::Saved& e) { return e.storage_id == id; });
+    const bool restore = first && whole && !f.regenerated;
+    group_->saved.push_back({id, whole ? s.size_bytes : view_bytes, s.module,
+                             /*copies=*/restore ? f.saves - 1 : f.saves, /*evict=*/first, restore,
+                             /*forced=*/true});
   }
   offloader_->Commit(group_);
   *y = GroupCommitFunction::apply(*y, group_);

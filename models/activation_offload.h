@@ -37,7 +37,9 @@
 //     node in backward (its reload lived until the region's ops were done). Extra saves and
 //     inputs that recomputation regenerates (the norm output of --recompute-modules
 //     layernorm, multi-latent attention's up projections under mla_up_proj) reload into new
-//     tensors, kept until the region's start node in backward.
+//     tensors, kept until the region's start node in backward; so does an input viewing
+//     less than half its storage, at its own size (Megatron copies such a view alone, and
+//     the forced release frees the whole storage).
 // Not modelled: the per-stream pools of the reload stream (reserved memory, not allocated),
 // the .contiguous() copies of saved views covering less than half their storage (the
 // threshold is applied to a storage's elements, not a view's), and the pinned host memory.
@@ -81,6 +83,7 @@ class ActivationOffloader {
   void EndIteration();
 
   // --- Driven by OffloadRegion and the nodes it inserts. ---
+  // REQUIRES: BeginIteration ran; StartGroup inside a forward step (BeginStep).
   c10::intrusive_ptr<OffloadGroup> StartGroup(OffloadModule module);
   void Commit(const c10::intrusive_ptr<OffloadGroup>& group);
   void CommitBackward(OffloadGroup& group);
@@ -89,8 +92,9 @@ class ActivationOffloader {
 
  private:
   struct ChunkState {
-    std::vector<c10::intrusive_ptr<OffloadGroup>> groups;     // this iteration's, in commit order
-    std::vector<c10::intrusive_ptr<OffloadGroup>> to_reload;  // offloaded, not yet popped
+    size_t started = 0;                                       // groups started this iteration
+    std::vector<c10::intrusive_ptr<OffloadGroup>> to_reload;  // offloaded, not yet popped, in
+                                                              // commit order
     bool forward_done = false;
   };
   bool KeepsOnDevice(const OffloadGroup& group) const;
@@ -107,9 +111,9 @@ class ActivationOffloader {
   std::map<ChunkKey, ChunkState> chunks_;
   ChunkKey forward_chunk_{-1, -1};
   bool in_forward_ = false;
-  // The first iteration's group names per chunk, in commit order (the warm-up registry).
+  // The first iteration's group names per chunk, in start order (the warm-up registry).
   std::map<ChunkKey, std::vector<OffloadModule>> registry_;
-  // (chunk, index in its commit order) of the groups post_warmup_callback keeps.
+  // (chunk, index in its start order) of the groups post_warmup_callback keeps.
   std::set<std::pair<ChunkKey, size_t>> kept_;
 };
 
@@ -137,14 +141,18 @@ class OffloadRegion {
   // The end of the `with` block: the activations allocated since the start and alive now,
   // but not `outputs`, are what the block's ops saved. `largest_saved_twice`: the largest
   // of them is saved by two ops.
+  // REQUIRES: called once.
   void EndSaving(const std::vector<at::Tensor>& outputs, bool largest_saved_twice = false);
   // group_offload: offloads the group unless policy keeps it, and passes *y through the
   // commit node, whose backward reloads the group if nothing did before.
   // REQUIRES: EndSaving ran.
   void Commit(at::Tensor* y, const std::vector<ForcedRelease>& forced);
+  // Whether the region offloads (the offloader offloads its module).
+  bool active() const { return offloader_ != nullptr; }
 
  private:
   ActivationOffloader* offloader_ = nullptr;  // null: inactive
+  bool saving_ended_ = false;
   c10::intrusive_ptr<OffloadGroup> group_;
   int64_t first_storage_ = 0;
 };

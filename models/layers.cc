@@ -436,6 +436,8 @@ void ShareStorage(const c10::Storage& dst, const c10::Storage& src) {
 struct CheckpointWithoutOutput::State : public torch::CustomClassHolder {
   Fn fn;
   NameId module = 0;
+  bool graphed =
+      false;  // run inside a CUDA graph's scope (Note [CUDA graphs]): so is its recompute
   bool recorded = false;  // autograd recorded the node: its backward will need Recompute()
   bool recomputed = false;
   std::vector<at::Tensor> inputs;       // from Run() until the recomputation
@@ -452,6 +454,7 @@ struct CheckpointWithoutOutput::State : public torch::CustomClassHolder {
     {
       at::AutoGradMode enable_grad(true);
       ModuleScope scope(module);
+      GraphedScope graph(graphed);  // a tensor hook runs it outside any graphed node
       recomputed_outputs = fn(recomputed_inputs);
     }
     MEMSIM_DCHECK(recomputed_outputs.size() == discarded.size());
@@ -594,6 +597,7 @@ at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype, 
   at::Tensor& buffer = buffers_[{dtype, slot}];
   if (!buffer.defined() || buffer.numel() < numel) {
     ModuleScope scope(ModuleScope::Absolute{"mpu.global_memory_buffer"});
+    PersistentScope persistent;  // kept, so counted however CUDA graphs count the caller
     buffer = at::empty({numel}, at::TensorOptions().device(at::kMeta).dtype(dtype));
   }
   return buffer.narrow(0, 0, numel).view(shape);
@@ -768,6 +772,7 @@ std::vector<at::Tensor> CheckpointWithoutOutput::Run(Fn fn, const std::vector<at
   state_ = c10::make_intrusive<State>();
   state_->fn = std::move(fn);
   state_->module = ModuleScope::Current();
+  state_->graphed = CurrentRecorder() != nullptr && CurrentRecorder()->in_graphed_scope();
   std::vector<at::Tensor> outputs =
       CheckpointWithoutOutputFunction::apply(at::TensorList(inputs), state_);
   for (const at::Tensor& output : outputs) state_->discarded.push_back(output.storage());

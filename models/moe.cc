@@ -402,6 +402,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     h = weighted_activation({fc1_output, probs})[0];
   }
   offload.EndSaving({h});
+  if (!offload.active()) fc1_output.reset();  // the activation keeps what it saved
   probs.reset();
   ModuleScope f("linear_fc2");
   // Under moe_act recomputation fc2 keeps its 16-bit input, which the recomputation

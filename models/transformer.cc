@@ -541,6 +541,7 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   // MoeForward, its router and shared experts).
   GraphedScope mlp_graph(!layer.moe && training_.Graphs(CudaGraphModule::kMlp));
   at::Tensor mlp_out;
+  std::optional<OffloadRegion> mlp_norm_offload;  // the pre-MLP norm's, when it is a module
   if (!layer.moe && training_.Recomputes(RecomputeModule::kMlp)) {
     // Transformer Engine's dense MLP starts with the fused pre-MLP norm (linear_fc1 is a
     // LayerNormLinear), so its checkpoint starts at the residual.
@@ -549,22 +550,20 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
     };
     mlp_out = Checkpoint(mlp, {local ? PreMlpNorm(layer, residual, mlp_norm) : residual});
   } else {
-    OffloadRegion mlp_norm_offload(layer.moe ? offloader_.get() : nullptr, OffloadModule::kMlpNorm,
-                                   &residual);
+    mlp_norm_offload.emplace(layer.moe ? offloader_.get() : nullptr, OffloadModule::kMlpNorm,
+                             &residual);
     {
       GraphedScope router_graph(layer.moe && training_.Graphs(CudaGraphModule::kMoeRouter));
       ln_out = PreMlpNorm(layer, residual, mlp_norm);
     }
-    mlp_norm_offload.EndSaving({ln_out});
+    mlp_norm_offload->EndSaving({ln_out});
     mlp_out = Mlp(layer, ln_out);
     ln_out.reset();
-    if (mlp_norm_checkpoint) mlp_norm_checkpoint->DiscardOutputAndRegisterRecompute(mlp_out);
-    at::Tensor out = BiasDropoutAdd(mlp_out, layer.fc2_bias, residual, hidden_dropout());
-    mlp_norm_offload.Commit(&out, {{residual}});
-    return out;
   }
   if (mlp_norm_checkpoint) mlp_norm_checkpoint->DiscardOutputAndRegisterRecompute(mlp_out);
-  return BiasDropoutAdd(mlp_out, layer.fc2_bias, residual, hidden_dropout());
+  at::Tensor out = BiasDropoutAdd(mlp_out, layer.fc2_bias, residual, hidden_dropout());
+  if (mlp_norm_offload) mlp_norm_offload->Commit(&out, {{residual}});
+  return out;
 }
 
 at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {

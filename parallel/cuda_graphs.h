@@ -19,7 +19,8 @@
 //     (non-MLA RoPE), and one output-gradient and one input-gradient buffer.
 // memsim follows it: the simulated iterations before CudaGraphCaptureIteration() are eager
 // (the first iteration and the steady state stand for all warm-up steps); before that
-// iteration a capture pass runs the schedule's forward and backward steps with the
+// iteration (between two iterations: the run's peak includes it, the per-iteration
+// summaries do not) a capture pass runs the schedule's forward and backward steps with the
 // recorder counting only the graphed scopes (Recorder::GraphMode::kCapture, GraphedScope
 // in simulator/session.h); the iterations from it on count only what is not graphed
 // (kReplay); the static buffers are allocated when the capture starts and kept. With

@@ -212,10 +212,10 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   ParameterStore store(training.precision, training.gradient_accumulation_fusion, bf16_gradients);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
   // Offloading moves storages between steps and layers (a reload belongs to the layer or
-  // chunk before its own), which copies cannot map: every layer and microbatch runs.
-  // So do CUDA graphs' capture and replays, whose allocations count by scope.
-  const bool offloading = training.offload_modules != 0 || training.cuda_graphs;
-  shard.replicate_layers = replication.layers && !offloading;
+  // chunk before its own), which copies cannot map: every layer and microbatch runs. So
+  // do CUDA graphs' capture and replays, whose allocations count by scope.
+  const bool accounts_by_scope = training.offload_modules != 0 || training.cuda_graphs;
+  shard.replicate_layers = replication.layers && !accounts_by_scope;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   std::unique_ptr<MegatronFsdp> megatron_fsdp;
   LayerHooks* layer_hooks = nullptr;  // set below, before any layer runs
@@ -272,7 +272,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   LibraryWorkspaces workspaces(session.gpu(), model_config, training, shard);
   // Deferred output-layer weight gradients keep tensors across microbatches, which copied
   // microbatches cannot hold: the stage with the loss runs every microbatch for real.
-  const bool replicate = replication.microbatches && !offloading &&
+  const bool replicate = replication.microbatches && !accounts_by_scope &&
                          !(training.defer_embedding_wgrad && shard.last_stage);
   ScheduleReferences kept;
   kept.chunk_inputs.resize(static_cast<size_t>(model.num_chunks()));
@@ -408,29 +408,41 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
       }
     }
   };
+  // The schedule returned, and its locals with it; so did the output layer's deferred weight
+  // gradients (finish_embedding_wgrad_compute, before finalize_model_grads).
+  auto end_schedule = [&]() {
+    kept.input_grad.reset();
+    kept.output_grad.reset();
+    model.FinishDeferredWgrad();
+  };
   // Note [CUDA graphs] in parallel/cuda_graphs.h: the capture pass, counting only the graphed
   // scopes, with the static buffers the graphs keep from then on.
   std::vector<at::Tensor> graph_static_buffers;
   auto capture_cuda_graphs = [&]() {
     std::vector<int64_t> graphed_layers;
-    for (int64_t c = 0; c < model.num_chunks(); ++c)
+    for (int64_t c = 0; c < model.num_chunks(); ++c) {
       graphed_layers.push_back(model.LayersInChunk(c));
+    }
     graph_static_buffers = AllocateCudaGraphStaticBuffers(
         model_config, training, model.HiddenShape(), model.activation_dtype(), layout.cp,
         GraphedLayersInFlight(schedule, graphed_layers));
     recorder.set_graph_mode(Recorder::GraphMode::kCapture);
     run_schedule(nullptr);
-    kept.input_grad.reset();
-    kept.output_grad.reset();
+    end_schedule();
     recorder.set_graph_mode(Recorder::GraphMode::kReplay);
   };
-  for (int32_t it = 0; it < training.iterations; ++it) {
-    if (it == training.CudaGraphCaptureIteration()) capture_cuda_graphs();
+  auto zero_grad = [&]() {
     {
       at::NoGradGuard no_grad;
       if (store.grad_buffer().defined()) store.grad_buffer().zero_();  // zero_grad_buffer()
     }
     optimizer.ZeroGrad();
+  };
+  for (int32_t it = 0; it < training.iterations; ++it) {
+    // Megatron captures at the top of the iteration, before train_step; memsim runs the
+    // capture between iterations, whose pipeline clocks hold their own steps only.
+    if (it == training.CudaGraphCaptureIteration()) capture_cuda_graphs();
+    zero_grad();
     session.BeginIteration(it);
     ActivationOffloader* offloader = model.offloader();
     if (offloader != nullptr) {
@@ -442,10 +454,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     }
     run_schedule(offloader);
     if (offloader != nullptr) offloader->EndIteration();
-    // The schedule returned, and its locals with it.
-    kept.input_grad.reset();
-    kept.output_grad.reset();
-    model.FinishDeferredWgrad();  // finish_embedding_wgrad_compute, before finalize_model_grads
+    end_schedule();
     if (training.empty_unused_memory_level >= 1) session.EmptyCache();  // train_step's
     session.SetPhase(Phase::kOptimizer);
     optimizer.Step();

@@ -167,7 +167,9 @@ std::unique_ptr<at::ObserverContext> OnBackwardNodeStart(const at::RecordFunctio
   const bool has_seq = fn.seqNr() >= 0 && seq != std::numeric_limits<uint64_t>::max();
   recorder->PushBackwardNodeModule(has_seq ? recorder->ModuleForSequenceNr(seq)
                                            : recorder->current_module());
-  recorder->PushBackwardNodeGraphed(has_seq && recorder->IsGraphedSequenceNr(seq));
+  // A node run inside a graphed one (a checkpoint's recomputation) is part of its graph.
+  recorder->PushBackwardNodeGraphed((has_seq && recorder->IsGraphedSequenceNr(seq)) ||
+                                    recorder->in_graphed_backward_node());
   return nullptr;
 }
 

@@ -85,8 +85,8 @@ int64_t Recorder::Restore(int64_t storage_id) {
   auto it = evicted_.find(storage_id);
   if (it == evicted_.end()) return -1;  // never evicted, or its tensors died meanwhile
   AllocationRecord* record = it->second;
-  evicted_.erase(it);
   const int64_t id = NewStorage(storages_[static_cast<size_t>(storage_id)].size_bytes);
+  evicted_.erase(it);  // once nothing can throw: the record stays evicted otherwise
   const StorageInfo& original = storages_[static_cast<size_t>(storage_id)];
   StorageInfo& info = storages_[static_cast<size_t>(id)];
   // Attributed to what made the tensor: a reloaded activation is still that activation.

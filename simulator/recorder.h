@@ -205,13 +205,29 @@ class Recorder {
   // What PyTorch's allocated_bytes sees of the graphed scopes: everything (eager steps),
   // only them (the capture pass, which runs nothing else), or nothing of them (replays).
   enum class GraphMode : uint8_t { kEager, kCapture, kReplay };
-  void set_graph_mode(GraphMode mode) { graph_mode_ = mode; }
+  // REQUIRES: no graphed scope is open.
+  void set_graph_mode(GraphMode mode) {
+    MEMSIM_DCHECK(graphed_depth_ == 0);
+    graph_mode_ = mode;
+  }
   // Graphed scopes nest; the autograd nodes created inside one are graphed in backward.
   void BeginGraphedScope();
+  // REQUIRES: a BeginGraphedScope() still open.
   void EndGraphedScope();
+  bool in_graphed_scope() const { return graphed_depth_ > 0; }
+  // Persistent state made wherever it is first needed (a grown global buffer): it counts in
+  // every graph mode, whatever category the scope around it gives it.
+  void PushPersistent() { ++persistent_depth_; }
+  void PopPersistent() {
+    MEMSIM_DCHECK(persistent_depth_ > 0);
+    --persistent_depth_;
+  }
   // Whether the node with forward sequence number `seq` was created in a graphed scope.
   bool IsGraphedSequenceNr(uint64_t seq) const;
   void PushBackwardNodeGraphed(bool graphed) { backward_graphed_.push_back(graphed); }
+  bool in_graphed_backward_node() const {
+    return !backward_graphed_.empty() && backward_graphed_.back();
+  }
   void PopBackwardNodeGraphed() {
     MEMSIM_DCHECK(!backward_graphed_.empty());
     backward_graphed_.pop_back();
@@ -221,14 +237,13 @@ class Recorder {
   // gradients, optimizer state, workspaces and caches) counts in every mode: the runtime
   // makes it wherever it is first needed.
   bool Counts() const {
-    if (graph_mode_ == GraphMode::kEager) return true;
+    if (graph_mode_ == GraphMode::kEager || persistent_depth_ > 0) return true;
     if (!category_stack_.empty() && category_stack_.back() != Category::kActivation &&
         category_stack_.back() != Category::kTemporary &&
         category_stack_.back() != Category::kCommunication) {
       return true;
     }
-    const bool graphed =
-        graphed_depth_ > 0 || (!backward_graphed_.empty() && backward_graphed_.back());
+    const bool graphed = graphed_depth_ > 0 || in_graphed_backward_node();
     return graph_mode_ == GraphMode::kCapture ? graphed : !graphed;
   }
 
@@ -272,6 +287,7 @@ class Recorder {
   std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed
   GraphMode graph_mode_ = GraphMode::kEager;
   int graphed_depth_ = 0;
+  int persistent_depth_ = 0;
   uint64_t graphed_scope_first_ = 0;  // the outermost open graphed scope's first sequence nr
   // [first, last) sequence numbers of the nodes created in graphed scopes; sorted.
   std::vector<std::pair<uint64_t, uint64_t>> graphed_sequence_nrs_;

@@ -62,6 +62,14 @@ CategoryScope::~CategoryScope() {
   if (recorder_ != nullptr) recorder_->PopCategory();
 }
 
+PersistentScope::PersistentScope() : recorder_(CurrentRecorder()) {
+  if (recorder_ != nullptr) recorder_->PushPersistent();
+}
+
+PersistentScope::~PersistentScope() {
+  if (recorder_ != nullptr) recorder_->PopPersistent();
+}
+
 GraphedScope::GraphedScope(bool active) : recorder_(active ? CurrentRecorder() : nullptr) {
   if (recorder_ != nullptr) recorder_->BeginGraphedScope();
 }

@@ -122,6 +122,19 @@ class CategoryScope {
   Recorder* recorder_;
 };
 
+// Marks what is allocated inside it as persistent state (Recorder::PushPersistent): it
+// counts whatever CUDA graphs' mode (Note [CUDA graphs] in parallel/cuda_graphs.h).
+class PersistentScope {
+ public:
+  PersistentScope();
+  ~PersistentScope();
+  PersistentScope(const PersistentScope&) = delete;
+  PersistentScope& operator=(const PersistentScope&) = delete;
+
+ private:
+  Recorder* recorder_;
+};
+
 // A region Transformer Engine's CUDA graphs capture (Note [CUDA graphs] in
 // parallel/cuda_graphs.h): what it and its backward allocate counts only while capturing.
 // Inactive (no effect) when `active` is false.

@@ -1385,7 +1385,7 @@ Status ReadCudaGraphs(Args& a, TrainingConfig* t) {
                                                         : "--cuda-graph-modules";
   if (impl == "none") {
     for (const char* name : {"--cuda-graph-impl", "--cuda-graph-modules", "--cuda-graph-scope",
-                             "--cuda-graph-warmup-steps"}) {
+                             "--cuda-graph-warmup-steps", "--cuda-graph-retain-backward-graph"}) {
       a.Ignore(name);
     }
     return Status::OK();
@@ -1406,16 +1406,14 @@ Status ReadCudaGraphs(Args& a, TrainingConfig* t) {
   t->cuda_graphs = true;
   uint32_t bits = 0;
   if (a.Has(modules_arg)) {
+    std::vector<std::string> names;  // "full" is the deprecated spelling of the whole layer
     for (const std::string& name : a.Values(modules_arg)) {
-      if (name == "full") continue;  // the deprecated spelling of the whole layer
-      CudaGraphModule module;
-      const Status parsed = ParseEnum(kCudaGraphModuleNames, name, "CUDA graph module", &module);
-      if (!parsed.ok()) {
-        return NotModelled(std::string(modules_arg) + " " + name,
-                           "CUDA graphs of modules other than attn, mlp, moe_router and "
-                           "moe_preprocess");
-      }
-      bits |= CudaGraphModuleBit(module);
+      if (name != "full") names.push_back(name);
+    }
+    if (!ParseCudaGraphModules(names, &bits).ok()) {
+      return NotModelled(modules_arg,
+                         "CUDA graphs of modules other than attn, mlp, moe_router and "
+                         "moe_preprocess");
     }
   }
   t->cuda_graph_modules = bits;

@@ -75,35 +75,32 @@ Status ParseRecompute(const std::string& text, RecomputeKind* out) {
 Status ParseFp8Recipe(const std::string& text, Fp8Recipe* out) {
   return ParseEnum(kFp8RecipeNames, text, "fp8 recipe", out);
 }
-Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out) {
+namespace {
+
+// Names of `table` into a bitmask of 1 << value, as Megatron's list arguments give them.
+template <typename E, size_t N>
+Status ParseEnumBits(const EnumName<E> (&table)[N], const std::vector<std::string>& names,
+                     const char* what, uint32_t* out) {
   uint32_t bits = 0;
   for (const std::string& name : names) {
-    RecomputeModule module;
-    MEMSIM_RETURN_IF_ERROR(ParseEnum(kRecomputeModuleNames, name, "recompute module", &module));
-    bits |= RecomputeModuleBit(module);
+    E value;
+    MEMSIM_RETURN_IF_ERROR(ParseEnum(table, name, what, &value));
+    bits |= 1u << static_cast<uint32_t>(value);
   }
   *out = bits;
   return Status::OK();
+}
+
+}  // namespace
+
+Status ParseRecomputeModules(const std::vector<std::string>& names, uint32_t* out) {
+  return ParseEnumBits(kRecomputeModuleNames, names, "recompute module", out);
 }
 Status ParseOffloadModules(const std::vector<std::string>& names, uint32_t* out) {
-  uint32_t bits = 0;
-  for (const std::string& name : names) {
-    OffloadModule module;
-    MEMSIM_RETURN_IF_ERROR(ParseEnum(kOffloadModuleNames, name, "offload module", &module));
-    bits |= OffloadModuleBit(module);
-  }
-  *out = bits;
-  return Status::OK();
+  return ParseEnumBits(kOffloadModuleNames, names, "offload module", out);
 }
 Status ParseCudaGraphModules(const std::vector<std::string>& names, uint32_t* out) {
-  uint32_t bits = 0;
-  for (const std::string& name : names) {
-    CudaGraphModule module;
-    MEMSIM_RETURN_IF_ERROR(ParseEnum(kCudaGraphModuleNames, name, "CUDA graph module", &module));
-    bits |= CudaGraphModuleBit(module);
-  }
-  *out = bits;
-  return Status::OK();
+  return ParseEnumBits(kCudaGraphModuleNames, names, "CUDA graph module", out);
 }
 Status ParseRecomputeMethod(const std::string& text, RecomputeMethod* out) {
   return ParseEnum(kRecomputeMethodNames, text, "recompute method", out);
