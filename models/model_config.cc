@@ -382,6 +382,18 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       return Status::Error("CUDA graphs with full recomputation are not modelled");
     }
   }
+  if (!(t.optimizer_offload_fraction >= 0 && t.optimizer_offload_fraction <= 1)) {
+    return Status::Error("the optimizer offload fraction must be in [0, 1], got " +
+                         std::to_string(t.optimizer_offload_fraction));
+  }
+  if (t.optimizer_offload_fraction > 0 && t.optimizer != OptimizerKind::kAdam) {
+    return Status::Error("optimizer CPU offload is modelled for Adam only");
+  }
+  if (t.optimizer_offload_fraction > 0 && !t.precision_aware_optimizer) {
+    return Status::Error(
+        "optimizer CPU offload needs the precision-aware optimizer "
+        "(--use-precision-aware-optimizer), as Megatron-LM asserts");
+  }
   // TransformerConfig.__post_init__'s rules.
   if (t.Recomputes(RecomputeModule::kMoeAct) && !t.moe_grouped_gemm) {
     return Status::Error(

@@ -302,6 +302,10 @@ struct TrainingConfig {
   Precision exp_avg_dtype = Precision::kFp32;
   Precision exp_avg_sq_dtype = Precision::kFp32;
   bool store_param_remainders = true;  // bf16 parameters' fp32 masters keep 16 bits
+  // --optimizer-cpu-offload with --optimizer-offload-fraction (Note [Optimizer CPU offload]
+  // in models/optimizer.h): the share of the optimizer's parameter shards whose masters and
+  // states live on the host; 0: none. REQUIRES: the precision-aware optimizer.
+  double optimizer_offload_fraction = 0.0;
   // Megatron-FSDP's gradient dtypes (Note [Megatron-FSDP] in parallel/megatron_fsdp.h): the
   // shards' (--megatron-fsdp-main-grads-dtype) and the full buckets' (--megatron-fsdp-grad-
   // comm-dtype). Unset: auto, the parameters' dtype, then the main gradients'.

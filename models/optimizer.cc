@@ -8,6 +8,7 @@
 #include "models/fp8.h"
 #include "ops/fused_optimizers.h"
 #include "simulator/check.h"
+#include "simulator/checked_math.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -63,9 +64,14 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
   }
   owned_.assign(muon_.size(), true);
   if (options_.layer_wise) DealWholeParameters(*options_.layer_wise);
+  SplitHostShards();
   size_t i = 0;
   for (Parameter& p : store->parameters()) {
-    if (!owned_[i++]) {
+    const size_t index = i++;
+    if (hybrid()) {
+      // HybridDeviceOptimizer's fp32 clones of the device part (Note [Optimizer CPU offload]).
+      masters_.push_back(on_host_[index] ? at::Tensor() : ParameterShard(p).clone().to(at::kFloat));
+    } else if (!owned_[index]) {
       masters_.emplace_back();  // another rank's
     } else if (p.fp8.fp8_param) {
       // From the 16-bit value Transformer Engine kept on the host (Note [FP8 training]):
@@ -78,6 +84,25 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
       const at::Tensor shard = ParameterShard(p);
       masters_.push_back(store->precision() == Precision::kFp32 ? shard
                                                                 : shard.clone().to(at::kFloat));
+    }
+  }
+}
+
+void MixedPrecisionOptimizer::SplitHostShards() {
+  const auto& params = store_->parameters();
+  on_host_.assign(params.size(), false);
+  if (!hybrid()) return;
+  for (bool experts : {false, true}) {  // each distributed-optimizer instance on its own
+    int64_t total = 0;
+    for (const Parameter& p : params) {
+      if (p.expert == experts) total = CheckedAdd(total, ParameterShard(p).numel());
+    }
+    const double threshold = options_.cpu_offload_fraction * static_cast<double>(total);
+    int64_t taken = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].expert != experts || static_cast<double>(taken) >= threshold) continue;
+      on_host_[i] = true;
+      taken += ParameterShard(params[i]).numel();
     }
   }
 }
@@ -144,7 +169,15 @@ void MixedPrecisionOptimizer::ZeroGrad() { master_grads_.clear(); }
 
 void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
   CategoryScope category(Category::kOptimizerState);
+  size_t i = 0;
   for (Parameter& p : store_->parameters()) {
+    const size_t index = i++;
+    if (hybrid()) {  // FusedAdam's defaults on the device part (Note [Optimizer CPU offload])
+      const bool device = !on_host_[index];
+      exp_avgs_.push_back(device ? at::zeros_like(masters_[index]) : at::Tensor());
+      exp_avg_sqs_.push_back(device ? at::zeros_like(masters_[index]) : at::Tensor());
+      continue;
+    }
     const at::Tensor shard = ParameterShard(p);
     exp_avgs_.push_back(
         at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg)));
@@ -199,12 +232,13 @@ void MixedPrecisionOptimizer::Step() {
       exp_avg_sqs_.push_back(owned_[i] && adam ? at::zeros_like(masters_[i]) : at::Tensor());
     }
   }
+  if (hybrid()) HybridGradients();
   // One fused update over the parameters Adam (or SGD) takes, then Muon's one by one.
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
   for (size_t i = 0; i < masters_.size(); ++i) {
-    if (muon_[i] || !owned_[i]) continue;
+    if (muon_[i] || !owned_[i] || on_host_[i]) continue;
     params.push_back(masters_[i]);
-    grads.push_back(master_grads_[i]);
+    grads.push_back(hybrid() && hybrid_grads_[i].defined() ? hybrid_grads_[i] : master_grads_[i]);
     exp_avgs.push_back(exp_avgs_[i]);
     exp_avg_sqs.push_back(exp_avg_sqs_[i]);
   }
@@ -236,12 +270,47 @@ void MixedPrecisionOptimizer::Step() {
     }
     CastMastersToFp8Parameters(fp8_masters, fp8_kind);
   }
+  if (hybrid()) CopyUpdatedShards();
   if (options_.layer_wise) {
     AllGatherParameters(dense_rank_elements_, dense_rank_);
     AllGatherParameters(expert_rank_elements_, expert_rank_);
   }
   // Views of the gradients go now; fp32 copies of 16-bit gradients stay until zero_grad.
   if (!master_grads_are_copies_) master_grads_.clear();
+}
+
+void MixedPrecisionOptimizer::HybridGradients() {
+  // The device part: fp32_param.grad = grad.to(fp32), a view of an fp32 gradient, else a
+  // copy kept until the next step replaces it; the host part: the device-to-host copy of a
+  // 16-bit gradient goes through an fp32 device buffer of the shard's size.
+  hybrid_grads_.resize(masters_.size());
+  CategoryScope category(Category::kGradient);
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    const at::Tensor& grad = master_grads_[i];
+    if (grad.scalar_type() == at::kFloat) continue;
+    if (on_host_[i]) {
+      CategoryScope temporary(Category::kTemporary);
+      [[maybe_unused]] const at::Tensor staged = grad.to(at::kFloat);
+    } else {
+      hybrid_grads_[i] = grad.to(at::kFloat);
+    }
+  }
+}
+
+void MixedPrecisionOptimizer::CopyUpdatedShards() {
+  // The host's updates come back one shard at a time through an fp32 device buffer; the
+  // device part's fp32 clones are cast into the 16-bit shards in place.
+  CategoryScope category(Category::kTemporary);
+  size_t i = 0;
+  for (Parameter& p : store_->parameters()) {
+    const size_t index = i++;
+    if (on_host_[index]) {
+      const at::Tensor shard = ParameterShard(p);
+      shard.copy_(at::empty(shard.sizes(), shard.options().dtype(at::kFloat)));
+    } else {
+      ParameterShard(p).copy_(masters_[index]);
+    }
+  }
 }
 
 }  // namespace memsim

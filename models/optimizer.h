@@ -76,6 +76,24 @@
 // defaults: 2 param + 4 grad + (2 + 4 + 4)/d = 6 + 10/d. Modelled for fp32 or bf16
 // gradients, both states fp32 or both bf16 (the unscaling is fused then; one bf16 state
 // beside an fp32 one gets fp32 copies in the step), and an fp32 master; the rest is refused.
+//
+// Note [Optimizer CPU offload]
+// --optimizer-cpu-offload with --optimizer-offload-fraction F (Megatron-Core 0.20:
+// optimizer/cpu_offloading/hybrid_optimizer.py HybridDeviceOptimizer, built by
+// distrib_optimizer.py over the precision-aware optimizer's 16-bit parameter shards; it
+// needs --use-precision-aware-optimizer): the shards are taken in order, greedily while the
+// running total of elements is under F times all of them (each optimizer instance, dense and
+// expert, on its own; memsim takes its parameter order, where Megatron's grad-buffer order
+// and parameter groups may cut elsewhere: the device part differs by at most one shard),
+// and those live on the host: their fp32 masters, Adam states and
+// gradient copies take no device memory. The rest run TE's FusedAdam with its defaults: an
+// fp32 clone of each shard made when the optimizer is built, fp32 exp_avg and exp_avg_sq in
+// the first step (the precision-aware dtypes and param remainders do not apply), and, with
+// 16-bit gradients, an fp32 copy of each gradient that stays from step to step. A step
+// copies each offloaded shard's update back through an fp32 device buffer of the shard's
+// size, one at a time [inferred from PyTorch's non-blocking cross-dtype copy]. Not modelled:
+// the throwaway optimizer built first over the unsharded parameters (fp32 clones of the
+// device part until the first garbage collection) and host memory.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -114,6 +132,9 @@ struct OptimizerOptions {
   std::optional<PrecisionAwareStates> precision_aware;
   // Whole parameters dealt over the data-parallel ranks (REQUIRES: kind Muon, shards 1).
   std::optional<LayerWiseGroups> layer_wise;
+  // Note [Optimizer CPU offload]: the share of the shards on the host (REQUIRES:
+  // precision_aware when above 0).
+  double cpu_offload_fraction = 0.0;
 };
 
 class MixedPrecisionOptimizer {
@@ -132,6 +153,13 @@ class MixedPrecisionOptimizer {
   at::Tensor ParameterShard(const Parameter& p) const;
   // FusedAdam's first-step state (Note [Precision-aware optimizer]).
   void CreatePrecisionAwareStates();
+  // Which shards go to the host (Note [Optimizer CPU offload]); sets `on_host_`.
+  void SplitHostShards();
+  bool hybrid() const { return options_.cpu_offload_fraction > 0; }
+  // The gradients the hybrid optimizer's two parts read (Note [Optimizer CPU offload]).
+  void HybridGradients();
+  // Its updates back into the 16-bit parameter shards.
+  void CopyUpdatedShards();
   // Which parameters this rank owns under the layer-wise optimizer; `rank_elements_`.
   void DealWholeParameters(const LayerWiseGroups& groups);
   // allgather_params of Note [Layer-wise optimizer]: every rank's parameters of one group
@@ -158,7 +186,11 @@ class MixedPrecisionOptimizer {
   std::vector<at::Tensor> exp_avgs_;
   std::vector<at::Tensor> exp_avg_sqs_;
   std::vector<at::Tensor> state_scales_;  // precision-aware bf16 states' scales
-  std::vector<bool> muon_;                // the parameter takes Muon (Note [Muon])
+  // Note [Optimizer CPU offload]: whether each parameter's shard is on the host (all false
+  // without offloading), and the device part's fp32 gradient copies (16-bit gradients).
+  std::vector<bool> on_host_;
+  std::vector<at::Tensor> hybrid_grads_;
+  std::vector<bool> muon_;  // the parameter takes Muon (Note [Muon])
 };
 
 }  // namespace memsim

@@ -250,6 +250,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   optimizer_options.expert_shards = OptimizerShards(layout, true);
   optimizer_options.muon_ns_steps = training.muon_ns_steps;
   optimizer_options.precision_aware = PrecisionAwareStatesOf(training);
+  optimizer_options.cpu_offload_fraction = training.optimizer_offload_fraction;
   if (training.layer_wise_optimizer) {
     LayerWiseGroups groups;
     groups.dense_ranks = layout.dp * layout.cp;

@@ -113,6 +113,34 @@ int64_t ModelStateBytes(const ModelConfig& m, TrainingConfig t, const ParallelLa
   return test::ModelStateBytesAfter(r, step_end);
 }
 
+// Note [Optimizer CPU offload] on the model of DistributedOptimizer.BytesPerParameter (bf16,
+// the precision-aware optimizer, fp32 gradients): with --optimizer-offload-fraction 1 only
+// the parameters and gradients stay, 6 bytes per parameter; with 0.5 the device part keeps
+// FusedAdam's fp32 clone and two fp32 states, 12/d bytes per element of a share of the
+// shards that the greedy cut makes at most half and at least half less the largest shard
+// (the word embedding, 1024 x 128).
+TEST(DistributedOptimizer, CpuOffloadKeepsTheDevicePartOnly) {
+  const Shape x{64, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 2);
+  const int64_t params = 1024 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
+  const int64_t largest = 1024 * 128;
+  for (int64_t d : {2, 4}) {
+    ParallelLayout layout;
+    layout.world_size = d;
+    layout.data_parallel = DataParallelKind::kDistributedOptimizer;
+    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    t.precision_aware_optimizer = true;
+    t.optimizer_offload_fraction = 1.0;
+    EXPECT_EQ(ModelStateBytes(m, t, layout), 6 * params) << "d=" << d;
+    t.optimizer_offload_fraction = 0.5;
+    const int64_t device_state = ModelStateBytes(m, t, layout) - 6 * params;
+    EXPECT_LE(device_state, 12 * (params / 2) / d) << "d=" << d;
+    EXPECT_GE(device_state, 12 * (params / 2 - largest) / d) << "d=" << d;
+  }
+}
+
 // Megatron-LM's distributed optimizer documentation: 4 + 16/d (fp16), 6 + 12/d (bf16),
 // 8 + 8/d (fp32) bytes per parameter.
 TEST(DistributedOptimizer, BytesPerParameter) {

@@ -140,6 +140,13 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--accumulate-allreduce-grads-in-fp32", Arity::kFlag, ArgUse::kRead},
     {"--grad-reduce-in-bf16", Arity::kFlag, ArgUse::kRead},
     {"--use-precision-aware-optimizer", Arity::kFlag, ArgUse::kRead},
+    {"--optimizer-cpu-offload", Arity::kFlag, ArgUse::kRead},
+    {"--optimizer-offload-fraction", Arity::kValue, ArgUse::kRead},
+    // How the host side of an offloaded optimizer runs: streams, pinning, which optimizer.
+    {"--overlap-cpu-optimizer-d2h-h2d", Arity::kFlag, ArgUse::kNeutral},
+    {"--use-torch-optimizer-for-cpu-offload", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-pin-cpu-grads", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-pin-cpu-params", Arity::kFlag, ArgUse::kNeutral},
     {"--use-transformer-engine-op-fuser", Arity::kFlag, ArgUse::kRead},
     {"--main-grads-dtype", Arity::kValue, ArgUse::kRead},
     {"--main-params-dtype", Arity::kValue, ArgUse::kRead},
@@ -499,7 +506,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--mtp-hsm", Arity::kValues, ArgUse::kRefused, "multi-token prediction hidden-state mixing"},
     {"--mtp-use-repeated-layer", Arity::kValues, ArgUse::kRefused,
      "one multi-token prediction layer repeated"},
-    {"--optimizer-cpu-offload", Arity::kValues, ArgUse::kRefused, "optimizer offloading to CPU"},
     {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
     {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
      "MXFP8 parameters gathered in bf16 through the gradient buffer"},
@@ -1155,6 +1161,14 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
                        "fp16 master weights (their fp32 copies in the step)");
   }
   a.Ignore("--main-params-dtype");
+  // --optimizer-cpu-offload (Note [Optimizer CPU offload] in models/optimizer.h); Megatron-LM's
+  // fraction defaults to 1.
+  if (a.Has("--optimizer-cpu-offload")) {
+    t.optimizer_offload_fraction = 1.0;
+    MEMSIM_RETURN_IF_ERROR(a.Float("--optimizer-offload-fraction", &t.optimizer_offload_fraction));
+  } else {
+    a.Ignore("--optimizer-offload-fraction");
+  }
   t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
   t.defer_embedding_wgrad = a.Has("--defer-embedding-wgrad-compute");
   MEMSIM_RETURN_IF_ERROR(a.Int("--wgrad-deferral-limit", &t.wgrad_deferral_limit));

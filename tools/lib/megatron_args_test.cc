@@ -561,6 +561,30 @@ TEST(MegatronArgs, CudaGraphs) {
             "(--cuda-graph-modules attn moe_router)");
 }
 
+// --optimizer-cpu-offload: the fraction defaults to 1; Megatron-LM asserts the
+// precision-aware optimizer.
+TEST(MegatronArgs, OptimizerCpuOffload) {
+  const std::string base = std::string(kTinyGpt) + "--bf16 --use-distributed-optimizer ";
+  EXPECT_EQ(Parse(base + "--use-precision-aware-optimizer --optimizer-cpu-offload", 1)
+                .spec.training.optimizer_offload_fraction,
+            1.0);
+  EXPECT_EQ(Parse(base + "--use-precision-aware-optimizer --optimizer-cpu-offload "
+                         "--optimizer-offload-fraction 0.25 --overlap-cpu-optimizer-d2h-h2d",
+                  1)
+                .spec.training.optimizer_offload_fraction,
+            0.25);
+  EXPECT_EQ(
+      Parse(base + "--optimizer-offload-fraction 0.25", 1).spec.training.optimizer_offload_fraction,
+      0.0);  // read only with the switch
+  EXPECT_EQ(ErrorOf(base + "--optimizer-cpu-offload", 1),
+            "optimizer CPU offload needs the precision-aware optimizer "
+            "(--use-precision-aware-optimizer), as Megatron-LM asserts");
+  EXPECT_EQ(ErrorOf(base + "--use-precision-aware-optimizer --optimizer-cpu-offload "
+                           "--optimizer-offload-fraction 1.5",
+                    1),
+            "the optimizer offload fraction must be in [0, 1], got 1.500000");
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {

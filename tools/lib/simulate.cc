@@ -141,6 +141,12 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
     }
     std::printf("MoE routing: %s\n", routing.c_str());
   }
+  if (t.optimizer_offload_fraction > 0) {
+    std::printf(
+        "optimizer CPU offload: %s of the optimizer's shards keep their masters and states on "
+        "the host\n",
+        FormatNumber(t.optimizer_offload_fraction).c_str());
+  }
   if (t.cuda_graphs) {
     std::string modules;
     for (const EnumName<CudaGraphModule>& module : kCudaGraphModuleNames) {
