@@ -253,7 +253,8 @@ void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool large
   for (int64_t id = first_storage_; id < static_cast<int64_t>(storages.size()); ++id) {
     const StorageInfo& s = storages[static_cast<size_t>(id)];
     const bool activation =
-        s.category == Category::kActivation || s.category == Category::kCommunication;
+        (s.category == Category::kActivation || s.category == Category::kCommunication) &&
+        !s.persistent;
     if (s.free_event >= 0 || !activation ||
         std::find(output_ids.begin(), output_ids.end(), id) != output_ids.end() ||
         ElementsOf(s) < offloader_->min_offloaded_tensor_elements()) {
@@ -294,6 +295,97 @@ void OffloadRegion::Commit(at::Tensor* y, const std::vector<ForcedRelease>& forc
   }
   offloader_->Commit(group_);
   *y = GroupCommitFunction::apply(*y, group_);
+}
+
+namespace {
+
+// TE's min_offloaded_tensor_size in cpu_offload.py.
+constexpr int64_t kLayerOffloadMinElements = 256 * 1024;
+
+struct LayerBackwardState : public torch::CustomClassHolder {
+  LayerCpuOffloader* owner = nullptr;
+  int64_t index = 0;
+};
+
+// The prehook on a layer output's grad_fn: identity, whose backward is TE's bwd_step.
+struct LayerBackwardStepFunction : public Function<LayerBackwardStepFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y,
+                            c10::intrusive_ptr<LayerBackwardState> state) {
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto state = c10::static_intrusive_pointer_cast<LayerBackwardState>(
+        ctx->saved_data["state"].toCapsule());
+    state->owner->BackwardStep(state->index);
+    return {grads[0], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+LayerCpuOffloader::LayerCpuOffloader(int64_t layers, int64_t offloaded)
+    : layers_(layers), offloaded_(offloaded) {
+  MEMSIM_DCHECK(0 < offloaded && offloaded < layers);
+}
+
+LayerCpuOffloader::~LayerCpuOffloader() = default;
+
+at::Tensor LayerCpuOffloader::RunLayer(int64_t index, const at::Tensor& x,
+                                       const std::function<at::Tensor(const at::Tensor&)>& run) {
+  Recorder* recorder = CurrentRecorder();
+  if (recorder == nullptr || !at::GradMode::is_enabled()) return run(x);
+  if (index == 0) state_.assign(static_cast<size_t>(offloaded_), LayerState());
+  // fwd_step: the layer L - N layers back has finished its copy; its memory goes now.
+  const int64_t done = index - (layers_ - offloaded_);
+  if (done >= 0 && done < offloaded_) {
+    for (int64_t id : state_[static_cast<size_t>(done)].saved) {
+      if (recorder->storages()[static_cast<size_t>(id)].free_event < 0) recorder->Evict(id);
+    }
+  }
+  const int64_t first = static_cast<int64_t>(recorder->storages().size());
+  at::Tensor y = run(x);
+  if (index < offloaded_) {
+    std::vector<int64_t>& saved = state_[static_cast<size_t>(index)].saved;
+    const int64_t output = TrackingAllocator::StorageIdOf(y, *recorder);
+    const int64_t input = TrackingAllocator::StorageIdOf(x, *recorder);
+    const std::vector<StorageInfo>& storages = recorder->storages();
+    auto offloads = [&](int64_t id) {
+      if (id < 0 || id == output) return false;
+      const StorageInfo& s = storages[static_cast<size_t>(id)];
+      return s.free_event < 0 && !s.persistent && ElementsOf(s) >= kLayerOffloadMinElements &&
+             (s.category == Category::kActivation || s.category == Category::kCommunication);
+    };
+    if (offloads(input)) saved.push_back(input);
+    for (int64_t id = first; id < static_cast<int64_t>(storages.size()); ++id) {
+      if (offloads(id)) saved.push_back(id);
+    }
+  }
+  auto state = c10::make_intrusive<LayerBackwardState>();
+  state->owner = this;
+  state->index = index;
+  return LayerBackwardStepFunction::apply(y, state);
+}
+
+void LayerCpuOffloader::BackwardStep(int64_t index) {
+  Recorder* recorder = CurrentRecorder();
+  if (recorder == nullptr || state_.empty()) return;
+  // The reloads of the layer after this one are done with.
+  if (index + 1 < offloaded_) {
+    for (int64_t id : state_[static_cast<size_t>(index + 1)].restored) {
+      if (recorder->storages()[static_cast<size_t>(id)].free_event < 0) recorder->Evict(id);
+    }
+    state_[static_cast<size_t>(index + 1)].restored.clear();
+  }
+  // The layer L - 1 - N layers ahead of this one's backward comes back.
+  const int64_t reload = index - (layers_ - 1 - offloaded_);
+  if (reload >= 0 && reload < offloaded_) {
+    LayerState& layer = state_[static_cast<size_t>(reload)];
+    for (int64_t id : layer.saved) {
+      const int64_t restored = recorder->Restore(id);
+      if (restored >= 0) layer.restored.push_back(restored);
+    }
+  }
 }
 
 }  // namespace memsim

@@ -49,6 +49,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -155,6 +156,44 @@ class OffloadRegion {
   bool saving_ended_ = false;
   c10::intrusive_ptr<OffloadGroup> group_;
   int64_t first_storage_ = 0;
+};
+
+// Note [Layer CPU offloading]
+// --cpu-offloading-num-layers N (Megatron-Core 0.20's TransformerBlock over Transformer
+// Engine 2.18's get_cpu_offload_context, the default v2 implementation of cpu_offload.py;
+// Megatron-LM allows it only without pipeline parallelism or recomputation): the first N of
+// the block's L layers are offloaded, each microbatch. Every tensor autograd saves in such a
+// layer with at least 256K elements, other than parameters, goes to the host; its device
+// memory goes when layer L - N + i starts (the offload has finished by then), so at most
+// L - N layers' activations are on the device. In backward layer i comes back (new device
+// tensors) when layer L - 1 - N + i's backward starts, and goes when layer i - 1's starts.
+// memsim takes a layer's saved tensors as its input and the activations it allocated that
+// are alive when it ends, other than its output (as OffloadRegion does), evicts them then
+// and restores them (Recorder::Evict, Restore); what is still alive of a reload when the
+// next layer's backward starts is evicted again. No device buffers are kept (v2).
+class LayerCpuOffloader {
+ public:
+  // `layers`: the block's L; `offloaded`: N. REQUIRES: 0 < N < L.
+  LayerCpuOffloader(int64_t layers, int64_t offloaded);
+  ~LayerCpuOffloader();  // where its nodes' state is complete
+  LayerCpuOffloader(const LayerCpuOffloader&) = delete;
+  LayerCpuOffloader& operator=(const LayerCpuOffloader&) = delete;
+
+  // Runs layer `index` (0-based in the block) of the current microbatch's forward on `x`.
+  // REQUIRES: the block's layers run in order, one microbatch's forward after the other's
+  // backward (no pipeline).
+  at::Tensor RunLayer(int64_t index, const at::Tensor& x,
+                      const std::function<at::Tensor(const at::Tensor&)>& run);
+  // The start of layer `index`'s backward (TE's bwd_step), from the node RunLayer adds.
+  void BackwardStep(int64_t index);
+
+ private:
+  struct LayerState {
+    std::vector<int64_t> saved;     // storage ids, evicted when a later layer starts
+    std::vector<int64_t> restored;  // what their reloads restored
+  };
+  int64_t layers_, offloaded_;
+  std::vector<LayerState> state_;  // this microbatch's, per offloaded layer
 };
 
 }  // namespace memsim

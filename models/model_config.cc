@@ -394,6 +394,24 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
         "optimizer CPU offload needs the precision-aware optimizer "
         "(--use-precision-aware-optimizer), as Megatron-LM asserts");
   }
+  if (t.cpu_offloading_num_layers != 0) {
+    // TransformerConfig.__post_init__ (Megatron-Core 0.20); pipelines are checked with the
+    // layout (FinalizeRunSpec).
+    if (t.cpu_offloading_num_layers < 0 || t.cpu_offloading_num_layers >= m.num_layers) {
+      return Status::Error("cpu_offloading_num_layers must be in [0, num_layers), got " +
+                           Str(t.cpu_offloading_num_layers));
+    }
+    if (t.recompute != RecomputeKind::kNone) {
+      return Status::Error(
+          "CPU offloading of layers cannot be used with activation recomputation (Megatron-Core "
+          "rejects it)");
+    }
+    if (t.offload_modules != 0 || t.cuda_graphs) {
+      return Status::Error(
+          "CPU offloading of layers cannot be used with fine-grained offloading or CUDA graphs "
+          "(Megatron-Core rejects it)");
+    }
+  }
   // TransformerConfig.__post_init__'s rules.
   if (t.Recomputes(RecomputeModule::kMoeAct) && !t.moe_grouped_gemm) {
     return Status::Error(

@@ -261,6 +261,9 @@ struct TrainingConfig {
   // at least `min_offloaded_tensor_elements` elements (--min-offloaded-tensor-size).
   uint32_t offload_modules = 0;
   int64_t min_offloaded_tensor_elements = 1024 * 1024;
+  // --cpu-offloading-num-layers: the first this many decoder layers' activations go to the
+  // host (Note [Layer CPU offloading] in models/activation_offload.h); 0: none.
+  int64_t cpu_offloading_num_layers = 0;
   bool Offloads(OffloadModule module) const {
     return (offload_modules & OffloadModuleBit(module)) != 0;
   }

@@ -29,6 +29,10 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
                       : c10::make_intrusive<GlobalMemoryBuffer>(/*persistent=*/true)) {
   const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
   if (training.offload_modules != 0) offloader_ = std::make_unique<ActivationOffloader>(training_);
+  if (training.cpu_offloading_num_layers > 0) {
+    layer_offloader_ =
+        std::make_unique<LayerCpuOffloader>(model.num_layers, training.cpu_offloading_num_layers);
+  }
   // FinalizeModelConfig padded V for tp; FinalizeLayout checked that tp divides the heads.
   MEMSIM_DCHECK(tp > 0 && V > 0 && V % tp == 0 && model.num_attention_heads % tp == 0 &&
                 model.head_dim > 0);
@@ -575,8 +579,12 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
       Layer& layer = layers[static_cast<size_t>(i)];
       ModuleScope s("layers." + std::to_string(layer.index));
       auto forward = [this, &layer](const at::Tensor& x) { return LayerForward(layer, x); };
-      hidden =
-          shard_.wrap_layer ? shard_.wrap_layer(layer.index, hidden, forward) : forward(hidden);
+      if (layer_offloader_) {  // the whole block on this stage (no pipeline)
+        hidden = layer_offloader_->RunLayer(i, hidden, forward);
+      } else {
+        hidden =
+            shard_.wrap_layer ? shard_.wrap_layer(layer.index, hidden, forward) : forward(hidden);
+      }
     }
     return hidden;
   };

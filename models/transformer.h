@@ -331,6 +331,8 @@ class TransformerModel {
   c10::intrusive_ptr<GlobalMemoryBuffer> moe_buffer_;  // Megatron's "mpu" buffer for MoE
   // Fine-grained activation offloading's state; null when nothing is offloaded.
   std::unique_ptr<ActivationOffloader> offloader_;
+  // --cpu-offloading-num-layers' state; null when off.
+  std::unique_ptr<LayerCpuOffloader> layer_offloader_;
 };
 
 }  // namespace memsim

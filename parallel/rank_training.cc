@@ -214,7 +214,8 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   // Offloading moves storages between steps and layers (a reload belongs to the layer or
   // chunk before its own), which copies cannot map: every layer and microbatch runs. So
   // do CUDA graphs' capture and replays, whose allocations count by scope.
-  const bool accounts_by_scope = training.offload_modules != 0 || training.cuda_graphs;
+  const bool accounts_by_scope = training.offload_modules != 0 || training.cuda_graphs ||
+                                 training.cpu_offloading_num_layers > 0;
   shard.replicate_layers = replication.layers && !accounts_by_scope;
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   std::unique_ptr<MegatronFsdp> megatron_fsdp;

@@ -79,6 +79,15 @@ Status FinalizeUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
   const ParallelLayout& l = spec->layout;
   TrainingConfig& t = spec->training;
+  if (t.cpu_offloading_num_layers > 0 && l.pp > 1) {
+    return Status::Error(
+        "CPU offloading of layers (--cpu-offloading-num-layers) needs PP=1 (Megatron-Core "
+        "rejects pipelines)");
+  }
+  if (t.cpu_offloading_num_layers > 0 && (l.data_parallel == DataParallelKind::kFsdp ||
+                                          l.data_parallel == DataParallelKind::kMegatronFsdp)) {
+    return Status::Error("CPU offloading of layers with FSDP is not modelled");
+  }
   // With CUDA graphs the run goes on to a replayed iteration (Note [CUDA graphs]).
   if (t.cuda_graphs) t.iterations = std::max(t.iterations, t.CudaGraphCaptureIteration() + 1);
   if (spec->global_batch_size > 0) {

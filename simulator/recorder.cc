@@ -63,6 +63,7 @@ int64_t Recorder::NewStorage(int64_t size_bytes) {
   info.module = current_module();
   info.phase = phase_;
   info.category = CategoryForNewStorage();
+  info.persistent = persistent_depth_ > 0;
   info.iteration = iteration_;
   info.microbatch = microbatch_;
   events_.push_back({id, now_s_, true});

@@ -44,6 +44,9 @@ struct StorageInfo {
   NameId module = 0;         // module path (0: top level)
   Phase phase = Phase::kSetup;
   Category category = Category::kUnattributed;
+  // Made under a PersistentScope (a grown global buffer): state that outlives the op, which
+  // autograd does not save.
+  bool persistent = false;
   int32_t iteration = -1;
   int32_t microbatch = -1;
   // Shape and dtype of the first tensor seen viewing this storage as an op output: the

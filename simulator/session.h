@@ -122,8 +122,9 @@ class CategoryScope {
   Recorder* recorder_;
 };
 
-// Marks what is allocated inside it as persistent state (Recorder::PushPersistent): it
-// counts whatever CUDA graphs' mode (Note [CUDA graphs] in parallel/cuda_graphs.h).
+// Marks what is allocated inside it as persistent state (Recorder::PushPersistent,
+// StorageInfo::persistent): it counts whatever CUDA graphs' mode (Note [CUDA graphs] in
+// parallel/cuda_graphs.h), and offloading never takes it for a saved tensor.
 class PersistentScope {
  public:
   PersistentScope();

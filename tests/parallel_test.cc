@@ -1612,5 +1612,52 @@ TEST(CudaGraphs, ReplayedStepsKeepTheStaticBuffers) {
   EXPECT_EQ(after_last_step(t) - eager, 2 * (2 * s * b * h + b * s * s) + 4 * s * b * h);
 }
 
+// Note [Layer CPU offloading] on a 4-layer GPT without a pipeline (s 128, b 2, h 256, a 8,
+// eager attention, one microbatch): with the first 2 layers offloaded, when the backward
+// begins layers 0 and 1 are gone; each layer saved its input, its attention probabilities
+// and what else it allocated of at least 256K elements, the same for every layer, so the
+// device holds the eager run's activations less two layers' worth of those. A step ends
+// with what the eager one ends with.
+TEST(Offloading, LayerCpuOffloadingKeepsTheLastLayersOnly) {
+  const int64_t s = 128, b = 2, h = 256, a = 8;
+  ModelConfig m = test::Gpt(4, h, a);
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.attention = AttentionKind::kEager;
+  t.dropout = false;
+  t.iterations = 1;
+  auto measure = [&](const TrainingConfig& training) {
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, training));
+    const Recorder& r = session->recorder();
+    int64_t backward = -1, end = -1;
+    for (const Marker& marker : r.markers()) {
+      if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kBackward) {
+        backward = marker.event_index;
+      } else if (marker.kind == MarkerKind::kIterationEnd) {
+        end = marker.event_index;
+      }
+    }
+    auto live = [&r](int64_t event) {
+      int64_t bytes = 0;
+      ForEachLiveStorage(r, event - 1, [&](int64_t id) {
+        bytes += r.storages()[static_cast<size_t>(id)].size_bytes;
+      });
+      return bytes;
+    };
+    return std::make_pair(live(backward), live(end));
+  };
+  const auto eager = measure(t);
+  t.cpu_offloading_num_layers = 2;
+  const auto offloaded = measure(t);
+  // Per layer, of what Megatron-Core's local layers save, the tensors of at least 256K
+  // elements: not the input, the LayerNorm outputs (sbh = 64K elements each) or the qkv
+  // output (3sbh = 192K); the probabilities (abs^2 = 256K) and fc1's and GeLU's outputs
+  // (4sbh = 256K each). The persistent baddbmm buffer is not saved: it stays.
+  const int64_t per_layer = 2 * (a * b * s * s) + 2 * (2 * 4 * s * b * h);
+  EXPECT_EQ(eager.first - offloaded.first, 2 * per_layer);
+  EXPECT_EQ(offloaded.second, eager.second);
+}
+
 }  // namespace
 }  // namespace memsim

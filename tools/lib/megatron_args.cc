@@ -196,6 +196,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-layer-recompute", Arity::kFlag, ArgUse::kRead},
     {"--distribute-saved-activations", Arity::kFlag, ArgUse::kRead},
     {"--cpu-offloading-num-layers", Arity::kValue, ArgUse::kRead},
+    {"--cpu-offloading-retain-pinned-cpu-buffers", Arity::kFlag, ArgUse::kNeutral},  // host
     {"--fine-grained-activation-offloading", Arity::kFlag, ArgUse::kRead},
     {"--offload-modules", Arity::kValues, ArgUse::kRead},
     {"--min-offloaded-tensor-size", Arity::kValue, ArgUse::kRead},
@@ -1442,10 +1443,9 @@ Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
   training->empty_unused_memory_level = static_cast<int32_t>(std::clamp<int64_t>(
       level, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
   if (level == 0) a.Ignore("--empty-unused-memory-level");
-  if (a.Text("--cpu-offloading-num-layers", "0") != "0") {
-    return NotModelled("--cpu-offloading-num-layers", "activation offloading to CPU");
-  }
-  a.Ignore("--cpu-offloading-num-layers");
+  MEMSIM_RETURN_IF_ERROR(
+      a.Int("--cpu-offloading-num-layers", &training->cpu_offloading_num_layers));
+  if (training->cpu_offloading_num_layers == 0) a.Ignore("--cpu-offloading-num-layers");
   return ReadCudaGraphs(a, training);
 }
 

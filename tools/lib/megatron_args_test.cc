@@ -1091,9 +1091,14 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--delay-offload-until-cuda-graph"),
             "--delay-offload-until-cuda-graph changes memory in a way memsim does not model "
             "(fine-grained activation offloading); drop it to simulate the run without it");
-  EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 2"),
-            "--cpu-offloading-num-layers changes memory in a way memsim does not model "
-            "(activation offloading to CPU); drop it to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 4"),
+            "cpu_offloading_num_layers must be in [0, num_layers), got 4");
+  EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 2 --pipeline-model-parallel-size 2"),
+            "CPU offloading of layers (--cpu-offloading-num-layers) needs PP=1 (Megatron-Core "
+            "rejects pipelines)");
+  EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 2 --recompute-activations"),
+            "CPU offloading of layers cannot be used with activation recomputation "
+            "(Megatron-Core rejects it)");
   EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-token-dispatcher-type flex"),
             "--moe-token-dispatcher-type 'flex' is not modelled (memsim supports allgather, "
             "alltoall)");

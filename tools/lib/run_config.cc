@@ -361,6 +361,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          t->cuda_graphs = true;
          return Status::OK();
        }},
+      {"cpu_offloading_num_layers",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "cpu_offloading_num_layers", &t->cpu_offloading_num_layers);
+       }},
       {"cuda_graph_warmup_steps",
        [&](const YAML::Node& v) {
          return Read(v, source, "cuda_graph_warmup_steps", &t->cuda_graph_warmup_steps);
