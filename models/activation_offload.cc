@@ -44,38 +44,31 @@ class OffloadGroup : public torch::CustomClassHolder {
 
 namespace {
 
-c10::intrusive_ptr<OffloadGroup> GroupOf(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<OffloadGroup>(ctx->saved_data["group"].toCapsule());
-}
+// What an identity node calls when the gradient reaches it in backward.
+struct BackwardCall : public torch::CustomClassHolder {
+  std::function<void()> call;
+};
 
-// FineGrainedOffloadingGroupStartFunction: identity; its backward reloads the next group.
-struct GroupStartFunction : public Function<GroupStartFunction> {
+struct CallOnBackwardFunction : public Function<CallOnBackwardFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            c10::intrusive_ptr<OffloadGroup> group) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
+                            c10::intrusive_ptr<BackwardCall> call) {
+    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
     return x;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto group = GroupOf(ctx);
-    group->owner->StartBackward(*group);
+    c10::static_intrusive_pointer_cast<BackwardCall>(ctx->saved_data["call"].toCapsule())->call();
     return {grads[0], at::Tensor()};
   }
 };
 
-// FineGrainedOffloadingGroupCommitFunction: identity; its backward waits for the group's
-// reload, which memsim makes there when nothing prefetched it.
-struct GroupCommitFunction : public Function<GroupCommitFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y,
-                            c10::intrusive_ptr<OffloadGroup> group) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
-    return y;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto group = GroupOf(ctx);
-    group->owner->CommitBackward(*group);
-    return {grads[0], at::Tensor()};
-  }
-};
+// `x` through an identity node that runs `call` at its backward: the offloading hooks'
+// group start and commit nodes (FineGrainedOffloadingGroupStartFunction, ...CommitFunction)
+// and Transformer Engine's bwd_step prehook on a layer's output.
+at::Tensor CallOnBackward(const at::Tensor& x, std::function<void()> call) {
+  auto node = c10::make_intrusive<BackwardCall>();
+  node->call = std::move(call);
+  return CallOnBackwardFunction::apply(x, std::move(node));
+}
 
 int64_t ElementsOf(const StorageInfo& storage) {
   const int64_t element_bytes = storage.dtype == c10::ScalarType::Undefined
@@ -235,7 +228,8 @@ OffloadRegion::OffloadRegion(ActivationOffloader* offloader, OffloadModule modul
   offloader_ = offloader;
   group_ = offloader->StartGroup(module);
   first_storage_ = static_cast<int64_t>(CurrentRecorder()->storages().size());
-  *x = GroupStartFunction::apply(*x, group_);
+  // Its backward reloads the next group.
+  *x = CallOnBackward(*x, [group = group_] { group->owner->StartBackward(*group); });
 }
 
 OffloadRegion::~OffloadRegion() = default;
@@ -294,7 +288,9 @@ void OffloadRegion::Commit(at::Tensor* y, const std::vector<ForcedRelease>& forc
                              /*forced=*/true});
   }
   offloader_->Commit(group_);
-  *y = GroupCommitFunction::apply(*y, group_);
+  // Its backward waits for the group's reload, which memsim makes there when nothing
+  // prefetched it.
+  *y = CallOnBackward(*y, [group = group_] { group->owner->CommitBackward(*group); });
 }
 
 namespace {
@@ -302,34 +298,12 @@ namespace {
 // TE's min_offloaded_tensor_size in cpu_offload.py.
 constexpr int64_t kLayerOffloadMinElements = 256 * 1024;
 
-struct LayerBackwardState : public torch::CustomClassHolder {
-  LayerCpuOffloader* owner = nullptr;
-  int64_t index = 0;
-};
-
-// The prehook on a layer output's grad_fn: identity, whose backward is TE's bwd_step.
-struct LayerBackwardStepFunction : public Function<LayerBackwardStepFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y,
-                            c10::intrusive_ptr<LayerBackwardState> state) {
-    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
-    return y;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto state = c10::static_intrusive_pointer_cast<LayerBackwardState>(
-        ctx->saved_data["state"].toCapsule());
-    state->owner->BackwardStep(state->index);
-    return {grads[0], at::Tensor()};
-  }
-};
-
 }  // namespace
 
 LayerCpuOffloader::LayerCpuOffloader(int64_t layers, int64_t offloaded)
     : layers_(layers), offloaded_(offloaded) {
   MEMSIM_DCHECK(0 < offloaded && offloaded < layers);
 }
-
-LayerCpuOffloader::~LayerCpuOffloader() = default;
 
 at::Tensor LayerCpuOffloader::RunLayer(int64_t index, const at::Tensor& x,
                                        const std::function<at::Tensor(const at::Tensor&)>& run) {
@@ -361,10 +335,7 @@ at::Tensor LayerCpuOffloader::RunLayer(int64_t index, const at::Tensor& x,
       if (offloads(id)) saved.push_back(id);
     }
   }
-  auto state = c10::make_intrusive<LayerBackwardState>();
-  state->owner = this;
-  state->index = index;
-  return LayerBackwardStepFunction::apply(y, state);
+  return CallOnBackward(y, [this, index] { BackwardStep(index); });
 }
 
 void LayerCpuOffloader::BackwardStep(int64_t index) {

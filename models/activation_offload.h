@@ -175,7 +175,6 @@ class LayerCpuOffloader {
  public:
   // `layers`: the block's L; `offloaded`: N. REQUIRES: 0 < N < L.
   LayerCpuOffloader(int64_t layers, int64_t offloaded);
-  ~LayerCpuOffloader();  // where its nodes' state is complete
   LayerCpuOffloader(const LayerCpuOffloader&) = delete;
   LayerCpuOffloader& operator=(const LayerCpuOffloader&) = delete;
 

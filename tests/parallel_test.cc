@@ -1519,6 +1519,16 @@ TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
   EXPECT_EQ(p1 - p2, 2 * chunk - 2 * (2 * sbh));
 }
 
+// Sequence `s`, micro batch `b`, bf16, eager attention, no dropout.
+TrainingConfig EagerWithoutDropout(int64_t s, int64_t b) {
+  TrainingConfig t;
+  t.seq_length = s;
+  t.micro_batch_size = b;
+  t.attention = AttentionKind::kEager;
+  t.dropout = false;
+  return t;
+}
+
 // Megatron-Core's offloading policy over training steps (Note [Fine-grained activation
 // offloading] in models/activation_offload.h), on a 2-layer GPT (s 128, b 2, h 256, a 8,
 // eager attention, core_attn and attn_proj offloaded): the first iteration offloads both
@@ -1528,29 +1538,18 @@ TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
 TEST(Offloading, FirstIterationOffloadsEveryLayerThenTheLastStays) {
   const int64_t s = 128, b = 2, h = 256, a = 8;
   ModelConfig m = test::Gpt(2, h, a);
-  TrainingConfig t;
-  t.seq_length = s;
-  t.micro_batch_size = b;
-  t.attention = AttentionKind::kEager;
-  t.dropout = false;
+  TrainingConfig t = EagerWithoutDropout(s, b);
   t.profile = ProfileKind::kTransformerEngine;
   // Live bytes when each iteration's backward begins, and when it ends.
   auto measure = [&](const TrainingConfig& training) {
     const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, training));
     const Recorder& r = session->recorder();
-    auto live_before = [&r](int64_t event) {
-      int64_t bytes = 0;
-      ForEachLiveStorage(r, event - 1, [&](int64_t id) {
-        bytes += r.storages()[static_cast<size_t>(id)].size_bytes;
-      });
-      return bytes;
-    };
     std::vector<int64_t> before_backward, at_end;
     for (const Marker& marker : r.markers()) {
       if (marker.kind == MarkerKind::kPhaseBegin && marker.phase == Phase::kBackward) {
-        before_backward.push_back(live_before(marker.event_index));
+        before_backward.push_back(test::LiveBytesBefore(r, marker.event_index));
       } else if (marker.kind == MarkerKind::kIterationEnd) {
-        at_end.push_back(live_before(marker.event_index));
+        at_end.push_back(test::LiveBytesBefore(r, marker.event_index));
       }
     }
     return std::make_pair(before_backward, at_end);
@@ -1600,10 +1599,7 @@ TEST(CudaGraphs, ReplayedStepsKeepTheStaticBuffers) {
     for (const Marker& marker : r.markers()) {
       if (marker.kind == MarkerKind::kIterationEnd) end = marker.event_index;
     }
-    int64_t bytes = 0;
-    ForEachLiveStorage(
-        r, end - 1, [&](int64_t id) { bytes += r.storages()[static_cast<size_t>(id)].size_bytes; });
-    return bytes;
+    return test::LiveBytesBefore(r, end);
   };
   const int64_t eager = after_last_step(t);
   t.cuda_graphs = true;
@@ -1621,11 +1617,7 @@ TEST(CudaGraphs, ReplayedStepsKeepTheStaticBuffers) {
 TEST(Offloading, LayerCpuOffloadingKeepsTheLastLayersOnly) {
   const int64_t s = 128, b = 2, h = 256, a = 8;
   ModelConfig m = test::Gpt(4, h, a);
-  TrainingConfig t;
-  t.seq_length = s;
-  t.micro_batch_size = b;
-  t.attention = AttentionKind::kEager;
-  t.dropout = false;
+  TrainingConfig t = EagerWithoutDropout(s, b);
   t.iterations = 1;
   auto measure = [&](const TrainingConfig& training) {
     const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, training));
@@ -1638,14 +1630,7 @@ TEST(Offloading, LayerCpuOffloadingKeepsTheLastLayersOnly) {
         end = marker.event_index;
       }
     }
-    auto live = [&r](int64_t event) {
-      int64_t bytes = 0;
-      ForEachLiveStorage(r, event - 1, [&](int64_t id) {
-        bytes += r.storages()[static_cast<size_t>(id)].size_bytes;
-      });
-      return bytes;
-    };
-    return std::make_pair(live(backward), live(end));
+    return std::make_pair(test::LiveBytesBefore(r, backward), test::LiveBytesBefore(r, end));
   };
   const auto eager = measure(t);
   t.cpu_offloading_num_layers = 2;

@@ -22,4 +22,12 @@ inline int64_t ModelStateBytesAfter(const Recorder& r, int64_t event) {
   return bytes;
 }
 
+// Bytes of every storage alive before event `event` (its marker's event_index).
+inline int64_t LiveBytesBefore(const Recorder& r, int64_t event) {
+  int64_t bytes = 0;
+  ForEachLiveStorage(
+      r, event - 1, [&](int64_t id) { bytes += r.storages()[static_cast<size_t>(id)].size_bytes; });
+  return bytes;
+}
+
 }  // namespace memsim::test

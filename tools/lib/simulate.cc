@@ -99,6 +99,16 @@ nlohmann::json AdviceJson(const std::vector<Advice>& advice) {
   return out;
 }
 
+// The names of `table`'s values that `keep` accepts, comma-separated.
+template <typename E, size_t N, typename Keep>
+std::string NamesWhere(const EnumName<E> (&table)[N], Keep keep) {
+  std::string names;
+  for (const EnumName<E>& entry : table) {
+    if (keep(entry.value)) names += (names.empty() ? "" : ", ") + std::string(entry.name);
+  }
+  return names;
+}
+
 void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results, int64_t top_n) {
   const RunSpec& spec = run.spec();
   const GpuSpec& gpu = *spec.gpu;
@@ -148,12 +158,8 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
         FormatNumber(t.optimizer_offload_fraction).c_str());
   }
   if (t.cuda_graphs) {
-    std::string modules;
-    for (const EnumName<CudaGraphModule>& module : kCudaGraphModuleNames) {
-      if (t.Graphs(module.value)) {
-        modules += (modules.empty() ? "" : ", ") + std::string(module.name);
-      }
-    }
+    const std::string modules =
+        NamesWhere(kCudaGraphModuleNames, [&t](CudaGraphModule m) { return t.Graphs(m); });
     std::printf(
         "CUDA graphs: %s, captured before iteration %d (the capture counts only them; replayed "
         "iterations count only the rest, and the graphs' static buffers)\n",
@@ -161,12 +167,8 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   }
   if (t.offload_modules != 0) {
     // What leaves the device, and the policy's effect a reader might not expect.
-    std::string regions;
-    for (const EnumName<OffloadModule>& module : kOffloadModuleNames) {
-      if (t.Offloads(module.value)) {
-        regions += (regions.empty() ? "" : ", ") + std::string(module.name);
-      }
-    }
+    const std::string regions =
+        NamesWhere(kOffloadModuleNames, [&t](OffloadModule m) { return t.Offloads(m); });
     std::printf(
         "activation offloading: %s (tensors of at least %lld elements); the first iteration "
         "offloads every layer, later ones keep one layer per rank on the GPU\n",
