@@ -77,6 +77,40 @@ int64_t ElementsOf(const StorageInfo& storage) {
   return storage.size_bytes / element_bytes;
 }
 
+// Whether `s` is an activation autograd may hold, alive now, of at least `min_elements`
+// elements (not persistent state).
+bool IsSavedActivation(const StorageInfo& s, int64_t min_elements) {
+  const bool activation =
+      s.category == Category::kActivation || s.category == Category::kCommunication;
+  return activation && !s.persistent && s.free_event < 0 && ElementsOf(s) >= min_elements;
+}
+
+// Those of the storages allocated from `first` on, other than `outputs`: what autograd holds.
+std::vector<int64_t> ActivationsSavedSince(const Recorder& recorder, int64_t first,
+                                           const std::vector<int64_t>& outputs,
+                                           int64_t min_elements) {
+  std::vector<int64_t> saved;
+  const std::vector<StorageInfo>& storages = recorder.storages();
+  for (int64_t id = first; id < static_cast<int64_t>(storages.size()); ++id) {
+    if (IsSavedActivation(storages[static_cast<size_t>(id)], min_elements) &&
+        std::find(outputs.begin(), outputs.end(), id) == outputs.end()) {
+      saved.push_back(id);
+    }
+  }
+  return saved;
+}
+
+// Evicts those of `ids` still alive: a reload whose tensors outlive its consumers, or saved
+// tensors that something else still holds.
+void EvictLive(Recorder& recorder, const std::vector<int64_t>& ids) {
+  for (int64_t id : ids) {
+    if (recorder.storages()[static_cast<size_t>(id)].free_event < 0) recorder.Evict(id);
+  }
+}
+
+// TE's min_offloaded_tensor_size in cpu_offload.py (Note [Layer CPU offloading]).
+constexpr int64_t kLayerOffloadMinElements = 256 * 1024;
+
 }  // namespace
 
 ActivationOffloader::ActivationOffloader(const TrainingConfig& training) : training_(training) {}
@@ -200,11 +234,7 @@ void ActivationOffloader::CommitBackward(OffloadGroup& group) { Reload(group); }
 void ActivationOffloader::StartBackward(OffloadGroup& group) {
   // The region's ops are done with its reloads: the forced inputs' go, as do the copies.
   group.copies.clear();
-  if (Recorder* recorder = CurrentRecorder()) {
-    for (int64_t id : group.restored_forced) {
-      if (recorder->storages()[static_cast<size_t>(id)].free_event < 0) recorder->Evict(id);
-    }
-  }
+  if (Recorder* recorder = CurrentRecorder()) EvictLive(*recorder, group.restored_forced);
   group.restored_forced.clear();
   // bulk_reload: the top of this chunk's stack, else the next backward chunk's last group.
   ChunkState& chunk = chunks_[group.chunk];
@@ -240,20 +270,13 @@ void OffloadRegion::EndSaving(const std::vector<at::Tensor>& outputs, bool large
   saving_ended_ = true;
   const Recorder& recorder = *CurrentRecorder();
   std::vector<int64_t> output_ids;
-  for (const at::Tensor& t : outputs)
+  for (const at::Tensor& t : outputs) {
     output_ids.push_back(TrackingAllocator::StorageIdOf(t, recorder));
-  const std::vector<StorageInfo>& storages = recorder.storages();
+  }
   std::optional<size_t> largest;  // an index: saved grows
-  for (int64_t id = first_storage_; id < static_cast<int64_t>(storages.size()); ++id) {
-    const StorageInfo& s = storages[static_cast<size_t>(id)];
-    const bool activation =
-        (s.category == Category::kActivation || s.category == Category::kCommunication) &&
-        !s.persistent;
-    if (s.free_event >= 0 || !activation ||
-        std::find(output_ids.begin(), output_ids.end(), id) != output_ids.end() ||
-        ElementsOf(s) < offloader_->min_offloaded_tensor_elements()) {
-      continue;
-    }
+  for (int64_t id : ActivationsSavedSince(recorder, first_storage_, output_ids,
+                                          offloader_->min_offloaded_tensor_elements())) {
+    const StorageInfo& s = recorder.storages()[static_cast<size_t>(id)];
     group_->saved.push_back({id, s.size_bytes, s.module, /*copies=*/0, /*evict=*/true,
                              /*restore=*/true, /*forced=*/false});
     if (!largest || s.size_bytes > group_->saved[*largest].reload_bytes) {
@@ -293,13 +316,6 @@ void OffloadRegion::Commit(at::Tensor* y, const std::vector<ForcedRelease>& forc
   *y = CallOnBackward(*y, [group = group_] { group->owner->CommitBackward(*group); });
 }
 
-namespace {
-
-// TE's min_offloaded_tensor_size in cpu_offload.py.
-constexpr int64_t kLayerOffloadMinElements = 256 * 1024;
-
-}  // namespace
-
 LayerCpuOffloader::LayerCpuOffloader(int64_t layers, int64_t offloaded)
     : layers_(layers), offloaded_(offloaded) {
   MEMSIM_DCHECK(0 < offloaded && offloaded < layers);
@@ -312,27 +328,19 @@ at::Tensor LayerCpuOffloader::RunLayer(int64_t index, const at::Tensor& x,
   if (index == 0) state_.assign(static_cast<size_t>(offloaded_), LayerState());
   // fwd_step: the layer L - N layers back has finished its copy; its memory goes now.
   const int64_t done = index - (layers_ - offloaded_);
-  if (done >= 0 && done < offloaded_) {
-    for (int64_t id : state_[static_cast<size_t>(done)].saved) {
-      if (recorder->storages()[static_cast<size_t>(id)].free_event < 0) recorder->Evict(id);
-    }
-  }
+  if (done >= 0 && done < offloaded_) EvictLive(*recorder, state_[static_cast<size_t>(done)].saved);
   const int64_t first = static_cast<int64_t>(recorder->storages().size());
   at::Tensor y = run(x);
   if (index < offloaded_) {
-    std::vector<int64_t>& saved = state_[static_cast<size_t>(index)].saved;
+    // What the layer allocated and autograd holds, and its input (its first op saves it).
     const int64_t output = TrackingAllocator::StorageIdOf(y, *recorder);
     const int64_t input = TrackingAllocator::StorageIdOf(x, *recorder);
-    const std::vector<StorageInfo>& storages = recorder->storages();
-    auto offloads = [&](int64_t id) {
-      if (id < 0 || id == output) return false;
-      const StorageInfo& s = storages[static_cast<size_t>(id)];
-      return s.free_event < 0 && !s.persistent && ElementsOf(s) >= kLayerOffloadMinElements &&
-             (s.category == Category::kActivation || s.category == Category::kCommunication);
-    };
-    if (offloads(input)) saved.push_back(input);
-    for (int64_t id = first; id < static_cast<int64_t>(storages.size()); ++id) {
-      if (offloads(id)) saved.push_back(id);
+    std::vector<int64_t>& saved = state_[static_cast<size_t>(index)].saved;
+    saved = ActivationsSavedSince(*recorder, first, {output}, kLayerOffloadMinElements);
+    if (input >= 0 && input != output &&
+        IsSavedActivation(recorder->storages()[static_cast<size_t>(input)],
+                          kLayerOffloadMinElements)) {
+      saved.insert(saved.begin(), input);
     }
   }
   return CallOnBackward(y, [this, index] { BackwardStep(index); });
@@ -343,9 +351,7 @@ void LayerCpuOffloader::BackwardStep(int64_t index) {
   if (recorder == nullptr || state_.empty()) return;
   // The reloads of the layer after this one are done with.
   if (index + 1 < offloaded_) {
-    for (int64_t id : state_[static_cast<size_t>(index + 1)].restored) {
-      if (recorder->storages()[static_cast<size_t>(id)].free_event < 0) recorder->Evict(id);
-    }
+    EvictLive(*recorder, state_[static_cast<size_t>(index + 1)].restored);
     state_[static_cast<size_t>(index + 1)].restored.clear();
   }
   // The layer L - 1 - N layers ahead of this one's backward comes back.

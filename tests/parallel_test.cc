@@ -101,6 +101,15 @@ TEST(TensorParallelActivations, Korthikanti) {
   }
 }
 
+// `dp` data-parallel ranks of `kind` over the whole of `m`, finalized.
+ParallelLayout DataParallelLayout(const ModelConfig& m, int64_t dp, DataParallelKind kind) {
+  ParallelLayout layout;
+  layout.world_size = dp;
+  layout.data_parallel = kind;
+  EXPECT_TRUE(FinalizeLayout(&layout, m).ok());
+  return layout;
+}
+
 // Bytes of parameters, gradients and optimizer state at the end of the first step.
 int64_t ModelStateBytes(const ModelConfig& m, TrainingConfig t, const ParallelLayout& layout) {
   t.iterations = 1;
@@ -125,10 +134,7 @@ TEST(DistributedOptimizer, CpuOffloadKeepsTheDevicePartOnly) {
   const int64_t params = 1024 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
   const int64_t largest = 1024 * 128;
   for (int64_t d : {2, 4}) {
-    ParallelLayout layout;
-    layout.world_size = d;
-    layout.data_parallel = DataParallelKind::kDistributedOptimizer;
-    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    const ParallelLayout layout = DataParallelLayout(m, d, DataParallelKind::kDistributedOptimizer);
     TrainingConfig t = Fp16Eager(x);
     t.precision = Precision::kBf16;
     t.precision_aware_optimizer = true;
@@ -168,10 +174,8 @@ TEST(DistributedOptimizer, BytesPerParameter) {
         Case{Precision::kBf16, 4, 6, false, true, Precision::kBf16},
         Case{Precision::kBf16, 6, 12, false, true, Precision::kFp32, false}}) {
     for (int64_t d : {2, 4, 16}) {
-      ParallelLayout layout;
-      layout.world_size = d;
-      layout.data_parallel = DataParallelKind::kDistributedOptimizer;
-      ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+      const ParallelLayout layout =
+          DataParallelLayout(m, d, DataParallelKind::kDistributedOptimizer);
       TrainingConfig t = Fp16Eager(x);
       t.precision = c.precision;
       t.grad_reduce_in_bf16 = c.bf16_grads;
@@ -1474,10 +1478,7 @@ TEST(Zero2, GradientsShardedWithOneBucket) {
   const ModelConfig m = Gpt(x, 2);
   const int64_t params = 1024 * 128 + 128 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
   for (int64_t dp : {2, 4}) {
-    ParallelLayout layout;
-    layout.world_size = dp;
-    layout.data_parallel = DataParallelKind::kZero2;
-    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    const ParallelLayout layout = DataParallelLayout(m, dp, DataParallelKind::kZero2);
     TrainingConfig t = Fp16Eager(x);
     t.precision = Precision::kBf16;
     const int64_t bucket_bytes = kGradientBucketElements * 4;  // fp32 (bf16 training)
