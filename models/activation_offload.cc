@@ -1,11 +1,11 @@
 #include "models/activation_offload.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <optional>
 
+#include "models/layers.h"
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
 #include "simulator/recorder.h"
@@ -13,10 +13,6 @@
 #include "simulator/tracking_allocator.h"
 
 namespace memsim {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::Function;
-using torch::autograd::variable_list;
 
 // A region's group: what it saved and where its bytes are.
 class OffloadGroup : public torch::CustomClassHolder {
@@ -43,32 +39,6 @@ class OffloadGroup : public torch::CustomClassHolder {
 };
 
 namespace {
-
-// What an identity node calls when the gradient reaches it in backward.
-struct BackwardCall : public torch::CustomClassHolder {
-  std::function<void()> call;
-};
-
-struct CallOnBackwardFunction : public Function<CallOnBackwardFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            c10::intrusive_ptr<BackwardCall> call) {
-    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
-    return x;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    c10::static_intrusive_pointer_cast<BackwardCall>(ctx->saved_data["call"].toCapsule())->call();
-    return {grads[0], at::Tensor()};
-  }
-};
-
-// `x` through an identity node that runs `call` at its backward: the offloading hooks'
-// group start and commit nodes (FineGrainedOffloadingGroupStartFunction, ...CommitFunction)
-// and Transformer Engine's bwd_step prehook on a layer's output.
-at::Tensor CallOnBackward(const at::Tensor& x, std::function<void()> call) {
-  auto node = c10::make_intrusive<BackwardCall>();
-  node->call = std::move(call);
-  return CallOnBackwardFunction::apply(x, std::move(node));
-}
 
 int64_t ElementsOf(const StorageInfo& storage) {
   const int64_t element_bytes = storage.dtype == c10::ScalarType::Undefined

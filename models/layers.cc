@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <functional>
+#include <utility>
 
 #include "models/fp8.h"
 #include "ops/collectives.h"
@@ -18,6 +20,26 @@ namespace memsim {
 void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad) {
   if (main_grad.defined() && grad.defined()) main_grad.add_(grad);
 }
+
+namespace {
+
+// The store of the innermost DelayedWgradScope on this thread; null: none.
+thread_local c10::intrusive_ptr<WeightGradStore> current_wgrad_store;
+
+}  // namespace
+
+void WeightGradStore::Run() {
+  for (std::function<void()>& gemm : gemms_) {
+    gemm();
+    gemm = nullptr;  // its operands go before the next GEMM runs
+  }
+  gemms_.clear();
+}
+
+DelayedWgradScope::DelayedWgradScope(c10::intrusive_ptr<WeightGradStore> store)
+    : previous_(std::exchange(current_wgrad_store, std::move(store))) {}
+
+DelayedWgradScope::~DelayedWgradScope() { current_wgrad_store = std::move(previous_); }
 
 namespace {
 
@@ -67,7 +89,29 @@ struct LinearState : public torch::CustomClassHolder {
   at::Tensor weight_main_grad;
   at::Tensor bias_main_grad;  // undefined without a bias
   LinearParallelism parallelism;
+  // Where the weight-gradient GEMM goes (Note [Delayed weight gradients]); null: runs now.
+  c10::intrusive_ptr<WeightGradStore> delayed;
 };
+
+// The weight (and bias) gradients of a 16-bit linear from its [rows, in] input and
+// [rows, out] output gradient; an undefined input: the GEMM is deferred (DeferredWgrad),
+// only the bias gradient and the dummy weight gradient are made.
+void LinearWgrad(const LinearState& state, at::IntArrayRef weight_sizes, const at::Tensor& input,
+                 const at::Tensor& grad_output) {
+  ParameterStore* store = state.store;
+  if (store == nullptr || store->gradient_accumulation_fusion()) {
+    if (input.defined()) WgradGemmAccumulate(state.weight_main_grad, input, grad_output);
+    if (store != nullptr && state.weight_main_grad.defined()) {
+      // The dummy autograd receives as this weight's gradient: the cached one.
+      store->DummyWgrad(weight_sizes);
+    }
+  } else {  // ValidateTrainingConfig: deferring needs gradient accumulation fusion
+    AccumulateIntoMainGrad(state.weight_main_grad, grad_output.t().mm(input));
+  }
+  if (state.bias_main_grad.defined()) {
+    AccumulateIntoMainGrad(state.bias_main_grad, grad_output.sum(0));
+  }
+}
 
 struct LinearFunction : public Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
@@ -114,22 +158,15 @@ struct LinearFunction : public Function<LinearFunction> {
       AllReduceInPlace(grad_input, parallelism.all_reduce_input_grad_group);
     }
     const at::Tensor grad_2d = grad_output.view({-1, grad_output.size(-1)});
-    ParameterStore* store = state->store;
-    if (store == nullptr || store->gradient_accumulation_fusion()) {
-      if (!defer) {
-        WgradGemmAccumulate(state->weight_main_grad,
-                            total_input.reshape({-1, total_input.size(-1)}), grad_2d);
-      }
-      if (store != nullptr && state->weight_main_grad.defined()) {
-        // The dummy autograd receives as this weight's gradient: the cached one.
-        store->DummyWgrad(weight.sizes());
-      }
-    } else {  // ValidateTrainingConfig: deferring needs gradient accumulation fusion
-      AccumulateIntoMainGrad(state->weight_main_grad,
-                             grad_2d.t().mm(total_input.reshape({-1, total_input.size(-1)})));
-    }
-    if (state->bias_main_grad.defined()) {
-      AccumulateIntoMainGrad(state->bias_main_grad, grad_2d.sum(0));
+    const at::Tensor input_2d =
+        defer ? at::Tensor() : total_input.reshape({-1, total_input.size(-1)});
+    if (WeightGradStore* delayed = state->delayed.get()) {
+      // The operands wait in the store (Note [Delayed weight gradients]).
+      delayed->Push([state, sizes = weight.sizes().vec(), input_2d, grad_2d] {
+        LinearWgrad(*state, sizes, input_2d, grad_2d);
+      });
+    } else {
+      LinearWgrad(*state, weight.sizes(), input_2d, grad_2d);
     }
     return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -497,6 +534,23 @@ struct CheckpointWithoutOutputFunction : public Function<CheckpointWithoutOutput
   }
 };
 
+// What an identity node calls when the gradient reaches it in backward.
+struct BackwardCall : public torch::CustomClassHolder {
+  std::function<void()> call;
+};
+
+struct CallOnBackwardFunction : public Function<CallOnBackwardFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            c10::intrusive_ptr<BackwardCall> call) {
+    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    c10::static_intrusive_pointer_cast<BackwardCall>(ctx->saved_data["call"].toCapsule())->call();
+    return {grads[0], at::Tensor()};
+  }
+};
+
 c10::optional<at::Tensor> DataOf(Parameter* p) {
   return p != nullptr ? c10::optional<at::Tensor>(p->data) : c10::nullopt;
 }
@@ -512,10 +566,25 @@ at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
   state->weight_main_grad = weight.main_grad;
   if (bias != nullptr) state->bias_main_grad = bias->main_grad;
   state->parallelism = parallelism;
+  state->delayed = current_wgrad_store;
   if (DeferredWgrad* deferred = parallelism.deferred.get()) {
     if (deferred->Accepts(deferred->inputs)) deferred->inputs.push_back(input);
   }
   return LinearFunction::apply(input, weight.data, DataOf(bias), std::move(state));
+}
+
+at::Tensor CallOnBackward(const at::Tensor& x, std::function<void()> call) {
+  auto node = c10::make_intrusive<BackwardCall>();
+  node->call = std::move(call);
+  return CallOnBackwardFunction::apply(x, std::move(node));
+}
+
+c10::intrusive_ptr<WeightGradStore> NewWgradStore(bool delay) {
+  return delay ? c10::make_intrusive<WeightGradStore>() : c10::intrusive_ptr<WeightGradStore>();
+}
+
+at::Tensor RunOnBackward(const at::Tensor& x, c10::intrusive_ptr<WeightGradStore> store) {
+  return CallOnBackward(x, [store = std::move(store)] { store->Run(); });
 }
 
 void FreeStorage(const c10::Storage& storage) {

@@ -342,6 +342,10 @@ struct TrainingConfig {
   // layers.h). Megatron-LM requires PP > 1 and gradient accumulation fusion.
   bool defer_embedding_wgrad = false;
   int64_t wgrad_deferral_limit = 0;
+  // --delay-wgrad-compute: a decoder layer's Transformer Engine linears run their weight-
+  // gradient GEMMs in the combined 1F1B schedule's backward_dw, keeping the operands until
+  // then (Note [Delayed weight gradients] in layers.h).
+  bool delay_wgrad_compute = false;
   // --empty-unused-memory-level: Megatron-LM's train_step empties the CUDA cache after
   // forward-backward (1) and after the optimizer step too (2); reserved memory only.
   int32_t empty_unused_memory_level = 0;

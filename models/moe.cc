@@ -306,7 +306,11 @@ Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens)
   const int64_t K = m.moe_router_topk;
   // The gating GEMM writes the router dtype directly (TE's GEMM; a bf16 [T, E] here then
   // its fp32 copy).
-  at::Tensor logits = Linear(tokens, router, nullptr);  // [T, E]
+  at::Tensor logits;
+  {
+    DelayedWgradScope no_delay({});            // the router's is never delayed (a torch linear)
+    logits = Linear(tokens, router, nullptr);  // [T, E]
+  }
   if (m.moe_router_fp32) logits = logits.to(at::kFloat);
   auto [scores, top] = at::topk(logits, K, -1);  // [T, K] p and int64: TopkBackward keeps top
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(logits.scalar_type());  // [T, K]
@@ -367,8 +371,14 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   const int64_t local = m.num_experts / p.ep;
   const Fp8Recipe recipe = params.experts_fc1->fp8.recipe;
   const bool fp8 = recipe != Fp8Recipe::kNone;
-  auto [x, probs] = fp8 ? PadForFp8(unpadded_x, unpadded_probs, local, recipe)
-                        : std::pair<at::Tensor, at::Tensor>{unpadded_x, unpadded_probs};
+  // The experts' delayed weight gradients run once their backward is done, before the
+  // dispatch's (Note [Delayed weight gradients] in layers.h).
+  const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(t.delay_wgrad_compute);
+  DelayedWgradScope delay(wgrad);
+  auto [x, probs] =
+      fp8 ? PadForFp8(unpadded_x, unpadded_probs, local, recipe)
+          : std::pair<at::Tensor, at::Tensor>{wgrad ? RunOnBackward(unpadded_x, wgrad) : unpadded_x,
+                                              unpadded_probs};
   at::Tensor h;
   {
     ModuleScope f("linear_fc1");

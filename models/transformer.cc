@@ -473,12 +473,16 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
     // moe: MoELayer.forward checkpoints routing, dispatch, experts and combine as one.
     return training_.Recomputes(RecomputeModule::kMoe) ? Checkpoint(moe, {ln_out}) : moe({ln_out});
   }
+  // The MLP's delayed weight gradients run once its backward is done (Note [Delayed
+  // weight gradients] in layers.h).
+  const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(training_.delay_wgrad_compute);
+  DelayedWgradScope delay(wgrad);
   at::Tensor h;
   {
     ModuleScope s("linear_fc1");
     // Transformer Engine's LayerNormLinear: the pre-MLP norm's output is its own.
-    h = Linear(ln_out, *layer.fc1_weight, nullptr, UserbufferColumnParallel(),
-               Fp8LinearOptions::LayerNormLinear());
+    h = Linear(wgrad ? RunOnBackward(ln_out, wgrad) : ln_out, *layer.fc1_weight, nullptr,
+               UserbufferColumnParallel(), Fp8LinearOptions::LayerNormLinear());
   }
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
   h = Activation(model_.activation, h);
@@ -522,7 +526,12 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   // CUDA graphs' attn module: the input norm, self-attention and bias-dropout-add.
   std::optional<GraphedScope> attn_graph;
   attn_graph.emplace(training_.Graphs(CudaGraphModule::kAttn));
-  at::Tensor x = hidden;
+  // The delayed weight gradients of the layer's attention and shared experts run once the
+  // layer's backward is done (Note [Delayed weight gradients] in layers.h); the MLP's and
+  // the routed experts' have stores of their own.
+  const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(training_.delay_wgrad_compute);
+  DelayedWgradScope delay(wgrad);
+  at::Tensor x = wgrad ? RunOnBackward(hidden, wgrad) : hidden;
   OffloadRegion attn_norm_offload(model_.multi_latent_attention() ? offloader_.get() : nullptr,
                                   OffloadModule::kAttnNorm, &x);
   at::Tensor ln_out;

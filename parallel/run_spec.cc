@@ -133,6 +133,18 @@ Status FinalizeUnchecked(RunSpec* spec) {
                            broken + ", as Megatron-Core asserts");
     }
   }
+  if (t.delay_wgrad_compute) {
+    // Note [Delayed weight gradients] in models/layers.h; TransformerConfig.__post_init__ and
+    // arguments.py assert the first two.
+    const char* broken =
+        !l.combined_1f1b ? "it needs --overlap-moe-expert-parallel-comm, as Megatron-Core asserts"
+        : t.profile != ProfileKind::kTransformerEngine
+            ? "it needs --transformer-impl transformer_engine, as Megatron-LM asserts"
+        : t.fp8 != Fp8Recipe::kNone ? "with FP8 training it is not modelled; drop it to simulate "
+                                      "the run without it"
+                                    : nullptr;
+    if (broken != nullptr) return Status::Error(std::string("--delay-wgrad-compute: ") + broken);
+  }
   if (spec->model.moe_pad_to_capacity && spec->model.num_experts > 0) {
     // permute's drop_and_pad keeps each expert's first `capacity` of the rank's tokens: more
     // than it has fails (moe_utils.permute's view), so Megatron-LM cannot run it.

@@ -999,5 +999,67 @@ TEST(Activations, TransformerEngineCrossEntropyKeepsOnlyTheGradient) {
   EXPECT_EQ(dtype, at::kBFloat16);
 }
 
+// Note [Delayed weight gradients]: fc1 [M, I] then fc2 [O, M] on R rows under a store, in
+// bf16 without gradient accumulation fusion (each weight gradient a new [out, in] tensor
+// added to main_grad). Delayed, both GEMMs wait until the gradient reaches the group's
+// input: fc2's weight gradient is allocated after fc1's input gradient, then fc1's after
+// fc2's is gone (queue order, one at a time); fc2's input h [R, M], which autograd lets go
+// after fc2's backward, and fc1's output gradient dh [R, M] stay until their own GEMM has
+// run. Undelayed, fc2's weight gradient comes first, inside its backward.
+struct LinearChainEvents {
+  int64_t dw2_alloc = -1, dw2_free = -1, dw1_alloc = -1, dx_alloc = -1;
+  int64_t h_free = -1, dh_free = -1;
+};
+
+LinearChainEvents RunLinearChain(bool delay) {
+  constexpr int64_t R = 8, I = 16, M = 24, O = 40;  // every [a, b] below has its own size
+  Session session;
+  ActiveSession active(session);
+  ParameterStore store(Precision::kBf16, /*gradient_accumulation_fusion=*/false);
+  Parameter* w1 = store.Add("fc1.weight", {M, I});
+  Parameter* w2 = store.Add("fc2.weight", {O, M});
+  store.AllocateGradBuffer();
+  const at::TensorOptions bf16 = at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16);
+  session.SetPhase(Phase::kForward);
+  at::Tensor x = at::empty({R, I}, bf16).requires_grad_(true);
+  const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(delay);
+  at::Tensor y;
+  {
+    DelayedWgradScope scope(wgrad);
+    y = Linear(Linear(wgrad ? RunOnBackward(x, wgrad) : x, *w1, nullptr), *w2, nullptr);
+  }
+  session.SetPhase(Phase::kBackward);
+  y.backward(at::empty({R, O}, bf16));
+  const Recorder& r = session.recorder();
+  LinearChainEvents events;
+  for (const StorageInfo& s : r.storages()) {
+    const int64_t elements = s.size_bytes / 2;
+    const bool forward = s.phase == Phase::kForward;
+    if (elements == O * M && !forward) {
+      events.dw2_alloc = s.alloc_event;
+      events.dw2_free = s.free_event;
+    }
+    if (elements == M * I && !forward) events.dw1_alloc = s.alloc_event;
+    if (elements == R * I && !forward) events.dx_alloc = s.alloc_event;
+    if (elements == R * M) (forward ? events.h_free : events.dh_free) = s.free_event;
+  }
+  return events;
+}
+
+TEST(DelayedWgrad, GemmsWaitForTheGroupsBackward) {
+  const LinearChainEvents delayed = RunLinearChain(/*delay=*/true);
+  ASSERT_GE(delayed.dx_alloc, 0);
+  EXPECT_GT(delayed.dw2_alloc, delayed.dx_alloc);
+  EXPECT_GT(delayed.dw1_alloc, delayed.dw2_free);
+  EXPECT_GT(delayed.h_free, delayed.dw2_alloc);
+  EXPECT_LT(delayed.h_free, delayed.dw1_alloc);
+  EXPECT_GT(delayed.dh_free, delayed.dw1_alloc);
+
+  const LinearChainEvents undelayed = RunLinearChain(/*delay=*/false);
+  EXPECT_LT(undelayed.dw2_alloc, undelayed.dx_alloc);
+  EXPECT_LT(undelayed.dw1_alloc, undelayed.dh_free);
+  EXPECT_LT(undelayed.h_free, undelayed.dx_alloc);
+}
+
 }  // namespace
 }  // namespace memsim

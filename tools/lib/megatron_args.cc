@@ -347,6 +347,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kNeutral},
     {"--moe-shared-expert-overlap", Arity::kFlag, ArgUse::kNeutral},
     {"--overlap-moe-expert-parallel-comm", Arity::kFlag, ArgUse::kRead},
+    {"--delay-wgrad-compute", Arity::kFlag, ArgUse::kRead},
     {"--moe-use-legacy-grouped-gemm", Arity::kFlag, ArgUse::kNeutral},
     {"--mscale", Arity::kValue, ArgUse::kNeutral},
     {"--mscale-all-dim", Arity::kValue, ArgUse::kNeutral},
@@ -474,7 +475,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--decoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--delay-offload-until-cuda-graph", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
-    {"--delay-wgrad-compute", Arity::kValues, ArgUse::kRefused, "delayed weight gradients"},
     {"--enable-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--encoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
@@ -1172,6 +1172,7 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   }
   t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
   t.defer_embedding_wgrad = a.Has("--defer-embedding-wgrad-compute");
+  t.delay_wgrad_compute = a.Has("--delay-wgrad-compute");
   MEMSIM_RETURN_IF_ERROR(a.Int("--wgrad-deferral-limit", &t.wgrad_deferral_limit));
   if (!t.defer_embedding_wgrad) a.Ignore("--wgrad-deferral-limit");
   // The fused cross-entropy: Megatron's native one (megatron/core/fusions/

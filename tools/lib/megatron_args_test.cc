@@ -442,6 +442,23 @@ TEST(MegatronArgs, ExpertParallelCommunicationOverlap) {
             prefix + "it needs expert parallelism (EP > 1), as Megatron-Core asserts");
 }
 
+// --delay-wgrad-compute (Note [Delayed weight gradients] in models/layers.h): only with the
+// combined 1F1B schedule and Transformer Engine, as Megatron-LM asserts.
+TEST(MegatronArgs, DelayedWeightGradients) {
+  const std::string moe = std::string(kTinyGpt) +
+                          "--num-experts 4 --moe-token-dispatcher-type alltoall --bf16 "
+                          "--expert-model-parallel-size 2 --delay-wgrad-compute ";
+  EXPECT_TRUE(
+      Parse(moe + "--overlap-moe-expert-parallel-comm", 2).spec.training.delay_wgrad_compute);
+  EXPECT_FALSE(Parse(std::string(kTinyGpt), 1).spec.training.delay_wgrad_compute);
+  EXPECT_EQ(ErrorOf(moe, 2),
+            "--delay-wgrad-compute: it needs --overlap-moe-expert-parallel-comm, as Megatron-Core "
+            "asserts");
+  EXPECT_EQ(ErrorOf(moe + "--overlap-moe-expert-parallel-comm --transformer-impl local", 2),
+            "--delay-wgrad-compute: it needs --transformer-impl transformer_engine, as Megatron-LM "
+            "asserts");
+}
+
 TEST(MegatronArgs, UnevenPipelineStages) {
   // Only the first stage named: the other 3 stages share 27 layers, 9 each.
   MegatronArgsResult r = Parse(
