@@ -365,7 +365,11 @@ struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& labels, int64_t tp_group, bool fused) {
-    at::Tensor logits_fp32 = logits.to(at::kFloat);
+    // fp32 logits are worked on in place, as Megatron's .float() returns them: an alias
+    // outside autograd's view tracking, which would refuse saving a view of an input that
+    // was modified in place.
+    at::Tensor logits_fp32 =
+        logits.scalar_type() == at::kFloat ? logits.detach() : logits.to(at::kFloat);
     at::Tensor logits_max = std::get<0>(logits_fp32.max(-1));
     if (tp_group > 1) AllReduceInPlace(logits_max, tp_group);
     // The target's logit (on the rank whose vocabulary shard holds it; all-reduced).

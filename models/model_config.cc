@@ -241,9 +241,6 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "FP8 training needs Transformer Engine layers (profile transformer_engine; "
           "Megatron-LM: --transformer-impl transformer_engine)");
     }
-    if (t.precision == Precision::kFp32) {
-      return Status::Error("FP8 training needs bf16 or fp16 parameters, got fp32");
-    }
     if (t.te_op_fuser) {
       return Status::Error(
           "FP8 with Transformer Engine's op fuser is not modelled (its fused grouped MLP pads "

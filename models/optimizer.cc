@@ -77,13 +77,14 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
       // From the 16-bit value Transformer Engine kept on the host (Note [FP8 training]):
       // the parameter has no 16-bit storage to shard.
       const int64_t shards = p.expert ? options_.expert_shards : options_.shards;
-      masters_.push_back(
-          at::empty({ShardElements(p.data.numel(), shards)}, p.data.options().dtype(at::kFloat)));
+      const int64_t elements =
+          p.shard_data.defined() ? p.shard_data.numel() : ShardElements(p.data.numel(), shards);
+      masters_.push_back(at::empty({elements}, p.data.options().dtype(at::kFloat)));
     } else if (!options_.precision_aware) {
       // Transformer Engine's FusedAdam makes its masters in the first step.
       const at::Tensor shard = ParameterShard(p);
-      masters_.push_back(store->precision() == Precision::kFp32 ? shard
-                                                                : shard.clone().to(at::kFloat));
+      const bool in_place = store->precision() == Precision::kFp32 && !options_.fp32_masters_always;
+      masters_.push_back(in_place ? shard : shard.clone().to(at::kFloat));
     }
   }
 }
@@ -205,6 +206,7 @@ void MixedPrecisionOptimizer::Step() {
   const bool precision_aware = options_.precision_aware.has_value();
   ++step_;
   master_grads_.clear();
+  master_grads_are_copies_ = false;
   {
     CategoryScope category(Category::kGradient);
     size_t i = 0;
@@ -218,7 +220,8 @@ void MixedPrecisionOptimizer::Step() {
               ? p.shard_grad
               : Shard(p.main_grad, p.expert ? options_.expert_shards : options_.shards);
       // A copy when gradients are 16-bit; FusedAdam's decoupled_grad is the shard itself.
-      master_grads_are_copies_ = !precision_aware && grad.scalar_type() != at::kFloat;
+      master_grads_are_copies_ =
+          master_grads_are_copies_ || (!precision_aware && grad.scalar_type() != at::kFloat);
       master_grads_.push_back(precision_aware ? grad : grad.to(at::kFloat));
     }
   }

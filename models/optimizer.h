@@ -135,6 +135,9 @@ struct OptimizerOptions {
   // Note [Optimizer CPU offload]: the share of the shards on the host (REQUIRES:
   // precision_aware when above 0).
   double cpu_offload_fraction = 0.0;
+  // fp32 masters cloned from fp32 parameters too (Megatron-FSDP's main-weight buffer),
+  // instead of updating the parameters themselves.
+  bool fp32_masters_always = false;
 };
 
 class MixedPrecisionOptimizer {

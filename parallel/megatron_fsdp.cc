@@ -36,19 +36,28 @@ int64_t ChunkFactor(const std::vector<Parameter*>& params) {
   return factor;
 }
 
+// What a parameter's bucket holds of it: an FP8 parameter's FP8 data, else its data.
+at::Tensor& BucketedData(Parameter& p) { return p.fp8.fp8_param ? p.fp8.weight[0] : p.data; }
+
 }  // namespace
 
-MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& options) {
+MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& options)
+    : gradient_accumulation_fusion_(store->gradient_accumulation_fusion()) {
   at::NoGradGuard no_grad;
   // Buckets in the order their parameters first appear.
   for (Parameter& p : store->parameters()) {
     const bool expert = p.expert && p.unit >= 0;
-    auto it = std::find_if(buckets_.begin(), buckets_.end(),
-                           [&](const Bucket& b) { return b.unit == p.unit && b.expert == expert; });
+    const bool fp8 = p.fp8.fp8_param;
+    // FP8 parameters keep no transposes here (run_spec.cc refuses GPUs that need them).
+    MEMSIM_DCHECK(!fp8 || !p.fp8.weight[1].defined());
+    auto it = std::find_if(buckets_.begin(), buckets_.end(), [&](const Bucket& b) {
+      return b.unit == p.unit && b.expert == expert && b.fp8 == fp8;
+    });
     if (it == buckets_.end()) {
       Bucket bucket;
       bucket.unit = p.unit;
       bucket.expert = expert;
+      bucket.fp8 = fp8;
       buckets_.push_back(std::move(bucket));
       it = buckets_.end() - 1;
     }
@@ -67,11 +76,13 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
   queue_capacity_elements_ = std::max<int64_t>(1'000'000'000, CheckedMul(mean_unit, 2));
   prefetch_elements_ = queue_capacity_elements_ / 2;
 
-  // The shards: per bucket the 16-bit weights (the fp32 main weights are the optimizer's
-  // masters, cloned from these), and one gradient shard buffer for all buckets.
+  // The shards: per bucket the model's weights (the fp32 main weights are the optimizer's
+  // masters, cloned from these), and one gradient shard buffer per gradient dtype.
   std::vector<int64_t> shard_elements;
-  int64_t all_grad_shards = 0;
   for (Bucket& b : buckets_) {
+    // auto: bf16 for FP8 parameters, else their own dtype (MixedPrecisionPolicy).
+    b.main_grads =
+        options.main_grads.value_or(b.fp8 ? at::kBFloat16 : b.params.front()->data.scalar_type());
     const int64_t shards = b.expert ? options.expert_shards : options.shards;
     int64_t elements = 0;
     for (const Parameter* p : b.params) elements = CheckedAdd(elements, p->data.numel());
@@ -79,21 +90,21 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     const int64_t pad = CheckedMul(shards, ChunkFactor(b.params));
     b.full_elements = CheckedMul(ShardElements(elements, pad), pad);
     shard_elements.push_back(b.full_elements / shards);
-    all_grad_shards = CheckedAdd(all_grad_shards, shard_elements.back());
   }
   const at::TensorOptions meta = at::TensorOptions().device(at::kMeta);
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     const int64_t shards = b.expert ? options.expert_shards : options.shards;
-    const at::ScalarType dtype = b.params.front()->data.scalar_type();
+    const at::ScalarType dtype = BucketedData(*b.params.front()).scalar_type();
     ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.buckets." + std::to_string(i)});
     CategoryScope category(Category::kParameter);
     // The parameters move into a temporary full bucket; their shard is copied out.
     b.weights = at::empty({b.full_elements}, meta.dtype(dtype));
     int64_t offset = 0;
     for (Parameter* p : b.params) {
-      p->data.set_(b.weights.storage(), offset, p->data.sizes(), p->data.strides());
-      offset += p->data.numel();
+      at::Tensor& data = BucketedData(*p);
+      data.set_(b.weights.storage(), offset, data.sizes(), data.strides());
+      offset += data.numel();
     }
     shards_.push_back(at::empty({shard_elements[i]}, meta.dtype(dtype)));
     offset = 0;
@@ -105,7 +116,7 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     }
     shards_.back().copy_(b.weights.narrow(0, 0, shard_elements[i]));
     FreeStorage(b.weights.storage());
-    b.grads = at::empty({b.full_elements}, meta.dtype(options.grad_comm));
+    b.grads = at::empty({b.full_elements}, meta.dtype(options.grad_comm.value_or(b.main_grads)));
     offset = 0;
     for (Parameter* p : b.params) {
       p->main_grad = b.grads.narrow(0, offset, p->data.numel()).view(p->data.sizes());
@@ -113,23 +124,38 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     }
     FreeStorage(b.grads.storage());
   }
-  {
-    ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.grad_shards"});
-    CategoryScope category(Category::kGradient);
-    shards_.push_back(at::zeros({all_grad_shards}, meta.dtype(options.main_grads)));
+  // The gradient shard buffers, one per dtype in the order the buckets first need it.
+  std::vector<at::ScalarType> grad_dtypes;
+  for (const Bucket& b : buckets_) {
+    if (std::find(grad_dtypes.begin(), grad_dtypes.end(), b.main_grads) == grad_dtypes.end())
+      grad_dtypes.push_back(b.main_grads);
   }
-  int64_t offset = 0;
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    const int64_t shards = buckets_[i].expert ? options.expert_shards : options.shards;
-    buckets_[i].grad_shard = shards_.back().narrow(0, offset, shard_elements[i]);
-    int64_t share_offset = 0;
-    for (Parameter* p : buckets_[i].params) {
-      const int64_t share =
-          std::min(ShardElements(p->data.numel(), shards), shard_elements[i] - share_offset);
-      p->shard_grad = buckets_[i].grad_shard.narrow(0, share_offset, share);
-      share_offset += share;
+  for (at::ScalarType dtype : grad_dtypes) {
+    int64_t elements = 0;
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      if (buckets_[i].main_grads == dtype) elements = CheckedAdd(elements, shard_elements[i]);
     }
-    offset += shard_elements[i];
+    at::Tensor buffer;
+    {
+      ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.grad_shards"});
+      CategoryScope category(Category::kGradient);
+      buffer = at::zeros({elements}, meta.dtype(dtype));
+    }
+    shards_.push_back(buffer);
+    int64_t offset = 0;
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      if (buckets_[i].main_grads != dtype) continue;
+      const int64_t shards = buckets_[i].expert ? options.expert_shards : options.shards;
+      buckets_[i].grad_shard = buffer.narrow(0, offset, shard_elements[i]);
+      int64_t share_offset = 0;
+      for (Parameter* p : buckets_[i].params) {
+        const int64_t share =
+            std::min(ShardElements(p->data.numel(), shards), shard_elements[i] - share_offset);
+        p->shard_grad = buckets_[i].grad_shard.narrow(0, share_offset, share);
+        share_offset += share;
+      }
+      offset += shard_elements[i];
+    }
   }
 }
 
@@ -225,9 +251,19 @@ void MegatronFsdp::PostForward(int64_t unit, bool recomputing) {
 
 void MegatronFsdp::PreBackward(int64_t unit) {
   if (unit == ModelShard::kOutputLayerUnit) {
-    // The output layer's weight gradient is the first of the non-unit buckets'.
-    for (size_t id : BucketsOf(-1)) AllocateGrads(buckets_[id]);
+    // The output layer's weight gradient is the first of the non-unit buckets'. Without
+    // gradient accumulation fusion it is param.grad, copied in by the post-accumulate hook
+    // once the output layer's backward has returned (and let its output gradient go).
+    if (gradient_accumulation_fusion_) {
+      for (size_t id : BucketsOf(-1)) AllocateGrads(buckets_[id]);
+    } else {
+      non_unit_grads_pending_ = true;
+    }
     return;
+  }
+  if (non_unit_grads_pending_) {
+    for (size_t id : BucketsOf(-1)) AllocateGrads(buckets_[id]);
+    non_unit_grads_pending_ = false;
   }
   GatherWithPrefetch(BucketsOf(unit), Order::kBackward);
   for (size_t id : BucketsOf(unit)) AllocateGrads(buckets_[id]);
@@ -241,6 +277,7 @@ void MegatronFsdp::PostBackward(int64_t unit) {
 void MegatronFsdp::BeforeForwardStep() { GatherWithPrefetch(BucketsOf(-1), Order::kForward); }
 
 void MegatronFsdp::AfterBackwardStep() {
+  non_unit_grads_pending_ = false;
   for (size_t id : BucketsOf(-1)) {
     AllocateGrads(buckets_[id]);
     ReduceScatter(buckets_[id]);

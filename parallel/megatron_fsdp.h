@@ -5,18 +5,22 @@
 // Megatron-Core 0.20 (megatron/core/distributed/fsdp/src/megatron_fsdp/: megatron_fsdp.py,
 // param_and_grad_buffer.py; version 1, the default) shards parameters, gradients and the
 // optimizer over the data-parallel ranks (DP*CP; routed experts over expert DP) in buckets:
-//   buckets: one per decoder layer (its FSDP unit, TransformerLayer) and kind (dense,
-//            routed experts: ".experts." in the name), plus one for the parameters outside
-//            every layer (embedding, final norm, output layer: "non-unit"), in the order
-//            the parameters first appear. A bucket of N elements whose largest row (the
+//   buckets: one per decoder layer (its FSDP unit, TransformerLayer), kind (dense,
+//            routed experts: ".experts." in the name) and dtype (FP8 parameters apart),
+//            plus one per kind and dtype for the parameters outside every layer (embedding,
+//            final norm, output layer: "non-unit"), in the order the parameters first
+//            appear. A bucket of N elements whose largest row (the
 //            product of a parameter's trailing dimensions) is c holds
 //            S = ceil(N / (d * c)) * d * c elements, d the ranks it is sharded over, and
 //            this rank s = S / d of them (build_data_parallel_buffer_index; memsim pads
 //            the bucket as a whole, not each parameter).
-//   persistent, from setup: per bucket the 16-bit weight shard [s] and the fp32 main
-//            weight shard [s] (--megatron-fsdp-main-params-dtype fp32, the default; the
-//            optimizer's masters); one gradient shard buffer [sum of s] in the main-grads
-//            dtype (--megatron-fsdp-main-grads-dtype, auto: the parameters'). The model's
+//   persistent, from setup: per bucket the weight shard [s] in the parameters' dtype
+//            (FP8 parameters: their uint8 data, a 1-element scale each besides) and the
+//            fp32 main weight shard [s] (--megatron-fsdp-main-params-dtype fp32, the
+//            default; the optimizer's masters, made in fp32 training too); one gradient
+//            shard buffer [sum of s] per main-grads dtype (--megatron-fsdp-main-grads-dtype,
+//            auto: bf16 for FP8 parameters, else the parameters' own; param_and_grad_
+//            buffer.py's _get_main_grad_dtype). The model's
 //            own full parameters are freed once their shards are copied out (each bucket
 //            passes through a temporary full copy), then the cache is emptied.
 //   gather:  a bucket's full [S] weights are allocated when all-gathered and freed when
@@ -33,23 +37,29 @@
 //            main-grads dtype) is allocated at the first gradient of its parameters (the
 //            layer's backward; the non-unit bucket's at the output layer's, the first of
 //            the backward, else the embedding's, the last) and the weight-gradient GEMMs
-//            write into it. After the layer's backward it is reduce-scattered in place and
-//            added to the gradient shard, then queued; before each reduce-scatter the
-//            oldest queued buckets are freed while the queue holds more than
-//            C = max(1e9, 2 * mean layer elements) elements, and the end of each backward
-//            frees them all.
+//            write into it. Without gradient accumulation fusion the output layer's weight
+//            gradient is param.grad, which the post-accumulate hook copies in once the
+//            output layer's backward has returned: the non-unit bucket comes after it. After the
+//            layer's backward it is reduce-scattered in place and added to the gradient shard, then
+//            queued; before each reduce-scatter the oldest queued buckets are freed while the queue
+//            holds more than C = max(1e9, 2 * mean layer elements) elements, and the end of each
+//            backward frees them all.
 //   optimizer: Adam on the fp32 main weight shards with the gradient shards (an fp32 copy
 //            of each when they are 16-bit, kept until the next zero_grad: update_main_grads),
 //            then the 16-bit weight shards copied from the masters in place.
+// FP8 parameters (--fp8-param-gather) are modelled where the GPU's FP8 GEMMs read any
+// layout (Blackwell): elsewhere Transformer Engine makes a transpose cache after each
+// gather in backward (fp8_create_transpose_cache).
 // Not modelled (refused): PP > 1, full recomputation (it changes prefetch and release),
-// FP8 parameters, the double buffers of --fsdp-double-buffer and --nccl-ub (a fixed pool,
-// partly outside the caching allocator), other sharding strategies, version 2.
+// FP8 parameters before Blackwell, the double buffers of --fsdp-double-buffer and --nccl-ub (a
+// fixed pool, partly outside the caching allocator), other sharding strategies, version 2.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include "models/parameters.h"
@@ -60,8 +70,10 @@ namespace memsim {
 struct MegatronFsdpOptions {
   int64_t shards = 1;         // DP * CP: dense buckets are sharded over them
   int64_t expert_shards = 1;  // expert data parallelism: routed experts' buckets
-  at::ScalarType main_grads = at::kBFloat16;
-  at::ScalarType grad_comm = at::kBFloat16;
+  // Unset: auto, per bucket (bf16 for FP8 parameters, else the parameters' dtype; the
+  // communication dtype then the main gradients').
+  std::optional<at::ScalarType> main_grads;
+  std::optional<at::ScalarType> grad_comm;
 };
 
 class MegatronFsdp : public LayerHooks {
@@ -89,6 +101,8 @@ class MegatronFsdp : public LayerHooks {
   struct Bucket {
     int64_t unit = -1;  // -1: outside every layer
     bool expert = false;
+    bool fp8 = false;                        // FP8 parameters: their FP8 data, 1 byte each
+    at::ScalarType main_grads = at::kFloat;  // the gradient shard's dtype
     std::vector<Parameter*> params;
     int64_t full_elements = 0;  // S
     at::Tensor weights;         // [S], storage only while gathered; params' data view it
@@ -110,6 +124,10 @@ class MegatronFsdp : public LayerHooks {
   void ReduceScatter(Bucket& bucket);
   void FreeOldestQueued();
 
+  const bool gradient_accumulation_fusion_;
+  // Without the fusion: the non-unit gradients come once the output layer's backward is
+  // done; allocated at the next hook.
+  bool non_unit_grads_pending_ = false;
   std::vector<Bucket> buckets_;          // in Megatron's bucket order
   int64_t prefetch_elements_ = 0;        // P
   int64_t queue_capacity_elements_ = 0;  // C

@@ -114,9 +114,8 @@ MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const Paralle
   MegatronFsdpOptions o;
   o.shards = OptimizerShards(layout, false);
   o.expert_shards = OptimizerShards(layout, true);
-  const Precision main_grads = t.fsdp_main_grads_dtype.value_or(t.precision);
-  o.main_grads = ScalarTypeOf(main_grads);
-  o.grad_comm = ScalarTypeOf(t.fsdp_grad_comm_dtype.value_or(main_grads));
+  if (t.fsdp_main_grads_dtype) o.main_grads = ScalarTypeOf(*t.fsdp_main_grads_dtype);
+  if (t.fsdp_grad_comm_dtype) o.grad_comm = ScalarTypeOf(*t.fsdp_grad_comm_dtype);
   return o;
 }
 
@@ -252,6 +251,8 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   optimizer_options.muon_ns_steps = training.muon_ns_steps;
   optimizer_options.precision_aware = PrecisionAwareStatesOf(training);
   optimizer_options.cpu_offload_fraction = training.optimizer_offload_fraction;
+  // Megatron-FSDP keeps a main-weight shard whatever the parameters' dtype.
+  optimizer_options.fp32_masters_always = layout.data_parallel == DataParallelKind::kMegatronFsdp;
   if (training.layer_wise_optimizer) {
     LayerWiseGroups groups;
     groups.dense_ranks = layout.dp * layout.cp;

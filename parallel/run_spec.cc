@@ -226,11 +226,12 @@ Status FinalizeUnchecked(RunSpec* spec) {
     std::string unmodelled;
     if (l.pp > 1) unmodelled = "pipeline parallelism";
     if (t.recompute == RecomputeKind::kFull) unmodelled = "full recomputation";
-    if (t.fp8_param_gather) unmodelled = "FP8 parameters (--fp8-param-gather)";
+    if (t.fp8_param_gather && !t.fp8_gemm_any_layout) {
+      unmodelled = "FP8 parameters on a GPU whose FP8 GEMMs need transposes (before Blackwell)";
+    }
     if (t.precision_aware_optimizer) unmodelled = "the precision-aware optimizer";
     if (t.optimizer == OptimizerKind::kMuon) unmodelled = "Muon";
     if (spec->model.mtp_num_layers > 0) unmodelled = "multi-token prediction";
-    if (t.precision == Precision::kFp32) unmodelled = "fp32 training";
     if (!unmodelled.empty()) {
       return Status::Error("Megatron-FSDP with " + unmodelled +
                            " is not modelled; use the distributed optimizer instead");

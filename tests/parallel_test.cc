@@ -1350,12 +1350,21 @@ TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
 struct MegatronFsdpRun {
   int64_t gathered_peak = 0, grad_bucket_peak = 0, state_at_iteration1 = 0;
 };
-MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, int64_t dp) {
-  ParallelLayout layout;
-  layout.world_size = dp;
-  layout.data_parallel = DataParallelKind::kMegatronFsdp;
-  EXPECT_TRUE(FinalizeLayout(&layout, m).ok());
-  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout));
+std::unique_ptr<Session> RecordMegatronFsdp(const ModelConfig& m, const TrainingConfig& t,
+                                            int64_t dp, const GpuSpec* gpu = nullptr) {
+  RunSpec spec;
+  spec.model = m;
+  spec.training = t;
+  spec.layout.world_size = dp;
+  spec.layout.data_parallel = DataParallelKind::kMegatronFsdp;
+  spec.gpu = gpu;
+  EXPECT_TRUE(FinalizeLayout(&spec.layout, m).ok());
+  return test::RecordRank(test::Validated(spec), 0, gpu);
+}
+
+MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, int64_t dp,
+                                const GpuSpec* gpu = nullptr) {
+  const std::unique_ptr<Session> session = RecordMegatronFsdp(m, t, dp, gpu);
   const Recorder& r = session->recorder();
   MegatronFsdpRun run;
   int64_t gathered = 0, grad_buckets = 0;
@@ -1403,6 +1412,62 @@ TEST(MegatronFsdp, BucketsShardsAndTheWholeSmallModelGathered) {
         << "dp=" << c.dp;
     EXPECT_EQ(run.gathered_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
     EXPECT_EQ(run.grad_bucket_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
+  }
+}
+
+// The same GPT at d = 2 in fp32 with FP8 parameters (Transformer Engine, tensorwise, on a
+// GB200, whose FP8 GEMMs keep no transposes). Buckets split by dtype
+// (param_and_grad_buffer.py): each layer's 12h^2 = 196,608 GEMM weights are an FP8 bucket
+// (1-byte data; auto gradients bf16), its 1,664 biases and norm weights an fp32 one (fp32
+// gradients), the non-unit bucket fp32 as before; every S is the bucket's size (multiples
+// of d * 512, d and d * 128). Per rank: the weight and gradient shards at those widths,
+// an fp32 main weight (fp32 training keeps one too) and Adam's two states per parameter
+// / d (12 bytes), each FP8 weight's fp32 scale_inv, and the non-unit bucket gathered in
+// fp32 after the first step.
+TEST(MegatronFsdp, Fp32TrainingWithFp8Parameters) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kFp32;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.fp8 = Fp8Recipe::kTensorwise;
+  t.fp8_param_gather = true;
+  const MegatronFsdpRun run = RunMegatronFsdp(m, t, 2, FindGpu("GB200-186GB"));
+  const int64_t fp8 = 4 * 196'608, wide = 4 * 1'664 + 147'712, parameters = 940'800;
+  EXPECT_EQ(run.state_at_iteration1,
+            fp8 / 2 * (1 + 2) + wide / 2 * (4 + 4) + parameters / 2 * 12 + 16 * 4 + 147'712 * 4);
+  EXPECT_EQ(run.gathered_peak, fp8 * 1 + wide * 4);
+  EXPECT_EQ(run.grad_bucket_peak, fp8 * 2 + wide * 4);
+}
+
+// Without gradient accumulation fusion the output layer's weight gradient is param.grad,
+// which Megatron-FSDP's post-accumulate hook copies into the non-unit bucket once the
+// output layer's backward has returned: that bucket's gradient [147,712] is allocated
+// after the logits' gradient [s, b, V] is gone. With the fusion the GEMM writes into the
+// bucket, allocated before.
+TEST(MegatronFsdp, NonUnitGradientsAfterTheOutputLayerWithoutFusion) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 4);  // vocabulary 1024, tied output layer
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.iterations = 1;
+  for (bool fusion : {true, false}) {
+    t.gradient_accumulation_fusion = fusion;
+    const std::unique_ptr<Session> session = RecordMegatronFsdp(m, t, 2);
+    const Recorder& r = session->recorder();
+    int64_t bucket_alloc = -1, logits_grad_free = -1;
+    for (const StorageInfo& s : r.storages()) {
+      if (s.phase != Phase::kBackward) continue;
+      if (r.names().Name(s.module) == "megatron_fsdp.grad_buckets" && s.size_bytes == 147'712 * 2) {
+        bucket_alloc = s.alloc_event;
+      }
+      if (s.size_bytes == x.s * x.b * 1024 * 2 && logits_grad_free < 0) {
+        logits_grad_free = s.free_event;
+      }
+    }
+    ASSERT_GE(bucket_alloc, 0);
+    ASSERT_GE(logits_grad_free, 0);
+    EXPECT_EQ(bucket_alloc > logits_grad_free, !fusion) << "fusion=" << fusion;
   }
 }
 
