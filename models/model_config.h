@@ -119,8 +119,8 @@ enum class Precision { kFp32, kBf16, kFp16 };
 inline constexpr EnumName<Precision> kPrecisionNames[] = {
     {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
 // Megatron-Core's MoE token dispatchers (--moe-token-dispatcher-type; allgather is its
-// default).
-enum class MoeDispatcher { kAllGather, kAllToAll };
+// default); kDeepEp: flex with the DeepEP backend (Note [DeepEP dispatch] in moe.h).
+enum class MoeDispatcher { kAllGather, kAllToAll, kDeepEp };
 // Which attention kernel runs (and so what it keeps for backward):
 //   kFlash  FlashAttention-2: contiguous [B, S, A, D] copies of q, k, v, out, and the
 //           float32 log-sum-exp [B, A, S];
@@ -331,6 +331,7 @@ struct TrainingConfig {
   bool te_op_fuser = false;
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllGather;
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
+  int64_t deepep_num_sms = 20;      // --moe-flex-dispatcher-num-sms: DeepEP's handle widths
   // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy), or
   // with Transformer Engine's kernel (--cross-entropy-fusion-impl te:
   // TeParallelCrossEntropy), both in layers.h.

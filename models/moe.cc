@@ -12,6 +12,7 @@
 #include "ops/collectives.h"
 #include "parallel/regions/expert_parallel.h"
 #include "parallel/regions/tensor_parallel.h"
+#include "simulator/checked_math.h"
 #include "simulator/session.h"
 
 namespace memsim {
@@ -98,6 +99,21 @@ int64_t ReceivedTokens(const ModelConfig& m, int64_t tokens) {
   // From each of ep ranks each local expert takes at most its capacity: E * capacity.
   return m.moe_capacity_factor > 0 ? std::min(busiest, ExpertCapacity(m, tokens) * m.num_experts)
                                    : busiest;
+}
+
+int64_t DeepEpReceivedRows(const ModelConfig& m, const MoeParallelism& p, int64_t tokens) {
+  // The chance that a token's K distinct experts miss a rank's E/ep: C(E - e, K) / C(E, K).
+  const int64_t E = m.num_experts, e = m.num_experts / p.ep;
+  double miss = 1.0;
+  for (int64_t i = 0; i < m.moe_router_topk; ++i) {
+    miss *= static_cast<double>(std::max<int64_t>(E - e - i, 0)) / static_cast<double>(E - i);
+  }
+  const int64_t senders = CheckedMul(p.etp * p.ep, tokens);
+  const double rows =
+      std::ceil(m.moe_imbalance_factor * static_cast<double>(senders) * (1.0 - miss));
+  const int64_t expert_rows = CheckedMul(ReceivedTokens(m, tokens), p.etp);
+  return std::min(
+      {static_cast<int64_t>(std::min(rows, static_cast<double>(senders))), senders, expert_rows});
 }
 
 MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
@@ -295,6 +311,68 @@ struct KeepFunction : public Function<KeepFunction> {
   }
 };
 
+// What DeepEP's dispatch returns besides the tokens and keeps in its handle (Note [DeepEP
+// dispatch]); the dispatch's and the combine's nodes share it.
+struct DeepEpHandle : public torch::CustomClassHolder {
+  int64_t group = 1;     // G
+  int64_t tokens = 0;    // T
+  int64_t received = 0;  // N_r
+  std::vector<at::Tensor> tensors;
+};
+
+// tokens [T, H] and token_probs fp32 [T, K] -> recv_x [N_r, H], recv_topk_weights fp32
+// [N_r, K]; backward: DeepEP's combine of both gradients, [T, H] and fp32 [T, K].
+struct DeepEpDispatchFunction : public Function<DeepEpDispatchFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& tokens,
+                               const at::Tensor& token_probs,
+                               c10::intrusive_ptr<DeepEpHandle> handle) {
+    ctx->saved_data["handle"] = c10::IValue::make_capsule(handle);
+    return {AllToAll(tokens, handle->group, handle->received),
+            AllToAll(token_probs, handle->group, handle->received)};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto handle =
+        c10::static_intrusive_pointer_cast<DeepEpHandle>(ctx->saved_data["handle"].toCapsule());
+    return {AllToAll(grads[0].contiguous(), handle->group, handle->tokens),
+            AllToAll(grads[1].contiguous(), handle->group, handle->tokens), at::Tensor()};
+  }
+};
+
+// [N_r, H] -> DeepEP's combine [T, H]; backward: the cached dispatch, [N_r, H].
+struct DeepEpCombineFunction : public Function<DeepEpCombineFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows,
+                            c10::intrusive_ptr<DeepEpHandle> handle) {
+    ctx->saved_data["handle"] = c10::IValue::make_capsule(handle);
+    return AllToAll(rows.contiguous(), handle->group, handle->tokens);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto handle =
+        c10::static_intrusive_pointer_cast<DeepEpHandle>(ctx->saved_data["handle"].toCapsule());
+    return {AllToAll(grads[0].contiguous(), handle->group, handle->received), at::Tensor()};
+  }
+};
+
+// _indices_to_multihot: received weights fp32 [N_r, K] -> probabilities fp32 [N_r, E_local];
+// the routing map int64 [N_r, E_local] is made bool (`*map`). The index_put keeps the mask
+// [N_r, K] bool and the row and column indices int64 [N] each; backward: fp32 [N_r, K].
+struct MultihotFunction : public Function<MultihotFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weights, int64_t local,
+                            int64_t rows, at::Tensor* map) {
+    const int64_t received = weights.size(0);
+    at::Tensor map_long = at::zeros({received, local}, Meta(at::kLong));
+    at::Tensor probs = at::zeros({received, local}, Meta(at::kFloat));
+    at::Tensor mask = at::empty(weights.sizes(), Meta(at::kBool));
+    ctx->save_for_backward(
+        {mask, at::empty({rows}, Meta(at::kLong)), at::empty({rows}, Meta(at::kLong))});
+    *map = at::empty({received, local}, Meta(at::kBool));  // .bool()
+    return probs;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor mask = ctx->get_saved_variables()[0];
+    return {at::zeros(mask.sizes(), Meta(at::kFloat)), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 struct Routing {
   at::Tensor probs;        // [T, E] p, zero but for the top-K (autograd keeps top-K indices)
   at::Tensor routing_map;  // [T, E] bool
@@ -429,6 +507,60 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   return h;
 }
 
+// The flex dispatcher with DeepEP around the experts (Note [DeepEP dispatch]): tokens
+// [T, H] -> [T, H].
+at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& t,
+                                    const MoeParallelism& p, MoeParameters& params,
+                                    const at::Tensor& tokens, const Routing& routing,
+                                    ActivationOffloader* offloader) {
+  ModuleScope s("token_dispatcher");
+  const int64_t T = tokens.size(0), K = m.moe_router_topk, local = m.num_experts / p.ep;
+  const int64_t N = ReceivedTokens(m, T) * p.etp;
+  auto handle = c10::make_intrusive<DeepEpHandle>();
+  handle->group = p.etp * p.ep;
+  handle->tokens = T;
+  handle->received = DeepEpReceivedRows(m, p, T);
+  const int64_t G = handle->group, R = handle->received;
+  // setup_metadata, kept by the dispatcher until the layer's next forward.
+  auto [token_probs, token_indices] = at::topk(routing.probs, K, -1);
+  token_probs = token_probs.to(at::kFloat);
+  params.kept[0] = token_indices;
+  params.kept[1] = token_probs;
+  at::Tensor received, weights, indices;
+  {
+    // get_dispatch_layout, then the dispatch and its handle.
+    const int64_t channels = t.deepep_num_sms / 2;
+    const at::Tensor per_rank = at::empty({G}, Meta(at::kInt));
+    const at::Tensor per_expert = at::empty({m.num_experts}, Meta(at::kInt));
+    const at::Tensor in_rank = at::empty({T, G}, Meta(at::kBool));
+    auto outputs = DeepEpDispatchFunction::apply(tokens, token_probs, handle);
+    received = outputs[0];  // [N_r, H]
+    weights = outputs[1];   // [N_r, K] fp32
+    indices = at::empty({R, K}, Meta(at::kLong));
+    handle->tensors = {at::empty({G, G}, Meta(at::kInt)),
+                       at::empty({G, channels}, Meta(at::kInt)),
+                       at::empty({G, channels}, Meta(at::kInt)),
+                       at::empty({R}, Meta(at::kInt)),
+                       in_rank,
+                       at::empty({T, G}, Meta(at::kInt))};
+  }
+  at::Tensor map;
+  const at::Tensor dispatched_probs = MultihotFunction::apply(weights, local, N, &map);
+  weights.reset();
+  const Permutation perm = MakePermutation(R, local, N, t.moe_permute_fusion, /*padded=*/false);
+  at::Tensor x = PermuteFunction::apply(received, perm.index, N);  // [N, H]
+  const at::Tensor probs_index = t.moe_permute_fusion ? perm.index : perm.order;
+  at::Tensor probs = PermuteProbsFunction::apply(dispatched_probs, probs_index, local, N,
+                                                 /*masked_select=*/false);  // [N] fp32
+  x = Experts(m, t, p, params, x, probs, offloader);
+  received.reset();  // moe_layer.py's dispatched_input, alive while the experts ran
+  ModuleScope c("token_combine");
+  x = UnpermuteFunction::apply(x, R);              // [N_r, H]
+  indices.reset();                                 // released by the combine, as the handle is
+  params.kept[2] = std::move(map);                 // dispatched_routing_map
+  return DeepEpCombineFunction::apply(x, handle);  // [T, H]
+}
+
 }  // namespace
 
 at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
@@ -475,7 +607,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     at::Tensor map = AllGather(routing.routing_map, group);                   // [T_g, E] bool
     const at::Tensor probs = AllGatherRows(routing.probs, group);             // [T_g, E] p
     const at::Tensor hidden_g = AllGatherRows(tokens, group, global_buffer);  // [T_g, H]
-    params.kept_map = at::empty({gathered, local}, Meta(at::kBool));          // local_map
+    params.kept[0] = at::empty({gathered, local}, Meta(at::kBool));           // local_map
     map.reset();
     const Permutation perm =
         MakePermutation(gathered, local, N, t.moe_permute_fusion, /*padded=*/false);
@@ -487,10 +619,12 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     x = UnpermuteFunction::apply(x, gathered);  // [T_g, H]
     if (fp32_probs) x = x.to(at::kFloat);
     out = ReduceScatterToSequenceParallelRegion(x, group).to(tokens.scalar_type());  // [T, H]
+  } else if (t.moe_dispatcher == MoeDispatcher::kDeepEp) {
+    out = DeepEpDispatchAndCombine(m, t, p, params, tokens, routing, offloader);
   } else {
     ModuleScope s("token_dispatcher");
-    params.kept_probs = routing.probs;
-    params.kept_map = routing.routing_map;
+    params.kept[1] = routing.probs;
+    params.kept[0] = routing.routing_map;
     const int64_t D = DispatchedTokens(m, T);
     const bool padded = m.moe_pad_to_capacity && !t.moe_permute_fusion;
     const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion, padded);

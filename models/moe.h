@@ -29,13 +29,45 @@
 //     layer's next forward); the permutation (int64 [D], D = R before the all-to-all, and
 //     through the permuted probabilities the whole int64 argsort [E*T], or when padded to
 //     capacity their own int64 [D]; or TE's int32 map [T, 2E + 1]);
+//   flex dispatcher with DeepEP: Note [DeepEP dispatch];
 //   experts: their input [N, H], fc1 output, activation, probability-weighted activation
 //     [N, F_e/etp] each, and the probabilities [N] p (TEGroupedMLP and SequentialMLP alike;
 //     with Transformer Engine's op fuser no activation: Experts in moe.cc says why).
+//
+// Note [DeepEP dispatch]
+// --moe-token-dispatcher-type flex with DeepEP (--moe-flex-dispatcher-backend deepep, the
+// default; --moe-enable-deepep): MoEFlexTokenDispatcher and _DeepepManager in
+// token_dispatcher.py, fused_a2a.py, DeepEP's Buffer (read from Megatron-Core 0.20 and
+// DeepEP's hybrid-ep branch). Over the etp*ep ranks of its group (G = etp*ep), per layer:
+//   metadata: topk of the probabilities again, token_probs [T, K] fp32 (a copy when the
+//     router's dtype is not fp32) and token_indices int64 [T, K] (TopkBackward keeps them);
+//     the dispatcher keeps both, and the received rows' routing map below, until the
+//     layer's next forward;
+//   dispatch layout: int32 counts per rank [G] and expert [E] (temporary), is_token_in_rank
+//     bool [T, G];
+//   dispatch: each token goes once to each rank hosting one of its experts, not once per
+//     expert: recv_x [N_r, H], recv_topk_weights fp32 [N_r, K], recv_topk_idx int64
+//     [N_r, K] (kept until the combine), and the handle, kept until the dispatch's backward:
+//     rank prefix int32 [G, G], two channel prefixes int32 [G, C] (C = SMs / 2, 10 by
+//     default), recv_src_idx int32 [N_r], is_token_in_rank, send_head int32 [T, G];
+//   multihot: the received indices as a routing map int64 [N_r, E_local] made bool, and
+//     probabilities fp32 [N_r, E_local]; the index_put keeps its indices (mask [N_r, K] bool,
+//     two int64 [N]);
+//   permute: as alltoall's, from N_r rows to N (their expert input), probabilities fp32;
+//     recv_x lives on while the experts run (moe_layer.py's dispatched_input);
+//   combine: unpermute to [N_r, H], then DeepEP's combine to [T, H]; backward runs the
+//     cached dispatch ([N_r, H]) and the combine ([T, H] and fp32 [T, K]).
+// N_r: evenly routed, a token picks none of a rank's E/ep experts with probability
+// C(E - E/ep, K) / C(E, K), so N_r = G * T * (1 - that), scaled by the imbalance factor and
+// at most N. DeepEP's communication buffers (NVLink and RDMA, a few hundred MiB, sized by
+// the hidden size and group, not the tokens) are allocated outside PyTorch's caching
+// allocator, so they are not in memsim's figures. Not modelled: the fused multihot kernel
+// (experimental), padding for quantization, capacity factors, HybridEP and NCCL-EP.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <functional>
 
 #include "models/activation_offload.h"
@@ -58,9 +90,8 @@ struct MoeParameters {
   Parameter* shared_fc1 = nullptr;  // null without shared experts
   Parameter* shared_fc2 = nullptr;
   // What the dispatcher keeps as attributes until this layer's next forward (the routing
-  // map, and for alltoall the probabilities).
-  at::Tensor kept_map;
-  at::Tensor kept_probs;
+  // map, and for alltoall the probabilities; DeepEP: Note [DeepEP dispatch]).
+  std::array<at::Tensor, 3> kept;
 };
 
 // Creates the MoE layer's parameters under the current module ("mlp").
@@ -75,6 +106,10 @@ MoeParameters CreateMoeParameters(const ModelConfig& model, const MoeParallelism
 int64_t ExpertCapacity(const ModelConfig& model, int64_t tokens);
 int64_t DispatchedTokens(const ModelConfig& model, int64_t tokens);
 int64_t ReceivedTokens(const ModelConfig& model, int64_t tokens);
+// N_r of Note [DeepEP dispatch]: rows DeepEP delivers to a rank from the G = etp*ep ranks'
+// `tokens` each.
+int64_t DeepEpReceivedRows(const ModelConfig& model, const MoeParallelism& parallel,
+                           int64_t tokens);
 
 // hidden [S', B, H] -> [S', B, H]. `global_buffer` is Megatron's persistent "mpu" buffer,
 // into which the allgather dispatcher gathers the hidden states. `offloader` (may be null)

@@ -645,8 +645,9 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     for (int64_t i = units[static_cast<size_t>(u)].first; i < units[static_cast<size_t>(u)].last;
          ++i) {
       Layer& layer = layers[static_cast<size_t>(i)];
-      if (layer.moe)
-        slots.insert(slots.end(), {&layer.experts.kept_map, &layer.experts.kept_probs});
+      if (layer.moe) {
+        for (at::Tensor& kept : layer.experts.kept) slots.push_back(&kept);
+      }
     }
     return slots;
   };

@@ -118,20 +118,37 @@ Status FinalizeUnchecked(RunSpec* spec) {
   if (l.combined_1f1b) {
     // TransformerConfig.__post_init__'s rules for overlap_moe_expert_parallel_comm.
     const ModelConfig& m = spec->model;
-    const char* broken =
-        m.num_experts == 0 || l.ep == 1                ? "it needs expert parallelism (EP > 1)"
-        : t.moe_dispatcher != MoeDispatcher::kAllToAll ? "it needs the alltoall token dispatcher"
-        : t.precision == Precision::kFp32              ? "it needs bf16 or fp16"
-        : l.pp > 1 && l.vpp == 1              ? "with PP > 1 it needs virtual pipeline stages"
-        : t.recompute == RecomputeKind::kFull ? "it excludes full recomputation"
-        : t.Recomputes(RecomputeModule::kMoe) ? "it excludes the moe recompute module"
-        : m.mtp_num_layers > 1                ? "it allows at most one MTP layer"
-                                              : nullptr;
+    const char* broken = m.num_experts == 0 || l.ep == 1 ? "it needs expert parallelism (EP > 1)"
+                         : t.moe_dispatcher == MoeDispatcher::kAllGather
+                             ? "it needs the alltoall or flex token dispatcher"
+                         : t.precision == Precision::kFp32 ? "it needs bf16 or fp16"
+                         : l.pp > 1 && l.vpp == 1 ? "with PP > 1 it needs virtual pipeline stages"
+                         : t.recompute == RecomputeKind::kFull ? "it excludes full recomputation"
+                         : t.Recomputes(RecomputeModule::kMoe)
+                             ? "it excludes the moe recompute module"
+                         : m.mtp_num_layers > 1 ? "it allows at most one MTP layer"
+                                                : nullptr;
     if (broken != nullptr) {
       return Status::Error(std::string("overlapping expert-parallel communication (the combined "
                                        "1F1B schedule): ") +
                            broken + ", as Megatron-Core asserts");
     }
+  }
+  if (t.moe_dispatcher == MoeDispatcher::kDeepEp && spec->model.num_experts > 0) {
+    // Note [DeepEP dispatch] in models/moe.h; MoEFlexTokenDispatcher, TransformerConfig and
+    // DeepEP's Buffer assert the first three.
+    const int64_t group = l.etp * l.ep;
+    const std::vector<int64_t> sizes = {2, 4, 8, 16, 24, 32, 64, 128, 144, 160};
+    const std::string broken =
+        group == 1 ? "it needs expert or expert-tensor parallelism (EP*ETP > 1)"
+        : std::find(sizes.begin(), sizes.end(), group) == sizes.end()
+            ? "DeepEP runs on 2, 4, 8, 16, 24, 32, 64, 128, 144 or 160 ranks, not EP*ETP = " +
+                  std::to_string(group)
+        : spec->model.moe_pad_to_capacity ? "it excludes --moe-pad-expert-input-to-capacity"
+        : spec->model.moe_capacity_factor > 0
+            ? "with a capacity factor it is not modelled; drop it to simulate a dropless run"
+            : "";
+    if (!broken.empty()) return Status::Error("the flex dispatcher with DeepEP: " + broken);
   }
   if (t.delay_wgrad_compute) {
     // Note [Delayed weight gradients] in models/layers.h; TransformerConfig.__post_init__ and

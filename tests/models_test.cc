@@ -10,6 +10,7 @@
 
 #include "models/layers.h"
 #include "models/model_config.h"
+#include "models/moe.h"
 #include "models/parameters.h"
 #include "models/transformer.h"
 #include "parallel/rank_training.h"
@@ -997,6 +998,51 @@ TEST(Activations, TransformerEngineCrossEntropyKeepsOnlyTheGradient) {
       &dtype);
   EXPECT_EQ(peak, kS * kB * kV * (2 + 4) + kS * kB * 8 + kS * kB * 16 + 2 * 8);
   EXPECT_EQ(dtype, at::kBFloat16);
+}
+
+// Note [DeepEP dispatch]: a one-layer MoE model (E = 4 experts, K = 2, EP = 2: E_local = 2,
+// G = 2) on T = 48 tokens, bf16 router. A token misses a rank's two experts with
+// probability (2/4)(1/3) = 1/6, so the rank receives N_r = ceil(2 * 48 * 5/6) = 80 rows, and
+// its experts take N = T*K = 96. What the dispatcher holds when the forward ends (its own
+// module, not the experts'): token_probs fp32 [T, K] and token_indices int64 [T, K]; the
+// handle: rank prefix int32 [G, G], two channel prefixes int32 [G, 10], recv_src_idx int32
+// [N_r], is_token_in_rank bool [T, G], send_head int32 [T, G]; the multihot's mask
+// [N_r, K] bool and two int64 [N]; the received routing map bool [N_r, E_local]; the
+// permutation: unfused, index int64 [N] and argsort int64 [E_local * N_r]; fused, TE's
+// int32 [N_r, 2 E_local + 1]; and what it makes for the experts, which keep it: their input
+// [N, H] bf16 and the permuted probabilities fp32 [N].
+TEST(Activations, DeepEpDispatcherHoldsItsMetadata) {
+  constexpr int64_t T = 48, K = 2, G = 2, local = 2, R = 80, N = 96;
+  ModelConfig m = test::Llama(1, 128, 4, 2, 256, 512);
+  m.num_experts = 4;
+  m.moe_router_topk = K;
+  m.moe_ffn_hidden_size = 64;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t = Bf16WithoutDropout(T, 1, AttentionKind::kFlash);
+  t.moe_grouped_gemm = true;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_dispatcher = MoeDispatcher::kDeepEp;
+  ModelShard shard = ModelShard::Whole(m);
+  shard.ep = G;
+  EXPECT_EQ(DeepEpReceivedRows(m, {G, 1, 1}, T), R);
+  const int64_t common = T * K * (4 + 8) + (G * G + 2 * G * 10 + R + T * G) * 4 + T * G + R * K +
+                         2 * N * 8 + R * local + N * 128 * 2 + N * 4;
+  for (bool fused : {false, true}) {
+    t.moe_permute_fusion = fused;
+    ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+    const int64_t held = RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+      int64_t bytes = 0;
+      ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+        const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+        if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher") {
+          bytes += s.size_bytes;
+        }
+      });
+      return bytes;
+    });
+    const int64_t permutation = fused ? R * (2 * local + 1) * 4 : N * 8 + local * R * 8;
+    EXPECT_EQ(held, common + permutation) << "fused=" << fused;
+  }
 }
 
 // Note [Delayed weight gradients]: fc1 [M, I] then fc2 [O, M] on R rows under a store, in

@@ -93,6 +93,9 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-token-dispatcher-type", Arity::kValue, ArgUse::kRead},
     {"--moe-grouped-gemm", Arity::kFlag, ArgUse::kRead},
     {"--moe-permute-fusion", Arity::kFlag, ArgUse::kRead},
+    {"--moe-flex-dispatcher-backend", Arity::kValue, ArgUse::kRead},
+    {"--moe-flex-dispatcher-num-sms", Arity::kValue, ArgUse::kRead},
+    {"--moe-enable-deepep", Arity::kFlag, ArgUse::kRead},
     {"--moe-router-dtype", Arity::kValue, ArgUse::kRead},
     {"--moe-aux-loss-coeff", Arity::kValue, ArgUse::kRead},
     {"--moe-z-loss-coeff", Arity::kValue, ArgUse::kRead},
@@ -493,7 +496,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--hybrid-mlp-ratio", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--hybrid-override-pattern", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--is-hybrid-model", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
-    {"--moe-enable-deepep", Arity::kValues, ArgUse::kRefused, "the DeepEP token dispatcher"},
     {"--moe-extended-tp", Arity::kValues, ArgUse::kRefused, "extended expert tensor parallelism"},
     {"--moe-router-padding-for-fp8", Arity::kValues, ArgUse::kRefused,
      "routing padded for FP8 (extra tokens instead of Fp8Padding)"},
@@ -850,9 +852,37 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
       MEMSIM_RETURN_IF_ERROR(ParseMoeLayerFreq(a.Text("--moe-layer-freq", ""), m.num_layers,
                                                &m.moe_first_k_dense_layers));
     }
-    MEMSIM_RETURN_IF_ERROR(
-        Choice(a, "--moe-token-dispatcher-type", {"allgather", "alltoall"}, "allgather", &text));
-    t.moe_dispatcher = text == "alltoall" ? MoeDispatcher::kAllToAll : MoeDispatcher::kAllGather;
+    MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-token-dispatcher-type",
+                                  {"allgather", "alltoall", "flex"}, "allgather", &text));
+    const bool flex = text == "flex";
+    t.moe_dispatcher = text == "alltoall" ? MoeDispatcher::kAllToAll
+                       : flex             ? MoeDispatcher::kDeepEp
+                                          : MoeDispatcher::kAllGather;
+    // The flex dispatcher's backend (Note [DeepEP dispatch]); --moe-enable-deepep is
+    // Megatron-Core's deprecated spelling of deepep.
+    std::string backend;
+    MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-flex-dispatcher-backend",
+                                  {"deepep", "hybridep", "ncclep"}, "deepep", &backend));
+    if (a.Has("--moe-enable-deepep") && (!flex || backend == "hybridep")) {
+      return Status::Error(
+          "--moe-enable-deepep needs --moe-token-dispatcher-type flex and no other backend "
+          "(Megatron-Core raises it)");
+    }
+    if (flex && backend != "deepep") {
+      return Status::Error("--moe-flex-dispatcher-backend " + backend +
+                           " is not modelled (memsim models DeepEP's); use deepep, or "
+                           "alltoall, to estimate the run");
+    }
+    MEMSIM_RETURN_IF_ERROR(a.Int("--moe-flex-dispatcher-num-sms", &t.deepep_num_sms));
+    if (t.deepep_num_sms < 2) {
+      return Status::Error(
+          "--moe-flex-dispatcher-num-sms must be at least 2 (DeepEP uses "
+          "half of them as channels)");
+    }
+    if (!flex) {
+      a.Ignore("--moe-flex-dispatcher-backend");
+      a.Ignore("--moe-flex-dispatcher-num-sms");
+    }
     t.moe_permute_fusion = a.Has("--moe-permute-fusion");
     // The router's dtype: fp32 logits and probabilities, or (unset) the training dtype.
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-router-dtype", {"fp32", "none"}, "none", &text));

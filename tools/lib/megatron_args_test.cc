@@ -435,11 +435,38 @@ TEST(MegatronArgs, ExpertParallelCommunicationOverlap) {
   EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--num-experts 4 --expert-model-parallel-size 2 "
                                             "--overlap-moe-expert-parallel-comm --bf16",
                     2),
-            prefix + "it needs the alltoall token dispatcher, as Megatron-Core asserts");
+            prefix + "it needs the alltoall or flex token dispatcher, as Megatron-Core asserts");
   EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--num-experts 4 --moe-token-dispatcher-type "
                                             "alltoall --overlap-moe-expert-parallel-comm --bf16",
                     2),
             prefix + "it needs expert parallelism (EP > 1), as Megatron-Core asserts");
+}
+
+// --moe-token-dispatcher-type flex (Note [DeepEP dispatch] in models/moe.h): DeepEP, its
+// default backend and what --moe-enable-deepep asks for, is modelled; HybridEP and NCCL-EP
+// are refused by name.
+TEST(MegatronArgs, FlexDispatcherWithDeepEp) {
+  const std::string moe = std::string(kTinyGpt) +
+                          "--num-experts 4 --moe-token-dispatcher-type flex --bf16 "
+                          "--expert-model-parallel-size 2 ";
+  EXPECT_EQ(Parse(moe, 2).spec.training.moe_dispatcher, MoeDispatcher::kDeepEp);
+  EXPECT_EQ(Parse(moe + "--moe-enable-deepep --moe-flex-dispatcher-num-sms 24", 2)
+                .spec.training.deepep_num_sms,
+            24);
+  EXPECT_EQ(ErrorOf(moe + "--moe-flex-dispatcher-backend hybridep", 2),
+            "--moe-flex-dispatcher-backend hybridep is not modelled (memsim models DeepEP's); "
+            "use deepep, or alltoall, to estimate the run");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) +
+                        "--num-experts 4 --expert-model-parallel-size 2 --moe-enable-deepep",
+                    2),
+            "--moe-enable-deepep needs --moe-token-dispatcher-type flex and no other backend "
+            "(Megatron-Core raises it)");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--num-experts 4 --moe-token-dispatcher-type flex", 1),
+            "the flex dispatcher with DeepEP: it needs expert or expert-tensor parallelism "
+            "(EP*ETP > 1)");
+  EXPECT_EQ(ErrorOf(moe + "--moe-expert-capacity-factor 1.0", 2),
+            "the flex dispatcher with DeepEP: with a capacity factor it is not modelled; drop it "
+            "to simulate a dropless run");
 }
 
 // --delay-wgrad-compute (Note [Delayed weight gradients] in models/layers.h): only with the
@@ -1116,9 +1143,9 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--cpu-offloading-num-layers 2 --recompute-activations"),
             "CPU offloading of layers cannot be used with activation recomputation "
             "(Megatron-Core rejects it)");
-  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-token-dispatcher-type flex"),
-            "--moe-token-dispatcher-type 'flex' is not modelled (memsim supports allgather, "
-            "alltoall)");
+  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-token-dispatcher-type all2all"),
+            "--moe-token-dispatcher-type 'all2all' is not modelled (memsim supports allgather, "
+            "alltoall, flex)");
   EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type a2a", 8),
             "--cp-comm-type a2a changes memory in a way memsim does not model (context-parallel "
             "communication other than p2p); drop it to simulate the run without it");
