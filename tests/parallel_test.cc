@@ -973,6 +973,21 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   mla_fp8.training.fp8 = Fp8Recipe::kDelayed;
   mla_fp8.training.recompute = RecomputeKind::kNone;
   cases.push_back(mla_fp8);
+  // DeepEP's dispatcher keeps three tensors per layer to its next forward (Note [DeepEP
+  // dispatch]); delayed weight gradients run inside the layer's backward (Note [Delayed
+  // weight gradients]).
+  Case deepep = moe_modules;
+  deepep.name = "moe, transformer engine, flex dispatcher with DeepEP";
+  deepep.training.moe_dispatcher = MoeDispatcher::kDeepEp;
+  deepep.training.moe_permute_fusion = true;
+  cases.push_back(deepep);
+  Case delayed = moe;
+  delayed.name = "moe, transformer engine, combined 1F1B, delayed weight gradients";
+  delayed.training.profile = ProfileKind::kTransformerEngine;
+  delayed.training.moe_dispatcher = MoeDispatcher::kAllToAll;
+  delayed.training.delay_wgrad_compute = true;
+  delayed.layout.combined_1f1b = true;
+  cases.push_back(delayed);
   for (Case& c : cases) {
     c.training.num_microbatches = 4;
     SCOPED_TRACE(c.name);
