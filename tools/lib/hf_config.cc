@@ -267,6 +267,24 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   for (const FamilyInfo& f : kFamilies) {
     if (model_type == f.model_type) info = &f;
   }
+  // Families Megatron-Core 0.20 does not build as Hugging Face defines them, or that memsim
+  // does not model yet, with why.
+  static constexpr std::pair<const char*, const char*> kRefused[] = {
+      {"gemma2",
+       "Gemma-2's soft-capped attention logits and its norms after attention and the MLP are "
+       "not in Megatron-Core 0.20 (Megatron-Bridge adds them)"},
+      {"gemma3", "Gemma-3's norms after attention and the MLP are not in Megatron-Core 0.20"},
+      {"gemma3_text", "Gemma-3's norms after attention and the MLP are not in Megatron-Core 0.20"},
+      {"glm4", "GLM-4's norms after attention and the MLP are not in Megatron-Core 0.20"},
+      {"gpt_oss",
+       "gpt-oss's attention sinks, alternating sliding windows and clamped quick-GeGLU experts "
+       "are not modelled yet"},
+  };
+  for (const auto& [type, why] : kRefused) {
+    if (model_type == type) {
+      return Status::Error(path + ": model_type '" + model_type + "' is not modelled: " + why);
+    }
+  }
   if (info == nullptr) {
     std::string supported;
     for (const FamilyInfo& f : kFamilies) {

@@ -514,6 +514,10 @@ TEST(HfConfig, Errors) {
             "FILE: 'vocab_size' is 18446744073709551615, out of range");
   EXPECT_EQ(ErrorOf(R"({"model_type": 7})"), "FILE: 'model_type' must be a string, got 7");
 
+  EXPECT_EQ(ErrorOf(R"({"model_type": "gemma2"})"),
+            "FILE: model_type 'gemma2' is not modelled: Gemma-2's soft-capped attention logits "
+            "and its norms after attention and the MLP are not in Megatron-Core 0.20 "
+            "(Megatron-Bridge adds them)");
   EXPECT_EQ(ErrorOf(R"({"model_type": "gpt2"})"),
             "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
             "qwen3_moe, mixtral, deepseek_v3, phi3)");
