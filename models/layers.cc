@@ -701,10 +701,16 @@ at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::app
 
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
-                         int64_t cp) {
+                         int64_t cp, bool cp_all_to_all) {
   const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t groups = k.size(2);
   const int64_t v_head_dim = v.size(3);  // multi-latent attention: not q's
+  if (cp > 1 && cp_all_to_all) {
+    const std::vector<at::Tensor> whole = AllToAllBeforeAttention(q, k, v, cp);
+    const at::Tensor out = CoreAttention(whole[0], whole[1], whole[2], kind, dropout_p, workspace);
+    return AllToAllAfterAttention(out.view({seq * cp, batch, heads / cp, v_head_dim}), cp)
+        .view({seq, batch, heads * v_head_dim});
+  }
   if (kind == AttentionKind::kFused) {
     // Transformer Engine's FusedAttention (cuDNN) reads q, k, v in Megatron's [S, B, A, D]
     // layout and writes out in it: no copies. It keeps the same tensors for backward as

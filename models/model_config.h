@@ -332,6 +332,9 @@ struct TrainingConfig {
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllGather;
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
   int64_t deepep_num_sms = 20;      // --moe-flex-dispatcher-num-sms: DeepEP's handle widths
+  // --cp-comm-type a2a: context parallelism exchanges heads, not key-value blocks (Note
+  // [All-to-all context parallelism] in parallel/regions/context_parallel.h).
+  bool cp_all_to_all = false;
   // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy), or
   // with Transformer Engine's kernel (--cross-entropy-fusion-impl te:
   // TeParallelCrossEntropy), both in layers.h.

@@ -1000,6 +1000,40 @@ TEST(Activations, TransformerEngineCrossEntropyKeepsOnlyTheGradient) {
   EXPECT_EQ(dtype, at::kBFloat16);
 }
 
+// Note [All-to-all context parallelism]: on cp = 2 with --cp-comm-type a2a a layer keeps
+// what attention on the whole sequence for half the heads keeps (the exchanged q, k, v, the
+// output before its exchange back, the float32 statistics: the bytes attention on the local
+// half of the sequence keeps for every head), and the exchanged-back output, which
+// linear_proj keeps apart from attention's: 2sbh bytes a layer more than the same layer
+// without CP on the local sequence s.
+TEST(Activations, AllToAllContextParallelKeepsTheOutputTwice) {
+  auto per_layer = [](const Shape& x, const TrainingConfig& t, int64_t cp) {
+    auto bytes = [&](int64_t layers) {
+      const ModelConfig m = GptConfig(x, layers);
+      ModelShard shard = ModelShard::Whole(m);
+      shard.cp = cp;
+      return RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+        int64_t kept = 0;
+        ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+          const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+          if (s.category == Category::kActivation) kept += s.size_bytes;
+        });
+        return kept;
+      });
+    };
+    return bytes(2) - bytes(1);
+  };
+  for (const Shape& x : kShapes) {
+    TrainingConfig local = Bf16WithoutDropout(x.s, x.b, AttentionKind::kFused);
+    local.profile = ProfileKind::kTransformerEngine;
+    TrainingConfig a2a = local;
+    a2a.seq_length = 2 * x.s;
+    a2a.cp_all_to_all = true;
+    EXPECT_EQ(per_layer(x, a2a, 2) - per_layer(x, local, 1), 2 * x.s * x.b * x.h)
+        << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
+  }
+}
+
 // Note [DeepEP dispatch]: a one-layer MoE model (E = 4 experts, K = 2, EP = 2: E_local = 2,
 // G = 2) on T = 48 tokens, bf16 router. A token misses a rank's two experts with
 // probability (2/4)(1/3) = 1/6, so the rank receives N_r = ceil(2 * 48 * 5/6) = 80 rows, and

@@ -71,7 +71,63 @@ struct RingAttentionFunction : public Function<RingAttentionFunction> {
   }
 };
 
+// flash_attn_a2a_communicate's two directions (Note [All-to-all context parallelism]), on
+// tensors [S, B, heads, D] in sequence-first layout.
+std::vector<at::Tensor> ExchangeBeforeAttention(const std::vector<at::Tensor>& xs, int64_t cp) {
+  std::vector<at::Tensor> staged, outputs;
+  for (const at::Tensor& x : xs) {
+    staged.push_back(at::empty_like(x, at::MemoryFormat::Contiguous));  // movedim().contiguous()
+    at::Tensor received = AllToAll(staged.back(), cp, staged.back().size(0));
+    outputs.push_back(at::empty({x.size(0) * cp, x.size(1), x.size(2) / cp, x.size(3)},
+                                x.options()));  // the sequence chunks reordered
+  }
+  return outputs;
+}
+
+std::vector<at::Tensor> ExchangeAfterAttention(const std::vector<at::Tensor>& xs, int64_t cp) {
+  std::vector<at::Tensor> reordered, outputs;
+  for (const at::Tensor& x : xs) {
+    reordered.push_back(at::empty_like(x, at::MemoryFormat::Contiguous));
+    at::Tensor received = AllToAll(reordered.back(), cp, reordered.back().size(0));
+    outputs.push_back(at::empty({x.size(0) / cp, x.size(1), x.size(2) * cp, x.size(3)},
+                                x.options()));  // movedim().contiguous()
+  }
+  return outputs;
+}
+
+struct AllToAllQkvFunction : public Function<AllToAllQkvFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, int64_t cp) {
+    ctx->saved_data["cp"] = cp;
+    return ExchangeBeforeAttention({q, k, v}, cp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out = ExchangeAfterAttention(grads, ctx->saved_data["cp"].toInt());
+    out.emplace_back();
+    return out;
+  }
+};
+
+struct AllToAllOutFunction : public Function<AllToAllOutFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& out, int64_t cp) {
+    ctx->saved_data["cp"] = cp;
+    return ExchangeAfterAttention({out}, cp)[0];
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {ExchangeBeforeAttention(grads, ctx->saved_data["cp"].toInt())[0], at::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::vector<at::Tensor> AllToAllBeforeAttention(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, int64_t cp) {
+  return AllToAllQkvFunction::apply(q, k, v, cp);
+}
+
+at::Tensor AllToAllAfterAttention(const at::Tensor& out, int64_t cp) {
+  return AllToAllOutFunction::apply(out, cp);
+}
 
 at::Tensor ContextParallelAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     int64_t cp, double dropout_p) {

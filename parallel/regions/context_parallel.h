@@ -11,14 +11,37 @@
 //     ([2, 2, B, S/cp, G, D]), and each step's flash-backward temporaries.
 // memsim models the buffers' sizes and lifetimes, not TE's exact per-step split of
 // causal chunks (each step is charged a full-size flash call).
+//
+// Note [All-to-all context parallelism]
+// --cp-comm-type a2a (Transformer Engine 2.18's AttnFuncWithCPAndQKVOA2A, DeepSpeed-Ulysses
+// style, in attention/dot_product_attention/context_parallel.py): q, k, v [S/cp, B, heads,
+// D] are exchanged so that each rank holds the whole sequence for heads/cp heads, attention
+// runs there as it does without CP (and keeps what it keeps then), and its output is
+// exchanged back. flash_attn_a2a_communicate, per exchange of n tensors:
+//   before attention (q, k, v; in backward the output gradient): each tensor is staged
+//     heads-first (a contiguous copy), received into a new tensor, whose sequence chunks are
+//     reordered into another, [S, B, heads/cp, D]; the staged copies live until all n are
+//     exchanged;
+//   after attention (the output; in backward dq, dk, dv): each is reordered (a copy),
+//     received into a new tensor and made heads-last contiguous, [S/cp, B, heads, D]; the
+//     reordered copies live until all n are exchanged.
+// Transformer Engine asserts that heads and kv heads divide by cp (FinalizeRunSpec does).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <vector>
 
 namespace memsim {
 
 // q, k, v [B, S/cp, heads, D] contiguous; returns [B, S/cp, A, D].
 at::Tensor ContextParallelAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     int64_t cp, double dropout_p);
+
+// Note [All-to-all context parallelism]: q, k, v [S/cp, B, heads, D] -> [S, B, heads/cp, D]
+// each, and back for the output; autograd runs the opposite exchange in backward.
+std::vector<at::Tensor> AllToAllBeforeAttention(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, int64_t cp);
+at::Tensor AllToAllAfterAttention(const at::Tensor& out, int64_t cp);
 
 }  // namespace memsim

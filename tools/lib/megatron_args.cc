@@ -927,13 +927,18 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
                          " (Megatron-LM rejects it)");
   }
   if (a.Has("--cp-comm-type")) {
-    for (const std::string& type : a.Values("--cp-comm-type")) {
-      if (type != "p2p") {
+    // One type for every layer (Megatron also takes one per layer): p2p, or a2a (Note
+    // [All-to-all context parallelism]).
+    const std::vector<std::string> types = a.Values("--cp-comm-type");
+    for (const std::string& type : types) {
+      if ((type != "p2p" && type != "a2a") || type != types.front()) {
         return NotModelled("--cp-comm-type " + type,
-                           "context-parallel communication other than p2p");
+                           "context-parallel communication other than p2p or a2a for every "
+                           "layer");
       }
     }
-    a.Ignore("--cp-comm-type");
+    t.cp_all_to_all = types.front() == "a2a";
+    if (l.cp == 1) a.Ignore("--cp-comm-type");
   }
   l.sequence_parallel = a.Has("--sequence-parallel");
   return Status::OK();
