@@ -701,14 +701,17 @@ at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::app
 
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
-                         int64_t cp, bool cp_all_to_all) {
+                         int64_t cp, int64_t cp_all_to_all) {
   const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t groups = k.size(2);
   const int64_t v_head_dim = v.size(3);  // multi-latent attention: not q's
-  if (cp > 1 && cp_all_to_all) {
-    const std::vector<at::Tensor> whole = AllToAllBeforeAttention(q, k, v, cp);
-    const at::Tensor out = CoreAttention(whole[0], whole[1], whole[2], kind, dropout_p, workspace);
-    return AllToAllAfterAttention(out.view({seq * cp, batch, heads / cp, v_head_dim}), cp)
+  if (cp_all_to_all > 1) {
+    MEMSIM_DCHECK(cp % cp_all_to_all == 0);
+    const int64_t a2a = cp_all_to_all;
+    const std::vector<at::Tensor> exchanged = AllToAllBeforeAttention(q, k, v, a2a);
+    const at::Tensor out = CoreAttention(exchanged[0], exchanged[1], exchanged[2], kind, dropout_p,
+                                         workspace, cp / a2a);
+    return AllToAllAfterAttention(out.view({seq * a2a, batch, heads / a2a, v_head_dim}), a2a)
         .view({seq, batch, heads * v_head_dim});
   }
   if (kind == AttentionKind::kFused) {

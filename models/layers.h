@@ -239,12 +239,12 @@ at::Tensor RotaryEmbedding(const at::Tensor& input);
 //   flash: FlashAttention-2 after Megatron's rearrange to [B, S, heads, D]: saves the
 //     contiguous q, k, v, the output and a float32 log-sum-exp [B, A, S].
 // `cp` > 1: the sequence is split over cp ranks and flash attention runs as ring
-// attention (parallel/regions/context_parallel.h), or with `cp_all_to_all` on the whole
-// sequence for heads/cp heads between two all-to-all exchanges (Note [All-to-all context
-// parallelism]).
+// attention (parallel/regions/context_parallel.h); with `cp_all_to_all` > 1 it first
+// exchanges heads over that many of them (Note [All-to-all context parallelism]), and the
+// ring runs over the rest. REQUIRES: cp_all_to_all divides cp.
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
-                         int64_t cp = 1, bool cp_all_to_all = false);
+                         int64_t cp = 1, int64_t cp_all_to_all = 1);
 
 // Megatron's vocab_parallel_cross_entropy on logits [S, B, V/tp] in the training dtype:
 // upcasts to a float32 copy, turns it into softmax in place (all-reducing the max, the

@@ -332,9 +332,11 @@ struct TrainingConfig {
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllGather;
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
   int64_t deepep_num_sms = 20;      // --moe-flex-dispatcher-num-sms: DeepEP's handle widths
-  // --cp-comm-type a2a: context parallelism exchanges heads, not key-value blocks (Note
-  // [All-to-all context parallelism] in parallel/regions/context_parallel.h).
-  bool cp_all_to_all = false;
+  // The all-to-all level of context parallelism (Note [All-to-all context parallelism] in
+  // parallel/regions/context_parallel.h): 1 with --cp-comm-type p2p (a ring over all cp
+  // ranks), cp with a2a, the first of --hierarchical-context-parallel-sizes with a2a+p2p
+  // (heads exchanged over it, then a ring over the rest).
+  int64_t cp_all_to_all = 1;
   // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy), or
   // with Transformer Engine's kernel (--cross-entropy-fusion-impl te:
   // TeParallelCrossEntropy), both in layers.h.

@@ -254,17 +254,25 @@ Status FinalizeUnchecked(RunSpec* spec) {
                            " is not modelled; use the distributed optimizer instead");
     }
   }
-  if (l.cp > 1 && t.cp_all_to_all) {
-    // Note [All-to-all context parallelism]: each rank takes heads/cp of the tp shard's heads.
+  if (t.cp_all_to_all < 1 || l.cp % t.cp_all_to_all != 0) {
+    return Status::Error("the all-to-all level of context parallelism (" +
+                         std::to_string(t.cp_all_to_all) +
+                         ") must divide CP = " + std::to_string(l.cp));
+  }
+  if (t.cp_all_to_all > 1) {
+    // Note [All-to-all context parallelism]: each rank of the all-to-all group takes its share
+    // of the tensor-parallel rank's heads.
     const ModelConfig& m = spec->model;
+    const int64_t a2a = t.cp_all_to_all;
     const int64_t heads = m.num_attention_heads / l.tp;
     const int64_t kv_heads =
         (m.multi_latent_attention() ? m.num_attention_heads : m.num_query_groups) / l.tp;
-    if (heads % l.cp != 0 || kv_heads % l.cp != 0) {
-      return Status::Error("--cp-comm-type a2a needs the attention heads (" +
+    if (heads % a2a != 0 || kv_heads % a2a != 0) {
+      return Status::Error("all-to-all context parallelism needs the attention heads (" +
                            std::to_string(heads) + ") and key-value heads (" +
                            std::to_string(kv_heads) + ") of a tensor-parallel rank divisible by " +
-                           "CP = " + std::to_string(l.cp) + " (Transformer Engine asserts it)");
+                           "its group size " + std::to_string(a2a) +
+                           " (Transformer Engine asserts it)");
     }
   }
   if (l.cp > 1 && t.attention == AttentionKind::kEager) {

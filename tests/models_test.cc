@@ -1028,7 +1028,7 @@ TEST(Activations, AllToAllContextParallelKeepsTheOutputTwice) {
     local.profile = ProfileKind::kTransformerEngine;
     TrainingConfig a2a = local;
     a2a.seq_length = 2 * x.s;
-    a2a.cp_all_to_all = true;
+    a2a.cp_all_to_all = 2;
     EXPECT_EQ(per_layer(x, a2a, 2) - per_layer(x, local, 1), 2 * x.s * x.b * x.h)
         << "s=" << x.s << " b=" << x.b << " h=" << x.h << " a=" << x.a;
   }

@@ -25,7 +25,10 @@
 //   after attention (the output; in backward dq, dk, dv): each is reordered (a copy),
 //     received into a new tensor and made heads-last contiguous, [S/cp, B, heads, D]; the
 //     reordered copies live until all n are exchanged.
-// Transformer Engine asserts that heads and kv heads divide by cp (FinalizeRunSpec does).
+// With --cp-comm-type a2a+p2p (--hierarchical-context-parallel-sizes a p) the exchange runs
+// over the a ranks of the first level and ring attention over the p of the second, on the
+// exchanged tensors (AttnFuncWithCPAndKVP2P with cp_size_a2a > 1). Transformer Engine
+// asserts that heads and kv heads divide by the exchange's group (FinalizeRunSpec does).
 #pragma once
 
 #include <ATen/core/Tensor.h>

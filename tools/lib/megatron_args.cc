@@ -125,6 +125,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--account-for-loss-in-pipeline-split", Arity::kFlag, ArgUse::kRead},
     {"--context-parallel-size", Arity::kValue, ArgUse::kRead},
     {"--cp-comm-type", Arity::kValues, ArgUse::kRead},
+    {"--hierarchical-context-parallel-sizes", Arity::kValues, ArgUse::kRead},
     {"--expert-model-parallel-size", Arity::kValue, ArgUse::kRead},
     {"--expert-tensor-parallel-size", Arity::kValue, ArgUse::kRead},
     {"--sequence-parallel", Arity::kFlag, ArgUse::kRead},
@@ -490,8 +491,6 @@ constexpr MegatronArg kMegatronArgs[] = {
      "heterogeneous layers"},
     {"--heterogeneous-layers-config-path", Arity::kValues, ArgUse::kRefused,
      "heterogeneous layers"},
-    {"--hierarchical-context-parallel-sizes", Arity::kValues, ArgUse::kRefused,
-     "hierarchical context parallelism"},
     {"--hybrid-attention-ratio", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--hybrid-mlp-ratio", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--hybrid-override-pattern", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
@@ -549,6 +548,19 @@ const std::map<std::string, std::string>& UnmodelledArgs() {
   return *args;
 }
 
+// `text` as the integer value of argument `name`.
+Status ParseInt(const std::string& name, const std::string& text, int64_t* out) {
+  const char* begin = text.data() + (text.rfind('+', 0) == 0 ? 1 : 0);
+  const char* end = text.data() + text.size();
+  int64_t v;
+  auto [ptr, ec] = std::from_chars(begin, end, v);
+  if (ec != std::errc() || ptr != end || begin == end) {
+    return Status::Error(name + " expects an integer, got '" + text + "'");
+  }
+  *out = v;
+  return Status::OK();
+}
+
 Status NotModelled(const std::string& arg, const std::string& what) {
   return Status::Error(arg + " changes memory in a way memsim does not model (" + what +
                        "); drop it to simulate the run without it");
@@ -604,15 +616,16 @@ class Args {
   // Leaves `*out` unchanged when the argument is absent.
   Status Int(const std::string& name, int64_t* out) const {
     if (!Has(name)) return Status::OK();
-    const std::string text = Text(name, "");
-    const char* begin = text.data() + (text.rfind('+', 0) == 0 ? 1 : 0);
-    const char* end = text.data() + text.size();
-    int64_t v;
-    auto [ptr, ec] = std::from_chars(begin, end, v);
-    if (ec != std::errc() || ptr != end || begin == end) {
-      return Status::Error(name + " expects an integer, got '" + text + "'");
+    return ParseInt(name, Text(name, ""), out);
+  }
+  // Every value of a multi-valued argument; leaves `*out` unchanged when it is absent.
+  Status Ints(const std::string& name, std::vector<int64_t>* out) const {
+    if (!Has(name)) return Status::OK();
+    out->clear();
+    for (const std::string& text : Values(name)) {
+      out->emplace_back();
+      MEMSIM_RETURN_IF_ERROR(ParseInt(name, text, &out->back()));
     }
-    *out = v;
     return Status::OK();
   }
   Status Float(const std::string& name, double* out) const {
@@ -926,20 +939,50 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
                          " is smaller than --seq-length " + Str(t.seq_length) +
                          " (Megatron-LM rejects it)");
   }
+  // One communication type for every layer (Megatron also takes one per layer): p2p, a2a,
+  // or a2a+p2p over --hierarchical-context-parallel-sizes (Note [All-to-all context
+  // parallelism]).
+  std::string cp_comm = "p2p";
   if (a.Has("--cp-comm-type")) {
-    // One type for every layer (Megatron also takes one per layer): p2p, or a2a (Note
-    // [All-to-all context parallelism]).
     const std::vector<std::string> types = a.Values("--cp-comm-type");
     for (const std::string& type : types) {
-      if ((type != "p2p" && type != "a2a") || type != types.front()) {
+      if ((type != "p2p" && type != "a2a" && type != "a2a+p2p") || type != types.front()) {
         return NotModelled("--cp-comm-type " + type,
-                           "context-parallel communication other than p2p or a2a for every "
-                           "layer");
+                           "context-parallel communication other than p2p, a2a or a2a+p2p for "
+                           "every layer");
       }
     }
-    t.cp_all_to_all = types.front() == "a2a";
-    if (l.cp == 1) a.Ignore("--cp-comm-type");
+    cp_comm = types.front();
   }
+  std::vector<int64_t> hierarchy;
+  MEMSIM_RETURN_IF_ERROR(a.Ints("--hierarchical-context-parallel-sizes", &hierarchy));
+  if (!hierarchy.empty()) {
+    int64_t product = 1;
+    for (int64_t size : hierarchy) {
+      if (size < 1 || product > l.cp / size) {
+        product = 0;  // not a factorization of cp
+        break;
+      }
+      product *= size;
+    }
+    if (product != l.cp) {
+      return Status::Error(
+          "--hierarchical-context-parallel-sizes must multiply to --context-parallel-size " +
+          Str(l.cp) + " (Megatron-LM asserts it)");
+    }
+  }
+  if (cp_comm == "a2a+p2p") {
+    if (hierarchy.size() != 2) {
+      return Status::Error(
+          "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes with the "
+          "all-to-all and the ring group sizes (Megatron-LM asserts it)");
+    }
+    t.cp_all_to_all = hierarchy[0];
+  } else {
+    t.cp_all_to_all = cp_comm == "a2a" ? l.cp : 1;
+    a.Ignore("--hierarchical-context-parallel-sizes");
+  }
+  if (l.cp == 1) a.Ignore("--cp-comm-type");
   l.sequence_parallel = a.Has("--sequence-parallel");
   return Status::OK();
 }

@@ -469,18 +469,33 @@ TEST(MegatronArgs, FlexDispatcherWithDeepEp) {
             "to simulate a dropless run");
 }
 
-// --cp-comm-type a2a (Note [All-to-all context parallelism]): heads are exchanged, so each
-// tensor-parallel rank's heads must divide by CP.
+// --cp-comm-type a2a and a2a+p2p (Note [All-to-all context parallelism]): heads are
+// exchanged, so each tensor-parallel rank's heads must divide by the all-to-all group.
 TEST(MegatronArgs, AllToAllContextParallelism) {
   const std::string cp = std::string(kTinyGpt) +
                          "--context-parallel-size 2 --cp-comm-type a2a --transformer-impl "
                          "transformer_engine --attention-backend fused ";
-  EXPECT_TRUE(Parse(cp, 2).spec.training.cp_all_to_all);
-  EXPECT_FALSE(
-      Parse(std::string(kTinyGpt) + "--context-parallel-size 2", 2).spec.training.cp_all_to_all);
+  EXPECT_EQ(Parse(cp, 2).spec.training.cp_all_to_all, 2);
+  EXPECT_EQ(
+      Parse(std::string(kTinyGpt) + "--context-parallel-size 2", 2).spec.training.cp_all_to_all, 1);
   EXPECT_EQ(ErrorOf(cp + "--group-query-attention --num-query-groups 1", 2),
-            "--cp-comm-type a2a needs the attention heads (4) and key-value heads (1) of a "
-            "tensor-parallel rank divisible by CP = 2 (Transformer Engine asserts it)");
+            "all-to-all context parallelism needs the attention heads (4) and key-value heads "
+            "(1) of a tensor-parallel rank divisible by its group size 2 (Transformer Engine "
+            "asserts it)");
+  // a2a+p2p: heads exchanged over the first size, a ring over the second.
+  const std::string hierarchical = std::string(kTinyGpt) +
+                                   "--context-parallel-size 4 --cp-comm-type a2a+p2p "
+                                   "--transformer-impl transformer_engine --attention-backend "
+                                   "fused --seq-length 16 ";
+  EXPECT_EQ(Parse(hierarchical + "--hierarchical-context-parallel-sizes 2 2", 4)
+                .spec.training.cp_all_to_all,
+            2);
+  EXPECT_EQ(ErrorOf(hierarchical, 4),
+            "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes with the "
+            "all-to-all and the ring group sizes (Megatron-LM asserts it)");
+  EXPECT_EQ(ErrorOf(hierarchical + "--hierarchical-context-parallel-sizes 2 4", 4),
+            "--hierarchical-context-parallel-sizes must multiply to --context-parallel-size 4 "
+            "(Megatron-LM asserts it)");
 }
 
 // --delay-wgrad-compute (Note [Delayed weight gradients] in models/layers.h): only with the
@@ -1160,14 +1175,14 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-token-dispatcher-type all2all"),
             "--moe-token-dispatcher-type 'all2all' is not modelled (memsim supports allgather, "
             "alltoall, flex)");
-  EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type a2a+p2p", 8),
-            "--cp-comm-type a2a+p2p changes memory in a way memsim does not model "
-            "(context-parallel communication other than p2p or a2a for every layer); drop it to "
-            "simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type allgather", 8),
+            "--cp-comm-type allgather changes memory in a way memsim does not model "
+            "(context-parallel communication other than p2p, a2a or a2a+p2p for every layer); "
+            "drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type a2a p2p", 8),
             "--cp-comm-type p2p changes memory in a way memsim does not model "
-            "(context-parallel communication other than p2p or a2a for every layer); drop it to "
-            "simulate the run without it");
+            "(context-parallel communication other than p2p, a2a or a2a+p2p for every layer); "
+            "drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-layer-freq ([1]*3+[0]*1)"),
             "--moe-layer-freq '([1]*3+[0]*1)' is not modelled (memsim models dense layers "
             "followed by MoE layers, e.g. '([0]*3+[1]*1)', or 1)");
