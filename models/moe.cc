@@ -101,6 +101,57 @@ int64_t ReceivedTokens(const ModelConfig& m, int64_t tokens) {
                                    : busiest;
 }
 
+int64_t DeepEpBufferBytes(int64_t hidden, int64_t element_bytes, int64_t group, int64_t num_sms) {
+  // Buffer.get_dispatch_config / get_combine_config (DeepEP's hybrid-ep branch, the API
+  // Megatron-Core 0.20 calls): {NVL chunked recv tokens, RDMA chunked send, RDMA chunked recv}.
+  // For 24, 128, 144 and 160 ranks only dispatch configs were read, and serve for both.
+  struct Chunks {
+    int64_t nvl_recv, rdma_send, rdma_recv;
+  };
+  struct Configs {
+    int64_t group;
+    Chunks dispatch, combine;
+  };
+  static constexpr Configs kConfigs[] = {
+      {2, {256, 6, 128}, {256, 6, 128}},     {4, {256, 6, 128}, {256, 6, 128}},
+      {8, {256, 6, 128}, {256, 6, 128}},     {16, {288, 20, 128}, {288, 12, 128}},
+      {24, {288, 32, 128}, {288, 32, 128}},  {32, {288, 32, 128}, {288, 8, 128}},
+      {64, {288, 28, 128}, {288, 20, 128}},  {128, {560, 32, 128}, {560, 32, 128}},
+      {144, {720, 12, 128}, {720, 12, 128}}, {160, {720, 12, 128}, {720, 12, 128}},
+  };
+  const Configs* configs = nullptr;
+  for (const Configs& c : kConfigs) {
+    if (c.group == group) configs = &c;
+  }
+  MEMSIM_DCHECK(configs != nullptr && num_sms >= 2 && num_sms % 2 == 0);
+  constexpr int64_t kNvlPeers = 8, kMaxTopK = 128, kMaxScales = 128, kSourceMetaBytes = 8;
+  const int64_t hidden_bytes = CheckedMul(hidden, std::max<int64_t>(element_bytes, 2));
+  const int64_t channels = num_sms / 2;
+  const int64_t rdma_ranks = std::max<int64_t>(group / kNvlPeers, 1);
+  const int64_t nvl_ranks = std::min(group, kNvlPeers);
+  // Bytes per received token: hidden, source meta, top-K indices and weights, scales.
+  const int64_t per_token =
+      CheckedAdd(hidden_bytes, kSourceMetaBytes + kMaxTopK * 8 + kMaxTopK * 4 + kMaxScales * 4);
+  auto align = [](int64_t bytes, int64_t to) { return (bytes + to - 1) / to * to; };
+  auto nvl = [&](const Chunks& c) {
+    return align(CheckedAdd(channels * nvl_ranks * (2 * rdma_ranks + 3) * 4,
+                            CheckedMul(channels * nvl_ranks * c.nvl_recv, per_token)),
+                 128);
+  };
+  auto rdma = [&](const Chunks& c) -> int64_t {
+    if (group <= kNvlPeers) return 0;
+    const int64_t recv = align(c.rdma_recv, c.rdma_send);
+    const int64_t per_rdma_token = CheckedAdd(CheckedMul(per_token, 2), 16 * 2);
+    return align(CheckedAdd(channels * rdma_ranks * (kNvlPeers * 2 + 2) * 2 * 4 + 1048576,
+                            CheckedMul(channels * rdma_ranks * recv, per_rdma_token)),
+                 128);
+  };
+  constexpr int64_t kWorkspaceBytes = 32 << 20;
+  return CheckedAdd(CheckedAdd(std::max(nvl(configs->dispatch), nvl(configs->combine)),
+                               std::max(rdma(configs->dispatch), rdma(configs->combine))),
+                    kWorkspaceBytes);
+}
+
 int64_t DeepEpReceivedRows(const ModelConfig& m, const MoeParallelism& p, int64_t tokens) {
   // The chance that a token's K distinct experts miss a rank's E/ep: C(E - e, K) / C(E, K).
   const int64_t E = m.num_experts, e = m.num_experts / p.ep;

@@ -60,9 +60,10 @@
 // N_r: evenly routed, a token picks none of a rank's E/ep experts with probability
 // C(E - E/ep, K) / C(E, K), so N_r = G * T * (1 - that), scaled by the imbalance factor and
 // at most N. DeepEP's communication buffers (NVLink and RDMA, a few hundred MiB, sized by
-// the hidden size and group, not the tokens) are allocated outside PyTorch's caching
-// allocator, so they are not in memsim's figures. Not modelled: the fused multihot kernel
-// (experimental), padding for quantization, capacity factors, HybridEP and NCCL-EP.
+// the hidden size and group, not the tokens: DeepEpBufferBytes) are allocated outside
+// PyTorch's caching allocator: not in memsim's figures, but the fit verdict leaves them room. Not
+// modelled: the fused multihot kernel (experimental), padding for quantization, capacity factors,
+// HybridEP and NCCL-EP.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -106,6 +107,16 @@ MoeParameters CreateMoeParameters(const ModelConfig& model, const MoeParallelism
 int64_t ExpertCapacity(const ModelConfig& model, int64_t tokens);
 int64_t DispatchedTokens(const ModelConfig& model, int64_t tokens);
 int64_t ReceivedTokens(const ModelConfig& model, int64_t tokens);
+// DeepEP's communication buffers on each rank of a group of `group` ranks (Note [DeepEP
+// dispatch]), outside PyTorch's caching allocator: fused_a2a.get_buffer sizes the NVLink
+// buffer and, over more than 8 ranks, the RDMA buffer as the larger of the dispatch and
+// combine configs' hints (DeepEP's Config::get_nvl_buffer_size_hint and
+// get_rdma_buffer_size_hint, its recommended configs per group size, hidden bytes
+// H * max(element size, 2)), plus the Buffer's 32 MiB workspace. NVSHMEM's own heap
+// overhead is not included. REQUIRES: `group` one DeepEP supports (2, 4, 8, 16, 24, 32,
+// 64, 128, 144, 160), num_sms even and >= 2.
+int64_t DeepEpBufferBytes(int64_t hidden, int64_t element_bytes, int64_t group, int64_t num_sms);
+
 // N_r of Note [DeepEP dispatch]: rows DeepEP delivers to a rank from the G = etp*ep ranks'
 // `tokens` each.
 int64_t DeepEpReceivedRows(const ModelConfig& model, const MoeParallelism& parallel,

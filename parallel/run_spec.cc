@@ -331,9 +331,17 @@ int64_t UserbufferBytes(const RunSpec& spec) {
                          spec.model.hidden_size, fp8, !fp8 || bf16_layers);
 }
 
+int64_t DeepEpBufferBytes(const RunSpec& spec) {
+  const TrainingConfig& t = spec.training;
+  if (t.moe_dispatcher != MoeDispatcher::kDeepEp || spec.model.num_experts == 0) return 0;
+  const int64_t element_bytes = t.precision == Precision::kFp32 ? 4 : 2;
+  return DeepEpBufferBytes(spec.model.hidden_size, element_bytes, spec.layout.etp * spec.layout.ep,
+                           t.deepep_num_sms);
+}
+
 int64_t AllocatorCapacityBytes(const RunSpec& spec) {
   MEMSIM_DCHECK(spec.gpu != nullptr);
-  return spec.gpu->usable_bytes() - UserbufferBytes(spec);
+  return spec.gpu->usable_bytes() - UserbufferBytes(spec) - DeepEpBufferBytes(spec);
 }
 
 Status FinalizeRunSpec(const RunSpec& spec, std::optional<ValidatedRun>* run) {

@@ -74,9 +74,13 @@ int64_t ExpertCapacityPerRank(const RunSpec& spec);
 // measures against what is left (AllocatorCapacityBytes).
 int64_t UserbufferBytes(const RunSpec& spec);
 
+// DeepEP's buffers on each rank (DeepEpBufferBytes in models/moe.h) when the run's MoE
+// layers dispatch with DeepEP, else 0; outside the allocator, as userbuffers are.
+int64_t DeepEpBufferBytes(const RunSpec& spec);
+
 // What PyTorch's caching allocator of a rank can reserve: the GPU's usable memory less what
-// the run holds outside the allocator (UserbufferBytes). The fit verdict, headroom and
-// pruning measure against it.
+// the run holds outside the allocator (UserbufferBytes, DeepEpBufferBytes). The fit
+// verdict, headroom and pruning measure against it.
 // REQUIRES: spec.gpu is set.
 int64_t AllocatorCapacityBytes(const RunSpec& spec);
 

@@ -1079,6 +1079,21 @@ TEST(Activations, DeepEpDispatcherHoldsItsMetadata) {
   }
 }
 
+// DeepEP's buffers outside the allocator for DeepSeek-V3's hidden size (7168, bf16: 14,336
+// hidden bytes) and 20 SMs (10 channels), from DeepEP's Config hints: a received token
+// takes 14,336 + 8 (source meta) + 128 * 8 + 128 * 4 + 128 * 4 (top-K indices, weights,
+// scales) = 16,392 bytes.
+//   8 ranks: NVL 10 * 8 * (2 + 3) * 4 + 10 * 8 * 256 * 16,392 = 335,709,760, aligned to 128
+//     335,709,824; no RDMA; the 32 MiB workspace: 369,264,256.
+//   16 ranks (2 RDMA ranks): NVL 10 * 8 * 7 * 4 + 10 * 8 * 288 * 16,392 -> 377,673,984;
+//     RDMA with the dispatch config (recv 128 aligned to send 20: 140, above combine's 132)
+//     10 * 2 * 18 * 2 * 4 + 2^20 + 10 * 2 * 140 * (2 * 16,392 + 32) -> 92,936,320;
+//     with the workspace 504,164,736.
+TEST(Moe, DeepEpBuffersOutsideTheAllocator) {
+  EXPECT_EQ(DeepEpBufferBytes(7168, 2, 8, 20), 369'264'256);
+  EXPECT_EQ(DeepEpBufferBytes(7168, 2, 16, 20), 504'164'736);
+}
+
 // Note [Delayed weight gradients]: fc1 [M, I] then fc2 [O, M] on R rows under a store, in
 // bf16 without gradient accumulation fusion (each weight gradient a new [out, in] tensor
 // added to main_grad). Delayed, both GEMMs wait until the gradient reaches the group's

@@ -208,6 +208,13 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
         "room (the allocator can reserve %s)\n",
         FormatBytes(userbuffers).c_str(), FormatBytes(AllocatorCapacityBytes(spec)).c_str());
   }
+  if (const int64_t deepep = DeepEpBufferBytes(spec)) {
+    std::printf(
+        "DeepEP buffers (flex dispatcher): %s per rank outside PyTorch's allocator (its "
+        "recommended configs, NVSHMEM's overhead aside): not in the figures above, but the "
+        "verdict and headroom leave them room (the allocator can reserve %s)\n",
+        FormatBytes(deepep).c_str(), FormatBytes(AllocatorCapacityBytes(spec)).c_str());
+  }
   for (const RankResult& r : results) {
     if (!r.fits()) std::printf("\n%s\n", DescribeOutOfMemory(r, spec).c_str());
   }
@@ -295,6 +302,7 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   summary["theoretical_memory_caveats"] = TheoreticalMemoryCaveats(run, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
   summary["userbuffers_outside_allocator_MB"] = BytesToMiB(UserbufferBytes(spec));
+  summary["deepep_buffers_outside_allocator_MB"] = BytesToMiB(DeepEpBufferBytes(spec));
   // The ranks the class stands for, as [first, last] spans.
   summary["ranks"] = nlohmann::json::array(
       {nlohmann::json::array({r.rank_class.representative, r.rank_class.last_rank()})});
