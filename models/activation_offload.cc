@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "models/layers.h"
+#include "models/backward_call.h"
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
 #include "simulator/recorder.h"

@@ -23,26 +23,6 @@ void AccumulateIntoMainGrad(const at::Tensor& main_grad, const at::Tensor& grad)
 
 namespace {
 
-// The store of the innermost DelayedWgradScope on this thread; null: none.
-thread_local c10::intrusive_ptr<WeightGradStore> current_wgrad_store;
-
-}  // namespace
-
-void WeightGradStore::Run() {
-  for (std::function<void()>& gemm : gemms_) {
-    gemm();
-    gemm = nullptr;  // its operands go before the next GEMM runs
-  }
-  gemms_.clear();
-}
-
-DelayedWgradScope::DelayedWgradScope(c10::intrusive_ptr<WeightGradStore> store)
-    : previous_(std::exchange(current_wgrad_store, std::move(store))) {}
-
-DelayedWgradScope::~DelayedWgradScope() { current_wgrad_store = std::move(previous_); }
-
-namespace {
-
 using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
@@ -160,7 +140,8 @@ struct LinearFunction : public Function<LinearFunction> {
     const at::Tensor grad_2d = grad_output.view({-1, grad_output.size(-1)});
     const at::Tensor input_2d =
         defer ? at::Tensor() : total_input.reshape({-1, total_input.size(-1)});
-    if (WeightGradStore* delayed = state->delayed.get()) {
+    // Taken out of the state, which the queued GEMM holds: no store-closure-state cycle.
+    if (const c10::intrusive_ptr<WeightGradStore> delayed = std::move(state->delayed)) {
       // The operands wait in the store (Note [Delayed weight gradients]).
       delayed->Push([state, sizes = weight.sizes().vec(), input_2d, grad_2d] {
         LinearWgrad(*state, sizes, input_2d, grad_2d);
@@ -408,6 +389,8 @@ struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
 struct RecomputeClosure : public torch::CustomClassHolder {
   RecomputeFn fn;
   NameId module;
+  // The delayed weight gradients' store of the forward: recomputed linears queue there too.
+  c10::intrusive_ptr<WeightGradStore> wgrad_store;
   int64_t distribute_over = 1;
   std::vector<int64_t> first_input_shape;
 };
@@ -446,6 +429,7 @@ struct CheckpointFunction : public Function<CheckpointFunction> {
     {
       at::AutoGradMode enable_grad(true);
       ModuleScope scope(closure->module);
+      DelayedWgradScope delay(closure->wgrad_store);
       out = closure->fn(inputs);
     }
     torch::autograd::backward({out}, {grads[0]});
@@ -477,6 +461,7 @@ void ShareStorage(const c10::Storage& dst, const c10::Storage& src) {
 struct CheckpointWithoutOutput::State : public torch::CustomClassHolder {
   Fn fn;
   NameId module = 0;
+  c10::intrusive_ptr<WeightGradStore> wgrad_store;  // as RecomputeClosure's
   bool graphed =
       false;  // run inside a CUDA graph's scope (Note [CUDA graphs]): so is its recompute
   bool recorded = false;  // autograd recorded the node: its backward will need Recompute()
@@ -496,6 +481,7 @@ struct CheckpointWithoutOutput::State : public torch::CustomClassHolder {
       at::AutoGradMode enable_grad(true);
       ModuleScope scope(module);
       GraphedScope graph(graphed);  // a tensor hook runs it outside any graphed node
+      DelayedWgradScope delay(wgrad_store);
       recomputed_outputs = fn(recomputed_inputs);
     }
     MEMSIM_DCHECK(recomputed_outputs.size() == discarded.size());
@@ -538,23 +524,6 @@ struct CheckpointWithoutOutputFunction : public Function<CheckpointWithoutOutput
   }
 };
 
-// What an identity node calls when the gradient reaches it in backward.
-struct BackwardCall : public torch::CustomClassHolder {
-  std::function<void()> call;
-};
-
-struct CallOnBackwardFunction : public Function<CallOnBackwardFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            c10::intrusive_ptr<BackwardCall> call) {
-    ctx->saved_data["call"] = c10::IValue::make_capsule(std::move(call));
-    return x;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    c10::static_intrusive_pointer_cast<BackwardCall>(ctx->saved_data["call"].toCapsule())->call();
-    return {grads[0], at::Tensor()};
-  }
-};
-
 c10::optional<at::Tensor> DataOf(Parameter* p) {
   return p != nullptr ? c10::optional<at::Tensor>(p->data) : c10::nullopt;
 }
@@ -570,25 +539,11 @@ at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
   state->weight_main_grad = weight.main_grad;
   if (bias != nullptr) state->bias_main_grad = bias->main_grad;
   state->parallelism = parallelism;
-  state->delayed = current_wgrad_store;
+  state->delayed = CurrentWgradStore();
   if (DeferredWgrad* deferred = parallelism.deferred.get()) {
     if (deferred->Accepts(deferred->inputs)) deferred->inputs.push_back(input);
   }
   return LinearFunction::apply(input, weight.data, DataOf(bias), std::move(state));
-}
-
-at::Tensor CallOnBackward(const at::Tensor& x, std::function<void()> call) {
-  auto node = c10::make_intrusive<BackwardCall>();
-  node->call = std::move(call);
-  return CallOnBackwardFunction::apply(x, std::move(node));
-}
-
-c10::intrusive_ptr<WeightGradStore> NewWgradStore(bool delay) {
-  return delay ? c10::make_intrusive<WeightGradStore>() : c10::intrusive_ptr<WeightGradStore>();
-}
-
-at::Tensor RunOnBackward(const at::Tensor& x, c10::intrusive_ptr<WeightGradStore> store) {
-  return CallOnBackward(x, [store = std::move(store)] { store->Run(); });
 }
 
 void FreeStorage(const c10::Storage& storage) {
@@ -706,12 +661,14 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t groups = k.size(2);
   const int64_t v_head_dim = v.size(3);  // multi-latent attention: not q's
   if (cp_all_to_all > 1) {
-    MEMSIM_DCHECK(cp % cp_all_to_all == 0);
-    const int64_t a2a = cp_all_to_all;
-    const std::vector<at::Tensor> exchanged = AllToAllBeforeAttention(q, k, v, a2a);
+    MEMSIM_DCHECK(cp % cp_all_to_all == 0 && heads % cp_all_to_all == 0 &&
+                  groups % cp_all_to_all == 0);
+    const std::vector<at::Tensor> exchanged = AllToAllBeforeAttention(q, k, v, cp_all_to_all);
     const at::Tensor out = CoreAttention(exchanged[0], exchanged[1], exchanged[2], kind, dropout_p,
-                                         workspace, cp / a2a);
-    return AllToAllAfterAttention(out.view({seq * a2a, batch, heads / a2a, v_head_dim}), a2a)
+                                         workspace, cp / cp_all_to_all);
+    return AllToAllAfterAttention(
+               out.view({seq * cp_all_to_all, batch, heads / cp_all_to_all, v_head_dim}),
+               cp_all_to_all)
         .view({seq, batch, heads * v_head_dim});
   }
   if (kind == AttentionKind::kFused) {
@@ -842,6 +799,7 @@ at::Tensor Checkpoint(const RecomputeFn& fn, const std::vector<at::Tensor>& inpu
   auto closure = c10::make_intrusive<RecomputeClosure>();
   closure->fn = fn;
   closure->module = ModuleScope::Current();
+  closure->wgrad_store = CurrentWgradStore();
   closure->distribute_over = distribute_over;
   return CheckpointFunction::apply(at::TensorList(inputs), std::move(closure));
 }
@@ -854,6 +812,7 @@ std::vector<at::Tensor> CheckpointWithoutOutput::Run(Fn fn, const std::vector<at
   state_ = c10::make_intrusive<State>();
   state_->fn = std::move(fn);
   state_->module = ModuleScope::Current();
+  state_->wgrad_store = CurrentWgradStore();
   state_->graphed = CurrentRecorder() != nullptr && CurrentRecorder()->in_graphed_scope();
   std::vector<at::Tensor> outputs =
       CheckpointWithoutOutputFunction::apply(at::TensorList(inputs), state_);

@@ -504,10 +504,9 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   // dispatch's (Note [Delayed weight gradients] in layers.h).
   const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(t.delay_wgrad_compute);
   DelayedWgradScope delay(wgrad);
-  auto [x, probs] =
-      fp8 ? PadForFp8(unpadded_x, unpadded_probs, local, recipe)
-          : std::pair<at::Tensor, at::Tensor>{wgrad ? RunOnBackward(unpadded_x, wgrad) : unpadded_x,
-                                              unpadded_probs};
+  const at::Tensor input = wgrad ? RunOnBackward(unpadded_x, wgrad) : unpadded_x;
+  auto [x, probs] = fp8 ? PadForFp8(input, unpadded_probs, local, recipe)
+                        : std::pair<at::Tensor, at::Tensor>{input, unpadded_probs};
   at::Tensor h;
   {
     ModuleScope f("linear_fc1");

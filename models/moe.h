@@ -47,7 +47,8 @@
 //     bool [T, G];
 //   dispatch: each token goes once to each rank hosting one of its experts, not once per
 //     expert: recv_x [N_r, H], recv_topk_weights fp32 [N_r, K], recv_topk_idx int64
-//     [N_r, K] (kept until the combine), and the handle, kept until the dispatch's backward:
+//     [N_r, K] (kept until the combine), and the handle, which the dispatch's and the
+//     combine's autograd nodes hold (ctx.handle) while autograd keeps them:
 //     rank prefix int32 [G, G], two channel prefixes int32 [G, C] (C = SMs / 2, 10 by
 //     default), recv_src_idx int32 [N_r], is_token_in_rank, send_head int32 [T, G];
 //   multihot: the received indices as a routing map int64 [N_r, E_local] made bool, and
@@ -90,8 +91,9 @@ struct MoeParameters {
   Parameter* experts_fc2 = nullptr;
   Parameter* shared_fc1 = nullptr;  // null without shared experts
   Parameter* shared_fc2 = nullptr;
-  // What the dispatcher keeps as attributes until this layer's next forward (the routing
-  // map, and for alltoall the probabilities; DeepEP: Note [DeepEP dispatch]).
+  // What the dispatcher keeps as attributes until this layer's next forward: allgather,
+  // {local map}; alltoall, {routing map, probabilities}; DeepEP, {token indices, token
+  // probabilities, received routing map} (Note [DeepEP dispatch]).
   std::array<at::Tensor, 3> kept;
 };
 

@@ -261,15 +261,20 @@ void MegatronFsdp::PreBackward(int64_t unit) {
     }
     return;
   }
-  if (non_unit_grads_pending_) {
-    for (size_t id : BucketsOf(-1)) AllocateGrads(buckets_[id]);
-    non_unit_grads_pending_ = false;
-  }
   GatherWithPrefetch(BucketsOf(unit), Order::kBackward);
   for (size_t id : BucketsOf(unit)) AllocateGrads(buckets_[id]);
 }
 
 void MegatronFsdp::PostBackward(int64_t unit) {
+  if (unit == ModelShard::kOutputLayerUnit) {
+    // The output layer's backward has returned: its weight gradient's hook fills the
+    // non-unit bucket now, before the final norm's backward adds to it.
+    if (non_unit_grads_pending_) {
+      for (size_t id : BucketsOf(-1)) AllocateGrads(buckets_[id]);
+      non_unit_grads_pending_ = false;
+    }
+    return;
+  }
   for (size_t id : BucketsOf(unit)) ReduceScatter(buckets_[id]);
   Release(unit);
 }

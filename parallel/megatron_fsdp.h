@@ -126,7 +126,7 @@ class MegatronFsdp : public LayerHooks {
 
   const bool gradient_accumulation_fusion_;
   // Without the fusion: the non-unit gradients come once the output layer's backward is
-  // done; allocated at the next hook.
+  // done (its post-backward hook).
   bool non_unit_grads_pending_ = false;
   std::vector<Bucket> buckets_;          // in Megatron's bucket order
   int64_t prefetch_elements_ = 0;        // P

@@ -1106,7 +1106,7 @@ struct LinearChainEvents {
   int64_t h_free = -1, dh_free = -1;
 };
 
-LinearChainEvents RunLinearChain(bool delay) {
+LinearChainEvents RunLinearChain(bool delay, bool checkpointed = false) {
   constexpr int64_t R = 8, I = 16, M = 24, O = 40;  // every [a, b] below has its own size
   Session session;
   ActiveSession active(session);
@@ -1121,7 +1121,11 @@ LinearChainEvents RunLinearChain(bool delay) {
   at::Tensor y;
   {
     DelayedWgradScope scope(wgrad);
-    y = Linear(Linear(wgrad ? RunOnBackward(x, wgrad) : x, *w1, nullptr), *w2, nullptr);
+    const at::Tensor input = wgrad ? RunOnBackward(x, wgrad) : x;
+    auto chain = [w1, w2](const std::vector<at::Tensor>& in) {
+      return Linear(Linear(in[0], *w1, nullptr), *w2, nullptr);
+    };
+    y = checkpointed ? Checkpoint(chain, {input}) : chain({input});
   }
   session.SetPhase(Phase::kBackward);
   y.backward(at::empty({R, O}, bf16));
@@ -1154,6 +1158,16 @@ TEST(DelayedWgrad, GemmsWaitForTheGroupsBackward) {
   EXPECT_LT(undelayed.dw2_alloc, undelayed.dx_alloc);
   EXPECT_LT(undelayed.dw1_alloc, undelayed.dh_free);
   EXPECT_LT(undelayed.h_free, undelayed.dx_alloc);
+}
+
+// Recomputed linears (a checkpoint: Megatron's recompute modules) queue into the store of
+// the forward that checkpointed them, as TE's modules own their store: fc2's weight
+// gradient still comes after fc1's input gradient, then fc1's after fc2's is gone.
+TEST(DelayedWgrad, RecomputedLinearsStillWait) {
+  const LinearChainEvents events = RunLinearChain(/*delay=*/true, /*checkpointed=*/true);
+  ASSERT_GE(events.dx_alloc, 0);
+  EXPECT_GT(events.dw2_alloc, events.dx_alloc);
+  EXPECT_GT(events.dw1_alloc, events.dw2_free);
 }
 
 }  // namespace

@@ -1456,12 +1456,12 @@ TEST(MegatronFsdp, Fp32TrainingWithFp8Parameters) {
 }
 
 // Without gradient accumulation fusion the output layer's weight gradient is param.grad,
-// which Megatron-FSDP's post-accumulate hook copies into the non-unit bucket once the
-// output layer's backward has returned: that bucket's gradient [147,712] is allocated
-// after the logits' gradient [s, b, V] is gone. With the fusion the GEMM writes into the
-// bucket, allocated before.
+// which Megatron-FSDP's post-accumulate hook copies into the non-unit bucket once the output
+// layer's backward has returned: that bucket's gradient (the first gradient bucket of the
+// backward) is allocated after the logits' gradient [s, b, V] is gone and before the final
+// norm's backward. With the fusion the GEMM writes into the bucket, allocated before.
 TEST(MegatronFsdp, NonUnitGradientsAfterTheOutputLayerWithoutFusion) {
-  const Shape x{128, 1, 128, 4};
+  const Shape x{64, 1, 128, 4};     // s != h: the logits' gradient is no weight's size
   const ModelConfig m = Gpt(x, 4);  // vocabulary 1024, tied output layer
   TrainingConfig t = Fp16Eager(x);
   t.precision = Precision::kBf16;
@@ -1470,19 +1470,23 @@ TEST(MegatronFsdp, NonUnitGradientsAfterTheOutputLayerWithoutFusion) {
     t.gradient_accumulation_fusion = fusion;
     const std::unique_ptr<Session> session = RecordMegatronFsdp(m, t, 2);
     const Recorder& r = session->recorder();
-    int64_t bucket_alloc = -1, logits_grad_free = -1;
+    int64_t bucket_alloc = -1, logits_grad_free = -1, final_norm_backward = -1;
     for (const StorageInfo& s : r.storages()) {
       if (s.phase != Phase::kBackward) continue;
-      if (r.names().Name(s.module) == "megatron_fsdp.grad_buckets" && s.size_bytes == 147'712 * 2) {
-        bucket_alloc = s.alloc_event;
-      }
+      const std::string module = r.names().Name(s.module);
+      if (module == "megatron_fsdp.grad_buckets" && bucket_alloc < 0) bucket_alloc = s.alloc_event;
       if (s.size_bytes == x.s * x.b * 1024 * 2 && logits_grad_free < 0) {
         logits_grad_free = s.free_event;
+      }
+      if (module == "decoder.final_layernorm" && final_norm_backward < 0) {
+        final_norm_backward = s.alloc_event;
       }
     }
     ASSERT_GE(bucket_alloc, 0);
     ASSERT_GE(logits_grad_free, 0);
+    ASSERT_GE(final_norm_backward, 0);
     EXPECT_EQ(bucket_alloc > logits_grad_free, !fusion) << "fusion=" << fusion;
+    EXPECT_LT(bucket_alloc, final_norm_backward) << "fusion=" << fusion;
   }
 }
 

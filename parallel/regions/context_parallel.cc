@@ -71,26 +71,19 @@ struct RingAttentionFunction : public Function<RingAttentionFunction> {
   }
 };
 
-// flash_attn_a2a_communicate's two directions (Note [All-to-all context parallelism]), on
-// tensors [S, B, heads, D] in sequence-first layout.
-std::vector<at::Tensor> ExchangeBeforeAttention(const std::vector<at::Tensor>& xs, int64_t cp) {
-  std::vector<at::Tensor> staged, outputs;
+// flash_attn_a2a_communicate (Note [All-to-all context parallelism]) on tensors [S, B, heads,
+// D] in sequence-first layout: each is copied (staged before attention, reordered after),
+// received into a new tensor that lives until the next copy is made, and copied into its
+// output, [S * factor, B, heads / factor, D]; the first copies live until all are done.
+// `factor` is cp before attention and 1/cp after it (given as cp and `before`).
+std::vector<at::Tensor> Exchange(const std::vector<at::Tensor>& xs, int64_t cp, bool before) {
+  std::vector<at::Tensor> copies, outputs;
   for (const at::Tensor& x : xs) {
-    staged.push_back(at::empty_like(x, at::MemoryFormat::Contiguous));  // movedim().contiguous()
-    at::Tensor received = AllToAll(staged.back(), cp, staged.back().size(0));
-    outputs.push_back(at::empty({x.size(0) * cp, x.size(1), x.size(2) / cp, x.size(3)},
-                                x.options()));  // the sequence chunks reordered
-  }
-  return outputs;
-}
-
-std::vector<at::Tensor> ExchangeAfterAttention(const std::vector<at::Tensor>& xs, int64_t cp) {
-  std::vector<at::Tensor> reordered, outputs;
-  for (const at::Tensor& x : xs) {
-    reordered.push_back(at::empty_like(x, at::MemoryFormat::Contiguous));
-    at::Tensor received = AllToAll(reordered.back(), cp, reordered.back().size(0));
-    outputs.push_back(at::empty({x.size(0) / cp, x.size(1), x.size(2) * cp, x.size(3)},
-                                x.options()));  // movedim().contiguous()
+    copies.push_back(at::empty_like(x, at::MemoryFormat::Contiguous));
+    at::Tensor received = AllToAll(copies.back(), cp, copies.back().size(0));
+    const int64_t seq = before ? x.size(0) * cp : x.size(0) / cp;
+    const int64_t heads = before ? x.size(2) / cp : x.size(2) * cp;
+    outputs.push_back(at::empty({seq, x.size(1), heads, x.size(3)}, x.options()));
   }
   return outputs;
 }
@@ -99,10 +92,10 @@ struct AllToAllQkvFunction : public Function<AllToAllQkvFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, int64_t cp) {
     ctx->saved_data["cp"] = cp;
-    return ExchangeBeforeAttention({q, k, v}, cp);
+    return Exchange({q, k, v}, cp, /*before=*/true);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out = ExchangeAfterAttention(grads, ctx->saved_data["cp"].toInt());
+    variable_list out = Exchange(grads, ctx->saved_data["cp"].toInt(), /*before=*/false);
     out.emplace_back();
     return out;
   }
@@ -111,10 +104,10 @@ struct AllToAllQkvFunction : public Function<AllToAllQkvFunction> {
 struct AllToAllOutFunction : public Function<AllToAllOutFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& out, int64_t cp) {
     ctx->saved_data["cp"] = cp;
-    return ExchangeAfterAttention({out}, cp)[0];
+    return Exchange({out}, cp, /*before=*/false)[0];
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {ExchangeBeforeAttention(grads, ctx->saved_data["cp"].toInt())[0], at::Tensor()};
+    return {Exchange(grads, ctx->saved_data["cp"].toInt(), /*before=*/true)[0], at::Tensor()};
   }
 };
 

@@ -269,12 +269,14 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   }
   // Families Megatron-Core 0.20 does not build as Hugging Face defines them, or that memsim
   // does not model yet, with why.
+  static constexpr char kGemma3[] =
+      "Gemma-3's norms after attention and the MLP are not in Megatron-Core 0.20";
   static constexpr std::pair<const char*, const char*> kRefused[] = {
       {"gemma2",
        "Gemma-2's soft-capped attention logits and its norms after attention and the MLP are "
        "not in Megatron-Core 0.20 (Megatron-Bridge adds them)"},
-      {"gemma3", "Gemma-3's norms after attention and the MLP are not in Megatron-Core 0.20"},
-      {"gemma3_text", "Gemma-3's norms after attention and the MLP are not in Megatron-Core 0.20"},
+      {"gemma3", kGemma3},
+      {"gemma3_text", kGemma3},
       {"glm4", "GLM-4's norms after attention and the MLP are not in Megatron-Core 0.20"},
       {"gpt_oss",
        "gpt-oss's attention sinks, alternating sliding windows and clamped quick-GeGLU experts "

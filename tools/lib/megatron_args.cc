@@ -887,10 +887,10 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                            "alltoall, to estimate the run");
     }
     MEMSIM_RETURN_IF_ERROR(a.Int("--moe-flex-dispatcher-num-sms", &t.deepep_num_sms));
-    if (t.deepep_num_sms < 2) {
+    if (flex && (t.deepep_num_sms < 2 || t.deepep_num_sms % 2 != 0)) {
       return Status::Error(
-          "--moe-flex-dispatcher-num-sms must be at least 2 (DeepEP uses "
-          "half of them as channels)");
+          "--moe-flex-dispatcher-num-sms must be even and at least 2 (DeepEP "
+          "asserts it: half of them are its channels)");
     }
     if (!flex) {
       a.Ignore("--moe-flex-dispatcher-backend");
