@@ -350,7 +350,7 @@ struct TrainingConfig {
   int64_t wgrad_deferral_limit = 0;
   // --delay-wgrad-compute: a decoder layer's Transformer Engine linears run their weight-
   // gradient GEMMs in the combined 1F1B schedule's backward_dw, keeping the operands until
-  // then (Note [Delayed weight gradients] in layers.h).
+  // then (Note [Delayed weight gradients] in delayed_wgrad.h).
   bool delay_wgrad_compute = false;
   // --empty-unused-memory-level: Megatron-LM's train_step empties the CUDA cache after
   // forward-backward (1) and after the optimizer step too (2); reserved memory only.

@@ -501,7 +501,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   const Fp8Recipe recipe = params.experts_fc1->fp8.recipe;
   const bool fp8 = recipe != Fp8Recipe::kNone;
   // The experts' delayed weight gradients run once their backward is done, before the
-  // dispatch's (Note [Delayed weight gradients] in layers.h).
+  // dispatch's (Note [Delayed weight gradients] in delayed_wgrad.h).
   const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(t.delay_wgrad_compute);
   DelayedWgradScope delay(wgrad);
   const at::Tensor input = wgrad ? RunOnBackward(unpadded_x, wgrad) : unpadded_x;

@@ -527,7 +527,7 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   std::optional<GraphedScope> attn_graph;
   attn_graph.emplace(training_.Graphs(CudaGraphModule::kAttn));
   // The delayed weight gradients of the layer's attention and shared experts run once the
-  // layer's backward is done (Note [Delayed weight gradients] in layers.h); the MLP's and
+  // layer's backward is done (Note [Delayed weight gradients] in delayed_wgrad.h); the MLP's and
   // the routed experts' have stores of their own.
   const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(training_.delay_wgrad_compute);
   DelayedWgradScope delay(wgrad);

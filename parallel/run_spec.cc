@@ -151,8 +151,8 @@ Status FinalizeUnchecked(RunSpec* spec) {
     if (!broken.empty()) return Status::Error("the flex dispatcher with DeepEP: " + broken);
   }
   if (t.delay_wgrad_compute) {
-    // Note [Delayed weight gradients] in models/layers.h; TransformerConfig.__post_init__ and
-    // arguments.py assert the first two.
+    // Note [Delayed weight gradients] in models/delayed_wgrad.h; TransformerConfig.__post_init__
+    // and arguments.py assert the first two.
     const char* broken =
         !l.combined_1f1b ? "it needs --overlap-moe-expert-parallel-comm, as Megatron-Core asserts"
         : t.profile != ProfileKind::kTransformerEngine

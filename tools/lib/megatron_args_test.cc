@@ -498,7 +498,7 @@ TEST(MegatronArgs, AllToAllContextParallelism) {
             "(Megatron-LM asserts it)");
 }
 
-// --delay-wgrad-compute (Note [Delayed weight gradients] in models/layers.h): only with the
+// --delay-wgrad-compute (Note [Delayed weight gradients] in models/delayed_wgrad.h): only with the
 // combined 1F1B schedule and Transformer Engine, as Megatron-LM asserts.
 TEST(MegatronArgs, DelayedWeightGradients) {
   const std::string moe = std::string(kTinyGpt) +

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "models/moe.h"
 #include "parallel/theoretical_memory.h"
@@ -201,19 +202,16 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   std::printf("Megatron est.: Megatron-LM's theoretical_memory_usage formula per stage%s",
               caveats.empty() ? ".\n" : "; it does not cover:\n");
   for (const std::string& c : caveats) std::printf("  - %s\n", c.c_str());
-  if (const int64_t userbuffers = UserbufferBytes(spec)) {
+  // What the ranks hold outside PyTorch's allocator: not in the figures, but in the verdict.
+  const std::pair<int64_t, const char*> outside[] = {
+      {UserbufferBytes(spec), "Userbuffers (TP communication overlap)"},
+      {DeepEpBufferBytes(spec), "DeepEP buffers (flex dispatcher)"}};
+  for (const auto& [bytes, what] : outside) {
+    if (bytes == 0) continue;
     std::printf(
-        "Userbuffers (TP communication overlap): %s per rank outside PyTorch's allocator (TE's "
-        "default methods): not in the figures above, but the verdict and headroom leave them "
-        "room (the allocator can reserve %s)\n",
-        FormatBytes(userbuffers).c_str(), FormatBytes(AllocatorCapacityBytes(spec)).c_str());
-  }
-  if (const int64_t deepep = DeepEpBufferBytes(spec)) {
-    std::printf(
-        "DeepEP buffers (flex dispatcher): %s per rank outside PyTorch's allocator (its "
-        "recommended configs, NVSHMEM's overhead aside): not in the figures above, but the "
-        "verdict and headroom leave them room (the allocator can reserve %s)\n",
-        FormatBytes(deepep).c_str(), FormatBytes(AllocatorCapacityBytes(spec)).c_str());
+        "%s: %s per rank outside PyTorch's allocator: not in the figures above, but the verdict "
+        "and headroom leave them room (the allocator can reserve %s)\n",
+        what, FormatBytes(bytes).c_str(), FormatBytes(AllocatorCapacityBytes(spec)).c_str());
   }
   for (const RankResult& r : results) {
     if (!r.fits()) std::printf("\n%s\n", DescribeOutOfMemory(r, spec).c_str());
