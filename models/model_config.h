@@ -82,8 +82,12 @@ struct ModelConfig {
   double attention_dropout = 0.1;
 
   // Mixture of experts (num_experts == 0: dense).
-  int64_t num_experts = 0;               // E
-  int64_t moe_router_topk = 2;           // K
+  int64_t num_experts = 0;      // E
+  int64_t moe_router_topk = 2;  // K
+  // Group-limited routing (--moe-router-num-groups, --moe-router-group-topk; 0: none): the
+  // experts form this many equal groups, and a token's K experts come from that many of them.
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
   int64_t moe_ffn_hidden_size = 0;       // per routed expert; 0: F
   int64_t moe_shared_expert_size = 0;    // FFN size of the shared experts; 0: none
   int64_t moe_first_k_dense_layers = 0;  // DeepSeek: the first layers are dense

@@ -152,16 +152,50 @@ int64_t DeepEpBufferBytes(int64_t hidden, int64_t element_bytes, int64_t group, 
                     kWorkspaceBytes);
 }
 
-int64_t DeepEpReceivedRows(const ModelConfig& m, const MoeParallelism& p, int64_t tokens) {
-  // The chance that a token's K distinct experts miss a rank's E/ep: C(E - e, K) / C(E, K).
-  const int64_t E = m.num_experts, e = m.num_experts / p.ep;
-  double miss = 1.0;
-  for (int64_t i = 0; i < m.moe_router_topk; ++i) {
-    miss *= static_cast<double>(std::max<int64_t>(E - e - i, 0)) / static_cast<double>(E - i);
+namespace {
+
+// C(n, k) / C(n0, k) for n <= n0: the chance that k distinct picks among n0 all avoid the
+// n0 - n others (0 when fewer than k remain).
+double AllPicksAmong(int64_t n, int64_t n0, int64_t k) {
+  double p = 1.0;
+  for (int64_t i = 0; i < k; ++i) {
+    p *= static_cast<double>(std::max<int64_t>(n - i, 0)) / static_cast<double>(n0 - i);
   }
+  return p;
+}
+
+// The chance that a token sends anything to a given rank of the ep ranks, evenly routed:
+// without group-limited routing its K experts avoid the rank's e = E/ep with probability
+// C(E - e, K)/C(E, K). With it, the rank covers q groups (1 when it lies inside one) with e/q
+// of its experts in each; j of them are among the token's group_topk groups with the
+// hypergeometric chance C(q, j) C(ng - q, gt - j) / C(ng, gt), and then its K experts, from
+// the M = gt * E/ng experts of the chosen groups, avoid the rank's j * e/q.
+double RankHitChance(const ModelConfig& m, int64_t ep) {
+  const int64_t E = m.num_experts, K = m.moe_router_topk, e = E / ep;
+  const int64_t ng = m.moe_router_num_groups, gt = m.moe_router_group_topk;
+  const int64_t per_group = ng > 0 ? E / ng : 0;
+  const bool grouped =
+      ng > 1 && gt > 0 && gt < ng && E % ng == 0 && (per_group % e == 0 || e % per_group == 0);
+  if (!grouped) return 1.0 - AllPicksAmong(E - e, E, K);
+  const int64_t q = std::max<int64_t>(1, e / per_group), M = gt * per_group;
+  double hit = 0.0;
+  for (int64_t j = 1; j <= std::min(q, gt); ++j) {
+    // C(q, j) C(ng - q, gt - j) / C(ng, gt), as a ratio of products.
+    double chance = 1.0;
+    for (int64_t i = 0; i < j; ++i) chance *= static_cast<double>(q - i) / (i + 1);
+    for (int64_t i = 0; i < gt - j; ++i) chance *= static_cast<double>(ng - q - i) / (i + 1);
+    for (int64_t i = 0; i < gt; ++i) chance *= static_cast<double>(i + 1) / (ng - i);
+    hit += chance * (1.0 - AllPicksAmong(M - j * (e / q), M, K));
+  }
+  return hit;
+}
+
+}  // namespace
+
+int64_t DeepEpReceivedRows(const ModelConfig& m, const MoeParallelism& p, int64_t tokens) {
   const int64_t senders = CheckedMul(p.etp * p.ep, tokens);
   const double rows =
-      std::ceil(m.moe_imbalance_factor * static_cast<double>(senders) * (1.0 - miss));
+      std::ceil(m.moe_imbalance_factor * static_cast<double>(senders) * RankHitChance(m, p.ep));
   const int64_t expert_rows = CheckedMul(ReceivedTokens(m, tokens), p.etp);
   return std::min(
       {static_cast<int64_t>(std::min(rows, static_cast<double>(senders))), senders, expert_rows});

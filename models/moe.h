@@ -60,11 +60,12 @@
 //     cached dispatch ([N_r, H]) and the combine ([T, H] and fp32 [T, K]).
 // N_r: evenly routed, a token picks none of a rank's E/ep experts with probability
 // C(E - E/ep, K) / C(E, K), so N_r = G * T * (1 - that), scaled by the imbalance factor and
-// at most N. DeepEP's communication buffers (NVLink and RDMA, a few hundred MiB, sized by
-// the hidden size and group, not the tokens: DeepEpBufferBytes) are allocated outside
-// PyTorch's caching allocator: not in memsim's figures, but the fit verdict leaves them room. Not
-// modelled: the fused multihot kernel (experimental), padding for quantization, capacity factors,
-// HybridEP and NCCL-EP.
+// at most N; with group-limited routing (--moe-router-num-groups, --moe-router-group-topk)
+// the chance counts the token's groups first (RankHitChance in moe.cc). DeepEP's communication
+// buffers (NVLink and RDMA, a few hundred MiB, sized by the hidden size and group, not the tokens:
+// DeepEpBufferBytes) are allocated outside PyTorch's caching allocator: not in memsim's figures,
+// but the fit verdict leaves them room. Not modelled: the fused multihot kernel (experimental),
+// padding for quantization, capacity factors, HybridEP and NCCL-EP.
 #pragma once
 
 #include <ATen/core/Tensor.h>

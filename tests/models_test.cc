@@ -1079,6 +1079,28 @@ TEST(Activations, DeepEpDispatcherHoldsItsMetadata) {
   }
 }
 
+// Rows DeepEP delivers to a rank from G ranks of T = 48 tokens, K = 2 of E = 8 experts:
+//   EP 4 (2 experts a rank), uniform: 1 - C(6, 2)/C(8, 2) = 13/28 of 192 rows -> 90;
+//   the same with 2 groups of 4 and group top-1: the rank's group is chosen with chance 1/2,
+//     then both experts come from its 4: 1 - C(2, 2)/C(4, 2) = 5/6; 192 * 5/12 = 80;
+//   EP 2 (4 experts, two whole groups of 2 of 4 groups), group top-2: one of its groups
+//     chosen with chance 4/6 (then 1 - C(2, 2)/C(4, 2) = 5/6), both with 1/6 (then 1):
+//     13/18 of 96 rows -> 70.
+TEST(Moe, DeepEpRowsCountTheTokensGroups) {
+  ModelConfig m = test::Llama(1, 128, 4, 2, 256, 512);
+  m.num_experts = 8;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 64;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  EXPECT_EQ(DeepEpReceivedRows(m, {4, 1, 1}, 48), 90);
+  m.moe_router_num_groups = 2;
+  m.moe_router_group_topk = 1;
+  EXPECT_EQ(DeepEpReceivedRows(m, {4, 1, 1}, 48), 80);
+  m.moe_router_num_groups = 4;
+  m.moe_router_group_topk = 2;
+  EXPECT_EQ(DeepEpReceivedRows(m, {2, 1, 1}, 48), 70);
+}
+
 // DeepEP's buffers outside the allocator for DeepSeek-V3's hidden size (7168, bf16: 14,336
 // hidden bytes) and 20 SMs (10 channels), from DeepEP's Config hints: a received token
 // takes 14,336 + 8 (source meta) + 128 * 8 + 128 * 4 + 128 * 4 (top-K indices, weights,

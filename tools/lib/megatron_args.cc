@@ -343,9 +343,9 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-router-enable-expert-bias", Arity::kFlag, ArgUse::kNeutral},
     {"--moe-router-force-load-balancing", Arity::kFlag, ArgUse::kNeutral},
     {"--moe-router-fusion", Arity::kFlag, ArgUse::kNeutral},
-    {"--moe-router-group-topk", Arity::kValue, ArgUse::kNeutral},
+    {"--moe-router-group-topk", Arity::kValue, ArgUse::kRead},
     {"--moe-router-load-balancing-type", Arity::kValues, ArgUse::kNeutral},
-    {"--moe-router-num-groups", Arity::kValue, ArgUse::kNeutral},
+    {"--moe-router-num-groups", Arity::kValue, ArgUse::kRead},
     {"--moe-router-pre-softmax", Arity::kFlag, ArgUse::kNeutral},
     {"--moe-router-score-function", Arity::kValue, ArgUse::kNeutral},
     {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kNeutral},
@@ -865,6 +865,8 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
       MEMSIM_RETURN_IF_ERROR(ParseMoeLayerFreq(a.Text("--moe-layer-freq", ""), m.num_layers,
                                                &m.moe_first_k_dense_layers));
     }
+    MEMSIM_RETURN_IF_ERROR(a.Int("--moe-router-num-groups", &m.moe_router_num_groups));
+    MEMSIM_RETURN_IF_ERROR(a.Int("--moe-router-group-topk", &m.moe_router_group_topk));
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-token-dispatcher-type",
                                   {"allgather", "alltoall", "flex"}, "allgather", &text));
     const bool flex = text == "flex";
@@ -892,9 +894,11 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
           "--moe-flex-dispatcher-num-sms must be even and at least 2 (DeepEP "
           "asserts it: half of them are its channels)");
     }
-    if (!flex) {
+    if (!flex) {  // they change only what DeepEP delivers (Note [DeepEP dispatch])
       a.Ignore("--moe-flex-dispatcher-backend");
       a.Ignore("--moe-flex-dispatcher-num-sms");
+      a.Ignore("--moe-router-num-groups");
+      a.Ignore("--moe-router-group-topk");
     }
     t.moe_permute_fusion = a.Has("--moe-permute-fusion");
     // The router's dtype: fp32 logits and probabilities, or (unset) the training dtype.
