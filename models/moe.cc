@@ -444,6 +444,7 @@ struct MultihotFunction : public Function<MultihotFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weights, int64_t local,
                             int64_t rows, at::Tensor* map) {
     const int64_t received = weights.size(0);
+    // The int64 map lives until its .bool() copy is made (below), as in Megatron's code.
     at::Tensor map_long = at::zeros({received, local}, Meta(at::kLong));
     at::Tensor probs = at::zeros({received, local}, Meta(at::kFloat));
     at::Tensor mask = at::empty(weights.sizes(), Meta(at::kBool));
