@@ -1,6 +1,7 @@
 #include "models/activation_offload.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <optional>

@@ -8,6 +8,7 @@
 
 #include "simulator/checked_math.h"
 #include "simulator/op_traits.h"
+#include "simulator/portable_allocator.h"
 
 namespace memsim {
 namespace {
@@ -113,12 +114,12 @@ void ReceiveInto(const at::Tensor& t) {
 
 // Hands out userbuffer views' storages: none is ever dereferenced (meta), and a DataPtr
 // without a context is never reported freed.
-class UserbufferAllocator final : public c10::Allocator {
+class UserbufferAllocator final : public PortableAllocator {
  public:
-  c10::DataPtr allocate(size_t) const override { return {Address(), c10::Device(at::kMeta)}; }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
  private:
+  c10::DataPtr Allocate(size_t) const override { return {Address(), c10::Device(at::kMeta)}; }
   static void* Address() {
     static char userbuffer;
     return &userbuffer;

@@ -17,6 +17,25 @@
 namespace memsim {
 namespace {
 
+// The op a dispatcher error says has no Meta kernel (it may be one the failing op
+// decomposes into), or "" when the error is about something else. LibTorch 1.x says
+// "Could not run 'aten::index_select' with arguments from the 'Meta' backend"; 2.x says
+// "aten::flip: attempted to run this operator with Meta tensors, but there was no fake
+// impl or Meta kernel registered".
+std::string OpWithoutMetaKernel(const std::string& what, const std::string& failing_op) {
+  if (what.find("'Meta' backend") != std::string::npos) {
+    const size_t open = what.find('\'');
+    const size_t close = open == std::string::npos ? open : what.find('\'', open + 1);
+    return close == std::string::npos ? failing_op : what.substr(open + 1, close - open - 1);
+  }
+  if (what.find("with Meta tensors, but there was no fake impl or Meta kernel") !=
+      std::string::npos) {
+    const size_t colon = what.find(": attempted to run");
+    return colon == std::string::npos ? failing_op : what.substr(0, colon);
+  }
+  return "";
+}
+
 // Operators without registered traits (ATen's own, and ops/ ones with default traits).
 OpCostKind ClassifyAtenOp(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
@@ -129,14 +148,8 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     const std::string& op_name = recorder->names().Name(info.name);
     recorder->PopOp(info);
     const std::string what = e.what_without_backtrace();
-    if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr &&
-        what.find("'Meta' backend") != std::string::npos) {
-      // "Could not run 'aten::index_select' with arguments from the 'Meta' backend": the
-      // op without a kernel may be one this op decomposes into.
-      const size_t open = what.find('\'');
-      const size_t close = open == std::string::npos ? open : what.find('\'', open + 1);
-      const std::string missing =
-          close == std::string::npos ? op_name : what.substr(open + 1, close - open - 1);
+    const std::string missing = OpWithoutMetaKernel(what, op_name);
+    if (!missing.empty()) {
       throw UserError(missing + " has no Meta kernel " + where +
                       "; add one in ops/meta_kernels.cc");
     }

@@ -16,7 +16,7 @@ void DeleteTracked(void* context) {
 TrackingAllocator::TrackingAllocator(c10::DeviceType device_type, c10::Allocator* underlying)
     : device_type_(device_type), underlying_(underlying) {}
 
-c10::DataPtr TrackingAllocator::allocate(size_t n) const {
+c10::DataPtr TrackingAllocator::Allocate(size_t n) const {
   c10::DataPtr underlying =
       underlying_ != nullptr ? underlying_->allocate(n) : c10::DataPtr(nullptr, device_type_);
   Recorder* recorder = CurrentRecorder();

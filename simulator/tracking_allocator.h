@@ -12,19 +12,18 @@
 #pragma once
 
 #include <ATen/core/TensorBase.h>
-#include <c10/core/Allocator.h>
 
+#include "simulator/portable_allocator.h"
 #include "simulator/recorder.h"
 
 namespace memsim {
 
-class TrackingAllocator final : public c10::Allocator {
+class TrackingAllocator final : public PortableAllocator {
  public:
   // `underlying` provides the real memory (the default CPU allocator), or null for
   // meta, where nothing is ever dereferenced and data pointers stay null.
   TrackingAllocator(c10::DeviceType device_type, c10::Allocator* underlying);
 
-  c10::DataPtr allocate(size_t n) const override;
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
   // The storage id of a DataPtr this allocator made for `recorder`, or -1.
@@ -35,6 +34,8 @@ class TrackingAllocator final : public c10::Allocator {
   }
 
  private:
+  c10::DataPtr Allocate(size_t n) const override;
+
   c10::DeviceType device_type_;
   c10::Allocator* underlying_;
 };

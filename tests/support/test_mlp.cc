@@ -1,6 +1,7 @@
 #include "tests/support/test_mlp.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "ops/fused_optimizers.h"
 #include "ops/ops.h"
