@@ -3,9 +3,13 @@
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/Resize.h>
-#include <glog/logging.h>
+#include <c10/macros/Macros.h>
 #include <torch/library.h>
+#ifdef C10_USE_GLOG  // LibTorch built with glog logs replaced kernels through it
+#include <glog/logging.h>
+#endif
 
+#include <algorithm>
 #include <mutex>
 #include <tuple>
 
@@ -53,16 +57,36 @@ at::Tensor IndexSelect(const at::Tensor& self, int64_t dim, const at::Tensor& in
   return at::empty(sizes, self.options());
 }
 
-// Mirrors embedding_dense_backward_cuda (aten/src/ATen/native/cuda/Embedding.cu): it sorts
-// the flattened indices into two int64 temporaries (sorted values and their original
-// positions) before accumulating into a [num_weights, embedding_dim] gradient.
+// Mirrors embedding_dense_backward_cuda (aten/src/ATen/native/cuda/Embedding.cu and
+// EmbeddingBackwardKernel.cu, PyTorch 2.x), whose allocations a CUDA run records
+// (ops/testdata/h200_torch2.11_ops.json): the flattened indices sorted into two int64
+// tensors (values and original positions), the [num_weights, dim] gradient, three more
+// int64 tensors of one entry per index (segment offsets, partial segments per segment and
+// their offsets), two int64 scalars, and, sized for the most partial segments there can
+// be (numel / 10 rows per thread + min(numel, num_weights) segments), their offsets in int64
+// and their partial sums in the accumulate type (float32 for 16-bit gradients) of `dim`
+// columns each. The temporaries die with the op; the sort's small scratch is left out.
 at::Tensor EmbeddingDenseBackward(const at::Tensor& grad_output, const at::Tensor& indices,
                                   int64_t num_weights, int64_t padding_idx,
                                   bool scale_grad_by_freq) {
+  constexpr int64_t kRowsPerThread = 10;  // NROWS_PER_THREAD in EmbeddingBackwardKernel.cu
   const int64_t num_indices = indices.numel();
-  at::Tensor sorted_indices = at::empty({num_indices}, MetaOptions(at::kLong));
-  at::Tensor orig_indices = at::empty({num_indices}, MetaOptions(at::kLong));
-  return at::empty({num_weights, grad_output.size(-1)}, grad_output.options());
+  const int64_t dim = grad_output.size(-1);
+  const auto index_options = MetaOptions(at::kLong);
+  at::Tensor sorted_indices = at::empty({num_indices}, index_options);
+  at::Tensor orig_indices = at::empty({num_indices}, index_options);
+  at::Tensor grad_weight = at::empty({num_weights, dim}, grad_output.options());
+  at::Tensor segment_offsets = at::empty({num_indices}, index_options);
+  at::Tensor num_segments = at::empty({}, index_options);
+  at::Tensor partials_per_segment = at::empty({num_indices}, index_options);
+  at::Tensor partials_per_segment_offset = at::empty({num_indices}, index_options);
+  at::Tensor num_partial_segments = at::empty({}, index_options);
+  const int64_t max_partial_segments =
+      num_indices / kRowsPerThread + std::min(num_indices, num_weights);
+  at::Tensor partial_segment_offset = at::empty({max_partial_segments}, index_options);
+  at::Tensor partial_sums = at::empty({max_partial_segments, dim},
+                                      MetaOptions(AccumulateType(grad_output.scalar_type())));
+  return grad_weight;
 }
 
 // Mirrors dropout_cuda: the mask is bool (1 byte an element), not a float noise tensor.
@@ -141,12 +165,16 @@ void RegisterMetaKernels() {
     aten_meta->impl("logical_or.out", TORCH_FN(LogicalOut));
     aten_meta->impl("logical_and.out", TORCH_FN(LogicalOut));
     {
-      // LibTorch logs a warning (through glog) when a kernel is replaced; this
+      // LibTorch built with glog logs a warning through it when a kernel is replaced; this
       // replacement is deliberate (Note [Meta resize_]), so keep the user's terminal clean.
+#ifdef C10_USE_GLOG
       const int32_t saved_level = FLAGS_minloglevel;
       FLAGS_minloglevel = google::GLOG_ERROR;
+#endif
       aten_meta->impl("resize_", TORCH_FN(MetaResize));
+#ifdef C10_USE_GLOG
       FLAGS_minloglevel = saved_level;
+#endif
     }
   });
 }
