@@ -11,7 +11,8 @@ namespace memsim {
 namespace {
 
 // Fake device addresses start here (nonzero, 2 MiB aligned, in the range CUDA uses) and
-// only grow, so an address names one segment or block for the whole run.
+// only grow, so an address names one segment or block for the whole run (Note [Segment
+// addresses]).
 constexpr int64_t kFirstSegmentAddress = int64_t{0x7f} << 40;
 
 int64_t RoundUp(int64_t bytes, int64_t multiple) {
@@ -159,16 +160,20 @@ int64_t CachingAllocatorModel::CreateSegment(PoolKind pool, int64_t size_bytes) 
   if (config_.capacity_bytes > 0 && stats_.reserved_bytes + size_bytes > config_.capacity_bytes) {
     return kNoBlock;
   }
-  // Reserved bytes never exceed the address range handed out, so this guards them too.
-  if (next_address_ > std::numeric_limits<int64_t>::max() - size_bytes) {
-    throw std::overflow_error("CachingAllocatorModel: fake address space exhausted");
-  }
   Block block;
-  block.address = next_address_;
+  if (config_.segment_address) {
+    block.address = config_.segment_address(size_bytes);
+  } else {
+    // Reserved bytes never exceed the address range handed out, so this guards them too.
+    if (next_address_ > std::numeric_limits<int64_t>::max() - size_bytes) {
+      throw std::overflow_error("CachingAllocatorModel: fake address space exhausted");
+    }
+    block.address = next_address_;
+    next_address_ += size_bytes;  // segment sizes are multiples of 2 MiB: stays aligned
+  }
   block.size_bytes = size_bytes;
   block.pool = pool;
   const int64_t id = NewBlock(block);
-  next_address_ += size_bytes;  // segment sizes are multiples of 2 MiB: stays aligned
   segments_.emplace(block.address, id);
   stats_.reserved_bytes += size_bytes;
   ++stats_.num_segments;

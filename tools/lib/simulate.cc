@@ -351,7 +351,7 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
       // (Note [Snapshot formats] in simulator/snapshot_writer.h).
       const IterationSummary& last = result->timeline.iterations().back();
       SnapshotOptions step;
-      step.first_traced_event = last.begin_event;
+      step.first_traced_event = options.snapshot_history == "run" ? 0 : last.begin_event;
       f.snapshot = SnapshotPickle(result->session->recorder(), last.end_event - 1, step);
       SnapshotOptions peak;
       peak.segments_only = true;
@@ -400,7 +400,10 @@ void AddReportOptions(po::options_description* options, ReportOptions* report) {
       "advise", po::bool_switch(&report->advise),
       "re-simulate with each switch that could cut the peak and report by how much")(
       "max-output", PositiveValue(&report->max_output_gib, "max-output"),
-      "most GiB of files to write (default 4); more is refused before writing");
+      "most GiB of files to write (default 4); more is refused before writing")(
+      "snapshot-history", po::value(&report->snapshot_history),
+      "allocator history in snapshot_rank{R}.pickle: last-iteration (default) or run (every "
+      "event from the start, to replay the run through a real allocator)");
 }
 
 Status CheckReportOptions(const ReportOptions& report) {
@@ -409,6 +412,10 @@ Status CheckReportOptions(const ReportOptions& report) {
   }
   if (!(report.sample_interval_s >= 0 && std::isfinite(report.sample_interval_s))) {
     return Status::Error("--sample-interval must be a non-negative number of seconds");
+  }
+  if (report.snapshot_history != "last-iteration" && report.snapshot_history != "run") {
+    return Status::Error("--snapshot-history must be last-iteration or run, not '" +
+                         report.snapshot_history + "'");
   }
   return Status::OK();
 }

@@ -29,6 +29,9 @@ struct ReportOptions {
   bool check = false;
   bool advise = false;        // Note [Advice] in tools/lib/advice.h
   double max_output_gib = 4;  // refuse to write more files than this
+  // The snapshot's allocation history: "last-iteration" (the last step's events) or "run"
+  // (every event from the first parameter on, as _record_memory_history at process start).
+  std::string snapshot_history = "last-iteration";
 };
 
 // The report options every simulating command takes (--jobs --out --ranks
