@@ -45,7 +45,7 @@ TEST(LibraryWorkspaces, SizesMatchTheGpu) {
             (std::vector<int64_t>{output_bytes, configured}));
 }
 
-TEST(LibraryWorkspaces, EachThreadAndStreamGetsOneAndBackwardMakesASecond) {
+TEST(LibraryWorkspaces, GpuMakesOnePerThreadAndStreamAsTheNoteSays) {
   const nlohmann::json runs = Runs();
   const int64_t workspace = DefaultCublasWorkspaceBytes(*FindGpu("H200-141GB"));
   const int64_t output_bytes = 1024 * 1024 * 2;
@@ -56,8 +56,8 @@ TEST(LibraryWorkspaces, EachThreadAndStreamGetsOneAndBackwardMakesASecond) {
   EXPECT_EQ(NewBlocks(runs, "default", "bf16 mm in a new thread"),
             (std::vector<int64_t>{output_bytes, workspace}));
   // x [256, 1024] @ w [1024, 1024] in bf16: the forward keeps its output and the main
-  // thread's workspace; the backward frees the output, makes x's and w's gradients and its
-  // own thread's workspace.
+  // thread's workspace; the backward frees the output (x's gradient of the same size takes
+  // its place in the count) and adds w's gradient and its own thread's workspace.
   EXPECT_EQ(NewBlocks(runs, "training step", "forward x @ w, main thread"),
             (std::vector<int64_t>{256 * 1024 * 2, workspace}));
   EXPECT_EQ(NewBlocks(runs, "training step", "backward of it (autograd's device thread)"),

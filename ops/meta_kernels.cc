@@ -66,12 +66,19 @@ at::Tensor IndexSelect(const at::Tensor& self, int64_t dim, const at::Tensor& in
 // be (numel / 10 rows per thread + min(numel, num_weights) segments), their offsets in int64
 // and their partial sums in the accumulate type (float32 for 16-bit gradients) of `dim`
 // columns each. The temporaries die with the op; the sort's small scratch is left out.
+// Up to 3072 indices (without scale_grad_by_freq) the kernel instead accumulates straight
+// into the zeroed gradient with atomics and allocates nothing else (read from the source;
+// the measurements have only larger inputs).
 at::Tensor EmbeddingDenseBackward(const at::Tensor& grad_output, const at::Tensor& indices,
                                   int64_t num_weights, int64_t padding_idx,
                                   bool scale_grad_by_freq) {
   constexpr int64_t kRowsPerThread = 10;  // NROWS_PER_THREAD in EmbeddingBackwardKernel.cu
+  constexpr int64_t kAtomicPathMaxIndices = 3072;
   const int64_t num_indices = indices.numel();
   const int64_t dim = grad_output.size(-1);
+  if (num_indices <= kAtomicPathMaxIndices && !scale_grad_by_freq) {
+    return at::empty({num_weights, dim}, grad_output.options());
+  }
   const auto index_options = MetaOptions(at::kLong);
   at::Tensor sorted_indices = at::empty({num_indices}, index_options);
   at::Tensor orig_indices = at::empty({num_indices}, index_options);

@@ -1,6 +1,7 @@
 #include "simulator/caching_allocator_model.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -10,9 +11,9 @@
 namespace memsim {
 namespace {
 
-// Fake device addresses start here (nonzero, 2 MiB aligned, in the range CUDA uses) and
-// only grow, so an address names one segment or block for the whole run (Note [Segment
-// addresses]).
+// By default fake device addresses start here (nonzero, 2 MiB aligned, in the range CUDA
+// uses) and only grow, so an address names one segment or block for the whole run (Note
+// [Segment addresses]).
 constexpr int64_t kFirstSegmentAddress = int64_t{0x7f} << 40;
 
 int64_t RoundUp(int64_t bytes, int64_t multiple) {
@@ -163,6 +164,22 @@ int64_t CachingAllocatorModel::CreateSegment(PoolKind pool, int64_t size_bytes) 
   Block block;
   if (config_.segment_address) {
     block.address = config_.segment_address(size_bytes);
+    // The segment must fit in the address space and overlap no live one: blocks are
+    // found, split and merged by address.
+    const auto next = segments_.lower_bound(block.address);
+    const bool overlaps_next = next != segments_.end() && next->first < block.address + size_bytes;
+    bool overlaps_prev = false;
+    if (next != segments_.begin()) {
+      int64_t last = std::prev(next)->second;  // walk to the previous segment's last block
+      while (blocks_[last].next != kNoBlock) last = blocks_[last].next;
+      overlaps_prev = blocks_[last].address + blocks_[last].size_bytes > block.address;
+    }
+    if (block.address <= 0 || block.address > std::numeric_limits<int64_t>::max() - size_bytes ||
+        overlaps_next || overlaps_prev) {
+      throw std::invalid_argument("CachingAllocatorModel: segment_address gave " +
+                                  std::to_string(block.address) +
+                                  ", outside the address space or overlapping a live segment");
+    }
   } else {
     // Reserved bytes never exceed the address range handed out, so this guards them too.
     if (next_address_ > std::numeric_limits<int64_t>::max() - size_bytes) {

@@ -17,8 +17,10 @@
 // replayed through PyTorch 2.11's allocator on an H200, unlimited and on a capped device):
 // given the addresses the driver returned there (CachingAllocatorConfig::segment_address),
 // this model reproduces every change of reserved memory at the same event, the peaks, the
-// retries, the out-of-memory event and the final segments, in all 20 replays whose
-// addresses were recorded. The driver's own placement is not modelled: it put most large
+// retries, the out-of-memory event and the final segments in 20 replays: the 7 unlimited
+// ones, whose segment addresses were read off the run, and 13 capped ones, which make the
+// same segments until their first retry (the 14th retries five times and maps segments
+// whose addresses were not recorded). The driver's own placement is not modelled: it put most large
 // segments below the previous one and runs of 2 MiB ones upward, with exceptions. By
 // default each segment goes above the last; the peak reserved is then exact in 14 of 21
 // replays and within +0.08% on the model runs (+3.6% on a random sequence). Placing each
@@ -37,10 +39,15 @@
 namespace memsim {
 
 struct CachingAllocatorConfig {
+  CachingAllocatorConfig() = default;
+  explicit CachingAllocatorConfig(int64_t capacity) : capacity_bytes(capacity) {}
+
   // Device memory the allocator may reserve, like a GPU's total memory; 0: unlimited.
   int64_t capacity_bytes = 0;
-  // Where each new segment goes (Note [Segment addresses]), called with its size; it must
-  // return a nonzero address no live segment overlaps. Empty: above every earlier segment.
+  // Where each new segment goes (Note [Segment addresses]), called with its size.
+  // REQUIRES: a positive address at which the segment overlaps no live one and ends
+  // within int64_t (else Malloc throws std::invalid_argument). Empty: above every earlier
+  // segment.
   // Tests replaying a real allocator's run pass the addresses cudaMalloc returned there.
   std::function<int64_t(int64_t size_bytes)> segment_address;
 };

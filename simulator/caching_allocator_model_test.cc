@@ -331,7 +331,7 @@ TEST(CachingAllocatorModel, PoolsDoNotShareBlocks) {
 
 TEST(CachingAllocatorModel, OverCapacityReleasesCachedSegmentsAndRetries) {
   RecordingObserver observer;
-  Model model({/*capacity_bytes=*/40 * kMiB}, &observer);
+  Model model(CachingAllocatorConfig(40 * kMiB), &observer);
   const Model::Allocation a = MustMalloc(model, 12 * kMiB);
   const Model::Allocation b = MustMalloc(model, 12 * kMiB);
   model.Free(a.block_id);  // a's segment is cached and entirely free
@@ -355,7 +355,7 @@ TEST(CachingAllocatorModel, OverCapacityReleasesCachedSegmentsAndRetries) {
 
 TEST(CachingAllocatorModel, OomKeepsAllocationsButCachedSegmentsStayReleased) {
   RecordingObserver observer;
-  Model model({/*capacity_bytes=*/40 * kMiB}, &observer);
+  Model model(CachingAllocatorConfig(40 * kMiB), &observer);
   const Model::Allocation p = MustMalloc(model, 512);  // small segment at s
   model.Free(p.block_id);
   const Model::Allocation q = MustMalloc(model, 2 * kMiB);  // 20 MiB segment, 18 MiB free
@@ -378,7 +378,7 @@ TEST(CachingAllocatorModel, OomKeepsAllocationsButCachedSegmentsStayReleased) {
 }
 
 TEST(CachingAllocatorModel, RequestBeyondCapacityIsOom) {
-  Model model({/*capacity_bytes=*/40 * kMiB});
+  Model model(CachingAllocatorConfig(40 * kMiB));
   EXPECT_FALSE(model.Malloc(41 * kMiB).has_value());  // would need a 42 MiB segment
   EXPECT_EQ(model.stats().num_ooms, 1);
   EXPECT_EQ(model.stats().reserved_bytes, 0);
@@ -440,7 +440,7 @@ TEST(CachingAllocatorModel, PeakStats) {
 }
 
 TEST(CachingAllocatorModel, RejectsInvalidArguments) {
-  EXPECT_THROW(Model({/*capacity_bytes=*/-1}), std::invalid_argument);
+  EXPECT_THROW(Model(CachingAllocatorConfig(-1)), std::invalid_argument);
   Model model;
   EXPECT_THROW(model.Malloc(0), std::invalid_argument);
   EXPECT_THROW(model.Malloc(-1), std::invalid_argument);
@@ -456,7 +456,7 @@ TEST(CachingAllocatorModel, RejectsInvalidArguments) {
 // A random trace, checked step by step against a brute-force best fit over Segments().
 TEST(CachingAllocatorModel, RandomTraceMatchesBruteForceBestFit) {
   for (const int64_t capacity_bytes : {int64_t{0}, 200 * kMiB}) {
-    Model model({capacity_bytes});
+    Model model{CachingAllocatorConfig(capacity_bytes)};
     std::mt19937_64 rng(42);
     std::vector<Model::Allocation> live;
     int64_t ooms = 0;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,14 +44,16 @@ std::vector<Event> ReadEvents(const std::string& path) {
   while (std::fgets(line, sizeof(line), in.get()) != nullptr) {
     if (line[0] == '#' || line[0] == '\n') continue;
     Event e{line[0], 0};
-    if (e.kind != 'e') e.value = std::stoll(line + 2);
+    if (e.kind == 'a' || e.kind == 'f') {
+      e.value = std::stoll(line + 2);
+    } else if (e.kind != 'e') {
+      throw std::runtime_error(path + ": unknown event '" + line + "'");
+    }
     events.push_back(e);
   }
   return events;
 }
 
-// What the model does with `events` on a device of `capacity_bytes` (0: unlimited), in the
-// shape of the measurement.
 // What the model does with `events` on a device of `capacity_bytes` (0: unlimited), in the
 // shape of the measurement. `segment_addresses`, if given, places the model's segments in
 // order of creation.
@@ -109,7 +112,8 @@ nlohmann::json Measured() {
   return nlohmann::json::parse(in)["sequences"];
 }
 
-// Calls check(name, run, events, real) for every measured replay.
+// Calls check(name, run, events, runs, real) for every measured replay (`runs`: all of the
+// sequence's).
 using ReplayCheck = std::function<void(const std::string& name, const std::string& run,
                                        const std::vector<Event>& events, const nlohmann::json& runs,
                                        const nlohmann::json& real)>;
@@ -118,7 +122,7 @@ void ForEachReplay(const ReplayCheck& check) {
   ASSERT_EQ(measured.size(), 7u);
   for (const auto& [name, runs] : measured.items()) {
     const std::vector<Event> events = ReadEvents(kDataDir + name + ".events.gz");
-    ASSERT_EQ(static_cast<int64_t>(events.size()), runs["unlimited"]["events"].get<int64_t>())
+    ASSERT_EQ(static_cast<int64_t>(events.size()), runs.at("unlimited").at("events").get<int64_t>())
         << name;
     for (const auto& [run, real] : runs.items()) check(name, run, events, runs, real);
   }
@@ -145,7 +149,7 @@ TEST(CachingAllocatorReplay, MatchesPyTorchGivenTheDriversSegmentAddresses) {
       }
     }
     for (const auto& [key, value] : model.items()) {
-      EXPECT_TRUE(value == real[key]) << name << ", " << run << ": " << key;
+      EXPECT_TRUE(value == real.at(key)) << name << ", " << run << ": " << key;
     }
     ++compared;
   });

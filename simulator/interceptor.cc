@@ -28,11 +28,9 @@ std::string OpWithoutMetaKernel(const std::string& what, const std::string& fail
     const size_t close = open == std::string::npos ? open : what.find('\'', open + 1);
     return close == std::string::npos ? failing_op : what.substr(open + 1, close - open - 1);
   }
-  if (what.find("with Meta tensors, but there was no fake impl or Meta kernel") !=
-      std::string::npos) {
-    const size_t colon = what.find(": attempted to run");
-    return colon == std::string::npos ? failing_op : what.substr(0, colon);
-  }
+  // (Earlier 2.x releases say "no abstract impl" where later ones say "no fake impl".)
+  const size_t colon = what.find(": attempted to run this operator with Meta tensors");
+  if (colon != std::string::npos) return what.substr(0, colon);
   return "";
 }
 

@@ -131,6 +131,7 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
                      "/proc/memsim_not_writable");
   ExpectOneLineError(Memsim("simulate --no-such-flag"), "no-such-flag");
   ExpectOneLineError(Memsim("simulate --sample-interval -1"), "--sample-interval");
+  ExpectOneLineError(Memsim("simulate --snapshot-history all"), "--snapshot-history");
   ExpectOneLineError(Memsim("frobnicate"), "unknown command 'frobnicate'");
   ExpectOneLineError(Memsim("simulate --recompute-modules mlp"),
                      "--recompute-modules needs --recompute selective");

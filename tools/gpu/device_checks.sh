@@ -53,8 +53,8 @@ build_memsim() {
     echo "== PyTorch's CMake config failed; retrying with LibTorch named directly"
     local root cfg=/tmp/memsim-torch-config
     root=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-    mkdir -p $cfg
-    cat > $cfg/TorchConfig.cmake <<EOF
+    mkdir -p "$cfg"
+    cat > "$cfg/TorchConfig.cmake" <<EOF
 add_library(memsim_libtorch INTERFACE IMPORTED)
 set_target_properties(memsim_libtorch PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "$root/include;$root/include/torch/csrc/api/include"
@@ -64,7 +64,7 @@ set(TORCH_LIBRARIES memsim_libtorch)
 set(Torch_FOUND TRUE)
 EOF
     rm -rf "$BUILD"
-    cmake -S . -B "$BUILD" "${flags[@]}" -DTorch_DIR=$cfg || return 1
+    cmake -S . -B "$BUILD" "${flags[@]}" "-DTorch_DIR=$cfg" || return 1
   fi
   # -k 0 / -k: every compile error in one run, not the first.
   if [ ${#generator[@]} -gt 0 ]; then
@@ -99,7 +99,7 @@ tail -3 "$OUT/build.log"
 grep -c "error:" "$OUT/build.log" || true
 if [ -x "$BUILD/memsim" ]; then
   stamp "validation suite on the PyTorch 2 build"
-  (cd . && timeout 120 "$BUILD/memsim" validate --jobs "$(nproc)" --json "$OUT/validate.json" | tail -8)
+  timeout 120 "$BUILD/memsim" validate --jobs "$(nproc)" --json "$OUT/validate.json" | tail -8
   stamp "default example"
   timeout 60 "$BUILD/memsim" simulate --json --out /tmp/memsim-example | head -c 3000
 fi

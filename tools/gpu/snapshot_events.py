@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Turns the allocation history of a memory snapshot into an allocator event file.
 
-A snapshot written by `memsim simulate --snapshot-history run` (or by
-torch.cuda.memory._dump_snapshot with the history recorded from the process start)
-holds, in device_traces, every allocation and free the caching allocator saw. This
-keeps the part a caching allocator decides on: the requested sizes, in order, and
-which allocation each free returns. replay_allocator.py feeds such a file to a real
-CUDA caching allocator; simulator/caching_allocator_replay_test.cc feeds it to
-memsim's model.
+A snapshot written by `memsim simulate --snapshot-history run` holds, in
+device_traces, every allocation and free the caching allocator saw. This keeps the part
+a caching allocator decides on: the requested sizes, in order, and which allocation each
+free returns. `measure.py allocator` feeds such a file to a real CUDA caching allocator;
+simulator/caching_allocator_replay_test.cc feeds it to memsim's model. (PyTorch's own
+snapshots differ in one point this relies on: memsim writes the segment_free entries of
+an empty_cache() without frames, which is how they are told from the allocator's own
+releases.)
 
 Event file format (text, one event per line, '#' lines are comments):
     a BYTES   allocate BYTES (as requested, before rounding)
@@ -47,7 +48,7 @@ def events_of(snapshot):
             emptying = False
             yield f"f {index}"
         elif action == "segment_free" and not entry.get("frames"):
-            # A segment released by no allocation: empty_cache() released it.
+            # In memsim's snapshots a segment released by no allocation is empty_cache()'s.
             if not emptying:
                 yield "e"
             emptying = True
