@@ -67,8 +67,8 @@ at::Tensor IndexSelect(const at::Tensor& self, int64_t dim, const at::Tensor& in
 // and their partial sums in the accumulate type (float32 for 16-bit gradients) of `dim`
 // columns each. The temporaries die with the op; the sort's small scratch is left out.
 // Up to 3072 indices (without scale_grad_by_freq) the kernel instead accumulates straight
-// into the zeroed gradient with atomics and allocates nothing else (read from the source;
-// the measurements have only larger inputs).
+// into the zeroed gradient with atomics and allocates nothing else (measured at 3072 and
+// 3073).
 at::Tensor EmbeddingDenseBackward(const at::Tensor& grad_output, const at::Tensor& indices,
                                   int64_t num_weights, int64_t padding_idx,
                                   bool scale_grad_by_freq) {

@@ -350,8 +350,10 @@ def measure_ops(out_path):
         lambda g: aten.embedding_dense_backward(g, tokens, V, -1, False), grad))
     del weight, grad
     # Its temporaries scale with tokens and hidden size: more shapes.
+    # (Up to 3072 tokens the kernel takes its atomic path.)
     for tokens_n, hidden, vocab in ((4096, 1024, 32000), (16384, 4096, 128256),
-                                    (32768, 1024, 50304)):
+                                    (32768, 1024, 50304), (3072, 1024, 32000),
+                                    (3073, 1024, 32000)):
         idx = torch.randint(0, vocab, (tokens_n,), device=dev)
         g = torch.randn(tokens_n, hidden, dtype=bf16, device=dev)
         records.append(op_record(
