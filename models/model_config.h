@@ -388,6 +388,9 @@ struct TrainingConfig {
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;
+  // PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb in bytes (Note [Oversize blocks] in
+  // simulator/caching_allocator_model.h); 0: PyTorch's default, no limit.
+  int64_t allocator_max_split_size_bytes = 0;
 };
 
 // Fills derived fields (head_dim, num_query_groups, ffn_hidden_size, padded vocabulary

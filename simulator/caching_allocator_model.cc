@@ -28,6 +28,9 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config,
   if (config_.capacity_bytes < 0) {
     throw std::invalid_argument("CachingAllocatorModel: negative capacity_bytes");
   }
+  if (config_.max_split_size_bytes != 0 && config_.max_split_size_bytes <= kLargeBuffer) {
+    throw std::invalid_argument("CachingAllocatorModel: max_split_size must exceed 20 MiB");
+  }
 }
 
 int64_t CachingAllocatorModel::RoundSize(int64_t bytes) {
@@ -55,7 +58,11 @@ std::optional<CachingAllocatorModel::Allocation> CachingAllocatorModel::Malloc(
   std::set<FreeKey>& free_blocks = FreeBlocks(pool);
   // Address and id 0 sort first, so this finds the smallest fit, then the lowest address.
   const auto best = free_blocks.lower_bound(FreeKey{rounded_bytes, 0, 0});
-  if (best != free_blocks.end()) {
+  // Note [Oversize blocks]: PyTorch looks at the best fit only.
+  const bool usable = best != free_blocks.end() &&
+                      (Oversize(rounded_bytes) ? std::get<0>(*best) < rounded_bytes + kLargeBuffer
+                                               : !Oversize(std::get<0>(*best)));
+  if (usable) {
     const int64_t id = std::get<2>(*best);
     MEMSIM_DCHECK(!blocks_[id].allocated && blocks_[id].size_bytes >= rounded_bytes);
     free_blocks.erase(best);
@@ -63,6 +70,9 @@ std::optional<CachingAllocatorModel::Allocation> CachingAllocatorModel::Malloc(
   }
   const int64_t segment_bytes = SegmentSizeFor(rounded_bytes);
   int64_t id = CreateSegment(pool, segment_bytes);
+  if (id == kNoBlock && ReleaseOversizeSegments(pool, rounded_bytes)) {
+    id = CreateSegment(pool, segment_bytes);
+  }
   if (id == kNoBlock) {
     // What PyTorch does when cudaMalloc fails: free all cached segments, retry once.
     ReleaseCachedSegments();
@@ -226,14 +236,41 @@ void CachingAllocatorModel::ReleaseCachedSegments() {
   }
 }
 
+bool CachingAllocatorModel::ReleaseOversizeSegments(PoolKind pool, int64_t rounded_bytes) {
+  // The small pool holds no oversize blocks.
+  if (config_.max_split_size_bytes == 0 || pool == PoolKind::kSmall) return false;
+  // Oversize blocks are never split, so each free one is a whole segment of the large pool.
+  std::set<FreeKey>& free_blocks = large_free_;
+  const int64_t wanted_bytes = std::max(rounded_bytes, config_.max_split_size_bytes);
+  const auto fit = free_blocks.lower_bound(FreeKey{wanted_bytes, 0, 0});
+  if (fit != free_blocks.end()) {
+    const int64_t id = std::get<2>(*fit);
+    free_blocks.erase(fit);
+    ReleaseSegment(id);
+    return true;
+  }
+  // No single one is large enough: free from the largest down while they are oversize.
+  int64_t released_bytes = 0;
+  while (released_bytes < wanted_bytes && !free_blocks.empty()) {
+    const auto largest = std::prev(free_blocks.end());
+    if (!Oversize(std::get<0>(*largest))) break;
+    const int64_t id = std::get<2>(*largest);
+    released_bytes += std::get<0>(*largest);
+    free_blocks.erase(largest);
+    ReleaseSegment(id);
+  }
+  return released_bytes >= wanted_bytes;
+}
+
 CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
                                                                    int64_t rounded_bytes,
                                                                    int64_t requested_bytes) {
   const int64_t remaining_bytes = blocks_[id].size_bytes - rounded_bytes;
   // PyTorch's should_split (max_split_size unset): a large-pool remainder must itself be
   // large, so small requests never fragment large segments into unusable slivers.
-  const bool split = blocks_[id].pool == PoolKind::kSmall ? remaining_bytes >= kMinBlockSize
-                                                          : remaining_bytes > kSmallSize;
+  const bool split = blocks_[id].pool == PoolKind::kSmall
+                         ? remaining_bytes >= kMinBlockSize
+                         : !Oversize(rounded_bytes) && remaining_bytes > kSmallSize;
   if (split) {
     Block rest;
     rest.address = blocks_[id].address + rounded_bytes;

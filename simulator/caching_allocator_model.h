@@ -6,8 +6,19 @@
 // without a GPU. Requests are rounded to 512 B and served best-fit from a small pool
 // (<= 1 MiB) or a large pool; a miss "cudaMallocs" a new segment, and frees only return
 // blocks to the cache, merging them with free neighbours. Not modelled: streams and
-// events, CUDA graphs, expandable segments and the PYTORCH_CUDA_ALLOC_CONF knobs
-// (max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold).
+// events, CUDA graphs, expandable segments and the PYTORCH_CUDA_ALLOC_CONF knobs other than
+// max_split_size_mb (roundup_power2_divisions, garbage_collection_threshold).
+//
+// Note [Oversize blocks]
+// With max_split_size_mb, blocks of at least that size are "oversize" (PyTorch 2.x
+// get_free_block, should_split, release_available_cached_blocks): a smaller request never
+// takes one, a larger request takes one only if it wastes less than kLargeBuffer, and
+// they are never split. When a new segment would exceed the device, PyTorch first frees
+// the smallest free oversize segment that is at least as large as the request (or as
+// max_split_size), else free oversize segments from the largest down until as many bytes
+// are freed, and tries again; only then does it release the whole cache and retry (the
+// retry the stats count). Checked against PyTorch 2.11 with max_split_size_mb:128 on the
+// replays of Note [Segment addresses].
 //
 // Note [Segment addresses]
 // PyTorch serves a request from the smallest free block that fits and, among blocks of
@@ -44,6 +55,9 @@ struct CachingAllocatorConfig {
 
   // Device memory the allocator may reserve, like a GPU's total memory; 0: unlimited.
   int64_t capacity_bytes = 0;
+  // PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb in bytes (Note [Oversize blocks]); 0: none,
+  // PyTorch's default. REQUIRES: 0 or above kLargeBuffer.
+  int64_t max_split_size_bytes = 0;
   // Where each new segment goes (Note [Segment addresses]), called with its size.
   // REQUIRES: a positive address at which the segment overlaps no live one and ends
   // within int64_t (else Malloc throws std::invalid_argument). Empty: above every earlier
@@ -167,6 +181,12 @@ class CachingAllocatorModel {
   // REQUIRES: `id` is a segment's only block, free and out of the free sets.
   void ReleaseSegment(int64_t id);
   void ReleaseCachedSegments();
+  // PyTorch's release_available_cached_blocks for a request of `rounded_bytes` from `pool`;
+  // true if it freed enough to try again.
+  bool ReleaseOversizeSegments(PoolKind pool, int64_t rounded_bytes);
+  bool Oversize(int64_t size_bytes) const {
+    return config_.max_split_size_bytes > 0 && size_bytes >= config_.max_split_size_bytes;
+  }
   // Allocates the front of free block `id` (out of the free sets), splitting off the rest
   // when PyTorch would.
   Allocation TakeBlock(int64_t id, int64_t rounded_bytes, int64_t requested_bytes);

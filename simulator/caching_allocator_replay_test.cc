@@ -29,6 +29,8 @@ namespace {
 
 constexpr char kDataDir[] = "simulator/testdata/allocator/";
 constexpr char kMeasured[] = "h200_torch2.11.json";
+// The same sequences under PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128.
+constexpr char kMeasuredMaxSplit[] = "h200_torch2.11_max_split_size_mb_128.json";
 
 struct Event {
   char kind;      // 'a' allocate, 'f' free, 'e' empty_cache()
@@ -57,10 +59,8 @@ std::vector<Event> ReadEvents(const std::string& path) {
 // What the model does with `events` on a device of `capacity_bytes` (0: unlimited), in the
 // shape of the measurement. `segment_addresses`, if given, places the model's segments in
 // order of creation.
-nlohmann::json Replay(const std::vector<Event>& events, int64_t capacity_bytes,
+nlohmann::json Replay(const std::vector<Event>& events, CachingAllocatorConfig config,
                       const nlohmann::json* segment_addresses = nullptr) {
-  CachingAllocatorConfig config;
-  config.capacity_bytes = capacity_bytes;
   size_t next_segment = 0;
   if (segment_addresses != nullptr) {
     config.segment_address = [&](int64_t) {
@@ -107,18 +107,41 @@ nlohmann::json Replay(const std::vector<Event>& events, int64_t capacity_bytes,
           {"segments_at_end", segments}};
 }
 
-nlohmann::json Measured() {
-  std::ifstream in(std::string(kDataDir) + kMeasured);
-  return nlohmann::json::parse(in)["sequences"];
+nlohmann::json Measured(const char* file) {
+  std::ifstream in(std::string(kDataDir) + file);
+  return nlohmann::json::parse(in).at("sequences");
+}
+
+CachingAllocatorConfig ConfigOf(const nlohmann::json& run, int64_t max_split_size_bytes = 0) {
+  CachingAllocatorConfig config(run.value("allowed_bytes", int64_t{0}));
+  config.max_split_size_bytes = max_split_size_bytes;
+  return config;
 }
 
 // Calls check(name, run, events, runs, real) for every measured replay (`runs`: all of the
 // sequence's).
+// Expects the model's replay to equal the GPU's in every field.
+void ExpectSame(const nlohmann::json& model, const nlohmann::json& real, const std::string& what) {
+  // The first reserved change that differs says where the model went astray.
+  const nlohmann::json& ours = model.at("reserved_changes");
+  const nlohmann::json& theirs = real.at("reserved_changes");
+  for (size_t i = 0; i < std::min(ours.size(), theirs.size()); ++i) {
+    if (ours[i] != theirs[i]) {
+      ADD_FAILURE() << what << ": reserved change " << i << " is " << ours[i]
+                    << " in the model and " << theirs[i] << " on the GPU";
+      break;
+    }
+  }
+  for (const auto& [key, value] : model.items()) {
+    EXPECT_TRUE(value == real.at(key)) << what << ": " << key;
+  }
+}
+
 using ReplayCheck = std::function<void(const std::string& name, const std::string& run,
                                        const std::vector<Event>& events, const nlohmann::json& runs,
                                        const nlohmann::json& real)>;
-void ForEachReplay(const ReplayCheck& check) {
-  const nlohmann::json measured = Measured();
+void ForEachReplay(const char* file, const ReplayCheck& check) {
+  const nlohmann::json measured = Measured(file);
   ASSERT_EQ(measured.size(), 7u);
   for (const auto& [name, runs] : measured.items()) {
     const std::vector<Event> events = ReadEvents(kDataDir + name + ".events.gz");
@@ -130,30 +153,31 @@ void ForEachReplay(const ReplayCheck& check) {
 
 TEST(CachingAllocatorReplay, MatchesPyTorchGivenTheDriversSegmentAddresses) {
   int compared = 0;
-  ForEachReplay([&](const std::string& name, const std::string& run,
-                    const std::vector<Event>& events, const nlohmann::json& runs,
-                    const nlohmann::json& real) {
+  ForEachReplay(kMeasured, [&](const std::string& name, const std::string& run,
+                               const std::vector<Event>& events, const nlohmann::json& runs,
+                               const nlohmann::json& real) {
     // A capped run makes the segments of the unlimited one until its first retry; this one
     // retries five times and maps segments after them whose addresses were not recorded.
     if (name == "random_tight" && run == "capped_midway") return;
-    const nlohmann::json model = Replay(events, real.value("allowed_bytes", int64_t{0}),
-                                        &runs["unlimited"]["new_segment_addresses"]);
-    // The first reserved change that differs says where the model went astray.
-    const nlohmann::json& ours = model["reserved_changes"];
-    const nlohmann::json& theirs = real["reserved_changes"];
-    for (size_t i = 0; i < std::min(ours.size(), theirs.size()); ++i) {
-      if (ours[i] != theirs[i]) {
-        ADD_FAILURE() << name << ", " << run << ": reserved change " << i << " is " << ours[i]
-                      << " in the model and " << theirs[i] << " on the GPU";
-        break;
-      }
-    }
-    for (const auto& [key, value] : model.items()) {
-      EXPECT_TRUE(value == real.at(key)) << name << ", " << run << ": " << key;
-    }
+    ExpectSame(Replay(events, ConfigOf(real), &runs.at("unlimited").at("new_segment_addresses")),
+               real, name + ", " + run);
     ++compared;
   });
   EXPECT_EQ(compared, 20);
+}
+
+// Note [Oversize blocks]. This measurement recorded every run's own segment addresses.
+TEST(CachingAllocatorReplay, MaxSplitSizeMatchesPyTorchGivenTheDriversSegmentAddresses) {
+  int compared = 0;
+  ForEachReplay(kMeasuredMaxSplit, [&](const std::string& name, const std::string& run,
+                                       const std::vector<Event>& events, const nlohmann::json&,
+                                       const nlohmann::json& real) {
+    ExpectSame(
+        Replay(events, ConfigOf(real, int64_t{128} << 20), &real.at("new_segment_addresses")), real,
+        name + ", " + run);
+    ++compared;
+  });
+  EXPECT_EQ(compared, 21);
 }
 
 // memsim's own placement (each segment above the last) against the GPU's. Measured: the
@@ -161,10 +185,10 @@ TEST(CachingAllocatorReplay, MatchesPyTorchGivenTheDriversSegmentAddresses) {
 // the Mixtral run and up to +3.6% on the random sequences, and every out-of-memory
 // verdict is right (two of them at a later event).
 TEST(CachingAllocatorReplay, DefaultPlacementStaysWithinTheMeasuredBounds) {
-  ForEachReplay([&](const std::string& name, const std::string& run,
-                    const std::vector<Event>& events, const nlohmann::json&,
-                    const nlohmann::json& real) {
-    const nlohmann::json model = Replay(events, real.value("allowed_bytes", int64_t{0}));
+  ForEachReplay(kMeasured, [&](const std::string& name, const std::string& run,
+                               const std::vector<Event>& events, const nlohmann::json&,
+                               const nlohmann::json& real) {
+    const nlohmann::json model = Replay(events, ConfigOf(real));
     const double ours = model["peak_reserved_bytes"].get<double>();
     const double theirs = real["peak_reserved_bytes"].get<double>();
     const bool random = name.rfind("random_", 0) == 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "simulator/attribution.h"
+#include "simulator/caching_allocator_model.h"
 #include "simulator/check.h"
 #include "simulator/cost_model.h"
 #include "simulator/name_table.h"
@@ -261,6 +262,14 @@ class Recorder {
   // died meanwhile: nothing to bring back).
   int64_t Restore(int64_t storage_id);
 
+  // The caching allocator's settings in the simulated process (PYTORCH_CUDA_ALLOC_CONF):
+  // every replay of this recording (timeline, capacity check, snapshots) uses them.
+  // Capacity is not a setting of the process: each replay sets its own.
+  void SetAllocatorSettings(const CachingAllocatorConfig& settings) {
+    allocator_settings_ = settings;
+  }
+  const CachingAllocatorConfig& allocator_settings() const { return allocator_settings_; }
+
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }
   const std::vector<StorageInfo>& storages() const { return storages_; }
@@ -298,6 +307,7 @@ class Recorder {
   // Evicted storages whose tensors are alive: their records, until Restore or their free.
   std::unordered_map<int64_t, AllocationRecord*> evicted_;
   std::vector<Marker> markers_;
+  CachingAllocatorConfig allocator_settings_;
   std::vector<int64_t> shape_dims_;
   NameTable names_;
 

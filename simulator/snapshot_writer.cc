@@ -247,7 +247,7 @@ void WriteSegments(const CachingAllocatorModel& allocator, const TraceBuilder& t
 std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
                            const SnapshotOptions& options) {
   TraceBuilder trace(recorder, options);
-  CachingAllocatorModel allocator(CachingAllocatorConfig{}, &trace);
+  CachingAllocatorModel allocator(recorder.allocator_settings(), &trace);
   ReplayAllocations(recorder, &allocator, through_event + 1, trace);
 
   PickleWriter out;

@@ -64,7 +64,7 @@ class PointRecorder : public ReplayVisitor {
 
 Timeline Timeline::Replay(const Recorder& recorder) {
   Timeline timeline;
-  CachingAllocatorModel allocator;  // unlimited: never refuses
+  CachingAllocatorModel allocator(recorder.allocator_settings());  // unlimited: never refuses
   timeline.points_.reserve(recorder.events().size());
   PointRecorder points(allocator, &timeline.points_, &timeline.peak_allocated_bytes_,
                        &timeline.peak_event_);
@@ -97,7 +97,9 @@ Timeline Timeline::Replay(const Recorder& recorder) {
 
 CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes) {
   MEMSIM_DCHECK(capacity_bytes > 0);
-  CachingAllocatorModel allocator(CachingAllocatorConfig{capacity_bytes});
+  CachingAllocatorConfig config = recorder.allocator_settings();
+  config.capacity_bytes = capacity_bytes;
+  CachingAllocatorModel allocator(config);
   // The stats before each allocation (only an allocation can be refused): at the refused
   // one, what the device held when it was requested.
   struct BeforeEachAllocation : ReplayVisitor {

@@ -11,6 +11,7 @@
 #include "simulator/allocator_replay.h"
 #include "simulator/session.h"
 #include "simulator/status.h"
+#include "simulator/timeline.h"
 #include "simulator/tracking_allocator.h"
 #include "tests/support/test_mlp.h"
 
@@ -292,6 +293,28 @@ TEST(AllocatorReplay, EmptyCacheMarkerReleasesFreeSegments) {
     EXPECT_EQ(allocator.stats().reserved_bytes, empty_cache ? 0 : 30 << 20);
     EXPECT_EQ(allocator.stats().allocated_bytes, 0);
     EXPECT_EQ(allocator.stats().peak_allocated_bytes, 30 << 20);
+  }
+}
+
+// The allocator settings a recording carries (PYTORCH_CUDA_ALLOC_CONF) reach every replay:
+// with max_split_size_mb:21, a freed 30 MiB segment is oversize, so a 10 MiB request
+// (Note [Oversize blocks]) gets a segment of its own instead of a piece of it.
+TEST(AllocatorReplay, RecordedAllocatorSettingsApplyToTheTimelineAndCapacityReplays) {
+  for (int64_t max_split_bytes : {int64_t{0}, int64_t{21} << 20}) {
+    Session session;
+    CachingAllocatorConfig settings;
+    settings.max_split_size_bytes = max_split_bytes;
+    session.recorder().SetAllocatorSettings(settings);
+    {
+      ActiveSession active(session);
+      at::Tensor big = at::empty({30 << 20}, MetaFloat().dtype(at::kByte));
+      big.reset();
+      at::Tensor medium = at::empty({10 << 20}, MetaFloat().dtype(at::kByte));
+    }
+    const int64_t expected = max_split_bytes == 0 ? 30 << 20 : 40 << 20;
+    EXPECT_EQ(Timeline::Replay(session.recorder()).peak_reserved_bytes(), expected);
+    // On a device of 35 MiB the cached oversize segment is released to make room.
+    EXPECT_TRUE(ReplayWithCapacity(session.recorder(), 35 << 20).fits());
   }
 }
 

@@ -1620,6 +1620,51 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
 // Environment variables of a launch. Modelled ones change what the CUDA libraries
 // allocate or which attention kernel runs; neutral ones tune communication, logging and
 // kernel scheduling without changing any tensor's size.
+// PYTORCH_CUDA_ALLOC_CONF, comma-separated key:value pairs as PyTorch reads them.
+// max_split_size_mb is modelled (Note [Oversize blocks]). expandable_segments:True maps
+// segments in pages: it changes reserved memory (and, since blocks then always split,
+// allocated memory by a few MiB), which memsim does not model, so it is accepted and
+// listed as ignored. Other settings change how blocks are split and cached and are refused.
+Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
+                      std::vector<std::string>* ignored) {
+  bool expandable = false;
+  std::stringstream pairs(conf);
+  std::string pair;
+  while (std::getline(pairs, pair, ',')) {
+    const size_t colon = pair.find(':');
+    const std::string key = pair.substr(0, colon);
+    const std::string value = colon == std::string::npos ? "" : pair.substr(colon + 1);
+    if (key == "expandable_segments" && (value == "True" || value == "False")) {
+      expandable = value == "True";
+    } else if (key == "max_split_size_mb") {
+      int64_t mib = 0;
+      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), mib);
+      // PyTorch refuses 20 or less; the upper bound keeps the bytes within 64 bits.
+      if (error != std::errc() || end != value.data() + value.size() || mib <= 20 ||
+          mib > (int64_t{1} << 40)) {
+        return Status::Error(
+            "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number "
+            "of MiB above 20, not '" +
+            value + "'");
+      }
+      t->allocator_max_split_size_bytes = mib << 20;
+    } else {
+      return Status::Error("PYTORCH_CUDA_ALLOC_CONF '" + pair +
+                           "' is not modelled (memsim models max_split_size_mb and accepts "
+                           "expandable_segments); drop it to simulate without it");
+    }
+  }
+  if (expandable) {
+    if (t->allocator_max_split_size_bytes > 0) {
+      return Status::Error(
+          "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb with expandable_segments "
+          "is not modelled; drop one of them");
+    }
+    ignored->push_back("PYTORCH_CUDA_ALLOC_CONF");
+  }
+  return Status::OK();
+}
+
 const std::set<std::string>& ModelledEnv() {
   static const auto* names = new std::set<std::string>{
       "CUBLAS_WORKSPACE_CONFIG", "NVTE_FLASH_ATTN",         "NVTE_FUSED_ATTN",
@@ -1672,14 +1717,7 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, const Arg
         ParseCublasWorkspaceConfig(get("CUBLAS_WORKSPACE_CONFIG"), &t.cublas_workspace_bytes));
   }
   if (const std::string conf = get("PYTORCH_CUDA_ALLOC_CONF"); !conf.empty()) {
-    // expandable_segments maps segments in pages and changes reserved memory, not the
-    // blocks handed out; other settings change how blocks are split and cached.
-    if (conf != "expandable_segments:True") {
-      return Status::Error("PYTORCH_CUDA_ALLOC_CONF '" + conf +
-                           "' is not modelled (memsim models the default allocator and "
-                           "expandable_segments:True); drop it to simulate without it");
-    }
-    out->ignored.push_back("PYTORCH_CUDA_ALLOC_CONF");
+    MEMSIM_RETURN_IF_ERROR(ParseAllocConf(conf, &t, &out->ignored));
   }
   if (t.te_attention) {
     // Explicit backends come from --attention-backend, which overrides these.

@@ -272,7 +272,32 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   s = ParseMegatronArgs(Split(base), {{"CUBLAS_WORKSPACE_CONFIG", "4096"}}, 8, &e);
   EXPECT_EQ(s.message(),
             "CUBLAS_WORKSPACE_CONFIG '4096' has no :SIZE_KIB:COUNT pair (e.g. :4096:8)");
-  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"}}, 8, &e);
+  // PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb is modelled, expandable_segments accepted.
+  ASSERT_TRUE(
+      ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"}}, 8, &e)
+          .ok());
+  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, int64_t{128} << 20);
+  ASSERT_TRUE(ParseMegatronArgs(Split(base),
+                                {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"}}, 8, &e)
+                  .ok());
+  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, 0);
+  EXPECT_NE(std::find(e.ignored.begin(), e.ignored.end(), "PYTORCH_CUDA_ALLOC_CONF"),
+            e.ignored.end());
+  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:20"}}, 8, &e);
+  EXPECT_EQ(s.message(),
+            "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number of MiB above 20, "
+            "not '20'");
+  s = ParseMegatronArgs(
+      Split(base),
+      {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,garbage_collection_threshold:0.6"}}, 8,
+      &e);
+  EXPECT_EQ(s.message(),
+            "PYTORCH_CUDA_ALLOC_CONF 'garbage_collection_threshold:0.6' is not modelled (memsim "
+            "models max_split_size_mb and accepts expandable_segments); drop it to simulate "
+            "without it");
+  s = ParseMegatronArgs(
+      Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:64"}},
+      8, &e);
   EXPECT_FALSE(s.ok());
 
   // Interleaving's microbatch group size is read, and checked against Megatron's rules.
