@@ -28,8 +28,8 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config,
   if (config_.capacity_bytes < 0) {
     throw std::invalid_argument("CachingAllocatorModel: negative capacity_bytes");
   }
-  if (config_.max_split_size_bytes != 0 && config_.max_split_size_bytes <= kLargeBuffer) {
-    throw std::invalid_argument("CachingAllocatorModel: max_split_size must exceed 20 MiB");
+  if (config_.max_split_size_bytes != 0 && config_.max_split_size_bytes < kLargeBuffer) {
+    throw std::invalid_argument("CachingAllocatorModel: max_split_size must be at least 20 MiB");
   }
 }
 
@@ -266,7 +266,7 @@ CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
                                                                    int64_t rounded_bytes,
                                                                    int64_t requested_bytes) {
   const int64_t remaining_bytes = blocks_[id].size_bytes - rounded_bytes;
-  // PyTorch's should_split (max_split_size unset): a large-pool remainder must itself be
+  // PyTorch's should_split: a large-pool remainder must itself be
   // large, so small requests never fragment large segments into unusable slivers.
   const bool split = blocks_[id].pool == PoolKind::kSmall
                          ? remaining_bytes >= kMinBlockSize

@@ -11,14 +11,14 @@
 //
 // Note [Oversize blocks]
 // With max_split_size_mb, blocks of at least that size are "oversize" (PyTorch 2.x
-// get_free_block, should_split, release_available_cached_blocks): a smaller request never
-// takes one, a larger request takes one only if it wastes less than kLargeBuffer, and
-// they are never split. When a new segment would exceed the device, PyTorch first frees
-// the smallest free oversize segment that is at least as large as the request (or as
-// max_split_size), else free oversize segments from the largest down until as many bytes
-// are freed, and tries again; only then does it release the whole cache and retry (the
-// retry the stats count). Checked against PyTorch 2.11 with max_split_size_mb:128 on the
-// replays of Note [Segment addresses].
+// get_free_block, should_split, release_available_cached_blocks): a request below
+// max_split_size never takes one, a request at or above it takes one only if it wastes
+// less than kLargeBuffer (max_non_split_rounding_mb's default), and they are never split. When a
+// new segment would exceed the device, PyTorch first frees the smallest free oversize segment that
+// is at least as large as the request (or as max_split_size), else free oversize segments from the
+// largest down until as many bytes are freed, and tries again; only then does it release the whole
+// cache and retry (the retry the stats count). Checked against PyTorch 2.11 with
+// max_split_size_mb:128 on the replays of Note [Segment addresses].
 //
 // Note [Segment addresses]
 // PyTorch serves a request from the smallest free block that fits and, among blocks of
@@ -56,7 +56,7 @@ struct CachingAllocatorConfig {
   // Device memory the allocator may reserve, like a GPU's total memory; 0: unlimited.
   int64_t capacity_bytes = 0;
   // PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb in bytes (Note [Oversize blocks]); 0: none,
-  // PyTorch's default. REQUIRES: 0 or above kLargeBuffer.
+  // PyTorch's default. REQUIRES: 0 or at least kLargeBuffer (PyTorch 2.9 on accept 20 MiB).
   int64_t max_split_size_bytes = 0;
   // Where each new segment goes (Note [Segment addresses]), called with its size.
   // REQUIRES: a positive address at which the segment overlaps no live one and ends

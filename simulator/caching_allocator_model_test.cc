@@ -441,6 +441,9 @@ TEST(CachingAllocatorModel, PeakStats) {
 
 TEST(CachingAllocatorModel, RejectsInvalidArguments) {
   EXPECT_THROW(Model(CachingAllocatorConfig(-1)), std::invalid_argument);
+  CachingAllocatorConfig small_split;
+  small_split.max_split_size_bytes = Model::kLargeBuffer - kMiB;  // PyTorch's minimum is 20 MiB
+  EXPECT_THROW(Model{small_split}, std::invalid_argument);
   Model model;
   EXPECT_THROW(model.Malloc(0), std::invalid_argument);
   EXPECT_THROW(model.Malloc(-1), std::invalid_argument);

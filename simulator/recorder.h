@@ -264,8 +264,11 @@ class Recorder {
 
   // The caching allocator's settings in the simulated process (PYTORCH_CUDA_ALLOC_CONF):
   // every replay of this recording (timeline, capacity check, snapshots) uses them.
-  // Capacity is not a setting of the process: each replay sets its own.
-  void SetAllocatorSettings(const CachingAllocatorConfig& settings) {
+  // Capacity and segment placement are not settings of the process (each replay chooses
+  // its own), so they are dropped here.
+  void SetAllocatorSettings(CachingAllocatorConfig settings) {
+    settings.capacity_bytes = 0;
+    settings.segment_address = nullptr;
     allocator_settings_ = settings;
   }
   const CachingAllocatorConfig& allocator_settings() const { return allocator_settings_; }

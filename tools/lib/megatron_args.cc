@@ -1628,9 +1628,12 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
 Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
                       std::vector<std::string>* ignored) {
   bool expandable = false;
-  std::stringstream pairs(conf);
+  std::string spaceless = conf;  // PyTorch ignores spaces and empty pairs
+  spaceless.erase(std::remove(spaceless.begin(), spaceless.end(), ' '), spaceless.end());
+  std::stringstream pairs(spaceless);
   std::string pair;
   while (std::getline(pairs, pair, ',')) {
+    if (pair.empty()) continue;
     const size_t colon = pair.find(':');
     const std::string key = pair.substr(0, colon);
     const std::string value = colon == std::string::npos ? "" : pair.substr(colon + 1);
@@ -1639,12 +1642,13 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
     } else if (key == "max_split_size_mb") {
       int64_t mib = 0;
       const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), mib);
-      // PyTorch refuses 20 or less; the upper bound keeps the bytes within 64 bits.
-      if (error != std::errc() || end != value.data() + value.size() || mib <= 20 ||
+      // PyTorch 2.9 on refuse less than 20 (earlier ones 20 too); the upper bound keeps the
+      // bytes within 64 bits.
+      if (error != std::errc() || end != value.data() + value.size() || mib < 20 ||
           mib > (int64_t{1} << 40)) {
         return Status::Error(
-            "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number "
-            "of MiB above 20, not '" +
+            "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number of MiB, at least "
+            "20, not '" +
             value + "'");
       }
       t->allocator_max_split_size_bytes = mib << 20;
@@ -1667,8 +1671,13 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
 
 const std::set<std::string>& ModelledEnv() {
   static const auto* names = new std::set<std::string>{
-      "CUBLAS_WORKSPACE_CONFIG", "NVTE_FLASH_ATTN",         "NVTE_FUSED_ATTN",
-      "NVTE_UNFUSED_ATTN",       "PYTORCH_CUDA_ALLOC_CONF", "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+      "CUBLAS_WORKSPACE_CONFIG",
+      "NVTE_FLASH_ATTN",
+      "NVTE_FUSED_ATTN",
+      "NVTE_UNFUSED_ATTN",
+      "PYTORCH_CUDA_ALLOC_CONF",
+      "PYTORCH_ALLOC_CONF",
+      "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
   };
   return *names;
 }
@@ -1716,7 +1725,10 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, const Arg
     MEMSIM_RETURN_IF_ERROR(
         ParseCublasWorkspaceConfig(get("CUBLAS_WORKSPACE_CONFIG"), &t.cublas_workspace_bytes));
   }
-  if (const std::string conf = get("PYTORCH_CUDA_ALLOC_CONF"); !conf.empty()) {
+  // PyTorch 2.9 on read PYTORCH_ALLOC_CONF first, then the older name.
+  const std::string alloc_conf =
+      env.count("PYTORCH_ALLOC_CONF") ? get("PYTORCH_ALLOC_CONF") : get("PYTORCH_CUDA_ALLOC_CONF");
+  if (const std::string& conf = alloc_conf; !conf.empty()) {
     MEMSIM_RETURN_IF_ERROR(ParseAllocConf(conf, &t, &out->ignored));
   }
   if (t.te_attention) {

@@ -283,10 +283,17 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, 0);
   EXPECT_NE(std::find(e.ignored.begin(), e.ignored.end(), "PYTORCH_CUDA_ALLOC_CONF"),
             e.ignored.end());
-  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:20"}}, 8, &e);
+  ASSERT_TRUE(
+      ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb: 20,"}}, 8, &e)
+          .ok());
+  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, int64_t{20} << 20);
+  ASSERT_TRUE(
+      ParseMegatronArgs(Split(base), {{"PYTORCH_ALLOC_CONF", "max_split_size_mb:64"}}, 8, &e).ok());
+  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, int64_t{64} << 20);
+  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:19"}}, 8, &e);
   EXPECT_EQ(s.message(),
-            "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number of MiB above 20, "
-            "not '20'");
+            "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number of MiB, at least "
+            "20, not '19'");
   s = ParseMegatronArgs(
       Split(base),
       {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,garbage_collection_threshold:0.6"}}, 8,
