@@ -266,8 +266,9 @@ CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
                                                                    int64_t rounded_bytes,
                                                                    int64_t requested_bytes) {
   const int64_t remaining_bytes = blocks_[id].size_bytes - rounded_bytes;
-  // PyTorch's should_split: a large-pool remainder must itself be
-  // large, so small requests never fragment large segments into unusable slivers.
+  // PyTorch's should_split: a large-pool remainder must itself be large, so small requests
+  // never fragment large segments into unusable slivers; oversize requests are never split
+  // (Note [Oversize blocks]).
   const bool split = blocks_[id].pool == PoolKind::kSmall
                          ? remaining_bytes >= kMinBlockSize
                          : !Oversize(rounded_bytes) && remaining_bytes > kSmallSize;

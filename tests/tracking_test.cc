@@ -296,9 +296,14 @@ TEST(AllocatorReplay, EmptyCacheMarkerReleasesFreeSegments) {
   }
 }
 
-// The allocator settings a recording carries (PYTORCH_CUDA_ALLOC_CONF) reach every replay:
-// with max_split_size_mb:21, a freed 30 MiB segment is oversize, so a 10 MiB request
-// (Note [Oversize blocks]) gets a segment of its own instead of a piece of it.
+// The allocator settings a recording carries (PYTORCH_CUDA_ALLOC_CONF) reach every replay.
+// A 30 MiB block is freed, then 10 MiB and 25 MiB are requested. By default the 10 MiB
+// take the front of the cached 30 MiB segment and the 25 MiB need a new 26 MiB one: 56 MiB
+// reserved. With max_split_size_mb:21 (Note [Oversize blocks]) the 30 MiB block is
+// oversize: the 10 MiB get a segment of their own, and the 25 MiB (an oversize request
+// wasting under 20 MiB) take the whole 30 MiB block: 40 MiB. On a device of 39 MiB the
+// default runs out of memory (30 + 26, nothing cached to release), while with the setting
+// the cached 30 MiB segment is released for the 10 MiB one and 10 + 26 fits.
 TEST(AllocatorReplay, RecordedAllocatorSettingsApplyToTheTimelineAndCapacityReplays) {
   for (int64_t max_split_bytes : {int64_t{0}, int64_t{21} << 20}) {
     Session session;
@@ -310,11 +315,11 @@ TEST(AllocatorReplay, RecordedAllocatorSettingsApplyToTheTimelineAndCapacityRepl
       at::Tensor big = at::empty({30 << 20}, MetaFloat().dtype(at::kByte));
       big.reset();
       at::Tensor medium = at::empty({10 << 20}, MetaFloat().dtype(at::kByte));
+      at::Tensor large = at::empty({25 << 20}, MetaFloat().dtype(at::kByte));
     }
-    const int64_t expected = max_split_bytes == 0 ? 30 << 20 : 40 << 20;
+    const int64_t expected = max_split_bytes == 0 ? 56 << 20 : 40 << 20;
     EXPECT_EQ(Timeline::Replay(session.recorder()).peak_reserved_bytes(), expected);
-    // On a device of 35 MiB the cached oversize segment is released to make room.
-    EXPECT_TRUE(ReplayWithCapacity(session.recorder(), 35 << 20).fits());
+    EXPECT_EQ(ReplayWithCapacity(session.recorder(), 39 << 20).fits(), max_split_bytes != 0);
   }
 }
 

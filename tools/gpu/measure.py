@@ -158,27 +158,25 @@ def measure_allocator(out_path, event_paths):
 # ---------------------------------------------------------------------------------------
 # workspaces
 
-WORKSPACE_PROBE = r"""
+# What both probes share: step(label, fn) runs fn and records the blocks it left allocated
+# and those it freed (from the allocator's snapshot) and the change of allocated bytes.
+PROBE_PRELUDE = r"""
 import json, threading, torch
-MiB = 1 << 20
-def allocated():
-    return torch.cuda.memory_allocated()
+from collections import Counter
 def blocks():
-    out = []
-    for seg in torch.cuda.memory_snapshot():
-        for b in seg["blocks"]:
-            if b["state"] == "active_allocated":
-                out.append(b["size"])
-    return sorted(out)
+    return Counter(b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]
+                   if b["state"] == "active_allocated")
 steps = []
 def step(label, fn):
-    before = allocated(); before_blocks = blocks()
+    before, allocated = blocks(), torch.cuda.memory_allocated()
     fn(); torch.cuda.synchronize()
-    after_blocks = blocks()
-    new = list(after_blocks)
-    for b in before_blocks:
-        if b in new: new.remove(b)
-    steps.append({"step": label, "allocated_delta": allocated() - before, "new_blocks": new})
+    after = blocks()
+    steps.append({"step": label, "allocated_delta": torch.cuda.memory_allocated() - allocated,
+                  "new_blocks": sorted((after - before).elements()),
+                  "freed_blocks": sorted((before - after).elements())})
+"""
+
+WORKSPACE_PROBE = PROBE_PRELUDE + r"""
 a = torch.ones(1024, 1024, dtype=torch.bfloat16, device="cuda")
 b = torch.ones(1024, 1024, dtype=torch.bfloat16, device="cuda")
 bias = torch.ones(1024, dtype=torch.bfloat16, device="cuda")
@@ -210,17 +208,7 @@ print(json.dumps(steps))
 # In a fresh process, as a training step meets them: a forward GEMM on the main thread,
 # then autograd's backward (its own device thread; cuBLAS handles are pooled per thread,
 # so no other thread may have run a GEMM first), then a linear with bias (cuBLASLt).
-TRAINING_PROBE = r"""
-import json, torch
-from collections import Counter
-def blocks():
-    return sorted(b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]
-                  if b["state"] == "active_allocated")
-steps = []
-def step(label, fn):
-    before = Counter(blocks()); fn(); torch.cuda.synchronize(); after = Counter(blocks())
-    steps.append({"step": label, "new_blocks": sorted((after - before).elements()),
-                  "freed_blocks": sorted((before - after).elements())})
+TRAINING_PROBE = PROBE_PRELUDE + r"""
 x = torch.ones(256, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
 w = torch.ones(1024, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
 bias = torch.ones(1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)

@@ -1617,9 +1617,6 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   return ReadMemoryManagement(a, &t);
 }
 
-// Environment variables of a launch. Modelled ones change what the CUDA libraries
-// allocate or which attention kernel runs; neutral ones tune communication, logging and
-// kernel scheduling without changing any tensor's size.
 // PYTORCH_CUDA_ALLOC_CONF, comma-separated key:value pairs as PyTorch reads them.
 // max_split_size_mb is modelled (Note [Oversize blocks]). expandable_segments:True maps
 // segments in pages: it changes reserved memory (and, since blocks then always split,
@@ -1642,8 +1639,8 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
     } else if (key == "max_split_size_mb") {
       int64_t mib = 0;
       const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), mib);
-      // PyTorch 2.9 on refuse less than 20 (earlier ones 20 too); the upper bound keeps the
-      // bytes within 64 bits.
+      // PyTorch refuses less than 20 (before 2.9, 20 too); the upper bound keeps the bytes
+      // within 64 bits.
       if (error != std::errc() || end != value.data() + value.size() || mib < 20 ||
           mib > (int64_t{1} << 40)) {
         return Status::Error(
@@ -1669,6 +1666,9 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
   return Status::OK();
 }
 
+// Environment variables of a launch. Modelled ones change what the CUDA libraries
+// allocate or which attention kernel runs; neutral ones tune communication, logging and
+// kernel scheduling without changing any tensor's size.
 const std::set<std::string>& ModelledEnv() {
   static const auto* names = new std::set<std::string>{
       "CUBLAS_WORKSPACE_CONFIG",
