@@ -391,6 +391,8 @@ struct TrainingConfig {
   // PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb in bytes (Note [Oversize blocks] in
   // simulator/caching_allocator_model.h); 0: PyTorch's default, no limit.
   int64_t allocator_max_split_size_bytes = 0;
+  // PYTORCH_CUDA_ALLOC_CONF's expandable_segments (Note [Expandable segments] there).
+  bool allocator_expandable_segments = false;
 };
 
 // Fills derived fields (head_dim, num_query_groups, ffn_hidden_size, padded vocabulary

@@ -205,6 +205,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   RegisterOps();
   CachingAllocatorConfig allocator_settings;
   allocator_settings.max_split_size_bytes = training.allocator_max_split_size_bytes;
+  allocator_settings.expandable_segments = training.allocator_expandable_segments;
   session.recorder().SetAllocatorSettings(allocator_settings);
   session.SetPhase(Phase::kSetup);
   // The gradient buffer is bf16 with --grad-reduce-in-bf16, or --main-grads-dtype bf16 in

@@ -31,6 +31,14 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config,
   if (config_.max_split_size_bytes != 0 && config_.max_split_size_bytes < kLargeBuffer) {
     throw std::invalid_argument("CachingAllocatorModel: max_split_size must be at least 20 MiB");
   }
+  if (config_.expandable_segments && config_.max_split_size_bytes != 0) {
+    throw std::invalid_argument(
+        "CachingAllocatorModel: expandable segments with max_split_size are not modelled");
+  }
+  if (!(config_.garbage_collection_threshold >= 0 && config_.garbage_collection_threshold < 1)) {
+    throw std::invalid_argument(
+        "CachingAllocatorModel: garbage_collection_threshold must be in [0, 1)");
+  }
 }
 
 int64_t CachingAllocatorModel::RoundSize(int64_t bytes) {
@@ -47,6 +55,10 @@ int64_t CachingAllocatorModel::SegmentSizeFor(int64_t rounded_bytes) {
   return RoundUp(rounded_bytes, kRoundLarge);
 }
 
+int64_t CachingAllocatorModel::PageSizeFor(PoolKind pool) {
+  return pool == PoolKind::kSmall ? kSmallBuffer : kLargeBuffer;
+}
+
 std::optional<CachingAllocatorModel::Allocation> CachingAllocatorModel::Malloc(
     int64_t requested_bytes) {
   if (requested_bytes <= 0 || requested_bytes > kMaxRequestBytes) {
@@ -55,35 +67,68 @@ std::optional<CachingAllocatorModel::Allocation> CachingAllocatorModel::Malloc(
   }
   const int64_t rounded_bytes = RoundSize(requested_bytes);
   const PoolKind pool = PoolFor(rounded_bytes);
-  std::set<FreeKey>& free_blocks = FreeBlocks(pool);
-  // Address and id 0 sort first, so this finds the smallest fit, then the lowest address.
-  const auto best = free_blocks.lower_bound(FreeKey{rounded_bytes, 0, 0});
-  // Note [Oversize blocks]: PyTorch looks at the best fit only.
-  const bool usable = best != free_blocks.end() &&
-                      (Oversize(rounded_bytes) ? std::get<0>(*best) < rounded_bytes + kLargeBuffer
-                                               : !Oversize(std::get<0>(*best)));
-  if (usable) {
-    const int64_t id = std::get<2>(*best);
-    MEMSIM_DCHECK(!blocks_[id].allocated && blocks_[id].size_bytes >= rounded_bytes);
-    free_blocks.erase(best);
-    return TakeBlock(id, rounded_bytes, requested_bytes);
-  }
-  const int64_t segment_bytes = SegmentSizeFor(rounded_bytes);
-  int64_t id = CreateSegment(pool, segment_bytes);
+  int64_t id = FindFreeBlock(pool, rounded_bytes);
+  if (id != kNoBlock) return TakeBlock(id, rounded_bytes, requested_bytes);
+  if (CollectsGarbage()) CollectGarbage();
+  id = GrowPool(pool, rounded_bytes);
   if (id == kNoBlock && ReleaseOversizeSegments(pool, rounded_bytes)) {
-    id = CreateSegment(pool, segment_bytes);
+    id = GrowPool(pool, rounded_bytes);
   }
   if (id == kNoBlock) {
     // What PyTorch does when cudaMalloc fails: free all cached segments, retry once.
     ReleaseCachedSegments();
     ++stats_.num_alloc_retries;
-    id = CreateSegment(pool, segment_bytes);
+    id = GrowPool(pool, rounded_bytes);
     if (id == kNoBlock) {
       ++stats_.num_ooms;
       return std::nullopt;
     }
   }
   return TakeBlock(id, rounded_bytes, requested_bytes);
+}
+
+int64_t CachingAllocatorModel::FindFreeBlock(PoolKind pool, int64_t rounded_bytes) {
+  if (CollectsGarbage()) ++free_block_searches_[PoolIndex(pool)];
+  std::set<FreeKey>& free_blocks = FreeBlocks(pool);
+  // Address and id 0 sort first, so this finds the smallest fit, then the lowest address.
+  auto best = free_blocks.lower_bound(FreeKey{rounded_bytes, 0, 0});
+  if (best == free_blocks.end()) return kNoBlock;
+  if (config_.expandable_segments) {
+    // Note [Expandable segments]: a block that could grow into unmapped space is passed
+    // over while the next larger block would grow less.
+    for (auto next = std::next(best);
+         next != free_blocks.end() &&
+         ExpandableSize(std::get<2>(*next)) < ExpandableSize(std::get<2>(*best));
+         ++next) {
+      best = next;
+    }
+  }
+  // Note [Oversize blocks]: PyTorch looks at the best fit only.
+  const bool usable = Oversize(rounded_bytes) ? std::get<0>(*best) < rounded_bytes + kLargeBuffer
+                                              : !Oversize(std::get<0>(*best));
+  if (!usable) return kNoBlock;
+  const int64_t id = std::get<2>(*best);
+  MEMSIM_DCHECK(!blocks_[id].allocated && blocks_[id].size_bytes >= rounded_bytes);
+  free_blocks.erase(best);
+  return id;
+}
+
+int64_t CachingAllocatorModel::ExpandableSize(int64_t id) const {
+  const Block& block = blocks_[id];
+  const bool grows = block.next != kNoBlock && !blocks_[block.next].mapped;
+  return block.size_bytes + (grows ? blocks_[block.next].size_bytes : 0);
+}
+
+int64_t CachingAllocatorModel::GrowPool(PoolKind pool, int64_t rounded_bytes) {
+  const int64_t segment_bytes = SegmentSizeFor(rounded_bytes);
+  // Without expandable segments this is also the driver's answer: the segment is the growth.
+  const bool checked_before = config_.capacity_is_fraction || !config_.expandable_segments;
+  if (checked_before && config_.capacity_bytes > 0 &&
+      stats_.reserved_bytes > config_.capacity_bytes - segment_bytes) {
+    return kNoBlock;
+  }
+  if (config_.expandable_segments) return MapExpandable(pool, rounded_bytes);
+  return CreateSegment(pool, segment_bytes);
 }
 
 void CachingAllocatorModel::Free(int64_t block_id) {
@@ -99,21 +144,26 @@ void CachingAllocatorModel::Free(int64_t block_id) {
   block.allocated = false;
   block.requested_bytes = 0;
 
-  int64_t id = block_id;
-  const int64_t prev = block.prev;
-  const int64_t next = block.next;
-  if (prev != kNoBlock && !blocks_[prev].allocated) {
+  JoinFreeNeighbours(block_id);
+  MEMSIM_DCHECK(stats_.allocated_bytes >= 0 && stats_.requested_bytes >= 0 &&
+                stats_.num_active_blocks >= 0);
+}
+
+int64_t CachingAllocatorModel::JoinFreeNeighbours(int64_t id) {
+  const int64_t prev = blocks_[id].prev;
+  const int64_t next = blocks_[id].next;
+  // Unmapped neighbours stay apart (Note [Expandable segments]).
+  if (prev != kNoBlock && !blocks_[prev].allocated && blocks_[prev].mapped) {
     EraseFree(prev);
     Merge(prev, id);
     id = prev;
   }
-  if (next != kNoBlock && !blocks_[next].allocated) {
+  if (next != kNoBlock && !blocks_[next].allocated && blocks_[next].mapped) {
     EraseFree(next);
     Merge(id, next);
   }
   InsertFree(id);
-  MEMSIM_DCHECK(stats_.allocated_bytes >= 0 && stats_.requested_bytes >= 0 &&
-                stats_.num_active_blocks >= 0);
+  return id;
 }
 
 void CachingAllocatorModel::EmptyCache() { ReleaseCachedSegments(); }
@@ -128,14 +178,23 @@ std::vector<AllocatorSegmentView> CachingAllocatorModel::Segments() const {
   std::vector<AllocatorSegmentView> segments;
   segments.reserve(segments_.size());
   for (const auto& [address, head] : segments_) {
-    AllocatorSegmentView& segment = segments.emplace_back();
-    segment.address = address;
-    segment.size_bytes = 0;
-    segment.pool = blocks_[head].pool;
+    // An expandable segment shows as one segment per run of mapped blocks.
+    AllocatorSegmentView* segment = nullptr;
     for (int64_t id = head; id != kNoBlock; id = blocks_[id].next) {
       const Block& block = blocks_[id];
-      segment.size_bytes += block.size_bytes;
-      segment.blocks.push_back(
+      if (!block.mapped) {
+        segment = nullptr;
+        continue;
+      }
+      if (segment == nullptr) {
+        segment = &segments.emplace_back();
+        segment->address = block.address;
+        segment->size_bytes = 0;
+        segment->pool = block.pool;
+        segment->expandable = block.expandable;
+      }
+      segment->size_bytes += block.size_bytes;
+      segment->blocks.push_back(
           {block.address, block.size_bytes, block.requested_bytes, block.allocated});
     }
   }
@@ -158,7 +217,9 @@ int64_t CachingAllocatorModel::NewBlock(const Block& block) {
 }
 
 void CachingAllocatorModel::InsertFree(int64_t id) {
-  const Block& block = blocks_[id];
+  Block& block = blocks_[id];
+  MEMSIM_DCHECK(!block.allocated && block.mapped);
+  block.searches_when_freed = free_block_searches_[PoolIndex(block.pool)];
   FreeBlocks(block.pool).insert({block.size_bytes, block.address, id});
 }
 
@@ -168,9 +229,6 @@ void CachingAllocatorModel::EraseFree(int64_t id) {
 }
 
 int64_t CachingAllocatorModel::CreateSegment(PoolKind pool, int64_t size_bytes) {
-  if (config_.capacity_bytes > 0 && stats_.reserved_bytes + size_bytes > config_.capacity_bytes) {
-    return kNoBlock;
-  }
   Block block;
   if (config_.segment_address) {
     block.address = config_.segment_address(size_bytes);
@@ -221,18 +279,196 @@ void CachingAllocatorModel::ReleaseSegment(int64_t id) {
 }
 
 void CachingAllocatorModel::ReleaseCachedSegments() {
-  // Large pool first, each in free-set order, as PyTorch's release_cached_blocks does.
+  // Large pool first, each in free-set order, as PyTorch's release_cached_blocks does;
+  // expandable blocks are unmapped after the pass, which they would disturb.
   for (const PoolKind pool : {PoolKind::kLarge, PoolKind::kSmall}) {
     std::set<FreeKey>& free_blocks = FreeBlocks(pool);
+    std::vector<int64_t> to_unmap;
     for (auto it = free_blocks.begin(); it != free_blocks.end();) {
       const int64_t id = std::get<2>(*it);
-      if (blocks_[id].prev == kNoBlock && blocks_[id].next == kNoBlock) {
+      if (blocks_[id].expandable) {
+        to_unmap.push_back(id);
+        ++it;
+      } else if (blocks_[id].prev == kNoBlock && blocks_[id].next == kNoBlock) {
         it = free_blocks.erase(it);
         ReleaseSegment(id);
       } else {
         ++it;
       }
     }
+    for (const int64_t id : to_unmap) UnmapFreePages(id);
+  }
+}
+
+void CachingAllocatorModel::CollectGarbage() {
+  // PyTorch: static_cast<size_t>(threshold * allowed_memory_maximum).
+  const auto threshold_bytes = static_cast<int64_t>(config_.garbage_collection_threshold *
+                                                    static_cast<double>(config_.capacity_bytes));
+  if (stats_.reserved_bytes <= threshold_bytes) return;
+  const int64_t target_bytes = stats_.reserved_bytes - threshold_bytes;
+  const int64_t searches = free_block_searches_[PoolIndex(PoolKind::kLarge)];
+  const auto age = [&](int64_t id) { return searches - blocks_[id].searches_when_freed; };
+  const auto whole = [&](int64_t id) {
+    return blocks_[id].prev == kNoBlock && blocks_[id].next == kNoBlock;
+  };
+  int64_t total_age = 0;
+  int64_t candidates = 0;
+  for (const FreeKey& key : large_free_) {
+    if (whole(std::get<2>(key))) {
+      total_age += age(std::get<2>(key));
+      ++candidates;
+    }
+  }
+  int64_t reclaimed_bytes = 0;
+  bool freed = true;
+  while (reclaimed_bytes < target_bytes && freed && candidates > 0) {
+    // Oldest first: every block at least as old as the average, whatever it reclaims.
+    const double average_age = static_cast<double>(total_age) / static_cast<double>(candidates);
+    freed = false;
+    for (auto it = large_free_.begin(); it != large_free_.end();) {
+      const int64_t id = std::get<2>(*it);
+      if (!whole(id) || static_cast<double>(age(id)) < average_age) {
+        ++it;
+        continue;
+      }
+      freed = true;
+      reclaimed_bytes += blocks_[id].size_bytes;
+      total_age -= age(id);
+      --candidates;
+      it = large_free_.erase(it);
+      ReleaseSegment(id);
+    }
+  }
+}
+
+int64_t CachingAllocatorModel::MapExpandable(PoolKind pool, int64_t rounded_bytes) {
+  int64_t id = FindExpandableSpace(pool, rounded_bytes);
+  if (!blocks_[id].mapped) {
+    id = MapPages(id, std::min(blocks_[id].size_bytes, rounded_bytes));
+  }
+  // A free block followed by unmapped space: map what is missing after it.
+  while (id != kNoBlock && blocks_[id].size_bytes < rounded_bytes) {
+    const int64_t next = blocks_[id].next;
+    MEMSIM_DCHECK(next != kNoBlock && !blocks_[next].mapped);
+    id = MapPages(next, std::min(rounded_bytes - blocks_[id].size_bytes, blocks_[next].size_bytes));
+  }
+  if (id != kNoBlock) EraseFree(id);
+  return id;
+}
+
+int64_t CachingAllocatorModel::FindExpandableSpace(PoolKind pool, int64_t rounded_bytes) {
+  const auto available = [&](int64_t id) { return id != kNoBlock && !blocks_[id].allocated; };
+  for (const auto& [address, unmapped] : unmapped_[PoolIndex(pool)]) {
+    int64_t first = unmapped;
+    if (available(blocks_[first].prev)) first = blocks_[first].prev;
+    int64_t bytes = 0;
+    for (int64_t id = first; bytes < rounded_bytes && available(id); id = blocks_[id].next) {
+      bytes += blocks_[id].size_bytes;
+    }
+    if (bytes >= rounded_bytes) return first;
+  }
+  // A new address range, aligned to both page sizes.
+  const int64_t base = RoundUp(next_address_, kLargeBuffer);
+  if (base > std::numeric_limits<int64_t>::max() - kExpandableRangeBytes) {
+    throw std::overflow_error("CachingAllocatorModel: fake address space exhausted");
+  }
+  next_address_ = base + kExpandableRangeBytes;
+  Block range;
+  range.address = base;
+  range.size_bytes = kExpandableRangeBytes;
+  range.pool = pool;
+  range.expandable = true;
+  range.mapped = false;
+  const int64_t id = NewBlock(range);
+  segments_.emplace(base, id);
+  unmapped_[PoolIndex(pool)].insert({base, id});
+  return id;
+}
+
+int64_t CachingAllocatorModel::MapPages(int64_t id, int64_t bytes) {
+  MEMSIM_DCHECK(!blocks_[id].mapped && bytes > 0 && bytes <= blocks_[id].size_bytes);
+  const PoolKind pool = blocks_[id].pool;
+  const int64_t mapped_bytes = std::min(RoundUp(bytes, PageSizeFor(pool)), blocks_[id].size_bytes);
+  if (!config_.capacity_is_fraction && config_.capacity_bytes > 0 &&
+      stats_.reserved_bytes > config_.capacity_bytes - mapped_bytes) {
+    return kNoBlock;  // the driver has no memory for the pages
+  }
+  unmapped_[PoolIndex(pool)].erase({blocks_[id].address, id});
+  if (mapped_bytes < blocks_[id].size_bytes) {
+    Block rest;
+    rest.address = blocks_[id].address + mapped_bytes;
+    rest.size_bytes = blocks_[id].size_bytes - mapped_bytes;
+    rest.prev = id;
+    rest.next = blocks_[id].next;
+    rest.pool = pool;
+    rest.expandable = true;
+    rest.mapped = false;
+    const int64_t rest_id = NewBlock(rest);  // may reallocate blocks_: no references held
+    if (rest.next != kNoBlock) blocks_[rest.next].prev = rest_id;
+    blocks_[id].next = rest_id;
+    blocks_[id].size_bytes = mapped_bytes;
+    unmapped_[PoolIndex(pool)].insert({rest.address, rest_id});
+  }
+  const int64_t mapped_address = blocks_[id].address;
+  blocks_[id].mapped = true;
+  id = JoinFreeNeighbours(id);
+  stats_.reserved_bytes += mapped_bytes;
+  stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+  if (observer_ != nullptr) observer_->OnSegmentMap(mapped_address, mapped_bytes, pool);
+  return id;
+}
+
+void CachingAllocatorModel::UnmapFreePages(int64_t id) {
+  const Block block = blocks_[id];
+  const int64_t page = PageSizeFor(block.pool);
+  // Range bases are page-aligned, so whole pages are aligned addresses.
+  const int64_t begin = RoundUp(block.address, page);
+  const int64_t end = (block.address + block.size_bytes) / page * page;
+  if (begin >= end) return;
+  EraseFree(id);
+  if (begin > block.address) {  // the free head of a partly used first page stays mapped
+    Block head = block;
+    head.size_bytes = begin - block.address;
+    head.next = id;
+    const int64_t head_id = NewBlock(head);
+    if (head.prev != kNoBlock) blocks_[head.prev].next = head_id;
+    blocks_[id].prev = head_id;
+    InsertFree(head_id);
+  }
+  if (end < block.address + block.size_bytes) {  // and the tail of a partly used last page
+    Block tail = block;
+    tail.address = end;
+    tail.size_bytes = block.address + block.size_bytes - end;
+    tail.prev = id;
+    const int64_t tail_id = NewBlock(tail);
+    if (tail.next != kNoBlock) blocks_[tail.next].prev = tail_id;
+    blocks_[id].next = tail_id;
+    InsertFree(tail_id);
+  }
+  blocks_[id].address = begin;
+  blocks_[id].size_bytes = end - begin;
+  blocks_[id].mapped = false;
+  std::set<UnmappedKey>& unmapped = unmapped_[PoolIndex(block.pool)];
+  const int64_t prev = blocks_[id].prev;
+  const int64_t next = blocks_[id].next;
+  if (prev != kNoBlock && !blocks_[prev].mapped) {
+    unmapped.erase({blocks_[prev].address, prev});
+    Merge(prev, id);
+    id = prev;
+  }
+  if (next != kNoBlock && !blocks_[next].mapped) {
+    unmapped.erase({blocks_[next].address, next});
+    Merge(id, next);
+  }
+  stats_.reserved_bytes -= end - begin;
+  if (observer_ != nullptr) observer_->OnSegmentUnmap(begin, end - begin, block.pool);
+  if (blocks_[id].prev == kNoBlock && blocks_[id].next == kNoBlock) {
+    // Nothing of the range is mapped: PyTorch frees its addresses.
+    segments_.erase(blocks_[id].address);
+    blocks_[id] = Block();
+    free_slots_.push_back(id);
+  } else {
+    unmapped.insert({blocks_[id].address, id});
   }
 }
 
@@ -269,7 +505,8 @@ CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
   // PyTorch's should_split: a large-pool remainder must itself be large, so small requests
   // never fragment large segments into unusable slivers; oversize requests are never split
   // (Note [Oversize blocks]).
-  const bool split = blocks_[id].pool == PoolKind::kSmall
+  // With expandable segments every block splits (Note [Expandable segments]).
+  const bool split = blocks_[id].pool == PoolKind::kSmall || config_.expandable_segments
                          ? remaining_bytes >= kMinBlockSize
                          : !Oversize(rounded_bytes) && remaining_bytes > kSmallSize;
   if (split) {
@@ -279,6 +516,7 @@ CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
     rest.prev = id;
     rest.next = blocks_[id].next;
     rest.pool = blocks_[id].pool;
+    rest.expandable = blocks_[id].expandable;
     const int64_t rest_id = NewBlock(rest);  // may reallocate blocks_: no references held
     if (rest.next != kNoBlock) blocks_[rest.next].prev = rest_id;
     blocks_[id].next = rest_id;
@@ -301,9 +539,10 @@ CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
 void CachingAllocatorModel::Merge(int64_t front, int64_t back) {
   Block& front_block = blocks_[front];
   const Block& back_block = blocks_[back];
-  // Neighbours of one segment, both free, and adjacent in address.
+  // Neighbours of one segment, both free and both mapped or both not, and adjacent.
   MEMSIM_DCHECK(front_block.next == back && back_block.prev == front);
   MEMSIM_DCHECK(!front_block.allocated && !back_block.allocated);
+  MEMSIM_DCHECK(front_block.mapped == back_block.mapped);
   MEMSIM_DCHECK(front_block.address + front_block.size_bytes == back_block.address);
   front_block.size_bytes += back_block.size_bytes;
   front_block.next = back_block.next;

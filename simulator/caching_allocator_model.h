@@ -5,9 +5,9 @@
 // allocator would hold, so reserved memory, fragmentation and OOMs can be predicted
 // without a GPU. Requests are rounded to 512 B and served best-fit from a small pool
 // (<= 1 MiB) or a large pool; a miss "cudaMallocs" a new segment, and frees only return
-// blocks to the cache, merging them with free neighbours. Not modelled: streams and
-// events, CUDA graphs, expandable segments and the PYTORCH_CUDA_ALLOC_CONF knobs other than
-// max_split_size_mb (roundup_power2_divisions, garbage_collection_threshold).
+// blocks to the cache, merging them with free neighbours. PYTORCH_CUDA_ALLOC_CONF's
+// max_split_size_mb, expandable_segments and garbage_collection_threshold are modelled
+// (the Notes below); not modelled: streams and events, CUDA graphs, roundup_power2_divisions.
 //
 // Note [Oversize blocks]
 // With max_split_size_mb, blocks of at least that size are "oversize" (PyTorch 2.x
@@ -28,15 +28,44 @@
 // replayed through PyTorch 2.11's allocator on an H200, unlimited and on a capped device):
 // given the addresses the driver returned there (CachingAllocatorConfig::segment_address),
 // this model reproduces every change of reserved memory at the same event, the peaks, the
-// retries, the out-of-memory event and the final segments in 20 replays: the 7 unlimited
-// ones, whose segment addresses were read off the run, and 13 capped ones, which make the
-// same segments until their first retry (the 14th retries five times and maps segments
-// whose addresses were not recorded). The driver's own placement is not modelled: it put most large
+// retries, the out-of-memory event and the final segments in all 21 replays (7 unlimited,
+// 14 capped; each run's segment addresses recorded). The driver's own placement is not
+// modelled: it put most large
 // segments below the previous one and runs of 2 MiB ones upward, with exceptions. By
 // default each segment goes above the last; the peak reserved is then exact in 14 of 21
 // replays and within +0.08% on the model runs (+3.6% on a random sequence). Placing each
 // below the last was exact in 19 of 21, but it moved 73 validation metrics (through which
 // blocks stay unsplit), 41 for the worse, so it is not the default.
+//
+// Note [Expandable segments]
+// With expandable_segments:True (PyTorch 2.x, Note [Expandable Segments] in
+// CUDACachingAllocator.cpp) each pool reserves one range of virtual addresses and maps
+// physical pages onto it as needed: 2 MiB pages for the small pool, 20 MiB for the large.
+// A request no free block fits maps pages at the lowest address where the free and
+// unmapped space in a row is large enough (a free block followed by unmapped space
+// counts), merging with free neighbours; every block then splits down to its rounded size
+// (remainder >= 512 B), so allocated memory is the rounded requests'. The best fit skips a
+// free block followed by unmapped space while the next larger free block would grow less
+// (PyTorch compares size plus the unmapped space after it). Releasing the cache unmaps
+// the whole pages inside free blocks; a range left with nothing mapped is released. Reserved
+// memory is the mapped pages; the snapshot shows each run of mapped pages as a segment
+// (PyTorch's snapshot()), and segment_map/segment_unmap trace actions. Under a memory
+// fraction PyTorch checks reserved memory plus the segment a cudaMalloc would have taken
+// (SegmentSizeFor) against it before mapping, so it may refuse a request whose pages would
+// fit, or map a page beyond it; on the whole device the driver refuses pages that do not fit.
+// PyTorch reserves 1.125x the device's memory per range and opens a second one only when
+// that is used up; the model reserves kExpandableRangeBytes, so it never does.
+// Checked against PyTorch 2.11 on an H200 with the replays of Note [Segment addresses].
+//
+// Note [Garbage collection threshold]
+// garbage_collection_threshold:T acts only under a memory fraction
+// (set_per_process_memory_fraction; CachingAllocatorConfig::capacity_is_fraction): when no free
+// block fits a request and reserved memory exceeds T x capacity, PyTorch frees whole free segments
+// of the large pool whose age is at least the average, recomputing the average until it has freed
+// the excess or nothing more qualifies, before it maps a new segment. A block's age counts the
+// large pool's best-fit searches since it was last returned to the free set. Megatron-LM never sets
+// a fraction, so there it has no effect. Checked against PyTorch 2.11 with
+// garbage_collection_threshold:0.6 on the capped replays.
 #pragma once
 
 #include <cstdint>
@@ -55,9 +84,23 @@ struct CachingAllocatorConfig {
 
   // Device memory the allocator may reserve, like a GPU's total memory; 0: unlimited.
   int64_t capacity_bytes = 0;
+  // True: the capacity is a torch.cuda.set_per_process_memory_fraction limit, which PyTorch
+  // checks before it asks the driver, against reserved memory plus the segment a cudaMalloc
+  // would take (SegmentSizeFor), and under which garbage_collection_threshold acts. False:
+  // it is the device's memory, so the driver refuses what does not fit. The two differ
+  // only with expandable segments, which map pages rather than that segment.
+  bool capacity_is_fraction = false;
   // PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb in bytes (Note [Oversize blocks]); 0: none,
   // PyTorch's default. REQUIRES: 0 or at least kLargeBuffer (PyTorch 2.9 on accept 20 MiB).
   int64_t max_split_size_bytes = 0;
+  // PYTORCH_CUDA_ALLOC_CONF's expandable_segments (Note [Expandable segments]).
+  // REQUIRES: not with max_split_size_bytes (PyTorch asserts when it would release an
+  // oversize expandable block).
+  bool expandable_segments = false;
+  // PYTORCH_CUDA_ALLOC_CONF's garbage_collection_threshold (Note [Garbage collection
+  // threshold]); 0: off. Acts only under a fraction (capacity_is_fraction).
+  // REQUIRES: 0 <= value < 1.
+  double garbage_collection_threshold = 0;
   // Where each new segment goes (Note [Segment addresses]), called with its size.
   // REQUIRES: a positive address at which the segment overlaps no live one and ends
   // within int64_t (else Malloc throws std::invalid_argument). Empty: above every earlier
@@ -79,18 +122,19 @@ struct AllocatorSegmentView {
   int64_t address;
   int64_t size_bytes;
   PoolKind pool;
+  bool expandable;                         // a run of mapped pages of an expandable segment
   std::vector<AllocatorBlockView> blocks;  // in address order, covering the segment
 };
 
 // The counters torch.cuda.memory_stats() reports, for the "all" pools aggregate.
 struct AllocatorStats {
   int64_t allocated_bytes = 0;  // sizes of allocated blocks, after rounding and splitting
-  int64_t reserved_bytes = 0;   // sizes of segments
+  int64_t reserved_bytes = 0;   // sizes of segments and of mapped pages
   int64_t requested_bytes = 0;  // sizes callers asked for, of allocated blocks
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   int64_t peak_requested_bytes = 0;
-  int64_t num_segments = 0;
+  int64_t num_segments = 0;  // cudaMalloc'ed segments (expandable ranges not counted)
   int64_t num_active_blocks = 0;
   int64_t num_alloc_retries = 0;  // segment allocations retried after releasing the cache
   int64_t num_ooms = 0;
@@ -102,6 +146,9 @@ class AllocatorObserver {
   virtual ~AllocatorObserver() = default;
   virtual void OnSegmentAlloc(int64_t address, int64_t size_bytes, PoolKind pool) = 0;
   virtual void OnSegmentFree(int64_t address, int64_t size_bytes, PoolKind pool) = 0;
+  // Pages mapped onto or unmapped from an expandable segment (Note [Expandable segments]).
+  virtual void OnSegmentMap(int64_t address, int64_t size_bytes, PoolKind pool) = 0;
+  virtual void OnSegmentUnmap(int64_t address, int64_t size_bytes, PoolKind pool) = 0;
 };
 
 class CachingAllocatorModel {
@@ -117,6 +164,9 @@ class CachingAllocatorModel {
   static constexpr int64_t kRoundLarge = 2 << 20;
   // Keeps rounding free of overflow; far beyond any device.
   static constexpr int64_t kMaxRequestBytes = int64_t{1} << 62;
+  // Virtual addresses an expandable segment reserves (Note [Expandable segments]): 16 TiB,
+  // more than 1.125x any GPU's memory.
+  static constexpr int64_t kExpandableRangeBytes = int64_t{1} << 44;
 
   struct Allocation {
     int64_t block_id;  // handle for Free(); may be reused once freed
@@ -124,8 +174,8 @@ class CachingAllocatorModel {
     int64_t block_bytes;  // what allocated_bytes grew by: the rounded size or a whole block
   };
 
-  // REQUIRES: config.capacity_bytes >= 0 (else throws std::invalid_argument); `observer`,
-  // if given, outlives the model.
+  // REQUIRES: config.capacity_bytes >= 0 and the config's own REQUIRES (else throws
+  // std::invalid_argument); `observer`, if given, outlives the model.
   explicit CachingAllocatorModel(CachingAllocatorConfig config = {},
                                  AllocatorObserver* observer = nullptr);
 
@@ -138,7 +188,8 @@ class CachingAllocatorModel {
   // std::invalid_argument, when detectable).
   void Free(int64_t block_id);
 
-  // Releases every entirely free segment, like torch.cuda.empty_cache().
+  // Releases every entirely free segment and unmaps the free pages of expandable ones, like
+  // torch.cuda.empty_cache().
   void EmptyCache();
 
   // Sets the peaks to the current values, like torch.cuda.reset_peak_memory_stats().
@@ -155,6 +206,8 @@ class CachingAllocatorModel {
   static PoolKind PoolFor(int64_t rounded_bytes);
   // The size of the segment allocated when no cached block fits.
   static int64_t SegmentSizeFor(int64_t rounded_bytes);
+  // The page size of an expandable segment of `pool`.
+  static int64_t PageSizeFor(PoolKind pool);
 
  private:
   static constexpr int64_t kNoBlock = -1;
@@ -165,22 +218,57 @@ class CachingAllocatorModel {
     int64_t requested_bytes = 0;  // 0 while free
     int64_t prev = kNoBlock;      // neighbours in the same segment, by address
     int64_t next = kNoBlock;
+    // The large or small pool's best-fit count when the block entered the free set (Note
+    // [Garbage collection threshold]).
+    int64_t searches_when_freed = 0;
     PoolKind pool = PoolKind::kSmall;
     bool allocated = false;
+    bool expandable = false;  // part of an expandable segment's address range
+    bool mapped = true;       // false: unmapped address space of an expandable segment
   };
   // Orders like PyTorch's BlockComparatorSize: by size, then address.
   using FreeKey = std::tuple<int64_t, int64_t, int64_t>;  // (size, address, block id)
+  using UnmappedKey = std::pair<int64_t, int64_t>;        // (address, block id)
 
+  static int PoolIndex(PoolKind pool) { return pool == PoolKind::kSmall ? 0 : 1; }
   std::set<FreeKey>& FreeBlocks(PoolKind pool);
   int64_t NewBlock(const Block& block);
+  // Moves a free mapped block into (out of) its pool's free set.
   void InsertFree(int64_t id);
   void EraseFree(int64_t id);
-  // Returns the segment's single free block (not yet in a free set), or kNoBlock when
-  // the segment would exceed capacity.
+  // PyTorch's get_free_block: the free block a request of `rounded_bytes` takes, out of
+  // the free set, or kNoBlock.
+  int64_t FindFreeBlock(PoolKind pool, int64_t rounded_bytes);
+  // A free block of at least `rounded_bytes` from new device memory, out of the free set,
+  // or kNoBlock when it would exceed capacity.
+  int64_t GrowPool(PoolKind pool, int64_t rounded_bytes);
+  // Returns the segment's single free block (not yet in a free set).
   int64_t CreateSegment(PoolKind pool, int64_t size_bytes);
   // REQUIRES: `id` is a segment's only block, free and out of the free sets.
   void ReleaseSegment(int64_t id);
   void ReleaseCachedSegments();
+  // Note [Garbage collection threshold].
+  void CollectGarbage();
+  bool CollectsGarbage() const {
+    return config_.garbage_collection_threshold > 0 && config_.capacity_is_fraction &&
+           config_.capacity_bytes > 0;
+  }
+  // Note [Expandable segments]. MapExpandable returns a free mapped block of at least
+  // `rounded_bytes`, out of the free set, or kNoBlock when the device is full (pages it
+  // mapped before stay mapped, as in PyTorch).
+  int64_t MapExpandable(PoolKind pool, int64_t rounded_bytes);
+  // The first block of the lowest run of free and unmapped blocks ending in unmapped space
+  // that holds `rounded_bytes`, opening a new address range when none does.
+  int64_t FindExpandableSpace(PoolKind pool, int64_t rounded_bytes);
+  // Maps whole pages covering the first `bytes` of unmapped block `id` and merges them
+  // with free neighbours; returns the resulting free block (in the free set), or kNoBlock
+  // when the pages exceed the device's capacity.
+  int64_t MapPages(int64_t id, int64_t bytes);
+  // Unmaps the whole pages inside free block `id`; releases the address range when
+  // nothing of it stays mapped.
+  void UnmapFreePages(int64_t id);
+  // PyTorch's best fit compares an expandable block's size plus the unmapped space after it.
+  int64_t ExpandableSize(int64_t id) const;
   // PyTorch's release_available_cached_blocks for a request of `rounded_bytes` from `pool`;
   // true if it freed enough to try again.
   bool ReleaseOversizeSegments(PoolKind pool, int64_t rounded_bytes);
@@ -190,6 +278,9 @@ class CachingAllocatorModel {
   // Allocates the front of free block `id` (out of the free sets), splitting off the rest
   // when PyTorch would.
   Allocation TakeBlock(int64_t id, int64_t rounded_bytes, int64_t requested_bytes);
+  // Merges free mapped block `id` with its free mapped neighbours and puts the result in
+  // the free set (PyTorch's free_block and map_block); returns the result's id.
+  int64_t JoinFreeNeighbours(int64_t id);
   // Appends block `back` to its free predecessor `front` and recycles `back`'s slot.
   void Merge(int64_t front, int64_t back);
 
@@ -201,7 +292,9 @@ class CachingAllocatorModel {
   std::vector<int64_t> free_slots_;  // ids of unused entries of blocks_
   std::set<FreeKey> small_free_;
   std::set<FreeKey> large_free_;
-  std::map<int64_t, int64_t> segments_;  // address -> id of the segment's first block
+  std::set<UnmappedKey> unmapped_[2];        // by PoolIndex
+  int64_t free_block_searches_[2] = {0, 0};  // by PoolIndex; counted while CollectsGarbage()
+  std::map<int64_t, int64_t> segments_;      // address -> id of the segment's first block
 };
 
 }  // namespace memsim

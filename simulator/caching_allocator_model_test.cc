@@ -18,13 +18,14 @@ constexpr int64_t kKiB = 1024;
 constexpr int64_t kMiB = 1024 * kKiB;
 
 struct SegmentEvent {
-  bool alloc;
+  bool alloc;  // segment_alloc or segment_map; else segment_free or segment_unmap
   int64_t address;
   int64_t size_bytes;
   PoolKind pool;
+  bool mapping = false;  // segment_map or segment_unmap
   bool operator==(const SegmentEvent& other) const {
     return alloc == other.alloc && address == other.address && size_bytes == other.size_bytes &&
-           pool == other.pool;
+           pool == other.pool && mapping == other.mapping;
   }
 };
 
@@ -36,8 +37,22 @@ class RecordingObserver : public AllocatorObserver {
   void OnSegmentFree(int64_t address, int64_t size_bytes, PoolKind pool) override {
     events.push_back({false, address, size_bytes, pool});
   }
+  void OnSegmentMap(int64_t address, int64_t size_bytes, PoolKind pool) override {
+    events.push_back({true, address, size_bytes, pool, true});
+  }
+  void OnSegmentUnmap(int64_t address, int64_t size_bytes, PoolKind pool) override {
+    events.push_back({false, address, size_bytes, pool, true});
+  }
   std::vector<SegmentEvent> events;
 };
+
+// Expandable segments; `fraction`: the capacity is a memory fraction.
+CachingAllocatorConfig Expandable(int64_t capacity_bytes = 0, bool fraction = false) {
+  CachingAllocatorConfig config(capacity_bytes);
+  config.expandable_segments = true;
+  config.capacity_is_fraction = fraction;
+  return config;
+}
 
 // Mallocs and expects success.
 Model::Allocation MustMalloc(Model& model, int64_t bytes) {
@@ -87,7 +102,9 @@ void ExpectConsistent(const Model& model) {
   EXPECT_EQ(stats.allocated_bytes, allocated);
   EXPECT_EQ(stats.requested_bytes, requested);
   EXPECT_EQ(stats.num_active_blocks, active);
-  EXPECT_EQ(stats.num_segments, static_cast<int64_t>(segments.size()));
+  EXPECT_EQ(stats.num_segments,
+            std::count_if(segments.begin(), segments.end(),
+                          [](const AllocatorSegmentView& s) { return !s.expandable; }));
 }
 
 TEST(CachingAllocatorModel, SizeRules) {
@@ -444,6 +461,14 @@ TEST(CachingAllocatorModel, RejectsInvalidArguments) {
   CachingAllocatorConfig small_split;
   small_split.max_split_size_bytes = Model::kLargeBuffer - kMiB;  // PyTorch's minimum is 20 MiB
   EXPECT_THROW(Model{small_split}, std::invalid_argument);
+  CachingAllocatorConfig both = Expandable();
+  both.max_split_size_bytes = Model::kLargeBuffer;
+  EXPECT_THROW(Model{both}, std::invalid_argument);
+  for (const double threshold : {-0.1, 1.0}) {
+    CachingAllocatorConfig gc;
+    gc.garbage_collection_threshold = threshold;
+    EXPECT_THROW(Model{gc}, std::invalid_argument);
+  }
   Model model;
   EXPECT_THROW(model.Malloc(0), std::invalid_argument);
   EXPECT_THROW(model.Malloc(-1), std::invalid_argument);
@@ -454,6 +479,139 @@ TEST(CachingAllocatorModel, RejectsInvalidArguments) {
   model.Free(a.block_id);
   EXPECT_THROW(model.Free(a.block_id), std::invalid_argument);  // double free
   EXPECT_EQ(model.stats().allocated_bytes, 0);
+}
+
+// Note [Expandable segments], worked by hand from PyTorch's CUDACachingAllocator.cpp.
+TEST(CachingAllocatorModel, ExpandableSegmentsMapPagesAndSplitEveryBlock) {
+  RecordingObserver observer;
+  Model model(Expandable(), &observer);
+  // 11.5 MiB: a cudaMalloc'ed segment would be 12 MiB and unsplit (0.5 MiB <= 1 MiB), so
+  // 12 MiB allocated; here one 20 MiB page is mapped and the block splits to 11.5 MiB.
+  const Model::Allocation a = MustMalloc(model, 11 * kMiB + 512 * kKiB);
+  EXPECT_EQ(a.block_bytes, 11 * kMiB + 512 * kKiB);
+  EXPECT_EQ(model.stats().reserved_bytes, 20 * kMiB);
+  const int64_t base = a.address;
+  // 10 MiB does not fit the 8.5 MiB left: the next page is mapped behind it and they merge.
+  const Model::Allocation b = MustMalloc(model, 10 * kMiB);
+  EXPECT_EQ(b.address, base + 11 * kMiB + 512 * kKiB);
+  EXPECT_EQ(model.stats().reserved_bytes, 40 * kMiB);
+  EXPECT_EQ(model.stats().allocated_bytes, 21 * kMiB + 512 * kKiB);
+  // The small pool has its own range, mapped in 2 MiB pages.
+  const Model::Allocation c = MustMalloc(model, 1000);
+  EXPECT_EQ(c.block_bytes, 1024);
+  EXPECT_EQ(model.stats().reserved_bytes, 42 * kMiB);
+  EXPECT_EQ(
+      BlockLayout(model, 0),
+      (std::vector<std::pair<int64_t, bool>>{
+          {11 * kMiB + 512 * kKiB, true}, {10 * kMiB, true}, {18 * kMiB + 512 * kKiB, false}}));
+  ASSERT_EQ(model.Segments().size(), 2u);
+  EXPECT_TRUE(model.Segments()[0].expandable);
+  EXPECT_EQ(model.stats().num_segments, 0);  // PyTorch counts no segment for a mapping
+  ExpectConsistent(model);
+  // No free block holds a whole page: nothing to unmap.
+  model.Free(a.block_id);
+  model.EmptyCache();
+  EXPECT_EQ(model.stats().reserved_bytes, 42 * kMiB);
+  model.Free(b.block_id);
+  model.EmptyCache();  // both large pages are free: the large range goes
+  EXPECT_EQ(model.stats().reserved_bytes, 2 * kMiB);
+  model.Free(c.block_id);
+  model.EmptyCache();
+  EXPECT_EQ(model.stats().reserved_bytes, 0);
+  EXPECT_TRUE(model.Segments().empty());
+  const int64_t small_base = c.address;
+  EXPECT_EQ(observer.events,
+            (std::vector<SegmentEvent>{{true, base, 20 * kMiB, PoolKind::kLarge, true},
+                                       {true, base + 20 * kMiB, 20 * kMiB, PoolKind::kLarge, true},
+                                       {true, small_base, 2 * kMiB, PoolKind::kSmall, true},
+                                       {false, base, 40 * kMiB, PoolKind::kLarge, true},
+                                       {false, small_base, 2 * kMiB, PoolKind::kSmall, true}}));
+}
+
+TEST(CachingAllocatorModel, ExpandableBestFitPassesOverABlockThatCouldGrow) {
+  Model model(Expandable());
+  const Model::Allocation a = MustMalloc(model, 9 * kMiB);  // page [0, 20)
+  MustMalloc(model, 3 * kMiB);                              // [9, 12); [12, 20) free
+  model.Free(a.block_id);
+  // Free: [0, 9) before an allocated block and [12, 20) before unmapped space. Best fit
+  // by size is the 8 MiB one, but it could grow into the unmapped space, so PyTorch
+  // takes the 9 MiB one.
+  EXPECT_EQ(MustMalloc(model, 7 * kMiB).address, a.address);
+  EXPECT_EQ(model.stats().reserved_bytes, 20 * kMiB);
+}
+
+TEST(CachingAllocatorModel, ExpandableUnmapsWholeFreePagesAndRefillsTheLowestHole) {
+  RecordingObserver observer;
+  Model model(Expandable(), &observer);
+  const Model::Allocation a = MustMalloc(model, 50 * kMiB);  // pages [0, 60)
+  MustMalloc(model, 5 * kMiB);                               // [50, 55)
+  model.Free(a.block_id);
+  model.EmptyCache();  // [0, 50) is free: its whole pages [0, 40) are unmapped
+  EXPECT_EQ(model.stats().reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(BlockLayout(model, 0), (std::vector<std::pair<int64_t, bool>>{
+                                       {10 * kMiB, false}, {5 * kMiB, true}, {5 * kMiB, false}}));
+  EXPECT_EQ(model.Segments()[0].address, a.address + 40 * kMiB);
+  // 30 MiB maps the hole at the lowest address, not the end, and merges with [40, 50).
+  EXPECT_EQ(MustMalloc(model, 30 * kMiB).address, a.address);
+  EXPECT_EQ(model.stats().reserved_bytes, 60 * kMiB);
+  EXPECT_EQ(observer.events.back(),
+            (SegmentEvent{true, a.address, 40 * kMiB, PoolKind::kLarge, true}));
+  ExpectConsistent(model);
+}
+
+TEST(CachingAllocatorModel, ExpandableUnderAFractionChecksTheCudaMallocSegmentSize) {
+  for (const bool fraction : {true, false}) {
+    Model model(Expandable(60 * kMiB, fraction));
+    MustMalloc(model, 25 * kMiB);  // maps [0, 40)
+    MustMalloc(model, 12 * kMiB);  // [25, 37); 3 MiB left before the unmapped space
+    // 22 MiB needs one more page: reserved 60 MiB, the capacity. Under a fraction PyTorch
+    // checks reserved + 22 MiB (what a cudaMalloc would take) and refuses; the device
+    // itself has room for the page.
+    EXPECT_EQ(model.Malloc(22 * kMiB).has_value(), !fraction);
+    EXPECT_EQ(model.stats().num_ooms, fraction ? 1 : 0);
+    EXPECT_EQ(model.stats().reserved_bytes, fraction ? 40 * kMiB : 60 * kMiB);
+  }
+  // Under a fraction of 55 MiB a 12 MiB request passes the check (40 + 12 MiB) and maps a
+  // whole page, beyond the limit; the device's driver would refuse that page.
+  for (const bool fraction : {true, false}) {
+    Model model(Expandable(55 * kMiB, fraction));
+    MustMalloc(model, 25 * kMiB);
+    MustMalloc(model, 15 * kMiB);  // fills [0, 40)
+    EXPECT_EQ(model.Malloc(12 * kMiB).has_value(), fraction);
+    EXPECT_EQ(model.stats().reserved_bytes, fraction ? 60 * kMiB : 40 * kMiB);
+  }
+}
+
+// Note [Garbage collection threshold], worked by hand: capacity 100 MiB, threshold 0.6.
+TEST(CachingAllocatorModel, GarbageCollectionFreesSegmentsAtLeastAsOldAsTheAverage) {
+  const auto run = [](int64_t capacity_bytes, double threshold, bool fraction = true) {
+    CachingAllocatorConfig config(capacity_bytes);
+    config.capacity_is_fraction = fraction;
+    config.garbage_collection_threshold = threshold;
+    Model model(config);
+    const Model::Allocation a = MustMalloc(model, 30 * kMiB);  // large-pool search 1
+    const Model::Allocation b = MustMalloc(model, 24 * kMiB);  // search 2
+    model.Free(a.block_id);                                    // a freed at search 2
+    const Model::Allocation c = MustMalloc(model, 32 * kMiB);  // 3: 54 MiB <= 60, no collection
+    model.Free(b.block_id);                                    // freed at search 3
+    model.Free(c.block_id);
+    EXPECT_EQ(model.stats().reserved_bytes, 86 * kMiB);
+    MustMalloc(model, 36 * kMiB);  // search 4
+    return model.stats();
+  };
+  // Search 4 finds no fit for 36 MiB and 86 MiB exceeds 60 MiB by 26 MiB. Ages: b 1, a 2,
+  // c 1, average 4/3: only a (30 MiB) goes, which is enough; 56 + 36 MiB fits.
+  const AllocatorStats collected = run(100 * kMiB, 0.6);
+  EXPECT_EQ(collected.reserved_bytes, 92 * kMiB);
+  EXPECT_EQ(collected.num_alloc_retries, 0);
+  // Without collection 86 + 36 MiB exceeds the capacity: every cached segment is
+  // released and the allocation retried.
+  const AllocatorStats plain = run(100 * kMiB, 0);
+  EXPECT_EQ(plain.reserved_bytes, 36 * kMiB);
+  EXPECT_EQ(plain.num_alloc_retries, 1);
+  // Without a memory fraction nothing is collected.
+  EXPECT_EQ(run(0, 0.6).reserved_bytes, 122 * kMiB);
+  EXPECT_EQ(run(100 * kMiB, 0.6, false).reserved_bytes, 36 * kMiB);
 }
 
 // A random trace, checked step by step against a brute-force best fit over Segments().

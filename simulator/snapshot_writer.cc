@@ -76,6 +76,12 @@ class TraceBuilder final : public AllocatorObserver {
   void OnSegmentFree(int64_t address, int64_t size_bytes, PoolKind) override {
     Add({Action::kSegmentFree, address, size_bytes, now_s_, current_storage_});
   }
+  void OnSegmentMap(int64_t address, int64_t size_bytes, PoolKind) override {
+    Add({Action::kSegmentMap, address, size_bytes, now_s_, current_storage_});
+  }
+  void OnSegmentUnmap(int64_t address, int64_t size_bytes, PoolKind) override {
+    Add({Action::kSegmentUnmap, address, size_bytes, now_s_, current_storage_});
+  }
 
   // ReplayAllocations' visitor (allocator_replay.h). The segments an empty_cache() releases
   // belong to no allocation.
@@ -101,8 +107,9 @@ class TraceBuilder final : public AllocatorObserver {
 
   // Writes the logged entries as a list of dicts.
   void WriteEntries(PickleWriter* out, FrameWriter* frames) const {
-    static const char* const kActionNames[] = {"alloc", "free_requested", "free_completed",
-                                               "segment_alloc", "segment_free"};
+    static const char* const kActionNames[] = {"alloc",         "free_requested", "free_completed",
+                                               "segment_alloc", "segment_free",   "segment_map",
+                                               "segment_unmap"};
     out->BeginList();
     for (const Entry& e : entries_) {
       out->BeginDict();
@@ -136,7 +143,9 @@ class TraceBuilder final : public AllocatorObserver {
     kFreeRequested,
     kFreeCompleted,
     kSegmentAlloc,
-    kSegmentFree
+    kSegmentFree,
+    kSegmentMap,
+    kSegmentUnmap
   };
   struct Entry {
     Action action;
@@ -198,7 +207,7 @@ void WriteSegments(const CachingAllocatorModel& allocator, const TraceBuilder& t
     out->String("segment_pool_id");
     out->Pair(0, 0);
     out->String("is_expandable");
-    out->Bool(false);
+    out->Bool(seg.expandable);
     out->String("frames");
     out->BeginList();
     out->EndList();

@@ -9,7 +9,8 @@
 //    "device_traces": [[{"action", "addr", "size", "stream", "time_us", "frames"}]],
 //    "allocator_settings": {}, "memsim": {...}}
 //
-// actions: alloc, free_requested, free_completed, segment_alloc, segment_free. Written as
+// actions: alloc, free_requested, free_completed, segment_alloc, segment_free, and with
+// expandable segments segment_map, segment_unmap (Note [Expandable segments]). Written as
 // a plain protocol-2 pickle of dicts, lists, strings and ints (no GLOBAL opcodes; see
 // Note [Streaming pickle] in pickle_writer.h), so a
 // Python without torch loads it with pickle.load.

@@ -124,8 +124,11 @@ CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_byt
 CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes,
                                   const Timeline& unlimited) {
   // CachingAllocatorModel refuses a segment only when reserved memory would exceed the
-  // capacity; reserved memory after each segment is at most the unlimited peak.
-  if (unlimited.peak_reserved_bytes() > capacity_bytes) {
+  // capacity; reserved memory after each segment is at most the unlimited peak. (Not so
+  // under a memory fraction with expandable segments; Note [Expandable segments].)
+  const CachingAllocatorConfig& settings = recorder.allocator_settings();
+  if (unlimited.peak_reserved_bytes() > capacity_bytes ||
+      (settings.expandable_segments && settings.capacity_is_fraction)) {
     return ReplayWithCapacity(recorder, capacity_bytes);
   }
   CapacityReplay replay;

@@ -8,12 +8,15 @@
 # into a private prefix, never into /.
 #
 # Usage: OUT=DIR MEMSIM_DEBS=DIR [BUILD_SECONDS=330] [PARTS="allocator workspaces ops build"]
-#        tools/gpu/device_checks.sh
+#        [ALLOC_CONFS="default expandable_segments:True ..."] tools/gpu/device_checks.sh
+# ALLOC_CONFS: the allocator replays run once per PYTORCH_CUDA_ALLOC_CONF setting ("default":
+# unset), each into its own file, allocator[_SETTING].json.
 set -u
 OUT=${OUT:?set OUT to the results folder}
 DEBS=${MEMSIM_DEBS:-.gpu_carry/debs}
 BUILD_SECONDS=${BUILD_SECONDS:-330}
 PARTS=" ${PARTS:-allocator workspaces ops build} "
+ALLOC_CONFS=${ALLOC_CONFS:-default}
 want() { [[ $PARTS == *" $1 "* ]]; }
 BUILD=/tmp/memsim-build-torch2
 DEPS=/tmp/memsim-deps
@@ -80,8 +83,15 @@ if want build; then
   build_pid=$!
 fi
 if want allocator; then
-  stamp "allocator replays"
-  python3 tools/gpu/measure.py allocator "$OUT/allocator.json" simulator/testdata/allocator/*.events.gz
+  for conf in $ALLOC_CONFS; do
+    stamp "allocator replays, PYTORCH_CUDA_ALLOC_CONF=$conf"
+    if [ "$conf" = default ]; then
+      python3 tools/gpu/measure.py allocator "$OUT/allocator.json" simulator/testdata/allocator/*.events.gz
+    else
+      PYTORCH_CUDA_ALLOC_CONF=$conf python3 tools/gpu/measure.py allocator \
+        "$OUT/allocator_${conf//[:.,]/_}.json" simulator/testdata/allocator/*.events.gz
+    fi
+  done
 fi
 if want workspaces; then
   stamp workspaces

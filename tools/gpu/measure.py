@@ -80,10 +80,12 @@ def replay(events):
     live = {}
     reserved = 0
     changes = []  # [event index, reserved bytes after it]
-    # Where cudaMalloc put each new segment (an allocation that grows reserved memory sits
-    # at the front of the segment it caused), in order; PyTorch breaks ties between
-    # equal-size free blocks by address, so a model needs these to replay exactly.
+    # Where cudaMalloc put each new segment (an allocation that makes one sits at its
+    # front), in order; PyTorch breaks ties between equal-size free blocks by address, so a
+    # model needs these to replay exactly. Counted by segment.all.allocated, not by reserved
+    # memory, which stays put when the cache releases as much as the segment takes.
     new_segment_addresses = []
+    segments_made = torch.cuda.memory_stats().get("segment.all.allocated", 0)
     oom_event = -1
     retries_before = start["num_alloc_retries"]
     allocations = 0
@@ -99,11 +101,14 @@ def replay(events):
             del live[arg]
         elif kind == "e":
             torch.cuda.empty_cache()
+        if kind == "a":
+            made = torch.cuda.memory_stats().get("segment.all.allocated", 0)
+            if made != segments_made:
+                new_segment_addresses.append(live[allocations - 1].data_ptr())
+                segments_made = made
         now = torch.cuda.memory_reserved()
         if now != reserved:
             changes.append([i, now])
-            if kind == "a":
-                new_segment_addresses.append(live[allocations - 1].data_ptr())
             reserved = now
     end = torch.cuda.memory_stats()
     result = {

@@ -30,7 +30,7 @@ def events_of(snapshot):
                          "--snapshot-history run")
     live = {}  # address -> allocation index
     allocations = 0
-    emptying = False  # inside a run of segment_free entries with no allocation
+    emptying = False  # inside a run of segment releases with no allocation
     for entry in traces[0]:
         action = entry["action"]
         if action == "alloc":
@@ -47,7 +47,7 @@ def events_of(snapshot):
                                  "(the history does not start at the first allocation)")
             emptying = False
             yield f"f {index}"
-        elif action == "segment_free" and not entry.get("frames"):
+        elif action in ("segment_free", "segment_unmap") and not entry.get("frames"):
             # In memsim's snapshots a segment released by no allocation is empty_cache()'s.
             if not emptying:
                 yield "e"

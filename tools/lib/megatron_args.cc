@@ -1618,13 +1618,12 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
 }
 
 // PYTORCH_CUDA_ALLOC_CONF, comma-separated key:value pairs as PyTorch reads them.
-// max_split_size_mb is modelled (Note [Oversize blocks]). expandable_segments:True maps
-// segments in pages: it changes reserved memory (and, since blocks then always split,
-// allocated memory by a few MiB), which memsim does not model, so it is accepted and
-// listed as ignored. Other settings change how blocks are split and cached and are refused.
-Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
-                      std::vector<std::string>* ignored) {
-  bool expandable = false;
+// max_split_size_mb and expandable_segments are modelled (Notes [Oversize blocks] and
+// [Expandable segments]); garbage_collection_threshold is checked and noted as inert,
+// since PyTorch applies it only under a memory fraction and Megatron-LM sets none (Note
+// [Garbage collection threshold]). Other settings change how blocks are rounded and
+// cached and are refused.
+Status ParseAllocConf(const std::string& conf, TrainingConfig* t, std::vector<std::string>* notes) {
   std::string spaceless = conf;  // PyTorch ignores spaces and empty pairs
   spaceless.erase(std::remove(spaceless.begin(), spaceless.end(), ' '), spaceless.end());
   std::stringstream pairs(spaceless);
@@ -1635,7 +1634,7 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
     const std::string key = pair.substr(0, colon);
     const std::string value = colon == std::string::npos ? "" : pair.substr(colon + 1);
     if (key == "expandable_segments" && (value == "True" || value == "False")) {
-      expandable = value == "True";
+      t->allocator_expandable_segments = value == "True";
     } else if (key == "max_split_size_mb") {
       int64_t mib = 0;
       const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), mib);
@@ -1649,19 +1648,33 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t,
             value + "'");
       }
       t->allocator_max_split_size_bytes = mib << 20;
+    } else if (key == "garbage_collection_threshold") {
+      double threshold = 0;
+      const auto [end, error] =
+          std::from_chars(value.data(), value.data() + value.size(), threshold);
+      // PyTorch's own bounds (CUDAAllocatorConfig::parseGarbageCollectionThreshold).
+      if (error != std::errc() || end != value.data() + value.size() || !(threshold > 0) ||
+          !(threshold < 1)) {
+        return Status::Error(
+            "PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold must be between 0 and 1 "
+            "(exclusive), not '" +
+            value + "'");
+      }
+      notes->push_back("PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold:" + value +
+                       " has no effect: PyTorch applies it only under "
+                       "torch.cuda.set_per_process_memory_fraction, which Megatron-LM never "
+                       "calls");
     } else {
       return Status::Error("PYTORCH_CUDA_ALLOC_CONF '" + pair +
-                           "' is not modelled (memsim models max_split_size_mb and accepts "
-                           "expandable_segments); drop it to simulate without it");
+                           "' is not modelled (memsim models max_split_size_mb, "
+                           "expandable_segments and garbage_collection_threshold); drop it to "
+                           "simulate without it");
     }
   }
-  if (expandable) {
-    if (t->allocator_max_split_size_bytes > 0) {
-      return Status::Error(
-          "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb with expandable_segments "
-          "is not modelled; drop one of them");
-    }
-    ignored->push_back("PYTORCH_CUDA_ALLOC_CONF");
+  if (t->allocator_expandable_segments && t->allocator_max_split_size_bytes > 0) {
+    return Status::Error(
+        "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb with expandable_segments "
+        "is not modelled; drop one of them");
   }
   return Status::OK();
 }
@@ -1729,7 +1742,7 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, const Arg
   const std::string alloc_conf =
       env.count("PYTORCH_ALLOC_CONF") ? get("PYTORCH_ALLOC_CONF") : get("PYTORCH_CUDA_ALLOC_CONF");
   if (const std::string& conf = alloc_conf; !conf.empty()) {
-    MEMSIM_RETURN_IF_ERROR(ParseAllocConf(conf, &t, &out->ignored));
+    MEMSIM_RETURN_IF_ERROR(ParseAllocConf(conf, &t, &out->notes));
   }
   if (t.te_attention) {
     // Explicit backends come from --attention-backend, which overrides these.

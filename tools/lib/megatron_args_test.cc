@@ -272,7 +272,8 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   s = ParseMegatronArgs(Split(base), {{"CUBLAS_WORKSPACE_CONFIG", "4096"}}, 8, &e);
   EXPECT_EQ(s.message(),
             "CUBLAS_WORKSPACE_CONFIG '4096' has no :SIZE_KIB:COUNT pair (e.g. :4096:8)");
-  // PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb is modelled, expandable_segments accepted.
+  // PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb and expandable_segments are modelled,
+  // garbage_collection_threshold noted as inert.
   ASSERT_TRUE(
       ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"}}, 8, &e)
           .ok());
@@ -281,7 +282,8 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
                                 {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"}}, 8, &e)
                   .ok());
   EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, 0);
-  EXPECT_NE(std::find(e.ignored.begin(), e.ignored.end(), "PYTORCH_CUDA_ALLOC_CONF"),
+  EXPECT_TRUE(e.spec.training.allocator_expandable_segments);
+  EXPECT_EQ(std::find(e.ignored.begin(), e.ignored.end(), "PYTORCH_CUDA_ALLOC_CONF"),
             e.ignored.end());
   ASSERT_TRUE(
       ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb: 20,"}}, 8, &e)
@@ -294,14 +296,29 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   EXPECT_EQ(s.message(),
             "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number of MiB, at least "
             "20, not '19'");
-  s = ParseMegatronArgs(
-      Split(base),
-      {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,garbage_collection_threshold:0.6"}}, 8,
-      &e);
+  ASSERT_TRUE(ParseMegatronArgs(Split(base),
+                                {{"PYTORCH_CUDA_ALLOC_CONF",
+                                  "expandable_segments:True,garbage_collection_threshold:0.8"}},
+                                8, &e)
+                  .ok());
+  EXPECT_TRUE(e.spec.training.allocator_expandable_segments);
+  EXPECT_NE(std::find(e.notes.begin(), e.notes.end(),
+                      "PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold:0.8 has no effect: "
+                      "PyTorch applies it only under torch.cuda.set_per_process_memory_fraction, "
+                      "which Megatron-LM never calls"),
+            e.notes.end());
+  s = ParseMegatronArgs(Split(base),
+                        {{"PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:1.5"}}, 8, &e);
   EXPECT_EQ(s.message(),
-            "PYTORCH_CUDA_ALLOC_CONF 'garbage_collection_threshold:0.6' is not modelled (memsim "
-            "models max_split_size_mb and accepts expandable_segments); drop it to simulate "
-            "without it");
+            "PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold must be between 0 and 1 "
+            "(exclusive), not '1.5'");
+  s = ParseMegatronArgs(
+      Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,roundup_power2_divisions:4"}},
+      8, &e);
+  EXPECT_EQ(s.message(),
+            "PYTORCH_CUDA_ALLOC_CONF 'roundup_power2_divisions:4' is not modelled (memsim "
+            "models max_split_size_mb, expandable_segments and garbage_collection_threshold); "
+            "drop it to simulate without it");
   s = ParseMegatronArgs(
       Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:64"}},
       8, &e);
