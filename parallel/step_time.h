@@ -17,9 +17,9 @@
 //   optimizer: the slowest stage's step from the clock.
 // It ranks layouts. As a prediction it is rough: the clock's kernel efficiencies are
 // typical values and its one fitted constant (Note [Virtual clock] in
-// simulator/cost_model.h) puts Megatron-LM's functional tests at a median |error| of 19%
-// (VALIDATION.md), and context parallelism's key/value exchange and the pipeline's sends
-// are taken as overlapped with compute.
+// simulator/cost_model.h) puts Megatron-LM's functional tests at a median |error| of
+// 7-16% per platform (VALIDATION.md), and context parallelism's key/value exchange and the
+// pipeline's sends are taken as overlapped with compute.
 //
 // Note [Communication time]
 // A ring collective over n GPUs moves, per GPU, 2(n-1)/n of the buffer for an all-reduce

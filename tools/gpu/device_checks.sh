@@ -89,7 +89,7 @@ if want allocator; then
       python3 tools/gpu/measure.py allocator "$OUT/allocator.json" simulator/testdata/allocator/*.events.gz
     else
       PYTORCH_CUDA_ALLOC_CONF=$conf python3 tools/gpu/measure.py allocator \
-        "$OUT/allocator_${conf//[:.,]/_}.json" simulator/testdata/allocator/*.events.gz
+        "$OUT/allocator_${conf//[^A-Za-z0-9]/_}.json" simulator/testdata/allocator/*.events.gz
     fi
   done
 fi
