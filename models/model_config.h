@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "simulator/caching_allocator_model.h"
 #include "simulator/enum_names.h"
 #include "simulator/status.h"
 
@@ -388,11 +389,9 @@ struct TrainingConfig {
   // PyTorch's cuBLAS workspace per (handle, stream), from CUBLAS_WORKSPACE_CONFIG;
   // -1: the GPU's default (Note [Library workspaces] in ops/library_workspaces.h).
   int64_t cublas_workspace_bytes = -1;
-  // PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb in bytes (Note [Oversize blocks] in
-  // simulator/caching_allocator_model.h); 0: PyTorch's default, no limit.
-  int64_t allocator_max_split_size_bytes = 0;
-  // PYTORCH_CUDA_ALLOC_CONF's expandable_segments (Note [Expandable segments] there).
-  bool allocator_expandable_segments = false;
+  // PYTORCH_CUDA_ALLOC_CONF as the caching allocator's model takes it (its settings only:
+  // no capacity, default placement).
+  CachingAllocatorConfig allocator_settings;
 };
 
 // Fills derived fields (head_dim, num_query_groups, ffn_hidden_size, padded vocabulary

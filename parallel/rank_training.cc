@@ -203,10 +203,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
   MEMSIM_DCHECK(0 <= pp_rank && pp_rank < layout.pp && model_config.padded_vocab_size > 0 &&
                 training.num_microbatches > 0);
   RegisterOps();
-  CachingAllocatorConfig allocator_settings;
-  allocator_settings.max_split_size_bytes = training.allocator_max_split_size_bytes;
-  allocator_settings.expandable_segments = training.allocator_expandable_segments;
-  session.recorder().SetAllocatorSettings(allocator_settings);
+  session.recorder().SetAllocatorSettings(training.allocator_settings);
   session.SetPhase(Phase::kSetup);
   // The gradient buffer is bf16 with --grad-reduce-in-bf16, or --main-grads-dtype bf16 in
   // the precision-aware optimizer.

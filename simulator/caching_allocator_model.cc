@@ -31,6 +31,17 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config,
   if (config_.max_split_size_bytes != 0 && config_.max_split_size_bytes < kLargeBuffer) {
     throw std::invalid_argument("CachingAllocatorModel: max_split_size must be at least 20 MiB");
   }
+  if (config_.max_non_split_rounding_bytes != 0 &&
+      config_.max_non_split_rounding_bytes < kLargeBuffer) {
+    throw std::invalid_argument(
+        "CachingAllocatorModel: max_non_split_rounding must be at least 20 MiB");
+  }
+  for (const int64_t divisions : config_.roundup_power2_divisions) {
+    if (divisions < 0 || (divisions & (divisions - 1)) != 0) {
+      throw std::invalid_argument(
+          "CachingAllocatorModel: roundup_power2_divisions must be 0 or powers of two");
+    }
+  }
   if (config_.expandable_segments && config_.max_split_size_bytes != 0) {
     throw std::invalid_argument(
         "CachingAllocatorModel: expandable segments with max_split_size are not modelled");
@@ -41,8 +52,22 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config,
   }
 }
 
-int64_t CachingAllocatorModel::RoundSize(int64_t bytes) {
-  return bytes < kMinBlockSize ? kMinBlockSize : RoundUp(bytes, kMinBlockSize);
+int64_t CachingAllocatorModel::RoundSize(int64_t bytes, int64_t divisions) {
+  if (bytes < kMinBlockSize) return kMinBlockSize;
+  if (divisions <= 1 || bytes <= kMinBlockSize * divisions) return RoundUp(bytes, kMinBlockSize);
+  int64_t power_of_two = int64_t{1} << (63 - __builtin_clzll(static_cast<uint64_t>(bytes)));
+  if (power_of_two == bytes) return bytes;
+  const int64_t step = power_of_two / divisions;
+  // PyTorch rounds to the next power of two when the step would be below a byte.
+  return step == 0 ? 2 * power_of_two : RoundUp(bytes, step);
+}
+
+int64_t CachingAllocatorModel::DivisionsFor(const CachingAllocatorConfig& config, int64_t bytes) {
+  // Intervals start at 1 MiB (2^20): PyTorch's AllocatorConfig::roundup_power2_divisions.
+  const int log2 = 63 - __builtin_clzll(static_cast<uint64_t>(bytes));
+  const size_t last = config.roundup_power2_divisions.size() - 1;
+  const size_t index = std::min<size_t>(static_cast<size_t>(std::max(0, log2 - 20)), last);
+  return config.roundup_power2_divisions[index];
 }
 
 PoolKind CachingAllocatorModel::PoolFor(int64_t rounded_bytes) {
@@ -65,7 +90,7 @@ std::optional<CachingAllocatorModel::Allocation> CachingAllocatorModel::Malloc(
     throw std::invalid_argument("CachingAllocatorModel::Malloc: bad size " +
                                 std::to_string(requested_bytes));
   }
-  const int64_t rounded_bytes = RoundSize(requested_bytes);
+  const int64_t rounded_bytes = RoundSize(requested_bytes, DivisionsFor(config_, requested_bytes));
   const PoolKind pool = PoolFor(rounded_bytes);
   int64_t id = FindFreeBlock(pool, rounded_bytes);
   if (id != kNoBlock) return TakeBlock(id, rounded_bytes, requested_bytes);
@@ -104,8 +129,9 @@ int64_t CachingAllocatorModel::FindFreeBlock(PoolKind pool, int64_t rounded_byte
     }
   }
   // Note [Oversize blocks]: PyTorch looks at the best fit only.
-  const bool usable = Oversize(rounded_bytes) ? std::get<0>(*best) < rounded_bytes + kLargeBuffer
-                                              : !Oversize(std::get<0>(*best));
+  const bool usable = Oversize(rounded_bytes)
+                          ? std::get<0>(*best) < rounded_bytes + MaxNonSplitRounding()
+                          : !Oversize(std::get<0>(*best));
   if (!usable) return kNoBlock;
   const int64_t id = std::get<2>(*best);
   MEMSIM_DCHECK(!blocks_[id].allocated && blocks_[id].size_bytes >= rounded_bytes);

@@ -6,8 +6,9 @@
 // without a GPU. Requests are rounded to 512 B and served best-fit from a small pool
 // (<= 1 MiB) or a large pool; a miss "cudaMallocs" a new segment, and frees only return
 // blocks to the cache, merging them with free neighbours. PYTORCH_CUDA_ALLOC_CONF's
-// max_split_size_mb, expandable_segments and garbage_collection_threshold are modelled
-// (the Notes below); not modelled: streams and events, CUDA graphs, roundup_power2_divisions.
+// max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions,
+// expandable_segments and garbage_collection_threshold are modelled (the Notes below); not
+// modelled: streams and events, CUDA graphs.
 //
 // Note [Oversize blocks]
 // With max_split_size_mb, blocks of at least that size are "oversize" (PyTorch 2.x
@@ -36,6 +37,15 @@
 // replays and within +0.08% on the model runs (+3.6% on a random sequence). Placing each
 // below the last was exact in 19 of 21, but it moved 73 validation metrics (through which
 // blocks stay unsplit), 41 for the worse, so it is not the default.
+//
+// Note [Rounding to power-of-two divisions]
+// roundup_power2_divisions:D splits each interval between powers of two into D equal
+// steps and rounds a request up to the next step (PyTorch's round_size): with D = 4, 1200
+// KiB becomes 1280 KiB. D is chosen by the request's interval, 1 MiB and below sharing the
+// first and 32 GiB and above the last; a power of two, or a request no larger than 512 B x D,
+// is left at PyTorch's 512-byte rounding. Checked against PyTorch 2.11 with the replays of
+// Note [Segment addresses] under "4" and "[256:1,512:2,1024:4,>:8]" (whose '>' sets the
+// intervals above 1024 MiB's, not 1024 MiB's own: its 1572 MiB logits rounded to 1792).
 //
 // Note [Expandable segments]
 // With expandable_segments:True (PyTorch 2.x, Note [Expandable Segments] in
@@ -68,6 +78,7 @@
 // garbage_collection_threshold:0.6 on the capped replays.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -93,6 +104,13 @@ struct CachingAllocatorConfig {
   // PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb in bytes (Note [Oversize blocks]); 0: none,
   // PyTorch's default. REQUIRES: 0 or at least kLargeBuffer (PyTorch 2.9 on accept 20 MiB).
   int64_t max_split_size_bytes = 0;
+  // PYTORCH_CUDA_ALLOC_CONF's max_non_split_rounding_mb in bytes (Note [Oversize blocks]); 0:
+  // PyTorch's default, kLargeBuffer. REQUIRES: 0 or at least kLargeBuffer.
+  int64_t max_non_split_rounding_bytes = 0;
+  // PYTORCH_CUDA_ALLOC_CONF's roundup_power2_divisions (Note [Rounding to power-of-two
+  // divisions]): per size interval [2^(20+i), 2^(21+i)) bytes (the first and last open-
+  // ended), 0 or 1: no rounding, else a power of two. REQUIRES: each is 0 or a power of two.
+  std::array<int64_t, 16> roundup_power2_divisions{};
   // PYTORCH_CUDA_ALLOC_CONF's expandable_segments (Note [Expandable segments]).
   // REQUIRES: not with max_split_size_bytes (PyTorch asserts when it would release an
   // oversize expandable block).
@@ -200,9 +218,12 @@ class CachingAllocatorModel {
   // In address order. O(number of blocks): meant for snapshots and tests.
   std::vector<AllocatorSegmentView> Segments() const;
 
-  // The block size a request is rounded to.
-  // REQUIRES: 0 < bytes <= kMaxRequestBytes.
-  static int64_t RoundSize(int64_t bytes);
+  // The block size a request is rounded to, by 512 B or to `divisions` steps per power of
+  // two (Note [Rounding to power-of-two divisions]).
+  // REQUIRES: 0 < bytes <= kMaxRequestBytes; divisions 0 or a power of two.
+  static int64_t RoundSize(int64_t bytes, int64_t divisions = 0);
+  // The divisions `config` rounds a request of `bytes` to.
+  static int64_t DivisionsFor(const CachingAllocatorConfig& config, int64_t bytes);
   static PoolKind PoolFor(int64_t rounded_bytes);
   // The size of the segment allocated when no cached block fits.
   static int64_t SegmentSizeFor(int64_t rounded_bytes);
@@ -272,6 +293,10 @@ class CachingAllocatorModel {
   // PyTorch's release_available_cached_blocks for a request of `rounded_bytes` from `pool`;
   // true if it freed enough to try again.
   bool ReleaseOversizeSegments(PoolKind pool, int64_t rounded_bytes);
+  int64_t MaxNonSplitRounding() const {
+    return config_.max_non_split_rounding_bytes > 0 ? config_.max_non_split_rounding_bytes
+                                                    : kLargeBuffer;
+  }
   bool Oversize(int64_t size_bytes) const {
     return config_.max_split_size_bytes > 0 && size_bytes >= config_.max_split_size_bytes;
   }

@@ -126,6 +126,40 @@ TEST(CachingAllocatorModel, SizeRules) {
   EXPECT_EQ(Model::SegmentSizeFor(12 * kMiB), 12 * kMiB);
 }
 
+// Note [Rounding to power-of-two divisions], worked by hand from PyTorch's round_size.
+TEST(CachingAllocatorModel, RoundsToPowerOfTwoDivisions) {
+  // 1200 KiB lies in [1, 2) MiB; four steps of 256 KiB: up to 1280 KiB.
+  EXPECT_EQ(Model::RoundSize(1200 * kKiB, 4), 1280 * kKiB);
+  EXPECT_EQ(Model::RoundSize(1 * kMiB + 1, 2), 3 * kMiB / 2);
+  EXPECT_EQ(Model::RoundSize(2 * kMiB, 4), 2 * kMiB);      // a power of two stays
+  EXPECT_EQ(Model::RoundSize(600 * kKiB, 4), 640 * kKiB);  // [512, 1024) KiB in 128 KiB steps
+  // Up to 512 B x divisions the 512-byte rule applies: 3000 B with 8 divisions is 3072.
+  EXPECT_EQ(Model::RoundSize(3000, 8), 3072);
+  EXPECT_EQ(Model::RoundSize(1200 * kKiB, 1), 1200 * kKiB);  // 1 and 0: no rounding
+  CachingAllocatorConfig config;
+  config.roundup_power2_divisions = {1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8};
+  EXPECT_EQ(Model::DivisionsFor(config, 600 * kKiB), 1);  // below 2 MiB: the first interval
+  EXPECT_EQ(Model::DivisionsFor(config, 3 * kMiB), 2);
+  EXPECT_EQ(Model::DivisionsFor(config, int64_t{64} << 30), 8);  // beyond 32 GiB: the last
+  Model model(config);
+  EXPECT_EQ(MustMalloc(model, 3 * kMiB + 1).block_bytes, 4 * kMiB);  // [2, 4) MiB in halves
+}
+
+// Note [Oversize blocks]: a request at or above max_split_size takes a free oversize block
+// only if it wastes less than max_non_split_rounding (default 20 MiB).
+TEST(CachingAllocatorModel, MaxNonSplitRoundingBoundsTheWasteOfAnOversizeBlock) {
+  for (const int64_t rounding_mib : {0, 32}) {
+    CachingAllocatorConfig config;
+    config.max_split_size_bytes = 20 * kMiB;
+    config.max_non_split_rounding_bytes = rounding_mib * kMiB;
+    Model model(config);
+    model.Free(MustMalloc(model, 55 * kMiB).block_id);  // one free 56 MiB segment
+    // 30 MiB would waste 26 MiB of it: not under 20 MiB, under 32 MiB.
+    MustMalloc(model, 30 * kMiB);
+    EXPECT_EQ(model.stats().reserved_bytes, rounding_mib == 0 ? 86 * kMiB : 56 * kMiB);
+  }
+}
+
 TEST(CachingAllocatorModel, AllocatedCountsRoundedSizesAndRequestedRawSizes) {
   Model model;
   const Model::Allocation a = MustMalloc(model, 1);    // 512 B block
@@ -464,6 +498,12 @@ TEST(CachingAllocatorModel, RejectsInvalidArguments) {
   CachingAllocatorConfig both = Expandable();
   both.max_split_size_bytes = Model::kLargeBuffer;
   EXPECT_THROW(Model{both}, std::invalid_argument);
+  CachingAllocatorConfig small_rounding;
+  small_rounding.max_non_split_rounding_bytes = Model::kLargeBuffer - kMiB;
+  EXPECT_THROW(Model{small_rounding}, std::invalid_argument);
+  CachingAllocatorConfig odd_divisions;
+  odd_divisions.roundup_power2_divisions[3] = 3;
+  EXPECT_THROW(Model{odd_divisions}, std::invalid_argument);
   for (const double threshold : {-0.1, 1.0}) {
     CachingAllocatorConfig gc;
     gc.garbage_collection_threshold = threshold;

@@ -8,8 +8,8 @@
 // where it happened, the peaks, the segments at the end; and the same on a device capped
 // below the peak reserved, where the allocator releases its cache, retries and may run
 // out of memory; with where cudaMalloc put each segment (Note [Segment addresses]). Under
-// the default settings, max_split_size_mb:128, expandable_segments:True and
-// garbage_collection_threshold:0.6, the model must do exactly the same.
+// the default settings and six PYTORCH_CUDA_ALLOC_CONF settings, the model must do exactly
+// the same.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,12 +32,16 @@ namespace {
 
 constexpr char kDataDir[] = "simulator/testdata/allocator/";
 constexpr char kMeasured[] = "h200_torch2.11.json";
-// The same sequences under PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,
-// expandable_segments:True and garbage_collection_threshold:0.6.
+// The same sequences under other PYTORCH_CUDA_ALLOC_CONF settings, as the names say.
 constexpr char kMeasuredMaxSplit[] = "h200_torch2.11_max_split_size_mb_128.json";
+constexpr char kMeasuredMaxNonSplitRounding[] =
+    "h200_torch2.11_max_split_size_mb_128_max_non_split_rounding_mb_512.json";
 constexpr char kMeasuredExpandable[] = "h200_torch2.11_expandable_segments_True.json";
 constexpr char kMeasuredGarbageCollection[] =
     "h200_torch2.11_garbage_collection_threshold_0_6.json";
+// roundup_power2_divisions:4 and roundup_power2_divisions:[256:1,512:2,1024:4,>:8].
+constexpr char kMeasuredRoundup4[] = "h200_torch2.11_roundup_power2_divisions_4.json";
+constexpr char kMeasuredRoundupList[] = "h200_torch2.11_roundup_power2_divisions_list.json";
 
 struct Event {
   char kind;      // 'a' allocate, 'f' free, 'e' empty_cache()
@@ -127,12 +131,11 @@ nlohmann::json Measured(const char* file) {
   return nlohmann::json::parse(in).at("sequences");
 }
 
-CachingAllocatorConfig ConfigOf(const nlohmann::json& run, int64_t max_split_size_bytes = 0) {
-  // The capped runs set a memory fraction.
-  CachingAllocatorConfig config(run.value("allowed_bytes", int64_t{0}));
-  config.capacity_is_fraction = true;
-  config.max_split_size_bytes = max_split_size_bytes;
-  return config;
+// `settings` with the run's capacity: the capped runs set a memory fraction.
+CachingAllocatorConfig ConfigOf(const nlohmann::json& run, CachingAllocatorConfig settings = {}) {
+  settings.capacity_bytes = run.value("allowed_bytes", int64_t{0});
+  settings.capacity_is_fraction = true;
+  return settings;
 }
 
 // Calls check(name, run, events, runs, real) for every measured replay (`runs`: all of the
@@ -172,59 +175,57 @@ void ForEachReplay(const char* file, const ReplayCheck& check) {
   }
 }
 
-TEST(CachingAllocatorReplay, MatchesPyTorchGivenTheDriversSegmentAddresses) {
+// Expects every replay of `file`, measured under the PYTORCH_CUDA_ALLOC_CONF that `settings`
+// models, to match; with each run's own segment addresses unless the segments are
+// expandable (their addresses are offsets in the model's own range).
+void ExpectEveryReplayMatches(const char* file, const CachingAllocatorConfig& settings) {
   int compared = 0;
-  ForEachReplay(kMeasured, [&](const std::string& name, const std::string& run,
-                               const std::vector<Event>& events, const nlohmann::json&,
-                               const nlohmann::json& real) {
-    ExpectSame(Replay(events, ConfigOf(real), &real.at("new_segment_addresses")), real,
-               name + ", " + run);
-    ++compared;
-  });
+  ForEachReplay(
+      file, [&](const std::string& name, const std::string& run, const std::vector<Event>& events,
+                const nlohmann::json&, const nlohmann::json& real) {
+        const nlohmann::json* addresses =
+            settings.expandable_segments ? nullptr : &real.at("new_segment_addresses");
+        ExpectSame(Replay(events, ConfigOf(real, settings), addresses), real, name + ", " + run);
+        ++compared;
+      });
   EXPECT_EQ(compared, 21);
+}
+
+TEST(CachingAllocatorReplay, MatchesPyTorchGivenTheDriversSegmentAddresses) {
+  ExpectEveryReplayMatches(kMeasured, {});
 }
 
 // Note [Oversize blocks].
-TEST(CachingAllocatorReplay, MaxSplitSizeMatchesPyTorchGivenTheDriversSegmentAddresses) {
-  int compared = 0;
-  ForEachReplay(kMeasuredMaxSplit, [&](const std::string& name, const std::string& run,
-                                       const std::vector<Event>& events, const nlohmann::json&,
-                                       const nlohmann::json& real) {
-    ExpectSame(
-        Replay(events, ConfigOf(real, int64_t{128} << 20), &real.at("new_segment_addresses")), real,
-        name + ", " + run);
-    ++compared;
-  });
-  EXPECT_EQ(compared, 21);
+TEST(CachingAllocatorReplay, MaxSplitSizeMatchesPyTorch) {
+  CachingAllocatorConfig settings;
+  settings.max_split_size_bytes = int64_t{128} << 20;
+  ExpectEveryReplayMatches(kMeasuredMaxSplit, settings);
+  settings.max_non_split_rounding_bytes = int64_t{512} << 20;
+  ExpectEveryReplayMatches(kMeasuredMaxNonSplitRounding, settings);
 }
 
-// Note [Expandable segments]. Addresses are offsets in the model's own address range, so
-// no driver placement is needed.
+// Note [Expandable segments].
 TEST(CachingAllocatorReplay, ExpandableSegmentsMatchPyTorch) {
-  int compared = 0;
-  ForEachReplay(kMeasuredExpandable, [&](const std::string& name, const std::string& run,
-                                         const std::vector<Event>& events, const nlohmann::json&,
-                                         const nlohmann::json& real) {
-    CachingAllocatorConfig config = ConfigOf(real);
-    config.expandable_segments = true;
-    ExpectSame(Replay(events, config), real, name + ", " + run);
-    ++compared;
-  });
-  EXPECT_EQ(compared, 21);
+  CachingAllocatorConfig settings;
+  settings.expandable_segments = true;
+  ExpectEveryReplayMatches(kMeasuredExpandable, settings);
 }
 
 // Note [Garbage collection threshold]. It acts on the capped replays only.
-TEST(CachingAllocatorReplay, GarbageCollectionThresholdMatchesPyTorchGivenTheDriversAddresses) {
-  int compared = 0;
-  ForEachReplay(kMeasuredGarbageCollection, [&](const std::string& name, const std::string& run,
-                                                const std::vector<Event>& events,
-                                                const nlohmann::json&, const nlohmann::json& real) {
-    CachingAllocatorConfig config = ConfigOf(real);
-    config.garbage_collection_threshold = 0.6;
-    ExpectSame(Replay(events, config, &real.at("new_segment_addresses")), real, name + ", " + run);
-    ++compared;
-  });
-  EXPECT_EQ(compared, 21);
+TEST(CachingAllocatorReplay, GarbageCollectionThresholdMatchesPyTorch) {
+  CachingAllocatorConfig settings;
+  settings.garbage_collection_threshold = 0.6;
+  ExpectEveryReplayMatches(kMeasuredGarbageCollection, settings);
+}
+
+// Note [Rounding to power-of-two divisions], with the divisions PyTorch parses from "4" and
+// from "[256:1,512:2,1024:4,>:8]" (tools/lib/megatron_args_test.cc).
+TEST(CachingAllocatorReplay, RoundupPower2DivisionsMatchPyTorch) {
+  CachingAllocatorConfig settings;
+  settings.roundup_power2_divisions.fill(4);
+  ExpectEveryReplayMatches(kMeasuredRoundup4, settings);
+  settings.roundup_power2_divisions = {1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8};
+  ExpectEveryReplayMatches(kMeasuredRoundupList, settings);
 }
 
 // memsim's own placement (each segment above the last) against the GPU's. Measured: the

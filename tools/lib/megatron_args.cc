@@ -1,10 +1,12 @@
 #include "tools/lib/megatron_args.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <set>
@@ -1617,61 +1619,126 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   return ReadMemoryManagement(a, &t);
 }
 
-// PYTORCH_CUDA_ALLOC_CONF, comma-separated key:value pairs as PyTorch reads them.
-// max_split_size_mb and expandable_segments are modelled (Notes [Oversize blocks] and
-// [Expandable segments]); garbage_collection_threshold is checked and noted as inert,
-// since PyTorch applies it only under a memory fraction and Megatron-LM sets none (Note
-// [Garbage collection threshold]). Other settings change how blocks are rounded and
-// cached and are refused.
+// PYTORCH_CUDA_ALLOC_CONF, read as PyTorch's AllocatorConfig::parseArgs reads it: tokens
+// split at ',', ':', '[' and ']', spaces dropped. max_split_size_mb, max_non_split_rounding_mb,
+// roundup_power2_divisions (a number or a [MiB:divisions,...,>:divisions] list) and
+// expandable_segments are modelled (simulator/caching_allocator_model.h);
+// garbage_collection_threshold is checked and noted as inert, since PyTorch applies it only
+// under a memory fraction and Megatron-LM sets none (Note [Garbage collection threshold]).
+// Other settings are refused.
 Status ParseAllocConf(const std::string& conf, TrainingConfig* t, std::vector<std::string>* notes) {
-  std::string spaceless = conf;  // PyTorch ignores spaces and empty pairs
-  spaceless.erase(std::remove(spaceless.begin(), spaceless.end(), ' '), spaceless.end());
-  std::stringstream pairs(spaceless);
-  std::string pair;
-  while (std::getline(pairs, pair, ',')) {
-    if (pair.empty()) continue;
-    const size_t colon = pair.find(':');
-    const std::string key = pair.substr(0, colon);
-    const std::string value = colon == std::string::npos ? "" : pair.substr(colon + 1);
-    if (key == "expandable_segments" && (value == "True" || value == "False")) {
-      t->allocator_expandable_segments = value == "True";
-    } else if (key == "max_split_size_mb") {
-      int64_t mib = 0;
-      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), mib);
-      // PyTorch refuses less than 20 (before 2.9, 20 too); the upper bound keeps the bytes
-      // within 64 bits.
-      if (error != std::errc() || end != value.data() + value.size() || mib < 20 ||
-          mib > (int64_t{1} << 40)) {
-        return Status::Error(
-            "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number of MiB, at least "
-            "20, not '" +
-            value + "'");
+  std::vector<std::string> tokens;
+  for (const char c : conf) {
+    if (c == ',' || c == ':' || c == '[' || c == ']') {
+      tokens.emplace_back(1, c);
+    } else if (c != ' ') {
+      if (tokens.empty() || (tokens.back().size() == 1 && std::strchr(",:[]", tokens.back()[0]))) {
+        tokens.emplace_back();
       }
-      t->allocator_max_split_size_bytes = mib << 20;
+      tokens.back() += c;
+    }
+  }
+  CachingAllocatorConfig& settings = t->allocator_settings;
+  auto bad = [](const std::string& key, const std::string& rule) {
+    return Status::Error("PYTORCH_CUDA_ALLOC_CONF " + key + " " + rule);
+  };
+  auto whole_number = [](const std::string& text, int64_t* value) {
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
+    return error == std::errc() && end == text.data() + text.size() && *value >= 0;
+  };
+  auto power_of_two = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
+  size_t i = 0;
+  auto take = [&](const char* expected) {
+    return i < tokens.size() && tokens[i] == expected ? (++i, true) : false;
+  };
+  while (i < tokens.size()) {
+    if (take(",")) continue;  // empty pairs
+    const std::string key = tokens[i++];
+    if (!take(":") || i >= tokens.size()) {
+      return Status::Error("PYTORCH_CUDA_ALLOC_CONF '" + key + "' has no ':VALUE'");
+    }
+    const std::string value = tokens[i];
+    int64_t number = 0;
+    if (key == "expandable_segments" && (value == "True" || value == "False")) {
+      settings.expandable_segments = value == "True";
+      ++i;
+    } else if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
+      // PyTorch refuses less than 20 MiB; the upper bound keeps the bytes within 64 bits.
+      if (!whole_number(value, &number) || number < 20 || number > (int64_t{1} << 40)) {
+        return bad(key, "must be a whole number of MiB, at least 20, not '" + value + "'");
+      }
+      (key == "max_split_size_mb" ? settings.max_split_size_bytes
+                                  : settings.max_non_split_rounding_bytes) = number << 20;
+      ++i;
+    } else if (key == "roundup_power2_divisions" && value != "[") {
+      if (!whole_number(value, &number) || !power_of_two(number)) {
+        return bad(key,
+                   "must be a power of two or a [MiB:divisions,...] list, not '" + value + "'");
+      }
+      settings.roundup_power2_divisions.fill(number);
+      ++i;
+    } else if (key == "roundup_power2_divisions") {
+      // [SIZE_MIB:D, ..., >:D]: SIZE_MIB's interval (and, for the first, every one below)
+      // takes D; '>' every interval above the last one named (PyTorch 2.11 on an H200:
+      // simulator/caching_allocator_replay_test.cc), or all of them if it comes first.
+      std::array<int64_t, 16>& divisions = settings.roundup_power2_divisions;
+      size_t last_index = 0;
+      bool first = true;
+      ++i;
+      while (!take("]")) {
+        const std::string size = i < tokens.size() ? tokens[i++] : "";
+        int64_t mib = 0;
+        if (size != ">" && (!whole_number(size, &mib) || !power_of_two(mib))) {
+          return bad(key, "list entries must be SIZE_MIB:DIVISIONS with powers of two, not '" +
+                              size + "'");
+        }
+        if (!take(":") || i >= tokens.size() || !whole_number(tokens[i], &number) ||
+            (number != 0 && !power_of_two(number))) {
+          return bad(key, "list entry '" + size + "' needs :DIVISIONS, 0 or a power of two");
+        }
+        ++i;
+        if (size == ">") {
+          const size_t from = first ? 0 : last_index + 1;
+          std::fill(divisions.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(from, 16)),
+                    divisions.end(), number);
+        } else {
+          const size_t index = std::min<size_t>(static_cast<size_t>(std::log2(mib)), 15);
+          if (first) std::fill(divisions.begin(), divisions.begin() + index, number);
+          first = false;
+          divisions[index] = number;
+          last_index = index;
+        }
+        if (i < tokens.size() && tokens[i] != "]" && !take(",")) {
+          return bad(key, "list needs ',' between entries");
+        }
+        if (i >= tokens.size()) return bad(key, "list has no closing ']'");
+      }
     } else if (key == "garbage_collection_threshold") {
       double threshold = 0;
       const auto [end, error] =
           std::from_chars(value.data(), value.data() + value.size(), threshold);
-      // PyTorch's own bounds (CUDAAllocatorConfig::parseGarbageCollectionThreshold).
+      // PyTorch's own bounds (AllocatorConfig::parseGarbageCollectionThreshold).
       if (error != std::errc() || end != value.data() + value.size() || !(threshold > 0) ||
           !(threshold < 1)) {
-        return Status::Error(
-            "PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold must be between 0 and 1 "
-            "(exclusive), not '" +
-            value + "'");
+        return bad(key, "must be between 0 and 1 (exclusive), not '" + value + "'");
       }
       notes->push_back("PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold:" + value +
                        " has no effect: PyTorch applies it only under "
                        "torch.cuda.set_per_process_memory_fraction, which Megatron-LM never "
                        "calls");
+      ++i;
     } else {
-      return Status::Error("PYTORCH_CUDA_ALLOC_CONF '" + pair +
+      return Status::Error("PYTORCH_CUDA_ALLOC_CONF '" + key + ":" + value +
                            "' is not modelled (memsim models max_split_size_mb, "
+                           "max_non_split_rounding_mb, roundup_power2_divisions, "
                            "expandable_segments and garbage_collection_threshold); drop it to "
                            "simulate without it");
     }
+    if (i < tokens.size() && !take(",")) {
+      return Status::Error("PYTORCH_CUDA_ALLOC_CONF: expected ',' after " + key);
+    }
   }
-  if (t->allocator_expandable_segments && t->allocator_max_split_size_bytes > 0) {
+  if (settings.expandable_segments && settings.max_split_size_bytes > 0) {
     return Status::Error(
         "PYTORCH_CUDA_ALLOC_CONF: max_split_size_mb with expandable_segments "
         "is not modelled; drop one of them");

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <sstream>
 
@@ -277,21 +278,21 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   ASSERT_TRUE(
       ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"}}, 8, &e)
           .ok());
-  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, int64_t{128} << 20);
+  EXPECT_EQ(e.spec.training.allocator_settings.max_split_size_bytes, int64_t{128} << 20);
   ASSERT_TRUE(ParseMegatronArgs(Split(base),
                                 {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"}}, 8, &e)
                   .ok());
-  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, 0);
-  EXPECT_TRUE(e.spec.training.allocator_expandable_segments);
+  EXPECT_EQ(e.spec.training.allocator_settings.max_split_size_bytes, 0);
+  EXPECT_TRUE(e.spec.training.allocator_settings.expandable_segments);
   EXPECT_EQ(std::find(e.ignored.begin(), e.ignored.end(), "PYTORCH_CUDA_ALLOC_CONF"),
             e.ignored.end());
   ASSERT_TRUE(
       ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb: 20,"}}, 8, &e)
           .ok());
-  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, int64_t{20} << 20);
+  EXPECT_EQ(e.spec.training.allocator_settings.max_split_size_bytes, int64_t{20} << 20);
   ASSERT_TRUE(
       ParseMegatronArgs(Split(base), {{"PYTORCH_ALLOC_CONF", "max_split_size_mb:64"}}, 8, &e).ok());
-  EXPECT_EQ(e.spec.training.allocator_max_split_size_bytes, int64_t{64} << 20);
+  EXPECT_EQ(e.spec.training.allocator_settings.max_split_size_bytes, int64_t{64} << 20);
   s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:19"}}, 8, &e);
   EXPECT_EQ(s.message(),
             "PYTORCH_CUDA_ALLOC_CONF max_split_size_mb must be a whole number of MiB, at least "
@@ -301,7 +302,7 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
                                   "expandable_segments:True,garbage_collection_threshold:0.8"}},
                                 8, &e)
                   .ok());
-  EXPECT_TRUE(e.spec.training.allocator_expandable_segments);
+  EXPECT_TRUE(e.spec.training.allocator_settings.expandable_segments);
   EXPECT_NE(std::find(e.notes.begin(), e.notes.end(),
                       "PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold:0.8 has no effect: "
                       "PyTorch applies it only under torch.cuda.set_per_process_memory_fraction, "
@@ -313,12 +314,45 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
             "PYTORCH_CUDA_ALLOC_CONF garbage_collection_threshold must be between 0 and 1 "
             "(exclusive), not '1.5'");
   s = ParseMegatronArgs(
-      Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,roundup_power2_divisions:4"}},
-      8, &e);
+      Split(base),
+      {{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,pinned_use_cuda_host_register:True"}}, 8,
+      &e);
   EXPECT_EQ(s.message(),
-            "PYTORCH_CUDA_ALLOC_CONF 'roundup_power2_divisions:4' is not modelled (memsim "
-            "models max_split_size_mb, expandable_segments and garbage_collection_threshold); "
+            "PYTORCH_CUDA_ALLOC_CONF 'pinned_use_cuda_host_register:True' is not modelled "
+            "(memsim models max_split_size_mb, max_non_split_rounding_mb, "
+            "roundup_power2_divisions, expandable_segments and garbage_collection_threshold); "
             "drop it to simulate without it");
+  // roundup_power2_divisions as PyTorch's AllocatorConfig reads it: one number for every
+  // interval, or a list by interval in MiB where the first entry also sets the intervals
+  // below it and '>' the ones above the last named.
+  ASSERT_TRUE(ParseMegatronArgs(Split(base),
+                                {{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:4"}}, 8, &e)
+                  .ok());
+  EXPECT_EQ(e.spec.training.allocator_settings.roundup_power2_divisions,
+            (std::array<int64_t, 16>{4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}));
+  ASSERT_TRUE(ParseMegatronArgs(Split(base),
+                                {{"PYTORCH_CUDA_ALLOC_CONF",
+                                  "roundup_power2_divisions:[256:1,512:2, 1024:4,>:8],"
+                                  "max_split_size_mb:128,max_non_split_rounding_mb:512"}},
+                                8, &e)
+                  .ok());
+  EXPECT_EQ(e.spec.training.allocator_settings.roundup_power2_divisions,
+            (std::array<int64_t, 16>{1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8}));
+  EXPECT_EQ(e.spec.training.allocator_settings.max_non_split_rounding_bytes, int64_t{512} << 20);
+  s = ParseMegatronArgs(Split(base),
+                        {{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:[300:2]"}}, 8, &e);
+  EXPECT_EQ(s.message(),
+            "PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions list entries must be "
+            "SIZE_MIB:DIVISIONS with powers of two, not '300'");
+  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:3"}}, 8,
+                        &e);
+  EXPECT_EQ(s.message(),
+            "PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions must be a power of two or a "
+            "[MiB:divisions,...] list, not '3'");
+  s = ParseMegatronArgs(Split(base),
+                        {{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:[256:2"}}, 8, &e);
+  EXPECT_EQ(s.message(),
+            "PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions list has no closing ']'");
   s = ParseMegatronArgs(
       Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,max_split_size_mb:64"}},
       8, &e);
