@@ -37,9 +37,9 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config,
         "CachingAllocatorModel: max_non_split_rounding must be at least 20 MiB");
   }
   for (const int64_t divisions : config_.roundup_power2_divisions) {
-    if (divisions < 0 || (divisions & (divisions - 1)) != 0) {
+    if (divisions < 0 || divisions > kMaxDivisions || (divisions & (divisions - 1)) != 0) {
       throw std::invalid_argument(
-          "CachingAllocatorModel: roundup_power2_divisions must be 0 or powers of two");
+          "CachingAllocatorModel: roundup_power2_divisions must be 0 or powers of two up to 2^30");
     }
   }
   if (config_.expandable_segments && config_.max_split_size_bytes != 0) {
@@ -55,11 +55,11 @@ CachingAllocatorModel::CachingAllocatorModel(CachingAllocatorConfig config,
 int64_t CachingAllocatorModel::RoundSize(int64_t bytes, int64_t divisions) {
   if (bytes < kMinBlockSize) return kMinBlockSize;
   if (divisions <= 1 || bytes <= kMinBlockSize * divisions) return RoundUp(bytes, kMinBlockSize);
-  int64_t power_of_two = int64_t{1} << (63 - __builtin_clzll(static_cast<uint64_t>(bytes)));
+  const int64_t power_of_two = int64_t{1} << (63 - __builtin_clzll(static_cast<uint64_t>(bytes)));
   if (power_of_two == bytes) return bytes;
-  const int64_t step = power_of_two / divisions;
-  // PyTorch rounds to the next power of two when the step would be below a byte.
-  return step == 0 ? 2 * power_of_two : RoundUp(bytes, step);
+  // bytes > 512 B x divisions, so the step, a power of two, is at least 512 B (PyTorch's
+  // zero-step case cannot arise).
+  return RoundUp(bytes, power_of_two / divisions);
 }
 
 int64_t CachingAllocatorModel::DivisionsFor(const CachingAllocatorConfig& config, int64_t bytes) {
@@ -348,7 +348,8 @@ void CachingAllocatorModel::CollectGarbage() {
   int64_t reclaimed_bytes = 0;
   bool freed = true;
   while (reclaimed_bytes < target_bytes && freed && candidates > 0) {
-    // Oldest first: every block at least as old as the average, whatever it reclaims.
+    // Every whole block at least as old as the average, in free-set order, even beyond the
+    // target: PyTorch does not want the collection to run again soon.
     const double average_age = static_cast<double>(total_age) / static_cast<double>(candidates);
     freed = false;
     for (auto it = large_free_.begin(); it != large_free_.end();) {

@@ -1,5 +1,5 @@
 // CachingAllocatorModel: a model of PyTorch's CUDA caching allocator
-// (c10/cuda/CUDACachingAllocator.cpp) with default settings, one device and one stream.
+// (c10/cuda/CUDACachingAllocator.cpp) on one device and one stream.
 //
 // It turns a sequence of tensor mallocs and frees into the segments and blocks the real
 // allocator would hold, so reserved memory, fragmentation and OOMs can be predicted
@@ -109,7 +109,8 @@ struct CachingAllocatorConfig {
   int64_t max_non_split_rounding_bytes = 0;
   // PYTORCH_CUDA_ALLOC_CONF's roundup_power2_divisions (Note [Rounding to power-of-two
   // divisions]): per size interval [2^(20+i), 2^(21+i)) bytes (the first and last open-
-  // ended), 0 or 1: no rounding, else a power of two. REQUIRES: each is 0 or a power of two.
+  // ended), 0 or 1: no rounding, else a power of two. REQUIRES: each is 0 or a power of two
+  // up to CachingAllocatorModel::kMaxDivisions (2^30).
   std::array<int64_t, 16> roundup_power2_divisions{};
   // PYTORCH_CUDA_ALLOC_CONF's expandable_segments (Note [Expandable segments]).
   // REQUIRES: not with max_split_size_bytes (PyTorch asserts when it would release an
@@ -119,7 +120,8 @@ struct CachingAllocatorConfig {
   // threshold]); 0: off. Acts only under a fraction (capacity_is_fraction).
   // REQUIRES: 0 <= value < 1.
   double garbage_collection_threshold = 0;
-  // Where each new segment goes (Note [Segment addresses]), called with its size.
+  // Where each new segment goes (Note [Segment addresses]), called with its size; not
+  // called with expandable segments, whose ranges the model places itself.
   // REQUIRES: a positive address at which the segment overlaps no live one and ends
   // within int64_t (else Malloc throws std::invalid_argument). Empty: above every earlier
   // segment.
@@ -182,6 +184,9 @@ class CachingAllocatorModel {
   static constexpr int64_t kRoundLarge = 2 << 20;
   // Keeps rounding free of overflow; far beyond any device.
   static constexpr int64_t kMaxRequestBytes = int64_t{1} << 62;
+  // The most roundup_power2_divisions per interval the model takes (more would not split
+  // any interval further, and 512 B times it must stay within int64_t).
+  static constexpr int64_t kMaxDivisions = int64_t{1} << 30;
   // Virtual addresses an expandable segment reserves (Note [Expandable segments]): 16 TiB,
   // more than 1.125x any GPU's memory.
   static constexpr int64_t kExpandableRangeBytes = int64_t{1} << 44;
@@ -220,7 +225,8 @@ class CachingAllocatorModel {
 
   // The block size a request is rounded to, by 512 B or to `divisions` steps per power of
   // two (Note [Rounding to power-of-two divisions]).
-  // REQUIRES: 0 < bytes <= kMaxRequestBytes; divisions 0 or a power of two.
+  // REQUIRES: 0 < bytes <= kMaxRequestBytes; divisions 0 or a power of two up to
+  // kMaxDivisions.
   static int64_t RoundSize(int64_t bytes, int64_t divisions = 0);
   // The divisions `config` rounds a request of `bytes` to.
   static int64_t DivisionsFor(const CachingAllocatorConfig& config, int64_t bytes);

@@ -654,6 +654,44 @@ TEST(CachingAllocatorModel, GarbageCollectionFreesSegmentsAtLeastAsOldAsTheAvera
   EXPECT_EQ(run(100 * kMiB, 0.6, false).reserved_bytes, 36 * kMiB);
 }
 
+// Expandable segments under random mallocs, frees and cache releases: the invariants of
+// ExpectConsistent hold for every run of mapped pages, on the device's capacity and under a
+// memory fraction, and everything unmaps at the end.
+TEST(CachingAllocatorModel, ExpandableRandomTraceStaysConsistent) {
+  for (const auto& [capacity_bytes, fraction] :
+       {std::pair<int64_t, bool>{0, false}, {200 * kMiB, false}, {200 * kMiB, true}}) {
+    Model model(Expandable(capacity_bytes, fraction));
+    std::mt19937_64 rng(7);
+    std::vector<Model::Allocation> live;
+    for (int step = 0; step < 3000; ++step) {
+      const uint64_t dice = rng() % 20;
+      if (dice == 0) {
+        model.EmptyCache();
+      } else if (!live.empty() && dice < 10) {
+        const size_t index = rng() % live.size();
+        model.Free(live[index].block_id);
+        live[index] = live.back();
+        live.pop_back();
+      } else {
+        const int64_t bytes =
+            std::max<int64_t>(1, int64_t{1} << (rng() % 26)) + static_cast<int64_t>(rng() % 4096);
+        if (const std::optional<Model::Allocation> a = model.Malloc(bytes)) live.push_back(*a);
+      }
+      EXPECT_EQ(model.stats().reserved_bytes % Model::kSmallBuffer, 0);
+      if (capacity_bytes > 0 && !fraction) {
+        EXPECT_LE(model.stats().reserved_bytes, capacity_bytes);
+      }
+      if (step % 50 == 0) ExpectConsistent(model);
+    }
+    ExpectConsistent(model);
+    if (capacity_bytes > 0) EXPECT_GT(model.stats().num_ooms, 0);
+    for (const Model::Allocation& allocation : live) model.Free(allocation.block_id);
+    model.EmptyCache();
+    EXPECT_EQ(model.stats().reserved_bytes, 0);
+    EXPECT_TRUE(model.Segments().empty());
+  }
+}
+
 // A random trace, checked step by step against a brute-force best fit over Segments().
 TEST(CachingAllocatorModel, RandomTraceMatchesBruteForceBestFit) {
   for (const int64_t capacity_bytes : {int64_t{0}, 200 * kMiB}) {

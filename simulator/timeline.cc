@@ -124,11 +124,13 @@ CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_byt
 CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_bytes,
                                   const Timeline& unlimited) {
   // CachingAllocatorModel refuses a segment only when reserved memory would exceed the
-  // capacity; reserved memory after each segment is at most the unlimited peak. (Not so
-  // under a memory fraction with expandable segments; Note [Expandable segments].)
+  // capacity; reserved memory after each segment is at most the unlimited peak. Not so
+  // under a memory fraction with expandable segments (Note [Expandable segments]) or a
+  // garbage collection threshold, which frees segments before the capacity is reached.
   const CachingAllocatorConfig& settings = recorder.allocator_settings();
   if (unlimited.peak_reserved_bytes() > capacity_bytes ||
-      (settings.expandable_segments && settings.capacity_is_fraction)) {
+      (settings.capacity_is_fraction &&
+       (settings.expandable_segments || settings.garbage_collection_threshold > 0))) {
     return ReplayWithCapacity(recorder, capacity_bytes);
   }
   CapacityReplay replay;

@@ -1646,7 +1646,10 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t, std::vector<st
     const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
     return error == std::errc() && end == text.data() + text.size() && *value >= 0;
   };
-  auto power_of_two = [](int64_t v) { return v > 0 && (v & (v - 1)) == 0; };
+  // Divisions beyond 2^30 would split no interval further (CachingAllocatorConfig).
+  auto power_of_two = [](int64_t v) {
+    return v > 0 && v <= (int64_t{1} << 30) && (v & (v - 1)) == 0;
+  };
   size_t i = 0;
   auto take = [&](const char* expected) {
     return i < tokens.size() && tokens[i] == expected ? (++i, true) : false;
@@ -1659,7 +1662,10 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t, std::vector<st
     }
     const std::string value = tokens[i];
     int64_t number = 0;
-    if (key == "expandable_segments" && (value == "True" || value == "False")) {
+    if (key == "expandable_segments") {
+      if (value != "True" && value != "False") {
+        return bad(key, "must be True or False, not '" + value + "'");
+      }
       settings.expandable_segments = value == "True";
       ++i;
     } else if (key == "max_split_size_mb" || key == "max_non_split_rounding_mb") {
@@ -1672,15 +1678,15 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t, std::vector<st
       ++i;
     } else if (key == "roundup_power2_divisions" && value != "[") {
       if (!whole_number(value, &number) || !power_of_two(number)) {
-        return bad(key,
-                   "must be a power of two or a [MiB:divisions,...] list, not '" + value + "'");
+        return bad(key, "must be a power of two up to 2^30 or a [MiB:divisions,...] list, not '" +
+                            value + "'");
       }
       settings.roundup_power2_divisions.fill(number);
       ++i;
     } else if (key == "roundup_power2_divisions") {
       // [SIZE_MIB:D, ..., >:D]: SIZE_MIB's interval (and, for the first, every one below)
-      // takes D; '>' every interval above the last one named (PyTorch 2.11 on an H200:
-      // simulator/caching_allocator_replay_test.cc), or all of them if it comes first.
+      // takes D; '>' every interval above the last one named, the first when none was
+      // (PyTorch 2.11 on an H200: simulator/caching_allocator_replay_test.cc).
       std::array<int64_t, 16>& divisions = settings.roundup_power2_divisions;
       size_t last_index = 0;
       bool first = true;
@@ -1694,12 +1700,13 @@ Status ParseAllocConf(const std::string& conf, TrainingConfig* t, std::vector<st
         }
         if (!take(":") || i >= tokens.size() || !whole_number(tokens[i], &number) ||
             (number != 0 && !power_of_two(number))) {
-          return bad(key, "list entry '" + size + "' needs :DIVISIONS, 0 or a power of two");
+          return bad(key,
+                     "list entry '" + size + "' needs :DIVISIONS, 0 or a power of two up to 2^30");
         }
         ++i;
         if (size == ">") {
-          const size_t from = first ? 0 : last_index + 1;
-          std::fill(divisions.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(from, 16)),
+          std::fill(divisions.begin() + static_cast<std::ptrdiff_t>(
+                                            std::min<size_t>(last_index + 1, divisions.size())),
                     divisions.end(), number);
         } else {
           const size_t index = std::min<size_t>(static_cast<size_t>(std::log2(mib)), 15);

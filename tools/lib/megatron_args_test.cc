@@ -344,11 +344,26 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   EXPECT_EQ(s.message(),
             "PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions list entries must be "
             "SIZE_MIB:DIVISIONS with powers of two, not '300'");
-  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:3"}}, 8,
+  // A leading '>' sets the intervals above the first, as PyTorch's last_index + 1 does.
+  ASSERT_TRUE(ParseMegatronArgs(Split(base),
+                                {{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:[>:8]"}}, 8,
+                                &e)
+                  .ok());
+  EXPECT_EQ(e.spec.training.allocator_settings.roundup_power2_divisions,
+            (std::array<int64_t, 16>{0, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8}));
+  s = ParseMegatronArgs(Split(base), {{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:true"}}, 8,
                         &e);
   EXPECT_EQ(s.message(),
-            "PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions must be a power of two or a "
-            "[MiB:divisions,...] list, not '3'");
+            "PYTORCH_CUDA_ALLOC_CONF expandable_segments must be True or False, not 'true'");
+  for (const char* divisions : {"3", "2147483648"}) {
+    s = ParseMegatronArgs(
+        Split(base),
+        {{"PYTORCH_CUDA_ALLOC_CONF", std::string("roundup_power2_divisions:") + divisions}}, 8, &e);
+    EXPECT_EQ(s.message(),
+              "PYTORCH_CUDA_ALLOC_CONF roundup_power2_divisions must be a power of two up to 2^30 "
+              "or a [MiB:divisions,...] list, not '" +
+                  std::string(divisions) + "'");
+  }
   s = ParseMegatronArgs(Split(base),
                         {{"PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:[256:2"}}, 8, &e);
   EXPECT_EQ(s.message(),
