@@ -243,6 +243,18 @@ class AnalyzeFormatsTest(CliTestCase):
         self.assertIn("empty_cache() would release them", report)
         self.assertNotIn("cannot help", report)
 
+    def test_expandable_segments_are_not_advised_again(self) -> None:
+        snapshot = snapshot_dict(KEYWORD_BLOCKS, free_mb=[150, 20, 2], empty_segment_mb=20)
+        for segment in snapshot["segments"]:
+            segment["is_expandable"] = True
+        path = write_pickle(self.tmp / "expandable.pickle", snapshot)
+        self.run_ok("analyze", path, self.tmp / "results", "expandable", "--dpi", 30)
+        report = (self.tmp / "results" / "latest" / "analysis_report.txt").read_text()
+        self.assertIn("High cache overhead", report)
+        self.assertIn("The segments are already expandable: try fewer distinct tensor sizes.",
+                      report)
+        self.assertNotIn("expandable_segments:True", report)
+
     def test_old_list_format_with_history(self) -> None:
         segments = snapshot_dict(KEYWORD_BLOCKS[:3], free_mb=[], empty_segment_mb=1)["segments"]
         for block in segments[0]["blocks"]:

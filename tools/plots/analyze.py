@@ -186,9 +186,13 @@ def recommendations(a: Analysis) -> list[str]:
     reserved = a.snapshot.reserved
     overhead = a.wasted / reserved * 100
     if overhead > CACHE_OVERHEAD_PCT:
+        expandable = all(s.expandable for s in a.snapshot.segments)
+        remedy = ("The segments are already expandable: try fewer distinct tensor sizes."
+                  if expandable else
+                  "Try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or fewer distinct "
+                  "tensor sizes.")
         found.append(f"High cache overhead: {_gb(a.wasted)} ({overhead:.1f}% of reserved) is "
-                     "reserved but not allocated. Try PYTORCH_CUDA_ALLOC_CONF="
-                     "expandable_segments:True, or fewer distinct tensor sizes.")
+                     f"reserved but not allocated. {remedy}")
     large = [s for s in a.free_blocks if s >= LARGE_FREE_BLOCK]
     if large:
         found.append(f"{len(large)} cached free block(s) of 100 MiB or more hold "

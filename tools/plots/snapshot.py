@@ -92,6 +92,7 @@ class Segment:
     total_size: int
     segment_type: str  # the allocator pool: "large" or "small"
     blocks: tuple[Block, ...]
+    expandable: bool = False  # mapped pages of an expandable segment (is_expandable)
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,8 @@ def _segment(raw: Any, where: str) -> Segment:
         raise InputError(f"{where}: 'blocks' is not a list; not a PyTorch memory snapshot")
     kind = raw.get("segment_type")
     return Segment(_int(raw, "total_size", where), kind if isinstance(kind, str) else "large",
-                   tuple(_block(b, f"{where}, block {i}") for i, b in enumerate(blocks)))
+                   tuple(_block(b, f"{where}, block {i}") for i, b in enumerate(blocks)),
+                   raw.get("is_expandable") is True)
 
 
 def _block(raw: Any, where: str) -> Block:
