@@ -654,6 +654,18 @@ TEST(CachingAllocatorModel, GarbageCollectionFreesSegmentsAtLeastAsOldAsTheAvera
   EXPECT_EQ(run(100 * kMiB, 0.6, false).reserved_bytes, 36 * kMiB);
 }
 
+// Log-uniform sizes from 1 B to 32 MiB cover both pools and all segment rules.
+int64_t RandomRequestBytes(std::mt19937_64& rng) {
+  return std::max<int64_t>(1, int64_t{1} << (rng() % 26)) + static_cast<int64_t>(rng() % 4096);
+}
+
+void FreeOneAtRandom(Model& model, std::mt19937_64& rng, std::vector<Model::Allocation>* live) {
+  const size_t index = rng() % live->size();
+  model.Free((*live)[index].block_id);
+  (*live)[index] = live->back();
+  live->pop_back();
+}
+
 // Expandable segments under random mallocs, frees and cache releases: the invariants of
 // ExpectConsistent hold for every run of mapped pages, on the device's capacity and under a
 // memory fraction, and everything unmaps at the end.
@@ -668,14 +680,9 @@ TEST(CachingAllocatorModel, ExpandableRandomTraceStaysConsistent) {
       if (dice == 0) {
         model.EmptyCache();
       } else if (!live.empty() && dice < 10) {
-        const size_t index = rng() % live.size();
-        model.Free(live[index].block_id);
-        live[index] = live.back();
-        live.pop_back();
-      } else {
-        const int64_t bytes =
-            std::max<int64_t>(1, int64_t{1} << (rng() % 26)) + static_cast<int64_t>(rng() % 4096);
-        if (const std::optional<Model::Allocation> a = model.Malloc(bytes)) live.push_back(*a);
+        FreeOneAtRandom(model, rng, &live);
+      } else if (const std::optional<Model::Allocation> a = model.Malloc(RandomRequestBytes(rng))) {
+        live.push_back(*a);
       }
       EXPECT_EQ(model.stats().reserved_bytes % Model::kSmallBuffer, 0);
       if (capacity_bytes > 0 && !fraction) {
@@ -684,7 +691,9 @@ TEST(CachingAllocatorModel, ExpandableRandomTraceStaysConsistent) {
       if (step % 50 == 0) ExpectConsistent(model);
     }
     ExpectConsistent(model);
-    if (capacity_bytes > 0) EXPECT_GT(model.stats().num_ooms, 0);
+    if (capacity_bytes > 0) {
+      EXPECT_GT(model.stats().num_ooms, 0);
+    }
     for (const Model::Allocation& allocation : live) model.Free(allocation.block_id);
     model.EmptyCache();
     EXPECT_EQ(model.stats().reserved_bytes, 0);
@@ -701,14 +710,9 @@ TEST(CachingAllocatorModel, RandomTraceMatchesBruteForceBestFit) {
     int64_t ooms = 0;
     for (int step = 0; step < 3000; ++step) {
       if (!live.empty() && rng() % 2 == 0) {
-        const size_t index = rng() % live.size();
-        model.Free(live[index].block_id);
-        live[index] = live.back();
-        live.pop_back();
+        FreeOneAtRandom(model, rng, &live);
       } else {
-        // Log-uniform sizes from 1 B to 32 MiB cover both pools and all segment rules.
-        const int64_t bytes =
-            std::max<int64_t>(1, int64_t{1} << (rng() % 26)) + static_cast<int64_t>(rng() % 4096);
+        const int64_t bytes = RandomRequestBytes(rng);
         const int64_t rounded = Model::RoundSize(bytes);
         std::optional<int64_t> expected_address;
         int64_t best_size = 0;
