@@ -149,10 +149,7 @@ int64_t CachingAllocatorModel::GrowPool(PoolKind pool, int64_t rounded_bytes) {
   const int64_t segment_bytes = SegmentSizeFor(rounded_bytes);
   // Without expandable segments this is also the driver's answer: the segment is the growth.
   const bool checked_before = config_.capacity_is_fraction || !config_.expandable_segments;
-  if (checked_before && config_.capacity_bytes > 0 &&
-      stats_.reserved_bytes > config_.capacity_bytes - segment_bytes) {
-    return kNoBlock;
-  }
+  if (checked_before && ExceedsCapacity(segment_bytes)) return kNoBlock;
   if (config_.expandable_segments) return MapExpandable(pool, rounded_bytes);
   return CreateSegment(pool, segment_bytes);
 }
@@ -178,17 +175,21 @@ void CachingAllocatorModel::Free(int64_t block_id) {
 int64_t CachingAllocatorModel::JoinFreeNeighbours(int64_t id) {
   const int64_t prev = blocks_[id].prev;
   const int64_t next = blocks_[id].next;
-  // Unmapped neighbours stay apart (Note [Expandable segments]).
-  if (prev != kNoBlock && !blocks_[prev].allocated && blocks_[prev].mapped) {
-    EraseFree(prev);
+  // Mapped and unmapped neighbours stay apart (Note [Expandable segments]).
+  const auto joins = [&](int64_t other) {
+    return other != kNoBlock && !blocks_[other].allocated &&
+           blocks_[other].mapped == blocks_[id].mapped;
+  };
+  if (joins(prev)) {
+    EraseUnallocated(prev);
     Merge(prev, id);
     id = prev;
   }
-  if (next != kNoBlock && !blocks_[next].allocated && blocks_[next].mapped) {
-    EraseFree(next);
+  if (joins(next)) {
+    EraseUnallocated(next);
     Merge(id, next);
   }
-  InsertFree(id);
+  InsertUnallocated(id);
   return id;
 }
 
@@ -254,6 +255,40 @@ void CachingAllocatorModel::EraseFree(int64_t id) {
   FreeBlocks(block.pool).erase({block.size_bytes, block.address, id});
 }
 
+void CachingAllocatorModel::InsertUnallocated(int64_t id) {
+  if (blocks_[id].mapped) {
+    InsertFree(id);
+  } else {
+    unmapped_[PoolIndex(blocks_[id].pool)].insert({blocks_[id].address, id});
+  }
+}
+
+void CachingAllocatorModel::EraseUnallocated(int64_t id) {
+  if (blocks_[id].mapped) {
+    EraseFree(id);
+  } else {
+    unmapped_[PoolIndex(blocks_[id].pool)].erase({blocks_[id].address, id});
+  }
+}
+
+int64_t CachingAllocatorModel::SplitAfter(int64_t id, int64_t front_bytes) {
+  MEMSIM_DCHECK(!blocks_[id].allocated && front_bytes > 0 && front_bytes < blocks_[id].size_bytes);
+  Block rest = blocks_[id];
+  rest.address += front_bytes;
+  rest.size_bytes -= front_bytes;
+  rest.prev = id;
+  const int64_t rest_id = NewBlock(rest);  // may reallocate blocks_: no references held
+  if (rest.next != kNoBlock) blocks_[rest.next].prev = rest_id;
+  blocks_[id].next = rest_id;
+  blocks_[id].size_bytes = front_bytes;
+  return rest_id;
+}
+
+void CachingAllocatorModel::Recycle(int64_t id) {
+  blocks_[id] = Block();
+  free_slots_.push_back(id);
+}
+
 int64_t CachingAllocatorModel::CreateSegment(PoolKind pool, int64_t size_bytes) {
   Block block;
   if (config_.segment_address) {
@@ -299,8 +334,7 @@ void CachingAllocatorModel::ReleaseSegment(int64_t id) {
   segments_.erase(block.address);
   stats_.reserved_bytes -= block.size_bytes;
   --stats_.num_segments;
-  blocks_[id] = Block();
-  free_slots_.push_back(id);
+  Recycle(id);
   if (observer_ != nullptr) observer_->OnSegmentFree(block.address, block.size_bytes, block.pool);
 }
 
@@ -416,26 +450,11 @@ int64_t CachingAllocatorModel::MapPages(int64_t id, int64_t bytes) {
   MEMSIM_DCHECK(!blocks_[id].mapped && bytes > 0 && bytes <= blocks_[id].size_bytes);
   const PoolKind pool = blocks_[id].pool;
   const int64_t mapped_bytes = std::min(RoundUp(bytes, PageSizeFor(pool)), blocks_[id].size_bytes);
-  if (!config_.capacity_is_fraction && config_.capacity_bytes > 0 &&
-      stats_.reserved_bytes > config_.capacity_bytes - mapped_bytes) {
+  if (!config_.capacity_is_fraction && ExceedsCapacity(mapped_bytes)) {
     return kNoBlock;  // the driver has no memory for the pages
   }
-  unmapped_[PoolIndex(pool)].erase({blocks_[id].address, id});
-  if (mapped_bytes < blocks_[id].size_bytes) {
-    Block rest;
-    rest.address = blocks_[id].address + mapped_bytes;
-    rest.size_bytes = blocks_[id].size_bytes - mapped_bytes;
-    rest.prev = id;
-    rest.next = blocks_[id].next;
-    rest.pool = pool;
-    rest.expandable = true;
-    rest.mapped = false;
-    const int64_t rest_id = NewBlock(rest);  // may reallocate blocks_: no references held
-    if (rest.next != kNoBlock) blocks_[rest.next].prev = rest_id;
-    blocks_[id].next = rest_id;
-    blocks_[id].size_bytes = mapped_bytes;
-    unmapped_[PoolIndex(pool)].insert({rest.address, rest_id});
-  }
+  EraseUnallocated(id);
+  if (mapped_bytes < blocks_[id].size_bytes) InsertUnallocated(SplitAfter(id, mapped_bytes));
   const int64_t mapped_address = blocks_[id].address;
   blocks_[id].mapped = true;
   id = JoinFreeNeighbours(id);
@@ -454,48 +473,22 @@ void CachingAllocatorModel::UnmapFreePages(int64_t id) {
   if (begin >= end) return;
   EraseFree(id);
   if (begin > block.address) {  // the free head of a partly used first page stays mapped
-    Block head = block;
-    head.size_bytes = begin - block.address;
-    head.next = id;
-    const int64_t head_id = NewBlock(head);
-    if (head.prev != kNoBlock) blocks_[head.prev].next = head_id;
-    blocks_[id].prev = head_id;
-    InsertFree(head_id);
+    const int64_t pages = SplitAfter(id, begin - block.address);
+    InsertFree(id);
+    id = pages;
   }
   if (end < block.address + block.size_bytes) {  // and the tail of a partly used last page
-    Block tail = block;
-    tail.address = end;
-    tail.size_bytes = block.address + block.size_bytes - end;
-    tail.prev = id;
-    const int64_t tail_id = NewBlock(tail);
-    if (tail.next != kNoBlock) blocks_[tail.next].prev = tail_id;
-    blocks_[id].next = tail_id;
-    InsertFree(tail_id);
+    InsertFree(SplitAfter(id, end - begin));
   }
-  blocks_[id].address = begin;
-  blocks_[id].size_bytes = end - begin;
   blocks_[id].mapped = false;
-  std::set<UnmappedKey>& unmapped = unmapped_[PoolIndex(block.pool)];
-  const int64_t prev = blocks_[id].prev;
-  const int64_t next = blocks_[id].next;
-  if (prev != kNoBlock && !blocks_[prev].mapped) {
-    unmapped.erase({blocks_[prev].address, prev});
-    Merge(prev, id);
-    id = prev;
-  }
-  if (next != kNoBlock && !blocks_[next].mapped) {
-    unmapped.erase({blocks_[next].address, next});
-    Merge(id, next);
-  }
+  id = JoinFreeNeighbours(id);
   stats_.reserved_bytes -= end - begin;
   if (observer_ != nullptr) observer_->OnSegmentUnmap(begin, end - begin, block.pool);
   if (blocks_[id].prev == kNoBlock && blocks_[id].next == kNoBlock) {
     // Nothing of the range is mapped: PyTorch frees its addresses.
+    EraseUnallocated(id);
     segments_.erase(blocks_[id].address);
-    blocks_[id] = Block();
-    free_slots_.push_back(id);
-  } else {
-    unmapped.insert({blocks_[id].address, id});
+    Recycle(id);
   }
 }
 
@@ -536,20 +529,7 @@ CachingAllocatorModel::Allocation CachingAllocatorModel::TakeBlock(int64_t id,
   const bool split = blocks_[id].pool == PoolKind::kSmall || config_.expandable_segments
                          ? remaining_bytes >= kMinBlockSize
                          : !Oversize(rounded_bytes) && remaining_bytes > kSmallSize;
-  if (split) {
-    Block rest;
-    rest.address = blocks_[id].address + rounded_bytes;
-    rest.size_bytes = remaining_bytes;
-    rest.prev = id;
-    rest.next = blocks_[id].next;
-    rest.pool = blocks_[id].pool;
-    rest.expandable = blocks_[id].expandable;
-    const int64_t rest_id = NewBlock(rest);  // may reallocate blocks_: no references held
-    if (rest.next != kNoBlock) blocks_[rest.next].prev = rest_id;
-    blocks_[id].next = rest_id;
-    blocks_[id].size_bytes = rounded_bytes;
-    InsertFree(rest_id);
-  }
+  if (split) InsertFree(SplitAfter(id, rounded_bytes));
   Block& block = blocks_[id];
   block.allocated = true;
   block.requested_bytes = requested_bytes;
@@ -574,8 +554,7 @@ void CachingAllocatorModel::Merge(int64_t front, int64_t back) {
   front_block.size_bytes += back_block.size_bytes;
   front_block.next = back_block.next;
   if (back_block.next != kNoBlock) blocks_[back_block.next].prev = front;
-  blocks_[back] = Block();
-  free_slots_.push_back(back);
+  Recycle(back);
 }
 
 }  // namespace memsim

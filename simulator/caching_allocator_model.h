@@ -263,6 +263,18 @@ class CachingAllocatorModel {
   // Moves a free mapped block into (out of) its pool's free set.
   void InsertFree(int64_t id);
   void EraseFree(int64_t id);
+  // Moves an unallocated block into (out of) its set: the free set if mapped, else the
+  // pool's unmapped set.
+  void InsertUnallocated(int64_t id);
+  void EraseUnallocated(int64_t id);
+  // Splits unallocated block `id` after its first `front_bytes`: the rest becomes a new
+  // block of the same kind right after it, in no set, whose id is returned.
+  int64_t SplitAfter(int64_t id, int64_t front_bytes);
+  // Whether reserving `more_bytes` more would exceed the capacity.
+  bool ExceedsCapacity(int64_t more_bytes) const {
+    return config_.capacity_bytes > 0 &&
+           stats_.reserved_bytes > config_.capacity_bytes - more_bytes;
+  }
   // PyTorch's get_free_block: the free block a request of `rounded_bytes` takes, out of
   // the free set, or kNoBlock.
   int64_t FindFreeBlock(PoolKind pool, int64_t rounded_bytes);
@@ -309,11 +321,14 @@ class CachingAllocatorModel {
   // Allocates the front of free block `id` (out of the free sets), splitting off the rest
   // when PyTorch would.
   Allocation TakeBlock(int64_t id, int64_t rounded_bytes, int64_t requested_bytes);
-  // Merges free mapped block `id` with its free mapped neighbours and puts the result in
-  // the free set (PyTorch's free_block and map_block); returns the result's id.
+  // Merges unallocated block `id` with its unallocated neighbours that are mapped as it is
+  // and puts the result in its set (PyTorch's free_block, map_block and unmap_block);
+  // returns the result's id.
   int64_t JoinFreeNeighbours(int64_t id);
   // Appends block `back` to its free predecessor `front` and recycles `back`'s slot.
   void Merge(int64_t front, int64_t back);
+  // Makes slot `id` available to NewBlock.
+  void Recycle(int64_t id);
 
   CachingAllocatorConfig config_;
   AllocatorObserver* observer_;

@@ -6,7 +6,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <map>
 #include <set>
@@ -1628,14 +1627,15 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
 // Other settings are refused.
 Status ParseAllocConf(const std::string& conf, TrainingConfig* t, std::vector<std::string>* notes) {
   std::vector<std::string> tokens;
+  bool in_word = false;  // spaces are dropped, even inside a word
   for (const char c : conf) {
     if (c == ',' || c == ':' || c == '[' || c == ']') {
       tokens.emplace_back(1, c);
+      in_word = false;
     } else if (c != ' ') {
-      if (tokens.empty() || (tokens.back().size() == 1 && std::strchr(",:[]", tokens.back()[0]))) {
-        tokens.emplace_back();
-      }
+      if (!in_word) tokens.emplace_back();
       tokens.back() += c;
+      in_word = true;
     }
   }
   CachingAllocatorConfig& settings = t->allocator_settings;
