@@ -228,7 +228,9 @@ struct AddBiasFunction : public Function<AddBiasFunction> {
   }
 };
 
-struct SwigluFunction : public Function<SwigluFunction> {
+// Megatron's fused gated activations (SwiGLUFunction, the quick-GeGLU functions of
+// fused_bias_geglu.py): [.., 2F] -> a new [.., F]; saves the input only.
+struct FusedGluFunction : public Function<FusedGluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
     ctx->save_for_backward({input});
     auto sizes = input.sizes().vec();
@@ -240,10 +242,11 @@ struct SwigluFunction : public Function<SwigluFunction> {
   }
 };
 
-// Megatron's squared_relu (activations.py: pow(relu(x), 2), torch.compile'd): a new output
-// like the input; saves one tensor like it (the input: a compiled graph recomputes the
-// rest); backward: the input's gradient.
-struct SquaredReluFunction : public Function<SquaredReluFunction> {
+// A torch.compile'd elementwise activation (Megatron's squared_relu, pow(relu(x), 2), and
+// quick_gelu, x * sigmoid(1.702 x); jit_fuser is torch.compile on PyTorch 2.2 and later):
+// a new output like the input; saves one tensor like it (the input: the compiled backward
+// recomputes the rest); backward: the input's gradient.
+struct CompiledActivationFunction : public Function<CompiledActivationFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
     ctx->save_for_backward({input});
     return at::empty_like(input);
@@ -262,6 +265,28 @@ struct L2NormFunction : public Function<L2NormFunction> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {at::empty(ctx->get_saved_variables()[0].sizes(), grads[0].options())};
+  }
+};
+
+// The learnable softmax offset's round trip through Transformer Engine's fused attention
+// (DotProductAttention.forward, fused_attn_fwd/bwd, TE 2.18): forward passes the offset as
+// a float32 [1, A/tp, 1, 1] copy, which the kernel keeps among its auxiliary tensors for
+// backward; backward writes dSoftmaxOffset, a new float32 tensor of that shape, which
+// autograd casts to the parameter's dtype and Megatron's gradient hook adds to main_grad.
+// The attention output passes through (a view).
+struct AttentionSinkFunction : public Function<AttentionSinkFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& out, const at::Tensor& offset,
+                            c10::intrusive_ptr<MainGrads> main_grads) {
+    ctx->save_for_backward({offset.reshape({1, -1, 1, 1}).to(at::kFloat)});
+    ctx->saved_data["main_grads"] = c10::IValue::make_capsule(std::move(main_grads));
+    ctx->saved_data["dtype"] = offset.scalar_type();
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor d_offset = at::empty_like(ctx->get_saved_variables()[0]);
+    AccumulateIntoMainGrad(SavedMainGrads(ctx)->weight,
+                           d_offset.to(ctx->saved_data["dtype"].toScalarType()).view({-1}));
+    return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
 
@@ -632,19 +657,40 @@ at::Tensor GlobalMemoryBuffer::Get(at::IntArrayRef shape, at::ScalarType dtype, 
   return buffer.narrow(0, 0, numel).view(shape);
 }
 
-at::Tensor Swiglu(const at::Tensor& input) { return SwigluFunction::apply(input); }
+namespace {
 
-at::Tensor Activation(ActivationKind kind, const at::Tensor& input) {
-  switch (kind) {
+// mlp.py's glu() on fc1's output: Note at Activation in layers.h.
+at::Tensor EagerGlu(const ModelConfig& model, const at::Tensor& input) {
+  std::vector<at::Tensor> halves = input.chunk(2, -1);
+  at::Tensor gate = std::move(halves[0]), linear = std::move(halves[1]);
+  if (const double clamp = model.activation_clamp_value; clamp > 0) {
+    gate = at::clamp(gate, c10::nullopt, clamp);
+    linear = at::clamp(linear, -clamp, clamp);
+  }
+  gate = model.activation == ActivationKind::kSwiglu ? at::silu(gate)
+                                                     : CompiledActivationFunction::apply(gate);
+  // The offset (--glu-linear-offset) is added whatever its value: a new tensor either way.
+  return gate * (linear + 1.0);
+}
+
+}  // namespace
+
+at::Tensor Activation(const ModelConfig& model, bool fused, const at::Tensor& input) {
+  switch (model.activation) {
     case ActivationKind::kGelu:
       return at::gelu(input);
-    case ActivationKind::kSwiglu:
-      return Swiglu(input);
     case ActivationKind::kSquaredRelu:
-      return SquaredReluFunction::apply(input);
+      return CompiledActivationFunction::apply(input);
+    case ActivationKind::kSwiglu:
+    case ActivationKind::kQuickGeglu:
+      return fused ? FusedGluFunction::apply(input) : EagerGlu(model, input);
   }
   MEMSIM_DCHECK(false);
   return at::Tensor();
+}
+
+at::Tensor AttentionSink(const at::Tensor& out, Parameter& offset) {
+  return AttentionSinkFunction::apply(out, offset.data, MainGradsOf(offset, nullptr));
 }
 
 at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights) {

@@ -154,12 +154,19 @@ at::Tensor AddBias(const at::Tensor& x, Parameter& bias);
 at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor& residual,
                           double p);
 
-// Megatron's fused SwiGLU (bias_swiglu / SwiGLUFunction): [.., 2F] -> [.., F], saves its
-// input only.
-at::Tensor Swiglu(const at::Tensor& input);
-// The MLP's activation of `kind` on fc1's output (Fc1Width wide): GeLU (torch's gelu, which
-// saves its input), SwiGLU (Swiglu) or squared ReLU (a new output; saves its input).
-at::Tensor Activation(ActivationKind kind, const at::Tensor& input);
+// The MLP's activation on fc1's output [.., Fc1Width] -> [.., F], as Megatron-Core's
+// mlp.py, experts.py and shared_experts.py run it:
+//   GeLU: torch's gelu (saves its input);
+//   squared ReLU: a torch.compile'd function (a new output; saves its input);
+//   gated (SwiGLU, quick-GeGLU), fused (`fused`: bias_swiglu_impl, weighted_bias_quick_
+//     geglu_impl): one kernel that saves its input only;
+//   gated, unfused: the eager glu(): chunk into gate and linear halves (views), clamp both
+//     when model.activation_clamp_value is set (each clamp saves its input, a view that
+//     keeps fc1's output, and makes an [.., F] copy), the gate's activation (SwiGLU: torch's
+//     silu, which saves its input; quick-GeGLU: the compiled quick_gelu, which saves its
+//     input), the linear half plus the offset (a new [.., F]), and their product, which
+//     saves both factors.
+at::Tensor Activation(const ModelConfig& model, bool fused, const at::Tensor& input);
 // Transformer Engine's ScaledSwiGLU op (transformer_engine/pytorch/ops/basic/swiglu.py,
 // TE 2.18): SwiGLU of `input` [.., 2F] times `weights` [.., 1] -> a new [.., F]; saves
 // its input and the weights only.
@@ -190,6 +197,11 @@ at::Tensor RotaryEmbedding(const at::Tensor& input);
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
                          int64_t cp = 1, int64_t cp_all_to_all = 1);
+
+// Transformer Engine's fused attention with a learnable softmax offset (attention sinks):
+// `out` (core attention's output) passes through; what the kernel keeps of `offset` for
+// backward, and its gradient, are AttentionSinkFunction's in layers.cc.
+at::Tensor AttentionSink(const at::Tensor& out, Parameter& offset);
 
 // Megatron's vocab_parallel_cross_entropy on logits [S, B, V/tp] in the training dtype:
 // upcasts to a float32 copy, turns it into softmax in place (all-reducing the max, the

@@ -111,6 +111,16 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
                              ? CheckedMul(4, m->hidden_size)
                              : CheckedMul(8, m->hidden_size) / 3 / 64 * 64;
   }
+  if (!(m->activation_clamp_value >= 0 && m->activation_clamp_value < kMaxFactor)) {
+    return Status::Error("the activation clamp value must be positive and finite (0: none), got " +
+                         FormatNumber(m->activation_clamp_value));
+  }
+  if (m->activation_clamp_value > 0 && m->activation == ActivationKind::kSwiglu &&
+      m->num_experts == 0) {
+    return Status::Error(
+        "a clamped SwiGLU needs MoE layers (Megatron-Core: activation_func_clamp_value for "
+        "SwiGLU is only supported with MoE)");
+  }
   if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 ||
       m->attention_dropout >= 1) {
     return Status::Error("dropout probabilities must be in [0, 1)");
@@ -195,6 +205,28 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       (t.recompute_num_layers <= 0 || t.recompute_num_layers > m.num_layers)) {
     return Status::Error("recompute_num_layers must be in [1, num_layers=" + Str(m.num_layers) +
                          "], got " + Str(t.recompute_num_layers));
+  }
+  if (m.activation == ActivationKind::kQuickGeglu && t.bias_activation_fusion &&
+      (m.num_experts == 0 || m.moe_first_k_dense_layers > 0 || m.moe_shared_expert_size > 0)) {
+    // mlp.py fuses only GeLU and SwiGLU without per-token scales; experts.py fuses quick-GeGLU.
+    return Status::Error(
+        "a fused quick-GeGLU runs in MoE experts only: Megatron-Core's dense MLP raises "
+        "ValueError (\"Only support fusion of gelu and swiglu\"); turn the fusion off "
+        "(Megatron-LM: --no-bias-gelu-fusion)");
+  }
+  if (m.softmax == SoftmaxKind::kOffByOne) {
+    return Status::Error(
+        "the off-by-one softmax is not modelled (Transformer Engine's zero offsets, a float32 "
+        "tensor outside the parameters); the learnable one is");
+  }
+  if (m.softmax != SoftmaxKind::kVanilla) {
+    if (t.profile != ProfileKind::kTransformerEngine || t.attention != AttentionKind::kFused) {
+      return Status::Error(
+          std::string("the ") + NameOf(kSoftmaxNames, m.softmax).data() +
+          " softmax (attention sinks) is modelled with Transformer Engine's cuDNN fused "
+          "attention only: FlashAttention has no sinks, and the unfused and local paths' "
+          "extra softmax tensors are not modelled");
+    }
   }
   if (t.te_op_fuser) {
     if (m.num_experts == 0 || m.moe_first_k_dense_layers > 0 || !t.moe_grouped_gemm ||
@@ -431,10 +463,12 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
 }
 
 Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& training,
-                         int compute_capability, AttentionKind* out) {
+                         const ModelConfig& model, int compute_capability, AttentionKind* out) {
   const bool fp32 = training.precision == Precision::kFp32;
-  const bool fused = choice.fused && !fp32 && !(compute_capability < 90 && choice.deterministic);
-  const bool flash = choice.flash && !fp32;
+  const bool sink = model.softmax != SoftmaxKind::kVanilla;
+  const bool fused =
+      choice.fused && !fp32 && !((compute_capability < 90 || sink) && choice.deterministic);
+  const bool flash = choice.flash && !fp32 && !sink;
   if (compute_capability >= 90 && fused) {
     *out = AttentionKind::kFused;
   } else if (flash) {

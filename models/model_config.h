@@ -35,13 +35,23 @@ inline constexpr int64_t kMaxMicrobatches = 10000;
 inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 50;
 
 enum class NormKind { kLayerNorm, kRmsNorm };
-// The MLP's activation: GeLU, SwiGLU (gated: fc1 is 2F wide) or squared ReLU
-// (Megatron's --squared-relu: relu(x)^2, Nemotron).
-enum class ActivationKind { kGelu, kSwiglu, kSquaredRelu };
+// The MLP's activation: GeLU, SwiGLU (gated: fc1 is 2F wide), squared ReLU (Megatron's
+// --squared-relu: relu(x)^2, Nemotron) or quick-GeGLU (--quick-geglu, gated: quick_gelu of
+// the first half, x * sigmoid(1.702 x), times the second half plus --glu-linear-offset;
+// gpt-oss).
+enum class ActivationKind { kGelu, kSwiglu, kSquaredRelu, kQuickGeglu };
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {
     {ActivationKind::kGelu, "gelu"},
     {ActivationKind::kSwiglu, "swiglu"},
-    {ActivationKind::kSquaredRelu, "squared_relu"}};
+    {ActivationKind::kSquaredRelu, "squared_relu"},
+    {ActivationKind::kQuickGeglu, "quick_geglu"}};
+// Core attention's softmax (Megatron-Core's --softmax-type, TransformerConfig.softmax_type):
+// vanilla, or with a sink logit per head added to every row's denominator: zero
+// (off-by-one) or a learned parameter (learnable: gpt-oss's attention sinks).
+enum class SoftmaxKind { kVanilla, kOffByOne, kLearnable };
+inline constexpr EnumName<SoftmaxKind> kSoftmaxNames[] = {{SoftmaxKind::kVanilla, "vanilla"},
+                                                          {SoftmaxKind::kOffByOne, "off-by-one"},
+                                                          {SoftmaxKind::kLearnable, "learnable"}};
 enum class PositionKind { kLearned, kRope };
 
 struct ModelConfig {
@@ -58,6 +68,10 @@ struct ModelConfig {
   NormKind norm = NormKind::kLayerNorm;
   ActivationKind activation = ActivationKind::kGelu;
   PositionKind position = PositionKind::kLearned;
+  // --activation-func-clamp-value (0: none): a gated activation clamps its gate half from
+  // above and its linear half to [-c, c] first (SwiGLU: MoE only, as Megatron-Core asserts).
+  double activation_clamp_value = 0.0;
+  SoftmaxKind softmax = SoftmaxKind::kVanilla;
   bool tie_embeddings = true;  // output layer reuses the input embedding
   bool add_bias_linear = true;
   bool add_qkv_bias = true;
@@ -106,10 +120,12 @@ struct ModelConfig {
   // --mtp-num-layers: multi-token prediction depth, built after the decoder on the last
   // pipeline stage (Note [Multi-token prediction] in transformer.h); 0: none.
   int64_t mtp_num_layers = 0;
-  // fc1's output width for an FFN of `ffn`: twice it for a gated activation (SwiGLU).
-  int64_t Fc1Width(int64_t ffn) const {
-    return activation == ActivationKind::kSwiglu ? 2 * ffn : ffn;
+  // Whether the activation is a gated linear unit (fc1 computes gate and linear halves).
+  bool gated() const {
+    return activation == ActivationKind::kSwiglu || activation == ActivationKind::kQuickGeglu;
   }
+  // fc1's output width for an FFN of `ffn`: twice it for a gated activation.
+  int64_t Fc1Width(int64_t ffn) const { return gated() ? 2 * ffn : ffn; }
   // Whether decoder layer `index` (0-based) is a mixture of experts.
   bool moe_layer(int64_t index) const {
     return num_experts > 0 && index >= moe_first_k_dense_layers;
@@ -302,6 +318,11 @@ struct TrainingConfig {
   // validate` sets the rank a measurement logged.
   std::optional<int64_t> layer_wise_rank;
   bool dropout = true;  // false: every dropout probability is treated as 0
+  // Megatron-Core's bias_activation_fusion: the activation (with fc1's bias) runs as one
+  // fused kernel that saves only its input. Megatron-LM sets it from --bias-swiglu-fusion
+  // for SwiGLU, else from --bias-gelu-fusion and the biases. Off: the activation's eager ops
+  // save what autograd saves (Activation in layers.h).
+  bool bias_activation_fusion = true;
   // --use-precision-aware-optimizer (Note [Precision-aware optimizer] in models/optimizer.h):
   // Transformer Engine's FusedAdam holds the master weights and Adam's states, in these
   // dtypes (fp32 or bf16), and reads the gradient buffer (main_grads_dtype) as it is.
@@ -410,13 +431,14 @@ inline std::string RecomputeName(RecomputeKind kind) {
   return std::string(NameOf(kRecomputeNames, kind));
 }
 
-// Transformer Engine's backend for `training` on a GPU of `compute_capability`
+// Transformer Engine's backend for `training` of `model` on a GPU of `compute_capability`
 // (80: A100, 90: H100): unfused for float32; else on 9.x and later cuDNN fused attention
 // before FlashAttention (TE drops flash where fused is available), and on 8.x
-// FlashAttention-2 before fused (and fused not at all when deterministic). An error when
-// the allowed backends leave none.
+// FlashAttention-2 before fused (and fused not at all when deterministic). A sink softmax
+// (off-by-one, learnable) has no FlashAttention, and no fused attention when deterministic
+// (get_attention_backend's softmax filter). An error when the allowed backends leave none.
 Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& training,
-                         int compute_capability, AttentionKind* out);
+                         const ModelConfig& model, int compute_capability, AttentionKind* out);
 // Parameter dtype in forward/backward.
 int64_t ParamBytesPerElement(Precision precision);
 

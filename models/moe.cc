@@ -211,18 +211,23 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
   const int64_t H = m.hidden_size, local = m.num_experts / p.ep;
   const int64_t fe = m.moe_ffn_hidden_size / p.etp;
   MoeParameters params;
+  // With add_bias_linear every linear has a bias (parameters only: Note [MoE biases]).
+  const bool bias = m.add_bias_linear;
   {
     ModuleScope s("router");
     params.router = store->Add("weight", {m.num_experts, H});
+    if (bias) store->Add("bias", {m.num_experts});
   }
   {
     ModuleScope s("experts");
     {
       ModuleScope f("linear_fc1");
       params.experts_fc1 = gemm(store->Add("weight", {local * m.Fc1Width(fe), H}, /*expert=*/true));
+      if (bias) store->Add("bias", {local * m.Fc1Width(fe)}, /*expert=*/true);
     }
     ModuleScope f("linear_fc2");
     params.experts_fc2 = gemm(store->Add("weight", {H, local * fe}, /*expert=*/true));
+    if (bias) store->Add("bias", {local * H}, /*expert=*/true);
   }
   if (m.moe_shared_expert_size > 0) {
     ModuleScope s("shared_experts");
@@ -230,9 +235,11 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
     {
       ModuleScope f("linear_fc1");
       params.shared_fc1 = gemm(store->Add("weight", {m.Fc1Width(fs), H}));
+      if (bias) store->Add("bias", {m.Fc1Width(fs)});
     }
     ModuleScope f("linear_fc2");
     params.shared_fc2 = gemm(store->Add("weight", {H, fs}));
+    if (bias) store->Add("bias", {H});
   }
   return params;
 }
@@ -555,13 +562,12 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
-  auto weighted_activation = [&m, dtype,
-                              op_fuser = t.te_op_fuser](const std::vector<at::Tensor>& in) {
+  auto weighted_activation = [&m, dtype, op_fuser = t.te_op_fuser,
+                              fused = t.bias_activation_fusion](const std::vector<at::Tensor>& in) {
     if (op_fuser) {  // TE's ScaledSwiGLU; the scales in the activation dtype
       return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1).to(dtype))};
     }
-    return std::vector<at::Tensor>{
-        (Activation(m.activation, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
+    return std::vector<at::Tensor>{(Activation(m, fused, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
   };
   // moe_act: the weighted activation goes once fc2 has saved it. Offloading's moe_act
   // region covers the activation alone; it commits after fc2 (experts.py).
@@ -668,13 +674,14 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     // the shared experts are recomputed (shared_experts.py).
     Fp8LinearOptions fc1_fp8;
     fc1_fp8.save_original_input = !t.Recomputes(RecomputeModule::kSharedExperts);
-    auto shared_experts = [&m, &params, tp = p.tp, fc1_fp8](const std::vector<at::Tensor>& in) {
+    auto shared_experts = [&m, &params, tp = p.tp, fc1_fp8,
+                           fused = t.bias_activation_fusion](const std::vector<at::Tensor>& in) {
       at::Tensor h;
       {
         ModuleScope f("linear_fc1");
         h = Linear(in[0], *params.shared_fc1, nullptr, {}, fc1_fp8);
       }
-      h = Activation(m.activation, h);
+      h = Activation(m, fused, h);
       ModuleScope f("linear_fc2");
       return ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), tp);
     };

@@ -8,6 +8,17 @@
 //   mlp.experts.linear_fc1.weight     (E_local * 2F_e/etp, H)   SwiGLU; F_e/etp otherwise
 //   mlp.experts.linear_fc2.weight     (H, E_local * F_e/etp)
 //   mlp.shared_experts.linear_fc1     (2F_s/tp, H), linear_fc2 (H, F_s/tp)   if F_s > 0
+//   with add_bias_linear, biases: router (E), experts' fc1 (E_local * 2F_e/etp) and fc2
+//   (E_local * H), shared experts' fc1 (2F_s/tp) and fc2 (H) (Note [MoE biases])
+//
+// Note [MoE biases]
+// With add_bias_linear Megatron-Core gives the router (router.py), each local expert's
+// GroupedLinear fc1 and fc2 (experts.py) and the shared experts their biases. memsim holds
+// them as parameters (with gradients and optimizer state), but not the forward work they
+// add: fc1's is inside the GEMM, but fc2's runs as TEGroupedMLP._apply_bias, whose float32
+// [N, H] temporaries (bias times probabilities, the sum, their concatenation) and the
+// router's and shared experts' bias gradients are not modelled. Megatron-LM's launch lines
+// say so in a note.
 //
 // Tokens: T = S*B/(tp*cp) on the rank (Megatron trains MoE with tp > 1 only under
 // sequence parallelism); top-K routing; p = the probabilities' dtype (fp32 with

@@ -190,6 +190,10 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       layer.k_norm_weight = store->Add("weight", {D});
       if (layer_norm) layer.k_norm_bias = store->Add("bias", {D});
     }
+    if (model_.softmax == SoftmaxKind::kLearnable) {
+      ModuleScope c("core_attention");
+      layer.softmax_offset = store->Add("softmax_offset", {A / tp});
+    }
     ModuleScope p("linear_proj");
     const int64_t v_width = model_.multi_latent_attention() ? model_.v_head_dim : D;
     layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
@@ -436,6 +440,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
       const bool regenerated = up_projection.has_value();
       offload.Commit(&context, {{q, 1, regenerated}, {k, 1, regenerated}, {v, 1, regenerated}});
     }
+    if (layer.softmax_offset != nullptr) context = AttentionSink(context, *layer.softmax_offset);
   }
   if (up_projection) up_projection->DiscardOutputAndRegisterRecompute(context);
   ModuleScope s("linear_proj");
@@ -486,7 +491,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
                UserbufferColumnParallel(), Fp8LinearOptions::LayerNormLinear());
   }
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
-  h = Activation(model_.activation, h);
+  h = Activation(model_, training_.bias_activation_fusion, h);
   ModuleScope s("linear_fc2");
   return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false);
 }

@@ -25,10 +25,11 @@
 //       self_attention.linear_kv_down_proj.weight (R + rope, H)      (not split over tp)
 //       self_attention.kv_layernorm.weight/.bias (R)
 //       self_attention.linear_kv_up_proj.weight (A * (qk + Dv) / tp, R)
+//     self_attention.core_attention.softmax_offset (A/tp)        learnable softmax (sinks)
 //     self_attention.linear_proj.weight      (H, A * D / tp; A * Dv / tp with MLA)
 //     self_attention.linear_proj.bias        (H)                  if add_bias_linear
 //     pre_mlp_layernorm.weight / .bias       (H)
-//     mlp.linear_fc1.weight                  (F/tp, H) GeLU; (2F/tp, H) SwiGLU
+//     mlp.linear_fc1.weight                  (F/tp, H); (2F/tp, H) gated (SwiGLU, quick-GeGLU)
 //     mlp.linear_fc1.bias                    (F/tp or 2F/tp)      if add_bias_linear
 //     mlp.linear_fc2.weight                  (H, F/tp)
 //     mlp.linear_fc2.bias                    (H)                  if add_bias_linear
@@ -237,6 +238,7 @@ class TransformerModel {
     Parameter* kv_norm_bias;
     Parameter* k_norm_weight;
     Parameter* k_norm_bias;
+    Parameter* softmax_offset;  // the learnable softmax's attention sinks; null otherwise
     Parameter* proj_weight;
     Parameter* proj_bias;
     Parameter* mlp_norm_weight;

@@ -131,6 +131,13 @@ at::Tensor& LogicalOut(const at::Tensor& self, const at::Tensor& other, at::Tens
   return out;
 }
 
+// abs.out (and through it abs and abs_, which torch.logsumexp calls on its maxima): the
+// input's shape into `out`.
+at::Tensor& AbsOut(const at::Tensor& self, at::Tensor& out) {
+  at::native::resize_output(out, self.sizes());
+  return out;
+}
+
 // Note [Meta resize_]
 // LibTorch 1.13 grows a meta storage through resize_bytes_cpu, which memcpy's the old
 // bytes out of a null pointer. A grown meta tensor gets a fresh storage from the meta
@@ -171,6 +178,7 @@ void RegisterMetaKernels() {
     aten_meta->impl("roll", TORCH_FN(Roll));
     aten_meta->impl("logical_or.out", TORCH_FN(LogicalOut));
     aten_meta->impl("logical_and.out", TORCH_FN(LogicalOut));
+    aten_meta->impl("abs.out", TORCH_FN(AbsOut));
     {
       // LibTorch built with glog logs a warning through it when a kernel is replaced; this
       // replacement is deliberate (Note [Meta resize_]), so keep the user's terminal clean.

@@ -68,7 +68,7 @@ Status FinalizeUnchecked(RunSpec* spec) {
   MEMSIM_RETURN_IF_ERROR(FinalizeModelConfig(&spec->model, spec->layout.tp));
   if (spec->training.te_attention && spec->gpu != nullptr) {
     MEMSIM_RETURN_IF_ERROR(SelectTeAttention(*spec->training.te_attention, spec->training,
-                                             spec->gpu->compute_capability,
+                                             spec->model, spec->gpu->compute_capability,
                                              &spec->training.attention));
   }
   if (spec->gpu != nullptr) {

@@ -189,6 +189,9 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ValidatedRun& run, int64
       !(l.sequence_parallel && t.recompute == RecomputeKind::kSelective)) {
     caveats.push_back("activations ignore SwiGLU's width");
   }
+  if (m.activation == ActivationKind::kQuickGeglu) {
+    caveats.push_back("quick-GeGLU counted as an ungated MLP (the formula reads --swiglu only)");
+  }
   if (l.first_stage_layers > 0 || l.last_stage_layers > 0 || !l.pipeline_layout.empty()) {
     caveats.push_back("uneven pipeline stages ignored on the first stage");
   }

@@ -240,6 +240,54 @@ TEST(Cli, EveryInputRouteGivesTheSameModel) {
   EXPECT_EQ(PeakOf(megatron.out), peak);
 }
 
+// gpt-oss from its Hugging Face config.json, a run file and Megatron-LM's arguments (as its
+// examples/gptoss launch line spells the activation and the sinks) is one model: quick-GeGLU
+// experts with biases, clamped, learnable softmax offsets; the same peak every way.
+TEST(Cli, GptOssFromEveryInputRouteIsTheSameModel) {
+  const std::string dir = Temp("gpt_oss_routes");
+  std::ofstream(dir + "/config.json") << R"({
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": true,
+    "head_dim": 32, "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 256,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "experts_per_token": 2,
+    "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128,
+    "max_position_embeddings": 4096, "rope_theta": 150000, "swiglu_limit": 7.0,
+    "tie_word_embeddings": false, "vocab_size": 1024})";
+  std::ofstream(dir + "/run.yaml")
+      << "model:\n  architecture: llama\n  num_layers: 2\n  hidden_size: 256\n"
+         "  num_attention_heads: 8\n  num_query_groups: 2\n  kv_channels: 32\n"
+         "  ffn_hidden_size: 256\n  vocab_size: 1024\n  add_bias_linear: true\n"
+         "  add_qkv_bias: true\n  activation: quick_geglu\n  activation_clamp_value: 7\n"
+         "  softmax: learnable\n  num_experts: 4\n  moe_router_topk: 2\n"
+         "  moe_ffn_hidden_size: 256\n  hidden_dropout: 0\n  attention_dropout: 0\n"
+         "training:\n  profile: transformer_engine\n  attention: fused\n";
+  const std::string layout =
+      "--world-size 2 --ep 2 --global-batch-size 4 --seq-length 512 --iterations 1 "
+      "--data-parallel distributed-optimizer --json ";
+  const CommandResult hf =
+      Memsim("simulate --hf-config " + dir + "/config.json " + layout +
+             "--profile transformer_engine --attention fused --out " + dir + "/a");
+  ASSERT_EQ(hf.exit_code, 0) << hf.err;
+  const CommandResult yaml =
+      Memsim("simulate --config " + dir + "/run.yaml " + layout + "--out " + dir + "/b");
+  ASSERT_EQ(yaml.exit_code, 0) << yaml.err;
+  const CommandResult megatron = Memsim(
+      "megatron --world-size 2 --iterations 1 --json --out " + dir +
+      "/c -- --num-layers 2 --hidden-size 256 --num-attention-heads 8 --group-query-attention "
+      "--num-query-groups 2 --kv-channels 32 --ffn-hidden-size 256 --num-experts 4 "
+      "--moe-router-topk 2 --moe-ffn-hidden-size 256 --expert-model-parallel-size 2 "
+      "--quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 "
+      "--softmax-type learnable --normalization RMSNorm --position-embedding-type rope "
+      "--untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0.0 "
+      "--bf16 --seq-length 512 --micro-batch-size 1 --global-batch-size 4 "
+      "--use-distributed-optimizer --vocab-size 1024 --make-vocab-size-divisible-by 128");
+  ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
+  const double peak = PeakOf(hf.out);
+  EXPECT_GT(peak, 0);
+  EXPECT_EQ(PeakOf(yaml.out), peak);
+  EXPECT_EQ(PeakOf(megatron.out), peak);
+}
+
 // FP8 training set on the command line and in a run file is the same run; the header
 // says which recipe.
 TEST(Cli, Fp8FromFlagsAndYamlIsTheSameRun) {

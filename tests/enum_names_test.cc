@@ -34,7 +34,8 @@ TEST(EnumNames, EveryTableRoundTrips) {
   ExpectRoundTrips(kPhaseNames, kNumPhases);
   ExpectRoundTrips(kCategoryNames, kNumCategories);
   ExpectRoundTrips(kPrecisionNames, 3);
-  ExpectRoundTrips(kActivationNames, 3);
+  ExpectRoundTrips(kActivationNames, 4);
+  ExpectRoundTrips(kSoftmaxNames, 3);
   ExpectRoundTrips(kAttentionNames, 3);
   ExpectRoundTrips(kRecomputeNames, 3);
   ExpectRoundTrips(kRecomputeMethodNames, 2);

@@ -625,6 +625,53 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   EXPECT_EQ(parameters(true, true, ProfileKind::kMegatronLocal), plain + 2 * 2 * D);  // q, k
 }
 
+// The gated activations without Megatron's fused kernel (mlp.py's glu(): the Llama table
+// above, whose fused SwiGLU saves only its 4SBF input): the chunked halves are views of
+// fc1's output, which the gate's activation (silu, or the compiled quick_gelu) keeps;
+// the activated gate 2SBF and the linear half plus the offset 2SBF are saved by their
+// product: 4SBF more per layer. With --activation-func-clamp-value the gate is clamped
+// first: its 2SBF clamped copy is what the activation saves (the clamps keep fc1's output),
+// 2SBF more; the clamped linear half goes once the offset is added.
+TEST(Activations, EagerGatedActivationsKeepTheirIntermediates) {
+  const int64_t S = 128, B = 2, H = 256, A = 8, G = 2, F = 512;
+  auto per_layer = [&](ActivationKind kind, bool fused, double clamp) {
+    auto after_forward = [&](int64_t layers) {
+      ModelConfig m = test::Llama(layers, H, A, G, F, 1024);
+      m.activation = kind;
+      m.activation_clamp_value = clamp;
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+      t.bias_activation_fusion = fused;
+      return ActivationBytesAfterForward(m, t);
+    };
+    return after_forward(2) - after_forward(1);
+  };
+  const int64_t fused_swiglu = per_layer(ActivationKind::kSwiglu, true, 0);
+  EXPECT_EQ(per_layer(ActivationKind::kSwiglu, false, 0) - fused_swiglu, 4 * S * B * F);
+  EXPECT_EQ(per_layer(ActivationKind::kQuickGeglu, false, 0) - fused_swiglu, 4 * S * B * F);
+  EXPECT_EQ(per_layer(ActivationKind::kQuickGeglu, false, 7.0) - fused_swiglu, 6 * S * B * F);
+  // The fused quick-GeGLU kernel keeps its input alone, as SwiGLU's does.
+  EXPECT_EQ(per_layer(ActivationKind::kQuickGeglu, true, 7.0), fused_swiglu);
+}
+
+// A learnable softmax offset (attention sinks) with Transformer Engine's fused attention:
+// the kernel keeps the offsets' float32 [1, A, 1, 1] copy for backward, 4A bytes a layer.
+TEST(Activations, AttentionSinksKeepTheirFloat32Offsets) {
+  const int64_t S = 64, B = 2, H = 256, A = 8, G = 2, F = 512;
+  auto per_layer = [&](SoftmaxKind softmax) {
+    auto after_forward = [&](int64_t layers) {
+      ModelConfig m = test::Llama(layers, H, A, G, F, 1024);
+      m.softmax = softmax;
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFused);
+      t.profile = ProfileKind::kTransformerEngine;
+      return ActivationBytesAfterForward(m, t);
+    };
+    return after_forward(2) - after_forward(1);
+  };
+  EXPECT_EQ(per_layer(SoftmaxKind::kLearnable) - per_layer(SoftmaxKind::kVanilla), 4 * A);
+}
+
 // Multi-token prediction (Note [Multi-token prediction] in transformer.h): what one more
 // depth keeps for backward, measured as the difference between k = 2 and k = 1 depths
 // (Llama, bf16, flash attention, no dropout, tp = 1, B > 1), worked out from
@@ -754,6 +801,33 @@ TEST(ParameterCount, PublishedTotals) {
   gpt3.vocab_size = 50257;
   gpt3.max_position_embeddings = 2048;
   EXPECT_EQ(ParameterCount(gpt3), 174604836864);  // "175B"
+}
+
+// gpt-oss (OpenAI's model card: gpt-oss-20b 20.91B parameters, gpt-oss-120b 116.83B), from
+// its config.json shapes: H 2880, 64 heads of 64 and 8 kv heads, E experts of F 2880, vocab
+// 201088 (a multiple of 128), untied. Per layer: RMSNorms 2H; linear_qkv (64 + 16) * 64 * H
+// and its bias 5120; the sinks 64; linear_proj 4096 * H and its bias H; router E*H + E;
+// experts E * (2F*H + 2F + H*F + H): 26,555,904 + E * 24,894,721. 20b: 24 layers, 32
+// experts: 823,186,976 a layer; 120b: 36 layers, 128 experts: 3,213,080,192 a layer; plus
+// the untied embedding and output layer 2VH and the final norm H.
+TEST(ParameterCount, GptOss) {
+  auto gpt_oss = [](int64_t layers, int64_t experts) {
+    ModelConfig m = Llama(layers, 2880, 64, 8, 2880, 201088);
+    m.kv_channels = 64;
+    m.activation = ActivationKind::kQuickGeglu;
+    m.activation_clamp_value = 7.0;
+    m.softmax = SoftmaxKind::kLearnable;
+    m.add_bias_linear = m.add_qkv_bias = true;
+    m.num_experts = experts;
+    m.moe_router_topk = 4;
+    m.moe_ffn_hidden_size = 2880;
+    return m;
+  };
+  const int64_t embeddings = 2 * int64_t{201088} * 2880 + 2880;
+  EXPECT_EQ(ParameterCount(gpt_oss(24, 32)), 24 * int64_t{823186976} + embeddings);
+  EXPECT_EQ(ParameterCount(gpt_oss(24, 32)), int64_t{20914757184});
+  EXPECT_EQ(ParameterCount(gpt_oss(36, 128)), 36 * int64_t{3213080192} + embeddings);
+  EXPECT_EQ(ParameterCount(gpt_oss(36, 128)), int64_t{116829156672});
 }
 
 // --qk-layernorm adds a D-wide norm for the queries and one for the keys per layer:

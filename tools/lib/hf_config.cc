@@ -19,7 +19,17 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-enum class Family { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kMixtral, kDeepseekV3, kPhi3 };
+enum class Family {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kQwen3Moe,
+  kMixtral,
+  kDeepseekV3,
+  kPhi3,
+  kGptOss
+};
 
 struct FamilyInfo {
   const char* model_type;
@@ -36,6 +46,7 @@ constexpr FamilyInfo kFamilies[] = {
     {"mixtral", "MixtralForCausalLM", Family::kMixtral},
     {"deepseek_v3", "DeepseekV3ForCausalLM", Family::kDeepseekV3},
     {"phi3", "Phi3ForCausalLM", Family::kPhi3},
+    {"gpt_oss", "GptOssForCausalLM", Family::kGptOss},
 };
 
 // Keys that do not change training memory, accepted and ignored in every family:
@@ -117,6 +128,7 @@ const std::set<std::string> kNeutralKeys = {
 //     DeepSeek's routing knobs (groups, scoring, scaling, aux loss): the router's
 //     logits are [tokens, experts] whichever way experts are chosen;
 //   ep_size: DeepSeek's inference-time expert split;
+//   gpt-oss's initial_context_length (YaRN's original length);
 //   Phi-3's original_max_position_embeddings (LongRoPE's scaling base),
 //     partial_rotary_factor (RoPE rotates part of each head; the rotated query and key are
 //     as large either way) and attention_bias (Phi3Attention's projections never have one).
@@ -138,6 +150,9 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
     case Family::kPhi3:
       return {"sliding_window", "original_max_position_embeddings", "partial_rotary_factor",
               "attention_bias"};
+    case Family::kGptOss:
+      return {"sliding_window", "layer_types", "initial_context_length", "router_aux_loss_coef",
+              "output_router_logits"};
     case Family::kDeepseekV3:
       return {"pretraining_tp", "ep_size",      "n_group",        "topk_group",
               "topk_method",    "scoring_func", "norm_topk_prob", "routed_scaling_factor",
@@ -278,9 +293,6 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       {"gemma3", kGemma3},
       {"gemma3_text", kGemma3},
       {"glm4", "GLM-4's norms after attention and the MLP are not in Megatron-Core 0.20"},
-      {"gpt_oss",
-       "gpt-oss's attention sinks, alternating sliding windows and clamped quick-GeGLU experts "
-       "are not modelled yet"},
   };
   for (const auto& [type, why] : kRefused) {
     if (model_type == type) {
@@ -327,6 +339,7 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   MEMSIM_RETURN_IF_ERROR(r.Int("num_hidden_layers", true, &m.num_layers));
   MEMSIM_RETURN_IF_ERROR(r.Int("num_attention_heads", true, &m.num_attention_heads));
   MEMSIM_RETURN_IF_ERROR(r.Int("intermediate_size", true, &m.ffn_hidden_size));
+  // GptOssForCausalLM writes hidden_act silu for its own clamped GLU (below).
   MEMSIM_RETURN_IF_ERROR(r.Int("vocab_size", true, &m.vocab_size));
   // Llama's and Phi-3's num_key_value_heads default to the attention heads; the other
   // classes default to a fixed number, so an absent value would be a guess.
@@ -408,6 +421,44 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
         note("embd_pdrop " + std::to_string(embedding) + " taken as resid_pdrop " +
              std::to_string(resid) + ": memsim's hidden dropout is one probability");
       }
+      break;
+    }
+    case Family::kGptOss: {
+      // GptOssForCausalLM as Megatron-Core builds gpt-oss (its examples/gptoss launch line):
+      // every layer's MLP is the experts; each expert's GLU is quick-GeGLU with offset 1,
+      // both halves clamped at swiglu_limit (--quick-geglu --glu-linear-offset 1
+      // --activation-func-clamp-value); the experts and router have biases; each head has a
+      // learned attention sink (--softmax-type learnable); q, k, v, o biases follow
+      // attention_bias.
+      m.activation = ActivationKind::kQuickGeglu;
+      m.softmax = SoftmaxKind::kLearnable;
+      m.add_bias_linear = true;
+      m.add_qkv_bias = true;
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
+      if (!m.add_qkv_bias) {
+        return Status::Error(path + ": attention_bias false is not modelled for gpt_oss " +
+                             "(memsim's attention output bias follows the experts' biases)");
+      }
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_local_experts", true, &m.num_experts));
+      MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
+      int64_t experts_per_token = m.moe_router_topk;
+      MEMSIM_RETURN_IF_ERROR(r.Int("experts_per_token", false, &experts_per_token));
+      if (experts_per_token != m.moe_router_topk) {
+        return Status::Error(path + ": experts_per_token " + std::to_string(experts_per_token) +
+                             " differs from num_experts_per_tok " +
+                             std::to_string(m.moe_router_topk));
+      }
+      m.moe_ffn_hidden_size = m.ffn_hidden_size;
+      m.activation_clamp_value = 7.0;  // GptOssConfig's default swiglu_limit
+      MEMSIM_RETURN_IF_ERROR(r.Number("swiglu_limit", &m.activation_clamp_value));
+      if (!(m.activation_clamp_value > 0)) {
+        return Status::Error(path + ": 'swiglu_limit' must be positive");
+      }
+      note(
+          "gpt-oss's attention sinks are modelled with Transformer Engine's fused attention "
+          "(memsim simulate: --profile transformer_engine --attention fused)");
+      note("the experts' biases are parameters only (Note [MoE biases] in models/moe.h)");
       break;
     }
     case Family::kDeepseekV3: {

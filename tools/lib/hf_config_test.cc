@@ -212,6 +212,53 @@ TEST(HfConfig, Qwen2_7B) {
   EXPECT_EQ(m.head_dim, 128);  // 3584 / 28
 }
 
+// openai/gpt-oss-20b/config.json (transformers 4.55): quick-GeGLU experts clamped at
+// swiglu_limit, learned attention sinks, biases everywhere; the MXFP4 quantization of the
+// released weights is not what training holds.
+TEST(HfConfig, GptOss20B) {
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("gpt-oss-20b", R"({
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+  "intermediate_size": 2880,
+  "layer_types": [
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+  "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+  "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
+  "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+    "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+    "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+  "swiglu_limit": 7.0, "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0",
+  "use_cache": true, "vocab_size": 201088
+})"),
+                           &m, &notes)
+                  .ok());
+  EXPECT_EQ(m.activation, ActivationKind::kQuickGeglu);
+  EXPECT_EQ(m.activation_clamp_value, 7.0);
+  EXPECT_EQ(m.softmax, SoftmaxKind::kLearnable);
+  EXPECT_TRUE(m.add_bias_linear);
+  EXPECT_TRUE(m.add_qkv_bias);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_EQ(m.kv_channels, 64);
+  EXPECT_EQ(m.num_query_groups, 8);
+  EXPECT_EQ(m.num_experts, 32);
+  EXPECT_EQ(m.moe_router_topk, 4);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 2880);
+  EXPECT_EQ(m.moe_first_k_dense_layers, 0);
+  EXPECT_EQ(notes.size(), 3u);  // quantization, sinks' attention, experts' biases
+}
+
 TEST(HfConfig, Qwen3_32BAndQwen3MoE) {
   // Qwen/Qwen3-32B/config.json: explicit head_dim (128, not 5120 / 64) and q/k norms.
   ModelConfig m;
@@ -520,7 +567,7 @@ TEST(HfConfig, Errors) {
             "(Megatron-Bridge adds them)");
   EXPECT_EQ(ErrorOf(R"({"model_type": "gpt2"})"),
             "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
-            "qwen3_moe, mixtral, deepseek_v3, phi3)");
+            "qwen3_moe, mixtral, deepseek_v3, phi3, gpt_oss)");
   EXPECT_EQ(ErrorOf(Llama(R"(, "architectures": ["LlamaForSequenceClassification"])")),
             "FILE: unsupported architecture \"LlamaForSequenceClassification\" for model_type "
             "llama (memsim builds LlamaForCausalLM)");

@@ -65,6 +65,10 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--make-vocab-size-divisible-by", Arity::kValue, ArgUse::kRead},
     {"--swiglu", Arity::kFlag, ArgUse::kRead},
     {"--squared-relu", Arity::kFlag, ArgUse::kRead},
+    {"--quick-geglu", Arity::kFlag, ArgUse::kRead},
+    {"--glu-linear-offset", Arity::kValue, ArgUse::kRead},
+    {"--activation-func-clamp-value", Arity::kValue, ArgUse::kRead},
+    {"--softmax-type", Arity::kValue, ArgUse::kRead},
     {"--normalization", Arity::kValue, ArgUse::kRead},
     {"--position-embedding-type", Arity::kValue, ArgUse::kRead},
     {"--use-rotary-position-embeddings", Arity::kFlag, ArgUse::kRead},
@@ -257,6 +261,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--decoupled-lr", Arity::kValue, ArgUse::kNeutral},
     {"--decoupled-min-lr", Arity::kValue, ArgUse::kNeutral},
     {"--deterministic-mode", Arity::kFlag, ArgUse::kNeutral},
+    {"--disable-bf16-reduced-precision-matmul", Arity::kFlag, ArgUse::kNeutral},
     {"--disable-gloo-process-groups", Arity::kFlag, ArgUse::kNeutral},
     {"--disable-msc", Arity::kFlag, ArgUse::kNeutral},
     {"--disable-straggler-on-startup", Arity::kFlag, ArgUse::kNeutral},
@@ -363,8 +368,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--no-async-tensor-model-parallel-allreduce", Arity::kFlag, ArgUse::kNeutral},
     {"--no-barrier-with-level-1-timing", Arity::kFlag, ArgUse::kNeutral},
     {"--no-bias-dropout-fusion", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-bias-gelu-fusion", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-bias-swiglu-fusion", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-bias-gelu-fusion", Arity::kFlag, ArgUse::kRead},
+    {"--no-bias-swiglu-fusion", Arity::kFlag, ArgUse::kRead},
     {"--no-check-for-nan-in-loss-and-grad", Arity::kFlag, ArgUse::kNeutral},
     {"--no-ckpt-fully-parallel-save", Arity::kFlag, ArgUse::kNeutral},
     {"--no-create-attention-mask-in-dataloader", Arity::kFlag, ArgUse::kNeutral},
@@ -474,6 +479,13 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--weight-decay", Arity::kValue, ArgUse::kNeutral},
     {"--weight-decay-incr-style", Arity::kValue, ArgUse::kNeutral},
     {"--window-size", Arity::kValue, ArgUse::kNeutral},
+    // Which layers use the sliding window: a window changes which scores count, not the
+    // size of what fused attention keeps.
+    {"--window-attn-skip-freq", Arity::kValue, ArgUse::kNeutral},
+    // ModelOpt's (megatron/post_training/arguments.py): they act only when a ModelOpt
+    // checkpoint is loaded (modelopt_enabled), which a training run from scratch is not.
+    {"--enable-gpt-oss", Arity::kFlag, ArgUse::kNeutral},
+    {"--export-force-local-attention", Arity::kFlag, ArgUse::kNeutral},
     // Refused: they change memory in ways memsim does not simulate.
     {"--cpu-offloading", Arity::kValues, ArgUse::kRefused, "activation offloading to CPU"},
     {"--decoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
@@ -509,7 +521,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--mtp-hsm", Arity::kValues, ArgUse::kRefused, "multi-token prediction hidden-state mixing"},
     {"--mtp-use-repeated-layer", Arity::kValues, ArgUse::kRefused,
      "one multi-token prediction layer repeated"},
-    {"--quick-geglu", Arity::kValues, ArgUse::kRefused, "the quick-GeGLU activation"},
     {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
      "MXFP8 parameters gathered in bf16 through the gradient buffer"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
@@ -727,24 +738,73 @@ Status ParseMoeLayerFreq(const std::string& text, int64_t num_layers, int64_t* d
   return Status::OK();
 }
 
+// The MLP's activation and the fusion of fc1's bias into it, as core_transformer_config_
+// from_args and TransformerConfig.__post_init__ set and check them.
+Status ReadActivation(Args& a, ModelConfig* model, TrainingConfig* training) {
+  ModelConfig& m = *model;
+  const bool swiglu = a.Has("--swiglu");
+  m.activation = swiglu ? ActivationKind::kSwiglu : ActivationKind::kGelu;
+  if (a.Has("--squared-relu") && a.Has("--quick-geglu")) {
+    return Status::Error("--squared-relu and --quick-geglu exclude each other");
+  }
+  // argument_utils.py asserts both without --swiglu.
+  for (const char* other : {"--squared-relu", "--quick-geglu"}) {
+    if (swiglu && a.Has(other)) return Status::Error(std::string(other) + " excludes --swiglu");
+  }
+  if (a.Has("--squared-relu")) m.activation = ActivationKind::kSquaredRelu;
+  if (a.Has("--quick-geglu")) m.activation = ActivationKind::kQuickGeglu;
+  // SwiGLU follows --bias-swiglu-fusion; the others --bias-gelu-fusion, which arguments.py
+  // turns off without biases.
+  training->bias_activation_fusion =
+      swiglu ? !a.Has("--no-bias-swiglu-fusion")
+             : !a.Has("--no-bias-gelu-fusion") && !a.Has("--disable-bias-linear");
+  if (!swiglu) a.Ignore("--no-bias-swiglu-fusion");
+  if (training->bias_activation_fusion && m.activation == ActivationKind::kSquaredRelu) {
+    return Status::Error(
+        "--squared-relu needs --no-bias-gelu-fusion or --disable-bias-linear: Megatron-LM "
+        "fuses the bias into GeLU, SwiGLU and quick-GeGLU only and raises ValueError otherwise");
+  }
+  // The offset changes values only: the eager GLU adds it whatever it is (layers.h).
+  double offset = 0.0;
+  MEMSIM_RETURN_IF_ERROR(a.Float("--glu-linear-offset", &offset));
+  if (offset != 0.0 && training->bias_activation_fusion &&
+      m.activation != ActivationKind::kQuickGeglu) {
+    return Status::Error(
+        "--glu-linear-offset needs --quick-geglu when the bias-activation fusion is on "
+        "(TransformerConfig raises ValueError)");
+  }
+  if (a.Has("--activation-func-clamp-value")) {
+    MEMSIM_RETURN_IF_ERROR(a.Float("--activation-func-clamp-value", &m.activation_clamp_value));
+    if (!(m.activation_clamp_value > 0)) {
+      return Status::Error("--activation-func-clamp-value must be positive, got " +
+                           a.Text("--activation-func-clamp-value", ""));
+    }
+    if (m.activation == ActivationKind::kSwiglu && offset != 0.0) {
+      return Status::Error(
+          "--glu-linear-offset must be 0 with --activation-func-clamp-value and --swiglu (as "
+          "TransformerConfig requires)");
+    }
+  }
+  std::string softmax;
+  MEMSIM_RETURN_IF_ERROR(
+      Choice(a, "--softmax-type", {"vanilla", "off-by-one", "learnable"}, "vanilla", &softmax));
+  if (softmax == "off-by-one") {
+    return NotModelled(
+        "--softmax-type off-by-one",
+        "Transformer Engine's zero offsets, a float32 tensor outside the parameters");
+  }
+  m.softmax = softmax == "learnable" ? SoftmaxKind::kLearnable : SoftmaxKind::kVanilla;
+  return Status::OK();
+}
+
 // Model shape, with Megatron-LM's defaults.
-Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, int64_t* max_positions) {
+Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, TrainingConfig* training,
+                      int64_t* max_positions) {
   ModelConfig& m = *model;
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-layers", &m.num_layers));
   MEMSIM_RETURN_IF_ERROR(a.Int("--hidden-size", &m.hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--num-attention-heads", &m.num_attention_heads));
-  m.activation = a.Has("--swiglu") ? ActivationKind::kSwiglu : ActivationKind::kGelu;
-  if (a.Has("--squared-relu")) {
-    // argument_utils.py asserts it without --swiglu; TransformerConfig refuses the fused
-    // bias-activation (on by default: --bias-gelu-fusion) with any but GeLU and SwiGLU.
-    if (a.Has("--swiglu")) return Status::Error("--squared-relu excludes --swiglu");
-    if (!a.Has("--no-bias-gelu-fusion") && !a.Has("--disable-bias-linear")) {
-      return Status::Error(
-          "--squared-relu needs --no-bias-gelu-fusion or --disable-bias-linear: Megatron-LM "
-          "fuses the bias into GeLU or SwiGLU only and raises ValueError otherwise");
-    }
-    m.activation = ActivationKind::kSquaredRelu;
-  }
+  MEMSIM_RETURN_IF_ERROR(ReadActivation(a, model, training));
   // Unset (0), FinalizeModelConfig gives Megatron-LM's default for the activation.
   MEMSIM_RETURN_IF_ERROR(a.Int("--ffn-hidden-size", &m.ffn_hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--kv-channels", &m.kv_channels));
@@ -1602,8 +1662,14 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   }
 
   int64_t max_positions = 0;
-  MEMSIM_RETURN_IF_ERROR(ReadModelShape(a, gpt2_vocabulary, &m, &max_positions));
+  MEMSIM_RETURN_IF_ERROR(ReadModelShape(a, gpt2_vocabulary, &m, &t, &max_positions));
   MEMSIM_RETURN_IF_ERROR(ReadMixtureOfExperts(a, &m, &t, &l));
+  if (m.num_experts > 0 && m.add_bias_linear) {
+    out->notes.push_back(
+        "the experts' biases are parameters only: the float32 temporaries of adding fc2's "
+        "bias (TEGroupedMLP._apply_bias) are not modelled (Note [MoE biases]); "
+        "--disable-bias-linear removes them");
+  }
   MEMSIM_RETURN_IF_ERROR(ReadBatchAndParallelism(a, world_size, max_positions, &t, &l));
   MEMSIM_RETURN_IF_ERROR(ReadPipelineStages(a, m, &l));
   MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, &spec, &out->notes));

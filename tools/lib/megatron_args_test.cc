@@ -412,18 +412,27 @@ TEST(AttentionBackend, ChosenAsTransformerEngineChooses) {
       {unfused_only, &bf16, 90, AttentionKind::kEager},
       {all, &fp32, 90, AttentionKind::kEager},  // no fused kernel takes fp32
   };
+  const ModelConfig vanilla;
   for (const Case& c : cases) {
     AttentionKind got = AttentionKind::kFlash;
-    ASSERT_TRUE(SelectTeAttention(c.choice, *c.training, c.cc, &got).ok());
+    ASSERT_TRUE(SelectTeAttention(c.choice, *c.training, vanilla, c.cc, &got).ok());
     EXPECT_EQ(got, c.expected) << c.cc << " " << AttentionName(c.expected);
   }
   // Ampere, deterministic, flash disabled: fused is not deterministic there either.
   TeAttentionChoice ampere = deterministic;
   ampere.flash = false;
   AttentionKind got;
-  ASSERT_TRUE(SelectTeAttention(ampere, bf16, 80, &got).ok());
+  ASSERT_TRUE(SelectTeAttention(ampere, bf16, vanilla, 80, &got).ok());
   EXPECT_EQ(got, AttentionKind::kEager);
-  EXPECT_FALSE(SelectTeAttention(none, bf16, 90, &got).ok());
+  EXPECT_FALSE(SelectTeAttention(none, bf16, vanilla, 90, &got).ok());
+  // Attention sinks (get_attention_backend's softmax filter): no FlashAttention, so Ampere
+  // takes fused attention; deterministic runs lose fused attention too.
+  ModelConfig sinks;
+  sinks.softmax = SoftmaxKind::kLearnable;
+  ASSERT_TRUE(SelectTeAttention(all, bf16, sinks, 80, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kFused);
+  ASSERT_TRUE(SelectTeAttention(deterministic, bf16, sinks, 90, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kEager);
 }
 
 TEST(MegatronArgs, MixtureOfExperts) {
@@ -769,8 +778,92 @@ TEST(MegatronArgs, SquaredRelu) {
             ActivationKind::kSquaredRelu);
   EXPECT_EQ(ErrorOf(base),
             "--squared-relu needs --no-bias-gelu-fusion or --disable-bias-linear: Megatron-LM "
-            "fuses the bias into GeLU or SwiGLU only and raises ValueError otherwise");
+            "fuses the bias into GeLU, SwiGLU and quick-GeGLU only and raises ValueError "
+            "otherwise");
   EXPECT_EQ(ErrorOf(base + "--swiglu --disable-bias-linear"), "--squared-relu excludes --swiglu");
+}
+
+// Which fusion Megatron-LM's arguments give the activation: SwiGLU follows
+// --no-bias-swiglu-fusion alone; the others --no-bias-gelu-fusion and --disable-bias-linear.
+TEST(MegatronArgs, BiasActivationFusion) {
+  const std::string tiny = kTinyGpt;
+  EXPECT_TRUE(Parse(tiny, 1).spec.training.bias_activation_fusion);
+  EXPECT_FALSE(Parse(tiny + "--no-bias-gelu-fusion", 1).spec.training.bias_activation_fusion);
+  EXPECT_FALSE(Parse(tiny + "--disable-bias-linear", 1).spec.training.bias_activation_fusion);
+  EXPECT_TRUE(Parse(tiny + "--swiglu --disable-bias-linear --no-bias-gelu-fusion", 1)
+                  .spec.training.bias_activation_fusion);
+  EXPECT_FALSE(
+      Parse(tiny + "--swiglu --no-bias-swiglu-fusion", 1).spec.training.bias_activation_fusion);
+}
+
+// NVIDIA's gpt-oss example (Megatron-LM examples/gptoss/02_train.sh at Megatron-Core 0.20,
+// its MODEL_ARGS, MOE_ARGS, training and parallel arguments): quick-GeGLU experts, clamped,
+// with offset 1; learnable softmax offsets; sliding windows on every other layer. The
+// script sets PP to the world size, which on its default 8 GPUs does not divide its 12
+// layers (TransformerConfig raises, as memsim does): PP 4 here.
+constexpr char kGptOssExample[] =
+    "--no-masked-softmax-fusion --transformer-impl transformer_engine --disable-bias-linear "
+    "--untie-embeddings-and-output-weights --no-rope-fusion --normalization RMSNorm "
+    "--num-layers 12 --hidden-size 512 --ffn-hidden-size 2048 --num-attention-heads 64 "
+    "--group-query-attention --num-query-groups 8 --seq-length 8192 "
+    "--max-position-embeddings 8192 --use-mcore-models --rotary-percent 1.0 --rope-type rope "
+    "--position-embedding-type rope --rotary-base 10000 --no-bias-gelu-fusion "
+    "--export-force-local-attention --no-bias-dropout-fusion --quick-geglu "
+    "--glu-linear-offset 1.0 --softmax-type learnable --window-attn-skip-freq 2 "
+    "--activation-func-clamp-value 7.0 --window-size 127,0 --enable-gpt-oss "
+    "--num-experts 4 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss "
+    "--moe-aux-loss-coeff 1e-3 --moe-grouped-gemm --moe-token-dispatcher-type alltoall "
+    "--overlap-param-gather --overlap-grad-reduce --moe-ffn-hidden-size 2048 "
+    "--moe-router-dtype fp32 --moe-z-loss-coeff 1e-3 --moe-permute-fusion "
+    "--mock-data --tokenizer-type NullTokenizer --vocab-size 128256 "
+    "--micro-batch-size 1 --global-batch-size 128 --bf16 --use-flash-attn "
+    "--attention-softmax-in-fp32 --accumulate-allreduce-grads-in-fp32 "
+    "--recompute-activations --tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 "
+    "--expert-model-parallel-size 1 --sequence-parallel --context-parallel-size 1 "
+    "--use-distributed-optimizer ";
+
+TEST(MegatronArgs, GptOssExample) {
+  MegatronArgsResult r = Parse(kGptOssExample, 8);
+  r.spec.gpu = FindGpu("A100-80GB");  // where TE would take FlashAttention-2 without sinks
+  const ModelConfig& m = r.spec.model;
+  EXPECT_EQ(m.activation, ActivationKind::kQuickGeglu);
+  EXPECT_EQ(m.activation_clamp_value, 7.0);
+  EXPECT_EQ(m.softmax, SoftmaxKind::kLearnable);
+  EXPECT_FALSE(r.spec.training.bias_activation_fusion);
+  for (const char* neutral : {"--window-attn-skip-freq", "--window-size", "--enable-gpt-oss",
+                              "--export-force-local-attention"}) {
+    EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), neutral), r.ignored.end()) << neutral;
+  }
+  std::optional<ValidatedRun> run;
+  const Status s = FinalizeRunSpec(r.spec, &run);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(run->spec().training.attention, AttentionKind::kFused);  // sinks: no flash
+  EXPECT_EQ(run->spec().model.Fc1Width(2048), 4096);
+
+  // The bias-activation fusion is on without --no-bias-gelu-fusion and --disable-bias-linear:
+  // Megatron-Core fuses quick-GeGLU in its experts but raises in a dense MLP.
+  const std::string dense = std::string(kTinyGpt) + "--quick-geglu ";
+  EXPECT_EQ(ErrorOf(dense),
+            "a fused quick-GeGLU runs in MoE experts only: Megatron-Core's dense MLP raises "
+            "ValueError (\"Only support fusion of gelu and swiglu\"); turn the fusion off "
+            "(Megatron-LM: --no-bias-gelu-fusion)");
+  EXPECT_EQ(ErrorOf(dense + "--swiglu"), "--quick-geglu excludes --swiglu");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--glu-linear-offset 1"),
+            "--glu-linear-offset needs --quick-geglu when the bias-activation fusion is on "
+            "(TransformerConfig raises ValueError)");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--swiglu --activation-func-clamp-value 7"),
+            "a clamped SwiGLU needs MoE layers (Megatron-Core: activation_func_clamp_value for "
+            "SwiGLU is only supported with MoE)");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--softmax-type off-by-one"),
+            "--softmax-type off-by-one changes memory in a way memsim does not model "
+            "(Transformer Engine's zero offsets, a float32 tensor outside the parameters); drop "
+            "it to simulate the run without it");
+  EXPECT_TRUE(Parse(std::string(kTinyGpt) + "--softmax-type learnable", 8).spec.model.softmax ==
+              SoftmaxKind::kLearnable);
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--softmax-type learnable --transformer-impl local"),
+            "the learnable softmax (attention sinks) is modelled with Transformer Engine's cuDNN "
+            "fused attention only: FlashAttention has no sinks, and the unfused and local paths' "
+            "extra softmax tensors are not modelled");
 }
 
 // Batch sizes that change during training: Megatron-Core 0.20 ignores --rampup-batch-size;

@@ -66,6 +66,9 @@ Status ParsePrecision(const std::string& text, Precision* out) {
 Status ParseActivation(const std::string& text, ActivationKind* out) {
   return ParseEnum(kActivationNames, text, "activation", out);
 }
+Status ParseSoftmax(const std::string& text, SoftmaxKind* out) {
+  return ParseEnum(kSoftmaxNames, text, "softmax", out);
+}
 Status ParseAttention(const std::string& text, AttentionKind* out) {
   return ParseEnum(kAttentionNames, text, "attention", out);
 }
@@ -212,6 +215,11 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       i64("qk_head_dim", &m->qk_head_dim),
       i64("qk_pos_emb_head_dim", &m->qk_pos_emb_head_dim),
       i64("v_head_dim", &m->v_head_dim),
+      f64("activation_clamp_value", &m->activation_clamp_value),
+      {"softmax",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "softmax", &ParseSoftmax, &m->softmax);
+       }},
       f64("hidden_dropout", &m->hidden_dropout),
       f64("attention_dropout", &m->attention_dropout),
       i64("num_experts", &m->num_experts),
@@ -382,6 +390,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          return ReadEnum(v, source, "optimizer", &ParseOptimizer, &t->optimizer);
        }},
       {"dropout", [&](const YAML::Node& v) { return Read(v, source, "dropout", &t->dropout); }},
+      {"bias_activation_fusion",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "bias_activation_fusion", &t->bias_activation_fusion);
+       }},
       {"profile",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "profile", &ParseProfile, &t->profile);

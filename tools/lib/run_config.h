@@ -38,6 +38,7 @@ Status LoadDefaultRun(RunSpec* spec);
 // [Enum names], beside each enum).
 Status ParsePrecision(const std::string& text, Precision* out);
 Status ParseActivation(const std::string& text, ActivationKind* out);
+Status ParseSoftmax(const std::string& text, SoftmaxKind* out);
 Status ParseAttention(const std::string& text, AttentionKind* out);
 Status ParseRecompute(const std::string& text, RecomputeKind* out);
 Status ParseFp8Recipe(const std::string& text, Fp8Recipe* out);
