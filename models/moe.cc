@@ -227,7 +227,7 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
     }
     ModuleScope f("linear_fc2");
     params.experts_fc2 = gemm(store->Add("weight", {H, local * fe}, /*expert=*/true));
-    if (bias) store->Add("bias", {local * H}, /*expert=*/true);
+    if (bias) params.experts_fc2_bias = store->Add("bias", {local * H}, /*expert=*/true);
   }
   if (m.moe_shared_expert_size > 0) {
     ModuleScope s("shared_experts");
@@ -253,6 +253,50 @@ using torch::autograd::variable_list;
 at::TensorOptions Meta(at::ScalarType dtype) {
   return at::TensorOptions().device(at::kMeta).dtype(dtype);
 }
+
+// TEGroupedMLP._apply_bias on fc2's output `out` [N, H] with the rows' probabilities
+// `probs` [N, 1] and the `experts` local experts' biases `bias` [experts * H] (Note [MoE
+// biases]); the rows split evenly over the experts, the remainder to the last.
+struct ExpertBiasFunction : public Function<ExpertBiasFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& out, const at::Tensor& probs,
+                            const at::Tensor& bias, const at::Tensor& main_grad, int64_t experts) {
+    const int64_t rows = out.size(0), H = out.size(1);
+    const at::ScalarType product = at::promote_types(bias.scalar_type(), probs.scalar_type());
+    const at::ScalarType sum = at::promote_types(out.scalar_type(), product);
+    std::vector<at::Tensor> sums;
+    for (int64_t e = 0; e < experts; ++e) {
+      const at::Tensor scaled = at::empty({ExpertRows(rows, experts, e), H}, Meta(product));
+      sums.push_back(at::empty(scaled.sizes(), Meta(sum)));
+    }
+    at::Tensor joined = at::empty({rows, H}, Meta(sum));  // torch.cat
+    sums.clear();
+    ctx->save_for_backward({probs});
+    ctx->saved_data["main_grad"] = main_grad;
+    ctx->saved_data["experts"] = experts;
+    ctx->saved_data["bias_dtype"] = bias.scalar_type();
+    return joined.to(out.scalar_type());  // the same tensor when the dtypes agree
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor probs = ctx->get_saved_variables()[0];
+    const at::Tensor& main_grad = ctx->saved_data["main_grad"].toTensor();
+    const int64_t experts = ctx->saved_data["experts"].toInt();
+    const at::ScalarType bias_dtype = ctx->saved_data["bias_dtype"].toScalarType();
+    const int64_t rows = grads[0].size(0), H = grads[0].size(1);
+    const at::ScalarType product = at::promote_types(bias_dtype, probs.scalar_type());
+    const at::Tensor up = grads[0].to(at::promote_types(grads[0].scalar_type(), product));
+    at::Tensor grad_out = at::empty_like(grads[0]);  // the rows' gradients, cast back, joined
+    for (int64_t e = 0; e < experts; ++e) {
+      const at::Tensor scaled = at::empty({ExpertRows(rows, experts, e), H}, Meta(product));
+      const at::Tensor grad_bias = scaled.sum(0).to(bias_dtype);  // (grad * p) reduced to [H]
+      if (main_grad.defined()) AccumulateIntoMainGrad(main_grad.narrow(0, e * H, H), grad_bias);
+    }
+    return {grad_out, at::empty_like(probs), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  static int64_t ExpertRows(int64_t rows, int64_t experts, int64_t e) {
+    return rows / experts + (e == experts - 1 ? rows % experts : 0);
+  }
+};
 
 // moe_utils.permute's index: which row of the input each output row copies. Unfused
 // (dropless branch): routing_map.T.contiguous() [M, X] bool and its stable argsort int64
@@ -582,17 +626,27 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   }
   offload.EndSaving({h});
   if (!offload.active()) fc1_output.reset();  // the activation keeps what it saved
-  probs.reset();
-  ModuleScope f("linear_fc2");
-  // Under moe_act recomputation fc2 keeps its 16-bit input, which the recomputation
-  // restores (experts.py: set_save_original_input).
-  Fp8LinearOptions fc2_fp8;
-  fc2_fp8.save_original_input = activation_checkpoint.has_value();
-  fc2_fp8.row_groups = local;
-  h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false, fc2_fp8);  // [N, H]
+  // TEGroupedMLP adds fc2's bias after the GEMM (Note [MoE biases]); SequentialMLP's
+  // per-expert MLPs add theirs in place, which is not modelled.
+  const Parameter* fc2_bias = t.moe_grouped_gemm ? params.experts_fc2_bias : nullptr;
+  if (fc2_bias == nullptr) probs.reset();
+  {
+    ModuleScope f("linear_fc2");
+    // Under moe_act recomputation fc2 keeps its 16-bit input, which the recomputation
+    // restores (experts.py: set_save_original_input).
+    Fp8LinearOptions fc2_fp8;
+    fc2_fp8.save_original_input = activation_checkpoint.has_value();
+    fc2_fp8.row_groups = local;
+    h = GroupedLinear(h, *params.experts_fc2, fe, /*rows=*/false, fc2_fp8);  // [N, H]
+  }
   if (activation_checkpoint) activation_checkpoint->DiscardOutputAndRegisterRecompute(h);
   offload.Commit(&h, {{fc1_output}});
   fc1_output.reset();
+  if (fc2_bias != nullptr) {
+    h = ExpertBiasFunction::apply(h, probs.unsqueeze(-1), fc2_bias->data, fc2_bias->main_grad,
+                                  local);
+    probs.reset();
+  }
   if (fp8) h = UnpadForFp8(h, local, unpadded_x.size(0));
   if (!t.moe_grouped_gemm && m.num_experts / p.ep > 1) h = h.clone();  // torch.cat
   return h;
@@ -604,7 +658,8 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
                                     const MoeParallelism& p, MoeParameters& params,
                                     const at::Tensor& tokens, const Routing& routing,
                                     ActivationOffloader* offloader) {
-  ModuleScope s("token_dispatcher");
+  // The dispatcher's work, then the experts and the combine beside it (MoELayer's children).
+  std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
   const int64_t T = tokens.size(0), K = m.moe_router_topk, local = m.num_experts / p.ep;
   const int64_t N = ReceivedTokens(m, T) * p.etp;
   auto handle = c10::make_intrusive<DeepEpHandle>();
@@ -643,6 +698,7 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
   const at::Tensor probs_index = t.moe_permute_fusion ? perm.index : perm.order;
   at::Tensor probs = PermuteProbsFunction::apply(dispatched_probs, probs_index, local, N,
                                                  /*masked_select=*/false);  // [N] fp32
+  dispatcher.reset();
   x = Experts(m, t, p, params, x, probs, offloader);
   received.reset();  // moe_layer.py's dispatched_input, alive while the experts ran
   ModuleScope c("token_combine");
@@ -694,7 +750,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   const int64_t R = ReceivedTokens(m, T), N = R * p.etp;
   at::Tensor out;
   if (t.moe_dispatcher == MoeDispatcher::kAllGather) {
-    ModuleScope s("token_dispatcher");
+    std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
     const int64_t group = p.ep * p.etp, gathered = T * group;
     at::Tensor map = AllGather(routing.routing_map, group);                   // [T_g, E] bool
     const at::Tensor probs = AllGatherRows(routing.probs, group);             // [T_g, E] p
@@ -706,6 +762,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
                                                                /*masked_select=*/true);
     at::Tensor x = PermuteFunction::apply(hidden_g, perm.index, N);
+    dispatcher.reset();
     x = Experts(m, t, p, params, x, local_probs, offloader);
     ModuleScope c("token_combine");
     x = UnpermuteFunction::apply(x, gathered);  // [T_g, H]
@@ -714,7 +771,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   } else if (t.moe_dispatcher == MoeDispatcher::kDeepEp) {
     out = DeepEpDispatchAndCombine(m, t, p, params, tokens, routing, offloader);
   } else {
-    ModuleScope s("token_dispatcher");
+    std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
     params.kept[1] = routing.probs;
     params.kept[0] = routing.routing_map;
     const int64_t D = DispatchedTokens(m, T);
@@ -741,6 +798,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
       probs = probs.clone();
       if (chunk_sort_map) x = KeepFunction::apply(x, at::empty({N}, Meta(at::kInt)));
     }
+    dispatcher.reset();
     x = Experts(m, t, p, params, x, probs, offloader);
     ModuleScope c("token_combine");
     if (local > 1) {

@@ -13,12 +13,18 @@
 //
 // Note [MoE biases]
 // With add_bias_linear Megatron-Core gives the router (router.py), each local expert's
-// GroupedLinear fc1 and fc2 (experts.py) and the shared experts their biases. memsim holds
-// them as parameters (with gradients and optimizer state), but not the forward work they
-// add: fc1's is inside the GEMM, but fc2's runs as TEGroupedMLP._apply_bias, whose float32
-// [N, H] temporaries (bias times probabilities, the sum, their concatenation) and the
-// router's and shared experts' bias gradients are not modelled. Megatron-LM's launch lines
-// say so in a note.
+// GroupedLinear fc1 and fc2 (experts.py) and the shared experts their biases, all held as
+// parameters (with gradients and optimizer state). fc1's bias is added inside its GEMM.
+// fc2's (skip_bias_add) is TEGroupedMLP._apply_bias, which with host token counts (no
+// grouped tensors: --moe-single-grouped-bias off, the default) runs per expert t + b * p:
+// the bias times the expert's probabilities in their promoted dtype, the sum with fc2's
+// output rows promoted again, the pieces concatenated to [N, H] and cast back to the
+// output's dtype; it saves the probabilities (a view) and the bias. Backward casts the
+// gradient up, makes the rows' gradient in the output dtype and reduces each expert's bias
+// gradient ([n_e, H] temporaries) into main_grad (ExpertBiasFunction in moe.cc). Not
+// modelled (a few bytes a token): the router's bias gradient, the probabilities' gradient
+// temporaries ([n_e, H] each, one at a time), the shared experts' bias additions, and
+// SequentialMLP's (--moe-grouped-gemm off) per-expert bias additions, made in place.
 //
 // Tokens: T = S*B/(tp*cp) on the rank (Megatron trains MoE with tp > 1 only under
 // sequence parallelism); top-K routing; p = the probabilities' dtype (fp32 with
@@ -101,7 +107,8 @@ struct MoeParameters {
   Parameter* router = nullptr;
   Parameter* experts_fc1 = nullptr;
   Parameter* experts_fc2 = nullptr;
-  Parameter* shared_fc1 = nullptr;  // null without shared experts
+  Parameter* experts_fc2_bias = nullptr;  // null without add_bias_linear
+  Parameter* shared_fc1 = nullptr;        // null without shared experts
   Parameter* shared_fc2 = nullptr;
   // What the dispatcher keeps as attributes until this layer's next forward: allgather,
   // {local map}; alltoall, {routing map, probabilities}; DeepEP, {token indices, token

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -384,6 +385,57 @@ TEST(Moe, Fp8PaddingCopiesRowsOnlyWhenAnExpertIsOffTheMultiple) {
         });
     EXPECT_EQ(padded, c.copies) << NameOf(kFp8RecipeNames, c.recipe) << ", seq " << c.seq;
   }
+}
+
+// fc2's bias on TEGroupedMLP (Note [MoE biases]): two experts, top-2, so each expert takes
+// every one of the r = s*b tokens. _apply_bias runs per expert t + b * p, each a product
+// and a sum [r, h] in the promoted dtype, then their concatenation [2r, h] and, where that
+// dtype is wider than the output's, its bf16 copy. bf16 probabilities keep everything in
+// bf16 (no copy); --moe-router-dtype fp32 promotes to float32.
+TEST(Moe, GroupedExpertsAddFc2BiasPerExpert) {
+  using Shapes = std::multiset<std::pair<std::vector<int64_t>, at::ScalarType>>;
+  const int64_t s = 64, h = 256, r = s;
+  auto experts_forward = [&](bool bias, bool router_fp32) {
+    ModelConfig m = test::Llama(1, h, 4, 4, 512, 1024);
+    m.num_experts = 2;
+    m.moe_router_topk = 2;
+    m.add_bias_linear = bias;
+    m.moe_router_fp32 = router_fp32;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t;
+    t.seq_length = s;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.moe_grouped_gemm = true;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
+      Shapes shapes;
+      for (const StorageInfo& info : r.storages()) {
+        if (r.names().Name(info.module) == "decoder.layers.0.mlp.experts") {
+          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+        }
+      }
+      return shapes;
+    });
+  };
+  auto added = [&](bool router_fp32) {
+    Shapes with = experts_forward(true, router_fp32);
+    for (const auto& shape : experts_forward(false, router_fp32)) {
+      const auto it = with.find(shape);
+      if (it != with.end()) with.erase(it);
+    }
+    return with;
+  };
+  const at::ScalarType bf16 = at::kBFloat16, fp32 = at::kFloat;
+  EXPECT_EQ(
+      added(false),
+      Shapes({{{r, h}, bf16}, {{r, h}, bf16}, {{r, h}, bf16}, {{r, h}, bf16}, {{2 * r, h}, bf16}}));
+  EXPECT_EQ(added(true), Shapes({{{r, h}, fp32},
+                                 {{r, h}, fp32},
+                                 {{r, h}, fp32},
+                                 {{r, h}, fp32},
+                                 {{2 * r, h}, fp32},
+                                 {{2 * r, h}, bf16}}));
 }
 
 // --distribute-saved-activations with TP 2 (no sequence parallelism): each checkpointed

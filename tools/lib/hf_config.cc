@@ -458,7 +458,6 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       note(
           "gpt-oss's attention sinks are modelled with Transformer Engine's fused attention "
           "(memsim simulate: --profile transformer_engine --attention fused)");
-      note("the experts' biases are parameters only (Note [MoE biases] in models/moe.h)");
       break;
     }
     case Family::kDeepseekV3: {

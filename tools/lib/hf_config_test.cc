@@ -256,7 +256,7 @@ TEST(HfConfig, GptOss20B) {
   EXPECT_EQ(m.moe_router_topk, 4);
   EXPECT_EQ(m.moe_ffn_hidden_size, 2880);
   EXPECT_EQ(m.moe_first_k_dense_layers, 0);
-  EXPECT_EQ(notes.size(), 3u);  // quantization, sinks' attention, experts' biases
+  EXPECT_EQ(notes.size(), 2u);  // quantization, the sinks' attention backend
 }
 
 TEST(HfConfig, Qwen3_32BAndQwen3MoE) {

@@ -1664,12 +1664,6 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   int64_t max_positions = 0;
   MEMSIM_RETURN_IF_ERROR(ReadModelShape(a, gpt2_vocabulary, &m, &t, &max_positions));
   MEMSIM_RETURN_IF_ERROR(ReadMixtureOfExperts(a, &m, &t, &l));
-  if (m.num_experts > 0 && m.add_bias_linear) {
-    out->notes.push_back(
-        "the experts' biases are parameters only: the float32 temporaries of adding fc2's "
-        "bias (TEGroupedMLP._apply_bias) are not modelled (Note [MoE biases]); "
-        "--disable-bias-linear removes them");
-  }
   MEMSIM_RETURN_IF_ERROR(ReadBatchAndParallelism(a, world_size, max_positions, &t, &l));
   MEMSIM_RETURN_IF_ERROR(ReadPipelineStages(a, m, &l));
   MEMSIM_RETURN_IF_ERROR(ReadDataParallelism(a, &spec, &out->notes));
