@@ -323,6 +323,10 @@ struct TrainingConfig {
   // for SwiGLU, else from --bias-gelu-fusion and the biases. Off: the activation's eager ops
   // save what autograd saves (Activation in layers.h).
   bool bias_activation_fusion = true;
+  // torch.use_deterministic_algorithms(True), which Megatron-LM's --deterministic-mode sets:
+  // index_add_ and index_put_ run PyTorch's sort-based kernels, with their temporaries
+  // (Note [Deterministic index_add_] in models/moe.cc).
+  bool deterministic_algorithms = false;
   // --use-precision-aware-optimizer (Note [Precision-aware optimizer] in models/optimizer.h):
   // Transformer Engine's FusedAdam holds the master weights and Adam's states, in these
   // dtypes (fp32 or bf16), and reads the gradient buffer (main_grads_dtype) as it is.

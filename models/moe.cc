@@ -326,32 +326,73 @@ Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, b
   return p;
 }
 
+// Note [Deterministic index_add_]
+// Under torch.use_deterministic_algorithms(True) (Megatron-LM's --deterministic-mode),
+// PyTorch's CUDA index_add_ (index_add_cuda_impl) runs as
+// result.index_put_(indices, source * alpha, accumulate=true), and index_put_ on CUDA as
+// index_put_with_sort_kernel (aten/src/ATen/native/cuda/Indexing.cu, PyTorch 2.x). For n
+// indices into dimension 0 of a contiguous result it allocates, and frees on return:
+//   source * alpha, a copy of the source [n, ...] in its dtype;
+//   the range check's index.max() and index.min(), int64 scalars;
+//   the linear index: index.remainder(rows), then that times the row stride (int64 [n]
+//     each; the remainder goes once multiplied);
+//   sorted_indices, orig_indices and arange(n), int64 [n] each, and cub's radix-sort
+//     scratch, one allocation holding alternate key and value buffers (int64 [2n]; its
+//     histograms, a few KiB, are not modelled).
+// The unfused MoE permutation meets it twice (TE's fused kernels, --moe-permute-fusion,
+// never): moe_utils.unpermute index_add_s the expert rows into its output, which it zeroes
+// twice in deterministic mode (two [X, H] alive for a moment), and index_select's backward
+// (the permute's) index_add_s the gradient into a zeroed [X, H].
+void DeterministicIndexAdd(const at::Tensor& source) {
+  const int64_t n = source.size(0);
+  const at::TensorOptions index = Meta(at::kLong);
+  const at::Tensor scaled = at::empty_like(source);  // source * alpha
+  at::empty({}, index);                              // index.max()
+  at::empty({}, index);                              // index.min()
+  at::Tensor linear = at::empty({n}, index);         // index.remainder(rows)
+  linear = at::empty({n}, index);                    // ... * stride
+  const at::Tensor sorted = at::empty({n}, index), original = at::empty({n}, index);
+  const at::Tensor range = at::empty({n}, index);
+  const at::Tensor scratch = at::empty({2 * n}, index);
+}
+
 // tokens [X, H] -> [rows, H] (index_select, or TE's kernel); backward scatters the
-// gradient into a new zeroed [X, H].
+// gradient into a new zeroed [X, H] (Note [Deterministic index_add_] with
+// `sorted_index_add`: unfused, deterministic).
 struct PermuteFunction : public Function<PermuteFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& tokens, const at::Tensor& index,
-                            int64_t rows) {
+                            int64_t rows, bool sorted_index_add) {
     ctx->save_for_backward({index});
     ctx->saved_data["inputs"] = tokens.size(0);
+    ctx->saved_data["sorted_index_add"] = sorted_index_add;
     return at::empty({rows, tokens.size(1)}, tokens.options());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     at::Tensor grad =
         at::zeros({ctx->saved_data["inputs"].toInt(), grads[0].size(1)}, grads[0].options());
-    return {grad, at::Tensor(), at::Tensor()};
+    if (ctx->saved_data["sorted_index_add"].toBool()) DeterministicIndexAdd(grads[0]);
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // unpermute without probabilities: [rows, H] -> a new zeroed [X, H] scatter-added into;
 // backward gathers [rows, H]. Its saved index is a stride-0 view of the permutation's.
+// With `sorted_index_add` (unfused, deterministic) the output is zeroed twice and
+// index_add_ sorts (Note [Deterministic index_add_]).
 struct UnpermuteFunction : public Function<UnpermuteFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows_in, int64_t inputs) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows_in, int64_t inputs,
+                            bool sorted_index_add) {
     ctx->saved_data["rows"] = rows_in.size(0);
-    return at::zeros({inputs, rows_in.size(1)}, rows_in.options());
+    at::Tensor out = at::zeros({inputs, rows_in.size(1)}, rows_in.options());
+    if (sorted_index_add) {
+      out = at::zeros(out.sizes(), out.options());  // replaces the first once allocated
+      DeterministicIndexAdd(rows_in);
+    }
+    return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {at::empty({ctx->saved_data["rows"].toInt(), grads[0].size(1)}, grads[0].options()),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -662,6 +703,7 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
   std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
   const int64_t T = tokens.size(0), K = m.moe_router_topk, local = m.num_experts / p.ep;
   const int64_t N = ReceivedTokens(m, T) * p.etp;
+  const bool sorted_index_add = t.deterministic_algorithms && !t.moe_permute_fusion;
   auto handle = c10::make_intrusive<DeepEpHandle>();
   handle->group = p.etp * p.ep;
   handle->tokens = T;
@@ -694,7 +736,7 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
   const at::Tensor dispatched_probs = MultihotFunction::apply(weights, local, N, &map);
   weights.reset();
   const Permutation perm = MakePermutation(R, local, N, t.moe_permute_fusion, /*padded=*/false);
-  at::Tensor x = PermuteFunction::apply(received, perm.index, N);  // [N, H]
+  at::Tensor x = PermuteFunction::apply(received, perm.index, N, sorted_index_add);  // [N, H]
   const at::Tensor probs_index = t.moe_permute_fusion ? perm.index : perm.order;
   at::Tensor probs = PermuteProbsFunction::apply(dispatched_probs, probs_index, local, N,
                                                  /*masked_select=*/false);  // [N] fp32
@@ -702,7 +744,7 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
   x = Experts(m, t, p, params, x, probs, offloader);
   received.reset();  // moe_layer.py's dispatched_input, alive while the experts ran
   ModuleScope c("token_combine");
-  x = UnpermuteFunction::apply(x, R);              // [N_r, H]
+  x = UnpermuteFunction::apply(x, R, sorted_index_add);  // [N_r, H]
   indices.reset();                                 // released by the combine, as the handle is
   params.kept[2] = std::move(map);                 // dispatched_routing_map
   return DeepEpCombineFunction::apply(x, handle);  // [T, H]
@@ -748,6 +790,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   router_graph.reset();
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;
   const int64_t R = ReceivedTokens(m, T), N = R * p.etp;
+  const bool sorted_index_add = t.deterministic_algorithms && !t.moe_permute_fusion;
   at::Tensor out;
   if (t.moe_dispatcher == MoeDispatcher::kAllGather) {
     std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
@@ -761,11 +804,11 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
         MakePermutation(gathered, local, N, t.moe_permute_fusion, /*padded=*/false);
     const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
                                                                /*masked_select=*/true);
-    at::Tensor x = PermuteFunction::apply(hidden_g, perm.index, N);
+    at::Tensor x = PermuteFunction::apply(hidden_g, perm.index, N, sorted_index_add);
     dispatcher.reset();
     x = Experts(m, t, p, params, x, local_probs, offloader);
     ModuleScope c("token_combine");
-    x = UnpermuteFunction::apply(x, gathered);  // [T_g, H]
+    x = UnpermuteFunction::apply(x, gathered, sorted_index_add);  // [T_g, H]
     if (fp32_probs) x = x.to(at::kFloat);
     out = ReduceScatterToSequenceParallelRegion(x, group).to(tokens.scalar_type());  // [T, H]
   } else if (t.moe_dispatcher == MoeDispatcher::kDeepEp) {
@@ -777,7 +820,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     const int64_t D = DispatchedTokens(m, T);
     const bool padded = m.moe_pad_to_capacity && !t.moe_permute_fusion;
     const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion, padded);
-    at::Tensor x = PermuteFunction::apply(tokens, perm.index, D);  // [D, H]
+    at::Tensor x = PermuteFunction::apply(tokens, perm.index, D, sorted_index_add);  // [D, H]
     // The probabilities' gather index: TE's map, the argsort, or padded its own int64 [D].
     const at::Tensor probs_index = t.moe_permute_fusion ? perm.index
                                    : padded             ? at::empty({D}, Meta(at::kLong))
@@ -809,8 +852,8 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
       if (fp32_probs) x = x.to(at::kFloat);
       x = ReduceScatterToSequenceParallelRegion(x, p.etp).to(tokens.scalar_type());  // [R, H]
     }
-    x = AllToAllTokens(x, p.ep, D);        // [D, H]
-    out = UnpermuteFunction::apply(x, T);  // [T, H]
+    x = AllToAllTokens(x, p.ep, D);                          // [D, H]
+    out = UnpermuteFunction::apply(x, T, sorted_index_add);  // [T, H]
   }
   if (shared.defined()) out = out + shared;
   return out.view(hidden.sizes());

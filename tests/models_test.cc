@@ -438,6 +438,54 @@ TEST(Moe, GroupedExpertsAddFc2BiasPerExpert) {
                                  {{2 * r, h}, bf16}}));
 }
 
+// Note [Deterministic index_add_]: under torch.use_deterministic_algorithms the unfused
+// permutation's index_add_s sort. One MoE layer (allgather dispatcher, two experts, top-2:
+// X = s*b = 64 tokens, n = 2X = 128 expert rows, h = 256): unpermute zeroes its [X, h]
+// output a second time, and it and the permute's backward each copy their source [n, h]
+// (source * alpha) and make int64 scalars max and min, the remainder, the linear index,
+// sorted and original indices and the range [n], and cub's scratch [2n]. TE's fused
+// permutation makes none of them.
+TEST(Moe, DeterministicIndexAddSortsWithTemporaries) {
+  using Shapes = std::multiset<std::pair<std::vector<int64_t>, at::ScalarType>>;
+  const int64_t s = 64, h = 256, X = s, n = 2 * X;
+  auto step = [&](bool deterministic, bool fused) {
+    ModelConfig m = test::Llama(1, h, 4, 4, 512, 1024);
+    m.num_experts = 2;
+    m.moe_router_topk = 2;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t;
+    t.seq_length = s;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.moe_grouped_gemm = true;
+    t.moe_permute_fusion = fused;
+    t.deterministic_algorithms = deterministic;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/true, [](const Recorder& r) {
+      Shapes shapes;
+      for (const StorageInfo& info : r.storages())
+        shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+      return shapes;
+    });
+  };
+  auto added = [&](bool fused) {
+    Shapes with = step(true, fused);
+    for (const auto& shape : step(false, fused)) {
+      const auto it = with.find(shape);
+      if (it != with.end()) with.erase(it);
+    }
+    return with;
+  };
+  const at::ScalarType bf16 = at::kBFloat16, i64 = at::kLong;
+  Shapes sorted_index_add = {{{n, h}, bf16}, {{}, i64},  {{}, i64},  {{n}, i64},    {{n}, i64},
+                             {{n}, i64},     {{n}, i64}, {{n}, i64}, {{2 * n}, i64}};
+  Shapes expected = sorted_index_add;
+  expected.insert(sorted_index_add.begin(), sorted_index_add.end());
+  expected.insert({{X, h}, bf16});
+  EXPECT_EQ(added(false), expected);
+  EXPECT_EQ(added(true), Shapes());
+}
+
 // --distribute-saved-activations with TP 2 (no sequence parallelism): each checkpointed
 // layer keeps half of its input, sbh bytes instead of 2sbh; the input's full storage goes
 // (nothing else holds the previous layer's output).

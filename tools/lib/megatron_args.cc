@@ -1461,9 +1461,11 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
     t.te_attention = choice;
     a.Ignore("--use-flash-attn");
   }
-  // --deterministic-mode sets NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 and, unless the
-  // environment has one, CUBLAS_WORKSPACE_CONFIG=:4096:8 (megatron/training/determinism.py).
+  // --deterministic-mode sets NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, unless the environment
+  // has one, CUBLAS_WORKSPACE_CONFIG=:4096:8, and torch.use_deterministic_algorithms(True)
+  // (megatron/training/determinism.py).
   if (a.Has("--deterministic-mode")) {
+    t.deterministic_algorithms = true;  // torch.use_deterministic_algorithms(True)
     if (t.te_attention) t.te_attention->deterministic = true;
     t.cublas_workspace_bytes = 4096 * 1024 * 8;
   }

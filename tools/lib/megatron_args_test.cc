@@ -235,6 +235,7 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   // finalized; --attention-backend narrows the choice; local is unfused.
   EXPECT_TRUE(r.spec.training.te_attention.has_value());
   EXPECT_FALSE(r.spec.training.te_attention->deterministic);
+  EXPECT_FALSE(r.spec.training.deterministic_algorithms);
   EXPECT_TRUE(r.spec.training.gradient_accumulation_fusion);
   EXPECT_EQ(r.spec.training.cublas_workspace_bytes, -1);
   r = Parse(base +
@@ -246,6 +247,7 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   EXPECT_FALSE(r.spec.training.te_attention->fused);
   EXPECT_TRUE(r.spec.training.te_attention->unfused);
   EXPECT_TRUE(r.spec.training.te_attention->deterministic);
+  EXPECT_TRUE(r.spec.training.deterministic_algorithms);  // torch.use_deterministic_algorithms
   EXPECT_FALSE(r.spec.training.gradient_accumulation_fusion);
   // --deterministic-mode sets CUBLAS_WORKSPACE_CONFIG=:4096:8: 8 x 4096 KiB.
   EXPECT_EQ(r.spec.training.cublas_workspace_bytes, 32 * 1024 * 1024);
@@ -265,6 +267,7 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
   EXPECT_FALSE(e.spec.training.te_attention->fused);
   EXPECT_TRUE(e.spec.training.te_attention->flash);
   EXPECT_TRUE(e.spec.training.te_attention->deterministic);
+  EXPECT_FALSE(e.spec.training.deterministic_algorithms);  // TE's switch alone
   EXPECT_NE(std::find(e.ignored.begin(), e.ignored.end(), "NCCL_ALGO"), e.ignored.end());
   Status s = ParseMegatronArgs(Split(base), {{"MY_SETTING", "1"}}, 8, &e);
   EXPECT_EQ(s.message(),

@@ -394,6 +394,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "bias_activation_fusion", &t->bias_activation_fusion);
        }},
+      {"deterministic_algorithms",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "deterministic_algorithms", &t->deterministic_algorithms);
+       }},
       {"profile",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "profile", &ParseProfile, &t->profile);
