@@ -149,6 +149,27 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     if (m->moe_first_k_dense_layers > m->num_layers) {
       return Status::Error("moe_first_k_dense_layers exceeds num_layers");
     }
+    // Megatron-Core's TransformerConfig and TopKRouter checks.
+    if (m->moe_router_expert_bias && m->moe_router_score_function == MoeScoreFunction::kSoftmax) {
+      return Status::Error(
+          "the router's expert bias (aux-loss-free routing) needs the sigmoid or sqrtsoftplus "
+          "score function (Megatron-LM: --moe-router-score-function sigmoid)");
+    }
+    if (m->moe_router_sinkhorn && m->moe_aux_loss_coeff > 0) {
+      return Status::Error(
+          "Sinkhorn routing has no auxiliary loss: set the aux loss coefficient to 0 "
+          "(Megatron-Core asserts the same)");
+    }
+    if (m->moe_router_topk == 1 && !m->moe_router_sinkhorn && !m->moe_router_pre_softmax &&
+        m->moe_router_score_function == MoeScoreFunction::kSoftmax) {
+      return Status::Error(
+          "top-1 softmax routing needs the softmax before the top-k (Megatron-LM: "
+          "--moe-router-pre-softmax; a softmax over one expert has no gradient)");
+    }
+    if (!(m->moe_router_topk_scaling_factor >= 0 &&
+          m->moe_router_topk_scaling_factor <= kMaxFactor)) {
+      return Status::Error("the router's top-k scaling factor must be in [0, 1e6] (0: none)");
+    }
   }
   // Megatron-LM's _vocab_size_with_padding: a multiple of divisible_by * tp.
   const int64_t multiple = CheckedMul(m->make_vocab_size_divisible_by, tp);

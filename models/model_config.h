@@ -53,6 +53,13 @@ inline constexpr EnumName<SoftmaxKind> kSoftmaxNames[] = {{SoftmaxKind::kVanilla
                                                           {SoftmaxKind::kOffByOne, "off-by-one"},
                                                           {SoftmaxKind::kLearnable, "learnable"}};
 enum class PositionKind { kLearned, kRope };
+// The MoE router's score function (--moe-router-score-function): softmax, sigmoid
+// (DeepSeek-V3), or sqrt(softplus).
+enum class MoeScoreFunction { kSoftmax, kSigmoid, kSqrtSoftplus };
+inline constexpr EnumName<MoeScoreFunction> kMoeScoreFunctionNames[] = {
+    {MoeScoreFunction::kSoftmax, "softmax"},
+    {MoeScoreFunction::kSigmoid, "sigmoid"},
+    {MoeScoreFunction::kSqrtSoftplus, "sqrtsoftplus"}};
 
 struct ModelConfig {
   std::string name = "gpt";
@@ -117,6 +124,16 @@ struct ModelConfig {
   bool moe_router_fp32 = false;       // --moe-router-dtype fp32: logits and probs in fp32
   double moe_aux_loss_coeff = 0.0;    // > 0: the load-balancing loss keeps [T, E] fp32 scores
   double moe_z_loss_coeff = 0.0;      // > 0: the z-loss keeps the router logits
+  // How the router turns logits into the top-K (Note [MoE routing] in models/moe.h):
+  // --moe-router-score-function, --moe-router-pre-softmax (softmax over every expert before
+  // the top-K), --moe-router-enable-expert-bias (a float32 [E] bias added to the scores
+  // that choose; sigmoid and sqrtsoftplus only), --moe-router-topk-scaling-factor (0: none)
+  // and --moe-router-load-balancing-type sinkhorn (Sinkhorn-balanced choice, no aux loss).
+  MoeScoreFunction moe_router_score_function = MoeScoreFunction::kSoftmax;
+  bool moe_router_pre_softmax = false;
+  bool moe_router_expert_bias = false;
+  double moe_router_topk_scaling_factor = 0.0;
+  bool moe_router_sinkhorn = false;
   // --mtp-num-layers: multi-token prediction depth, built after the decoder on the last
   // pipeline stage (Note [Multi-token prediction] in transformer.h); 0: none.
   int64_t mtp_num_layers = 0;
@@ -361,7 +378,9 @@ struct TrainingConfig {
   bool te_op_fuser = false;
   MoeDispatcher moe_dispatcher = MoeDispatcher::kAllGather;
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
-  int64_t deepep_num_sms = 20;      // --moe-flex-dispatcher-num-sms: DeepEP's handle widths
+  // --moe-router-fusion: TE's fused top-k and aux-loss score kernels (Note [MoE routing]).
+  bool moe_router_fusion = false;
+  int64_t deepep_num_sms = 20;  // --moe-flex-dispatcher-num-sms: DeepEP's handle widths
   // The all-to-all level of context parallelism (Note [All-to-all context parallelism] in
   // parallel/regions/context_parallel.h): 1 with --cp-comm-type p2p (a ring over all cp
   // ranks), cp with a2a, the first of --hierarchical-context-parallel-sizes with a2a+p2p

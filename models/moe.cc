@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "models/fp8.h"
@@ -216,6 +217,12 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
   {
     ModuleScope s("router");
     params.router = store->Add("weight", {m.num_experts, H});
+    if (m.moe_router_expert_bias) {
+      // Buffers, not parameters: expert_bias and local_tokens_per_expert, float32 [E].
+      const at::TensorOptions fp32 = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+      params.expert_bias = at::zeros({m.num_experts}, fp32);
+      params.local_tokens_per_expert = at::zeros({m.num_experts}, fp32);
+    }
     if (bias) store->Add("bias", {m.num_experts});
   }
   {
@@ -552,26 +559,201 @@ struct MultihotFunction : public Function<MultihotFunction> {
 };
 
 struct Routing {
-  at::Tensor probs;        // [T, E] p, zero but for the top-K (autograd keeps top-K indices)
+  at::Tensor probs;        // [T, E] p, zero but for the top-K
   at::Tensor routing_map;  // [T, E] bool
 };
 
-// TopKRouter (router.py, moe_utils.topk_routing_with_score_function).
-Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens) {
-  ModuleScope s("router");
+// The routing map of the top-K indices `top` [T, K]:
+// zeros_like(logits).int().scatter(1, top, 1).bool(), [T, E] p, int32 twice, then bool.
+at::Tensor MapOfTopK(const at::Tensor& logits, const at::Tensor& top) {
+  return at::zeros_like(logits).to(at::kInt).scatter(1, top, 1).to(at::kBool);
+}
+
+// group_limited_topk (moe_utils.py) of `scores` [T, E]: each group's best K/group_topk
+// scores summed ([T, groups]), the best groups' mask spread to a [T, E] copy, the scores
+// outside them masked (masked_fill keeps the negated mask [T, E] bool), the top-K of the rest.
+std::tuple<at::Tensor, at::Tensor> GroupLimitedTopK(const ModelConfig& m,
+                                                    const at::Tensor& scores) {
+  const int64_t T = scores.size(0), E = scores.size(1), K = m.moe_router_topk;
+  const int64_t groups = m.moe_router_num_groups, chosen = m.moe_router_group_topk;
+  at::Tensor group_scores;
+  {
+    at::NoGradGuard indices_only;  // only the groups' indices are used
+    group_scores =
+        std::get<0>(at::topk(scores.view({T, groups, E / groups}), K / chosen, -1)).sum(-1);
+  }
+  const at::Tensor group_index = std::get<1>(at::topk(group_scores, chosen, -1));
+  const at::Tensor group_mask = at::zeros_like(group_scores).scatter(1, group_index, 1);
+  const at::Tensor score_mask =
+      group_mask.unsqueeze(-1).expand({T, groups, E / groups}).reshape({T, E});
+  const at::Tensor outside = at::logical_not(score_mask.to(at::kBool));
+  return at::topk(scores.masked_fill(outside, -std::numeric_limits<double>::infinity()), K, -1);
+}
+
+// The top-K of `scores` [T, E]: group-limited with --moe-router-num-groups.
+std::tuple<at::Tensor, at::Tensor> TopK(const ModelConfig& m, const at::Tensor& scores) {
+  if (m.moe_router_group_topk > 0) return GroupLimitedTopK(m, scores);
+  return at::topk(scores, m.moe_router_topk, -1);
+}
+
+// topk_routing_with_score_function (moe_utils.py), unfused, in training: Note [MoE routing].
+Routing TopKRouting(const ModelConfig& m, const at::Tensor& logits, const at::Tensor& expert_bias) {
   const int64_t K = m.moe_router_topk;
+  at::Tensor probs, top;
+  if (m.moe_router_score_function == MoeScoreFunction::kSoftmax) {
+    if (m.moe_router_pre_softmax) {
+      std::tie(probs, top) = TopK(m, at::softmax(logits, -1, at::kFloat));
+    } else {
+      at::Tensor scores;
+      std::tie(scores, top) = TopK(m, logits);
+      probs = at::softmax(scores, -1, at::kFloat);
+    }
+  } else {
+    const at::Tensor logits32 = logits.to(at::kFloat);
+    at::Tensor scores = m.moe_router_score_function == MoeScoreFunction::kSigmoid
+                            ? at::sigmoid(logits32)
+                            : at::sqrt(at::softplus(logits32));
+    if (expert_bias.defined()) {
+      {
+        at::NoGradGuard indices_only;  // the biased scores only choose
+        top = std::get<1>(TopK(m, scores + expert_bias));
+      }
+      scores = at::gather(scores, 1, top);
+    } else {
+      std::tie(scores, top) = TopK(m, scores);
+    }
+    probs = K > 1 ? scores / (scores.sum(-1, /*keepdim=*/true) + 1e-20) : scores;
+  }
+  if (m.moe_router_topk_scaling_factor > 0) probs = probs * m.moe_router_topk_scaling_factor;
+  probs = probs.to(logits.scalar_type());
+  return {at::zeros_like(logits).scatter(1, top, probs), MapOfTopK(logits, top)};
+}
+
+// sinkhorn_load_balancing (router.py) in training: Note [MoE routing].
+Routing SinkhornRouting(const ModelConfig& m, const at::Tensor& logits) {
+  const int64_t K = m.moe_router_topk;
+  at::Tensor top;
+  {
+    at::NoGradGuard no_grad;
+    // sinkhorn() on the float32 logits: cost = exp [T, E]; an iteration's d1 * cost and
+    // d0.unsqueeze(1) * cost, one at a time; the result d1 * cost * d0.unsqueeze(1).
+    const at::Tensor cost = at::exp(logits.to(at::kFloat));
+    const at::Tensor d0 = (cost * at::ones({cost.size(1)}, cost.options())).sum(1);
+    const at::Tensor d1 = (d0.unsqueeze(1) * cost).sum(0);
+    top = std::get<1>(at::topk(d1 * cost * d0.unsqueeze(1), K, 1));
+  }
+  const at::Tensor activation =
+      K == 1 ? at::sigmoid(logits) : at::softmax(logits, -1, at::kFloat).to(logits.scalar_type());
+  at::Tensor map = MapOfTopK(logits, top);
+  return {activation * map, map};
+}
+
+// Transformer Engine's fused_topk_with_score_function (FusedTopkScoreFunction, TE's
+// router.py): probabilities [T, E] p and the map [T, E] bool; it keeps the map and a float32
+// [T, E] of the scores; backward writes the logits' gradient [T, E] p.
+struct FusedTopKFunction : public Function<FusedTopKFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits) {
+    const at::Tensor probs = at::empty_like(logits);
+    const at::Tensor map = at::empty(logits.sizes(), Meta(at::kBool));
+    ctx->save_for_backward({map, at::empty(logits.sizes(), Meta(at::kFloat))});
+    ctx->mark_non_differentiable({map});
+    return {probs, map};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty_like(grads[0])};
+  }
+};
+
+// fused_compute_score_for_moe_aux_loss: the scores [T, E] float32 and a map [T, E] bool
+// out, a float32 [T, E] kept; backward writes [T, E] in the logits' dtype.
+struct FusedAuxScoresFunction : public Function<FusedAuxScoresFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits) {
+    const at::Tensor scores = at::empty(logits.sizes(), Meta(at::kFloat));
+    const at::Tensor map = at::empty(logits.sizes(), Meta(at::kBool));
+    ctx->save_for_backward({at::empty(logits.sizes(), Meta(at::kFloat))});
+    ctx->saved_data["dtype"] = logits.scalar_type();
+    ctx->mark_non_differentiable({map});
+    return {scores, map};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty(grads[0].sizes(), Meta(ctx->saved_data["dtype"].toScalarType()))};
+  }
+};
+
+// fused_moe_aux_loss: the loss, a scalar in the scores' dtype; it keeps a float32 [2] and
+// the tokens per expert; backward writes the scores' gradient [T, E].
+struct FusedAuxLossFunction : public Function<FusedAuxLossFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& scores,
+                            const at::Tensor& tokens_per_expert) {
+    ctx->save_for_backward({at::empty({2}, Meta(at::kFloat)), tokens_per_expert});
+    ctx->saved_data["sizes"] = scores.sizes().vec();
+    return at::empty({}, scores.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {at::empty(ctx->saved_data["sizes"].toIntVector(), grads[0].options()), at::Tensor()};
+  }
+};
+
+// The load-balancing loss's scores and their top-K map (compute_routing_scores_for_aux_loss),
+// then the loss (switch_load_balancing_loss_func) attached to `probs`: Note [MoE routing].
+at::Tensor AttachAuxLoss(const ModelConfig& m, const TrainingConfig& t, const at::Tensor& logits,
+                         const at::Tensor& probs) {
+  at::Tensor scores, map;
+  if (t.moe_router_fusion) {
+    const auto outputs = FusedAuxScoresFunction::apply(logits);
+    scores = outputs[0];
+    map = outputs[1];
+  } else {
+    if (m.moe_router_score_function == MoeScoreFunction::kSoftmax) {
+      scores = at::softmax(logits, -1, at::kFloat);
+    } else {
+      const at::Tensor logits32 = logits.to(at::kFloat);
+      scores = m.moe_router_score_function == MoeScoreFunction::kSigmoid
+                   ? at::sigmoid(logits32)
+                   : at::sqrt(at::softplus(logits32));
+      scores = scores / (scores.sum(-1, /*keepdim=*/true) + 1e-20);
+    }
+    at::Tensor top;
+    {
+      at::NoGradGuard indices_only;
+      top = std::get<1>(at::topk(scores, m.moe_router_topk, 1));
+    }
+    map = MapOfTopK(logits, top);
+  }
+  const at::Tensor tokens_per_expert = map.sum(0);  // int64 [E], all-reduced in place
+  map.reset();
+  const at::Tensor loss = t.moe_router_fusion
+                              ? FusedAuxLossFunction::apply(scores, tokens_per_expert)
+                              : (scores.sum(0) * tokens_per_expert).sum();
+  return AttachLoss(probs, loss);
+}
+
+// TopKRouter (router.py) in training: gating, z-loss, routing, token dropping, aux loss.
+Routing Route(const ModelConfig& m, const TrainingConfig& t, const MoeParameters& params,
+              const at::Tensor& tokens) {
+  ModuleScope s("router");
   // The gating GEMM writes the router dtype directly (TE's GEMM; a bf16 [T, E] here then
   // its fp32 copy).
   at::Tensor logits;
   {
-    DelayedWgradScope no_delay({});            // the router's is never delayed (a torch linear)
-    logits = Linear(tokens, router, nullptr);  // [T, E]
+    DelayedWgradScope no_delay({});  // the router's is never delayed (a torch linear)
+    logits = Linear(tokens, *params.router, nullptr);  // [T, E]
   }
   if (m.moe_router_fp32) logits = logits.to(at::kFloat);
-  auto [scores, top] = at::topk(logits, K, -1);  // [T, K] p and int64: TopkBackward keeps top
-  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(logits.scalar_type());  // [T, K]
-  probs = at::zeros_like(logits).scatter(1, top, probs);                            // [T, E]
-  at::Tensor routing_map = at::empty(logits.sizes(), Meta(at::kBool));
+  if (m.moe_z_loss_coeff > 0) {
+    logits = AttachLoss(logits, at::logsumexp(logits, {-1}).square().mean());
+  }
+  Routing routing;
+  if (m.moe_router_sinkhorn) {
+    routing = SinkhornRouting(m, logits);
+  } else if (t.moe_router_fusion) {
+    const auto outputs = FusedTopKFunction::apply(logits);
+    routing = {outputs[0], outputs[1]};
+  } else {
+    routing = TopKRouting(m, logits, params.expert_bias);
+  }
+  at::Tensor& probs = routing.probs;
+  at::Tensor& routing_map = routing.routing_map;
   if (m.moe_capacity_factor > 0) {
     // apply_router_token_dropping (moe_utils.py): each expert's capacity highest tokens
     // (by probability, or by position: the map as int32) make a [T, E] mask; the map becomes
@@ -590,17 +772,8 @@ Routing Route(const ModelConfig& m, Parameter& router, const at::Tensor& tokens)
     mask.reset();
     probs = probs * routing_map;
   }
-  if (m.moe_aux_loss_coeff > 0) {
-    // The load-balancing loss: softmax over all experts in fp32 (kept for backward), its
-    // per-expert sums against the tokens per expert.
-    at::Tensor all_scores = at::softmax(logits, -1, at::kFloat);  // [T, E]
-    at::Tensor tokens_per_expert = at::empty({m.num_experts}, Meta(at::kFloat));
-    probs = AttachLoss(probs, (all_scores.sum(0) * tokens_per_expert).sum());
-  }
-  if (m.moe_z_loss_coeff > 0) {
-    probs = AttachLoss(probs, at::logsumexp(logits, {-1}).square().mean());
-  }
-  return {probs, routing_map};
+  if (m.moe_aux_loss_coeff > 0) probs = AttachAuxLoss(m, t, logits, probs);
+  return routing;
 }
 
 // The routed experts on N (token, expert) rows and their probabilities [N] p (experts.py):
@@ -786,7 +959,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     shared = t.Recomputes(RecomputeModule::kSharedExperts) ? Checkpoint(shared_experts, {tokens})
                                                            : shared_experts({tokens});
   }
-  Routing routing = Route(m, *params.router, tokens);
+  Routing routing = Route(m, t, params, tokens);
   router_graph.reset();
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;
   const int64_t R = ReceivedTokens(m, T), N = R * p.etp;

@@ -35,8 +35,7 @@
 // (moe_imbalance_factor) has R = ceil(f * T*K), at most E*c (not padded).
 //
 // Kept for backward, per layer (Note: what autograd saves, as Megatron's code does):
-//   router: its input [T, H]; top-K indices int64 [T, K] and softmax fp32 [T, K];
-//     with an aux loss the full softmax fp32 [T, E]; with a z-loss the logits [T, E] p;
+//   router: its input [T, H] and what Note [MoE routing] lists;
 //   allgather dispatcher (gathers over etp*ep, T_g = T*etp*ep): the gathered hidden states
 //     in Megatron's persistent global buffer ([T_g, H], shared by every layer); the local
 //     probabilities transposed [E_local, T_g] p and their mask [E_local, T_g] bool (masked
@@ -50,6 +49,33 @@
 //   experts: their input [N, H], fc1 output, activation, probability-weighted activation
 //     [N, F_e/etp] each, and the probabilities [N] p (TEGroupedMLP and SequentialMLP alike;
 //     with Transformer Engine's op fuser no activation: Experts in moe.cc says why).
+//
+// Note [MoE routing]
+// TopKRouter (router.py, moe_utils.py) in training on T tokens, E experts, top-K, logits
+// [T, E] p (the gating GEMM keeps its input [T, H]). What autograd keeps per layer:
+//   softmax after the top-K (the default): the indices int64 [T, K] (the top-K's and the
+//     probabilities' scatter) and the softmax of the K chosen logits, float32 [T, K];
+//   softmax before (--moe-router-pre-softmax): the float32 softmax [T, E] and the indices;
+//   sigmoid: the sigmoid of the float32 logits [T, E] and the indices (sqrtsoftplus keeps
+//     the float32 logits and the square root instead); for K > 1 the renormalisation keeps
+//     the chosen scores float32 [T, K] and their sum [T, 1]; with the expert bias (a
+//     float32 [E] buffer beside a float32 [E] count) the biased scores only choose;
+//   group-limited choice (--moe-router-num-groups, --moe-router-group-topk): also the
+//     negated group mask bool [T, E] where the masked scores become the probabilities (no
+//     expert bias);
+//   Sinkhorn (--moe-router-load-balancing-type sinkhorn): its float32 balancing runs
+//     without gradients and its [T, E] temporaries go once the top-K is chosen; the
+//     activation (sigmoid for K = 1, else the float32 softmax and its copy in p) and the
+//     map, both kept by their product, the probabilities;
+//   Transformer Engine's fused kernel (--moe-router-fusion): the map and a float32 [T, E].
+// The probabilities are scattered into [T, E] p, the map made as zeros [T, E] p, then int32
+// twice, then bool (temporaries); --moe-router-topk-scaling-factor adds a [T, K] product.
+// The load-balancing loss (an aux-loss kind with --moe-aux-loss-coeff > 0) scores every
+// expert again and keeps the float32 softmax, or the float32 sigmoid (sqrtsoftplus: logits
+// and root) with its [T, 1] normaliser; its top-K map counts tokens per expert (int64 [E],
+// kept); fused, a float32 [T, E] and a float32 [2]. The z-loss keeps the logits and their
+// logsumexp [T]. Not modelled: the deterministic routing path's index_put_ (int64 [T, K]
+// buffers) and the global aux loss's [E] buffers.
 //
 // Note [DeepEP dispatch]
 // --moe-token-dispatcher-type flex with DeepEP (--moe-flex-dispatcher-backend deepep, the
@@ -110,6 +136,10 @@ struct MoeParameters {
   Parameter* experts_fc2_bias = nullptr;  // null without add_bias_linear
   Parameter* shared_fc1 = nullptr;        // null without shared experts
   Parameter* shared_fc2 = nullptr;
+  // The router's buffers with --moe-router-enable-expert-bias (undefined without): the
+  // float32 [E] bias added to the scores that choose, and the tokens counted per expert.
+  at::Tensor expert_bias;
+  at::Tensor local_tokens_per_expert;
   // What the dispatcher keeps as attributes until this layer's next forward: allgather,
   // {local map}; alltoall, {routing map, probabilities}; DeepEP, {token indices, token
   // probabilities, received routing map} (Note [DeepEP dispatch]).

@@ -131,9 +131,9 @@ at::Tensor& LogicalOut(const at::Tensor& self, const at::Tensor& other, at::Tens
   return out;
 }
 
-// abs.out (and through it abs and abs_, which torch.logsumexp calls on its maxima): the
-// input's shape into `out`.
-at::Tensor& AbsOut(const at::Tensor& self, at::Tensor& out) {
+// abs.out (and through it abs and abs_, which torch.logsumexp calls on its maxima) and
+// logical_not.out (group-limited MoE routing's negated mask): the input's shape into `out`.
+at::Tensor& ElementwiseOut(const at::Tensor& self, at::Tensor& out) {
   at::native::resize_output(out, self.sizes());
   return out;
 }
@@ -178,7 +178,8 @@ void RegisterMetaKernels() {
     aten_meta->impl("roll", TORCH_FN(Roll));
     aten_meta->impl("logical_or.out", TORCH_FN(LogicalOut));
     aten_meta->impl("logical_and.out", TORCH_FN(LogicalOut));
-    aten_meta->impl("abs.out", TORCH_FN(AbsOut));
+    aten_meta->impl("abs.out", TORCH_FN(ElementwiseOut));
+    aten_meta->impl("logical_not.out", TORCH_FN(ElementwiseOut));
     {
       // LibTorch built with glog logs a warning through it when a kernel is replaced; this
       // replacement is deliberate (Note [Meta resize_]), so keep the user's terminal clean.

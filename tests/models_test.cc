@@ -486,6 +486,84 @@ TEST(Moe, DeterministicIndexAddSortsWithTemporaries) {
   EXPECT_EQ(added(true), Shapes());
 }
 
+// Note [MoE routing]: what one MoE layer's router keeps, against the default (softmax of the
+// top-K logits, which keeps the indices int64 [T, K] and the float32 softmax [T, K]). T = 256
+// tokens, E = 8 experts, K = 2, float32 router (no dtype copies):
+//   --moe-router-pre-softmax: the softmax over every expert, float32 [T, E], instead of the
+//     K-wide one: 4TE - 4TK;
+//   sigmoid: the sigmoid [T, E], and the renormalisation's [T, 1] sum (its chosen scores
+//     [T, K] take the softmax's place): 4TE + 4T, the same with the expert bias (which
+//     only chooses; its buffers are not activations);
+//   Sinkhorn: the float32 softmax [T, E] and the map bool [T, E] (kept by their product),
+//     no indices, no K-wide softmax: 5TE - 12TK;
+//   TE's fused kernel: a float32 [T, E] and the map: 5TE - 12TK.
+int64_t RouterLayerBytes(const std::function<void(ModelConfig*, TrainingConfig*)>& configure) {
+  TrainingConfig t;
+  t.seq_length = 256;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_grouped_gemm = true;
+  auto bytes = [&](int64_t layers) {
+    ModelConfig m = test::Llama(layers, 256, 4, 4, 704, 1024);
+    m.num_experts = 8;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 512;
+    m.moe_router_fp32 = true;
+    TrainingConfig run = t;
+    configure(&m, &run);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    EXPECT_TRUE(ValidateTrainingConfig(run, m).ok());
+    return ActivationBytesAfterForward(m, run);
+  };
+  return bytes(2) - bytes(1);
+}
+
+TEST(Moe, RouterKeepsWhatItsScoreFunctionSaves) {
+  const int64_t T = 256, E = 8, K = 2;
+  const int64_t softmax = RouterLayerBytes([](ModelConfig*, TrainingConfig*) {});
+  auto delta = [&](const std::function<void(ModelConfig*, TrainingConfig*)>& configure) {
+    return RouterLayerBytes(configure) - softmax;
+  };
+  EXPECT_EQ(delta([](ModelConfig* m, TrainingConfig*) { m->moe_router_pre_softmax = true; }),
+            4 * T * E - 4 * T * K);
+  EXPECT_EQ(delta([](ModelConfig* m, TrainingConfig*) {
+              m->moe_router_score_function = MoeScoreFunction::kSigmoid;
+            }),
+            4 * T * E + 4 * T);
+  EXPECT_EQ(delta([](ModelConfig* m, TrainingConfig*) {
+              m->moe_router_score_function = MoeScoreFunction::kSigmoid;
+              m->moe_router_expert_bias = true;
+              m->moe_router_topk_scaling_factor = 2.5;
+            }),
+            4 * T * E + 4 * T);
+  EXPECT_EQ(delta([](ModelConfig* m, TrainingConfig*) { m->moe_router_sinkhorn = true; }),
+            5 * T * E - 12 * T * K);
+  EXPECT_EQ(delta([](ModelConfig*, TrainingConfig* t) { t->moe_router_fusion = true; }),
+            5 * T * E - 12 * T * K);
+}
+
+// The load-balancing loss (--moe-aux-loss-coeff) on top of the same router: its scores over
+// every expert (the float32 softmax [T, E]; sigmoid: the sigmoid [T, E] and the [T, 1]
+// normaliser), the tokens per expert int64 [E] its product keeps, the loss (float32 scalar)
+// the probabilities carry; fused, a float32 [T, E], a float32 [2] and the counts.
+TEST(Moe, AuxLossKeepsItsScores) {
+  const int64_t T = 256, E = 8;
+  auto with_aux = [](MoeScoreFunction score, bool fused) {
+    return RouterLayerBytes([=](ModelConfig* m, TrainingConfig* t) {
+             m->moe_router_score_function = score;
+             m->moe_aux_loss_coeff = 0.01;
+             t->moe_router_fusion = fused;
+           }) -
+           RouterLayerBytes([=](ModelConfig* m, TrainingConfig* t) {
+             m->moe_router_score_function = score;
+             t->moe_router_fusion = fused;
+           });
+  };
+  EXPECT_EQ(with_aux(MoeScoreFunction::kSoftmax, false), 4 * T * E + 8 * E + 4);
+  EXPECT_EQ(with_aux(MoeScoreFunction::kSigmoid, false), 4 * T * E + 4 * T + 8 * E + 4);
+  EXPECT_EQ(with_aux(MoeScoreFunction::kSoftmax, true), 4 * T * E + 8 + 8 * E + 4);
+}
+
 // --distribute-saved-activations with TP 2 (no sequence parallelism): each checkpointed
 // layer keeps half of its input, sbh bytes instead of 2sbh; the input's full storage goes
 // (nothing else holds the previous layer's output).

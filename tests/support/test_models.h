@@ -85,6 +85,13 @@ inline void ExpectSameArchitecture(const ModelConfig& a, const ModelConfig& b,
   EXPECT_EQ(a.moe_ffn_hidden_size, b.moe_ffn_hidden_size);
   EXPECT_EQ(a.moe_shared_expert_size, b.moe_shared_expert_size);
   EXPECT_EQ(a.moe_first_k_dense_layers, b.moe_first_k_dense_layers);
+  EXPECT_EQ(a.moe_router_score_function, b.moe_router_score_function);
+  EXPECT_EQ(a.moe_router_pre_softmax, b.moe_router_pre_softmax);
+  EXPECT_EQ(a.moe_router_expert_bias, b.moe_router_expert_bias);
+  EXPECT_EQ(a.moe_router_topk_scaling_factor, b.moe_router_topk_scaling_factor);
+  EXPECT_EQ(a.moe_router_num_groups, b.moe_router_num_groups);
+  EXPECT_EQ(a.moe_router_group_topk, b.moe_router_group_topk);
+  EXPECT_EQ(a.moe_router_sinkhorn, b.moe_router_sinkhorn);
   EXPECT_EQ(a.mtp_num_layers, b.mtp_num_layers);
   EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
   EXPECT_EQ(a.moe_imbalance_factor, b.moe_imbalance_factor);

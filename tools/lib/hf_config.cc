@@ -124,9 +124,10 @@ const std::set<std::string> kNeutralKeys = {
 //     window mask changes which scores count, not the size of what attention saves
 //     (flash keeps O and the log-sum-exp; eager masks a full S x S score matrix);
 //   Mixtral's and Qwen3-MoE's router_aux_loss_coef, router_jitter_noise,
-//     output_router_logits (and Qwen3-MoE's norm_topk_prob, a rescaling of the top-k) and
-//     DeepSeek's routing knobs (groups, scoring, scaling, aux loss): the router's
-//     logits are [tokens, experts] whichever way experts are chosen;
+//     output_router_logits (and Qwen3-MoE's and DeepSeek's norm_topk_prob, a rescaling of
+//     the top-k, which Megatron's router does for K > 1 anyway), DeepSeek's aux_loss_alpha
+//     and seq_aux (how the original run weighted its aux loss, a training choice: memsim's
+//     is --moe-aux-loss-coeff);
 //   ep_size: DeepSeek's inference-time expert split;
 //   gpt-oss's initial_context_length (YaRN's original length);
 //   Phi-3's original_max_position_embeddings (LongRoPE's scaling base),
@@ -154,9 +155,8 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
       return {"sliding_window", "layer_types", "initial_context_length", "router_aux_loss_coef",
               "output_router_logits"};
     case Family::kDeepseekV3:
-      return {"pretraining_tp", "ep_size",      "n_group",        "topk_group",
-              "topk_method",    "scoring_func", "norm_topk_prob", "routed_scaling_factor",
-              "aux_loss_alpha", "seq_aux",      "rope_interleave"};
+      return {"pretraining_tp", "ep_size", "norm_topk_prob",
+              "aux_loss_alpha", "seq_aux", "rope_interleave"};
   }
   return {};
 }
@@ -477,6 +477,25 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
                              " is not modelled (memsim's MoE layers are every layer after " +
                              "first_k_dense_replace: moe_layer_freq 1)");
       }
+      // The router, as Megatron-Bridge's DeepSeek-V3 provider maps it: scoring_func to
+      // --moe-router-score-function, topk_method noaux_tc to the expert bias,
+      // routed_scaling_factor to --moe-router-topk-scaling-factor, n_group and topk_group to
+      // group-limited routing.
+      std::string scoring = "softmax", topk_method = "greedy";
+      MEMSIM_RETURN_IF_ERROR(r.String("scoring_func", false, &scoring));
+      MEMSIM_RETURN_IF_ERROR(
+          ParseEnum(kMoeScoreFunctionNames, scoring, "scoring_func", &m.moe_router_score_function));
+      MEMSIM_RETURN_IF_ERROR(r.String("topk_method", false, &topk_method));
+      if (topk_method != "greedy" && topk_method != "group_limited_greedy" &&
+          topk_method != "noaux_tc") {
+        return Status::Error(path + ": topk_method '" + topk_method +
+                             "' is not modelled (greedy, group_limited_greedy, noaux_tc)");
+      }
+      m.moe_router_expert_bias = topk_method == "noaux_tc";
+      MEMSIM_RETURN_IF_ERROR(r.Number("routed_scaling_factor", &m.moe_router_topk_scaling_factor));
+      MEMSIM_RETURN_IF_ERROR(r.Int("n_group", false, &m.moe_router_num_groups));
+      MEMSIM_RETURN_IF_ERROR(r.Int("topk_group", false, &m.moe_router_group_topk));
+      if (topk_method == "greedy") m.moe_router_num_groups = m.moe_router_group_topk = 0;
       // Multi-head latent attention, as Megatron-Core's MLASelfAttention builds it.
       MEMSIM_RETURN_IF_ERROR(r.Int("q_lora_rank", false, &m.q_lora_rank));
       MEMSIM_RETURN_IF_ERROR(r.Int("kv_lora_rank", true, &m.kv_lora_rank));

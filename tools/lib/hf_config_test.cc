@@ -432,6 +432,13 @@ TEST(HfConfig, DeepseekV3) {
   EXPECT_EQ(m.moe_ffn_hidden_size, 2048);
   EXPECT_EQ(m.moe_shared_expert_size, 2048);  // 1 shared expert * 2048
   EXPECT_EQ(m.moe_first_k_dense_layers, 3);
+  // The router: sigmoid scores, noaux_tc's expert bias, routed_scaling_factor, 8 groups of
+  // which each token's experts come from 4.
+  EXPECT_EQ(m.moe_router_score_function, MoeScoreFunction::kSigmoid);
+  EXPECT_TRUE(m.moe_router_expert_bias);
+  EXPECT_EQ(m.moe_router_topk_scaling_factor, 2.5);
+  EXPECT_EQ(m.moe_router_num_groups, 8);
+  EXPECT_EQ(m.moe_router_group_topk, 4);
   EXPECT_FALSE(m.add_qkv_bias);
   ExpectLlamaArchitecture(m);
   // The fp8 checkpoint and the MTP layer are each reported.

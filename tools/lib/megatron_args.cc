@@ -346,15 +346,15 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-input-jitter-eps", Arity::kValue, ArgUse::kNeutral},
     {"--moe-per-layer-logging", Arity::kFlag, ArgUse::kNeutral},
     {"--moe-router-bias-update-rate", Arity::kValue, ArgUse::kNeutral},
-    {"--moe-router-enable-expert-bias", Arity::kFlag, ArgUse::kNeutral},
+    {"--moe-router-enable-expert-bias", Arity::kFlag, ArgUse::kRead},
     {"--moe-router-force-load-balancing", Arity::kFlag, ArgUse::kNeutral},
-    {"--moe-router-fusion", Arity::kFlag, ArgUse::kNeutral},
+    {"--moe-router-fusion", Arity::kFlag, ArgUse::kRead},
     {"--moe-router-group-topk", Arity::kValue, ArgUse::kRead},
-    {"--moe-router-load-balancing-type", Arity::kValues, ArgUse::kNeutral},
+    {"--moe-router-load-balancing-type", Arity::kValues, ArgUse::kRead},
     {"--moe-router-num-groups", Arity::kValue, ArgUse::kRead},
-    {"--moe-router-pre-softmax", Arity::kFlag, ArgUse::kNeutral},
-    {"--moe-router-score-function", Arity::kValue, ArgUse::kNeutral},
-    {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kNeutral},
+    {"--moe-router-pre-softmax", Arity::kFlag, ArgUse::kRead},
+    {"--moe-router-score-function", Arity::kValue, ArgUse::kRead},
+    {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kRead},
     {"--moe-shared-expert-overlap", Arity::kFlag, ArgUse::kNeutral},
     {"--overlap-moe-expert-parallel-comm", Arity::kFlag, ArgUse::kRead},
     {"--delay-wgrad-compute", Arity::kFlag, ArgUse::kRead},
@@ -894,6 +894,12 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-aux-loss-coeff",
                                              "--moe-z-loss-coeff",
                                              "--moe-permute-fusion",
+                                             "--moe-router-score-function",
+                                             "--moe-router-pre-softmax",
+                                             "--moe-router-enable-expert-bias",
+                                             "--moe-router-topk-scaling-factor",
+                                             "--moe-router-load-balancing-type",
+                                             "--moe-router-fusion",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
   // The combined 1F1B schedule (Note [Combined 1F1B]); FinalizeRunSpec checks its rules.
@@ -967,10 +973,33 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     m.moe_router_fp32 = text == "fp32";
     MEMSIM_RETURN_IF_ERROR(a.Float("--moe-aux-loss-coeff", &m.moe_aux_loss_coeff));
     MEMSIM_RETURN_IF_ERROR(a.Float("--moe-z-loss-coeff", &m.moe_z_loss_coeff));
-    if (a.Has("--moe-router-load-balancing-type") &&
-        a.Values("--moe-router-load-balancing-type") == std::vector<std::string>{"none"}) {
+    // The router (Note [MoE routing] in models/moe.h). Load balancing: the aux-loss kinds
+    // (aux_loss, the default, seq_aux_loss, global_aux_loss) keep the same scores; none and
+    // sinkhorn compute no aux loss.
+    std::vector<std::string> balancing = {"aux_loss"};
+    if (a.Has("--moe-router-load-balancing-type")) {
+      balancing = a.Values("--moe-router-load-balancing-type");
+    }
+    for (const std::string& kind : balancing) {
+      if (kind != "aux_loss" && kind != "seq_aux_loss" && kind != "global_aux_loss" &&
+          kind != "sinkhorn" && kind != "none") {
+        return Status::Error("--moe-router-load-balancing-type '" + kind +
+                             "' is not modelled (memsim supports aux_loss, seq_aux_loss, "
+                             "global_aux_loss, sinkhorn, none)");
+      }
+    }
+    m.moe_router_sinkhorn = balancing == std::vector<std::string>{"sinkhorn"};
+    if (balancing == std::vector<std::string>{"none"} || m.moe_router_sinkhorn) {
       m.moe_aux_loss_coeff = 0;  // no load-balancing loss is computed
     }
+    MEMSIM_RETURN_IF_ERROR(ParseEnum(kMoeScoreFunctionNames,
+                                     a.Text("--moe-router-score-function", "softmax"),
+                                     "--moe-router-score-function", &m.moe_router_score_function));
+    m.moe_router_pre_softmax = a.Has("--moe-router-pre-softmax");
+    m.moe_router_expert_bias = a.Has("--moe-router-enable-expert-bias");
+    MEMSIM_RETURN_IF_ERROR(
+        a.Float("--moe-router-topk-scaling-factor", &m.moe_router_topk_scaling_factor));
+    t.moe_router_fusion = a.Has("--moe-router-fusion");
     MEMSIM_RETURN_IF_ERROR(a.Int("--expert-tensor-parallel-size", &l.etp));
   }
   return Status::OK();

@@ -460,7 +460,7 @@ TEST(MegatronArgs, MixtureOfExperts) {
   EXPECT_TRUE(r.spec.training.moe_grouped_gemm);  // TE's grouped-GEMM workspaces
   EXPECT_EQ(r.spec.training.moe_dispatcher, MoeDispatcher::kAllToAll);
   EXPECT_EQ(r.spec.model.moe_aux_loss_coeff, 1e-2);  // the loss keeps [T, E] fp32 scores
-  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--moe-router-load-balancing-type"}));
+  EXPECT_TRUE(r.ignored.empty());  // the load-balancing kind is read (Note [MoE routing])
 
   // DeepSeek-V3's layer pattern: 3 dense layers, then 58 with 256 experts and a shared one.
   r = Parse(
@@ -518,6 +518,43 @@ TEST(MegatronArgs, ExpertCapacity) {
   EXPECT_EQ(ErrorOf(moe + "--moe-pad-expert-input-to-capacity", 1),
             "padding expert inputs to capacity needs a capacity factor (Megatron-LM: "
             "--moe-pad-expert-input-to-capacity requires --moe-expert-capacity-factor)");
+}
+
+// The router's arguments (Note [MoE routing]): score function, pre-softmax, expert bias,
+// scaling, fusion, and the load-balancing kind, which decides whether an aux loss exists.
+TEST(MegatronArgs, RouterArguments) {
+  const std::string moe = std::string(kTinyGpt) + "--num-experts 4 --moe-router-topk 2 ";
+  ModelConfig m = Parse(moe, 1).spec.model;
+  EXPECT_EQ(m.moe_router_score_function, MoeScoreFunction::kSoftmax);
+  EXPECT_FALSE(m.moe_router_pre_softmax || m.moe_router_expert_bias || m.moe_router_sinkhorn);
+  MegatronArgsResult r = Parse(moe +
+                                   "--moe-router-score-function sigmoid "
+                                   "--moe-router-enable-expert-bias --moe-router-pre-softmax "
+                                   "--moe-router-topk-scaling-factor 2.5 --moe-router-fusion "
+                                   "--moe-router-load-balancing-type seq_aux_loss "
+                                   "--moe-aux-loss-coeff 1e-4",
+                               1);
+  m = r.spec.model;
+  EXPECT_EQ(m.moe_router_score_function, MoeScoreFunction::kSigmoid);
+  EXPECT_TRUE(m.moe_router_pre_softmax);
+  EXPECT_TRUE(m.moe_router_expert_bias);
+  EXPECT_EQ(m.moe_router_topk_scaling_factor, 2.5);
+  EXPECT_EQ(m.moe_aux_loss_coeff, 1e-4);
+  EXPECT_TRUE(r.spec.training.moe_router_fusion);
+  // Sinkhorn and none compute no aux loss, whatever the coefficient.
+  m = Parse(moe + "--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0.01", 1)
+          .spec.model;
+  EXPECT_TRUE(m.moe_router_sinkhorn);
+  EXPECT_EQ(m.moe_aux_loss_coeff, 0);
+  EXPECT_EQ(ErrorOf(moe + "--moe-router-load-balancing-type quantile_balancing", 1),
+            "--moe-router-load-balancing-type 'quantile_balancing' is not modelled (memsim "
+            "supports aux_loss, seq_aux_loss, global_aux_loss, sinkhorn, none)");
+  EXPECT_EQ(ErrorOf(moe + "--moe-router-enable-expert-bias", 1),
+            "the router's expert bias (aux-loss-free routing) needs the sigmoid or sqrtsoftplus "
+            "score function (Megatron-LM: --moe-router-score-function sigmoid)");
+  EXPECT_EQ(ErrorOf(moe + "--moe-router-score-function cosine", 1),
+            "unknown --moe-router-score-function 'cosine' (use one of: sigmoid, softmax, "
+            "sqrtsoftplus)");
 }
 
 // --overlap-moe-expert-parallel-comm: the combined 1F1B schedule, with Megatron-Core's rules.

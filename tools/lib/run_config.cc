@@ -69,6 +69,9 @@ Status ParseActivation(const std::string& text, ActivationKind* out) {
 Status ParseSoftmax(const std::string& text, SoftmaxKind* out) {
   return ParseEnum(kSoftmaxNames, text, "softmax", out);
 }
+Status ParseMoeScoreFunction(const std::string& text, MoeScoreFunction* out) {
+  return ParseEnum(kMoeScoreFunctionNames, text, "moe_router_score_function", out);
+}
 Status ParseAttention(const std::string& text, AttentionKind* out) {
   return ParseEnum(kAttentionNames, text, "attention", out);
 }
@@ -231,6 +234,20 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("moe_pad_to_capacity", &m->moe_pad_to_capacity),
       flag("moe_drop_by_position", &m->moe_drop_by_position),
       f64("moe_imbalance_factor", &m->moe_imbalance_factor),
+      flag("moe_router_fp32", &m->moe_router_fp32),
+      f64("moe_aux_loss_coeff", &m->moe_aux_loss_coeff),
+      f64("moe_z_loss_coeff", &m->moe_z_loss_coeff),
+      i64("moe_router_num_groups", &m->moe_router_num_groups),
+      i64("moe_router_group_topk", &m->moe_router_group_topk),
+      {"moe_router_score_function",
+       [&](const YAML::Node& v) {
+         return ReadEnum(v, source, "moe_router_score_function", &ParseMoeScoreFunction,
+                         &m->moe_router_score_function);
+       }},
+      flag("moe_router_pre_softmax", &m->moe_router_pre_softmax),
+      flag("moe_router_expert_bias", &m->moe_router_expert_bias),
+      f64("moe_router_topk_scaling_factor", &m->moe_router_topk_scaling_factor),
+      flag("moe_router_sinkhorn", &m->moe_router_sinkhorn),
       i64("mtp_num_layers", &m->mtp_num_layers),
   };
   // architecture sets defaults that the explicit keys then override, wherever it stands.
@@ -330,6 +347,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
       {"store_param_remainders",
        [&](const YAML::Node& v) {
          return Read(v, source, "store_param_remainders", &t->store_param_remainders);
+       }},
+      {"moe_router_fusion",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "moe_router_fusion", &t->moe_router_fusion);
        }},
       {"te_op_fuser",
        [&](const YAML::Node& v) { return Read(v, source, "te_op_fuser", &t->te_op_fuser); }},
