@@ -1008,6 +1008,29 @@ TEST(ParameterCount, GptOss) {
   EXPECT_EQ(ParameterCount(gpt_oss(36, 128)), int64_t{116829156672});
 }
 
+// GLM-4.5-Air (HfConfig.Glm45Air): H = 4096, 96 heads and 8 KV heads of D = 128, q/k/v
+// biases, one dense layer (F = 10944), then 45 MoE layers of 128 experts (F_e = 1408) and a
+// shared expert of the same width, V = 151552 untied. Per layer: attention
+// 2*H*96D + 96D + 2*(H*8D + 8D) = 109,066,240 and two norms 2H; dense MLP 3*H*F =
+// 134,479,872; MoE: router E*H, experts E*3*H*F_e, shared 3*H*F_e = 2,232,418,304 (the
+// router's expert bias is a buffer). In all 106,852,245,504: the model card's 106B.
+TEST(ParameterCount, Glm45Air) {
+  ModelConfig m = Llama(46, 4096, 96, 8, 10944, 151552);
+  m.kv_channels = 128;
+  m.add_qkv_bias = true;
+  m.num_experts = 128;
+  m.moe_router_topk = 8;
+  m.moe_ffn_hidden_size = 1408;
+  m.moe_shared_expert_size = 1408;
+  m.moe_first_k_dense_layers = 1;
+  m.moe_router_score_function = MoeScoreFunction::kSigmoid;
+  m.moe_router_expert_bias = true;
+  const int64_t H = 4096, attention = 109066240 + 2 * H;
+  EXPECT_EQ(ParameterCount(m),
+            (attention + 134479872) + 45 * (attention + 2232418304) + 2 * int64_t{151552} * H + H);
+  EXPECT_EQ(ParameterCount(m), int64_t{106852245504});
+}
+
 // --qk-layernorm adds a D-wide norm for the queries and one for the keys per layer:
 // weight only for RMSNorm (Qwen3), weight and bias for LayerNorm.
 TEST(ParameterCount, QkLayernormAddsTwoHeadWidthNormsPerLayer) {

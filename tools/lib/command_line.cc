@@ -23,7 +23,8 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v,
       "model preset name (configs/models), overriding the run file's")(
       "hf-config", po::value(&v->hf_config),
       "a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3, "
-      "Phi-3, gpt-oss)")("gpu", po::value(&v->gpu), ("GPU preset: " + GpuPresetNames()).c_str())(
+      "GLM-4.5, Phi-3, gpt-oss)")("gpu", po::value(&v->gpu),
+                                  ("GPU preset: " + GpuPresetNames()).c_str())(
       "world-size", PositiveValue(&v->world_size, "world-size"), "number of GPUs")(
       "global-batch-size", PositiveValue(&v->global_batch_size, "global-batch-size"),
       "sequences per iteration over all data-parallel ranks")("precision", po::value(&v->precision),

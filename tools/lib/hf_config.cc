@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -27,6 +28,7 @@ enum class Family {
   kQwen3Moe,
   kMixtral,
   kDeepseekV3,
+  kGlm4Moe,
   kPhi3,
   kGptOss
 };
@@ -45,6 +47,7 @@ constexpr FamilyInfo kFamilies[] = {
     {"qwen3_moe", "Qwen3MoeForCausalLM", Family::kQwen3Moe},
     {"mixtral", "MixtralForCausalLM", Family::kMixtral},
     {"deepseek_v3", "DeepseekV3ForCausalLM", Family::kDeepseekV3},
+    {"glm4_moe", "Glm4MoeForCausalLM", Family::kGlm4Moe},
     {"phi3", "Phi3ForCausalLM", Family::kPhi3},
     {"gpt_oss", "GptOssForCausalLM", Family::kGptOss},
 };
@@ -132,7 +135,8 @@ const std::set<std::string> kNeutralKeys = {
 //   gpt-oss's initial_context_length (YaRN's original length);
 //   Phi-3's original_max_position_embeddings (LongRoPE's scaling base),
 //     partial_rotary_factor (RoPE rotates part of each head; the rotated query and key are
-//     as large either way) and attention_bias (Phi3Attention's projections never have one).
+//     as large either way; GLM-4.5's too) and attention_bias (Phi3Attention's projections
+//     never have one).
 std::set<std::string> FamilyNeutralKeys(Family family) {
   switch (family) {
     case Family::kLlama:
@@ -157,6 +161,8 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
     case Family::kDeepseekV3:
       return {"pretraining_tp", "ep_size", "norm_topk_prob",
               "aux_loss_alpha", "seq_aux", "rope_interleave"};
+    case Family::kGlm4Moe:
+      return {"norm_topk_prob", "partial_rotary_factor"};
   }
   return {};
 }
@@ -263,6 +269,60 @@ std::string ModelName(const std::string& path, const std::string& model_type) {
     if (repo.rfind("models--", 0) == 0 && sep != std::string::npos) return repo.substr(sep + 2);
   }
   return folder.filename().string();
+}
+
+// The mixture of experts DeepSeek-V3 and GLM-4.5 share (Glm4Moe reuses DeepseekV3's decoder
+// layer and router): first_k_dense_replace dense layers, then routed experts beside
+// n_shared_experts shared ones on every layer; Hugging Face's DeepseekV3TopkRouter scores
+// with a sigmoid and chooses with e_score_correction_bias (the original configs' scoring_func
+// sigmoid and topk_method noaux_tc, read where given), scales by routed_scaling_factor and
+// limits the choice to topk_group of n_group groups, mapped as Megatron-Bridge maps them.
+// Neither Hugging Face class trains the multi-token-prediction layers.
+Status ReadDeepseekMoe(Reader& r, const std::string& path,
+                       const std::function<void(const std::string&)>& note, ModelConfig* model) {
+  ModelConfig& m = *model;
+  MEMSIM_RETURN_IF_ERROR(r.Int("n_routed_experts", true, &m.num_experts));
+  MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
+  MEMSIM_RETURN_IF_ERROR(r.Int("moe_intermediate_size", true, &m.moe_ffn_hidden_size));
+  MEMSIM_RETURN_IF_ERROR(r.Int("first_k_dense_replace", true, &m.moe_first_k_dense_layers));
+  int64_t shared = 0;
+  MEMSIM_RETURN_IF_ERROR(r.Int("n_shared_experts", false, &shared));
+  if (shared < 0) return Status::Error(path + ": 'n_shared_experts' must not be negative");
+  m.moe_shared_expert_size = CheckedMul(shared, m.moe_ffn_hidden_size);
+  int64_t freq = 1;
+  MEMSIM_RETURN_IF_ERROR(r.Int("moe_layer_freq", false, &freq));
+  if (freq != 1) {
+    return Status::Error(path + ": moe_layer_freq " + std::to_string(freq) +
+                         " is not modelled (memsim's MoE layers are every layer after " +
+                         "first_k_dense_replace: moe_layer_freq 1)");
+  }
+  std::string scoring = "sigmoid", topk_method = "noaux_tc";
+  MEMSIM_RETURN_IF_ERROR(r.String("scoring_func", false, &scoring));
+  MEMSIM_RETURN_IF_ERROR(
+      ParseEnum(kMoeScoreFunctionNames, scoring, "scoring_func", &m.moe_router_score_function));
+  MEMSIM_RETURN_IF_ERROR(r.String("topk_method", false, &topk_method));
+  if (topk_method != "greedy" && topk_method != "group_limited_greedy" &&
+      topk_method != "noaux_tc") {
+    return Status::Error(path + ": topk_method '" + topk_method +
+                         "' is not modelled (greedy, group_limited_greedy, noaux_tc)");
+  }
+  m.moe_router_expert_bias = topk_method == "noaux_tc";
+  m.moe_router_topk_scaling_factor = 1.0;  // both configs' default
+  MEMSIM_RETURN_IF_ERROR(r.Number("routed_scaling_factor", &m.moe_router_topk_scaling_factor));
+  m.moe_router_num_groups = m.moe_router_group_topk = 1;
+  MEMSIM_RETURN_IF_ERROR(r.Int("n_group", false, &m.moe_router_num_groups));
+  MEMSIM_RETURN_IF_ERROR(r.Int("topk_group", false, &m.moe_router_group_topk));
+  if (topk_method == "greedy" || m.moe_router_num_groups <= 1) {
+    m.moe_router_num_groups = m.moe_router_group_topk = 0;  // one group: no group limit
+  }
+  int64_t mtp = 0;
+  MEMSIM_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", false, &mtp));
+  if (mtp > 0) {
+    note("num_nextn_predict_layers " + std::to_string(mtp) +
+         " ignored: Hugging Face's model does not train the multi-token-prediction layers "
+         "(Megatron-LM's do: mtp_num_layers in a model YAML, or --mtp-num-layers)");
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -462,40 +522,7 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     }
     case Family::kDeepseekV3: {
       MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
-      MEMSIM_RETURN_IF_ERROR(r.Int("n_routed_experts", true, &m.num_experts));
-      MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
-      MEMSIM_RETURN_IF_ERROR(r.Int("moe_intermediate_size", true, &m.moe_ffn_hidden_size));
-      MEMSIM_RETURN_IF_ERROR(r.Int("first_k_dense_replace", true, &m.moe_first_k_dense_layers));
-      int64_t shared = 0;
-      MEMSIM_RETURN_IF_ERROR(r.Int("n_shared_experts", false, &shared));
-      if (shared < 0) return Status::Error(path + ": 'n_shared_experts' must not be negative");
-      m.moe_shared_expert_size = CheckedMul(shared, m.moe_ffn_hidden_size);
-      int64_t freq = 1;
-      MEMSIM_RETURN_IF_ERROR(r.Int("moe_layer_freq", false, &freq));
-      if (freq != 1) {
-        return Status::Error(path + ": moe_layer_freq " + std::to_string(freq) +
-                             " is not modelled (memsim's MoE layers are every layer after " +
-                             "first_k_dense_replace: moe_layer_freq 1)");
-      }
-      // The router, as Megatron-Bridge's DeepSeek-V3 provider maps it: scoring_func to
-      // --moe-router-score-function, topk_method noaux_tc to the expert bias,
-      // routed_scaling_factor to --moe-router-topk-scaling-factor, n_group and topk_group to
-      // group-limited routing.
-      std::string scoring = "softmax", topk_method = "greedy";
-      MEMSIM_RETURN_IF_ERROR(r.String("scoring_func", false, &scoring));
-      MEMSIM_RETURN_IF_ERROR(
-          ParseEnum(kMoeScoreFunctionNames, scoring, "scoring_func", &m.moe_router_score_function));
-      MEMSIM_RETURN_IF_ERROR(r.String("topk_method", false, &topk_method));
-      if (topk_method != "greedy" && topk_method != "group_limited_greedy" &&
-          topk_method != "noaux_tc") {
-        return Status::Error(path + ": topk_method '" + topk_method +
-                             "' is not modelled (greedy, group_limited_greedy, noaux_tc)");
-      }
-      m.moe_router_expert_bias = topk_method == "noaux_tc";
-      MEMSIM_RETURN_IF_ERROR(r.Number("routed_scaling_factor", &m.moe_router_topk_scaling_factor));
-      MEMSIM_RETURN_IF_ERROR(r.Int("n_group", false, &m.moe_router_num_groups));
-      MEMSIM_RETURN_IF_ERROR(r.Int("topk_group", false, &m.moe_router_group_topk));
-      if (topk_method == "greedy") m.moe_router_num_groups = m.moe_router_group_topk = 0;
+      MEMSIM_RETURN_IF_ERROR(ReadDeepseekMoe(r, path, note, &m));
       // Multi-head latent attention, as Megatron-Core's MLASelfAttention builds it.
       MEMSIM_RETURN_IF_ERROR(r.Int("q_lora_rank", false, &m.q_lora_rank));
       MEMSIM_RETURN_IF_ERROR(r.Int("kv_lora_rank", true, &m.kv_lora_rank));
@@ -507,15 +534,16 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
                              "attention)");
       }
       m.num_query_groups = 0;  // no grouped-query attention
-      // Hugging Face's DeepseekV3ForCausalLM does not build the multi-token-prediction
-      // layers, so training it does not hold them either.
-      int64_t mtp = 0;
-      MEMSIM_RETURN_IF_ERROR(r.Int("num_nextn_predict_layers", false, &mtp));
-      if (mtp > 0) {
-        note("num_nextn_predict_layers " + std::to_string(mtp) +
-             " ignored: Hugging Face's model does not build the multi-token-prediction layers "
-             "(Megatron-LM's do: mtp_num_layers in a model YAML, or --mtp-num-layers)");
-      }
+      break;
+    }
+    case Family::kGlm4Moe: {
+      // Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air): DeepSeek-V3's decoder layer with grouped-
+      // query attention, head_dim wide; q, k, v biases follow attention_bias (o_proj has
+      // none); use_qk_norm adds an RMSNorm over each head's query and key.
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
+      MEMSIM_RETURN_IF_ERROR(r.Bool("use_qk_norm", &m.qk_layernorm));
+      MEMSIM_RETURN_IF_ERROR(ReadDeepseekMoe(r, path, note, &m));
       break;
     }
   }

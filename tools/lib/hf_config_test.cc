@@ -259,6 +259,56 @@ TEST(HfConfig, GptOss20B) {
   EXPECT_EQ(notes.size(), 2u);  // quantization, the sinks' attention backend
 }
 
+// zai-org/GLM-4.5-Air's config.json (transformers 4.54.1), as ms-swift's Megatron
+// conversion log prints it beside the Megatron arguments it maps it to (sigmoid router
+// with the expert bias, scaling 1.0, one dense layer, a 1408-wide shared expert, q/k/v
+// biases, kv_channels 128): the same model here. Its multi-token-prediction layer is noted
+// and left out; the model card's "106B total parameters" is the main model
+// (ParameterCount.Glm45Air works it out).
+TEST(HfConfig, Glm45Air) {
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("GLM-4.5-Air", R"({
+  "architectures": ["Glm4MoeForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": [151329, 151336, 151338], "first_k_dense_replace": 1, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 10944, "max_position_embeddings": 131072, "model_type": "glm4_moe",
+  "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+  "norm_topk_prob": true, "num_attention_heads": 96, "num_experts_per_tok": 8,
+  "num_hidden_layers": 46, "num_key_value_heads": 8, "num_nextn_predict_layers": 1,
+  "pad_token_id": 151329, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+  "rope_scaling": null, "rope_theta": 1000000, "routed_scaling_factor": 1.0,
+  "tie_word_embeddings": false, "topk_group": 1, "torch_dtype": "bfloat16",
+  "transformers_version": "4.54.1", "use_cache": true, "use_qk_norm": false,
+  "vocab_size": 151552
+})"),
+                           &m, &notes)
+                  .ok());
+  EXPECT_EQ(m.num_layers, 46);
+  EXPECT_EQ(m.hidden_size, 4096);
+  EXPECT_EQ(m.num_attention_heads, 96);
+  EXPECT_EQ(m.num_query_groups, 8);
+  EXPECT_EQ(m.kv_channels, 128);
+  EXPECT_EQ(m.ffn_hidden_size, 10944);
+  EXPECT_EQ(m.vocab_size, 151552);
+  EXPECT_TRUE(m.add_qkv_bias);
+  EXPECT_FALSE(m.add_bias_linear);
+  EXPECT_FALSE(m.qk_layernorm);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_EQ(m.num_experts, 128);
+  EXPECT_EQ(m.moe_router_topk, 8);
+  EXPECT_EQ(m.moe_ffn_hidden_size, 1408);
+  EXPECT_EQ(m.moe_shared_expert_size, 1408);
+  EXPECT_EQ(m.moe_first_k_dense_layers, 1);
+  EXPECT_EQ(m.moe_router_score_function, MoeScoreFunction::kSigmoid);
+  EXPECT_TRUE(m.moe_router_expert_bias);
+  EXPECT_EQ(m.moe_router_topk_scaling_factor, 1.0);
+  EXPECT_EQ(m.moe_router_num_groups, 0);  // one group: no group limit
+  EXPECT_EQ(m.mtp_num_layers, 0);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("num_nextn_predict_layers 1 ignored"), std::string::npos);
+}
+
 TEST(HfConfig, Qwen3_32BAndQwen3MoE) {
   // Qwen/Qwen3-32B/config.json: explicit head_dim (128, not 5120 / 64) and q/k norms.
   ModelConfig m;
@@ -574,7 +624,7 @@ TEST(HfConfig, Errors) {
             "(Megatron-Bridge adds them)");
   EXPECT_EQ(ErrorOf(R"({"model_type": "gpt2"})"),
             "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
-            "qwen3_moe, mixtral, deepseek_v3, phi3, gpt_oss)");
+            "qwen3_moe, mixtral, deepseek_v3, glm4_moe, phi3, gpt_oss)");
   EXPECT_EQ(ErrorOf(Llama(R"(, "architectures": ["LlamaForSequenceClassification"])")),
             "FILE: unsupported architecture \"LlamaForSequenceClassification\" for model_type "
             "llama (memsim builds LlamaForCausalLM)");
