@@ -703,7 +703,7 @@ at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::app
 
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
-                         int64_t cp, int64_t cp_all_to_all) {
+                         int64_t cp, int64_t cp_all_to_all, bool cp_all_gather) {
   const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t groups = k.size(2);
   const int64_t v_head_dim = v.size(3);  // multi-latent attention: not q's
@@ -716,6 +716,12 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
     return AllToAllAfterAttention(
                out.view({seq * cp_all_to_all, batch, heads / cp_all_to_all, v_head_dim}),
                cp_all_to_all)
+        .view({seq, batch, heads * v_head_dim});
+  }
+  if (cp > 1 && cp_all_gather) {
+    MEMSIM_DCHECK(cp_all_to_all == 1 && kind != AttentionKind::kEager);
+    return AllGatherContextParallelAttention(q.contiguous(), k.contiguous(), v.contiguous(), cp,
+                                             dropout_p)
         .view({seq, batch, heads * v_head_dim});
   }
   if (kind == AttentionKind::kFused) {

@@ -193,10 +193,12 @@ at::Tensor RotaryEmbedding(const at::Tensor& input);
 // `cp` > 1: the sequence is split over cp ranks and flash attention runs as ring
 // attention (parallel/regions/context_parallel.h); with `cp_all_to_all` > 1 it first
 // exchanges heads over that many of them (Note [All-to-all context parallelism]), and the
-// ring runs over the rest. REQUIRES: cp_all_to_all divides cp and q's and k's heads.
+// ring runs over the rest; with `cp_all_gather` the keys and values are all-gathered
+// instead (Note [All-gather context parallelism]). REQUIRES: cp_all_to_all divides cp and
+// q's and k's heads; not both cp_all_to_all > 1 and cp_all_gather.
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
-                         int64_t cp = 1, int64_t cp_all_to_all = 1);
+                         int64_t cp = 1, int64_t cp_all_to_all = 1, bool cp_all_gather = false);
 
 // Transformer Engine's fused attention with a learnable softmax offset (attention sinks):
 // `out` (core attention's output) passes through; what the kernel keeps of `offset` for

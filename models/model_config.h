@@ -386,6 +386,9 @@ struct TrainingConfig {
   // ranks), cp with a2a, the first of --hierarchical-context-parallel-sizes with a2a+p2p
   // (heads exchanged over it, then a ring over the rest).
   int64_t cp_all_to_all = 1;
+  // --cp-comm-type allgather: keys and values all-gathered instead of passed around a ring
+  // (Note [All-gather context parallelism] in parallel/regions/context_parallel.h).
+  bool cp_all_gather = false;
   // --cross-entropy-loss-fusion with the native implementation (VocabCrossEntropy), or
   // with Transformer Engine's kernel (--cross-entropy-fusion-impl te:
   // TeParallelCrossEntropy), both in layers.h.

@@ -420,7 +420,8 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     ModuleScope s("core_attention");
     auto core = [this, attention_dropout](const std::vector<at::Tensor>& qkv_parts) {
       return CoreAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2], training_.attention,
-                           attention_dropout, *workspace_, shard_.cp, training_.cp_all_to_all);
+                           attention_dropout, *workspace_, shard_.cp, training_.cp_all_to_all,
+                           training_.cp_all_gather);
     };
     // Selective recomputation checkpoints core attention (Megatron's
     // _checkpointed_attention_forward); FlashAttention keeps no S^2 tensor to save.

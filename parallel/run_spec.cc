@@ -275,6 +275,11 @@ Status FinalizeUnchecked(RunSpec* spec) {
                            " (Transformer Engine asserts it)");
     }
   }
+  if (t.cp_all_gather && (t.cp_all_to_all > 1 || t.profile != ProfileKind::kTransformerEngine)) {
+    return Status::Error(
+        "all-gather context parallelism is Transformer Engine's (profile transformer_engine), "
+        "alone for every layer");
+  }
   if (l.cp > 1 && t.attention == AttentionKind::kEager) {
     return Status::Error(
         "context parallelism needs flash or fused attention (as Megatron-LM's CP does)");

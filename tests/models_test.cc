@@ -1309,6 +1309,40 @@ TEST(Activations, AllToAllContextParallelKeepsTheOutputTwice) {
   }
 }
 
+// Note [All-gather context parallelism] on cp = 2: a Llama layer (A = 8 heads, G = 2 kv heads
+// of D = 32, local sequence s = 64 of 128, b = 2; RoPE makes q and k contiguous, v is a view
+// of linear_qkv's output, so the function's contiguous copy of v is its own), X_kv = s*b*G*D
+// and X_q = s*b*A*D elements in bf16. During the forward core attention holds v's copy,
+// k and v gathered and reordered (2 X_kv each; the raw gathers gone), the output and its
+// zeroed thd twin (X_q each), and per chunk (h = s/2 rows) an output X_q/2, float32
+// statistics [b, A, h] and an int64 [2] RNG state: 5 X_kv + 3 X_q elements, 8bAh + 32 bytes
+// more, at its peak. After it: v's copy, the output, the statistics and RNG states.
+TEST(Activations, AllGatherContextParallelGathersKeysAndValues) {
+  constexpr int64_t s = 64, b = 2, A = 8, G = 2, D = 32, h = s / 2;
+  ModelConfig m = test::Llama(1, A * D, A, G, 512, 1024);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t = Bf16WithoutDropout(2 * s, b, AttentionKind::kFused);
+  t.profile = ProfileKind::kTransformerEngine;
+  t.cp_all_gather = true;
+  ModelShard shard = ModelShard::Whole(m);
+  shard.cp = 2;
+  const auto [peak, after] = RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+    int64_t live = 0, peak_bytes = 0;
+    for (const MemoryEvent& e : r.events()) {
+      const StorageInfo& info = r.storages()[static_cast<size_t>(e.storage_id)];
+      if (r.names().Name(info.module) != "decoder.layers.0.self_attention.core_attention") {
+        continue;
+      }
+      live += e.is_alloc ? info.size_bytes : -info.size_bytes;
+      peak_bytes = std::max(peak_bytes, live);
+    }
+    return std::make_pair(peak_bytes, live);
+  });
+  const int64_t kv = s * b * G * D * 2, q = s * b * A * D * 2;
+  EXPECT_EQ(peak, 5 * kv + 3 * q + 8 * b * A * h + 32);
+  EXPECT_EQ(after, kv + q + 8 * b * A * h + 32);
+}
+
 // Note [DeepEP dispatch]: a one-layer MoE model (E = 4 experts, K = 2, EP = 2: E_local = 2,
 // G = 2) on T = 48 tokens, bf16 router. A token misses a rank's two experts with
 // probability (2/4)(1/3) = 1/6, so the rank receives N_r = ceil(2 * 48 * 5/6) = 80 rows, and

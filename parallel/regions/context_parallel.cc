@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <utility>
 #include <vector>
 
 #include "ops/collectives.h"
@@ -71,6 +72,76 @@ struct RingAttentionFunction : public Function<RingAttentionFunction> {
   }
 };
 
+// gather_along_first_dim of the local k and v [S/cp, B, G, D] (sbhd): each gathered into a
+// new [S, B, G, D], then index_select'ed into sequence order (a new copy; the gathered
+// buffer goes once its name is rebound).
+std::pair<at::Tensor, at::Tensor> GatherKeysAndValues(const at::Tensor& k, const at::Tensor& v,
+                                                      int64_t cp) {
+  at::Tensor k_all = AllGather(k, cp), v_all = AllGather(v, cp);
+  k_all = at::empty_like(k_all);
+  v_all = at::empty_like(v_all);
+  return {k_all, v_all};
+}
+
+// Note [All-gather context parallelism]: q [s, B, A, D], k, v [s, B, G, D] in sbhd; the
+// rank's two chunks of h = s/2 rows attend to the first (rank+1)*h and (2cp-rank)*h rows of
+// the gathered keys and values (views); rank 0's h and 2cp*h here, (2cp+1)*h in all, as on
+// every rank.
+struct AllGatherAttentionFunction : public Function<AllGatherAttentionFunction> {
+  static int64_t KeyRows(int64_t step, int64_t cp, int64_t h) { return step == 0 ? h : 2 * cp * h; }
+  // `x` [rows, B, heads, D] -> the [B, rows, heads, D] view the flash kernel reads.
+  static at::Tensor Bshd(const at::Tensor& x) { return x.transpose(0, 1); }
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, int64_t cp, double dropout_p) {
+    const int64_t h = q.size(0) / 2;
+    auto [k_all, v_all] = GatherKeysAndValues(k, v, cp);
+    at::Tensor out = at::empty_like(q);
+    const at::Tensor thd_out = at::zeros_like(q);  // made for every format, used by thd
+    std::vector<at::Tensor> step_outputs, step_lse, step_rng;
+    for (int64_t step = 0; step < 2; ++step) {
+      const int64_t rows = KeyRows(step, cp, h);
+      auto [o, lse, rng] =
+          FlashAttentionForward(Bshd(q.narrow(0, step * h, h)), Bshd(k_all.narrow(0, 0, rows)),
+                                Bshd(v_all.narrow(0, 0, rows)), dropout_p, true);
+      step_outputs.push_back(o);  // copied into `out`
+      step_lse.push_back(lse);
+      step_rng.push_back(rng);
+    }
+    ctx->save_for_backward({q, k, v, out, step_lse[0], step_lse[1], step_rng[0], step_rng[1]});
+    ctx->saved_data["cp"] = cp;
+    ctx->saved_data["dropout_p"] = dropout_p;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &out = s[3];
+    const int64_t cp = ctx->saved_data["cp"].toInt();
+    const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    const int64_t h = q.size(0) / 2;
+    const at::Tensor grad = grads[0];
+    at::Tensor dq = at::empty_like(q);
+    std::vector<int64_t> full = k.sizes().vec();
+    full[0] *= cp;
+    at::Tensor dk = at::zeros(full, k.options()), dv = at::zeros(full, v.options());
+    auto [k_all, v_all] = GatherKeysAndValues(k, v, cp);
+    std::vector<at::Tensor> step_grads;  // every step's dq, dk, dv, kept until the end
+    for (int64_t step = 0; step < 2; ++step) {
+      const int64_t rows = KeyRows(step, cp, h);
+      auto [dq_step, dk_step, dv_step] =
+          FlashAttentionBackward(Bshd(grad.narrow(0, step * h, h)), Bshd(q.narrow(0, step * h, h)),
+                                 Bshd(k_all.narrow(0, 0, rows)), Bshd(v_all.narrow(0, 0, rows)),
+                                 Bshd(out.narrow(0, step * h, h)), s[4 + step], dropout_p, true);
+      step_grads.insert(step_grads.end(), {dq_step, dk_step, dv_step});
+    }
+    // Back into each rank's chunk order (index_select copies), then reduce-scattered.
+    dk = at::empty_like(dk);
+    dv = at::empty_like(dv);
+    return {dq, ReduceScatter(dk, cp), ReduceScatter(dv, cp), at::Tensor(), at::Tensor()};
+  }
+};
+
 // flash_attn_a2a_communicate (Note [All-to-all context parallelism]) on tensors [S, B, heads,
 // D] in sequence-first layout: each is copied (staged before attention, reordered after),
 // received into a new tensor that lives until the next copy is made, and copied into its
@@ -125,6 +196,11 @@ at::Tensor AllToAllAfterAttention(const at::Tensor& out, int64_t cp) {
 at::Tensor ContextParallelAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     int64_t cp, double dropout_p) {
   return RingAttentionFunction::apply(q, k, v, cp, dropout_p);
+}
+
+at::Tensor AllGatherContextParallelAttention(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, int64_t cp, double dropout_p) {
+  return AllGatherAttentionFunction::apply(q, k, v, cp, dropout_p);
 }
 
 }  // namespace memsim

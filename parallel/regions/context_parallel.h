@@ -29,6 +29,19 @@
 // over the a ranks of the first level and ring attention over the p of the second, on the
 // exchanged tensors (AttnFuncWithCPAndKVP2P with cp_size_a2a > 1). Transformer Engine
 // asserts that heads and kv heads divide by the exchange's group (FinalizeRunSpec does).
+//
+// Note [All-gather context parallelism]
+// --cp-comm-type allgather (Transformer Engine's AttnFuncWithCPAndKVAllGather, TE 2.18-2.20,
+// attention/dot_product_attention/context_parallel.py; sbhd, causal, load-balanced: each
+// rank holds two sequence chunks of h = S/(2cp) rows). Forward: k and v are each all-gathered
+// into a new [S, B, G, D] and reordered into sequence order (a copy; about three [S, B, G, D]
+// alive while the second is made); the output [S/cp, B, A, D] and a zeroed one like it (made
+// for every format, used only by thd); each chunk attends to a view of the gathered k, v
+// (flash/fused outputs and float32 statistics per chunk, copied into the output). Saved: q,
+// the local k and v, the output, each chunk's statistics; the gathered k, v go. Backward:
+// dq, and dk, dv zeroed at full length [S, B, G, D] (16-bit); k, v gathered and reordered
+// again; each chunk's dq, dk, dv (dk, dv as long as its key range) kept until the end; dk,
+// dv reordered (copies) and reduce-scattered into [S/cp, B, G, D].
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +53,11 @@ namespace memsim {
 // q, k, v [B, S/cp, heads, D] contiguous; returns [B, S/cp, A, D].
 at::Tensor ContextParallelAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     int64_t cp, double dropout_p);
+
+// Note [All-gather context parallelism]: q [S/cp, B, A, D], k, v [S/cp, B, G, D] (sbhd,
+// contiguous); returns [S/cp, B, A, D].
+at::Tensor AllGatherContextParallelAttention(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, int64_t cp, double dropout_p);
 
 // Note [All-to-all context parallelism]: q, k, v [S/cp, B, heads, D] -> [S, B, heads/cp, D]
 // each, and back for the output; autograd runs the opposite exchange in backward.

@@ -1034,20 +1034,22 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
                          " (Megatron-LM rejects it)");
   }
   // One communication type for every layer (Megatron also takes one per layer): p2p, a2a,
-  // or a2a+p2p over --hierarchical-context-parallel-sizes (Note [All-to-all context
-  // parallelism]).
+  // allgather, or a2a+p2p over --hierarchical-context-parallel-sizes (Note [All-to-all
+  // context parallelism], Note [All-gather context parallelism]).
   std::string cp_comm = "p2p";
   if (a.Has("--cp-comm-type")) {
     const std::vector<std::string> types = a.Values("--cp-comm-type");
     for (const std::string& type : types) {
-      if ((type != "p2p" && type != "a2a" && type != "a2a+p2p") || type != types.front()) {
+      if ((type != "p2p" && type != "a2a" && type != "allgather" && type != "a2a+p2p") ||
+          type != types.front()) {
         return NotModelled("--cp-comm-type " + type,
-                           "context-parallel communication other than p2p, a2a or a2a+p2p for "
-                           "every layer");
+                           "context-parallel communication other than p2p, a2a, allgather or "
+                           "a2a+p2p for every layer");
       }
     }
     cp_comm = types.front();
   }
+  t.cp_all_gather = cp_comm == "allgather" && l.cp > 1;
   std::vector<int64_t> hierarchy;
   MEMSIM_RETURN_IF_ERROR(a.Ints("--hierarchical-context-parallel-sizes", &hierarchy));
   if (!hierarchy.empty()) {

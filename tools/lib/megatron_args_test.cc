@@ -645,6 +645,18 @@ TEST(MegatronArgs, AllToAllContextParallelism) {
             "(Megatron-LM asserts it)");
 }
 
+// --cp-comm-type allgather (Note [All-gather context parallelism]): Transformer Engine's, for
+// every layer; with CP 1 it changes nothing.
+TEST(MegatronArgs, AllGatherContextParallelism) {
+  const std::string cp = std::string(kTinyGpt) + "--cp-comm-type allgather ";
+  EXPECT_TRUE(Parse(cp + "--context-parallel-size 2 --transformer-impl transformer_engine", 2)
+                  .spec.training.cp_all_gather);
+  EXPECT_FALSE(Parse(cp, 1).spec.training.cp_all_gather);
+  EXPECT_EQ(ErrorOf(cp + "--context-parallel-size 2 --transformer-impl local", 2),
+            "all-gather context parallelism is Transformer Engine's (profile "
+            "transformer_engine), alone for every layer");
+}
+
 // --delay-wgrad-compute (Note [Delayed weight gradients] in models/delayed_wgrad.h): only with the
 // combined 1F1B schedule and Transformer Engine, as Megatron-LM asserts.
 TEST(MegatronArgs, DelayedWeightGradients) {
@@ -1406,14 +1418,10 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-token-dispatcher-type all2all"),
             "--moe-token-dispatcher-type 'all2all' is not modelled (memsim supports allgather, "
             "alltoall, flex)");
-  EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type allgather", 8),
-            "--cp-comm-type allgather changes memory in a way memsim does not model "
-            "(context-parallel communication other than p2p, a2a or a2a+p2p for every layer); "
-            "drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--context-parallel-size 2 --cp-comm-type a2a p2p", 8),
             "--cp-comm-type p2p changes memory in a way memsim does not model "
-            "(context-parallel communication other than p2p, a2a or a2a+p2p for every layer); "
-            "drop it to simulate the run without it");
+            "(context-parallel communication other than p2p, a2a, allgather or a2a+p2p for every "
+            "layer); drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-layer-freq ([1]*3+[0]*1)"),
             "--moe-layer-freq '([1]*3+[0]*1)' is not modelled (memsim models dense layers "
             "followed by MoE layers, e.g. '([0]*3+[1]*1)', or 1)");
