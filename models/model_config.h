@@ -157,8 +157,9 @@ enum class Precision { kFp32, kBf16, kFp16 };
 inline constexpr EnumName<Precision> kPrecisionNames[] = {
     {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
 // Megatron-Core's MoE token dispatchers (--moe-token-dispatcher-type; allgather is its
-// default); kDeepEp: flex with the DeepEP backend (Note [DeepEP dispatch] in moe.h).
-enum class MoeDispatcher { kAllGather, kAllToAll, kDeepEp };
+// default); kDeepEp: flex with the DeepEP backend (Note [DeepEP dispatch] in moe.h);
+// kHybridEp: flex with DeepEP's HybridEP backend (Note [HybridEP dispatch] in moe.h).
+enum class MoeDispatcher { kAllGather, kAllToAll, kDeepEp, kHybridEp };
 // Which attention kernel runs (and so what it keeps for backward):
 //   kFlash  FlashAttention-2: contiguous [B, S, A, D] copies of q, k, v, out, and the
 //           float32 log-sum-exp [B, A, S];

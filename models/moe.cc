@@ -193,6 +193,21 @@ double RankHitChance(const ModelConfig& m, int64_t ep) {
 
 }  // namespace
 
+int64_t HybridEpBufferBytes(int64_t tokens, int64_t hidden, int64_t experts, int64_t group,
+                            int64_t domain) {
+  const int64_t tm = CheckedRoundUp(std::max<int64_t>(tokens, 512), 64);
+  const int64_t rows = CheckedMul(tm, group);
+  const int64_t token_bytes = CheckedMul(CheckedMul(rows, hidden), 2);
+  const int64_t prob_bytes =
+      CheckedMul(CheckedMul(rows, experts / group), std::min(group, domain) * 4);
+  const int64_t scale_bytes = CheckedMul(CheckedMul(rows, hidden / 128), 4);
+  const int64_t flag_bytes = 2 * CheckedMul((tm + 63) / 64, group) * 4;
+  const int64_t gather_bytes = CheckedMul(CheckedMul(experts, tm), group);
+  return CheckedAdd(
+      CheckedAdd(CheckedAdd(token_bytes, prob_bytes), CheckedAdd(scale_bytes, flag_bytes)),
+      gather_bytes);
+}
+
 int64_t DeepEpReceivedRows(const ModelConfig& m, const MoeParallelism& p, int64_t tokens) {
   const int64_t senders = CheckedMul(p.etp * p.ep, tokens);
   const double rows =
@@ -533,6 +548,60 @@ struct DeepEpCombineFunction : public Function<DeepEpCombineFunction> {
     const auto handle =
         c10::static_intrusive_pointer_cast<DeepEpHandle>(ctx->saved_data["handle"].toCapsule());
     return {AllToAll(grads[0].contiguous(), handle->group, handle->received), at::Tensor()};
+  }
+};
+
+// HybridEP's handle (Note [HybridEP dispatch]): the tensors its autograd nodes keep.
+struct HybridEpHandle : public torch::CustomClassHolder {
+  int64_t tokens = 0;   // T
+  int64_t rows = 0;     // N_p
+  int64_t experts = 0;  // E
+  std::vector<at::Tensor> tensors;
+};
+
+// dispatch_with_permute: tokens [T, H] and probabilities fp32 [T, E] -> the local experts'
+// rows [N_p, H] and probabilities fp32 [N_p]; makes the handle over `group` ranks of
+// `local` experts each. Backward: combine_with_unpermute, [T, H] and fp32 [T, E].
+struct HybridEpDispatchFunction : public Function<HybridEpDispatchFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& tokens,
+                               const at::Tensor& probs, c10::intrusive_ptr<HybridEpHandle> handle,
+                               int64_t group, int64_t local) {
+    constexpr int64_t kRanksPerDomain = 8;
+    const int64_t T = tokens.size(0), E = probs.size(1);
+    const int64_t domain = std::min(group, kRanksPerDomain), nodes = (group + domain - 1) / domain;
+    const at::Tensor gathered_map = at::empty({T * group, E}, Meta(at::kBool));
+    handle->tensors = {at::empty({T * nodes, domain}, Meta(at::kInt)),
+                       at::empty({CheckedRoundUp(T, 16), nodes}, Meta(at::kBool)),
+                       at::empty({T, nodes - 1}, Meta(at::kBool)),
+                       at::empty({T * group, local}, Meta(at::kBool)),
+                       at::empty({(T + 63) / 64 * group}, Meta(at::kInt)),
+                       at::empty({T * group, local}, Meta(at::kInt)),
+                       at::empty({local}, Meta(at::kInt)),
+                       at::empty({1}, Meta(at::kInt))};
+    ctx->saved_data["handle"] = c10::IValue::make_capsule(handle);
+    return {at::empty({handle->rows, tokens.size(1)}, tokens.options()),
+            at::empty({handle->rows}, Meta(at::kFloat))};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto handle =
+        c10::static_intrusive_pointer_cast<HybridEpHandle>(ctx->saved_data["handle"].toCapsule());
+    return {at::empty({handle->tokens, grads[0].size(1)}, grads[0].options()),
+            at::empty({handle->tokens, handle->experts}, Meta(at::kFloat)), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+// combine_with_unpermute: [N_p, H] -> [T, H]; backward: dispatch_with_permute, [N_p, H].
+struct HybridEpCombineFunction : public Function<HybridEpCombineFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows,
+                            c10::intrusive_ptr<HybridEpHandle> handle) {
+    ctx->saved_data["handle"] = c10::IValue::make_capsule(handle);
+    return at::empty({handle->tokens, rows.size(1)}, rows.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto handle =
+        c10::static_intrusive_pointer_cast<HybridEpHandle>(ctx->saved_data["handle"].toCapsule());
+    return {at::empty({handle->rows, grads[0].size(1)}, grads[0].options()), at::Tensor()};
   }
 };
 
@@ -923,6 +992,43 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
   return DeepEpCombineFunction::apply(x, handle);  // [T, H]
 }
 
+// The rows HybridEP hands the local experts (N_p of Note [HybridEP dispatch]): the N the
+// rank's experts take, evenly over them, each expert's rounded up to the quantization
+// alignment (get_align_size_for_quantization).
+int64_t HybridEpRows(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
+                     int64_t tokens) {
+  const int64_t rows = ReceivedTokens(m, tokens) * p.etp, local = m.num_experts / p.ep;
+  const int64_t align = t.te_op_fuser                ? 256
+                        : t.fp8 == Fp8Recipe::kMxfp8 ? 32
+                        : t.fp8 != Fp8Recipe::kNone  ? 16
+                                                     : 1;
+  const int64_t base = rows / local, larger = rows % local;
+  return CheckedAdd(CheckedMul(larger, CheckedRoundUp(base + 1, align)),
+                    CheckedMul(local - larger, CheckedRoundUp(base, align)));
+}
+
+// The flex dispatcher with HybridEP around the experts (Note [HybridEP dispatch]): tokens
+// [T, H] -> [T, H].
+at::Tensor HybridEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& t,
+                                      const MoeParallelism& p, MoeParameters& params,
+                                      const at::Tensor& tokens, const Routing& routing,
+                                      ActivationOffloader* offloader) {
+  std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
+  const int64_t T = tokens.size(0), local = m.num_experts / p.ep;
+  params.kept[0] = routing.routing_map;
+  params.kept[1] = routing.probs.to(at::kFloat);  // setup_metadata's token_probs
+  auto handle = c10::make_intrusive<HybridEpHandle>();
+  handle->tokens = T;
+  handle->rows = HybridEpRows(m, t, p, T);
+  handle->experts = m.num_experts;
+  const auto outputs =
+      HybridEpDispatchFunction::apply(tokens, params.kept[1], handle, p.etp * p.ep, local);
+  dispatcher.reset();
+  const at::Tensor x = Experts(m, t, p, params, outputs[0], outputs[1], offloader);
+  ModuleScope c("token_combine");
+  return HybridEpCombineFunction::apply(x, handle);  // [T, H]
+}
+
 }  // namespace
 
 at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
@@ -986,6 +1092,8 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     out = ReduceScatterToSequenceParallelRegion(x, group).to(tokens.scalar_type());  // [T, H]
   } else if (t.moe_dispatcher == MoeDispatcher::kDeepEp) {
     out = DeepEpDispatchAndCombine(m, t, p, params, tokens, routing, offloader);
+  } else if (t.moe_dispatcher == MoeDispatcher::kHybridEp) {
+    out = HybridEpDispatchAndCombine(m, t, p, params, tokens, routing, offloader);
   } else {
     std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
     params.kept[1] = routing.probs;

@@ -108,7 +108,28 @@
 // buffers (NVLink and RDMA, a few hundred MiB, sized by the hidden size and group, not the tokens:
 // DeepEpBufferBytes) are allocated outside PyTorch's caching allocator: not in memsim's figures,
 // but the fit verdict leaves them room. Not modelled: the fused multihot kernel (experimental),
-// padding for quantization, capacity factors, HybridEP and NCCL-EP.
+// padding for quantization, capacity factors and NCCL-EP.
+//
+// Note [HybridEP dispatch]
+// --moe-flex-dispatcher-backend hybridep: _HybridEPManager (token_dispatcher.py) and
+// HybridEPDispatch/HybridEPCombine (fused_a2a.py) over DeepEP's HybridEPBuffer (its hybrid-ep
+// branch, 94a9f8f6: deep_ep/hybrid_ep_buffer.py, csrc/hybrid_ep/). Over the G = etp*ep ranks
+// of its group, per layer:
+//   metadata: the router's map [T, E] bool and probabilities in float32 [T, E] (a copy unless
+//     the router's dtype is fp32), kept until the layer's next forward; no top-K again;
+//   dispatch_with_permute: the routing maps all-gathered into [T*G, E] bool (temporary); the
+//     handle (kept by the dispatch's and the combine's autograd nodes): sparse_to_dense int32
+//     [T*nodes, ranks per NVLink domain], rdma_to_attn bool [roundup(T, 16), nodes],
+//     attn_to_rdma bool [T, nodes - 1], the local expert map bool and the dense-to-expert map
+//     int32, both [T*G, E_local], the chunk layout int32 [ceil(T/64)*G], counts int32
+//     [E_local] and a flag; out come the experts' rows already permuted, [N_p, H], and their
+//     probabilities float32 [N_p] (N_p: each local expert's rows rounded up to the
+//     quantization alignment: 256 with TE's op fuser, 32 MXFP8, 16 other FP8, else none);
+//     nothing else is saved; backward combines into [T, H] and float32 [T, E];
+//   combine_with_unpermute: [T, H], nothing saved; backward dispatches [N_p, H] again.
+// Its buffers (HybridEpBufferBytes), shared by every layer, are outside PyTorch's allocator.
+// memsim takes 8 ranks per NVLink domain for the handle's node-sized maps (a few KiB). Not
+// modelled: --moe-hybridep-pad-uneven-dispatch-inputs, the rank capacity factor.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -167,6 +188,17 @@ int64_t ReceivedTokens(const ModelConfig& model, int64_t tokens);
 // overhead is not included. REQUIRES: `group` one DeepEP supports (2, 4, 8, 16, 24, 32,
 // 64, 128, 144, 160), num_sms even and >= 2.
 int64_t DeepEpBufferBytes(int64_t hidden, int64_t element_bytes, int64_t group, int64_t num_sms);
+
+// HybridEPBuffer's buffers on each rank (Note [HybridEP dispatch]), outside PyTorch's
+// allocator (cuMem or cudaMalloc with IPC handles), for `tokens` T per rank, `experts` E over
+// a group of `group` G ranks, `domain` ranks per NVLink domain: with T_m = roundup(max(T,
+// 512), 64) and M = T_m * G rows, the combine tokens M*H 16-bit (shared with the dispatch's),
+// its probabilities M * E/G * min(G, domain) float32, the dispatch's scaling factors
+// M * H/128 float32 (made in 16-bit runs too), the chunk flags 2 * ceil(T_m/64) * G int32
+// and the routing maps' all-gather E * T_m * G bytes. Its preprocessing scratch and, over
+// more than one NVLink domain, the RDMA buffers are not included.
+int64_t HybridEpBufferBytes(int64_t tokens, int64_t hidden, int64_t experts, int64_t group,
+                            int64_t domain);
 
 // N_r of Note [DeepEP dispatch]: rows DeepEP delivers to a rank from the G = etp*ep ranks'
 // `tokens` each.

@@ -150,6 +150,16 @@ Status FinalizeUnchecked(RunSpec* spec) {
             : "";
     if (!broken.empty()) return Status::Error("the flex dispatcher with DeepEP: " + broken);
   }
+  if (t.moe_dispatcher == MoeDispatcher::kHybridEp && spec->model.num_experts > 0) {
+    // Note [HybridEP dispatch] in models/moe.h.
+    const char* broken =
+        l.etp * l.ep == 1 ? "it needs expert or expert-tensor parallelism (EP*ETP > 1)"
+        : spec->model.moe_capacity_factor > 0
+            ? "with a capacity factor it is not modelled; drop it to simulate a dropless run"
+            : nullptr;
+    if (broken != nullptr)
+      return Status::Error(std::string("the flex dispatcher with HybridEP: ") + broken);
+  }
   if (t.delay_wgrad_compute) {
     // Note [Delayed weight gradients] in models/delayed_wgrad.h; TransformerConfig.__post_init__
     // and arguments.py assert the first two.
@@ -338,10 +348,19 @@ int64_t UserbufferBytes(const RunSpec& spec) {
 
 int64_t DeepEpBufferBytes(const RunSpec& spec) {
   const TrainingConfig& t = spec.training;
-  if (t.moe_dispatcher != MoeDispatcher::kDeepEp || spec.model.num_experts == 0) return 0;
+  const ParallelLayout& l = spec.layout;
+  if (spec.model.num_experts == 0) return 0;
+  const int64_t group = l.etp * l.ep;
+  if (t.moe_dispatcher == MoeDispatcher::kHybridEp) {
+    MEMSIM_DCHECK(spec.gpu != nullptr);
+    // The tokens of the first dispatch, which sizes the buffer (the same on every layer).
+    const int64_t tokens = CheckedMul(t.seq_length / (l.cp * l.tp), t.micro_batch_size);
+    return HybridEpBufferBytes(tokens, spec.model.hidden_size, spec.model.num_experts, group,
+                               spec.gpu->gpus_per_node);
+  }
+  if (t.moe_dispatcher != MoeDispatcher::kDeepEp) return 0;
   const int64_t element_bytes = t.precision == Precision::kFp32 ? 4 : 2;
-  return DeepEpBufferBytes(spec.model.hidden_size, element_bytes, spec.layout.etp * spec.layout.ep,
-                           t.deepep_num_sms);
+  return DeepEpBufferBytes(spec.model.hidden_size, element_bytes, group, t.deepep_num_sms);
 }
 
 int64_t AllocatorCapacityBytes(const RunSpec& spec) {

@@ -74,8 +74,9 @@ int64_t ExpertCapacityPerRank(const RunSpec& spec);
 // measures against what is left (AllocatorCapacityBytes).
 int64_t UserbufferBytes(const RunSpec& spec);
 
-// DeepEP's buffers on each rank (DeepEpBufferBytes in models/moe.h) when the run's MoE
-// layers dispatch with DeepEP, else 0; outside the allocator, as userbuffers are.
+// DeepEP's buffers on each rank (DeepEpBufferBytes, or HybridEpBufferBytes for its HybridEP
+// backend, in models/moe.h) when the run's MoE layers dispatch with either, else 0; outside
+// the allocator, as userbuffers are.
 int64_t DeepEpBufferBytes(const RunSpec& spec);
 
 // What PyTorch's caching allocator of a rank can reserve: the GPU's usable memory less what

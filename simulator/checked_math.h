@@ -19,4 +19,9 @@ inline int64_t CheckedAdd(int64_t a, int64_t b) {
   return out;
 }
 
+// `value` rounded up to a multiple of `multiple`. REQUIRES: value >= 0, multiple > 0.
+inline int64_t CheckedRoundUp(int64_t value, int64_t multiple) {
+  return CheckedMul((CheckedAdd(value, multiple - 1)) / multiple, multiple);
+}
+
 }  // namespace memsim

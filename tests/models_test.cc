@@ -387,55 +387,75 @@ TEST(Moe, Fp8PaddingCopiesRowsOnlyWhenAnExpertIsOffTheMultiple) {
   }
 }
 
+// The (shape, dtype) of storages a step records, as a multiset.
+using ShapeSet = std::multiset<std::pair<std::vector<int64_t>, at::ScalarType>>;
+
+// One MoE layer of two experts, top-2 (each expert takes every token), h = 256, bf16,
+// Transformer Engine's grouped experts, on s tokens; `configure` adjusts it. Returns the
+// shapes of the storages the step (forward, and with `backward` backward too) records in
+// `module` (every module when empty).
+ShapeSet TwoExpertStepShapeSet(
+    int64_t s, bool backward, const std::string& module,
+    const std::function<void(ModelConfig*, TrainingConfig*)>& configure) {
+  ModelConfig m = test::Llama(1, 256, 4, 4, 512, 1024);
+  m.num_experts = 2;
+  m.moe_router_topk = 2;
+  TrainingConfig t;
+  t.seq_length = s;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_grouped_gemm = true;
+  configure(&m, &t);
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  return RunStep(m, t, ModelShard::Whole(m), backward, [&module](const Recorder& r) {
+    ShapeSet shapes;
+    for (const StorageInfo& info : r.storages()) {
+      if (module.empty() || r.names().Name(info.module) == module) {
+        shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+      }
+    }
+    return shapes;
+  });
+}
+
+// What `with` holds beyond `without` (a multiset difference).
+ShapeSet Added(ShapeSet with, const ShapeSet& without) {
+  for (const auto& shape : without) {
+    const auto it = with.find(shape);
+    if (it != with.end()) with.erase(it);
+  }
+  return with;
+}
+
 // fc2's bias on TEGroupedMLP (Note [MoE biases]): two experts, top-2, so each expert takes
 // every one of the r = s*b tokens. _apply_bias runs per expert t + b * p, each a product
 // and a sum [r, h] in the promoted dtype, then their concatenation [2r, h] and, where that
 // dtype is wider than the output's, its bf16 copy. bf16 probabilities keep everything in
 // bf16 (no copy); --moe-router-dtype fp32 promotes to float32.
 TEST(Moe, GroupedExpertsAddFc2BiasPerExpert) {
-  using Shapes = std::multiset<std::pair<std::vector<int64_t>, at::ScalarType>>;
-  const int64_t s = 64, h = 256, r = s;
-  auto experts_forward = [&](bool bias, bool router_fp32) {
-    ModelConfig m = test::Llama(1, h, 4, 4, 512, 1024);
-    m.num_experts = 2;
-    m.moe_router_topk = 2;
-    m.add_bias_linear = bias;
-    m.moe_router_fp32 = router_fp32;
-    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-    TrainingConfig t;
-    t.seq_length = s;
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.moe_grouped_gemm = true;
-    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
-    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
-      Shapes shapes;
-      for (const StorageInfo& info : r.storages()) {
-        if (r.names().Name(info.module) == "decoder.layers.0.mlp.experts") {
-          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
-        }
-      }
-      return shapes;
-    });
-  };
+  const int64_t r = 64, h = 256;
   auto added = [&](bool router_fp32) {
-    Shapes with = experts_forward(true, router_fp32);
-    for (const auto& shape : experts_forward(false, router_fp32)) {
-      const auto it = with.find(shape);
-      if (it != with.end()) with.erase(it);
-    }
-    return with;
+    auto experts = [&](bool bias) {
+      return TwoExpertStepShapeSet(r, /*backward=*/false, "decoder.layers.0.mlp.experts",
+                                   [=](ModelConfig* m, TrainingConfig*) {
+                                     m->add_bias_linear = bias;
+                                     m->moe_router_fp32 = router_fp32;
+                                   });
+    };
+    return Added(experts(true), experts(false));
   };
   const at::ScalarType bf16 = at::kBFloat16, fp32 = at::kFloat;
   EXPECT_EQ(
       added(false),
-      Shapes({{{r, h}, bf16}, {{r, h}, bf16}, {{r, h}, bf16}, {{r, h}, bf16}, {{2 * r, h}, bf16}}));
-  EXPECT_EQ(added(true), Shapes({{{r, h}, fp32},
-                                 {{r, h}, fp32},
-                                 {{r, h}, fp32},
-                                 {{r, h}, fp32},
-                                 {{2 * r, h}, fp32},
-                                 {{2 * r, h}, bf16}}));
+      ShapeSet(
+          {{{r, h}, bf16}, {{r, h}, bf16}, {{r, h}, bf16}, {{r, h}, bf16}, {{2 * r, h}, bf16}}));
+  EXPECT_EQ(added(true), ShapeSet({{{r, h}, fp32},
+                                   {{r, h}, fp32},
+                                   {{r, h}, fp32},
+                                   {{r, h}, fp32},
+                                   {{2 * r, h}, fp32},
+                                   {{2 * r, h}, bf16}}));
 }
 
 // Note [Deterministic index_add_]: under torch.use_deterministic_algorithms the unfused
@@ -446,44 +466,24 @@ TEST(Moe, GroupedExpertsAddFc2BiasPerExpert) {
 // sorted and original indices and the range [n], and cub's scratch [2n]. TE's fused
 // permutation makes none of them.
 TEST(Moe, DeterministicIndexAddSortsWithTemporaries) {
-  using Shapes = std::multiset<std::pair<std::vector<int64_t>, at::ScalarType>>;
-  const int64_t s = 64, h = 256, X = s, n = 2 * X;
-  auto step = [&](bool deterministic, bool fused) {
-    ModelConfig m = test::Llama(1, h, 4, 4, 512, 1024);
-    m.num_experts = 2;
-    m.moe_router_topk = 2;
-    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-    TrainingConfig t;
-    t.seq_length = s;
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.moe_grouped_gemm = true;
-    t.moe_permute_fusion = fused;
-    t.deterministic_algorithms = deterministic;
-    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
-    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/true, [](const Recorder& r) {
-      Shapes shapes;
-      for (const StorageInfo& info : r.storages())
-        shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
-      return shapes;
-    });
-  };
+  const int64_t X = 64, h = 256, n = 2 * X;
   auto added = [&](bool fused) {
-    Shapes with = step(true, fused);
-    for (const auto& shape : step(false, fused)) {
-      const auto it = with.find(shape);
-      if (it != with.end()) with.erase(it);
-    }
-    return with;
+    auto step = [&](bool deterministic) {
+      return TwoExpertStepShapeSet(X, /*backward=*/true, "", [=](ModelConfig*, TrainingConfig* t) {
+        t->moe_permute_fusion = fused;
+        t->deterministic_algorithms = deterministic;
+      });
+    };
+    return Added(step(true), step(false));
   };
   const at::ScalarType bf16 = at::kBFloat16, i64 = at::kLong;
-  Shapes sorted_index_add = {{{n, h}, bf16}, {{}, i64},  {{}, i64},  {{n}, i64},    {{n}, i64},
-                             {{n}, i64},     {{n}, i64}, {{n}, i64}, {{2 * n}, i64}};
-  Shapes expected = sorted_index_add;
+  ShapeSet sorted_index_add = {{{n, h}, bf16}, {{}, i64},  {{}, i64},  {{n}, i64},    {{n}, i64},
+                               {{n}, i64},     {{n}, i64}, {{n}, i64}, {{2 * n}, i64}};
+  ShapeSet expected = sorted_index_add;
   expected.insert(sorted_index_add.begin(), sorted_index_add.end());
   expected.insert({{X, h}, bf16});
   EXPECT_EQ(added(false), expected);
-  EXPECT_EQ(added(true), Shapes());
+  EXPECT_EQ(added(true), ShapeSet());
 }
 
 // Note [MoE routing]: what one MoE layer's router keeps, against the default (softmax of the
@@ -1386,6 +1386,87 @@ TEST(Activations, DeepEpDispatcherHoldsItsMetadata) {
     const int64_t permutation = fused ? R * (2 * local + 1) * 4 : N * 8 + local * R * 8;
     EXPECT_EQ(held, common + permutation) << "fused=" << fused;
   }
+}
+
+// Note [HybridEP dispatch]: the same layer (T = 48 tokens, K = 2 of E = 4 experts, EP = G =
+// 2: 2 local experts, one NVLink domain) with HybridEP. What the dispatcher holds when the
+// forward ends: the probabilities' float32 copy [T, E] (the bf16 router's); the handle:
+// sparse_to_dense int32 [T, G], rdma_to_attn bool [48, 1], attn_to_rdma bool [T, 0], the
+// local expert map bool and dense-to-expert map int32, [T*G, 2] each, the chunk layout int32
+// [1*G], counts int32 [2], a flag int32 [1]; and what it hands the experts, which keep it:
+// their rows [N_p, H] bf16 and probabilities fp32 [N_p], N_p = T*K = 96 (no alignment).
+TEST(Activations, HybridEpDispatcherHoldsItsHandle) {
+  constexpr int64_t T = 48, K = 2, E = 4, G = 2, local = 2, H = 128, N = 96;
+  ModelConfig m = test::Llama(1, H, 4, 2, 256, 512);
+  m.num_experts = E;
+  m.moe_router_topk = K;
+  m.moe_ffn_hidden_size = 64;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t = Bf16WithoutDropout(T, 1, AttentionKind::kFlash);
+  t.moe_grouped_gemm = true;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_dispatcher = MoeDispatcher::kHybridEp;
+  ModelShard shard = ModelShard::Whole(m);
+  shard.ep = G;
+  ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+  const int64_t held = RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+    int64_t bytes = 0;
+    ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+      const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+      if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher") {
+        bytes += s.size_bytes;
+      }
+    });
+    return bytes;
+  });
+  EXPECT_EQ(held, T * E * 4 + T * G * 4 + 48 + T * G * local * (1 + 4) + G * 4 + local * 4 + 4 +
+                      N * H * 2 + N * 4);
+}
+
+// HybridEP aligns each local expert's rows for quantization: T = 40 tokens give each of the
+// 2 local experts 40 rows, rounded up to 48 under FP8 (16), so the experts' input is
+// [96, 128], and [80, 128] in bf16.
+TEST(Moe, HybridEpAlignsExpertRowsForFp8) {
+  auto expert_input_rows = [](Fp8Recipe fp8) {
+    ModelConfig m = test::Llama(1, 128, 4, 2, 256, 512);
+    m.num_experts = 4;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 64;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(40, 1, AttentionKind::kFlash);
+    t.moe_grouped_gemm = true;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.moe_dispatcher = MoeDispatcher::kHybridEp;
+    t.fp8 = fp8;
+    ModelShard shard = ModelShard::Whole(m);
+    shard.ep = 2;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+      for (const StorageInfo& s : r.storages()) {
+        if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher" &&
+            s.dtype == at::kBFloat16 && r.ShapeOf(s).size() == 2 && r.ShapeOf(s)[1] == 128) {
+          return r.ShapeOf(s)[0];
+        }
+      }
+      return int64_t{-1};
+    });
+  };
+  EXPECT_EQ(expert_input_rows(Fp8Recipe::kNone), 80);
+  EXPECT_EQ(expert_input_rows(Fp8Recipe::kTensorwise), 96);
+}
+
+// HybridEPBuffer's buffers (Note [HybridEP dispatch]): T = 4096 tokens of H = 7168, E = 256
+// experts over G = 8 ranks of one NVLink domain: M = 4096 * 8 rows; tokens M*H*2 =
+// 469,762,048, probabilities M * 32 * 8 * 4 = 33,554,432, scales M * 56 * 4 = 7,340,032,
+// flags 2 * 64 * 8 * 4 = 4,096, the maps' all-gather 256 * 4096 * 8 = 8,388,608 bytes. Few
+// tokens still size 512 rows a rank; over 64 ranks of a 72-GPU domain the probabilities take
+// every rank.
+TEST(Moe, HybridEpBuffersOutsideTheAllocator) {
+  EXPECT_EQ(HybridEpBufferBytes(4096, 7168, 256, 8, 8), 519'049'216);
+  EXPECT_EQ(HybridEpBufferBytes(100, 7168, 256, 8, 8), HybridEpBufferBytes(512, 7168, 256, 8, 8));
+  const int64_t M = 4096 * 64;
+  EXPECT_EQ(HybridEpBufferBytes(4096, 7168, 256, 64, 72),
+            M * 7168 * 2 + M * 4 * 64 * 4 + M * 56 * 4 + 2 * 64 * 64 * 4 + 256 * M);
 }
 
 // Rows DeepEP delivers to a rank from G ranks of T = 48 tokens, K = 2 of E = 8 experts:

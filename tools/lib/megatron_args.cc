@@ -937,11 +937,8 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-token-dispatcher-type",
                                   {"allgather", "alltoall", "flex"}, "allgather", &text));
     const bool flex = text == "flex";
-    t.moe_dispatcher = text == "alltoall" ? MoeDispatcher::kAllToAll
-                       : flex             ? MoeDispatcher::kDeepEp
-                                          : MoeDispatcher::kAllGather;
-    // The flex dispatcher's backend (Note [DeepEP dispatch]); --moe-enable-deepep is
-    // Megatron-Core's deprecated spelling of deepep.
+    // The flex dispatcher's backend (Note [DeepEP dispatch], Note [HybridEP dispatch]);
+    // --moe-enable-deepep is Megatron-Core's deprecated spelling of deepep.
     std::string backend;
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-flex-dispatcher-backend",
                                   {"deepep", "hybridep", "ncclep"}, "deepep", &backend));
@@ -950,23 +947,26 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
           "--moe-enable-deepep needs --moe-token-dispatcher-type flex and no other backend "
           "(Megatron-Core raises it)");
     }
-    if (flex && backend != "deepep") {
-      return Status::Error("--moe-flex-dispatcher-backend " + backend +
-                           " is not modelled (memsim models DeepEP's); use deepep, or "
-                           "alltoall, to estimate the run");
+    if (flex && backend == "ncclep") {
+      return Status::Error(
+          "--moe-flex-dispatcher-backend ncclep is not modelled (memsim models DeepEP's and "
+          "HybridEP's); use deepep or hybridep, or alltoall, to estimate the run");
     }
+    const bool hybrid = flex && backend == "hybridep";
+    t.moe_dispatcher = text == "alltoall" ? MoeDispatcher::kAllToAll
+                       : hybrid           ? MoeDispatcher::kHybridEp
+                       : flex             ? MoeDispatcher::kDeepEp
+                                          : MoeDispatcher::kAllGather;
     MEMSIM_RETURN_IF_ERROR(a.Int("--moe-flex-dispatcher-num-sms", &t.deepep_num_sms));
-    if (flex && (t.deepep_num_sms < 2 || t.deepep_num_sms % 2 != 0)) {
+    if (flex && !hybrid && (t.deepep_num_sms < 2 || t.deepep_num_sms % 2 != 0)) {
       return Status::Error(
           "--moe-flex-dispatcher-num-sms must be even and at least 2 (DeepEP "
           "asserts it: half of them are its channels)");
     }
-    if (!flex) {  // they change only what DeepEP delivers (Note [DeepEP dispatch])
-      a.Ignore("--moe-flex-dispatcher-backend");
-      a.Ignore("--moe-flex-dispatcher-num-sms");
-      a.Ignore("--moe-router-num-groups");
-      a.Ignore("--moe-router-group-topk");
-    }
+    // The backend and its SMs change only what DeepEP delivers and holds; HybridEP's SMs
+    // size nothing.
+    if (!flex) a.Ignore("--moe-flex-dispatcher-backend");
+    if (!flex || hybrid) a.Ignore("--moe-flex-dispatcher-num-sms");
     t.moe_permute_fusion = a.Has("--moe-permute-fusion");
     // The router's dtype: fp32 logits and probabilities, or (unset) the training dtype.
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-router-dtype", {"fp32", "none"}, "none", &text));

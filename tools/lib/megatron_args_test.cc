@@ -590,8 +590,8 @@ TEST(MegatronArgs, ExpertParallelCommunicationOverlap) {
 }
 
 // --moe-token-dispatcher-type flex (Note [DeepEP dispatch] in models/moe.h): DeepEP, its
-// default backend and what --moe-enable-deepep asks for, is modelled; HybridEP and NCCL-EP
-// are refused by name.
+// default backend and what --moe-enable-deepep asks for, and HybridEP (Note [HybridEP
+// dispatch]) are modelled; NCCL-EP is refused by name.
 TEST(MegatronArgs, FlexDispatcherWithDeepEp) {
   const std::string moe = std::string(kTinyGpt) +
                           "--num-experts 4 --moe-token-dispatcher-type flex --bf16 "
@@ -600,9 +600,12 @@ TEST(MegatronArgs, FlexDispatcherWithDeepEp) {
   EXPECT_EQ(Parse(moe + "--moe-enable-deepep --moe-flex-dispatcher-num-sms 24", 2)
                 .spec.training.deepep_num_sms,
             24);
-  EXPECT_EQ(ErrorOf(moe + "--moe-flex-dispatcher-backend hybridep", 2),
-            "--moe-flex-dispatcher-backend hybridep is not modelled (memsim models DeepEP's); "
-            "use deepep, or alltoall, to estimate the run");
+  MegatronArgsResult hybrid = Parse(moe + "--moe-flex-dispatcher-backend hybridep", 2);
+  EXPECT_EQ(hybrid.spec.training.moe_dispatcher, MoeDispatcher::kHybridEp);
+  EXPECT_TRUE(hybrid.ignored.empty());
+  EXPECT_EQ(ErrorOf(moe + "--moe-flex-dispatcher-backend ncclep", 2),
+            "--moe-flex-dispatcher-backend ncclep is not modelled (memsim models DeepEP's and "
+            "HybridEP's); use deepep or hybridep, or alltoall, to estimate the run");
   EXPECT_EQ(ErrorOf(std::string(kTinyGpt) +
                         "--num-experts 4 --expert-model-parallel-size 2 --moe-enable-deepep",
                     2),
