@@ -910,4 +910,13 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
   return Loss(hidden, labels, loss_mask);
 }
 
+int64_t ParameterCount(const ModelConfig& model, const TrainingConfig& training,
+                       const ModelShard& shard) {
+  Session session;
+  ActiveSession active(session, /*attribute_ops=*/false);
+  ParameterStore store(training.precision);
+  TransformerModel transformer(model, training, shard, &store);
+  return store.num_elements();
+}
+
 }  // namespace memsim

@@ -337,4 +337,11 @@ class TransformerModel {
   std::unique_ptr<LayerCpuOffloader> layer_offloader_;
 };
 
+// The parameters (elements) of `model` that `shard` holds under `training` (its TP, EP and
+// pipeline share; ModelShard::Whole: the whole model, with Megatron's padded vocabulary).
+// Builds the shard's parameters on meta in a session of its own.
+// REQUIRES: `model` finalized for shard.tp.
+int64_t ParameterCount(const ModelConfig& model, const TrainingConfig& training,
+                       const ModelShard& shard);
+
 }  // namespace memsim

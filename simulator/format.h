@@ -23,6 +23,22 @@ inline std::string FormatBytes(int64_t bytes) {
   return buf;
 }
 
+// A count with a decimal scale: "1.32 B", "456.1 M", "12.0 K", "640". REQUIRES: count >= 0.
+inline std::string FormatCount(int64_t count) {
+  const double value = static_cast<double>(count);
+  char buf[32];
+  if (count >= 1'000'000'000) {
+    std::snprintf(buf, sizeof(buf), "%.2f B", value / 1e9);
+  } else if (count >= 1'000'000) {
+    std::snprintf(buf, sizeof(buf), "%.1f M", value / 1e6);
+  } else if (count >= 1'000) {
+    std::snprintf(buf, sizeof(buf), "%.1f K", value / 1e3);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(count));
+  }
+  return buf;
+}
+
 // A number as %g prints it ("1.5", "2").
 inline std::string FormatNumber(double v) {
   char text[32];

@@ -98,6 +98,29 @@ TEST(Cli, JsonListsEveryRankClass) {
   EXPECT_EQ(j["rank_classes"][1]["ranks"], nlohmann::json::parse("[[4, 7]]"));  // ranks 4..7
 }
 
+// The parameter counts: the model's (Mixtral-8x7B: 46,702,792,704, mistralai's config) and
+// each rank's: with EP 8 a rank holds one of each layer's 8 experts, 7/8 of the experts'
+// 32 * 8 * 3 * 4096 * 14336 weights fewer: 7,242,780,672.
+TEST(Cli, ReportsTheModelsAndEachRanksParameters) {
+  const std::string out = Temp("parameters");
+  const std::string args =
+      "simulate --model mixtral-8x7b --world-size 8 --ep 8 --global-batch-size 8 "
+      "--seq-length 256 --iterations 1 --data-parallel distributed-optimizer --out " +
+      out;
+  const CommandResult json = Memsim(args + " --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["parameters_total"], int64_t{46702792704});
+  EXPECT_EQ(j["rank_classes"][0]["parameters"],
+            int64_t{46702792704} - int64_t{32} * 7 * 3 * 4096 * 14336);
+  const CommandResult text = Memsim(args);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("parameters: 46.70 B in the model (Megatron's padded vocabulary); per "
+                          "rank: class 0 7.24 B"),
+            std::string::npos)
+      << text.out;
+}
+
 TEST(Cli, CheckExitsThreeWhenARankDoesNotFit) {
   const CommandResult run = Memsim(
       "simulate --model gpt3-175b --seq-length 2048 --iterations 1 --check --out " + Temp("check"));

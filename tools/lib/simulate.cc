@@ -13,6 +13,8 @@
 #include <utility>
 
 #include "models/moe.h"
+#include "models/transformer.h"
+#include "parallel/rank_training.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
 #include "simulator/format.h"
@@ -110,6 +112,13 @@ std::string NamesWhere(const EnumName<E> (&table)[N], Keep keep) {
   return names;
 }
 
+// The parameters one rank of pipeline stage `pp_rank` holds (its model shard; data
+// parallelism shares none of them out here, FSDP's shards included).
+int64_t RankParameterCount(const ValidatedRun& run, int64_t pp_rank) {
+  const RunSpec& spec = run.spec();
+  return ParameterCount(spec.model, spec.training, ShardFor(spec.layout, spec.model, pp_rank));
+}
+
 void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results, int64_t top_n) {
   const RunSpec& spec = run.spec();
   const GpuSpec& gpu = *spec.gpu;
@@ -136,6 +145,13 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
               static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str(),
               l.pipeline_layout.empty() ? "" : (", stages " + l.pipeline_layout).c_str());
   const ModelConfig& m = spec.model;
+  std::string per_class;
+  for (size_t i = 0; i < results.size(); ++i) {
+    per_class += (i == 0 ? "" : ", ") + std::string("class ") + std::to_string(i) + " " +
+                 FormatCount(RankParameterCount(run, results[i].rank_class.pp_rank));
+  }
+  std::printf("parameters: %s in the model (Megatron's padded vocabulary); per rank: %s\n",
+              FormatCount(ParameterCount(m, t, ModelShard::Whole(m))).c_str(), per_class.c_str());
   if (m.num_experts > 0) {
     // What the experts' row counts assume (moe.h): routing is not known before the run.
     std::string routing =
@@ -299,6 +315,7 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   if (!advice.empty()) summary["advice"] = AdviceJson(advice);
   summary["theoretical_memory_caveats"] = TheoreticalMemoryCaveats(run, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
+  summary["parameters"] = RankParameterCount(run, r.rank_class.pp_rank);
   summary["userbuffers_outside_allocator_MB"] = BytesToMiB(UserbufferBytes(spec));
   summary["deepep_buffers_outside_allocator_MB"] = BytesToMiB(DeepEpBufferBytes(spec));
   // The ranks the class stands for, as [first, last] spans.
@@ -572,6 +589,8 @@ int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
                           {"world_size", spec.layout.world_size},
                           {"fits", all_fit},
                           {"theoretical_memory_MB", TheoreticalMemoryMB(*run, 0)},
+                          {"parameters_total", ParameterCount(spec.model, spec.training,
+                                                              ModelShard::Whole(spec.model))},
                           {"rank_classes", classes}};
     if (options.advise) out["advice"] = AdviceJson(advice);
     if (const ModelConfig& m = spec.model; m.num_experts > 0) {
