@@ -166,6 +166,16 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
           "top-1 softmax routing needs the softmax before the top-k (Megatron-LM: "
           "--moe-router-pre-softmax; a softmax over one expert has no gradient)");
     }
+    if (m->moe_router_group_topk > 0) {
+      if (m->moe_router_num_groups <= 0 || m->num_experts % m->moe_router_num_groups != 0 ||
+          m->moe_router_group_topk > m->moe_router_num_groups) {
+        return Status::Error(
+            "group-limited routing needs a number of groups that divides the " +
+            Str(m->num_experts) + " experts and is at least the groups each token picks (" +
+            Str(m->moe_router_group_topk) + "), got " + Str(m->moe_router_num_groups) +
+            " (Megatron-LM: --moe-router-num-groups with --moe-router-group-topk)");
+      }
+    }
     if (!(m->moe_router_topk_scaling_factor >= 0 &&
           m->moe_router_topk_scaling_factor <= kMaxFactor)) {
       return Status::Error("the router's top-k scaling factor must be in [0, 1e6] (0: none)");

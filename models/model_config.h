@@ -421,6 +421,9 @@ struct TrainingConfig {
   // compute capability 10.x, 11.x, 13 and later): its FP8 GEMMs read operands in any
   // layout, so the per-tensor recipes keep no transposes (Note [FP8 training]).
   bool fp8_gemm_any_layout = false;
+  // Derived by FinalizeRunSpec from the GPU: the ranks one NVLink domain joins (a node; a
+  // GB200 NVL72 rack), which HybridEP's handle and buffers are laid out by.
+  int64_t gpus_per_nvlink_domain = 8;
   // Whether decoder layer `index` (of `num_layers`) runs its GEMMs in FP8.
   bool Fp8Layer(int64_t index, int64_t num_layers) const {
     return fp8 != Fp8Recipe::kNone && index >= fp8_bf16_layers_at_start &&

@@ -199,9 +199,9 @@ int64_t HybridEpBufferBytes(int64_t tokens, int64_t hidden, int64_t experts, int
   const int64_t rows = CheckedMul(tm, group);
   const int64_t token_bytes = CheckedMul(CheckedMul(rows, hidden), 2);
   const int64_t prob_bytes =
-      CheckedMul(CheckedMul(rows, experts / group), std::min(group, domain) * 4);
+      CheckedMul(CheckedMul(CheckedMul(rows, experts / group), std::min(group, domain)), 4);
   const int64_t scale_bytes = CheckedMul(CheckedMul(rows, hidden / 128), 4);
-  const int64_t flag_bytes = 2 * CheckedMul((tm + 63) / 64, group) * 4;
+  const int64_t flag_bytes = CheckedMul(CheckedMul((tm + 63) / 64, group), 2 * 4);
   const int64_t gather_bytes = CheckedMul(CheckedMul(experts, tm), group);
   return CheckedAdd(
       CheckedAdd(CheckedAdd(token_bytes, prob_bytes), CheckedAdd(scale_bytes, flag_bytes)),
@@ -310,7 +310,9 @@ struct ExpertBiasFunction : public Function<ExpertBiasFunction> {
     for (int64_t e = 0; e < experts; ++e) {
       const at::Tensor scaled = at::empty({ExpertRows(rows, experts, e), H}, Meta(product));
       const at::Tensor grad_bias = scaled.sum(0).to(bias_dtype);  // (grad * p) reduced to [H]
-      if (main_grad.defined()) AccumulateIntoMainGrad(main_grad.narrow(0, e * H, H), grad_bias);
+      if (main_grad.defined()) {
+        AccumulateIntoMainGrad(main_grad.narrow(0, CheckedMul(e, H), H), grad_bias);
+      }
     }
     return {grad_out, at::empty_like(probs), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -375,7 +377,7 @@ void DeterministicIndexAdd(const at::Tensor& source) {
   linear = at::empty({n}, index);                    // ... * stride
   const at::Tensor sorted = at::empty({n}, index), original = at::empty({n}, index);
   const at::Tensor range = at::empty({n}, index);
-  const at::Tensor scratch = at::empty({2 * n}, index);
+  const at::Tensor scratch = at::empty({CheckedMul(2, n)}, index);
 }
 
 // tokens [X, H] -> [rows, H] (index_select, or TE's kernel); backward scatters the
@@ -565,17 +567,17 @@ struct HybridEpHandle : public torch::CustomClassHolder {
 struct HybridEpDispatchFunction : public Function<HybridEpDispatchFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& tokens,
                                const at::Tensor& probs, c10::intrusive_ptr<HybridEpHandle> handle,
-                               int64_t group, int64_t local) {
-    constexpr int64_t kRanksPerDomain = 8;
+                               int64_t group, int64_t local, int64_t domain_gpus) {
     const int64_t T = tokens.size(0), E = probs.size(1);
-    const int64_t domain = std::min(group, kRanksPerDomain), nodes = (group + domain - 1) / domain;
-    const at::Tensor gathered_map = at::empty({T * group, E}, Meta(at::kBool));
-    handle->tensors = {at::empty({T * nodes, domain}, Meta(at::kInt)),
+    const int64_t domain = std::min(group, domain_gpus), nodes = (group + domain - 1) / domain;
+    const int64_t gathered = CheckedMul(T, group);
+    const at::Tensor gathered_map = at::empty({gathered, E}, Meta(at::kBool));
+    handle->tensors = {at::empty({CheckedMul(T, nodes), domain}, Meta(at::kInt)),
                        at::empty({CheckedRoundUp(T, 16), nodes}, Meta(at::kBool)),
                        at::empty({T, nodes - 1}, Meta(at::kBool)),
-                       at::empty({T * group, local}, Meta(at::kBool)),
-                       at::empty({(T + 63) / 64 * group}, Meta(at::kInt)),
-                       at::empty({T * group, local}, Meta(at::kInt)),
+                       at::empty({gathered, local}, Meta(at::kBool)),
+                       at::empty({CheckedMul((T + 63) / 64, group)}, Meta(at::kInt)),
+                       at::empty({gathered, local}, Meta(at::kInt)),
                        at::empty({local}, Meta(at::kInt)),
                        at::empty({1}, Meta(at::kInt))};
     ctx->saved_data["handle"] = c10::IValue::make_capsule(handle);
@@ -586,8 +588,11 @@ struct HybridEpDispatchFunction : public Function<HybridEpDispatchFunction> {
     const auto handle =
         c10::static_intrusive_pointer_cast<HybridEpHandle>(ctx->saved_data["handle"].toCapsule());
     return {at::empty({handle->tokens, grads[0].size(1)}, grads[0].options()),
-            at::empty({handle->tokens, handle->experts}, Meta(at::kFloat)), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::empty({handle->tokens, handle->experts}, Meta(at::kFloat)),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -665,6 +670,15 @@ std::tuple<at::Tensor, at::Tensor> TopK(const ModelConfig& m, const at::Tensor& 
   return at::topk(scores, m.moe_router_topk, -1);
 }
 
+// The sigmoid or sqrt(softplus) scores of every expert, float32 [T, E]: the logits' float32
+// copy goes once the sigmoid has read it; softplus keeps it for backward.
+at::Tensor SigmoidOrSqrtSoftplus(const ModelConfig& m, const at::Tensor& logits) {
+  if (m.moe_router_score_function == MoeScoreFunction::kSigmoid) {
+    return at::sigmoid(logits.to(at::kFloat));
+  }
+  return at::sqrt(at::softplus(logits.to(at::kFloat)));
+}
+
 // topk_routing_with_score_function (moe_utils.py), unfused, in training: Note [MoE routing].
 Routing TopKRouting(const ModelConfig& m, const at::Tensor& logits, const at::Tensor& expert_bias) {
   const int64_t K = m.moe_router_topk;
@@ -678,10 +692,7 @@ Routing TopKRouting(const ModelConfig& m, const at::Tensor& logits, const at::Te
       probs = at::softmax(scores, -1, at::kFloat);
     }
   } else {
-    const at::Tensor logits32 = logits.to(at::kFloat);
-    at::Tensor scores = m.moe_router_score_function == MoeScoreFunction::kSigmoid
-                            ? at::sigmoid(logits32)
-                            : at::sqrt(at::softplus(logits32));
+    at::Tensor scores = SigmoidOrSqrtSoftplus(m, logits);
     if (expert_bias.defined()) {
       {
         at::NoGradGuard indices_only;  // the biased scores only choose
@@ -701,15 +712,18 @@ Routing TopKRouting(const ModelConfig& m, const at::Tensor& logits, const at::Te
 // sinkhorn_load_balancing (router.py) in training: Note [MoE routing].
 Routing SinkhornRouting(const ModelConfig& m, const at::Tensor& logits) {
   const int64_t K = m.moe_router_topk;
-  at::Tensor top;
+  at::Tensor balanced, top;  // norm_logits, alive until the routing returns
   {
     at::NoGradGuard no_grad;
-    // sinkhorn() on the float32 logits: cost = exp [T, E]; an iteration's d1 * cost and
-    // d0.unsqueeze(1) * cost, one at a time; the result d1 * cost * d0.unsqueeze(1).
-    const at::Tensor cost = at::exp(logits.to(at::kFloat));
+    // sinkhorn() on the logits' float32 copy (alive until it returns): cost = exp [T, E];
+    // an iteration's d1 * cost and d0.unsqueeze(1) * cost, one at a time; the result
+    // d1 * cost * d0.unsqueeze(1).
+    const at::Tensor logits32 = logits.to(at::kFloat);
+    const at::Tensor cost = at::exp(logits32);
     const at::Tensor d0 = (cost * at::ones({cost.size(1)}, cost.options())).sum(1);
     const at::Tensor d1 = (d0.unsqueeze(1) * cost).sum(0);
-    top = std::get<1>(at::topk(d1 * cost * d0.unsqueeze(1), K, 1));
+    balanced = d1 * cost * d0.unsqueeze(1);
+    top = std::get<1>(at::topk(balanced, K, 1));
   }
   const at::Tensor activation =
       K == 1 ? at::sigmoid(logits) : at::softmax(logits, -1, at::kFloat).to(logits.scalar_type());
@@ -776,10 +790,7 @@ at::Tensor AttachAuxLoss(const ModelConfig& m, const TrainingConfig& t, const at
     if (m.moe_router_score_function == MoeScoreFunction::kSoftmax) {
       scores = at::softmax(logits, -1, at::kFloat);
     } else {
-      const at::Tensor logits32 = logits.to(at::kFloat);
-      scores = m.moe_router_score_function == MoeScoreFunction::kSigmoid
-                   ? at::sigmoid(logits32)
-                   : at::sqrt(at::softplus(logits32));
+      scores = SigmoidOrSqrtSoftplus(m, logits);
       scores = scores / (scores.sum(-1, /*keepdim=*/true) + 1e-20);
     }
     at::Tensor top;
@@ -868,7 +879,9 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   const int64_t fe = m.moe_ffn_hidden_size / p.etp;
   const int64_t local = m.num_experts / p.ep;
   const Fp8Recipe recipe = params.experts_fc1->fp8.recipe;
-  const bool fp8 = recipe != Fp8Recipe::kNone;
+  // Fp8Padding, unless HybridEP's dispatch has aligned each expert's rows already
+  // (moe_utils.skip_routed_expert_padding).
+  const bool fp8 = recipe != Fp8Recipe::kNone && t.moe_dispatcher != MoeDispatcher::kHybridEp;
   // The experts' delayed weight gradients run once their backward is done, before the
   // dispatch's (Note [Delayed weight gradients] in delayed_wgrad.h).
   const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(t.delay_wgrad_compute);
@@ -909,9 +922,11 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   }
   offload.EndSaving({h});
   if (!offload.active()) fc1_output.reset();  // the activation keeps what it saved
-  // TEGroupedMLP adds fc2's bias after the GEMM (Note [MoE biases]); SequentialMLP's
-  // per-expert MLPs add theirs in place, which is not modelled.
-  const Parameter* fc2_bias = t.moe_grouped_gemm ? params.experts_fc2_bias : nullptr;
+  // TEGroupedMLP adds fc2's bias after the GEMM (Note [MoE biases]); with TE's op fuser
+  // GroupedLinear scales it inside, and SequentialMLP's per-expert MLPs add theirs in place:
+  // neither is modelled.
+  const Parameter* fc2_bias =
+      t.moe_grouped_gemm && !t.te_op_fuser ? params.experts_fc2_bias : nullptr;
   if (fc2_bias == nullptr) probs.reset();
   {
     ModuleScope f("linear_fc2");
@@ -1021,8 +1036,8 @@ at::Tensor HybridEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig
   handle->tokens = T;
   handle->rows = HybridEpRows(m, t, p, T);
   handle->experts = m.num_experts;
-  const auto outputs =
-      HybridEpDispatchFunction::apply(tokens, params.kept[1], handle, p.etp * p.ep, local);
+  const auto outputs = HybridEpDispatchFunction::apply(tokens, params.kept[1], handle, p.etp * p.ep,
+                                                       local, t.gpus_per_nvlink_domain);
   dispatcher.reset();
   const at::Tensor x = Experts(m, t, p, params, outputs[0], outputs[1], offloader);
   ModuleScope c("token_combine");

@@ -64,9 +64,9 @@
 //     negated group mask bool [T, E] where the masked scores become the probabilities (no
 //     expert bias);
 //   Sinkhorn (--moe-router-load-balancing-type sinkhorn): its float32 balancing runs
-//     without gradients and its [T, E] temporaries go once the top-K is chosen; the
-//     activation (sigmoid for K = 1, else the float32 softmax and its copy in p) and the
-//     map, both kept by their product, the probabilities;
+//     without gradients (its balanced scores [T, E] live until the routing returns); the
+//     activation (sigmoid for K = 1, else the float32 softmax, kept by the softmax, and its
+//     copy in p) times the map (which the product keeps) is the probabilities;
 //   Transformer Engine's fused kernel (--moe-router-fusion): the map and a float32 [T, E].
 // The probabilities are scattered into [T, E] p, the map made as zeros [T, E] p, then int32
 // twice, then bool (temporaries); --moe-router-topk-scaling-factor adds a [T, K] product.

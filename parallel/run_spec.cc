@@ -75,6 +75,7 @@ Status FinalizeUnchecked(RunSpec* spec) {
     const int capability = spec->gpu->compute_capability;
     spec->training.fp8_gemm_any_layout =
         (capability >= 100 && capability < 120) || capability >= 130;
+    spec->training.gpus_per_nvlink_domain = spec->gpu->gpus_per_node;
   }
   MEMSIM_RETURN_IF_ERROR(FinalizeLayout(&spec->layout, spec->model));
   const ParallelLayout& l = spec->layout;
@@ -150,10 +151,16 @@ Status FinalizeUnchecked(RunSpec* spec) {
             : "";
     if (!broken.empty()) return Status::Error("the flex dispatcher with DeepEP: " + broken);
   }
+  if (spec->model.num_experts > 0 && spec->model.add_bias_linear && l.etp > 1) {
+    return Status::Error(
+        "MoE layers with biases need expert tensor parallelism 1 (Megatron-Core asserts it); "
+        "--disable-bias-linear, or YAML add_bias_linear: false, removes the biases");
+  }
   if (t.moe_dispatcher == MoeDispatcher::kHybridEp && spec->model.num_experts > 0) {
     // Note [HybridEP dispatch] in models/moe.h.
     const char* broken =
-        l.etp * l.ep == 1 ? "it needs expert or expert-tensor parallelism (EP*ETP > 1)"
+        l.etp > 1 ? "with expert tensor parallelism it is not modelled (its group then spans "
+                    "ETP*EP ranks of ETP*E experts)"
         : spec->model.moe_capacity_factor > 0
             ? "with a capacity factor it is not modelled; drop it to simulate a dropless run"
             : nullptr;
@@ -352,11 +359,10 @@ int64_t DeepEpBufferBytes(const RunSpec& spec) {
   if (spec.model.num_experts == 0) return 0;
   const int64_t group = l.etp * l.ep;
   if (t.moe_dispatcher == MoeDispatcher::kHybridEp) {
-    MEMSIM_DCHECK(spec.gpu != nullptr);
     // The tokens of the first dispatch, which sizes the buffer (the same on every layer).
     const int64_t tokens = CheckedMul(t.seq_length / (l.cp * l.tp), t.micro_batch_size);
     return HybridEpBufferBytes(tokens, spec.model.hidden_size, spec.model.num_experts, group,
-                               spec.gpu->gpus_per_node);
+                               t.gpus_per_nvlink_domain);
   }
   if (t.moe_dispatcher != MoeDispatcher::kDeepEp) return 0;
   const int64_t element_bytes = t.precision == Precision::kFp32 ? 4 : 2;

@@ -1343,6 +1343,39 @@ TEST(Activations, AllGatherContextParallelGathersKeysAndValues) {
   EXPECT_EQ(after, kv + q + 8 * b * A * h + 32);
 }
 
+// Context parallelism with multi-latent attention, whose keys (qk 32 + rope 16 = 48 wide)
+// and values (32) differ in width: the ring sends them flattened into one buffer, and its
+// one receive buffer on cp = 2 is k's and v's elements together, b*s*A*(48 + 32) in bf16
+// (s = 64 local rows of 128); the all-gather keeps v's width in its output. Both run a
+// step whole.
+TEST(Activations, ContextParallelCarriesLatentAttentionsKeysAndValues) {
+  constexpr int64_t b = 2, s = 64, A = 4;
+  const ModelConfig m = [] {
+    ModelConfig c =
+        test::WithLatentAttention(test::Llama(1, 256, A, A, 512, 1024), 64, 32, 32, 16, 32);
+    EXPECT_TRUE(FinalizeModelConfig(&c).ok());
+    return c;
+  }();
+  ModelShard shard = ModelShard::Whole(m);
+  shard.cp = 2;
+  for (bool all_gather : {false, true}) {
+    TrainingConfig t = Bf16WithoutDropout(2 * s, b, AttentionKind::kFused);
+    t.profile = ProfileKind::kTransformerEngine;
+    t.cp_all_gather = all_gather;
+    ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+    const int64_t receive_buffers = RunStep(m, t, shard, /*backward=*/true, [](const Recorder& r) {
+      int64_t count = 0;
+      for (const StorageInfo& info : r.storages()) {
+        count += r.names().Name(info.op) == "aten::empty_like" &&
+                 info.size_bytes == b * s * A * (48 + 32) * 2 &&
+                 r.names().Name(info.module).find("core_attention") != std::string::npos;
+      }
+      return count;
+    });
+    EXPECT_EQ(receive_buffers, all_gather ? 0 : 1) << "all_gather=" << all_gather;
+  }
+}
+
 // Note [DeepEP dispatch]: a one-layer MoE model (E = 4 experts, K = 2, EP = 2: E_local = 2,
 // G = 2) on T = 48 tokens, bf16 router. A token misses a rank's two experts with
 // probability (2/4)(1/3) = 1/6, so the rank receives N_r = ceil(2 * 48 * 5/6) = 80 rows, and

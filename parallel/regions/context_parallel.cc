@@ -8,6 +8,7 @@
 
 #include "ops/collectives.h"
 #include "ops/transformer_kernels.h"
+#include "simulator/checked_math.h"
 
 namespace memsim {
 namespace {
@@ -16,10 +17,22 @@ using torch::autograd::AutogradContext;
 using torch::autograd::Function;
 using torch::autograd::variable_list;
 
+// The ring's buffers hold k and v flattened and concatenated (torch.cat((k.view(-1),
+// v.view(-1))): multi-latent attention's differ in head width); `KeysOf` and `ValuesOf` view
+// them back.
 struct RingAttentionFunction : public Function<RingAttentionFunction> {
+  static at::Tensor KeysOf(const at::Tensor& kv, at::IntArrayRef k_sizes) {
+    return kv.narrow(0, 0, c10::multiply_integers(k_sizes)).view(k_sizes);
+  }
+  static at::Tensor ValuesOf(const at::Tensor& kv, at::IntArrayRef k_sizes,
+                             at::IntArrayRef v_sizes) {
+    const int64_t k_numel = c10::multiply_integers(k_sizes);
+    return kv.narrow(0, k_numel, kv.size(0) - k_numel).view(v_sizes);
+  }
+
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, int64_t cp, double dropout_p) {
-    const at::Tensor kv = at::stack({k, v});  // the send buffer of step 0
+    const at::Tensor kv = at::cat({k.reshape(-1), v.reshape(-1)});  // the send buffer of step 0
     std::vector<at::Tensor> received;
     std::vector<at::Tensor> step_outputs;
     std::vector<at::Tensor> step_lse;
@@ -30,17 +43,20 @@ struct RingAttentionFunction : public Function<RingAttentionFunction> {
         Send(current);
         ReceiveInto(received.back());
       }
-      auto [out, lse, rng] = FlashAttentionForward(q, current[0], current[1], dropout_p, true);
+      auto [out, lse, rng] = FlashAttentionForward(
+          q, KeysOf(current, k.sizes()), ValuesOf(current, k.sizes(), v.sizes()), dropout_p, true);
       step_outputs.push_back(out);
       step_lse.push_back(lse);
       if (step + 1 < cp) current = received.back();
     }
     // Merge the steps' outputs with their log-sum-exps.
-    at::Tensor out = at::empty_like(q);
+    at::Tensor out = at::empty_like(step_outputs[0]);
     at::Tensor lse = at::empty_like(step_lse[0]);
     ctx->save_for_backward({q, kv, out, lse});
     ctx->saved_data["cp"] = cp;
     ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["k_sizes"] = k.sizes().vec();
+    ctx->saved_data["v_sizes"] = v.sizes().vec();
     return out;
   }
 
@@ -50,12 +66,12 @@ struct RingAttentionFunction : public Function<RingAttentionFunction> {
     const at::Tensor& kv = s[1];
     const int64_t cp = ctx->saved_data["cp"].toInt();
     const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    const std::vector<int64_t> k_sizes = ctx->saved_data["k_sizes"].toIntVector();
+    const std::vector<int64_t> v_sizes = ctx->saved_data["v_sizes"].toIntVector();
     at::Tensor dq = at::empty_like(q);
     // Two double buffers, each carrying kv and its gradient around the ring.
-    std::vector<int64_t> buffer_shape = {2};
-    for (int64_t d : kv.sizes()) buffer_shape.push_back(d);
-    at::Tensor buffers[2] = {at::empty(buffer_shape, kv.options()),
-                             at::empty(buffer_shape, kv.options())};
+    at::Tensor buffers[2] = {at::empty({2, kv.size(0)}, kv.options()),
+                             at::empty({2, kv.size(0)}, kv.options())};
     const at::Tensor grad = grads[0].contiguous();
     for (int64_t step = 0; step < cp; ++step) {
       const at::Tensor& current = step == 0 ? kv : buffers[step % 2][0];
@@ -64,11 +80,12 @@ struct RingAttentionFunction : public Function<RingAttentionFunction> {
         ReceiveInto(buffers[(step + 1) % 2]);
       }
       auto [dq_step, dk_step, dv_step] =
-          FlashAttentionBackward(grad, q, current[0], current[1], s[2], s[3], dropout_p, true);
+          FlashAttentionBackward(grad, q, KeysOf(current, k_sizes),
+                                 ValuesOf(current, k_sizes, v_sizes), s[2], s[3], dropout_p, true);
       dq.add_(dq_step);
     }
     const at::Tensor dkv = buffers[(cp - 1) % 2][1];
-    return {dq, dkv[0].contiguous(), dkv[1].contiguous(), at::Tensor(), at::Tensor()};
+    return {dq, KeysOf(dkv, k_sizes), ValuesOf(dkv, k_sizes, v_sizes), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -96,8 +113,10 @@ struct AllGatherAttentionFunction : public Function<AllGatherAttentionFunction> 
                             const at::Tensor& v, int64_t cp, double dropout_p) {
     const int64_t h = q.size(0) / 2;
     auto [k_all, v_all] = GatherKeysAndValues(k, v, cp);
-    at::Tensor out = at::empty_like(q);
-    const at::Tensor thd_out = at::zeros_like(q);  // made for every format, used by thd
+    // q's rows and heads, v's head width (multi-latent attention's differs from q's).
+    const std::vector<int64_t> out_shape = {q.size(0), q.size(1), q.size(2), v.size(3)};
+    at::Tensor out = at::empty(out_shape, q.options());
+    const at::Tensor thd_out = at::zeros(out_shape, q.options());  // used by thd only
     std::vector<at::Tensor> step_outputs, step_lse, step_rng;
     for (int64_t step = 0; step < 2; ++step) {
       const int64_t rows = KeyRows(step, cp, h);
@@ -122,9 +141,9 @@ struct AllGatherAttentionFunction : public Function<AllGatherAttentionFunction> 
     const int64_t h = q.size(0) / 2;
     const at::Tensor grad = grads[0];
     at::Tensor dq = at::empty_like(q);
-    std::vector<int64_t> full = k.sizes().vec();
-    full[0] *= cp;
-    at::Tensor dk = at::zeros(full, k.options()), dv = at::zeros(full, v.options());
+    std::vector<int64_t> full_k = k.sizes().vec(), full_v = v.sizes().vec();
+    full_k[0] = full_v[0] = CheckedMul(k.size(0), cp);
+    at::Tensor dk = at::zeros(full_k, k.options()), dv = at::zeros(full_v, v.options());
     auto [k_all, v_all] = GatherKeysAndValues(k, v, cp);
     std::vector<at::Tensor> step_grads;  // every step's dq, dk, dv, kept until the end
     for (int64_t step = 0; step < 2; ++step) {
@@ -135,10 +154,13 @@ struct AllGatherAttentionFunction : public Function<AllGatherAttentionFunction> 
                                  Bshd(out.narrow(0, step * h, h)), s[4 + step], dropout_p, true);
       step_grads.insert(step_grads.end(), {dq_step, dk_step, dv_step});
     }
-    // Back into each rank's chunk order (index_select copies), then reduce-scattered.
+    // Back into each rank's chunk order (index_select copies), then reduce-scattered, each
+    // full-length copy going once its shard is made.
     dk = at::empty_like(dk);
     dv = at::empty_like(dv);
-    return {dq, ReduceScatter(dk, cp), ReduceScatter(dv, cp), at::Tensor(), at::Tensor()};
+    dk = ReduceScatter(dk, cp);
+    dv = ReduceScatter(dv, cp);
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
   }
 };
 

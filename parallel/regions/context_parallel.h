@@ -1,14 +1,15 @@
 // Context parallelism's attention: ring attention over the sequence split across cp
 // ranks, as Transformer Engine's AttnFuncWithCPAndKVP2P runs it with FlashAttention
-// (transformer_engine/pytorch/attention.py), causal.
+// (attention/dot_product_attention/context_parallel.py), causal.
 //
 // Memory, per layer, with q [B, S/cp, A, D] and k, v [B, S/cp, G, D] local:
-//   forward: k and v stacked into one [2, B, S/cp, G, D] send buffer, cp - 1 receive
-//     buffers like it (all held until the forward ends), each step's flash output and
-//     float32 log-sum-exp (merged at the end); saves q, the stacked kv, the output and
-//     the log-sum-exp;
-//   backward: dq like q, two double buffers each holding kv and its gradient
-//     ([2, 2, B, S/cp, G, D]), and each step's flash-backward temporaries.
+//   forward: k and v flattened into one send buffer (torch.cat((k.view(-1), v.view(-1))):
+//     2 * B * S/cp * G * D elements, or k's and v's sizes summed where multi-latent
+//     attention makes their heads differ), cp - 1 receive buffers like it (all held until
+//     the forward ends), each step's flash output and float32 log-sum-exp (merged at the
+//     end); saves q, the kv buffer, the output and the log-sum-exp;
+//   backward: dq like q, two double buffers each holding kv and its gradient (twice the
+//     kv buffer), and each step's flash-backward temporaries.
 // memsim models the buffers' sizes and lifetimes, not TE's exact per-step split of
 // causal chunks (each step is charged a full-size flash call).
 //

@@ -278,7 +278,15 @@ std::string ModelName(const std::string& path, const std::string& model_type) {
 // sigmoid and topk_method noaux_tc, read where given), scales by routed_scaling_factor and
 // limits the choice to topk_group of n_group groups, mapped as Megatron-Bridge maps them.
 // Neither Hugging Face class trains the multi-token-prediction layers.
-Status ReadDeepseekMoe(Reader& r, const std::string& path,
+// Defaults of the routing keys a config may leave out: its class's.
+struct RouterDefaults {
+  double routed_scaling_factor;
+  int64_t n_group, topk_group;
+};
+constexpr RouterDefaults kDeepseekV3Router = {2.5, 8, 4};  // DeepseekV3Config
+constexpr RouterDefaults kGlm4MoeRouter = {1.0, 1, 1};     // Glm4MoeConfig
+
+Status ReadDeepseekMoe(Reader& r, const std::string& path, const RouterDefaults& defaults,
                        const std::function<void(const std::string&)>& note, ModelConfig* model) {
   ModelConfig& m = *model;
   MEMSIM_RETURN_IF_ERROR(r.Int("n_routed_experts", true, &m.num_experts));
@@ -307,9 +315,10 @@ Status ReadDeepseekMoe(Reader& r, const std::string& path,
                          "' is not modelled (greedy, group_limited_greedy, noaux_tc)");
   }
   m.moe_router_expert_bias = topk_method == "noaux_tc";
-  m.moe_router_topk_scaling_factor = 1.0;  // both configs' default
+  m.moe_router_topk_scaling_factor = defaults.routed_scaling_factor;
   MEMSIM_RETURN_IF_ERROR(r.Number("routed_scaling_factor", &m.moe_router_topk_scaling_factor));
-  m.moe_router_num_groups = m.moe_router_group_topk = 1;
+  m.moe_router_num_groups = defaults.n_group;
+  m.moe_router_group_topk = defaults.topk_group;
   MEMSIM_RETURN_IF_ERROR(r.Int("n_group", false, &m.moe_router_num_groups));
   MEMSIM_RETURN_IF_ERROR(r.Int("topk_group", false, &m.moe_router_group_topk));
   if (topk_method == "greedy" || m.moe_router_num_groups <= 1) {
@@ -522,7 +531,7 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     }
     case Family::kDeepseekV3: {
       MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
-      MEMSIM_RETURN_IF_ERROR(ReadDeepseekMoe(r, path, note, &m));
+      MEMSIM_RETURN_IF_ERROR(ReadDeepseekMoe(r, path, kDeepseekV3Router, note, &m));
       // Multi-head latent attention, as Megatron-Core's MLASelfAttention builds it.
       MEMSIM_RETURN_IF_ERROR(r.Int("q_lora_rank", false, &m.q_lora_rank));
       MEMSIM_RETURN_IF_ERROR(r.Int("kv_lora_rank", true, &m.kv_lora_rank));
@@ -543,7 +552,7 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
       MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
       MEMSIM_RETURN_IF_ERROR(r.Bool("use_qk_norm", &m.qk_layernorm));
-      MEMSIM_RETURN_IF_ERROR(ReadDeepseekMoe(r, path, note, &m));
+      MEMSIM_RETURN_IF_ERROR(ReadDeepseekMoe(r, path, kGlm4MoeRouter, note, &m));
       break;
     }
   }

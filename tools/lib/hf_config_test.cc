@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "tools/lib/run_config.h"
 
@@ -501,6 +502,24 @@ TEST(HfConfig, DeepseekV3) {
   ASSERT_TRUE(LoadModelPreset("deepseek-v3-style", &preset).ok());
   ASSERT_TRUE(FinalizeModelConfig(&preset, 8).ok());
   test::ExpectSameArchitecture(m, preset);
+}
+
+// A DeepSeek-V3 config without its routing keys routes as DeepseekV3Config's defaults do:
+// sigmoid scores chosen with the expert bias (noaux_tc), scaling 2.5, 4 of 8 groups.
+TEST(HfConfig, DeepseekV3RouterDefaults) {
+  std::string config = kDeepseekV3;
+  for (const char* key :
+       {"n_group", "topk_group", "routed_scaling_factor", "topk_method", "scoring_func"}) {
+    config = std::regex_replace(config, std::regex(std::string("\"") + key + "\": [^,]*,"), "");
+  }
+  ASSERT_EQ(config.find("n_group"), std::string::npos);
+  ModelConfig m;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("DeepSeek-V3-defaults", config), &m).ok());
+  EXPECT_EQ(m.moe_router_score_function, MoeScoreFunction::kSigmoid);
+  EXPECT_TRUE(m.moe_router_expert_bias);
+  EXPECT_EQ(m.moe_router_topk_scaling_factor, 2.5);
+  EXPECT_EQ(m.moe_router_num_groups, 8);
+  EXPECT_EQ(m.moe_router_group_topk, 4);
 }
 
 // microsoft/Phi-3-mini-4k-instruct/config.json: Llama's layer with fused projections, a

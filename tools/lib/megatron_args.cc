@@ -260,7 +260,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--ddp-pad-buckets-for-high-nccl-busbw", Arity::kFlag, ArgUse::kNeutral},
     {"--decoupled-lr", Arity::kValue, ArgUse::kNeutral},
     {"--decoupled-min-lr", Arity::kValue, ArgUse::kNeutral},
-    {"--deterministic-mode", Arity::kFlag, ArgUse::kNeutral},
+    {"--deterministic-mode", Arity::kFlag, ArgUse::kRead},
     {"--disable-bf16-reduced-precision-matmul", Arity::kFlag, ArgUse::kNeutral},
     {"--disable-gloo-process-groups", Arity::kFlag, ArgUse::kNeutral},
     {"--disable-msc", Arity::kFlag, ArgUse::kNeutral},
@@ -989,8 +989,9 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
       }
     }
     m.moe_router_sinkhorn = balancing == std::vector<std::string>{"sinkhorn"};
-    if (balancing == std::vector<std::string>{"none"} || m.moe_router_sinkhorn) {
+    if (balancing == std::vector<std::string>{"none"}) {
       m.moe_aux_loss_coeff = 0;  // no load-balancing loss is computed
+      a.Ignore("--moe-aux-loss-coeff");
     }
     MEMSIM_RETURN_IF_ERROR(ParseEnum(kMoeScoreFunctionNames,
                                      a.Text("--moe-router-score-function", "softmax"),

@@ -541,11 +541,20 @@ TEST(MegatronArgs, RouterArguments) {
   EXPECT_EQ(m.moe_router_topk_scaling_factor, 2.5);
   EXPECT_EQ(m.moe_aux_loss_coeff, 1e-4);
   EXPECT_TRUE(r.spec.training.moe_router_fusion);
-  // Sinkhorn and none compute no aux loss, whatever the coefficient.
-  m = Parse(moe + "--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0.01", 1)
-          .spec.model;
-  EXPECT_TRUE(m.moe_router_sinkhorn);
-  EXPECT_EQ(m.moe_aux_loss_coeff, 0);
+  // none computes no aux loss, whatever the coefficient; Sinkhorn refuses one, as
+  // Megatron-Core asserts.
+  r = Parse(moe + "--moe-router-load-balancing-type none --moe-aux-loss-coeff 0.01", 1);
+  EXPECT_EQ(r.spec.model.moe_aux_loss_coeff, 0);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--moe-aux-loss-coeff"}));
+  EXPECT_TRUE(
+      Parse(moe + "--moe-router-load-balancing-type sinkhorn", 1).spec.model.moe_router_sinkhorn);
+  EXPECT_EQ(ErrorOf(moe + "--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 0.01", 1),
+            "Sinkhorn routing has no auxiliary loss: set the aux loss coefficient to 0 "
+            "(Megatron-Core asserts the same)");
+  EXPECT_EQ(ErrorOf(moe + "--moe-router-group-topk 2", 1),
+            "group-limited routing needs a number of groups that divides the 4 experts and is "
+            "at least the groups each token picks (2), got 0 (Megatron-LM: "
+            "--moe-router-num-groups with --moe-router-group-topk)");
   EXPECT_EQ(ErrorOf(moe + "--moe-router-load-balancing-type quantile_balancing", 1),
             "--moe-router-load-balancing-type 'quantile_balancing' is not modelled (memsim "
             "supports aux_loss, seq_aux_loss, global_aux_loss, sinkhorn, none)");

@@ -221,7 +221,9 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   // What the ranks hold outside PyTorch's allocator: not in the figures, but in the verdict.
   const std::pair<int64_t, const char*> outside[] = {
       {UserbufferBytes(spec), "Userbuffers (TP communication overlap)"},
-      {DeepEpBufferBytes(spec), "DeepEP buffers (flex dispatcher)"}};
+      {DeepEpBufferBytes(spec), t.moe_dispatcher == MoeDispatcher::kHybridEp
+                                    ? "HybridEP buffers (flex dispatcher)"
+                                    : "DeepEP buffers (flex dispatcher)"}};
   for (const auto& [bytes, what] : outside) {
     if (bytes == 0) continue;
     std::printf(
