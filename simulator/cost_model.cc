@@ -22,11 +22,14 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
 }  // namespace
 
 const std::vector<GpuSpec>& GpuPresets() {
-  // Peaks from NVIDIA's SXM data sheets (dense, no sparsity); memory as nvidia-smi shows it.
+  // Peaks from NVIDIA's SXM data sheets (dense, no sparsity); memory as nvidia-smi shows it
+  // (A100 40GB: 40,960 MiB as Modal's table of NVML's figures publishes it; the H800's is
+  // taken as the H100's, the same 80 GB of HBM3, which nobody has published).
   // Links as in a DGX node: NVLink 3 (600 GB/s both ways) and one 200 Gb/s HDR adapter per
-  // A100; NVLink 4 (900 GB/s) and one 400 Gb/s NDR adapter per H100/H200; NVLink 5 (1.8 TB/s)
-  // and one 400 Gb/s adapter per B200 (HGX, 1000 W) and GB200 (NVL72, 1200 W), whose NVLink
-  // domain is the whole 72-GPU rack although a compute tray holds 4.
+  // A100; NVLink 4 (900 GB/s; the H800's cut to 400 GB/s) and one 400 Gb/s NDR adapter per
+  // H100/H800/H200; NVLink 5 (1.8 TB/s) and one 400 Gb/s adapter per B200 (HGX, 1000 W) and
+  // GB200 (NVL72, 1200 W), whose NVLink domain is the whole 72-GPU rack although a compute
+  // tray holds 4. H20 and B300 are not presets: their nvidia-smi capacities are not published.
   // The host's time per op (Note [Virtual clock]) was fitted per platform to Megatron-LM's
   // functional tests: A100 125 us, H100 85 us, GB200 100 us (x86 hosts of two generations,
   // Grace on GB200). H200 and B200 have no measured runs and take H100's (x86 hosts).
@@ -35,7 +38,13 @@ const std::vector<GpuSpec>& GpuPresets() {
           {"A100-80GB", 81920 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 2.039e12, 300e9, 25e9},
           125e-6),
       WithHostSecondsPerOp(
+          {"A100-40GB", 40960 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 1.555e12, 300e9, 25e9},
+          125e-6),
+      WithHostSecondsPerOp(
           {"H100-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 450e9, 50e9},
+          85e-6),
+      WithHostSecondsPerOp(
+          {"H800-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 200e9, 50e9},
           85e-6),
       WithHostSecondsPerOp(
           {"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12, 450e9, 50e9},

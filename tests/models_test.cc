@@ -1376,6 +1376,21 @@ TEST(Activations, ContextParallelCarriesLatentAttentionsKeysAndValues) {
   }
 }
 
+// The bytes layer 0's token dispatcher (its own module) holds when one forward ends.
+int64_t DispatcherBytesAfterForward(const ModelConfig& m, const TrainingConfig& t,
+                                    const ModelShard& shard) {
+  return RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+    int64_t bytes = 0;
+    ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+      const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+      if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher") {
+        bytes += s.size_bytes;
+      }
+    });
+    return bytes;
+  });
+}
+
 // Note [DeepEP dispatch]: a one-layer MoE model (E = 4 experts, K = 2, EP = 2: E_local = 2,
 // G = 2) on T = 48 tokens, bf16 router. A token misses a rank's two experts with
 // probability (2/4)(1/3) = 1/6, so the rank receives N_r = ceil(2 * 48 * 5/6) = 80 rows, and
@@ -1406,16 +1421,7 @@ TEST(Activations, DeepEpDispatcherHoldsItsMetadata) {
   for (bool fused : {false, true}) {
     t.moe_permute_fusion = fused;
     ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
-    const int64_t held = RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
-      int64_t bytes = 0;
-      ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
-        const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-        if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher") {
-          bytes += s.size_bytes;
-        }
-      });
-      return bytes;
-    });
+    const int64_t held = DispatcherBytesAfterForward(m, t, shard);
     const int64_t permutation = fused ? R * (2 * local + 1) * 4 : N * 8 + local * R * 8;
     EXPECT_EQ(held, common + permutation) << "fused=" << fused;
   }
@@ -1442,16 +1448,7 @@ TEST(Activations, HybridEpDispatcherHoldsItsHandle) {
   ModelShard shard = ModelShard::Whole(m);
   shard.ep = G;
   ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
-  const int64_t held = RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
-    int64_t bytes = 0;
-    ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
-      const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
-      if (r.names().Name(s.module) == "decoder.layers.0.mlp.token_dispatcher") {
-        bytes += s.size_bytes;
-      }
-    });
-    return bytes;
-  });
+  const int64_t held = DispatcherBytesAfterForward(m, t, shard);
   EXPECT_EQ(held, T * E * 4 + T * G * 4 + 48 + T * G * local * (1 + 4) + G * 4 + local * 4 + 4 +
                       N * H * 2 + N * 4);
 }
