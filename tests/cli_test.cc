@@ -121,25 +121,6 @@ TEST(Cli, ReportsTheModelsAndEachRanksParameters) {
       << text.out;
 }
 
-// The A100 presets differ only in memory, 81,920 and 40,960 MiB as NVML reports them: the
-// same run leaves exactly 40,960 MiB less headroom on the 40 GB one. The H800 is an H100
-// with slower NVLink: the same memory.
-TEST(Cli, GpuPresetsOfTheSameChipDifferInMemory) {
-  auto usable_and_headroom = [](const std::string& gpu) {
-    const CommandResult run =
-        Memsim("simulate --gpu " + gpu + " --iterations 1 --json --out " + Temp("gpu_" + gpu));
-    EXPECT_EQ(run.exit_code, 0) << run.err;
-    const nlohmann::json r = nlohmann::json::parse(run.out)["rank_classes"][0];
-    return std::make_pair(r["gpu_usable_MB"].get<double>(), r["headroom_MB"].get<double>());
-  };
-  const auto [usable_80, headroom_80] = usable_and_headroom("A100-80GB");
-  const auto [usable_40, headroom_40] = usable_and_headroom("A100-40GB");
-  EXPECT_EQ(usable_40, 40960 - 512);
-  EXPECT_EQ(usable_80 - usable_40, 40960);
-  EXPECT_EQ(headroom_80 - headroom_40, 40960);
-  EXPECT_EQ(usable_and_headroom("H800-80GB"), usable_and_headroom("H100-80GB"));
-}
-
 TEST(Cli, CheckExitsThreeWhenARankDoesNotFit) {
   const CommandResult run = Memsim(
       "simulate --model gpt3-175b --seq-length 2048 --iterations 1 --check --out " + Temp("check"));
@@ -218,6 +199,38 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
   // A file in the way of the output folder.
   std::ofstream(dir + "/file") << "x";
   ExpectOneLineError(Memsim("simulate --out " + dir + "/file"), dir + "/file");
+}
+
+// The A100 presets differ only in memory, 81,920 and 40,960 MiB as NVML reports them: the
+// same run leaves exactly 40,960 MiB less headroom on the 40 GB one. The H800 is an H100
+// with slower NVLink: the same memory.
+TEST(Cli, GpuPresetsOfTheSameChipDifferInMemory) {
+  auto usable_and_headroom = [](const std::string& gpu) {
+    const CommandResult run =
+        Memsim("simulate --gpu " + gpu + " --iterations 1 --json --out " + Temp("gpu_" + gpu));
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    const nlohmann::json r = nlohmann::json::parse(run.out)["rank_classes"][0];
+    return std::make_pair(r["gpu_usable_MB"].get<double>(), r["headroom_MB"].get<double>());
+  };
+  const auto [usable_80, headroom_80] = usable_and_headroom("A100-80GB");
+  const auto [usable_40, headroom_40] = usable_and_headroom("A100-40GB");
+  EXPECT_EQ(usable_40, 40960 - 512);
+  EXPECT_EQ(usable_80 - usable_40, 40960);
+  EXPECT_EQ(headroom_80 - headroom_40, 40960);
+  EXPECT_EQ(usable_and_headroom("H800-80GB"), usable_and_headroom("H100-80GB"));
+  // --gpu-memory gives any preset another capacity: A100-80GB with 40 GiB is the 40 GB one.
+  const CommandResult custom = Memsim(
+      "simulate --gpu A100-80GB --gpu-memory 40 --iterations 1 "
+      "--json --out " +
+      Temp("gpu_memory"));
+  ASSERT_EQ(custom.exit_code, 0) << custom.err;
+  const nlohmann::json r = nlohmann::json::parse(custom.out);
+  EXPECT_EQ(r["gpu"], "A100-80GB with 40.00 GiB");
+  EXPECT_EQ(r["rank_classes"][0]["gpu_usable_MB"].get<double>(), usable_40);
+  EXPECT_EQ(r["rank_classes"][0]["headroom_MB"].get<double>(), headroom_40);
+  ExpectOneLineError(Memsim("simulate --gpu-memory 0.25 --out " + Temp("gpu_memory_bad")),
+                     "--gpu-memory must be more than the CUDA context's 0.5 GiB and at most "
+                     "1000000 GiB, got 0.25");
 }
 
 TEST(Cli, HelpHasExamples) {

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <vector>
 
+#include "simulator/custom_gpu.h"
 #include "simulator/format.h"
 #include "tools/lib/exit_codes.h"
 #include "tools/lib/hf_config.h"
@@ -37,6 +39,7 @@ void AddSpecOptions(po::options_description* options, SpecOptions* v,
       "sp", po::bool_switch(&v->sequence_parallel), "sequence parallelism")(
       "iterations", PositiveValue(&v->iterations, "iterations"), "training iterations to record");
   AddMoeImbalanceOption(options, &v->moe_imbalance);
+  AddGpuMemoryOption(options, &v->gpu_memory_gib);
   if (seq_length_list != nullptr) {
     options->add_options()("seq-length", po::value(seq_length_list),
                            "sequence lengths, a list like 2048,4096");
@@ -61,6 +64,24 @@ void CheckMoeImbalance(double value) {
 void AddMoeImbalanceOption(po::options_description* options, double* out) {
   options->add_options()("moe-imbalance", po::value(out)->notifier(&CheckMoeImbalance),
                          "MoE: the busiest expert's load over the mean (default 1: even routing)");
+}
+
+void AddGpuMemoryOption(po::options_description* options, double* out) {
+  options->add_options()("gpu-memory", po::value(out),
+                         "the GPU's memory in GiB as nvidia-smi reports it, replacing the "
+                         "preset's (its rates and links stay the preset's)");
+}
+
+Status ApplyGpuMemory(double gib, const GpuSpec** gpu) {
+  if (gib == 0) return Status::OK();
+  const double context_gib = static_cast<double>((*gpu)->context_bytes) / (1 << 30);
+  if (!(gib > context_gib && gib <= 1e6)) {
+    return Status::Error("--gpu-memory must be more than the CUDA context's " +
+                         FormatNumber(context_gib) + " GiB and at most 1000000 GiB, got " +
+                         FormatNumber(gib));
+  }
+  *gpu = GpuWithMemory(**gpu, static_cast<int64_t>(std::llround(gib * (1 << 30))));
+  return Status::OK();
 }
 
 Status ParseIntList(const std::string& text, const char* name, std::vector<int64_t>* out) {
@@ -123,6 +144,7 @@ Status BuildRunSpec(const SpecOptions& v, bool default_run, const char* command,
     }
   }
   if (status.ok() && !v.gpu.empty()) status = ParseGpu(v.gpu, &spec->gpu);
+  if (status.ok()) status = ApplyGpuMemory(v.gpu_memory_gib, &spec->gpu);
   if (status.ok() && !v.precision.empty())
     status = ParsePrecision(v.precision, &spec->training.precision);
   if (status.ok() && !v.attention.empty())

@@ -17,9 +17,18 @@ namespace memsim {
 struct SpecOptions {
   std::string config, model, hf_config, gpu, precision, attention, data_parallel, profile;
   int64_t world_size = 0, seq_length = 0, global_batch_size = 0, iterations = 0;
-  double moe_imbalance = 0;  // 0: not given
+  double moe_imbalance = 0;   // 0: not given
+  double gpu_memory_gib = 0;  // --gpu-memory; 0: the preset's
   bool sequence_parallel = false;
 };
+
+// --gpu-memory into `out` (0 when not given): the GPU's memory in GiB, as nvidia-smi
+// reports it, replacing the preset's (ApplyGpuMemory).
+void AddGpuMemoryOption(boost::program_options::options_description* options, double* out);
+
+// Replaces `*gpu` by the same GPU with `gib` GiB of memory (GpuWithMemory); 0 leaves it.
+// A size the CUDA context would not leave room in, or beyond 1,000,000 GiB, is an error.
+Status ApplyGpuMemory(double gib, const GpuSpec** gpu);
 
 // --moe-imbalance into `out` (0 when not given): the busiest expert's load over the mean
 // that MoE runs assume (model moe_imbalance_factor, models/moe.h), at least 1.

@@ -58,7 +58,7 @@ int MegatronCommand(int argc, const char* const* argv) {
       "  memsim megatron --refused    (the arguments memsim refuses, and why)\n\n"
       "Options");
   int64_t world_size = 0, iterations = 0;
-  double moe_imbalance = 0;
+  double moe_imbalance = 0, gpu_memory_gib = 0;
   std::string gpu_name = "H100-80GB";
   ReportOptions report;
   bool list_refused = false;
@@ -69,6 +69,7 @@ int MegatronCommand(int argc, const char* const* argv) {
       "gpu", po::value(&gpu_name), ("GPU preset: " + GpuPresetNames()).c_str())(
       "iterations", PositiveValue(&iterations, "iterations"), "training iterations to record");
   AddMoeImbalanceOption(&options, &moe_imbalance);
+  AddGpuMemoryOption(&options, &gpu_memory_gib);
   AddReportOptions(&options, &report);
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(separator, argv, options, "megatron", &vm)) {
@@ -86,6 +87,7 @@ int MegatronCommand(int argc, const char* const* argv) {
   const std::vector<std::string> args(argv + std::min(separator + 1, argc), argv + argc);
   if (status.ok()) status = ReadLaunchLine(args, world_size, &parsed);
   if (status.ok()) status = ParseGpu(gpu_name, &parsed.spec.gpu);
+  if (status.ok()) status = ApplyGpuMemory(gpu_memory_gib, &parsed.spec.gpu);
   if (status.ok() && iterations != 0) {
     parsed.spec.training.iterations = static_cast<int32_t>(iterations);
   }
