@@ -743,6 +743,7 @@ int PlanCommand(int argc, const char* const* argv) {
     base = parsed.spec;
     base.gpu = FindGpu("H100-80GB");
     if (status.ok() && !spec_options.gpu.empty()) status = ParseGpu(spec_options.gpu, &base.gpu);
+    if (status.ok()) status = ApplyGpuMemory(spec_options.gpu_memory_gib, &base.gpu);
     ApplySpecOverrides(spec_options, &base);
     base.model_source = "the launch line's model";
   } else if (status.ok()) {
