@@ -46,14 +46,18 @@ at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t ou
   return Linear(tokens, block, nullptr, {}, fp8);
 }
 
-// TEGroupedMLP's Fp8Padding in FP8 (get_align_size_for_quantization: 32 rows for MXFP8,
-// 16 for the other recipes): when an expert's row count is off the multiple, every
+// The rows an expert's FP8 GEMM input is aligned to (get_align_size_for_quantization): 32
+// for MXFP8, 16 for the other recipes.
+int64_t Fp8RowAlignment(Fp8Recipe recipe) { return recipe == Fp8Recipe::kMxfp8 ? 32 : 16; }
+
+// TEGroupedMLP's Fp8Padding in FP8 (Fp8RowAlignment): when an expert's row count is off the
+// multiple, every
 // expert's rows and probabilities are copied into a padded buffer (zeros after each
 // expert's rows); memsim routes evenly, so all experts are padded or none is. Returns
 // {rows, probs} padded, or as given.
 std::pair<at::Tensor, at::Tensor> PadForFp8(const at::Tensor& x, const at::Tensor& probs,
                                             int64_t experts, Fp8Recipe recipe) {
-  const int64_t alignment = recipe == Fp8Recipe::kMxfp8 ? 32 : 16;
+  const int64_t alignment = Fp8RowAlignment(recipe);
   const int64_t rows = x.size(0) / experts;
   const int64_t pad = (alignment - rows % alignment) % alignment;
   if (pad == 0 || x.size(0) % experts != 0) return {x, probs};
@@ -201,7 +205,7 @@ int64_t HybridEpBufferBytes(int64_t tokens, int64_t hidden, int64_t experts, int
   const int64_t prob_bytes =
       CheckedMul(CheckedMul(CheckedMul(rows, experts / group), std::min(group, domain)), 4);
   const int64_t scale_bytes = CheckedMul(CheckedMul(rows, hidden / 128), 4);
-  const int64_t flag_bytes = CheckedMul(CheckedMul((tm + 63) / 64, group), 2 * 4);
+  const int64_t flag_bytes = CheckedMul(CheckedMul(tm / 64, group), 2 * 4);
   const int64_t gather_bytes = CheckedMul(CheckedMul(experts, tm), group);
   return CheckedAdd(
       CheckedAdd(CheckedAdd(token_bytes, prob_bytes), CheckedAdd(scale_bytes, flag_bytes)),
@@ -380,6 +384,12 @@ void DeterministicIndexAdd(const at::Tensor& source) {
   const at::Tensor scratch = at::empty({CheckedMul(2, n)}, index);
 }
 
+// Whether the run's MoE permutation index_add_s through the sort of Note [Deterministic
+// index_add_]: unfused, deterministic.
+bool SortsIndexAdd(const TrainingConfig& t) {
+  return t.deterministic_algorithms && !t.moe_permute_fusion;
+}
+
 // tokens [X, H] -> [rows, H] (index_select, or TE's kernel); backward scatters the
 // gradient into a new zeroed [X, H] (Note [Deterministic index_add_] with
 // `sorted_index_add`: unfused, deterministic).
@@ -514,6 +524,12 @@ struct KeepFunction : public Function<KeepFunction> {
 
 // What DeepEP's dispatch returns besides the tokens and keeps in its handle (Note [DeepEP
 // dispatch]); the dispatch's and the combine's nodes share it.
+// The dispatcher handle a Function's forward kept as ctx->saved_data["handle"].
+template <typename Handle>
+c10::intrusive_ptr<Handle> SavedHandle(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<Handle>(ctx->saved_data["handle"].toCapsule());
+}
+
 struct DeepEpHandle : public torch::CustomClassHolder {
   int64_t group = 1;     // G
   int64_t tokens = 0;    // T
@@ -532,8 +548,7 @@ struct DeepEpDispatchFunction : public Function<DeepEpDispatchFunction> {
             AllToAll(token_probs, handle->group, handle->received)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto handle =
-        c10::static_intrusive_pointer_cast<DeepEpHandle>(ctx->saved_data["handle"].toCapsule());
+    const auto handle = SavedHandle<DeepEpHandle>(ctx);
     return {AllToAll(grads[0].contiguous(), handle->group, handle->tokens),
             AllToAll(grads[1].contiguous(), handle->group, handle->tokens), at::Tensor()};
   }
@@ -547,8 +562,7 @@ struct DeepEpCombineFunction : public Function<DeepEpCombineFunction> {
     return AllToAll(rows.contiguous(), handle->group, handle->tokens);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto handle =
-        c10::static_intrusive_pointer_cast<DeepEpHandle>(ctx->saved_data["handle"].toCapsule());
+    const auto handle = SavedHandle<DeepEpHandle>(ctx);
     return {AllToAll(grads[0].contiguous(), handle->group, handle->received), at::Tensor()};
   }
 };
@@ -585,8 +599,7 @@ struct HybridEpDispatchFunction : public Function<HybridEpDispatchFunction> {
             at::empty({handle->rows}, Meta(at::kFloat))};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto handle =
-        c10::static_intrusive_pointer_cast<HybridEpHandle>(ctx->saved_data["handle"].toCapsule());
+    const auto handle = SavedHandle<HybridEpHandle>(ctx);
     return {at::empty({handle->tokens, grads[0].size(1)}, grads[0].options()),
             at::empty({handle->tokens, handle->experts}, Meta(at::kFloat)),
             at::Tensor(),
@@ -604,8 +617,7 @@ struct HybridEpCombineFunction : public Function<HybridEpCombineFunction> {
     return at::empty({handle->tokens, rows.size(1)}, rows.options());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto handle =
-        c10::static_intrusive_pointer_cast<HybridEpHandle>(ctx->saved_data["handle"].toCapsule());
+    const auto handle = SavedHandle<HybridEpHandle>(ctx);
     return {at::empty({handle->rows, grads[0].size(1)}, grads[0].options()), at::Tensor()};
   }
 };
@@ -960,7 +972,7 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
   std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
   const int64_t T = tokens.size(0), K = m.moe_router_topk, local = m.num_experts / p.ep;
   const int64_t N = ReceivedTokens(m, T) * p.etp;
-  const bool sorted_index_add = t.deterministic_algorithms && !t.moe_permute_fusion;
+  const bool sorted_index_add = SortsIndexAdd(t);
   auto handle = c10::make_intrusive<DeepEpHandle>();
   handle->group = p.etp * p.ep;
   handle->tokens = T;
@@ -1013,10 +1025,9 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
 int64_t HybridEpRows(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
                      int64_t tokens) {
   const int64_t rows = ReceivedTokens(m, tokens) * p.etp, local = m.num_experts / p.ep;
-  const int64_t align = t.te_op_fuser                ? 256
-                        : t.fp8 == Fp8Recipe::kMxfp8 ? 32
-                        : t.fp8 != Fp8Recipe::kNone  ? 16
-                                                     : 1;
+  const int64_t align = t.te_op_fuser               ? 256
+                        : t.fp8 != Fp8Recipe::kNone ? Fp8RowAlignment(t.fp8)
+                                                    : 1;
   const int64_t base = rows / local, larger = rows % local;
   return CheckedAdd(CheckedMul(larger, CheckedRoundUp(base + 1, align)),
                     CheckedMul(local - larger, CheckedRoundUp(base, align)));
@@ -1084,7 +1095,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   router_graph.reset();
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;
   const int64_t R = ReceivedTokens(m, T), N = R * p.etp;
-  const bool sorted_index_add = t.deterministic_algorithms && !t.moe_permute_fusion;
+  const bool sorted_index_add = SortsIndexAdd(t);
   at::Tensor out;
   if (t.moe_dispatcher == MoeDispatcher::kAllGather) {
     std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");

@@ -51,7 +51,7 @@ Status RecordRankClass(const ValidatedRun& run, const RankClass& rank_class, Ran
   result->session = std::make_unique<Session>(spec.gpu);
   try {
     ActiveSession active(*result->session);
-    RunRankTraining(run, rank_class.pp_rank, *result->session);
+    result->parameters = RunRankTraining(run, rank_class.pp_rank, *result->session);
     result->own_clock = OwnClock(result->session->recorder());
   } catch (const UserError& e) {
     return Status::Error(e.what());

@@ -22,6 +22,7 @@ inline constexpr size_t kLargestTensorsKept = 50;
 // The simulation of one rank class (one pipeline stage).
 struct RankResult {
   RankClass rank_class;
+  int64_t parameters = 0;  // elements of the model shard each rank of the class holds
   std::unique_ptr<Session> session;
   Timeline timeline;
   PeakAnalysis peak;

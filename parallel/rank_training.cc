@@ -195,8 +195,8 @@ ModelShard ShardFor(const ParallelLayout& layout, const ModelConfig& model, int6
   return shard;
 }
 
-void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
-                     Replication replication) {
+int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
+                        Replication replication) {
   const ModelConfig& model_config = run.spec().model;
   const TrainingConfig& training = run.spec().training;
   const ParallelLayout& layout = run.spec().layout;
@@ -466,6 +466,7 @@ void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
     if (training.empty_unused_memory_level >= 2) session.EmptyCache();
     session.EndIteration();
   }
+  return store.num_elements();
 }
 
 }  // namespace memsim

@@ -30,8 +30,9 @@ struct Replication {
 // Records setup and `training.iterations` iterations of pipeline stage `pp_rank` of `run`
 // into `session`, which must be active on this thread. Every rank of a stage behaves alike
 // (Note [Rank classes] in rank_classes.h). A UserError from the engine propagates.
+// Returns the parameters (elements) of the stage's model shard.
 // REQUIRES: 0 <= pp_rank < run.spec().layout.pp.
-void RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
-                     Replication replication = {});
+int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& session,
+                        Replication replication = {});
 
 }  // namespace memsim

@@ -1391,6 +1391,32 @@ int64_t DispatcherBytesAfterForward(const ModelConfig& m, const TrainingConfig& 
   });
 }
 
+// One MoE layer (Llama, h = 128, E = 4 experts of F_e = 64, top-K, Transformer Engine's
+// grouped experts, bf16 without dropout, flash attention) on `tokens` tokens, EP = 2, with
+// `dispatcher`.
+struct TwoRankMoeLayer {
+  ModelConfig model;
+  TrainingConfig training;
+  ModelShard shard;
+};
+TwoRankMoeLayer MakeTwoRankMoeLayer(int64_t tokens, int64_t topk, MoeDispatcher dispatcher) {
+  TwoRankMoeLayer layer;
+  ModelConfig& m = layer.model;
+  m = test::Llama(1, 128, 4, 2, 256, 512);
+  m.num_experts = 4;
+  m.moe_router_topk = topk;
+  m.moe_ffn_hidden_size = 64;
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig& t = layer.training;
+  t = Bf16WithoutDropout(tokens, 1, AttentionKind::kFlash);
+  t.moe_grouped_gemm = true;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_dispatcher = dispatcher;
+  layer.shard = ModelShard::Whole(m);
+  layer.shard.ep = 2;
+  return layer;
+}
+
 // Note [DeepEP dispatch]: a one-layer MoE model (E = 4 experts, K = 2, EP = 2: E_local = 2,
 // G = 2) on T = 48 tokens, bf16 router. A token misses a rank's two experts with
 // probability (2/4)(1/3) = 1/6, so the rank receives N_r = ceil(2 * 48 * 5/6) = 80 rows, and
@@ -1404,17 +1430,7 @@ int64_t DispatcherBytesAfterForward(const ModelConfig& m, const TrainingConfig& 
 // [N, H] bf16 and the permuted probabilities fp32 [N].
 TEST(Activations, DeepEpDispatcherHoldsItsMetadata) {
   constexpr int64_t T = 48, K = 2, G = 2, local = 2, R = 80, N = 96;
-  ModelConfig m = test::Llama(1, 128, 4, 2, 256, 512);
-  m.num_experts = 4;
-  m.moe_router_topk = K;
-  m.moe_ffn_hidden_size = 64;
-  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
-  TrainingConfig t = Bf16WithoutDropout(T, 1, AttentionKind::kFlash);
-  t.moe_grouped_gemm = true;
-  t.profile = ProfileKind::kTransformerEngine;
-  t.moe_dispatcher = MoeDispatcher::kDeepEp;
-  ModelShard shard = ModelShard::Whole(m);
-  shard.ep = G;
+  auto [m, t, shard] = MakeTwoRankMoeLayer(T, K, MoeDispatcher::kDeepEp);
   EXPECT_EQ(DeepEpReceivedRows(m, {G, 1, 1}, T), R);
   const int64_t common = T * K * (4 + 8) + (G * G + 2 * G * 10 + R + T * G) * 4 + T * G + R * K +
                          2 * N * 8 + R * local + N * 128 * 2 + N * 4;
@@ -1436,17 +1452,7 @@ TEST(Activations, DeepEpDispatcherHoldsItsMetadata) {
 // their rows [N_p, H] bf16 and probabilities fp32 [N_p], N_p = T*K = 96 (no alignment).
 TEST(Activations, HybridEpDispatcherHoldsItsHandle) {
   constexpr int64_t T = 48, K = 2, E = 4, G = 2, local = 2, H = 128, N = 96;
-  ModelConfig m = test::Llama(1, H, 4, 2, 256, 512);
-  m.num_experts = E;
-  m.moe_router_topk = K;
-  m.moe_ffn_hidden_size = 64;
-  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
-  TrainingConfig t = Bf16WithoutDropout(T, 1, AttentionKind::kFlash);
-  t.moe_grouped_gemm = true;
-  t.profile = ProfileKind::kTransformerEngine;
-  t.moe_dispatcher = MoeDispatcher::kHybridEp;
-  ModelShard shard = ModelShard::Whole(m);
-  shard.ep = G;
+  const auto [m, t, shard] = MakeTwoRankMoeLayer(T, K, MoeDispatcher::kHybridEp);
   ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
   const int64_t held = DispatcherBytesAfterForward(m, t, shard);
   EXPECT_EQ(held, T * E * 4 + T * G * 4 + 48 + T * G * local * (1 + 4) + G * 4 + local * 4 + 4 +
@@ -1458,18 +1464,8 @@ TEST(Activations, HybridEpDispatcherHoldsItsHandle) {
 // [96, 128], and [80, 128] in bf16.
 TEST(Moe, HybridEpAlignsExpertRowsForFp8) {
   auto expert_input_rows = [](Fp8Recipe fp8) {
-    ModelConfig m = test::Llama(1, 128, 4, 2, 256, 512);
-    m.num_experts = 4;
-    m.moe_router_topk = 2;
-    m.moe_ffn_hidden_size = 64;
-    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-    TrainingConfig t = Bf16WithoutDropout(40, 1, AttentionKind::kFlash);
-    t.moe_grouped_gemm = true;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.moe_dispatcher = MoeDispatcher::kHybridEp;
+    auto [m, t, shard] = MakeTwoRankMoeLayer(40, 2, MoeDispatcher::kHybridEp);
     t.fp8 = fp8;
-    ModelShard shard = ModelShard::Whole(m);
-    shard.ep = 2;
     EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
     return RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
       for (const StorageInfo& s : r.storages()) {

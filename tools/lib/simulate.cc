@@ -14,7 +14,6 @@
 
 #include "models/moe.h"
 #include "models/transformer.h"
-#include "parallel/rank_training.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
 #include "simulator/format.h"
@@ -112,13 +111,6 @@ std::string NamesWhere(const EnumName<E> (&table)[N], Keep keep) {
   return names;
 }
 
-// The parameters one rank of pipeline stage `pp_rank` holds (its model shard; data
-// parallelism shares none of them out here, FSDP's shards included).
-int64_t RankParameterCount(const ValidatedRun& run, int64_t pp_rank) {
-  const RunSpec& spec = run.spec();
-  return ParameterCount(spec.model, spec.training, ShardFor(spec.layout, spec.model, pp_rank));
-}
-
 void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results, int64_t top_n) {
   const RunSpec& spec = run.spec();
   const GpuSpec& gpu = *spec.gpu;
@@ -148,7 +140,7 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
   std::string per_class;
   for (size_t i = 0; i < results.size(); ++i) {
     per_class += (i == 0 ? "" : ", ") + std::string("class ") + std::to_string(i) + " " +
-                 FormatCount(RankParameterCount(run, results[i].rank_class.pp_rank));
+                 FormatCount(results[i].parameters);
   }
   std::printf("parameters: %s in the model (Megatron's padded vocabulary); per rank: %s\n",
               FormatCount(ParameterCount(m, t, ModelShard::Whole(m))).c_str(), per_class.c_str());
@@ -317,7 +309,7 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   if (!advice.empty()) summary["advice"] = AdviceJson(advice);
   summary["theoretical_memory_caveats"] = TheoreticalMemoryCaveats(run, r.rank_class.pp_rank);
   summary["pp_stage"] = r.rank_class.pp_rank;
-  summary["parameters"] = RankParameterCount(run, r.rank_class.pp_rank);
+  summary["parameters"] = r.parameters;
   summary["userbuffers_outside_allocator_MB"] = BytesToMiB(UserbufferBytes(spec));
   summary["deepep_buffers_outside_allocator_MB"] = BytesToMiB(DeepEpBufferBytes(spec));
   // The ranks the class stands for, as [first, last] spans.
