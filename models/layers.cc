@@ -290,6 +290,25 @@ struct AttentionSinkFunction : public Function<AttentionSinkFunction> {
   }
 };
 
+// FlexAttention (layers.h). Takes and returns Megatron's [S, B, heads, D] layout, which is
+// the memory layout of the [B, heads, S, D] views the compiled kernel reads and writes.
+struct FlexAttentionFunction : public Function<FlexAttentionFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v) {
+    const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2);
+    at::Tensor out = at::empty({seq, batch, heads, v.size(3)}, q.options());
+    at::Tensor logsumexp = at::empty({batch, heads, seq}, q.options().dtype(at::kFloat));
+    ctx->save_for_backward({q, k, v, out, logsumexp});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    // delta = sum(out * grad_out, -1) in float32, before the gradient kernel runs.
+    const at::Tensor delta = at::empty_like(s[4]);
+    return {at::empty_like(s[0]), at::empty_like(s[1]), at::empty_like(s[2])};
+  }
+};
+
 // Backward: the input's gradient like the input, the weights' like the weights.
 struct WeightedSwigluFunction : public Function<WeightedSwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
@@ -684,9 +703,16 @@ at::Tensor Activation(const ModelConfig& model, bool fused, const at::Tensor& in
     case ActivationKind::kSwiglu:
     case ActivationKind::kQuickGeglu:
       return fused ? FusedGluFunction::apply(input) : EagerGlu(model, input);
+    case ActivationKind::kGeglu:
+      return EagerGlu(model, input);
   }
   MEMSIM_DCHECK(false);
   return at::Tensor();
+}
+
+at::Tensor FlexAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t seq = q.size(0), batch = q.size(1);
+  return FlexAttentionFunction::apply(q, k, v).view({seq, batch, -1});
 }
 
 at::Tensor AttentionSink(const at::Tensor& out, Parameter& offset) {

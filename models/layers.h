@@ -163,9 +163,10 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
 //   gated, unfused: the eager glu(): chunk into gate and linear halves (views), clamp both
 //     when model.activation_clamp_value is set (each clamp saves its input, a view that
 //     keeps fc1's output, and makes an [.., F] copy), the gate's activation (SwiGLU: torch's
-//     silu, which saves its input; quick-GeGLU: the compiled quick_gelu, which saves its
-//     input), the linear half plus the offset (a new [.., F]), and their product, which
-//     saves both factors.
+//     silu, which saves its input; quick-GeGLU and GeGLU: the compiled quick_gelu or
+//     fast_gelu, which saves its input), the linear half plus the offset (a new [.., F]),
+//     and their product, which saves both factors. GeGLU is never fused (Megatron-Core has
+//     no fused fast_gelu): `fused` is ignored for it.
 at::Tensor Activation(const ModelConfig& model, bool fused, const at::Tensor& input);
 // Transformer Engine's ScaledSwiGLU op (transformer_engine/pytorch/ops/basic/swiglu.py,
 // TE 2.18): SwiGLU of `input` [.., 2F] times `weights` [.., 1] -> a new [.., F]; saves
@@ -199,6 +200,15 @@ at::Tensor RotaryEmbedding(const at::Tensor& input);
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
                          int64_t cp = 1, int64_t cp_all_to_all = 1, bool cp_all_gather = false);
+
+// PyTorch's FlexAttention as Megatron-Bridge's Gemma2FlexDotProductAttention calls it
+// (torch.compile'd flex_attention, soft-capped scores, causal or sliding-window block mask;
+// Note [Gemma-2] in transformer.h) on q [S, B, A, D], k and v [S, B, G, D] seen as
+// [B, heads, S, D]: the output takes the query's memory layout (the compiled kernel matches
+// its strides), so the rearrangement back to [S, B, A*D] copies nothing. Saves q, k, v as
+// they are, the output and a float32 log-sum-exp [B, A, S]; backward makes a float32
+// [B, A, S] delta and dq, dk, dv like q, k, v (the kernel sums GQA's shared heads itself).
+at::Tensor FlexAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Transformer Engine's fused attention with a learnable softmax offset (attention sinks):
 // `out` (core attention's output) passes through; what the kernel keeps of `offset` for

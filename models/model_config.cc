@@ -121,6 +121,24 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
         "a clamped SwiGLU needs MoE layers (Megatron-Core: activation_func_clamp_value for "
         "SwiGLU is only supported with MoE)");
   }
+  for (auto [cap, name] : {std::pair{m->attention_logit_softcap, "attention_logit_softcap"},
+                           {m->final_logit_softcap, "final_logit_softcap"}}) {
+    if (!(cap >= 0 && cap < kMaxFactor)) {
+      return Status::Error(std::string(name) + " must be positive and finite (0: none), got " +
+                           FormatNumber(cap));
+    }
+  }
+  if (m->attention_logit_softcap > 0 &&
+      (m->multi_latent_attention() || m->softmax != SoftmaxKind::kVanilla)) {
+    return Status::Error(
+        "soft-capped attention logits are Megatron-Bridge's Gemma-2 attention, which has no "
+        "multi-latent attention and no attention sinks");
+  }
+  if (m->activation == ActivationKind::kGeglu && m->num_experts > 0) {
+    return Status::Error(
+        "GeGLU (fast_gelu) is modelled in dense MLPs only (Gemma-2); Megatron-Core's experts "
+        "fuse SwiGLU and quick-GeGLU");
+  }
   if (m->hidden_dropout < 0 || m->hidden_dropout >= 1 || m->attention_dropout < 0 ||
       m->attention_dropout >= 1) {
     return Status::Error("dropout probabilities must be in [0, 1)");
@@ -244,6 +262,31 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
         "a fused quick-GeGLU runs in MoE experts only: Megatron-Core's dense MLP raises "
         "ValueError (\"Only support fusion of gelu and swiglu\"); turn the fusion off "
         "(Megatron-LM: --no-bias-gelu-fusion)");
+  }
+  if (m.activation == ActivationKind::kGeglu && t.bias_activation_fusion && m.add_bias_linear) {
+    // mlp.py fuses GeLU, SwiGLU and quick-GeGLU only; without biases Megatron turns the
+    // fusion off (arguments.py), so the eager GLU runs.
+    return Status::Error(
+        "a fused GeGLU (fast_gelu) does not exist: Megatron-Core's MLP raises ValueError "
+        "(\"Only support fusion of gelu and swiglu\"); turn the bias-activation fusion off");
+  }
+  if ((m.post_projection_norms || m.attention_logit_softcap > 0) &&
+      t.profile != ProfileKind::kTransformerEngine) {
+    return Status::Error(
+        "Gemma-2's norms after the projections and its soft-capped attention are "
+        "Megatron-Bridge's Transformer Engine layer spec: use profile transformer_engine "
+        "(memsim simulate: --profile transformer_engine)");
+  }
+  if (m.attention_logit_softcap > 0 && t.dropout && m.attention_dropout > 0) {
+    return Status::Error(
+        "attention dropout with soft-capped attention logits is not modelled (Megatron-Bridge's "
+        "Gemma-2 attention then leaves FlexAttention for its unfused path); set "
+        "attention_dropout to 0 as Gemma-2 does");
+  }
+  if (m.post_projection_norms && t.offload_modules != 0) {
+    return Status::Error(
+        "fine-grained activation offloading with norms after the projections (Gemma-2) is not "
+        "modelled");
   }
   if (m.softmax == SoftmaxKind::kOffByOne) {
     return Status::Error(

@@ -36,15 +36,18 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 50;
 
 enum class NormKind { kLayerNorm, kRmsNorm };
 // The MLP's activation: GeLU, SwiGLU (gated: fc1 is 2F wide), squared ReLU (Megatron's
-// --squared-relu: relu(x)^2, Nemotron) or quick-GeGLU (--quick-geglu, gated: quick_gelu of
+// --squared-relu: relu(x)^2, Nemotron), quick-GeGLU (--quick-geglu, gated: quick_gelu of
 // the first half, x * sigmoid(1.702 x), times the second half plus --glu-linear-offset;
-// gpt-oss).
-enum class ActivationKind { kGelu, kSwiglu, kSquaredRelu, kQuickGeglu };
+// gpt-oss) or GeGLU (gated like quick-GeGLU, with Megatron-Core's fast_gelu, the tanh
+// approximation of GeLU; Gemma-2 as Megatron-Bridge builds it, which no Megatron-LM argument
+// selects).
+enum class ActivationKind { kGelu, kSwiglu, kSquaredRelu, kQuickGeglu, kGeglu };
 inline constexpr EnumName<ActivationKind> kActivationNames[] = {
     {ActivationKind::kGelu, "gelu"},
     {ActivationKind::kSwiglu, "swiglu"},
     {ActivationKind::kSquaredRelu, "squared_relu"},
-    {ActivationKind::kQuickGeglu, "quick_geglu"}};
+    {ActivationKind::kQuickGeglu, "quick_geglu"},
+    {ActivationKind::kGeglu, "geglu"}};
 // Core attention's softmax (Megatron-Core's --softmax-type, TransformerConfig.softmax_type):
 // vanilla, or with a sink logit per head added to every row's denominator: zero
 // (off-by-one) or a learned parameter (learnable: gpt-oss's attention sinks).
@@ -100,6 +103,17 @@ struct ModelConfig {
   int64_t qk_pos_emb_head_dim = 0;
   int64_t v_head_dim = 0;
   bool multi_latent_attention() const { return kv_lora_rank > 0; }
+  // Gemma-2 as Megatron-Bridge builds it (Note [Gemma-2] in transformer.h):
+  //   post_projection_norms: a norm of the model's kind on linear_proj's and linear_fc2's
+  //     outputs (TERowParallelLinearLayerNorm), before the residual add;
+  //   attention_logit_softcap > 0: core attention is Gemma2FlexDotProductAttention (PyTorch's
+  //     FlexAttention, scores soft-capped at this value) instead of Transformer Engine's;
+  //   final_logit_softcap > 0: the output layer's logits become c * tanh(logits / c);
+  //   scale_embeddings: the embedding is multiplied by sqrt(H) (EmbeddingScalingMixin).
+  bool post_projection_norms = false;
+  double attention_logit_softcap = 0.0;
+  double final_logit_softcap = 0.0;
+  bool scale_embeddings = false;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
 
@@ -139,7 +153,8 @@ struct ModelConfig {
   int64_t mtp_num_layers = 0;
   // Whether the activation is a gated linear unit (fc1 computes gate and linear halves).
   bool gated() const {
-    return activation == ActivationKind::kSwiglu || activation == ActivationKind::kQuickGeglu;
+    return activation == ActivationKind::kSwiglu || activation == ActivationKind::kQuickGeglu ||
+           activation == ActivationKind::kGeglu;
   }
   // fc1's output width for an FFN of `ffn`: twice it for a gated activation.
   int64_t Fc1Width(int64_t ffn) const { return gated() ? 2 * ffn : ffn; }

@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -199,6 +200,10 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
     layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
     MakeFp8(layer.proj_weight, fp8);
     if (bias) layer.proj_bias = store->Add("bias", {H});
+    if (model_.post_projection_norms) {
+      std::tie(layer.proj_post_norm_weight, layer.proj_post_norm_bias) =
+          AddNorm("post_layernorm", store);
+    }
   }
   std::tie(layer.mlp_norm_weight, layer.mlp_norm_bias) = AddNorm("pre_mlp_layernorm", store);
   ModuleScope s("mlp");
@@ -220,6 +225,10 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   layer.fc2_weight = store->Add("weight", {H, F / tp});
   MakeFp8(layer.fc2_weight, fp8);
   if (bias) layer.fc2_bias = store->Add("bias", {H});
+  if (model_.post_projection_norms) {
+    std::tie(layer.fc2_post_norm_weight, layer.fc2_post_norm_bias) =
+        AddNorm("post_layernorm", store);
+  }
   return layer;
 }
 
@@ -415,18 +424,21 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
   qkv.clear();
   const double attention_dropout = training_.dropout ? model_.attention_dropout : 0.0;
+  // Soft-capped logits: Gemma-2's own core attention, whatever the backend (Note [Gemma-2]).
+  const bool flex = model_.attention_logit_softcap > 0;
+  const bool eager = !flex && training_.attention == AttentionKind::kEager;
   at::Tensor context;
   {
     ModuleScope s("core_attention");
-    auto core = [this, attention_dropout](const std::vector<at::Tensor>& qkv_parts) {
+    auto core = [this, attention_dropout, flex](const std::vector<at::Tensor>& qkv_parts) {
+      if (flex) return FlexAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2]);
       return CoreAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2], training_.attention,
                            attention_dropout, *workspace_, shard_.cp, training_.cp_all_to_all,
                            training_.cp_all_gather);
     };
     // Selective recomputation checkpoints core attention (Megatron's
     // _checkpointed_attention_forward); FlashAttention keeps no S^2 tensor to save.
-    if (training_.Recomputes(RecomputeModule::kCoreAttn) &&
-        training_.attention == AttentionKind::kEager) {
+    if (training_.Recomputes(RecomputeModule::kCoreAttn) && eager) {
       context = Checkpoint(core, {q, k, v});
     } else {
       // Offloading's core_attn region; eager attention's probabilities are saved by the
@@ -435,9 +447,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
       at::Tensor query = q;
       OffloadRegion offload(offloader_.get(), OffloadModule::kCoreAttn, &query);
       context = core({query, k, v});
-      offload.EndSaving({context},
-                        /*largest_saved_twice=*/training_.attention == AttentionKind::kEager &&
-                            attention_dropout == 0);
+      offload.EndSaving({context}, /*largest_saved_twice=*/eager && attention_dropout == 0);
       const bool regenerated = up_projection.has_value();
       offload.Commit(&context, {{q, 1, regenerated}, {k, 1, regenerated}, {v, 1, regenerated}});
     }
@@ -447,14 +457,17 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   ModuleScope s("linear_proj");
   // Offloading's attn_proj region: the projection's input.
   OffloadRegion offload(offloader_.get(), OffloadModule::kAttnProj, &context);
-  at::Tensor out = RowParallelLinear(context, *layer.proj_weight, /*save_original_input=*/true);
+  at::Tensor out = RowParallelLinear(context, *layer.proj_weight, /*save_original_input=*/true,
+                                     layer.proj_post_norm_weight, layer.proj_post_norm_bias);
   offload.EndSaving({out});
   offload.Commit(&out, {{context}});
   return out;
 }
 
 at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Parameter& weight,
-                                               bool save_original_input) {
+                                               bool save_original_input,
+                                               Parameter* post_norm_weight,
+                                               Parameter* post_norm_bias) {
   Fp8LinearOptions fp8;
   fp8.save_original_input = save_original_input;
   if (shard_.sequence_parallel) fp8.reduce_scatter_output_group = shard_.tp;
@@ -464,10 +477,14 @@ at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Paramete
       UsesUserbuffers(training_, shard_) && training_.tp_comm_overlap_ag;
   // The bias is added in BiasDropoutAdd (skip_bias_add).
   at::Tensor out = Linear(input, weight, nullptr, parallelism, fp8);
-  if (weight.fp8.recipe != Fp8Recipe::kNone && shard_.sequence_parallel) return out;
-  return shard_.sequence_parallel
-             ? ReduceScatterToSequenceParallelRegion(out, shard_.tp, parallelism.userbuffer_gather)
-             : ReduceFromTensorParallelRegion(out, shard_.tp);
+  if (weight.fp8.recipe == Fp8Recipe::kNone || !shard_.sequence_parallel) {
+    out = shard_.sequence_parallel
+              ? ReduceScatterToSequenceParallelRegion(out, shard_.tp, parallelism.userbuffer_gather)
+              : ReduceFromTensorParallelRegion(out, shard_.tp);
+  }
+  if (post_norm_weight == nullptr) return out;
+  ModuleScope s("post_layernorm");
+  return Norm(out, post_norm_weight, post_norm_bias);
 }
 
 at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
@@ -494,7 +511,8 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
   h = Activation(model_, training_.bias_activation_fusion, h);
   ModuleScope s("linear_fc2");
-  return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false);
+  return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false,
+                           layer.fc2_post_norm_weight, layer.fc2_post_norm_bias);
 }
 
 at::Tensor TransformerModel::RecomputableNorm(const at::Tensor& x, Parameter* weight,
@@ -711,7 +729,13 @@ at::Tensor TransformerModel::Embed(const at::Tensor& tokens, const at::Tensor& p
   at::Tensor hidden = embeddings.transpose(0, 1).contiguous();  // [S, B, H]
   embeddings.reset();
   if (shard_.sequence_parallel) hidden = ScatterToSequenceParallelRegion(hidden, tp);
-  return Dropout(hidden, hidden_dropout());
+  hidden = Dropout(hidden, hidden_dropout());
+  // EmbeddingScalingMixin: the whole embedding's output times a 0-dim host tensor (no
+  // device memory; its backward saves only that factor).
+  if (model_.scale_embeddings) {
+    hidden = hidden * std::sqrt(static_cast<double>(model_.hidden_size));
+  }
+  return hidden;
 }
 
 namespace {
@@ -851,7 +875,15 @@ at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden) {
   LinearParallelism parallelism = ColumnParallel();
   parallelism.deferred = deferred_wgrad_;
   auto run = [&](const at::Tensor& x) {
-    return Linear(x, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
+    at::Tensor logits = Linear(x, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
+    if (const double cap = model_.final_logit_softcap; cap > 0) {
+      // Gemma2OutputLayer's logit_softcapping, cap * tanh(logits / cap), statement by
+      // statement as Python frees: logits / cap goes once tanh has run; tanh keeps its output
+      // for backward; the raw logits go when the layer returns.
+      const at::Tensor capped = at::tanh(logits / cap);
+      logits = capped * cap;
+    }
+    return logits;
   };
   return shard_.wrap_layer ? shard_.wrap_layer(ModelShard::kOutputLayerUnit, hidden, run)
                            : run(hidden);
@@ -894,7 +926,11 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
       labels = at::empty({B, S}, meta.dtype(at::kLong));
       loss_mask = at::empty({B, S}, meta.dtype(at::kFloat));
     }
-    attention_mask = at::empty({B, 1, S, S}, meta.dtype(at::kBool));
+    // None with soft-capped attention: Megatron-Bridge's default data path passes no mask
+    // (skip_getting_attention_mask_from_dataset), which its Gemma-2 FlexAttention requires.
+    if (model_.attention_logit_softcap == 0) {
+      attention_mask = at::empty({B, 1, S, S}, meta.dtype(at::kBool));
+    }
   }
   at::Tensor hidden = embed ? Embed(tokens, position_ids) : input;
   hidden = Layers(chunk, hidden);

@@ -28,11 +28,13 @@
 //     self_attention.core_attention.softmax_offset (A/tp)        learnable softmax (sinks)
 //     self_attention.linear_proj.weight      (H, A * D / tp; A * Dv / tp with MLA)
 //     self_attention.linear_proj.bias        (H)                  if add_bias_linear
+//     self_attention.linear_proj.post_layernorm.weight/.bias (H)  post_projection_norms
 //     pre_mlp_layernorm.weight / .bias       (H)
-//     mlp.linear_fc1.weight                  (F/tp, H); (2F/tp, H) gated (SwiGLU, quick-GeGLU)
+//     mlp.linear_fc1.weight                  (F/tp, H); (2F/tp, H) gated (SwiGLU, GeGLUs)
 //     mlp.linear_fc1.bias                    (F/tp or 2F/tp)      if add_bias_linear
 //     mlp.linear_fc2.weight                  (H, F/tp)
 //     mlp.linear_fc2.bias                    (H)                  if add_bias_linear
+//     mlp.linear_fc2.post_layernorm.weight/.bias (H)              post_projection_norms
 //     MoE layers (num_experts > 0, from layer moe_first_k_dense_layers on) replace
 //     mlp.linear_fc1/fc2 with a router and experts: see moe.h
 //   decoder.final_layernorm.weight / .bias   (H)                  last stage
@@ -99,6 +101,34 @@
 // temporaries are not modelled (the roll is cp = 1's). Refused: MTP layers outside the
 // loss's chunk (Note [Pipeline layout] in parallel/layout.h), and in megatron_args.cc
 // repeated layers, detached heads, hidden-state mixing.
+//
+// Note [Gemma-2]
+// Megatron-Core 0.20 has no Gemma-2; Megatron-Bridge builds it on Megatron-Core's GPTModel
+// with a layer spec of its own (NVIDIA-NeMo/Megatron-Bridge 067f987d: models/gemma/
+// gemma2_provider.py, gemma2_bridge.py, modules.py, models/common/te_layers.py), and memsim
+// models that (ModelConfig's Gemma-2 fields; Hugging Face's gemma2 configs map onto them):
+//   * Transformer Engine layers: linear_qkv and linear_fc1 fuse the input and pre-FFN
+//     RMSNorms as usual; linear_proj and linear_fc2 are TERowParallelLinearLayerNorm: the
+//     row-parallel linear, then TENorm on its reduced (with SP reduce-scattered) output
+//     before the residual add. Each post norm keeps the linear's output, which was freed
+//     after the add before, and its float32 rsigma: 2 * (2SBH + 4SB) more a layer (/tp with
+//     SP), and makes one more [S, B, H] on the way.
+//   * Core attention is Gemma2FlexDotProductAttention whatever the attention backend:
+//     PyTorch's FlexAttention (torch.compile'd; PyTorch 2.5 or later), the scores soft-capped
+//     inside the kernel and a sliding window on odd-numbered layers. It keeps what cuDNN's
+//     fused attention keeps, less the RNG state (FlexAttention in layers.h). It takes the
+//     unfused path instead when given an attention mask or dropout: Megatron-Bridge's data
+//     path passes no mask by default (skip_getting_attention_mask_from_dataset), so get_batch
+//     allocates none, and memsim refuses attention dropout. Context parallelism raises.
+//   * The MLP is GeGLU with fast_gelu (eager glu(); no fused kernel exists).
+//   * The embedding's output is multiplied by sqrt(H) (EmbeddingScalingMixin): one more
+//     transient [S, B, H].
+//   * The output layer soft-caps its logits, c * tanh(logits / c) (Gemma2OutputLayer): while
+//     it runs three [S, B, V/tp] 16-bit tensors live where there was one, and tanh's output
+//     stays for backward: 2SBV/tp more until the loss's backward.
+// Not modelled: FlexAttention's block masks, made at each layer's first forward and cached
+// (eight int32 tensors of at most (S/128)^2 elements, about 66 KiB a layer at S = 8192,
+// and a transient S x S bool while made).
 //
 // Note [Recompute modules]
 // Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:
@@ -241,12 +271,16 @@ class TransformerModel {
     Parameter* softmax_offset;  // the learnable softmax's attention sinks; null otherwise
     Parameter* proj_weight;
     Parameter* proj_bias;
+    Parameter* proj_post_norm_weight;  // post_projection_norms only (Note [Gemma-2])
+    Parameter* proj_post_norm_bias;
     Parameter* mlp_norm_weight;
     Parameter* mlp_norm_bias;
     Parameter* fc1_weight;
     Parameter* fc1_bias;
     Parameter* fc2_weight;
     Parameter* fc2_bias;
+    Parameter* fc2_post_norm_weight;  // post_projection_norms only
+    Parameter* fc2_post_norm_bias;
     bool moe;  // the MLP is a mixture of experts (moe.h) instead of fc1/fc2
     MoeParameters experts;
   };
@@ -296,9 +330,11 @@ class TransformerModel {
                                              bool norm_outputs_owned);
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
   // linear_proj or linear_fc2: a row-parallel linear, its output reduced over tp (with
-  // sequence parallelism an FP8 linear reduce-scatters it itself).
-  at::Tensor RowParallelLinear(const at::Tensor& input, Parameter& weight,
-                               bool save_original_input);
+  // sequence parallelism an FP8 linear reduce-scatters it itself), then normalized by
+  // `post_norm_weight` when it is not null (Megatron-Bridge's TERowParallelLinearLayerNorm).
+  at::Tensor RowParallelLinear(const at::Tensor& input, Parameter& weight, bool save_original_input,
+                               Parameter* post_norm_weight = nullptr,
+                               Parameter* post_norm_bias = nullptr);
   at::Tensor Layers(int64_t chunk, const at::Tensor& hidden);
   at::Tensor Embed(const at::Tensor& tokens, const at::Tensor& position_ids);
   // The k depths after the decoder's output: [(1+k)S', B, H] (Note [Multi-token prediction]).

@@ -297,6 +297,11 @@ Status FinalizeUnchecked(RunSpec* spec) {
         "all-gather context parallelism is Transformer Engine's (profile transformer_engine), "
         "alone for every layer");
   }
+  if (l.cp > 1 && spec->model.attention_logit_softcap > 0) {
+    return Status::Error(
+        "context parallelism with soft-capped attention logits (Gemma-2) does not exist: "
+        "Megatron-Bridge's Gemma2DotProductAttention raises ValueError for CP > 1");
+  }
   if (l.cp > 1 && t.attention == AttentionKind::kEager) {
     return Status::Error(
         "context parallelism needs flash or fused attention (as Megatron-LM's CP does)");

@@ -189,8 +189,15 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ValidatedRun& run, int64
       !(l.sequence_parallel && t.recompute == RecomputeKind::kSelective)) {
     caveats.push_back("activations ignore SwiGLU's width");
   }
-  if (m.activation == ActivationKind::kQuickGeglu) {
-    caveats.push_back("quick-GeGLU counted as an ungated MLP (the formula reads --swiglu only)");
+  if (m.activation == ActivationKind::kQuickGeglu || m.activation == ActivationKind::kGeglu) {
+    caveats.push_back(
+        std::string(m.activation == ActivationKind::kGeglu ? "GeGLU" : "quick-GeGLU") +
+        " counted as an ungated MLP (the formula reads --swiglu only)");
+  }
+  if (m.post_projection_norms || m.final_logit_softcap > 0 || m.scale_embeddings) {
+    caveats.push_back(
+        "Gemma-2's norms after the projections, logit soft-capping and embedding scaling "
+        "ignored");
   }
   if (l.first_stage_layers > 0 || l.last_stage_layers > 0 || !l.pipeline_layout.empty()) {
     caveats.push_back("uneven pipeline stages ignored on the first stage");

@@ -15,6 +15,7 @@
 #include "models/parameters.h"
 #include "models/transformer.h"
 #include "parallel/rank_training.h"
+#include "parallel/run_spec.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
 #include "simulator/tracking_allocator.h"
@@ -830,6 +831,122 @@ TEST(Activations, EagerGatedActivationsKeepTheirIntermediates) {
   EXPECT_EQ(per_layer(ActivationKind::kQuickGeglu, false, 7.0) - fused_swiglu, 6 * S * B * F);
   // The fused quick-GeGLU kernel keeps its input alone, as SwiGLU's does.
   EXPECT_EQ(per_layer(ActivationKind::kQuickGeglu, true, 7.0), fused_swiglu);
+  // GeGLU (fast_gelu) has no fused kernel: the eager glu() runs whatever the fusion says.
+  EXPECT_EQ(per_layer(ActivationKind::kGeglu, true, 0) - fused_swiglu, 4 * S * B * F);
+}
+
+// Gemma-2 as Megatron-Bridge builds it (Note [Gemma-2] in transformer.h), each feature
+// against the same Llama layer on Transformer Engine with cuDNN fused attention (bf16, no
+// dropout, tp = 1, B > 1), worked out from Megatron-Bridge's modules:
+//   post_projection_norms: linear_proj's and linear_fc2's outputs, kept by their post
+//     norms, and each norm's float32 rsigma [S*B]: 2 * (2SBH + 4SB) a layer;
+//   soft-capped attention: FlexAttention keeps q, k, v, the output and the float32
+//     log-sum-exp as the fused kernel does, without its int64[2] RNG state: 16 bytes less a
+//     layer; and get_batch puts no [B, 1, S, S] bool attention mask on the GPU: BS^2 less;
+//   final logit soft-capping: tanh's output [S, B, V] 16-bit, 2SBV, kept until backward;
+//   embedding scaling: a transient only, nothing more kept.
+struct Gemma2Run {
+  static constexpr int64_t S = 64, B = 2, H = 256, A = 8, G = 2, F = 512, V = 1024;
+  // Activation bytes after the forward of an L-layer model configured by `configure`.
+  static int64_t AfterForward(int64_t layers, const std::function<void(ModelConfig*)>& configure) {
+    ModelConfig m = test::Llama(layers, H, A, G, F, V);
+    configure(&m);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFused);
+    t.profile = ProfileKind::kTransformerEngine;
+    const Status valid = ValidateTrainingConfig(t, m);
+    EXPECT_TRUE(valid.ok()) << valid.message();
+    return ActivationBytesAfterForward(m, t);
+  }
+  static int64_t PerLayer(const std::function<void(ModelConfig*)>& configure) {
+    return AfterForward(2, configure) - AfterForward(1, configure);
+  }
+  // Bytes get_batch puts on the GPU for a one-layer model's forward.
+  static int64_t BatchBytes(const std::function<void(ModelConfig*)>& configure) {
+    ModelConfig m = test::Llama(1, H, A, G, F, V);
+    configure(&m);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFused);
+    t.profile = ProfileKind::kTransformerEngine;
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
+      int64_t bytes = 0;
+      for (const StorageInfo& s : r.storages()) {
+        if (r.names().Name(s.module) == "batch") bytes += s.size_bytes;
+      }
+      return bytes;
+    });
+  }
+};
+
+TEST(Activations, Gemma2PostNormsFlexAttentionAndSoftCaps) {
+  using R = Gemma2Run;
+  const auto llama = [](ModelConfig*) {};
+  const int64_t te_layer = R::PerLayer(llama);
+  EXPECT_EQ(R::PerLayer([](ModelConfig* m) { m->post_projection_norms = true; }) - te_layer,
+            2 * (2 * R::S * R::B * R::H + 4 * R::S * R::B));
+  const auto softcapped_attention = [](ModelConfig* m) { m->attention_logit_softcap = 50; };
+  EXPECT_EQ(R::PerLayer(softcapped_attention) - te_layer, -16);
+  EXPECT_EQ(R::BatchBytes(llama) - R::BatchBytes(softcapped_attention), R::B * R::S * R::S);
+  EXPECT_EQ(R::AfterForward(1, [](ModelConfig* m) { m->final_logit_softcap = 30; }) -
+                R::AfterForward(1, llama),
+            2 * R::S * R::B * R::V);
+  EXPECT_EQ(R::AfterForward(1, [](ModelConfig* m) { m->scale_embeddings = true; }),
+            R::AfterForward(1, llama));
+}
+
+// What Megatron-Bridge's Gemma-2 cannot run, or memsim does not model, is refused.
+TEST(TrainingConfig, Gemma2Refusals) {
+  ModelConfig m = test::Llama(2, 256, 8, 2, 512, 1024);
+  m.activation = ActivationKind::kGeglu;
+  m.post_projection_norms = true;
+  m.attention_logit_softcap = 50;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t = Bf16WithoutDropout(64, 2, AttentionKind::kFused);
+  EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
+            "Gemma-2's norms after the projections and its soft-capped attention are "
+            "Megatron-Bridge's Transformer Engine layer spec: use profile transformer_engine "
+            "(memsim simulate: --profile transformer_engine)");
+  t.profile = ProfileKind::kTransformerEngine;
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  ModelConfig with_dropout = m;
+  with_dropout.attention_dropout = 0.1;
+  t.dropout = true;
+  EXPECT_EQ(ValidateTrainingConfig(t, with_dropout).message(),
+            "attention dropout with soft-capped attention logits is not modelled (Megatron-"
+            "Bridge's Gemma-2 attention then leaves FlexAttention for its unfused path); set "
+            "attention_dropout to 0 as Gemma-2 does");
+  ModelConfig with_biases = m;
+  with_biases.add_bias_linear = true;
+  EXPECT_EQ(ValidateTrainingConfig(t, with_biases).message(),
+            "a fused GeGLU (fast_gelu) does not exist: Megatron-Core's MLP raises ValueError "
+            "(\"Only support fusion of gelu and swiglu\"); turn the bias-activation fusion off");
+  t.dropout = false;
+  t.offload_modules = OffloadModuleBit(OffloadModule::kCoreAttn);
+  EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
+            "fine-grained activation offloading with norms after the projections (Gemma-2) is "
+            "not modelled");
+
+  ModelConfig experts = test::Llama(2, 256, 8, 2, 512, 1024);
+  experts.activation = ActivationKind::kGeglu;
+  experts.num_experts = 4;
+  EXPECT_EQ(FinalizeModelConfig(&experts).message(),
+            "GeGLU (fast_gelu) is modelled in dense MLPs only (Gemma-2); Megatron-Core's experts "
+            "fuse SwiGLU and quick-GeGLU");
+  ModelConfig negative = test::Llama(2, 256, 8, 2, 512, 1024);
+  negative.final_logit_softcap = -1;
+  EXPECT_EQ(FinalizeModelConfig(&negative).message(),
+            "final_logit_softcap must be positive and finite (0: none), got -1");
+
+  RunSpec spec;
+  spec.model = m;
+  spec.training = Bf16WithoutDropout(64, 2, AttentionKind::kFused);
+  spec.training.profile = ProfileKind::kTransformerEngine;
+  spec.layout.world_size = 2;
+  spec.layout.cp = 2;
+  std::optional<ValidatedRun> run;
+  EXPECT_EQ(FinalizeRunSpec(spec, &run).message(),
+            "context parallelism with soft-capped attention logits (Gemma-2) does not exist: "
+            "Megatron-Bridge's Gemma2DotProductAttention raises ValueError for CP > 1");
 }
 
 // A learnable softmax offset (attention sinks) with Transformer Engine's fused attention:
@@ -1006,6 +1123,26 @@ TEST(ParameterCount, GptOss) {
   EXPECT_EQ(ParameterCount(gpt_oss(24, 32)), int64_t{20914757184});
   EXPECT_EQ(ParameterCount(gpt_oss(36, 128)), 36 * int64_t{3213080192} + embeddings);
   EXPECT_EQ(ParameterCount(gpt_oss(36, 128)), int64_t{116829156672});
+}
+
+// Gemma-2-9B (HfConfig.Gemma2_9B): H = 3584, 16 heads and 8 KV heads of D = 256, GeGLU
+// with F = 14336, V = 256000 tied, no biases. Per layer: linear_qkv (16 + 2 * 8) * 256 * H
+// = 29,360,128, linear_proj 4096 * H = 14,680,064, fc1 2FH = 102,760,448, fc2 FH =
+// 51,380,224, four norms 4H = 14,336 (input, post-attention, pre-FFN, post-FFN):
+// 198,195,200; 42 of them, the embedding VH and the final norm H: 9,241,705,984, the
+// model card's 9.24B and Hugging Face's count of the checkpoint.
+TEST(ParameterCount, Gemma2_9B) {
+  ModelConfig m = Llama(42, 3584, 16, 8, 14336, 256000);
+  m.kv_channels = 256;
+  m.activation = ActivationKind::kGeglu;
+  m.tie_embeddings = true;
+  m.post_projection_norms = true;
+  m.scale_embeddings = true;
+  m.attention_logit_softcap = 50;
+  m.final_logit_softcap = 30;
+  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine),
+            42 * int64_t{198195200} + int64_t{256000} * 3584 + 3584);
+  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine), int64_t{9241705984});
 }
 
 // GLM-4.5-Air (HfConfig.Glm45Air): H = 4096, 96 heads and 8 KV heads of D = 128, q/k/v

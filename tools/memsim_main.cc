@@ -63,9 +63,9 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "--version") {
-    std::printf("memsim %s\nmodels %s, %s, %s\n", memsim::kMemsimVersion,
+    std::printf("memsim %s\nmodels %s, %s, %s; %s\n", memsim::kMemsimVersion,
                 memsim::kModelledMegatronCore, memsim::kModelledTransformerEngine,
-                memsim::kModelledPyTorch);
+                memsim::kModelledPyTorch, memsim::kModelledMegatronBridge);
     return memsim::kExitOk;
   }
   try {

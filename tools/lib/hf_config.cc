@@ -30,7 +30,8 @@ enum class Family {
   kDeepseekV3,
   kGlm4Moe,
   kPhi3,
-  kGptOss
+  kGptOss,
+  kGemma2
 };
 
 struct FamilyInfo {
@@ -50,6 +51,7 @@ constexpr FamilyInfo kFamilies[] = {
     {"glm4_moe", "Glm4MoeForCausalLM", Family::kGlm4Moe},
     {"phi3", "Phi3ForCausalLM", Family::kPhi3},
     {"gpt_oss", "GptOssForCausalLM", Family::kGptOss},
+    {"gemma2", "Gemma2ForCausalLM", Family::kGemma2},
 };
 
 // Keys that do not change training memory, accepted and ignored in every family:
@@ -163,6 +165,9 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
               "aux_loss_alpha", "seq_aux", "rope_interleave"};
     case Family::kGlm4Moe:
       return {"norm_topk_prob", "partial_rotary_factor"};
+    case Family::kGemma2:
+      // query_pre_attn_scalar: the scores' scale; cache_implementation: inference only.
+      return {"sliding_window", "query_pre_attn_scalar", "cache_implementation"};
   }
   return {};
 }
@@ -356,9 +361,6 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   static constexpr char kGemma3[] =
       "Gemma-3's norms after attention and the MLP are not in Megatron-Core 0.20";
   static constexpr std::pair<const char*, const char*> kRefused[] = {
-      {"gemma2",
-       "Gemma-2's soft-capped attention logits and its norms after attention and the MLP are "
-       "not in Megatron-Core 0.20 (Megatron-Bridge adds them)"},
       {"gemma3", kGemma3},
       {"gemma3_text", kGemma3},
       {"glm4", "GLM-4's norms after attention and the MLP are not in Megatron-Core 0.20"},
@@ -398,7 +400,7 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   m.norm = NormKind::kRmsNorm;
   m.activation = ActivationKind::kSwiglu;
   m.position = PositionKind::kRope;
-  m.tie_embeddings = false;
+  m.tie_embeddings = family == Family::kGemma2;  // Gemma2Config ties them by default
   m.add_bias_linear = false;
   m.add_qkv_bias = family == Family::kQwen2;  // Qwen2's q/k/v projections always have biases
   m.hidden_dropout = 0.0;
@@ -420,9 +422,21 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   // RoPE models have no position table: the length limit allocates nothing.
   int64_t max_positions = 0;
   MEMSIM_RETURN_IF_ERROR(r.Int("max_position_embeddings", false, &max_positions));
-  std::string act = "silu";
+  std::string act = family == Family::kGemma2 ? "gelu_pytorch_tanh" : "silu";
   MEMSIM_RETURN_IF_ERROR(r.String("hidden_act", false, &act));
-  if (act != "silu") {
+  if (family == Family::kGemma2) {
+    // Gemma2Config also writes hidden_activation; Megatron-Bridge builds fast_gelu, the tanh
+    // approximation, from either.
+    std::string activation = "gelu_pytorch_tanh";
+    MEMSIM_RETURN_IF_ERROR(r.String("hidden_activation", false, &activation));
+    for (const std::string& name : {act, activation}) {
+      if (name != "gelu_pytorch_tanh") {
+        return Status::Error(path + ": activation '" + name +
+                             "' is not modelled for gemma2 (Megatron-Bridge builds GeGLU with "
+                             "fast_gelu: gelu_pytorch_tanh)");
+      }
+    }
+  } else if (act != "silu") {
     return Status::Error(path + ": hidden_act '" + act +
                          "' is not modelled (memsim's gated MLP is SwiGLU: hidden_act silu)");
   }
@@ -543,6 +557,31 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
                              "attention)");
       }
       m.num_query_groups = 0;  // no grouped-query attention
+      break;
+    }
+    case Family::kGemma2: {
+      // Gemma2ForCausalLM as Megatron-Bridge's Gemma2Bridge and Gemma2ModelProvider build it
+      // (Note [Gemma-2] in models/transformer.h): GeGLU, tied embeddings scaled by sqrt(H),
+      // norms after the attention and MLP projections, soft-capped attention and final
+      // logits, no biases, no dropout.
+      m.activation = ActivationKind::kGeglu;
+      m.post_projection_norms = true;
+      m.scale_embeddings = true;
+      m.attention_dropout = 0.0;  // the bridge sets it whatever the file says
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      bool attention_bias = false;
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
+      if (attention_bias) {
+        return Status::Error(path + ": attention_bias true is not modelled for gemma2 " +
+                             "(Megatron-Bridge's Gemma-2 has no biases)");
+      }
+      m.attention_logit_softcap = 50.0;  // Gemma2Config's defaults
+      m.final_logit_softcap = 30.0;
+      MEMSIM_RETURN_IF_ERROR(r.Number("attn_logit_softcapping", &m.attention_logit_softcap));
+      MEMSIM_RETURN_IF_ERROR(r.Number("final_logit_softcapping", &m.final_logit_softcap));
+      note(
+          "Gemma-2 is modelled as Megatron-Bridge builds it, on Transformer Engine layers "
+          "with FlexAttention (memsim simulate: --profile transformer_engine)");
       break;
     }
     case Family::kGlm4Moe: {

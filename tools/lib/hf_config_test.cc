@@ -310,6 +310,66 @@ TEST(HfConfig, Glm45Air) {
   EXPECT_NE(notes[0].find("num_nextn_predict_layers 1 ignored"), std::string::npos);
 }
 
+// google/gemma-2-9b's config.json (transformers 4.42), as Megatron-Bridge's Gemma2Bridge
+// maps it: GeGLU (fast_gelu), tied embeddings scaled by sqrt(H), norms after both
+// projections, soft-capped attention (50) and final logits (30), head_dim 256 (not
+// 3584 / 16), no dropout. ParameterCount.Gemma2_9B counts its parameters.
+TEST(HfConfig, Gemma2_9B) {
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("gemma-2-9b", R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
+  "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+  "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.0.dev0",
+  "use_cache": true, "vocab_size": 256000
+})"),
+                           &m, &notes)
+                  .ok());
+  EXPECT_EQ(m.num_layers, 42);
+  EXPECT_EQ(m.hidden_size, 3584);
+  EXPECT_EQ(m.num_attention_heads, 16);
+  EXPECT_EQ(m.num_query_groups, 8);
+  EXPECT_EQ(m.kv_channels, 256);
+  EXPECT_EQ(m.ffn_hidden_size, 14336);
+  EXPECT_EQ(m.vocab_size, 256000);
+  EXPECT_EQ(m.norm, NormKind::kRmsNorm);
+  EXPECT_EQ(m.activation, ActivationKind::kGeglu);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_TRUE(m.scale_embeddings);
+  EXPECT_TRUE(m.post_projection_norms);
+  EXPECT_FALSE(m.add_bias_linear);
+  EXPECT_FALSE(m.add_qkv_bias);
+  EXPECT_EQ(m.attention_logit_softcap, 50.0);
+  EXPECT_EQ(m.final_logit_softcap, 30.0);
+  EXPECT_EQ(m.hidden_dropout, 0.0);
+  EXPECT_EQ(m.attention_dropout, 0.0);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("--profile transformer_engine"), std::string::npos);
+
+  const std::string gemma2 = R"({"model_type": "gemma2", "hidden_size": 256,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 512, "vocab_size": 1024)";
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("gemma2-small", gemma2 + "}"), &m).ok());
+  EXPECT_TRUE(m.tie_embeddings);               // Gemma2Config's default
+  EXPECT_EQ(m.attention_logit_softcap, 50.0);  // and its soft caps'
+  EXPECT_EQ(m.final_logit_softcap, 30.0);
+  ASSERT_TRUE(
+      LoadHfConfig(WriteConfig("gemma2-dropout", gemma2 + R"(, "attention_dropout": 0.1})"), &m)
+          .ok());
+  EXPECT_EQ(m.attention_dropout, 0.0);  // the bridge sets 0 whatever the file says
+  const std::string gelu = WriteConfig("gemma2-gelu", gemma2 + R"(, "hidden_activation": "gelu"})");
+  EXPECT_EQ(LoadHfConfig(gelu, &m).message(),
+            gelu +
+                ": activation 'gelu' is not modelled for gemma2 (Megatron-Bridge builds GeGLU "
+                "with fast_gelu: gelu_pytorch_tanh)");
+}
+
 TEST(HfConfig, Qwen3_32BAndQwen3MoE) {
   // Qwen/Qwen3-32B/config.json: explicit head_dim (128, not 5120 / 64) and q/k norms.
   ModelConfig m;
@@ -637,13 +697,12 @@ TEST(HfConfig, Errors) {
             "FILE: 'vocab_size' is 18446744073709551615, out of range");
   EXPECT_EQ(ErrorOf(R"({"model_type": 7})"), "FILE: 'model_type' must be a string, got 7");
 
-  EXPECT_EQ(ErrorOf(R"({"model_type": "gemma2"})"),
-            "FILE: model_type 'gemma2' is not modelled: Gemma-2's soft-capped attention logits "
-            "and its norms after attention and the MLP are not in Megatron-Core 0.20 "
-            "(Megatron-Bridge adds them)");
+  EXPECT_EQ(ErrorOf(R"({"model_type": "gemma3"})"),
+            "FILE: model_type 'gemma3' is not modelled: Gemma-3's norms after attention and the "
+            "MLP are not in Megatron-Core 0.20");
   EXPECT_EQ(ErrorOf(R"({"model_type": "gpt2"})"),
             "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
-            "qwen3_moe, mixtral, deepseek_v3, glm4_moe, phi3, gpt_oss)");
+            "qwen3_moe, mixtral, deepseek_v3, glm4_moe, phi3, gpt_oss, gemma2)");
   EXPECT_EQ(ErrorOf(Llama(R"(, "architectures": ["LlamaForSequenceClassification"])")),
             "FILE: unsupported architecture \"LlamaForSequenceClassification\" for model_type "
             "llama (memsim builds LlamaForCausalLM)");

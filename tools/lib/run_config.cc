@@ -219,6 +219,10 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       i64("qk_pos_emb_head_dim", &m->qk_pos_emb_head_dim),
       i64("v_head_dim", &m->v_head_dim),
       f64("activation_clamp_value", &m->activation_clamp_value),
+      flag("post_projection_norms", &m->post_projection_norms),
+      f64("attention_logit_softcap", &m->attention_logit_softcap),
+      f64("final_logit_softcap", &m->final_logit_softcap),
+      flag("scale_embeddings", &m->scale_embeddings),
       {"softmax",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "softmax", &ParseSoftmax, &m->softmax);
