@@ -273,8 +273,8 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   if ((m.post_projection_norms || m.attention_logit_softcap > 0) &&
       t.profile != ProfileKind::kTransformerEngine) {
     return Status::Error(
-        "Gemma-2's norms after the projections and its soft-capped attention are "
-        "Megatron-Bridge's Transformer Engine layer spec: use profile transformer_engine "
+        "Gemma's norms after the projections and Gemma-2's soft-capped attention are "
+        "Megatron-Bridge's Transformer Engine layer specs: use profile transformer_engine "
         "(memsim simulate: --profile transformer_engine)");
   }
   if (m.attention_logit_softcap > 0 && t.dropout && m.attention_dropout > 0) {
@@ -285,7 +285,7 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   }
   if (m.post_projection_norms && t.offload_modules != 0) {
     return Status::Error(
-        "fine-grained activation offloading with norms after the projections (Gemma-2) is not "
+        "fine-grained activation offloading with norms after the projections (Gemma) is not "
         "modelled");
   }
   if (m.softmax == SoftmaxKind::kOffByOne) {

@@ -103,7 +103,7 @@ struct ModelConfig {
   int64_t qk_pos_emb_head_dim = 0;
   int64_t v_head_dim = 0;
   bool multi_latent_attention() const { return kv_lora_rank > 0; }
-  // Gemma-2 as Megatron-Bridge builds it (Note [Gemma-2] in transformer.h):
+  // Gemma-2 and Gemma-3 as Megatron-Bridge builds them (Note [Gemma-2] in transformer.h):
   //   post_projection_norms: a norm of the model's kind on linear_proj's and linear_fc2's
   //     outputs (TERowParallelLinearLayerNorm), before the residual add;
   //   attention_logit_softcap > 0: core attention is Gemma2FlexDotProductAttention (PyTorch's

@@ -129,6 +129,10 @@
 // Not modelled: FlexAttention's block masks, made at each layer's first forward and cached
 // (eight int32 tensors of at most (S/128)^2 elements, about 66 KiB a layer at S = 8192,
 // and a transient S x S bool while made).
+// Gemma-3's text model (gemma3_provider.py, gemma3_bridge.py) is the same layer with q/k
+// RMSNorms (TENorm) and Transformer Engine's own attention (its flash backend), sliding on
+// five layers of six, with no soft-capping; its two RoPE tables are not modelled, as no RoPE
+// table is.
 //
 // Note [Recompute modules]
 // Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:

@@ -196,7 +196,7 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ValidatedRun& run, int64
   }
   if (m.post_projection_norms || m.final_logit_softcap > 0 || m.scale_embeddings) {
     caveats.push_back(
-        "Gemma-2's norms after the projections, logit soft-capping and embedding scaling "
+        "Gemma's norms after the projections, logit soft-capping and embedding scaling "
         "ignored");
   }
   if (l.first_stage_layers > 0 || l.last_stage_layers > 0 || !l.pipeline_layout.empty()) {

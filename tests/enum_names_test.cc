@@ -34,7 +34,7 @@ TEST(EnumNames, EveryTableRoundTrips) {
   ExpectRoundTrips(kPhaseNames, kNumPhases);
   ExpectRoundTrips(kCategoryNames, kNumCategories);
   ExpectRoundTrips(kPrecisionNames, 3);
-  ExpectRoundTrips(kActivationNames, 4);
+  ExpectRoundTrips(kActivationNames, 5);
   ExpectRoundTrips(kSoftmaxNames, 3);
   ExpectRoundTrips(kAttentionNames, 3);
   ExpectRoundTrips(kRecomputeNames, 3);

@@ -903,8 +903,8 @@ TEST(TrainingConfig, Gemma2Refusals) {
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
   TrainingConfig t = Bf16WithoutDropout(64, 2, AttentionKind::kFused);
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
-            "Gemma-2's norms after the projections and its soft-capped attention are "
-            "Megatron-Bridge's Transformer Engine layer spec: use profile transformer_engine "
+            "Gemma's norms after the projections and Gemma-2's soft-capped attention are "
+            "Megatron-Bridge's Transformer Engine layer specs: use profile transformer_engine "
             "(memsim simulate: --profile transformer_engine)");
   t.profile = ProfileKind::kTransformerEngine;
   EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
@@ -923,8 +923,8 @@ TEST(TrainingConfig, Gemma2Refusals) {
   t.dropout = false;
   t.offload_modules = OffloadModuleBit(OffloadModule::kCoreAttn);
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
-            "fine-grained activation offloading with norms after the projections (Gemma-2) is "
-            "not modelled");
+            "fine-grained activation offloading with norms after the projections (Gemma) is not "
+            "modelled");
 
   ModelConfig experts = test::Llama(2, 256, 8, 2, 512, 1024);
   experts.activation = ActivationKind::kGeglu;
@@ -1143,6 +1143,24 @@ TEST(ParameterCount, Gemma2_9B) {
   EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine),
             42 * int64_t{198195200} + int64_t{256000} * 3584 + 3584);
   EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine), int64_t{9241705984});
+}
+
+// Gemma-3-1B (HfConfig.Gemma3_1B): H = 1152, 4 heads and 1 KV head of D = 256, GeGLU with
+// F = 6912, V = 262144 tied. Per layer: linear_qkv (4 + 2) * 256 * H = 1,769,472,
+// linear_proj 1024 * H = 1,179,648, the MLP 3FH = 23,887,872, four norms 4H and the q/k
+// norms 2D: 26,842,112; 26 of them, the embedding and the final norm: 999,885,952 (the
+// model card's 1B).
+TEST(ParameterCount, Gemma3_1B) {
+  ModelConfig m = Llama(26, 1152, 4, 1, 6912, 262144);
+  m.kv_channels = 256;
+  m.activation = ActivationKind::kGeglu;
+  m.qk_layernorm = true;
+  m.tie_embeddings = true;
+  m.post_projection_norms = true;
+  m.scale_embeddings = true;
+  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine),
+            26 * int64_t{26842112} + int64_t{262144} * 1152 + 1152);
+  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine), int64_t{999885952});
 }
 
 // GLM-4.5-Air (HfConfig.Glm45Air): H = 4096, 96 heads and 8 KV heads of D = 128, q/k/v

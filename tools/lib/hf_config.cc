@@ -31,7 +31,8 @@ enum class Family {
   kGlm4Moe,
   kPhi3,
   kGptOss,
-  kGemma2
+  kGemma2,
+  kGemma3Text
 };
 
 struct FamilyInfo {
@@ -52,6 +53,7 @@ constexpr FamilyInfo kFamilies[] = {
     {"phi3", "Phi3ForCausalLM", Family::kPhi3},
     {"gpt_oss", "GptOssForCausalLM", Family::kGptOss},
     {"gemma2", "Gemma2ForCausalLM", Family::kGemma2},
+    {"gemma3_text", "Gemma3ForCausalLM", Family::kGemma3Text},
 };
 
 // Keys that do not change training memory, accepted and ignored in every family:
@@ -168,6 +170,12 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
     case Family::kGemma2:
       // query_pre_attn_scalar: the scores' scale; cache_implementation: inference only.
       return {"sliding_window", "query_pre_attn_scalar", "cache_implementation"};
+    case Family::kGemma3Text:
+      // Also which layers slide and the local layers' RoPE base; Megatron-Bridge's Gemma-3
+      // reads neither soft cap (Transformer Engine's attention and a plain output layer).
+      return {"sliding_window",         "sliding_window_pattern",  "layer_types",
+              "query_pre_attn_scalar",  "cache_implementation",    "rope_local_base_freq",
+              "attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"};
   }
   return {};
 }
@@ -358,11 +366,10 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   }
   // Families Megatron-Core 0.20 does not build as Hugging Face defines them, or that memsim
   // does not model yet, with why.
-  static constexpr char kGemma3[] =
-      "Gemma-3's norms after attention and the MLP are not in Megatron-Core 0.20";
   static constexpr std::pair<const char*, const char*> kRefused[] = {
-      {"gemma3", kGemma3},
-      {"gemma3_text", kGemma3},
+      {"gemma3",
+       "Gemma-3's vision tower is not modelled; its text model is (the file's text_config, "
+       "model_type gemma3_text, as a config.json of its own)"},
       {"glm4", "GLM-4's norms after attention and the MLP are not in Megatron-Core 0.20"},
   };
   for (const auto& [type, why] : kRefused) {
@@ -400,7 +407,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   m.norm = NormKind::kRmsNorm;
   m.activation = ActivationKind::kSwiglu;
   m.position = PositionKind::kRope;
-  m.tie_embeddings = family == Family::kGemma2;  // Gemma2Config ties them by default
+  const bool gemma = family == Family::kGemma2 || family == Family::kGemma3Text;
+  m.tie_embeddings = gemma;  // Gemma's configs tie them by default
   m.add_bias_linear = false;
   m.add_qkv_bias = family == Family::kQwen2;  // Qwen2's q/k/v projections always have biases
   m.hidden_dropout = 0.0;
@@ -422,18 +430,18 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   // RoPE models have no position table: the length limit allocates nothing.
   int64_t max_positions = 0;
   MEMSIM_RETURN_IF_ERROR(r.Int("max_position_embeddings", false, &max_positions));
-  std::string act = family == Family::kGemma2 ? "gelu_pytorch_tanh" : "silu";
+  std::string act = gemma ? "gelu_pytorch_tanh" : "silu";
   MEMSIM_RETURN_IF_ERROR(r.String("hidden_act", false, &act));
-  if (family == Family::kGemma2) {
-    // Gemma2Config also writes hidden_activation; Megatron-Bridge builds fast_gelu, the tanh
-    // approximation, from either.
+  if (gemma) {
+    // Gemma's configs also write hidden_activation; Megatron-Bridge builds fast_gelu, the
+    // tanh approximation, from either.
     std::string activation = "gelu_pytorch_tanh";
     MEMSIM_RETURN_IF_ERROR(r.String("hidden_activation", false, &activation));
     for (const std::string& name : {act, activation}) {
       if (name != "gelu_pytorch_tanh") {
-        return Status::Error(path + ": activation '" + name +
-                             "' is not modelled for gemma2 (Megatron-Bridge builds GeGLU with "
-                             "fast_gelu: gelu_pytorch_tanh)");
+        return Status::Error(path + ": activation '" + name + "' is not modelled for " +
+                             model_type +
+                             " (Megatron-Bridge builds GeGLU with fast_gelu: gelu_pytorch_tanh)");
       }
     }
   } else if (act != "silu") {
@@ -582,6 +590,29 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       note(
           "Gemma-2 is modelled as Megatron-Bridge builds it, on Transformer Engine layers "
           "with FlexAttention (memsim simulate: --profile transformer_engine)");
+      break;
+    }
+    case Family::kGemma3Text: {
+      // Gemma3ForCausalLM as Megatron-Bridge's Gemma3ModelBridge and Gemma3ModelProvider
+      // build it: Gemma-2's layer (norms after both projections, GeGLU, tied embeddings
+      // scaled by sqrt(H)) with q/k RMSNorms and Transformer Engine's attention (sliding on
+      // five layers of six), no soft-capping. Its two RoPE tables (local and global bases)
+      // are not modelled, as no RoPE table is.
+      m.activation = ActivationKind::kGeglu;
+      m.post_projection_norms = true;
+      m.scale_embeddings = true;
+      m.qk_layernorm = true;
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      bool attention_bias = false;
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
+      if (attention_bias) {
+        return Status::Error(path + ": attention_bias true is not modelled for gemma3_text " +
+                             "(Megatron-Bridge's Gemma-3 has no biases)");
+      }
+      note(
+          "Gemma-3 is modelled as Megatron-Bridge builds it, on Transformer Engine layers "
+          "with its FlashAttention backend (memsim simulate: --profile transformer_engine "
+          "--attention flash)");
       break;
     }
     case Family::kGlm4Moe: {

@@ -1,6 +1,6 @@
 // Hugging Face config.json -> ModelConfig, for the decoder families memsim can build:
-// Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3, GLM-4.5, Phi-3, gpt-oss and
-// Gemma-2 (see hf_config.cc).
+// Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3, GLM-4.5, Phi-3, gpt-oss,
+// Gemma-2 and Gemma-3's text model (see hf_config.cc).
 //
 // Every key of the file is checked: a key that changes memory in a way memsim does not
 // model, a key memsim does not know, a missing or mistyped key and an unsupported

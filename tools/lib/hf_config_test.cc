@@ -370,6 +370,44 @@ TEST(HfConfig, Gemma2_9B) {
                 "with fast_gelu: gelu_pytorch_tanh)");
 }
 
+// google/gemma-3-1b-pt's config.json (transformers 4.50), Gemma3ForCausalLM: Gemma-2's layer
+// with q/k norms, sliding windows on five layers of six, two RoPE bases and no soft caps,
+// as Megatron-Bridge's Gemma3ModelBridge maps it (ParameterCount.Gemma3_1B counts it).
+TEST(HfConfig, Gemma3_1B) {
+  ModelConfig m;
+  std::vector<std::string> notes;
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("gemma-3-1b-pt", R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": 1, "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+  "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+  "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+  "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+  "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "float32",
+  "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144
+})"),
+                           &m, &notes)
+                  .ok());
+  EXPECT_EQ(m.num_layers, 26);
+  EXPECT_EQ(m.hidden_size, 1152);
+  EXPECT_EQ(m.num_attention_heads, 4);
+  EXPECT_EQ(m.num_query_groups, 1);
+  EXPECT_EQ(m.kv_channels, 256);
+  EXPECT_EQ(m.ffn_hidden_size, 6912);
+  EXPECT_EQ(m.vocab_size, 262144);
+  EXPECT_EQ(m.activation, ActivationKind::kGeglu);
+  EXPECT_TRUE(m.qk_layernorm);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_TRUE(m.scale_embeddings);
+  EXPECT_TRUE(m.post_projection_norms);
+  EXPECT_EQ(m.attention_logit_softcap, 0.0);  // the bridge's Gemma-3 soft-caps nothing
+  EXPECT_EQ(m.final_logit_softcap, 0.0);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("--attention flash"), std::string::npos);
+}
+
 TEST(HfConfig, Qwen3_32BAndQwen3MoE) {
   // Qwen/Qwen3-32B/config.json: explicit head_dim (128, not 5120 / 64) and q/k norms.
   ModelConfig m;
@@ -698,11 +736,12 @@ TEST(HfConfig, Errors) {
   EXPECT_EQ(ErrorOf(R"({"model_type": 7})"), "FILE: 'model_type' must be a string, got 7");
 
   EXPECT_EQ(ErrorOf(R"({"model_type": "gemma3"})"),
-            "FILE: model_type 'gemma3' is not modelled: Gemma-3's norms after attention and the "
-            "MLP are not in Megatron-Core 0.20");
+            "FILE: model_type 'gemma3' is not modelled: Gemma-3's vision tower is not modelled; "
+            "its text model is (the file's text_config, model_type gemma3_text, as a "
+            "config.json of its own)");
   EXPECT_EQ(ErrorOf(R"({"model_type": "gpt2"})"),
             "FILE: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3, "
-            "qwen3_moe, mixtral, deepseek_v3, glm4_moe, phi3, gpt_oss, gemma2)");
+            "qwen3_moe, mixtral, deepseek_v3, glm4_moe, phi3, gpt_oss, gemma2, gemma3_text)");
   EXPECT_EQ(ErrorOf(Llama(R"(, "architectures": ["LlamaForSequenceClassification"])")),
             "FILE: unsupported architecture \"LlamaForSequenceClassification\" for model_type "
             "llama (memsim builds LlamaForCausalLM)");
