@@ -22,17 +22,20 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
 }  // namespace
 
 const std::vector<GpuSpec>& GpuPresets() {
-  // Peaks from NVIDIA's SXM data sheets (dense, no sparsity); memory as nvidia-smi shows it
-  // (A100 40GB: 40,960 MiB as Modal's table of NVML's figures publishes it; the H800's is
-  // taken as the H100's, the same 80 GB of HBM3, which nobody has published).
+  // Peaks from NVIDIA's SXM data sheets (dense, no sparsity; the HGX B300's per-node
+  // figures over its 8 GPUs, halved for sparsity); memory as nvidia-smi shows it (A100 40GB:
+  // 40,960 MiB as Modal's table of NVML's figures publishes it; H20: 97,871 MiB and B300
+  // SXM6 AC: 275,040 MiB, as nvidia-smi tables in public GitHub files show them; the H800's
+  // is taken as the H100's, the same 80 GB of HBM3, which nobody has published).
   // Links as in a DGX node: NVLink 3 (600 GB/s both ways) and one 200 Gb/s HDR adapter per
   // A100; NVLink 4 (900 GB/s; the H800's cut to 400 GB/s) and one 400 Gb/s NDR adapter per
-  // H100/H800/H200; NVLink 5 (1.8 TB/s) and one 400 Gb/s adapter per B200 (HGX, 1000 W) and
-  // GB200 (NVL72, 1200 W), whose NVLink domain is the whole 72-GPU rack although a compute
-  // tray holds 4. H20 and B300 are not presets: their nvidia-smi capacities are not published.
+  // H100/H800/H20/H200; NVLink 5 (1.8 TB/s) and one 400 Gb/s adapter per B200 (HGX, 1000 W)
+  // and GB200 (NVL72, 1200 W), whose NVLink domain is the whole 72-GPU rack although a
+  // compute tray holds 4; one 800 Gb/s ConnectX-8 per B300 (HGX).
   // The host's time per op (Note [Virtual clock]) was fitted per platform to Megatron-LM's
   // functional tests: A100 125 us, H100 85 us, GB200 100 us (x86 hosts of two generations,
-  // Grace on GB200). H200 and B200 have no measured runs and take H100's (x86 hosts).
+  // Grace on GB200). H20, H200, B200 and B300 have no measured runs and take H100's (x86
+  // hosts).
   static const std::vector<GpuSpec> presets = {
       WithHostSecondsPerOp(
           {"A100-80GB", 81920 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 2.039e12, 300e9, 25e9},
@@ -47,10 +50,15 @@ const std::vector<GpuSpec>& GpuPresets() {
           {"H800-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 200e9, 50e9},
           85e-6),
       WithHostSecondsPerOp(
+          {"H20-96GB", 97871 * kMiB, 512 * kMiB, 90, 148e12, 44e12, 4.0e12, 450e9, 50e9}, 85e-6),
+      WithHostSecondsPerOp(
           {"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12, 450e9, 50e9},
           85e-6),
       WithHostSecondsPerOp(
           {"B200-180GB", 183359 * kMiB, 512 * kMiB, 100, 2.25e15, 80e12, 8e12, 900e9, 50e9}, 85e-6),
+      WithHostSecondsPerOp(
+          {"B300-288GB", 275040 * kMiB, 512 * kMiB, 103, 2.25e15, 75e12, 8e12, 900e9, 100e9},
+          85e-6),
       WithHostSecondsPerOp(
           {"GB200-186GB", 189471 * kMiB, 512 * kMiB, 100, 2.5e15, 90e12, 8e12, 900e9, 50e9, 72},
           100e-6),

@@ -39,7 +39,7 @@ struct GpuSpec {
   std::string name;
   int64_t memory_bytes;    // total device memory as nvidia-smi reports it
   int64_t context_bytes;   // taken by the CUDA context and NCCL before PyTorch allocates
-  int compute_capability;  // major * 10 + minor: 80 (A100), 90 (H100, H200), 100 (B200)
+  int compute_capability;  // major * 10 + minor: 80 (A100), 90 (H100, H200), 100 (B200), 103
   double half_flops;       // dense bf16/fp16 tensor-core peak, FLOP/s
   double fp32_flops;       // dense fp32 peak (no TF32), FLOP/s
   double bandwidth_bytes_per_s;

@@ -218,6 +218,9 @@ TEST(Cli, GpuPresetsOfTheSameChipDifferInMemory) {
   EXPECT_EQ(usable_80 - usable_40, 40960);
   EXPECT_EQ(headroom_80 - headroom_40, 40960);
   EXPECT_EQ(usable_and_headroom("H800-80GB"), usable_and_headroom("H100-80GB"));
+  // H20 and B300 SXM6 AC: 97,871 and 275,040 MiB as nvidia-smi reports them.
+  EXPECT_EQ(usable_and_headroom("H20").first, 97871 - 512);
+  EXPECT_EQ(usable_and_headroom("B300-288GB").first, 275040 - 512);
   // --gpu-memory gives any preset another capacity: A100-80GB with 40 GiB is the 40 GB one.
   const CommandResult custom = Memsim(
       "simulate --gpu A100-80GB --gpu-memory 40 --iterations 1 "
