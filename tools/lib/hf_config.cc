@@ -236,10 +236,15 @@ class Reader {
   // Marks `key` as read without looking at it; true when it is present and not null.
   bool Take(const char* key) { return Find(key) != nullptr; }
 
-  // Every key not read must be memory-neutral.
-  Status CheckRest(const std::set<std::string>& family_neutral, const std::string& model_type) {
+  // Every key not read must be memory-neutral; those are appended to `*ignored`.
+  Status CheckRest(const std::set<std::string>& family_neutral, const std::string& model_type,
+                   std::vector<std::string>* ignored) {
     for (const auto& [key, _] : root_.items()) {
-      if (read_.count(key) || kNeutralKeys.count(key) || family_neutral.count(key)) continue;
+      if (read_.count(key)) continue;
+      if (kNeutralKeys.count(key) || family_neutral.count(key)) {
+        ignored->push_back(key);
+        continue;
+      }
       return Status::Error(path_ + ": unknown key '" + key + "' for model_type " + model_type +
                            "; memsim does not know whether it changes memory (if it does " +
                            "not, remove it from a copy of the file)");
@@ -370,7 +375,9 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       {"gemma3",
        "Gemma-3's vision tower is not modelled; its text model is (the file's text_config, "
        "model_type gemma3_text, as a config.json of its own)"},
-      {"glm4", "GLM-4's norms after attention and the MLP are not in Megatron-Core 0.20"},
+      {"glm4",
+       "GLM-4's norms after attention and the MLP: neither Megatron-Core 0.20 nor "
+       "Megatron-Bridge (067f987d) builds the dense GLM-4"},
   };
   for (const auto& [type, why] : kRefused) {
     if (model_type == type) {
@@ -626,7 +633,13 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       break;
     }
   }
-  MEMSIM_RETURN_IF_ERROR(r.CheckRest(FamilyNeutralKeys(family), model_type));
+  std::vector<std::string> ignored;
+  MEMSIM_RETURN_IF_ERROR(r.CheckRest(FamilyNeutralKeys(family), model_type, &ignored));
+  if (!ignored.empty()) {
+    std::string keys;
+    for (const std::string& key : ignored) keys += (keys.empty() ? "" : ", ") + key;
+    note("ignored, as they do not change training memory: " + keys);
+  }
   *model = m;
   return Status::OK();
 }

@@ -18,7 +18,9 @@ namespace memsim {
 // Replaces `*model` with the architecture described by the config.json at `path`. The
 // result is not finalized: call FinalizeModelConfig with the run's TP next.
 // `approximations` (optional) receives one line per setting that memsim maps onto its
-// nearest supported form (DeepSeek-V3's latent attention, for instance).
+// nearest supported form or leaves out (an untrained MTP layer, for instance), and last a
+// line listing the keys it ignored as memory-neutral (token ids, RoPE bases, sliding
+// windows, ...). A key memsim does not know at all stays an error: it might change memory.
 Status LoadHfConfig(const std::string& path, ModelConfig* model,
                     std::vector<std::string>* approximations = nullptr);
 
