@@ -1087,22 +1087,6 @@ TEST(ParameterCount, PublishedTotals) {
   qwen3.kv_channels = 128;
   qwen3.qk_layernorm = true;
   EXPECT_EQ(ParameterCount(qwen3), 64 * int64_t{487598336} + 2 * int64_t{151936} * 5120 + 5120);
-  // Qwen3-30B-A3B ("30.5B"): H 2048, 32 heads and 4 KV heads of 128, q/k norms, 128 experts
-  // of F 768 on every layer. Per layer 2H + (32+8)*128*H + 4096*H + 256 + router 128H +
-  // experts 128*3*768*H = 623,120,640; x 48, + 2VH + H = 30,532,122,624.
-  ModelConfig qwen3_moe = Llama(48, 2048, 32, 4, 6144, 151936);
-  qwen3_moe.kv_channels = 128;
-  qwen3_moe.qk_layernorm = true;
-  qwen3_moe.num_experts = 128;
-  qwen3_moe.moe_router_topk = 8;
-  qwen3_moe.moe_ffn_hidden_size = 768;
-  EXPECT_EQ(ParameterCount(qwen3_moe), 48 * int64_t{623120640} + 2 * int64_t{151936} * 2048 + 2048);
-  EXPECT_EQ(ParameterCount(qwen3_moe), int64_t{30532122624});
-  // Phi-4 ("14.7B"; Phi3ForCausalLM): H 5120, 40 heads and 10 KV heads, F 17920, V 100352
-  // untied. Per layer 2H + 60*128*H + H^2 + 3FH = 340,797,440; x 40, + 2VH + H.
-  EXPECT_EQ(ParameterCount(Llama(40, 5120, 40, 10, 17920, 100352)),
-            40 * int64_t{340797440} + 2 * int64_t{100352} * 5120 + 5120);
-  EXPECT_EQ(ParameterCount(Llama(40, 5120, 40, 10, 17920, 100352)), int64_t{14659507200});
   // GPT-3 175B (Brown et al. 2020): L=96, h=12288, a=96, vocabulary 50257 padded to
   // 50304, 2048 learned positions, tied: V*h + S*h + L*(12h^2 + 13h) + 2h.
   ModelConfig gpt3;

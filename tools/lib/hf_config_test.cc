@@ -9,6 +9,7 @@
 #include <fstream>
 #include <regex>
 
+#include "models/transformer.h"
 #include "tools/lib/run_config.h"
 
 namespace memsim {
@@ -423,6 +424,37 @@ TEST(HfConfig, Gemma3_1B) {
   EXPECT_EQ(m.final_logit_softcap, 0.0);
   ASSERT_EQ(Approximations(notes).size(), 1u);
   EXPECT_NE(Approximations(notes)[0].find("--attention flash"), std::string::npos);
+}
+
+// The real config.json files of testdata/hf_configs (SOURCES.md there) give their models'
+// published parameter counts, Megatron's padding of the vocabulary to a multiple of 128
+// changing none of them. DeepSeek-V3's 671B is its main model, worked out from its shapes
+// (61 layers of multi-latent attention, 187,107,328 each, and two norms; 3 dense MLPs of
+// 3 * 7168 * 18432; 58 MoE layers of a router, 256 routed experts and one shared expert of
+// 3 * 7168 * 2048; untied embeddings of 129,280 x 7168; the final norm): its MTP layer is
+// not trained by Hugging Face's model, so not counted.
+TEST(HfConfig, RealConfigsHaveTheirPublishedParameterCounts) {
+  struct Case {
+    const char* file;
+    int64_t parameters;
+  };
+  for (const Case& c :
+       {Case{"Llama-3.1-8B-Instruct", 8030261248}, Case{"Llama-3.1-70B-Instruct", 70553706496},
+        Case{"Mistral-7B-Instruct-v0.3", 7248023552}, Case{"Qwen2.5-7B-Instruct", 7615616512},
+        Case{"Qwen2.5-72B-Instruct", 72706203648}, Case{"Qwen3-32B", 32762123264},
+        Case{"Qwen3-30B-A3B-Thinking-2507-FP8.transformers5", 30532122624},
+        Case{"phi-4", 14659507200}, Case{"Mixtral-8x7B", 46702792704},
+        Case{"DeepSeek-V3", 671026404352}, Case{"gemma-2-9b", 9241705984}}) {
+    const std::string path = std::string(MEMSIM_SOURCE_DIR) + "/tools/lib/testdata/hf_configs/" +
+                             c.file + ".config.json";
+    ModelConfig m;
+    const Status loaded = LoadHfConfig(path, &m);
+    ASSERT_TRUE(loaded.ok()) << loaded.message();
+    ASSERT_TRUE(FinalizeModelConfig(&m).ok()) << c.file;
+    TrainingConfig t;
+    t.profile = ProfileKind::kTransformerEngine;
+    EXPECT_EQ(ParameterCount(m, t, ModelShard::Whole(m)), c.parameters) << c.file;
+  }
 }
 
 TEST(HfConfig, Qwen3_32BAndQwen3MoE) {
