@@ -13,6 +13,7 @@
 #include "parallel/rank_simulation.h"
 #include "simulator/session.h"
 #include "tools/lib/command_line.h"
+#include "tools/lib/heap_tuning.h"
 
 namespace memsim {
 namespace {
@@ -148,4 +149,12 @@ BENCHMARK(BM_Gpt485bLayers)
 }  // namespace
 }  // namespace memsim
 
-BENCHMARK_MAIN();
+// BENCHMARK_MAIN's body, with the heap tuned as memsim's own main tunes it.
+int main(int argc, char** argv) {
+  memsim::KeepFreedMemoryMapped();  // Note [Keeping freed memory]
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -17,6 +17,15 @@ Attention: torch 1.13 has no torch.nn.functional.scaled_dot_product_attention.
   --attention eager: Megatron's DotProductAttention: baddbmm -> softmax -> dropout -> bmm
       (materialises the [B*A, S, S] scores; more ops, for reference).
 
+--layout llama70b: the whole layout instead of one layer, for memsim_bench's
+  BM_Llama70bLayout (Llama-3-70B on TP8 PP4 with sequence parallelism, sequence 8192, micro
+  batch 1): each of the 4 pipeline stages' 20 decoder layers (RMSNorm, GQA with 8 query and 1
+  key-value head per rank, FlashAttention's stand-in, SwiGLU with 3584 = 28672 / 8 per rank,
+  the sequence-parallel gathers and reduce-scatters as one op each), forward and backward for
+  each of --microbatches microbatches: the work memsim's microbatch and layer replication
+  avoid. Embedding, loss and optimizer step are left out, which favours the tracer. Prints
+  one JSON line: {"seconds": ..., "layer_passes": ..., "ops": ...}.
+
 Run with Debian's torch: /usr/bin/python3 benchmarks/python_tracer.py
 Prints one JSON line: {"median_ms": ..., "ops_per_layer": ..., "iterations": ...}.
 """
@@ -121,6 +130,66 @@ class GptLayer(torch.nn.Module):
         return x + F.dropout(out + self.fc2_b, DROPOUT, training=True)
 
 
+class LlamaLayer(torch.nn.Module):
+    """A Llama-3-70B decoder layer's share on one of 8 tensor-parallel ranks, sequence parallel."""
+
+    TP, HIDDEN, HEADS, KV_HEADS, FFN, SEQ = 8, 8192, 64, 8, 28672, 8192
+
+    def __init__(self):
+        super().__init__()
+        h, d, tp = self.HIDDEN, self.HIDDEN // self.HEADS, self.TP
+        self.heads, self.kv_heads = self.HEADS // tp, self.KV_HEADS // tp
+        self.ln1_w, self.ln2_w = param(h), param(h)
+        self.qkv_w = param((self.heads + 2 * self.kv_heads) * d, h)
+        self.proj_w = param(h, self.heads * d)
+        self.fc1_w = param(2 * self.FFN // tp, h)
+        self.fc2_w = param(h, self.FFN // tp)
+
+    def rms_norm(self, x, w):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype) * w
+
+    def gather(self, x):  # sequence-parallel all-gather: [S/tp, B, H] -> [S, B, H]
+        return x.repeat(self.TP, 1, 1)
+
+    def reduce_scatter(self, x):  # [S, B, H] -> [S/tp, B, H]
+        return x.view(self.TP, x.size(0) // self.TP, *x.shape[1:]).sum(0)
+
+    def forward(self, x):  # x: [S/tp, B, H]
+        d = self.HIDDEN // self.HEADS
+        ln = self.gather(self.rms_norm(x, self.ln1_w))
+        s, b, _ = ln.shape
+        qkv = F.linear(ln, self.qkv_w).view(s, b, self.kv_heads, -1)
+        q, k, v = qkv.split([self.heads // self.kv_heads * d, d, d], dim=3)
+        q = q.reshape(s, b, self.heads, d)
+        q, k = q * 2.0, k * 2.0  # RoPE's stand-in: one new tensor each, as the fused kernel
+        qb, kb, vb = (t.transpose(0, 1).contiguous() for t in (q, k, v))
+        out = FlashAttention.apply(qb, kb, vb).transpose(0, 1).reshape(s, b, self.heads * d)
+        x = x + self.reduce_scatter(F.linear(out, self.proj_w))
+        h = F.linear(self.gather(self.rms_norm(x, self.ln2_w)), self.fc1_w)
+        gate, up = h.chunk(2, dim=-1)
+        return x + self.reduce_scatter(F.linear(F.silu(gate) * up, self.fc2_w))
+
+
+def run_layout(microbatches, stages=4, layers_per_stage=20):
+    """Every stage's layers, forward and backward, for every microbatch, under the tracer."""
+    layers = [LlamaLayer() for _ in range(layers_per_stage)]
+    tracer = MemoryTracer()
+    shape = (LlamaLayer.SEQ // LlamaLayer.TP, MICRO_BATCH, LlamaLayer.HIDDEN)
+    start = time.perf_counter()
+    with tracer:
+        for _ in range(stages):
+            for _ in range(microbatches):
+                x = torch.empty(shape, dtype=DTYPE, device=DEVICE, requires_grad=True)
+                out = x
+                for layer in layers:
+                    out = layer(out)
+                out.backward(torch.empty_like(out))
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "microbatches": microbatches,
+            "layer_passes": stages * layers_per_stage * microbatches, "ops": len(tracer.events),
+            "torch": torch.__version__}
+
+
 def step(layer, tracer):
     with tracer:
         x = torch.empty((SEQ, MICRO_BATCH, HIDDEN), dtype=DTYPE, device=DEVICE, requires_grad=True)
@@ -134,9 +203,15 @@ def main(argv=None):
     parser.add_argument("--attention", choices=["flash", "eager"], default="flash")
     parser.add_argument("--warmup", type=int, default=20, help="untimed iterations")
     parser.add_argument("--iterations", type=int, default=300, help="timed iterations")
+    parser.add_argument("--layout", choices=["llama70b"],
+                        help="run a whole layout (see above) instead of timing one layer")
+    parser.add_argument("--microbatches", type=int, default=8, help="with --layout")
     args = parser.parse_args(argv)
 
     torch.set_grad_enabled(True)
+    if args.layout:
+        print(json.dumps(run_layout(args.microbatches)))
+        return 0
     layer = GptLayer(args.attention)
     tracer = MemoryTracer()
     for _ in range(args.warmup):

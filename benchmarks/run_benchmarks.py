@@ -40,6 +40,8 @@ BAR_RSS_MB = 1000.0  # 1 GB; MB = 10^6 bytes
 BAR_LAYOUT_MS = 300.0
 BAR_MICROBATCH_RATIO = 1.2
 BAR_LAYER_RATIO = 1.5
+BAR_LAYOUT_SPEEDUP = 100.0
+TRACER_LAYOUT_MICROBATCHES = [8, 128]
 
 LAYOUT_ARGS = ["simulate", "--model", "llama3-70b", "--world-size", "128", "--tp", "8",
                "--pp", "4", "--sp", "--data-parallel", "distributed-optimizer",
@@ -221,6 +223,21 @@ def measure_tracer(quick, tmp):
         raise RunError("python_tracer.py printed no JSON")
 
 
+def measure_tracer_layout(quick, tmp):
+    """The Python tracer running the whole Llama-3-70B layout (every stage, layer and
+    microbatch), for the microbatch counts memsim_bench's BM_Llama70bLayout also runs."""
+    runs = {}
+    for mbs in TRACER_LAYOUT_MICROBATCHES[:1] if quick else TRACER_LAYOUT_MICROBATCHES:
+        log("[2/6] whole layout: Python TorchDispatchMode tracer, %d microbatches" % mbs)
+        _, _, out = run_child([python_for_tracer(), TRACER, "--layout", "llama70b",
+                               "--microbatches", str(mbs)], tmp)
+        try:
+            runs[mbs] = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RunError("python_tracer.py --layout printed no JSON")
+    return runs
+
+
 def measure_layout(quick):
     runs = 1 if quick else 5
     log("[3/6] per layout: Llama-3-70B, %d run(s), and the process start alone" % runs)
@@ -324,6 +341,20 @@ def build_rows(results):
     for name, case in sorted(cases.items()):
         rows.append(("in-process %s (median of 3)" % name,
                      "%.0f ms, %.0f events" % (case["median_ms"], case["events"] or 0), "", ""))
+    tracer_layout = results.get("tracer_layout") or {}
+    for mbs, run in sorted(tracer_layout.items()):
+        rows.append(("whole layout, Python tracer, Llama-3-70B, %d microbatches (1 run, %d layer "
+                     "passes)" % (mbs, run["layer_passes"]), "%.2f s" % run["seconds"], "", ""))
+        own = cases.get("BM_Llama70bLayout/microbatches:%d/jobs:1" % mbs)
+        if own:
+            speedup = run["seconds"] * 1e3 / own["median_ms"]
+            rows.append(("speed-up python / memsim, whole layout, %d microbatches, 1 thread" % mbs,
+                         "%.0fx" % speedup, ">= %.0fx" % BAR_LAYOUT_SPEEDUP,
+                         verdict(speedup >= BAR_LAYOUT_SPEEDUP)))
+            if mbs == max(tracer_layout):
+                bars.append((">= %.0fx faster than the Python tracer on the whole layout (%d "
+                             "microbatches, 1 thread)" % (BAR_LAYOUT_SPEEDUP, mbs),
+                             "%.0fx" % speedup, verdict(speedup >= BAR_LAYOUT_SPEEDUP)))
     llama = {mbs: cases.get("BM_Llama70bLayout/microbatches:%d/jobs:2" % mbs) for mbs in (128, 512)}
     if llama[128]:
         ms = llama[128]["median_ms"]
@@ -448,6 +479,17 @@ def write_markdown(path, info, results, rows, bars, args, failures, load_before,
                py["ops_per_layer"], py["attention"]),
             "",
         ]
+    if results.get("tracer_layout"):
+        lines += [
+            "Whole layout: `benchmarks/python_tracer.py --layout llama70b --microbatches N` runs "
+            "what a dispatch-mode tracer must run for memsim_bench's BM_Llama70bLayout (TP8 PP4, "
+            "sequence parallel, sequence 8192): the 20 decoder layers of each of the 4 stages, "
+            "forward and backward, for every microbatch, recording every op's output bytes "
+            "(embedding, loss and optimizer step left out, which favours it); memsim's "
+            "in-process median on one thread simulates all of it, with frees, attribution, the "
+            "allocator model and the pipeline clock.",
+            "",
+        ]
     srows, sreading = scaling_rows(results)
     if srows:
         lines += ["## Scaling", "", md_table(srows, SCALING_HEADERS), "", sreading + ".", "",
@@ -504,6 +546,7 @@ def main(argv=None):
     try:
         steps = [("layer", lambda: measure_layer(args.quick, tmp)),
                  ("tracer", lambda: measure_tracer(args.quick, tmp)),
+                 ("tracer_layout", lambda: measure_tracer_layout(args.quick, tmp)),
                  ("layout", lambda: measure_layout(args.quick)),
                  ("in_process", lambda: measure_in_process(tmp)),
                  ("sweep", lambda: measure_sweep(args.quick)),

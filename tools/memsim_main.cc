@@ -10,6 +10,7 @@
 
 #include "simulator/status.h"
 #include "tools/lib/exit_codes.h"
+#include "tools/lib/heap_tuning.h"
 #include "tools/lib/megatron_command.h"
 #include "tools/lib/plan.h"
 #include "tools/lib/plots_runner.h"
@@ -57,6 +58,7 @@ int RunPlotsCommand(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  memsim::KeepFreedMemoryMapped();  // Note [Keeping freed memory]
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
     PrintUsage();
     return argc < 2 ? memsim::kExitError : memsim::kExitOk;

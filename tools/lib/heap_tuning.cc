@@ -1,0 +1,20 @@
+#include "tools/lib/heap_tuning.h"
+
+#include <cstdlib>  // defines __GLIBC__ on glibc
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace memsim {
+
+void KeepFreedMemoryMapped() {
+#if defined(__GLIBC__)
+  // mallopt's ceiling for the threshold on 64-bit glibc: 4 MiB * sizeof(long).
+  constexpr int kMmapThresholdBytes = 32 * 1024 * 1024;
+  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+  mallopt(M_TRIM_THRESHOLD, -1);  // never give the heap's free top back
+#endif
+}
+
+}  // namespace memsim
