@@ -13,7 +13,8 @@ void KeepFreedMemoryMapped() {
   // mallopt's ceiling for the threshold on 64-bit glibc: 4 MiB * sizeof(long).
   constexpr int kMmapThresholdBytes = 32 * 1024 * 1024;
   mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
-  mallopt(M_TRIM_THRESHOLD, -1);  // never give the heap's free top back
+  // The heap's free top goes back to the system only above 256 MiB.
+  mallopt(M_TRIM_THRESHOLD, 256 * 1024 * 1024);
 #endif
 }
 
