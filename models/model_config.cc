@@ -121,18 +121,14 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
         "a clamped SwiGLU needs MoE layers (Megatron-Core: activation_func_clamp_value for "
         "SwiGLU is only supported with MoE)");
   }
-  for (auto [cap, name] : {std::pair{m->attention_logit_softcap, "attention_logit_softcap"},
-                           {m->final_logit_softcap, "final_logit_softcap"}}) {
-    if (!(cap >= 0 && cap < kMaxFactor)) {
-      return Status::Error(std::string(name) + " must be positive and finite (0: none), got " +
-                           FormatNumber(cap));
-    }
+  if (!(m->final_logit_softcap >= 0 && m->final_logit_softcap < kMaxFactor)) {
+    return Status::Error("final_logit_softcap must be positive and finite (0: none), got " +
+                         FormatNumber(m->final_logit_softcap));
   }
-  if (m->attention_logit_softcap > 0 &&
-      (m->multi_latent_attention() || m->softmax != SoftmaxKind::kVanilla)) {
+  if (m->flex_attention && (m->multi_latent_attention() || m->softmax != SoftmaxKind::kVanilla)) {
     return Status::Error(
-        "soft-capped attention logits are Megatron-Bridge's Gemma-2 attention, which has no "
-        "multi-latent attention and no attention sinks");
+        "FlexAttention is Megatron-Bridge's Gemma-2 attention, which has no multi-latent "
+        "attention and no attention sinks");
   }
   if (m->activation == ActivationKind::kGeglu && m->num_experts > 0) {
     return Status::Error(
@@ -263,25 +259,26 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
         "ValueError (\"Only support fusion of gelu and swiglu\"); turn the fusion off "
         "(Megatron-LM: --no-bias-gelu-fusion)");
   }
-  if (m.activation == ActivationKind::kGeglu && t.bias_activation_fusion && m.add_bias_linear) {
-    // mlp.py fuses GeLU, SwiGLU and quick-GeGLU only; without biases Megatron turns the
-    // fusion off (arguments.py), so the eager GLU runs.
+  if (m.activation == ActivationKind::kGeglu && t.bias_activation_fusion && !m.megatron_bridge) {
+    // TransformerConfig.__post_init__ raises for fast_gelu with the fusion on (it fuses GeLU,
+    // SwiGLU and quick-GeGLU only). Megatron-Bridge's models leave the fusion off (its
+    // default), whatever Megatron-LM's setting says.
     return Status::Error(
-        "a fused GeGLU (fast_gelu) does not exist: Megatron-Core's MLP raises ValueError "
-        "(\"Only support fusion of gelu and swiglu\"); turn the bias-activation fusion off");
+        "a fused GeGLU (fast_gelu) does not exist: Megatron-Core's TransformerConfig raises "
+        "ValueError; turn the bias-activation fusion off");
   }
-  if ((m.post_projection_norms || m.attention_logit_softcap > 0) &&
+  if ((m.post_projection_norms || m.flex_attention) &&
       t.profile != ProfileKind::kTransformerEngine) {
     return Status::Error(
-        "Gemma's norms after the projections and Gemma-2's soft-capped attention are "
+        "Gemma's norms after the projections and Gemma-2's FlexAttention are "
         "Megatron-Bridge's Transformer Engine layer specs: use profile transformer_engine "
         "(memsim simulate: --profile transformer_engine)");
   }
-  if (m.attention_logit_softcap > 0 && t.dropout && m.attention_dropout > 0) {
+  if (m.flex_attention && t.dropout && m.attention_dropout > 0) {
     return Status::Error(
-        "attention dropout with soft-capped attention logits is not modelled (Megatron-Bridge's "
-        "Gemma-2 attention then leaves FlexAttention for its unfused path); set "
-        "attention_dropout to 0 as Gemma-2 does");
+        "attention dropout with FlexAttention is not modelled (Megatron-Bridge's Gemma-2 "
+        "attention then leaves FlexAttention for its unfused path); set attention_dropout to 0 "
+        "as Gemma-2 does");
   }
   if (m.post_projection_norms && t.offload_modules != 0) {
     return Status::Error(

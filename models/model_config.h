@@ -104,16 +104,25 @@ struct ModelConfig {
   int64_t v_head_dim = 0;
   bool multi_latent_attention() const { return kv_lora_rank > 0; }
   // Gemma-2 and Gemma-3 as Megatron-Bridge builds them (Note [Gemma-2] in transformer.h):
+  //   megatron_bridge: built and trained by Megatron-Bridge, whose data path puts no
+  //     attention mask on the GPU and whose TransformerConfig leaves the bias-activation
+  //     fusion off;
   //   post_projection_norms: a norm of the model's kind on linear_proj's and linear_fc2's
   //     outputs (TERowParallelLinearLayerNorm), before the residual add;
-  //   attention_logit_softcap > 0: core attention is Gemma2FlexDotProductAttention (PyTorch's
-  //     FlexAttention, scores soft-capped at this value) instead of Transformer Engine's;
+  //   flex_attention: core attention is Gemma2FlexDotProductAttention (PyTorch's
+  //     FlexAttention; the soft cap on its scores changes no tensor) instead of Transformer
+  //     Engine's;
   //   final_logit_softcap > 0: the output layer's logits become c * tanh(logits / c);
-  //   scale_embeddings: the embedding is multiplied by sqrt(H) (EmbeddingScalingMixin).
+  //   scale_embeddings: the embedding is multiplied by sqrt(H) (EmbeddingScalingMixin);
+  //   sliding_window: some layers attend within a window (Gemma-3's five of six; Megatron's
+  //     --window-size): Transformer Engine's context parallelism then needs a2a or
+  //     all-gather.
+  bool megatron_bridge = false;
   bool post_projection_norms = false;
-  double attention_logit_softcap = 0.0;
+  bool flex_attention = false;
   double final_logit_softcap = 0.0;
   bool scale_embeddings = false;
+  bool sliding_window = false;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
 
@@ -356,6 +365,9 @@ struct TrainingConfig {
   // for SwiGLU, else from --bias-gelu-fusion and the biases. Off: the activation's eager ops
   // save what autograd saves (Activation in layers.h).
   bool bias_activation_fusion = true;
+  // Megatron-LM's get_batch puts a [B, 1, S, S] bool attention mask on the first and last
+  // stages for each microbatch unless --no-create-attention-mask-in-dataloader.
+  bool create_attention_mask = true;
   // torch.use_deterministic_algorithms(True), which Megatron-LM's --deterministic-mode sets:
   // index_add_ and index_put_ run PyTorch's sort-based kernels, with their temporaries
   // (Note [Deterministic index_add_] in models/moe.cc).

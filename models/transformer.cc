@@ -425,7 +425,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   qkv.clear();
   const double attention_dropout = training_.dropout ? model_.attention_dropout : 0.0;
   // Soft-capped logits: Gemma-2's own core attention, whatever the backend (Note [Gemma-2]).
-  const bool flex = model_.attention_logit_softcap > 0;
+  const bool flex = model_.flex_attention;
   const bool eager = !flex && training_.attention == AttentionKind::kEager;
   at::Tensor context;
   {
@@ -910,29 +910,62 @@ void TransformerModel::FinishDeferredWgrad() {
   DrainDeferredWgrad(*deferred_wgrad_, *output_weight_, ColumnParallel());
 }
 
-at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input) {
-  const int64_t S = training_.seq_length / shard_.cp, B = training_.micro_batch_size;
+TransformerModel::Batch TransformerModel::GetBatch(bool inputs, bool targets) const {
+  const int64_t S = training_.seq_length, B = training_.micro_batch_size, cp = shard_.cp;
   const auto meta = at::TensorOptions().device(at::kMeta);
-  const bool embed = ChunkHasEmbedding(chunk), loss = ChunkHasLoss(chunk);
-  const bool mtp = loss && !mtp_layers_.empty();
-  at::Tensor tokens, position_ids, labels, loss_mask, attention_mask;
-  if (embed || loss) {
-    ModuleScope s("batch");  // get_batch: this microbatch's data on the GPU
-    if (embed || mtp) {
-      tokens = at::empty({B, S}, meta.dtype(at::kLong));
-      position_ids = at::empty({B, S}, meta.dtype(at::kLong));
-    }
-    if (loss) {
-      labels = at::empty({B, S}, meta.dtype(at::kLong));
-      loss_mask = at::empty({B, S}, meta.dtype(at::kFloat));
-    }
-    // None with soft-capped attention: Megatron-Bridge's default data path passes no mask
-    // (skip_getting_attention_mask_from_dataset), which its Gemma-2 FlexAttention requires.
-    if (model_.attention_logit_softcap == 0) {
-      attention_mask = at::empty({B, 1, S, S}, meta.dtype(at::kBool));
+  Batch batch;
+  at::Tensor* const tokens = &batch.tokens;
+  at::Tensor* const labels = &batch.labels;
+  at::Tensor* const loss_mask = &batch.loss_mask;
+  at::Tensor* const positions = &batch.position_ids;
+  at::Tensor* const mask = &batch.attention_mask;
+  const bool with_mask = training_.create_attention_mask && !model_.megatron_bridge;
+  // Tensor-parallel rank 0 copies the data loader's batch to the GPU key by key (BATCH_KEYS,
+  // alphabetical) and slices it in GPTDataset's key order; the other ranks receive
+  // broadcasts into tensors made in get_batch_on_this_tp_rank's order. With tp > 1 memsim's
+  // rank is one of the others (the last rank, which Megatron-LM logs, is).
+  const bool loader = shard_.tp == 1;
+  const std::vector<at::Tensor*> made =
+      loader ? std::vector<at::Tensor*>{mask, labels, loss_mask, positions, tokens}
+             : std::vector<at::Tensor*>{tokens, labels, loss_mask, positions, mask};
+  for (at::Tensor* t : made) {
+    if (t == mask) {
+      if (with_mask) *t = at::empty({B, 1, S, S}, meta.dtype(at::kBool));
+    } else {
+      *t = at::empty({B, S}, meta.dtype(t == loss_mask ? at::kFloat : at::kLong));
     }
   }
-  at::Tensor hidden = embed ? Embed(tokens, position_ids) : input;
+  if (!targets) labels->reset(), loss_mask->reset();
+  if (!inputs) tokens->reset(), positions->reset();
+  if (cp == 1) return batch;
+  // _get_batch_on_this_cp_rank_per_sequence_balancing: each tensor's sequence dimension in
+  // 2cp chunks, this rank's two picked by index_select through a new int64[2] index.
+  const std::vector<at::Tensor*> sliced =
+      loader ? std::vector<at::Tensor*>{tokens, labels, mask, loss_mask, positions}
+             : std::vector<at::Tensor*>{tokens, labels, loss_mask, positions, mask};
+  for (at::Tensor* t : sliced) {
+    if (!t->defined()) continue;
+    const int64_t dim = t == mask ? 2 : 1;
+    std::vector<int64_t> chunks = t->sizes().vec();
+    chunks[static_cast<size_t>(dim)] = 2 * cp;
+    chunks.insert(chunks.begin() + dim + 1, S / (2 * cp));
+    std::vector<int64_t> mine = t->sizes().vec();
+    mine[static_cast<size_t>(dim)] = S / cp;
+    const at::Tensor index = at::zeros({2}, meta.dtype(at::kLong));
+    *t = t->view(chunks).index_select(dim, index).view(mine);
+  }
+  return batch;
+}
+
+at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input) {
+  const bool embed = ChunkHasEmbedding(chunk), loss = ChunkHasLoss(chunk);
+  const bool mtp = loss && !mtp_layers_.empty();
+  Batch batch;
+  if (embed || loss) {
+    ModuleScope s("batch");  // get_batch: this microbatch's data on the GPU
+    batch = GetBatch(/*inputs=*/embed || mtp, /*targets=*/loss);
+  }
+  at::Tensor hidden = embed ? Embed(batch.tokens, batch.position_ids) : input;
   hidden = Layers(chunk, hidden);
   if (!loss) return hidden;
   {
@@ -941,9 +974,10 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
     hidden = Norm(hidden, final_norm_weight_, final_norm_bias_);
   }
   if (mtp) {
-    hidden = MtpLosses(MultiTokenPrediction(hidden, tokens, position_ids), labels, loss_mask);
+    hidden = MtpLosses(MultiTokenPrediction(hidden, batch.tokens, batch.position_ids), batch.labels,
+                       batch.loss_mask);
   }
-  return Loss(hidden, labels, loss_mask);
+  return Loss(hidden, batch.labels, batch.loss_mask);
 }
 
 int64_t ParameterCount(const ModelConfig& model, const TrainingConfig& training,

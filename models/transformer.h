@@ -106,33 +106,56 @@
 // Megatron-Core 0.20 has no Gemma-2; Megatron-Bridge builds it on Megatron-Core's GPTModel
 // with a layer spec of its own (NVIDIA-NeMo/Megatron-Bridge 067f987d: models/gemma/
 // gemma2_provider.py, gemma2_bridge.py, modules.py, models/common/te_layers.py), and memsim
-// models that (ModelConfig's Gemma-2 fields; Hugging Face's gemma2 configs map onto them):
+// models that (ModelConfig's Gemma fields; Hugging Face's gemma2 configs map onto them):
 //   * Transformer Engine layers: linear_qkv and linear_fc1 fuse the input and pre-FFN
 //     RMSNorms as usual; linear_proj and linear_fc2 are TERowParallelLinearLayerNorm: the
 //     row-parallel linear, then TENorm on its reduced (with SP reduce-scattered) output
 //     before the residual add. Each post norm keeps the linear's output, which was freed
 //     after the add before, and its float32 rsigma: 2 * (2SBH + 4SB) more a layer (/tp with
-//     SP), and makes one more [S, B, H] on the way.
-//   * Core attention is Gemma2FlexDotProductAttention whatever the attention backend:
-//     PyTorch's FlexAttention (torch.compile'd; PyTorch 2.5 or later), the scores soft-capped
-//     inside the kernel and a sliding window on odd-numbered layers. It keeps what cuDNN's
-//     fused attention keeps, less the RNG state (FlexAttention in layers.h). It takes the
-//     unfused path instead when given an attention mask or dropout: Megatron-Bridge's data
-//     path passes no mask by default (skip_getting_attention_mask_from_dataset), so get_batch
-//     allocates none, and memsim refuses attention dropout. Context parallelism raises.
-//   * The MLP is GeGLU with fast_gelu (eager glu(); no fused kernel exists).
-//   * The embedding's output is multiplied by sqrt(H) (EmbeddingScalingMixin): one more
-//     transient [S, B, H].
-//   * The output layer soft-caps its logits, c * tanh(logits / c) (Gemma2OutputLayer): while
-//     it runs three [S, B, V/tp] 16-bit tensors live where there was one, and tanh's output
-//     stays for backward: 2SBV/tp more until the loss's backward.
-// Not modelled: FlexAttention's block masks, made at each layer's first forward and cached
-// (eight int32 tensors of at most (S/128)^2 elements, about 66 KiB a layer at S = 8192,
-// and a transient S x S bool while made).
+//     SP), and makes one more [S, B, H] on the way (post_projection_norms).
+//   * Core attention is Gemma2FlexDotProductAttention whatever the attention backend and
+//     the soft cap (flex_attention): PyTorch's FlexAttention (torch.compile'd; PyTorch 2.5
+//     or later), the scores soft-capped inside the kernel and a sliding window on
+//     odd-numbered layers. It keeps what cuDNN's fused attention keeps, less the RNG state
+//     (FlexAttention in layers.h). It takes the unfused path instead when given an attention
+//     mask or dropout: Megatron-Bridge's data path passes no mask by default
+//     (skip_getting_attention_mask_from_dataset; megatron_bridge: get_batch makes none,
+//     Note [The batch on the GPU]), and memsim refuses attention dropout. Context
+//     parallelism raises. Selective recomputation of core_attn checkpoints it in Megatron;
+//     memsim, as for the other flash-style kernels, leaves it as it is (the float32
+//     log-sum-exp's difference).
+//   * The MLP is GeGLU with fast_gelu (eager glu(); no fused kernel exists, and Bridge's
+//     TransformerConfig leaves the bias-activation fusion off).
+//   * The embedding's output is multiplied by sqrt(H) (EmbeddingScalingMixin), after the
+//     sequence-parallel scatter and dropout: one more transient [S, B, H].
+//   * The output layer soft-caps its logits, c * tanh(logits / c) (Gemma2OutputLayer;
+//     final_logit_softcap, none when the config's cap is null): while it runs three
+//     [S, B, V/tp] 16-bit tensors live where there was one, and tanh's output stays for
+//     backward: 2SBV/tp more until the loss's backward.
+// Not modelled: FlexAttention's block masks, which each layer makes at its first forward and
+// caches (eight int32 tensors of at most (S/128)^2 elements, about 66 KiB a layer at
+// S = 8192); making one evaluates the mask function over the whole [S, S] grid (an int64
+// difference and two or three bools: about 10 S^2 bytes, 640 MiB at S = 8192, transient, at
+// each layer's first forward of the run); and the compiled kernel's float32 [B, A, S]
+// max_scores.
 // Gemma-3's text model (gemma3_provider.py, gemma3_bridge.py) is the same layer with q/k
 // RMSNorms (TENorm) and Transformer Engine's own attention (its flash backend), sliding on
-// five layers of six, with no soft-capping; its two RoPE tables are not modelled, as no RoPE
-// table is.
+// five layers of six (sliding_window: context parallelism only over a2a or all-gather), with
+// no soft-capping; its two RoPE tables are not modelled, as no RoPE table is.
+//
+// Note [The batch on the GPU]
+// Megatron-LM 0.20's get_batch (pretrain_gpt.py over megatron/core/utils.py) on a stage
+// that holds the embedding or the loss: tokens, labels, position_ids (int64 [B, S]), the
+// float32 loss mask and, unless --no-create-attention-mask-in-dataloader, a bool
+// [B, 1, S, S] attention mask, for the whole sequence, on the GPU (copied from the data
+// loader on tensor-parallel rank 0, received by broadcast on the others, in different
+// orders: GetBatch); a first stage lets labels and loss mask go, a last stage (without
+// multi-token prediction) tokens and positions. With context parallelism
+// get_batch_on_this_cp_rank replaces each by this rank's two of 2cp sequence chunks, a new
+// tensor made by index_select ([B, S/cp]; the mask's queries only: [B, 1, S/cp, S]), the
+// whole one going as it is replaced. The batch lives until the microbatch's forward ends
+// (nothing autograd keeps holds the mask). Megatron-Bridge's data path
+// (skip_getting_attention_mask_from_dataset, its default) puts no mask on the GPU.
 //
 // Note [Recompute modules]
 // Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:
@@ -349,6 +372,14 @@ class TransformerModel {
   at::Tensor MtpLosses(const at::Tensor& hidden, const at::Tensor& labels,
                        const at::Tensor& loss_mask);
   at::Tensor OutputLogits(const at::Tensor& hidden);  // [S, B, V/tp]
+  // What get_batch puts on the GPU for one microbatch (Note [The batch on the GPU]): each
+  // undefined where this chunk does not need it.
+  struct Batch {
+    at::Tensor tokens, labels, loss_mask, position_ids, attention_mask;
+  };
+  // `inputs`: tokens and positions (the embedding, multi-token prediction); `targets`:
+  // labels and loss mask (the loss).
+  Batch GetBatch(bool inputs, bool targets) const;
   // The loss of logits [S, B, V/tp] against labels [S, B], as training picks it: [S, B].
   at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& labels);
   at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);

@@ -297,10 +297,16 @@ Status FinalizeUnchecked(RunSpec* spec) {
         "all-gather context parallelism is Transformer Engine's (profile transformer_engine), "
         "alone for every layer");
   }
-  if (l.cp > 1 && spec->model.attention_logit_softcap > 0) {
+  if (l.cp > 1 && spec->model.flex_attention) {
     return Status::Error(
-        "context parallelism with soft-capped attention logits (Gemma-2) does not exist: "
-        "Megatron-Bridge's Gemma2DotProductAttention raises ValueError for CP > 1");
+        "context parallelism with FlexAttention (Gemma-2) does not exist: Megatron-Bridge's "
+        "Gemma2DotProductAttention raises ValueError for CP > 1");
+  }
+  if (l.cp > 1 && spec->model.sliding_window && !t.cp_all_gather && t.cp_all_to_all != l.cp) {
+    return Status::Error(
+        "context parallelism over sliding-window attention needs the a2a or allgather "
+        "communication (Transformer Engine asserts it; Megatron-LM: --cp-comm-type a2a or "
+        "allgather)");
   }
   if (l.cp > 1 && t.attention == AttentionKind::kEager) {
     return Status::Error(

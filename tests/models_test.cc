@@ -884,9 +884,10 @@ TEST(Activations, Gemma2PostNormsFlexAttentionAndSoftCaps) {
   const int64_t te_layer = R::PerLayer(llama);
   EXPECT_EQ(R::PerLayer([](ModelConfig* m) { m->post_projection_norms = true; }) - te_layer,
             2 * (2 * R::S * R::B * R::H + 4 * R::S * R::B));
-  const auto softcapped_attention = [](ModelConfig* m) { m->attention_logit_softcap = 50; };
-  EXPECT_EQ(R::PerLayer(softcapped_attention) - te_layer, -16);
-  EXPECT_EQ(R::BatchBytes(llama) - R::BatchBytes(softcapped_attention), R::B * R::S * R::S);
+  const auto flex_attention = [](ModelConfig* m) { m->flex_attention = true; };
+  EXPECT_EQ(R::PerLayer(flex_attention) - te_layer, -16);
+  EXPECT_EQ(R::BatchBytes(llama) - R::BatchBytes([](ModelConfig* m) { m->megatron_bridge = true; }),
+            R::B * R::S * R::S);
   EXPECT_EQ(R::AfterForward(1, [](ModelConfig* m) { m->final_logit_softcap = 30; }) -
                 R::AfterForward(1, llama),
             2 * R::S * R::B * R::V);
@@ -894,16 +895,48 @@ TEST(Activations, Gemma2PostNormsFlexAttentionAndSoftCaps) {
             R::AfterForward(1, llama));
 }
 
+// Note [The batch on the GPU], on tensor-parallel rank 0 (copied from the data loader, key by
+// key in BATCH_KEYS order) of a stage with both embedding and loss, B = 2, S = 64, CP 2: the
+// whole sequence's mask (B*S*S bool), labels (8BS), loss mask (4BS), positions, tokens; then,
+// in GPTDataset's key order, a 16-byte index and this rank's share of each: tokens (4BS),
+// labels, mask (B*S*S/2: this rank's queries, every key), loss mask (2BS), positions.
+TEST(Allocations, BatchIsTheWholeSequenceThenTheContextParallelShare) {
+  const int64_t B = 2, S = 64;
+  auto batch_allocations = [](bool mask) {
+    ModelConfig m = test::Llama(1, 128, 4, 4, 256, 1024);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.create_attention_mask = mask;
+    ModelShard shard = ModelShard::Whole(m);
+    shard.cp = 2;
+    return RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+      std::vector<int64_t> sizes;
+      for (const StorageInfo& s : r.storages()) {
+        if (r.names().Name(s.module) == "batch") sizes.push_back(s.size_bytes);
+      }
+      return sizes;
+    });
+  };
+  EXPECT_EQ(
+      batch_allocations(true),
+      (std::vector<int64_t>{B * S * S, 8 * B * S, 4 * B * S, 8 * B * S, 8 * B * S, 16, 4 * B * S,
+                            16, 4 * B * S, 16, B * S * S / 2, 16, 2 * B * S, 16, 4 * B * S}));
+  EXPECT_EQ(batch_allocations(false),
+            (std::vector<int64_t>{8 * B * S, 4 * B * S, 8 * B * S, 8 * B * S, 16, 4 * B * S, 16,
+                                  4 * B * S, 16, 2 * B * S, 16, 4 * B * S}));
+}
+
 // What Megatron-Bridge's Gemma-2 cannot run, or memsim does not model, is refused.
 TEST(TrainingConfig, Gemma2Refusals) {
   ModelConfig m = test::Llama(2, 256, 8, 2, 512, 1024);
+  m.megatron_bridge = true;
   m.activation = ActivationKind::kGeglu;
   m.post_projection_norms = true;
-  m.attention_logit_softcap = 50;
+  m.flex_attention = true;
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
   TrainingConfig t = Bf16WithoutDropout(64, 2, AttentionKind::kFused);
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
-            "Gemma's norms after the projections and Gemma-2's soft-capped attention are "
+            "Gemma's norms after the projections and Gemma-2's FlexAttention are "
             "Megatron-Bridge's Transformer Engine layer specs: use profile transformer_engine "
             "(memsim simulate: --profile transformer_engine)");
   t.profile = ProfileKind::kTransformerEngine;
@@ -912,14 +945,16 @@ TEST(TrainingConfig, Gemma2Refusals) {
   with_dropout.attention_dropout = 0.1;
   t.dropout = true;
   EXPECT_EQ(ValidateTrainingConfig(t, with_dropout).message(),
-            "attention dropout with soft-capped attention logits is not modelled (Megatron-"
-            "Bridge's Gemma-2 attention then leaves FlexAttention for its unfused path); set "
-            "attention_dropout to 0 as Gemma-2 does");
-  ModelConfig with_biases = m;
-  with_biases.add_bias_linear = true;
-  EXPECT_EQ(ValidateTrainingConfig(t, with_biases).message(),
-            "a fused GeGLU (fast_gelu) does not exist: Megatron-Core's MLP raises ValueError "
-            "(\"Only support fusion of gelu and swiglu\"); turn the bias-activation fusion off");
+            "attention dropout with FlexAttention is not modelled (Megatron-Bridge's Gemma-2 "
+            "attention then leaves FlexAttention for its unfused path); set attention_dropout to "
+            "0 as Gemma-2 does");
+  // Megatron-Bridge leaves the bias-activation fusion off; with Megatron-LM's default (on)
+  // TransformerConfig refuses fast_gelu.
+  ModelConfig megatron_lm = m;
+  megatron_lm.megatron_bridge = false;
+  EXPECT_EQ(ValidateTrainingConfig(t, megatron_lm).message(),
+            "a fused GeGLU (fast_gelu) does not exist: Megatron-Core's TransformerConfig raises "
+            "ValueError; turn the bias-activation fusion off");
   t.dropout = false;
   t.offload_modules = OffloadModuleBit(OffloadModule::kCoreAttn);
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
@@ -945,8 +980,8 @@ TEST(TrainingConfig, Gemma2Refusals) {
   spec.layout.cp = 2;
   std::optional<ValidatedRun> run;
   EXPECT_EQ(FinalizeRunSpec(spec, &run).message(),
-            "context parallelism with soft-capped attention logits (Gemma-2) does not exist: "
-            "Megatron-Bridge's Gemma2DotProductAttention raises ValueError for CP > 1");
+            "context parallelism with FlexAttention (Gemma-2) does not exist: Megatron-Bridge's "
+            "Gemma2DotProductAttention raises ValueError for CP > 1");
 }
 
 // A learnable softmax offset (attention sinks) with Transformer Engine's fused attention:
@@ -1138,7 +1173,7 @@ TEST(ParameterCount, Gemma2_9B) {
   m.tie_embeddings = true;
   m.post_projection_norms = true;
   m.scale_embeddings = true;
-  m.attention_logit_softcap = 50;
+  m.flex_attention = true;
   m.final_logit_softcap = 30;
   EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine),
             42 * int64_t{198195200} + int64_t{256000} * 3584 + 3584);

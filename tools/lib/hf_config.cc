@@ -168,8 +168,10 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
     case Family::kGlm4Moe:
       return {"norm_topk_prob", "partial_rotary_factor"};
     case Family::kGemma2:
-      // query_pre_attn_scalar: the scores' scale; cache_implementation: inference only.
-      return {"sliding_window", "query_pre_attn_scalar", "cache_implementation"};
+      // query_pre_attn_scalar: the scores' scale; attn_logit_softcapping: their cap, inside
+      // FlexAttention's kernel; cache_implementation: inference only.
+      return {"sliding_window", "query_pre_attn_scalar", "attn_logit_softcapping",
+              "cache_implementation"};
     case Family::kGemma3Text:
       // Also which layers slide and the local layers' RoPE base; Megatron-Bridge's Gemma-3
       // reads neither soft cap (Transformer Engine's attention and a plain output layer).
@@ -440,16 +442,21 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
   std::string act = gemma ? "gelu_pytorch_tanh" : "silu";
   MEMSIM_RETURN_IF_ERROR(r.String("hidden_act", false, &act));
   if (gemma) {
-    // Gemma's configs also write hidden_activation; Megatron-Bridge builds fast_gelu, the
-    // tanh approximation, from either.
+    // Gemma's configs also write hidden_activation. Gemma2Bridge builds fast_gelu (the tanh
+    // approximation) whatever they say; Gemma3ModelBridge maps hidden_act, and fast_gelu is
+    // what gelu_pytorch_tanh maps to.
     std::string activation = "gelu_pytorch_tanh";
     MEMSIM_RETURN_IF_ERROR(r.String("hidden_activation", false, &activation));
     for (const std::string& name : {act, activation}) {
-      if (name != "gelu_pytorch_tanh") {
-        return Status::Error(path + ": activation '" + name + "' is not modelled for " +
-                             model_type +
-                             " (Megatron-Bridge builds GeGLU with fast_gelu: gelu_pytorch_tanh)");
+      if (name == "gelu_pytorch_tanh") continue;
+      if (family == Family::kGemma3Text) {
+        return Status::Error(
+            path + ": activation '" + name + "' is not modelled for " + model_type +
+            " (memsim's Gemma MLP is GeGLU with fast_gelu: " + "gelu_pytorch_tanh)");
       }
+      note("activation '" + name + "' taken as fast_gelu, as Megatron-Bridge's Gemma2Bridge " +
+           "builds it whatever the file says");
+      break;
     }
   } else if (act != "silu") {
     return Status::Error(path + ": hidden_act '" + act +
@@ -579,21 +586,27 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       // (Note [Gemma-2] in models/transformer.h): GeGLU, tied embeddings scaled by sqrt(H),
       // norms after the attention and MLP projections, soft-capped attention and final
       // logits, no biases, no dropout.
+      m.megatron_bridge = true;
       m.activation = ActivationKind::kGeglu;
       m.post_projection_norms = true;
+      m.flex_attention = true;
       m.scale_embeddings = true;
       m.attention_dropout = 0.0;  // the bridge sets it whatever the file says
-      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
-      bool attention_bias = false;
-      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
-      if (attention_bias) {
-        return Status::Error(path + ": attention_bias true is not modelled for gemma2 " +
-                             "(Megatron-Bridge's Gemma-2 has no biases)");
+      if (!m.tie_embeddings) {
+        note(
+            "tie_word_embeddings false ignored: Gemma2Bridge ties the output layer to the "
+            "embedding whatever the file says");
+        m.tie_embeddings = true;
       }
-      m.attention_logit_softcap = 50.0;  // Gemma2Config's defaults
+      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      // CONFIG_MAPPING: attention_bias is linear_qkv's bias (add_qkv_bias).
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
+      // Gemma2Config's default cap; null (Python's None): no capping.
       m.final_logit_softcap = 30.0;
-      MEMSIM_RETURN_IF_ERROR(r.Number("attn_logit_softcapping", &m.attention_logit_softcap));
       MEMSIM_RETURN_IF_ERROR(r.Number("final_logit_softcapping", &m.final_logit_softcap));
+      if (root.contains("final_logit_softcapping") && root["final_logit_softcapping"].is_null()) {
+        m.final_logit_softcap = 0.0;
+      }
       note(
           "Gemma-2 is modelled as Megatron-Bridge builds it, on Transformer Engine layers "
           "with FlexAttention (memsim simulate: --profile transformer_engine)");
@@ -605,17 +618,14 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       // scaled by sqrt(H)) with q/k RMSNorms and Transformer Engine's attention (sliding on
       // five layers of six), no soft-capping. Its two RoPE tables (local and global bases)
       // are not modelled, as no RoPE table is.
+      m.megatron_bridge = true;
       m.activation = ActivationKind::kGeglu;
       m.post_projection_norms = true;
       m.scale_embeddings = true;
       m.qk_layernorm = true;
+      m.sliding_window = true;
       MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
-      bool attention_bias = false;
-      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
-      if (attention_bias) {
-        return Status::Error(path + ": attention_bias true is not modelled for gemma3_text " +
-                             "(Megatron-Bridge's Gemma-3 has no biases)");
-      }
+      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
       note(
           "Gemma-3 is modelled as Megatron-Bridge builds it, on Transformer Engine layers "
           "with its FlashAttention backend (memsim simulate: --profile transformer_engine "

@@ -363,7 +363,9 @@ TEST(HfConfig, Gemma2_9B) {
   EXPECT_TRUE(m.post_projection_norms);
   EXPECT_FALSE(m.add_bias_linear);
   EXPECT_FALSE(m.add_qkv_bias);
-  EXPECT_EQ(m.attention_logit_softcap, 50.0);
+  EXPECT_TRUE(m.megatron_bridge);
+  EXPECT_TRUE(m.flex_attention);
+  EXPECT_FALSE(m.sliding_window);  // CP is refused anyway: FlexAttention has none
   EXPECT_EQ(m.final_logit_softcap, 30.0);
   EXPECT_EQ(m.hidden_dropout, 0.0);
   EXPECT_EQ(m.attention_dropout, 0.0);
@@ -374,18 +376,32 @@ TEST(HfConfig, Gemma2_9B) {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     "intermediate_size": 512, "vocab_size": 1024)";
   ASSERT_TRUE(LoadHfConfig(WriteConfig("gemma2-small", gemma2 + "}"), &m).ok());
-  EXPECT_TRUE(m.tie_embeddings);               // Gemma2Config's default
-  EXPECT_EQ(m.attention_logit_softcap, 50.0);  // and its soft caps'
-  EXPECT_EQ(m.final_logit_softcap, 30.0);
+  EXPECT_TRUE(m.tie_embeddings);           // Gemma2Config's default
+  EXPECT_EQ(m.final_logit_softcap, 30.0);  // and its cap's
+  ASSERT_TRUE(
+      LoadHfConfig(WriteConfig("gemma2-null-cap", gemma2 + R"(, "final_logit_softcapping": null})"),
+                   &m)
+          .ok());
+  EXPECT_EQ(m.final_logit_softcap, 0.0);  // None: logit_softcapping returns the logits
   ASSERT_TRUE(
       LoadHfConfig(WriteConfig("gemma2-dropout", gemma2 + R"(, "attention_dropout": 0.1})"), &m)
           .ok());
   EXPECT_EQ(m.attention_dropout, 0.0);  // the bridge sets 0 whatever the file says
-  const std::string gelu = WriteConfig("gemma2-gelu", gemma2 + R"(, "hidden_activation": "gelu"})");
-  EXPECT_EQ(LoadHfConfig(gelu, &m).message(),
-            gelu +
-                ": activation 'gelu' is not modelled for gemma2 (Megatron-Bridge builds GeGLU "
-                "with fast_gelu: gelu_pytorch_tanh)");
+  // What Gemma2Bridge sets whatever the file says, noted; attention_bias is CONFIG_MAPPING's.
+  notes.clear();
+  ASSERT_TRUE(
+      LoadHfConfig(WriteConfig("gemma2-overridden", gemma2 + R"(, "hidden_activation": "gelu",
+    "tie_word_embeddings": false, "attention_bias": true})"),
+                   &m, &notes)
+          .ok());
+  EXPECT_EQ(m.activation, ActivationKind::kGeglu);
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_TRUE(m.add_qkv_bias);
+  EXPECT_FALSE(m.add_bias_linear);
+  ASSERT_EQ(Approximations(notes).size(), 3u);
+  EXPECT_NE(Approximations(notes)[0].find("activation 'gelu' taken as fast_gelu"),
+            std::string::npos);
+  EXPECT_NE(Approximations(notes)[1].find("tie_word_embeddings false ignored"), std::string::npos);
 }
 
 // google/gemma-3-1b-pt's config.json (transformers 4.50), Gemma3ForCausalLM: Gemma-2's layer
@@ -420,8 +436,10 @@ TEST(HfConfig, Gemma3_1B) {
   EXPECT_TRUE(m.tie_embeddings);
   EXPECT_TRUE(m.scale_embeddings);
   EXPECT_TRUE(m.post_projection_norms);
-  EXPECT_EQ(m.attention_logit_softcap, 0.0);  // the bridge's Gemma-3 soft-caps nothing
-  EXPECT_EQ(m.final_logit_softcap, 0.0);
+  EXPECT_TRUE(m.megatron_bridge);
+  EXPECT_TRUE(m.sliding_window);
+  EXPECT_FALSE(m.flex_attention);         // Transformer Engine's attention
+  EXPECT_EQ(m.final_logit_softcap, 0.0);  // the bridge's Gemma-3 soft-caps nothing
   ASSERT_EQ(Approximations(notes).size(), 1u);
   EXPECT_NE(Approximations(notes)[0].find("--attention flash"), std::string::npos);
 }

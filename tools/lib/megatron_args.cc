@@ -372,7 +372,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--no-bias-swiglu-fusion", Arity::kFlag, ArgUse::kRead},
     {"--no-check-for-nan-in-loss-and-grad", Arity::kFlag, ArgUse::kNeutral},
     {"--no-ckpt-fully-parallel-save", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-create-attention-mask-in-dataloader", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-create-attention-mask-in-dataloader", Arity::kFlag, ArgUse::kRead},
     {"--no-gradient-reduce-div-fusion", Arity::kFlag, ArgUse::kNeutral},
     {"--no-initialization", Arity::kFlag, ArgUse::kNeutral},
     {"--no-load-optim", Arity::kFlag, ArgUse::kNeutral},
@@ -478,9 +478,10 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--wandb-save-dir", Arity::kValue, ArgUse::kNeutral},
     {"--weight-decay", Arity::kValue, ArgUse::kNeutral},
     {"--weight-decay-incr-style", Arity::kValue, ArgUse::kNeutral},
-    {"--window-size", Arity::kValue, ArgUse::kNeutral},
-    // Which layers use the sliding window: a window changes which scores count, not the
-    // size of what fused attention keeps.
+    // A sliding window changes which scores count, not the size of what fused attention
+    // keeps; it decides which context parallelism Transformer Engine allows.
+    {"--window-size", Arity::kValue, ArgUse::kRead},
+    // Which layers use the sliding window.
     {"--window-attn-skip-freq", Arity::kValue, ArgUse::kNeutral},
     // ModelOpt's (megatron/post_training/arguments.py): they act only when a ModelOpt
     // checkpoint is loaded (modelopt_enabled), which a training run from scratch is not.
@@ -808,6 +809,12 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   // Unset (0), FinalizeModelConfig gives Megatron-LM's default for the activation.
   MEMSIM_RETURN_IF_ERROR(a.Int("--ffn-hidden-size", &m.ffn_hidden_size));
   MEMSIM_RETURN_IF_ERROR(a.Int("--kv-channels", &m.kv_channels));
+  // tuple_type: "W,0" or "(W,0)"; Transformer Engine's full windows are (-1, 0) and (-1, -1).
+  std::string window = a.Text("--window-size", "");
+  window.erase(std::remove_if(window.begin(), window.end(),
+                              [](char c) { return c == '(' || c == ')' || c == ' '; }),
+               window.end());
+  m.sliding_window = !window.empty() && window != "-1,0" && window != "-1,-1";
   if (a.Has("--group-query-attention")) {
     m.num_query_groups = 1;  // Megatron-LM's default
     MEMSIM_RETURN_IF_ERROR(a.Int("--num-query-groups", &m.num_query_groups));
@@ -1013,6 +1020,8 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
   ParallelLayout& l = *layout;
   MEMSIM_RETURN_IF_ERROR(a.Int("--seq-length", &t.seq_length));
   MEMSIM_RETURN_IF_ERROR(a.Int("--micro-batch-size", &t.micro_batch_size));
+  // get_batch's attention mask (Note [The batch on the GPU] in models/transformer.h).
+  t.create_attention_mask = !a.Has("--no-create-attention-mask-in-dataloader");
   l.world_size = world_size;
   MEMSIM_RETURN_IF_ERROR(a.Int("--tensor-model-parallel-size", &l.tp));
   MEMSIM_RETURN_IF_ERROR(a.Int("--pipeline-model-parallel-size", &l.pp));

@@ -657,6 +657,34 @@ TEST(MegatronArgs, AllToAllContextParallelism) {
             "(Megatron-LM asserts it)");
 }
 
+// --window-size: full windows ((-1, 0) and (-1, -1), as Transformer Engine reads them) are
+// no sliding window; a sliding one needs a2a or all-gather context parallelism, as
+// Transformer Engine asserts.
+TEST(MegatronArgs, SlidingWindowContextParallelism) {
+  const std::string gpt = std::string(kTinyGpt) + "--transformer-impl transformer_engine ";
+  EXPECT_FALSE(Parse(gpt, 1).spec.model.sliding_window);
+  EXPECT_FALSE(Parse(gpt + "--window-size -1,0", 1).spec.model.sliding_window);
+  EXPECT_FALSE(Parse(gpt + "--window-size (-1,-1)", 1).spec.model.sliding_window);
+  EXPECT_TRUE(Parse(gpt + "--window-size (4,0)", 1).spec.model.sliding_window);
+  const std::string window = gpt + "--window-size 4,0 --context-parallel-size 2 ";
+  EXPECT_EQ(ErrorOf(window, 2),
+            "context parallelism over sliding-window attention needs the a2a or allgather "
+            "communication (Transformer Engine asserts it; Megatron-LM: --cp-comm-type a2a or "
+            "allgather)");
+  for (const char* type : {"a2a", "allgather"}) {
+    std::optional<ValidatedRun> run;
+    const Status s = FinalizeRunSpec(Parse(window + "--cp-comm-type " + type, 2).spec, &run);
+    EXPECT_TRUE(s.ok()) << type << ": " << s.message();
+  }
+}
+
+// --no-create-attention-mask-in-dataloader: get_batch makes no [B, 1, S, S] mask.
+TEST(MegatronArgs, AttentionMaskInTheDataloader) {
+  EXPECT_TRUE(Parse(kTinyGpt, 1).spec.training.create_attention_mask);
+  EXPECT_FALSE(Parse(std::string(kTinyGpt) + "--no-create-attention-mask-in-dataloader", 1)
+                   .spec.training.create_attention_mask);
+}
+
 // --cp-comm-type allgather (Note [All-gather context parallelism]): Transformer Engine's, for
 // every layer; with CP 1 it changes nothing.
 TEST(MegatronArgs, AllGatherContextParallelism) {
@@ -894,8 +922,9 @@ TEST(MegatronArgs, GptOssExample) {
   EXPECT_EQ(m.activation_clamp_value, 7.0);
   EXPECT_EQ(m.softmax, SoftmaxKind::kLearnable);
   EXPECT_FALSE(r.spec.training.bias_activation_fusion);
-  for (const char* neutral : {"--window-attn-skip-freq", "--window-size", "--enable-gpt-oss",
-                              "--export-force-local-attention"}) {
+  EXPECT_TRUE(m.sliding_window);  // --window-size 127,0
+  for (const char* neutral :
+       {"--window-attn-skip-freq", "--enable-gpt-oss", "--export-force-local-attention"}) {
     EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), neutral), r.ignored.end()) << neutral;
   }
   std::optional<ValidatedRun> run;

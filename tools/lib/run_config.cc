@@ -219,10 +219,12 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       i64("qk_pos_emb_head_dim", &m->qk_pos_emb_head_dim),
       i64("v_head_dim", &m->v_head_dim),
       f64("activation_clamp_value", &m->activation_clamp_value),
+      flag("megatron_bridge", &m->megatron_bridge),
       flag("post_projection_norms", &m->post_projection_norms),
-      f64("attention_logit_softcap", &m->attention_logit_softcap),
+      flag("flex_attention", &m->flex_attention),
       f64("final_logit_softcap", &m->final_logit_softcap),
       flag("scale_embeddings", &m->scale_embeddings),
+      flag("sliding_window", &m->sliding_window),
       {"softmax",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "softmax", &ParseSoftmax, &m->softmax);
@@ -418,6 +420,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
       {"bias_activation_fusion",
        [&](const YAML::Node& v) {
          return Read(v, source, "bias_activation_fusion", &t->bias_activation_fusion);
+       }},
+      {"create_attention_mask",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "create_attention_mask", &t->create_attention_mask);
        }},
       {"deterministic_algorithms",
        [&](const YAML::Node& v) {
