@@ -1160,42 +1160,41 @@ TEST(ParameterCount, GptOss) {
   EXPECT_EQ(ParameterCount(gpt_oss(36, 128)), int64_t{116829156672});
 }
 
-// Gemma-2-9B (HfConfig.Gemma2_9B): H = 3584, 16 heads and 8 KV heads of D = 256, GeGLU
-// with F = 14336, V = 256000 tied, no biases. Per layer: linear_qkv (16 + 2 * 8) * 256 * H
-// = 29,360,128, linear_proj 4096 * H = 14,680,064, fc1 2FH = 102,760,448, fc2 FH =
-// 51,380,224, four norms 4H = 14,336 (input, post-attention, pre-FFN, post-FFN):
-// 198,195,200; 42 of them, the embedding VH and the final norm H: 9,241,705,984, the
-// model card's 9.24B and Hugging Face's count of the checkpoint.
-TEST(ParameterCount, Gemma2_9B) {
-  ModelConfig m = Llama(42, 3584, 16, 8, 14336, 256000);
+// Gemma's decoder (Note [Gemma-2] in transformer.h): heads of 256, GeGLU, tied embeddings,
+// four norms a layer; `L` layers of width `H` with `A` heads, `G` KV heads, FFN `F`, vocab `V`.
+ModelConfig Gemma(int64_t L, int64_t H, int64_t A, int64_t G, int64_t F, int64_t V) {
+  ModelConfig m = Llama(L, H, A, G, F, V);
+  m.megatron_bridge = true;
   m.kv_channels = 256;
   m.activation = ActivationKind::kGeglu;
   m.tie_embeddings = true;
   m.post_projection_norms = true;
   m.scale_embeddings = true;
-  m.flex_attention = true;
-  m.final_logit_softcap = 30;
-  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine),
-            42 * int64_t{198195200} + int64_t{256000} * 3584 + 3584);
-  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine), int64_t{9241705984});
+  return m;
 }
 
-// Gemma-3-1B (HfConfig.Gemma3_1B): H = 1152, 4 heads and 1 KV head of D = 256, GeGLU with
-// F = 6912, V = 262144 tied. Per layer: linear_qkv (4 + 2) * 256 * H = 1,769,472,
+// Gemma-2-9B (HfConfig.Gemma2_9B): H = 3584, 16 heads and 8 KV heads, F = 14336,
+// V = 256000. Per layer: linear_qkv (16 + 2 * 8) * 256 * H = 29,360,128, linear_proj
+// 4096 * H = 14,680,064, fc1 2FH = 102,760,448, fc2 FH = 51,380,224, four norms 4H =
+// 14,336 (input, post-attention, pre-FFN, post-FFN): 198,195,200; 42 of them, the embedding
+// VH and the final norm H: 9,241,705,984, the model card's 9.24B and Hugging Face's count of
+// the checkpoint. Gemma-3-1B (HfConfig.Gemma3_1B): H = 1152, 4 heads and 1 KV head,
+// F = 6912, V = 262144, q/k norms. Per layer: linear_qkv (4 + 2) * 256 * H = 1,769,472,
 // linear_proj 1024 * H = 1,179,648, the MLP 3FH = 23,887,872, four norms 4H and the q/k
-// norms 2D: 26,842,112; 26 of them, the embedding and the final norm: 999,885,952 (the
-// model card's 1B).
-TEST(ParameterCount, Gemma3_1B) {
-  ModelConfig m = Llama(26, 1152, 4, 1, 6912, 262144);
-  m.kv_channels = 256;
-  m.activation = ActivationKind::kGeglu;
-  m.qk_layernorm = true;
-  m.tie_embeddings = true;
-  m.post_projection_norms = true;
-  m.scale_embeddings = true;
-  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine),
+// norms 2D: 26,842,112; 26 of them, the embedding and the final norm: 999,885,952 (the model
+// card's 1B). FlexAttention and the soft caps add no parameters.
+TEST(ParameterCount, Gemma) {
+  ModelConfig gemma2 = Gemma(42, 3584, 16, 8, 14336, 256000);
+  gemma2.flex_attention = true;
+  gemma2.final_logit_softcap = 30;
+  EXPECT_EQ(ParameterCount(gemma2, ProfileKind::kTransformerEngine),
+            42 * int64_t{198195200} + int64_t{256000} * 3584 + 3584);
+  EXPECT_EQ(ParameterCount(gemma2, ProfileKind::kTransformerEngine), int64_t{9241705984});
+  ModelConfig gemma3 = Gemma(26, 1152, 4, 1, 6912, 262144);
+  gemma3.qk_layernorm = true;
+  EXPECT_EQ(ParameterCount(gemma3, ProfileKind::kTransformerEngine),
             26 * int64_t{26842112} + int64_t{262144} * 1152 + 1152);
-  EXPECT_EQ(ParameterCount(m, ProfileKind::kTransformerEngine), int64_t{999885952});
+  EXPECT_EQ(ParameterCount(gemma3, ProfileKind::kTransformerEngine), int64_t{999885952});
 }
 
 // GLM-4.5-Air (HfConfig.Glm45Air): H = 4096, 96 heads and 8 KV heads of D = 128, q/k/v

@@ -354,6 +354,18 @@ Status ReadDeepseekMoe(Reader& r, const std::string& path, const RouterDefaults&
   return Status::OK();
 }
 
+// The decoder layer Megatron-Bridge builds for Gemma-2 and Gemma-3 (Note [Gemma-2] in
+// models/transformer.h): GeGLU, norms after both projections, the embedding scaled by
+// sqrt(H); head_dim, and attention_bias as CONFIG_MAPPING maps it (linear_qkv's bias).
+Status ReadGemmaLayer(Reader& r, ModelConfig* model) {
+  model->megatron_bridge = true;
+  model->activation = ActivationKind::kGeglu;
+  model->post_projection_norms = true;
+  model->scale_embeddings = true;
+  MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &model->kv_channels));
+  return r.Bool("attention_bias", &model->add_qkv_bias);
+}
+
 }  // namespace
 
 Status LoadHfConfig(const std::string& path, ModelConfig* model,
@@ -586,11 +598,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       // (Note [Gemma-2] in models/transformer.h): GeGLU, tied embeddings scaled by sqrt(H),
       // norms after the attention and MLP projections, soft-capped attention and final
       // logits, no biases, no dropout.
-      m.megatron_bridge = true;
-      m.activation = ActivationKind::kGeglu;
-      m.post_projection_norms = true;
+      MEMSIM_RETURN_IF_ERROR(ReadGemmaLayer(r, &m));
       m.flex_attention = true;
-      m.scale_embeddings = true;
       m.attention_dropout = 0.0;  // the bridge sets it whatever the file says
       if (!m.tie_embeddings) {
         note(
@@ -598,9 +607,6 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
             "embedding whatever the file says");
         m.tie_embeddings = true;
       }
-      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
-      // CONFIG_MAPPING: attention_bias is linear_qkv's bias (add_qkv_bias).
-      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
       // Gemma2Config's default cap; null (Python's None): no capping.
       m.final_logit_softcap = 30.0;
       MEMSIM_RETURN_IF_ERROR(r.Number("final_logit_softcapping", &m.final_logit_softcap));
@@ -618,14 +624,9 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       // scaled by sqrt(H)) with q/k RMSNorms and Transformer Engine's attention (sliding on
       // five layers of six), no soft-capping. Its two RoPE tables (local and global bases)
       // are not modelled, as no RoPE table is.
-      m.megatron_bridge = true;
-      m.activation = ActivationKind::kGeglu;
-      m.post_projection_norms = true;
-      m.scale_embeddings = true;
+      MEMSIM_RETURN_IF_ERROR(ReadGemmaLayer(r, &m));
       m.qk_layernorm = true;
       m.sliding_window = true;
-      MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
-      MEMSIM_RETURN_IF_ERROR(r.Bool("attention_bias", &m.add_qkv_bias));
       note(
           "Gemma-3 is modelled as Megatron-Bridge builds it, on Transformer Engine layers "
           "with its FlashAttention backend (memsim simulate: --profile transformer_engine "

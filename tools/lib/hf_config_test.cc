@@ -331,7 +331,7 @@ TEST(HfConfig, Glm45Air) {
 // google/gemma-2-9b's config.json (transformers 4.42), as Megatron-Bridge's Gemma2Bridge
 // maps it: GeGLU (fast_gelu), tied embeddings scaled by sqrt(H), norms after both
 // projections, soft-capped attention (50) and final logits (30), head_dim 256 (not
-// 3584 / 16), no dropout. ParameterCount.Gemma2_9B counts its parameters.
+// 3584 / 16), no dropout. ParameterCount.Gemma counts its parameters.
 TEST(HfConfig, Gemma2_9B) {
   ModelConfig m;
   std::vector<std::string> notes;
@@ -406,7 +406,7 @@ TEST(HfConfig, Gemma2_9B) {
 
 // google/gemma-3-1b-pt's config.json (transformers 4.50), Gemma3ForCausalLM: Gemma-2's layer
 // with q/k norms, sliding windows on five layers of six, two RoPE bases and no soft caps,
-// as Megatron-Bridge's Gemma3ModelBridge maps it (ParameterCount.Gemma3_1B counts it).
+// as Megatron-Bridge's Gemma3ModelBridge maps it (ParameterCount.Gemma counts it).
 TEST(HfConfig, Gemma3_1B) {
   ModelConfig m;
   std::vector<std::string> notes;
