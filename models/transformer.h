@@ -155,7 +155,9 @@
 // tensor made by index_select ([B, S/cp]; the mask's queries only: [B, 1, S/cp, S]), the
 // whole one going as it is replaced. The batch lives until the microbatch's forward ends
 // (nothing autograd keeps holds the mask). Megatron-Bridge's data path
-// (skip_getting_attention_mask_from_dataset, its default) puts no mask on the GPU.
+// (skip_getting_attention_mask_from_dataset, its default) puts no mask on the GPU; its own
+// get_batch (gpt_step.py) also copies only the keys a stage needs, without the broadcast's
+// extra [B, S] tensors, which memsim does not distinguish (a few [B, S] tensors).
 //
 // Note [Recompute modules]
 // Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:

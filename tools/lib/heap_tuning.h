@@ -8,11 +8,12 @@
 // free top back to the system, so each doubling and each layout of a search touches new
 // pages: perf put about a fifth of an in-process layout (memsim_bench's Llama-3-70B, 128
 // microbatches, one thread) in page faults. Fixing the threshold at its 32 MiB ceiling and
-// trimming only a free top above 256 MiB keeps freed memory mapped for the next vector and
-// the next layout. Measured (single runs, A/B in one session): that in-process layout
-// 391-406 -> 300-340 ms; `memsim plan` for Llama-3-70B on 64 GPUs 6.9 -> 6.0 s. The price
-// is memory held between layouts, per thread's arena: the seeds' 24-layout sweep's peak
-// RSS 750-810 MB -> 770-960 MB, plan's 974 -> 1124 MB (KB from `time -f %M`).
+// trimming only a free top above 256 MiB keeps the freed blocks below 32 MiB (most of a
+// doubling vector's life, and most vectors) mapped for the next vector and the next layout;
+// larger ones are still mapped fresh. Measured (single runs, A/B in one session): that in-process
+// layout 391-406 -> 300-340 ms; `memsim plan` for Llama-3-70B on 64 GPUs 6.9 -> 6.0 s. The price is
+// memory held between layouts, per thread's arena: the seeds' 24-layout sweep's peak RSS 750-810 MB
+// -> 770-960 MB, plan's 974 -> 1124 MB (KB from `time -f %M`).
 #pragma once
 
 namespace memsim {

@@ -129,10 +129,12 @@ const std::set<std::string> kNeutralKeys = {
 //   pretraining_tp: how HF splits the matmuls at inference, not the weights' shapes;
 //   sliding_window (and Qwen2's use_sliding_window, max_window_layers, layer_types): a
 //     window mask changes which scores count, not the size of what attention saves
-//     (flash keeps O and the log-sum-exp; eager masks a full S x S score matrix);
+//     (flash keeps O and the log-sum-exp; eager masks a full S x S score matrix). Where
+//     Megatron-Bridge builds the window (Mistral, gpt-oss, Gemma-3) it is read instead: it
+//     decides which context parallelism Transformer Engine allows;
 //   Mixtral's and Qwen3-MoE's router_aux_loss_coef, router_jitter_noise,
-//     output_router_logits (and Qwen3-MoE's and DeepSeek's norm_topk_prob, a rescaling of
-//     the top-k, which Megatron's router does for K > 1 anyway), DeepSeek's aux_loss_alpha
+//     output_router_logits (and DeepSeek's norm_topk_prob, a rescaling of the sigmoid
+//     router's top-k, which Megatron's router does for K > 1 anyway), DeepSeek's aux_loss_alpha
 //     and seq_aux (how the original run weighted its aux loss, a training choice: memsim's
 //     is --moe-aux-loss-coeff);
 //   ep_size: DeepSeek's inference-time expert split;
@@ -146,13 +148,13 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
     case Family::kLlama:
       return {"pretraining_tp"};
     case Family::kMistral:
-      return {"sliding_window"};
+      return {};
     case Family::kQwen2:
     case Family::kQwen3:
       return {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"};
     case Family::kQwen3Moe:
-      return {"sliding_window", "use_sliding_window",   "max_window_layers",   "layer_types",
-              "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"};
+      return {"sliding_window", "use_sliding_window",   "max_window_layers",
+              "layer_types",    "router_aux_loss_coef", "output_router_logits"};
     case Family::kMixtral:
       return {"sliding_window", "router_aux_loss_coef", "router_jitter_noise",
               "output_router_logits"};
@@ -160,7 +162,7 @@ std::set<std::string> FamilyNeutralKeys(Family family) {
       return {"sliding_window", "original_max_position_embeddings", "partial_rotary_factor",
               "attention_bias"};
     case Family::kGptOss:
-      return {"sliding_window", "layer_types", "initial_context_length", "router_aux_loss_coef",
+      return {"layer_types", "initial_context_length", "router_aux_loss_coef",
               "output_router_logits"};
     case Family::kDeepseekV3:
       return {"pretraining_tp", "ep_size", "norm_topk_prob",
@@ -495,6 +497,12 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     case Family::kMistral:
     case Family::kQwen2:
       MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));
+      if (family == Family::kMistral) {
+        // MistralBridge builds a window from a non-null sliding_window.
+        int64_t window = 0;
+        MEMSIM_RETURN_IF_ERROR(r.Int("sliding_window", false, &window));
+        m.sliding_window = window > 0;
+      }
       break;
     case Family::kQwen3:
     case Family::kQwen3Moe: {
@@ -508,6 +516,11 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       MEMSIM_RETURN_IF_ERROR(r.Int("num_local_experts", m.num_experts == 0, &m.num_experts));
       MEMSIM_RETURN_IF_ERROR(r.Int("num_experts_per_tok", true, &m.moe_router_topk));
       MEMSIM_RETURN_IF_ERROR(r.Int("moe_intermediate_size", true, &m.moe_ffn_hidden_size));
+      // Qwen3MoeBridge: moe_router_pre_softmax = not norm_topk_prob (Qwen3MoeConfig's default
+      // False): the softmax over every expert, kept [T, E], or over the top-K, kept [T, K].
+      bool norm_topk_prob = false;
+      MEMSIM_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &norm_topk_prob));
+      m.moe_router_pre_softmax = !norm_topk_prob;
       int64_t sparse_step = 1;
       MEMSIM_RETURN_IF_ERROR(r.Int("decoder_sparse_step", false, &sparse_step));
       size_t dense_layers = 0;
@@ -549,6 +562,10 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
       // attention_bias.
       m.activation = ActivationKind::kQuickGeglu;
       m.softmax = SoftmaxKind::kLearnable;
+      // GptOssBridge builds a window from sliding_window (on the sliding layer_types).
+      int64_t window = 0;
+      MEMSIM_RETURN_IF_ERROR(r.Int("sliding_window", false, &window));
+      m.sliding_window = window > 0;
       m.add_bias_linear = true;
       m.add_qkv_bias = true;
       MEMSIM_RETURN_IF_ERROR(r.Int("head_dim", false, &m.kv_channels));

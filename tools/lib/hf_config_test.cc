@@ -146,7 +146,7 @@ TEST(HfConfig, LlamaHeadDimBiasesAndTiedEmbeddings) {
 
 TEST(HfConfig, Mistral7B) {
   // mistralai/Mistral-7B-v0.1/config.json; the 4096-token sliding window saves nothing
-  // of another size.
+  // of another size, but MistralBridge builds it (which decides the context parallelism).
   ModelConfig m;
   std::vector<std::string> notes;
   ASSERT_TRUE(LoadHfConfig(WriteConfig("Mistral-7B-v0.1", R"({
@@ -183,6 +183,7 @@ TEST(HfConfig, Mistral7B) {
   EXPECT_EQ(m.kv_channels, 0);
   EXPECT_FALSE(m.add_qkv_bias);
   EXPECT_EQ(m.num_experts, 0);
+  EXPECT_TRUE(m.sliding_window);
   ExpectLlamaArchitecture(m);
   EXPECT_TRUE(Approximations(notes).empty());
   EXPECT_TRUE(FinalizeModelConfig(&m).ok());
@@ -275,6 +276,7 @@ TEST(HfConfig, GptOss20B) {
   EXPECT_EQ(m.moe_router_topk, 4);
   EXPECT_EQ(m.moe_ffn_hidden_size, 2880);
   EXPECT_EQ(m.moe_first_k_dense_layers, 0);
+  EXPECT_TRUE(m.sliding_window);                // GptOssBridge's window, from sliding_window 128
   EXPECT_EQ(Approximations(notes).size(), 2u);  // quantization, the sinks' attention backend
 }
 
@@ -514,6 +516,16 @@ TEST(HfConfig, Qwen3_32BAndQwen3MoE) {
   EXPECT_EQ(m.moe_router_topk, 8);
   EXPECT_EQ(m.moe_ffn_hidden_size, 768);
   EXPECT_EQ(m.moe_first_k_dense_layers, 0);
+  EXPECT_FALSE(m.moe_router_pre_softmax);  // Qwen3MoeBridge: not norm_topk_prob
+  // Without norm_topk_prob (Qwen3MoeConfig's default False) the softmax runs over every expert.
+  ASSERT_TRUE(LoadHfConfig(WriteConfig("Qwen3-MoE-pre-softmax", R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,
+  "intermediate_size": 128, "moe_intermediate_size": 32, "num_attention_heads": 4,
+  "num_hidden_layers": 4, "num_key_value_heads": 2, "num_experts": 8,
+  "num_experts_per_tok": 2, "vocab_size": 256})"),
+                           &m)
+                  .ok());
+  EXPECT_TRUE(m.moe_router_pre_softmax);
   // Dense layers in between are not modelled: refused, not approximated.
   const Status dense = LoadHfConfig(WriteConfig("Qwen3-MoE-dense-layers", R"({
   "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,

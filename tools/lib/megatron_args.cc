@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -429,7 +430,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--save-interval", Arity::kValue, ArgUse::kNeutral},
     {"--save-retain-interval", Arity::kValue, ArgUse::kNeutral},
     {"--seed", Arity::kValue, ArgUse::kNeutral},
-    {"--sft", Arity::kFlag, ArgUse::kNeutral},
+
     {"--sgd-momentum", Arity::kValue, ArgUse::kNeutral},
     {"--skip-train", Arity::kFlag, ArgUse::kNeutral},
     {"--split", Arity::kValue, ArgUse::kNeutral},
@@ -498,6 +499,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--external-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--fp16-lm-cross-entropy", Arity::kValues, ArgUse::kRefused, "an fp16 cross entropy"},
+    {"--sft", Arity::kValues, ArgUse::kRefused,
+     "supervised fine-tuning's packed sequences (cu_seqlens, THD attention)"},
     {"--fp32-residual-connection", Arity::kValues, ArgUse::kRefused, "an fp32 residual stream"},
     {"--fp4-format", Arity::kValues, ArgUse::kRefused, "FP4 training"},
     {"--fp4-param-gather", Arity::kValues, ArgUse::kRefused, "FP4 parameters"},
@@ -814,6 +817,10 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   window.erase(std::remove_if(window.begin(), window.end(),
                               [](char c) { return c == '(' || c == ')' || c == ' '; }),
                window.end());
+  if (!window.empty() && !std::regex_match(window, std::regex("-?[0-9]+(,-?[0-9]+)*"))) {
+    return Status::Error("--window-size must be integers separated by commas (e.g. 4095,0), got " +
+                         a.Text("--window-size", ""));
+  }
   m.sliding_window = !window.empty() && window != "-1,0" && window != "-1,-1";
   if (a.Has("--group-query-attention")) {
     m.num_query_groups = 1;  // Megatron-LM's default

@@ -666,6 +666,8 @@ TEST(MegatronArgs, SlidingWindowContextParallelism) {
   EXPECT_FALSE(Parse(gpt + "--window-size -1,0", 1).spec.model.sliding_window);
   EXPECT_FALSE(Parse(gpt + "--window-size (-1,-1)", 1).spec.model.sliding_window);
   EXPECT_TRUE(Parse(gpt + "--window-size (4,0)", 1).spec.model.sliding_window);
+  EXPECT_EQ(ErrorOf(gpt + "--window-size abc", 1),
+            "--window-size must be integers separated by commas (e.g. 4095,0), got abc");
   const std::string window = gpt + "--window-size 4,0 --context-parallel-size 2 ";
   EXPECT_EQ(ErrorOf(window, 2),
             "context parallelism over sliding-window attention needs the a2a or allgather "
