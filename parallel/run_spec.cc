@@ -302,6 +302,12 @@ Status FinalizeUnchecked(RunSpec* spec) {
         "context parallelism with FlexAttention (Gemma-2) does not exist: Megatron-Bridge's "
         "Gemma2DotProductAttention raises ValueError for CP > 1");
   }
+  if (l.cp > 1 && spec->model.softmax != SoftmaxKind::kVanilla &&
+      (t.cp_all_gather || t.cp_all_to_all != l.cp)) {
+    return Status::Error(
+        "context parallelism with attention sinks (a softmax other than vanilla) needs the a2a "
+        "communication alone (Transformer Engine asserts it; Megatron-LM: --cp-comm-type a2a)");
+  }
   if (l.cp > 1 && spec->model.sliding_window && !t.cp_all_gather && t.cp_all_to_all != l.cp) {
     return Status::Error(
         "context parallelism over sliding-window attention needs the a2a or allgather "

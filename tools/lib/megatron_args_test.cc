@@ -678,6 +678,16 @@ TEST(MegatronArgs, SlidingWindowContextParallelism) {
     const Status s = FinalizeRunSpec(Parse(window + "--cp-comm-type " + type, 2).spec, &run);
     EXPECT_TRUE(s.ok()) << type << ": " << s.message();
   }
+  // Attention sinks (gpt-oss's learnable softmax) need a2a alone.
+  const std::string sinks = gpt + "--softmax-type learnable --context-parallel-size 2 ";
+  EXPECT_EQ(ErrorOf(sinks, 2),
+            "context parallelism with attention sinks (a softmax other than vanilla) needs the "
+            "a2a communication alone (Transformer Engine asserts it; Megatron-LM: --cp-comm-type "
+            "a2a)");
+  EXPECT_EQ(ErrorOf(sinks + "--cp-comm-type allgather", 2),
+            "context parallelism with attention sinks (a softmax other than vanilla) needs the "
+            "a2a communication alone (Transformer Engine asserts it; Megatron-LM: --cp-comm-type "
+            "a2a)");
 }
 
 // --no-create-attention-mask-in-dataloader: get_batch makes no [B, 1, S, S] mask.
