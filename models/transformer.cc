@@ -424,7 +424,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
   qkv.clear();
   const double attention_dropout = training_.dropout ? model_.attention_dropout : 0.0;
-  // Soft-capped logits: Gemma-2's own core attention, whatever the backend (Note [Gemma-2]).
+  // Gemma-2's own core attention, whatever the backend (Note [Gemma-2]).
   const bool flex = model_.flex_attention;
   const bool eager = !flex && training_.attention == AttentionKind::kEager;
   at::Tensor context;
@@ -935,8 +935,14 @@ TransformerModel::Batch TransformerModel::GetBatch(bool inputs, bool targets) co
       *t = at::empty({B, S}, meta.dtype(t == loss_mask ? at::kFloat : at::kLong));
     }
   }
-  if (!targets) labels->reset(), loss_mask->reset();
-  if (!inputs) tokens->reset(), positions->reset();
+  if (!targets) {
+    labels->reset();
+    loss_mask->reset();
+  }
+  if (!inputs) {
+    tokens->reset();
+    positions->reset();
+  }
   if (cp == 1) return batch;
   // _get_batch_on_this_cp_rank_per_sequence_balancing: each tensor's sequence dimension in
   // 2cp chunks, this rank's two picked by index_select through a new int64[2] index.

@@ -840,9 +840,9 @@ TEST(Activations, EagerGatedActivationsKeepTheirIntermediates) {
 // dropout, tp = 1, B > 1), worked out from Megatron-Bridge's modules:
 //   post_projection_norms: linear_proj's and linear_fc2's outputs, kept by their post
 //     norms, and each norm's float32 rsigma [S*B]: 2 * (2SBH + 4SB) a layer;
-//   soft-capped attention: FlexAttention keeps q, k, v, the output and the float32
-//     log-sum-exp as the fused kernel does, without its int64[2] RNG state: 16 bytes less a
-//     layer; and get_batch puts no [B, 1, S, S] bool attention mask on the GPU: BS^2 less;
+//   flex_attention: FlexAttention keeps q, k, v, the output and the float32 log-sum-exp as
+//     the fused kernel does, without its int64[2] RNG state: 16 bytes less a layer;
+//   megatron_bridge: get_batch puts no [B, 1, S, S] bool attention mask on the GPU: BS^2 less;
 //   final logit soft-capping: tanh's output [S, B, V] 16-bit, 2SBV, kept until backward;
 //   embedding scaling: a transient only, nothing more kept.
 struct Gemma2Run {

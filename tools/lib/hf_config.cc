@@ -613,8 +613,8 @@ Status LoadHfConfig(const std::string& path, ModelConfig* model,
     case Family::kGemma2: {
       // Gemma2ForCausalLM as Megatron-Bridge's Gemma2Bridge and Gemma2ModelProvider build it
       // (Note [Gemma-2] in models/transformer.h): GeGLU, tied embeddings scaled by sqrt(H),
-      // norms after the attention and MLP projections, soft-capped attention and final
-      // logits, no biases, no dropout.
+      // norms after the attention and MLP projections, FlexAttention with soft-capped scores,
+      // soft-capped final logits, no dropout.
       MEMSIM_RETURN_IF_ERROR(ReadGemmaLayer(r, &m));
       m.flex_attention = true;
       m.attention_dropout = 0.0;  // the bridge sets it whatever the file says
