@@ -7,14 +7,22 @@
 # $MEMSIM_DEBS (yaml-cpp, Boost program_options, nlohmann-json, GoogleTest), unpacked
 # into a private prefix, never into /.
 #
-# Usage: OUT=DIR MEMSIM_DEBS=DIR [BUILD_SECONDS=330] [PARTS="allocator workspaces ops build"]
-#        [ALLOC_CONFS="default expandable_segments:True ..."] tools/gpu/device_checks.sh
+# Usage: OUT=DIR MEMSIM_DEBS=DIR [BUILD_SECONDS=330] [BUILD_TARGETS="memsim ..."]
+#        [PARTS="allocator workspaces ops build megatron"]
+#        [ALLOC_CONFS="default expandable_segments:True ..."]
+#        [MEGATRON_DIR=DIR MEGATRON_CASES="case.yaml ..."] tools/gpu/device_checks.sh
 # ALLOC_CONFS: the allocator replays run once per PYTORCH_CUDA_ALLOC_CONF setting ("default":
 # unset), each into its own file, allocator[_SETTING].json.
+# megatron: Megatron-LM's own training of each case in MEGATRON_CASES (validation case files
+# with --transformer-impl local), the measured rank alone on this GPU through Megatron's
+# fake process group (tools/gpu/megatron_fake_pg.py); MEGATRON_DIR holds a Megatron-LM
+# checkout's megatron/, pretrain_gpt.py, gpt_builders.py and model_provider.py. Results
+# and allocator traces are packed into megatron_fake_pg.tar.
 set -u
 OUT=${OUT:?set OUT to the results folder}
 DEBS=${MEMSIM_DEBS:-.gpu_carry/debs}
 BUILD_SECONDS=${BUILD_SECONDS:-330}
+BUILD_TARGETS=${BUILD_TARGETS:-}
 PARTS=" ${PARTS:-allocator workspaces ops build} "
 ALLOC_CONFS=${ALLOC_CONFS:-default}
 want() { [[ $PARTS == *" $1 "* ]]; }
@@ -71,9 +79,9 @@ EOF
   fi
   # -k 0 / -k: every compile error in one run, not the first.
   if [ ${#generator[@]} -gt 0 ]; then
-    timeout "$BUILD_SECONDS" ninja -C "$BUILD" -k 0 -j "$(( $(nproc) - 1 ))"
+    timeout "$BUILD_SECONDS" ninja -C "$BUILD" -k 0 -j "$(( $(nproc) - 2 ))" $BUILD_TARGETS
   else
-    timeout "$BUILD_SECONDS" make -C "$BUILD" -k -j "$(( $(nproc) - 1 ))"
+    timeout "$BUILD_SECONDS" make -C "$BUILD" -k -j "$(( $(nproc) - 2 ))" $BUILD_TARGETS
   fi
 }
 
@@ -100,6 +108,18 @@ fi
 if want ops; then
   stamp ops
   python3 tools/gpu/measure.py ops "$OUT/ops.json"
+fi
+if want megatron; then
+  stamp "Megatron-LM's training on this GPU, fake process group"
+  # Megatron compiles its dataset helpers on rank 0 only, and the fake run is another rank.
+  ( cd "$MEGATRON_DIR/megatron/core/datasets" &&
+    g++ -O3 -shared -std=c++17 -fPIC $(python3 -m pybind11 --includes) helpers.cpp -o \
+      "helpers_cpp$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" ) ||
+    echo "== Megatron's dataset helpers did not compile"
+  PYTHONPATH=$PWD/tools/gpu/megatron_standins${PYTHONPATH:+:$PYTHONPATH} \
+    python3 tools/gpu/megatron_fake_pg.py "$MEGATRON_DIR" /tmp/megatron_fake_pg $MEGATRON_CASES \
+    --budget "${MEGATRON_SECONDS:-300}"
+  tar -C /tmp/megatron_fake_pg -cf "$OUT/megatron_fake_pg.tar" .
 fi
 want build || exit 0
 

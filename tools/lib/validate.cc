@@ -452,8 +452,10 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
       std::string(date) + " at memsim commit " + SourceCommit() +
       "; do not edit by hand.\n\n"
       "Each row is one real measurement (validation/cases/, sources below): the memory that\n"
-      "the logging rank of a Megatron-LM functional test recorded in TensorBoard, against\n"
-      "memsim's number for the same rank. `max allocated` is\n"
+      "the logging rank of a Megatron-LM functional test recorded in TensorBoard, or\n"
+      "(`@fake_pg_h200`) that rank of Megatron-LM's training run alone on one GPU through its\n"
+      "fake process group (validation/fake_pg/), against memsim's number for the same rank.\n"
+      "`max allocated` is\n"
       "`torch.cuda.memory_stats()[\"allocated_bytes.all.peak\"]` (since process start);\n"
       "`allocated after step` is `torch.cuda.memory_allocated()` after the optimizer step.\n"
       "Error = (memsim - real) / real. Tolerances and the reason for each one above 0.5% are\n"

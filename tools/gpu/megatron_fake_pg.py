@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Runs one rank of a validation case's Megatron-LM training on a single GPU and records
+what PyTorch's caching allocator saw.
+
+Megatron-LM's --fake-process-group (megatron/training/initialize.py) initialises
+torch.distributed with PyTorch's fake backend: every collective and point-to-point
+operation returns at once, but each rank's own tensors, including the buffers those
+operations write into, are allocated as in a real run. Set WORLD_SIZE and RANK to the
+case's and one GPU runs the rank the case measured, with the real Megatron-Core code
+path, the real CUDA kernels and the real caching allocator. Communication libraries'
+own buffers (NCCL) are outside PyTorch's allocator in a real run too.
+
+Limits, which the results must be read with:
+  * Transformer Engine is not installed on the GPU machines memsim's sessions get, so only
+    cases with --transformer-impl local run;
+  * received tensors hold whatever the allocator's block held before (nothing is sent), so
+    data-dependent sizes (MoE routing) follow garbage, not the real run's tokens;
+  * without Transformer Engine and Apex, Megatron falls back to PyTorch for Adam (made
+    fused here, as FusedAdam is), layer norm, the masked softmax and the norms it logs;
+  * with tensor parallelism, a rank other than its group's first trains nothing: the
+    data loader's do_train flag is broadcast from tensor-parallel rank 0 and the fake
+    broadcast leaves it zero (the run ends after setup with no steps);
+  * PyTorch's layer norm refuses sequence parallelism, so no case with it runs;
+  * allocations PyTorch's NCCL process group makes inside a collective (flattening lists)
+    are skipped with the collective;
+  * fp16 runs skip their first optimizer steps (dynamic loss scale overflows) and create
+    Adam's states late: run enough iterations to pass them;
+  * the data are Megatron's mock dataset (--mock-data, NullTokenizer with the case's
+    vocabulary size), not the case's files; checkpoints are neither loaded nor saved.
+
+Usage (on the GPU machine, from the repository root):
+  megatron_fake_pg.py MEGATRON_DIR OUT_DIR CASE.yaml... [--iterations N]
+Writes OUT_DIR/megatron_fake_pg.json (one entry per case: the launch line run, memory after
+every optimizer step, the cumulative peak, the first error) and OUT_DIR/NAME.trace.json.gz
+per case (the allocator's history with each event's Megatron and PyTorch frames).
+"""
+import argparse
+import gzip
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+import time
+
+# Arguments that name files, checkpoints or schedules memsim's run does not have; each is
+# replaced by what the fake run uses or dropped (no GPU memory depends on them).
+DROPPED = {
+    "--save", "--load", "--data-path", "--vocab-file", "--merge-file", "--split",
+    "--data-cache-path", "--async-save", "--use-persistent-ckpt-worker", "--train-iters",
+    "--eval-interval", "--eval-iters", "--save-interval", "--tensorboard-dir",
+    "--dist-ckpt-strictness", "--dist-ckpt-optim-fully-reshardable", "--ckpt-format",
+    "--use-checkpoint-opt_param-scheduler", "--tokenizer-type", "--tokenizer-model",
+    "--exit-interval", "--auto-detect-ckpt-format", "--finetune", "--no-load-optim",
+    "--no-load-rng",
+}
+
+
+def launch_line(case, iterations, tensorboard_dir):
+    argv = []
+    for key, value in case["args"].items():
+        if key in DROPPED:
+            continue
+        if value is True:
+            argv.append(key)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            argv += [key] + [str(v) for v in value]
+        else:
+            argv += [key, str(value)]
+    # GPT-2's BPE vocabulary (the CI's vocab.json) has 50257 entries; NullTokenizer's is
+    # --vocab-size, which cases that use NullTokenizer already name.
+    vocab = case["args"].get("--vocab-size", 50257)
+    argv = [a for i, a in enumerate(argv) if a != "--vocab-size" and
+            (i == 0 or argv[i - 1] != "--vocab-size")]
+    argv += ["--mock-data", "--tokenizer-type", "NullTokenizer",
+             "--vocab-size", str(vocab), "--fake-process-group",
+             # Apex's persistent layer norm kernel and Transformer Engine's fused rotary
+             # embedding are absent; PyTorch's keep the same tensors.
+             "--no-persist-layer-norm", "--no-rope-fusion",
+             "--train-iters", str(iterations), "--eval-iters", "0",
+             "--eval-interval", "1000000", "--tensorboard-dir", tensorboard_dir]
+    return argv
+
+
+def compact_trace(snapshot):
+    """The allocator's events with their frames deduplicated: frames[i] is a list of
+    'file:line:function' strings (Megatron's and PyTorch's Python frames, innermost first);
+    events are [action, bytes, address, frames index]."""
+    frames, frame_index, events = [], {}, []
+    keep = ("alloc", "free_completed", "segment_alloc", "segment_free", "segment_map",
+            "segment_unmap", "oom")
+    for trace in snapshot.get("device_traces", []):
+        for e in trace:
+            if e["action"] not in keep:
+                continue
+            stack = []
+            for f in e.get("frames", []):
+                name = f.get("filename", "")
+                if "megatron" in name or "pretrain_gpt" in name or "/torch/" in name:
+                    short = re.sub(r".*/(megatron|torch)/", r"\1/", name)
+                    stack.append(f"{short}:{f.get('line', 0)}:{f.get('name', '')}")
+                if len(stack) >= 24:
+                    break
+            key = tuple(stack)
+            if key not in frame_index:
+                frame_index[key] = len(frames)
+                frames.append(stack)
+            events.append([e["action"], e["size"], e["addr"], frame_index[key]])
+    return {"frames": frames, "events": events}
+
+
+def run_inner(megatron_dir, case_path, out_dir, iterations):
+    """Runs in the child process: pretrain_gpt.py as __main__, with train_step wrapped."""
+    import yaml
+    import torch
+
+    case = yaml.safe_load(open(case_path))
+    name = case["name"]
+    result = {"case": name, "steps": [], "error": ""}
+    os.makedirs("/tmp/fake_pg_tb", exist_ok=True)
+    argv = launch_line(case, iterations, f"/tmp/fake_pg_tb/{name}")
+    result["argv"] = argv
+    sys.path.insert(0, megatron_dir)
+    # Without Transformer Engine or Apex, Megatron's Adam is torch.optim.AdamW, whose
+    # default (foreach) implementation makes full-size temporaries that FusedAdam does not;
+    # the fused one updates in place, as FusedAdam does.
+    import torch.optim
+
+    class FusedAdamW(torch.optim.AdamW):
+        def __init__(self, params, *a, **k):
+            k.setdefault("fused", True)
+            super().__init__(params, *a, **k)
+
+    torch.optim.AdamW = FusedAdamW
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="all", stacks="python", max_entries=2_000_000)
+    try:
+        import megatron.training.training as training
+
+        original = training.train_step
+
+        def recorded_train_step(*a, **k):
+            out = original(*a, **k)
+            torch.cuda.synchronize()
+            result["steps"].append({
+                "allocated_bytes": torch.cuda.memory_allocated(),
+                "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+                "reserved_bytes": torch.cuda.memory_reserved(),
+            })
+            return out
+
+        training.train_step = recorded_train_step
+        sys.argv = [os.path.join(megatron_dir, "pretrain_gpt.py")] + argv
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            result["error"] = f"SystemExit({e.code})"
+    except BaseException as e:  # recorded, then reported by the parent
+        import traceback
+
+        result["error"] = "".join(traceback.format_exception(e))[-4000:]
+    stats = torch.cuda.memory_stats()
+    result["memory_stats"] = {k: stats.get(k, 0) for k in (
+        "allocated_bytes.all.peak", "allocated_bytes.all.current",
+        "reserved_bytes.all.peak", "reserved_bytes.all.current",
+        "requested_bytes.all.peak", "num_alloc_retries", "segment.all.peak")}
+    trace = compact_trace(torch.cuda.memory._snapshot())
+    with gzip.open(os.path.join(out_dir, f"{name}.trace.json.gz"), "wt") as f:
+        json.dump(trace, f)
+    result["trace_events"] = len(trace["events"])
+    with open(os.path.join(out_dir, f"{name}.result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def make_stub(stub_dir, module):
+    """A stand-in for a module Megatron imports unconditionally but never uses in these
+    runs: every attribute is a callable placeholder."""
+    parts = module.split(".")
+    path = os.path.join(stub_dir, *parts[:-1])
+    os.makedirs(path, exist_ok=True)
+    for i in range(1, len(parts)):
+        init = os.path.join(stub_dir, *parts[:i], "__init__.py")
+        if not os.path.exists(init):
+            open(init, "w").write(STUB)
+    target = os.path.join(path, parts[-1] + ".py") if len(parts) > 1 else \
+        os.path.join(stub_dir, parts[0] + ".py")
+    open(target, "w").write(STUB)
+
+
+STUB = '''
+class _Meta(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder
+class _Placeholder(metaclass=_Meta):
+    def __init__(self, *a, **k): pass
+    def __call__(self, *a, **k): return _Placeholder()
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder()
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _Placeholder
+'''
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("megatron_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("cases", nargs="+")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--inner", action="store_true")
+    parser.add_argument("--timeout", type=int, default=150, help="seconds a case may take")
+    parser.add_argument("--budget", type=int, default=100000,
+                        help="seconds for all cases; cases that would start after it are skipped")
+    args = parser.parse_args()
+    if args.inner:
+        run_inner(args.megatron_dir, args.cases[0], args.out_dir, args.iterations)
+        return
+    os.makedirs(args.out_dir, exist_ok=True)
+    stub_dir = "/tmp/fake_pg_stubs"
+    os.makedirs(stub_dir, exist_ok=True)
+    stubs, results = [], []
+    deadline = time.time() + args.budget
+    for case_path in args.cases:
+        if time.time() > deadline - 20:
+            print(f"{case_path}: skipped, the budget of {args.budget} s is spent", flush=True)
+            continue
+        import yaml
+
+        case = yaml.safe_load(open(case_path))
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (case.get("env") or {}).items()})
+        env.update({"WORLD_SIZE": str(case["world_size"]), "RANK": str(case["rank"]),
+                    "LOCAL_RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29511",
+                    "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": stub_dir + os.pathsep + env.get("PYTHONPATH", "")})
+        result_path = os.path.join(args.out_dir, f"{case['name']}.result.json")
+        for attempt in range(8):
+            if os.path.exists(result_path):
+                os.remove(result_path)  # a result left by an earlier run is not this one's
+            start = time.time()
+            cmd = [sys.executable, __file__, args.megatron_dir, args.out_dir, case_path,
+                   "--inner", "--iterations", str(args.iterations)]
+            try:
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                   timeout=max(10, min(args.timeout, deadline - time.time())))
+                log, code = p.stdout + p.stderr, p.returncode
+            except subprocess.TimeoutExpired as e:
+                log = (e.stdout or b"").decode(errors="replace") + \
+                    (e.stderr or b"").decode(errors="replace")
+                code = "timeout"
+            seconds = round(time.time() - start, 1)
+            result = json.load(open(result_path)) if os.path.exists(result_path) else \
+                {"case": case["name"], "error": f"no result (exit {code})"}
+            # Only a module whose absence stopped the run is stubbed: one Megatron imports
+            # inside try/except (Transformer Engine, Apex) must stay absent.
+            missing = re.findall(r"ModuleNotFoundError: No module named '([A-Za-z0-9_.]+)'",
+                                 result.get("error", ""))
+            if missing and missing[-1] not in stubs and not result.get("steps"):
+                stubs.append(missing[-1])
+                make_stub(stub_dir, missing[-1])
+                print(f"{case['name']}: stubbing {missing[-1]} and retrying", flush=True)
+                continue
+            break
+        result.update({"exit": code, "seconds": seconds, "stubs": list(stubs),
+                       "measured": case.get("measured"), "log_tail": log[-6000:]})
+        with open(os.path.join(args.out_dir, f"{case['name']}.log"), "w") as f:
+            f.write(log[-200000:])
+        results.append(result)
+        last = result["steps"][-1] if result.get("steps") else {}
+        print(f"{case['name']}: {seconds} s, exit {code}, {len(result.get('steps', []))} "
+              f"steps, last {last}, error {result.get('error', '')[-300:]!r}", flush=True)
+        with open(os.path.join(args.out_dir, "megatron_fake_pg.json"), "w") as f:
+            json.dump({"results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
