@@ -483,7 +483,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     // keeps; it decides which context parallelism Transformer Engine allows.
     {"--window-size", Arity::kValue, ArgUse::kRead},
     // Which layers use the sliding window.
-    {"--window-attn-skip-freq", Arity::kValue, ArgUse::kNeutral},
+    {"--window-attn-skip-freq", Arity::kValue, ArgUse::kRead},
     // ModelOpt's (megatron/post_training/arguments.py): they act only when a ModelOpt
     // checkpoint is loaded (modelopt_enabled), which a training run from scratch is not.
     {"--enable-gpt-oss", Arity::kFlag, ArgUse::kNeutral},
@@ -742,6 +742,49 @@ Status ParseMoeLayerFreq(const std::string& text, int64_t num_layers, int64_t* d
   return Status::OK();
 }
 
+// Megatron's --window-attn-skip-freq (moe_freq_type), which makes some layers attend to the
+// whole sequence: N makes layer l (from 1) windowed when l % N != 0, a list [w1, w2, ...]
+// (or Megatron's "([1]*3+[0]*1)*8" form) when w_l is 1 (is_layer_window_attention in
+// megatron/core/transformer/utils.py). Whether any layer keeps its window is what memsim
+// needs (Transformer Engine's context parallelism refuses p2p for windowed layers); empty
+// text: every layer does.
+Status ParseWindowAttnSkipFreq(const std::string& text, bool* any_windowed) {
+  std::string s;
+  for (char c : text) {
+    if (c != ' ') s += c;
+  }
+  *any_windowed = true;
+  if (s.empty()) return Status::OK();
+  if (std::regex_match(s, std::regex("[0-9]{1,9}"))) {
+    const int64_t every = std::stoll(s);
+    if (every == 0) {
+      return Status::Error(
+          "--window-attn-skip-freq 0 divides by zero in Megatron-LM; give N >= 1 "
+          "(every N-th layer attends to the whole sequence) or a list");
+    }
+    // Layer 1 is windowed unless N is 1 (every layer full).
+    *any_windowed = every > 1;
+    return Status::OK();
+  }
+  if (!std::regex_match(s, std::regex("[\\[\\]()01,*+0-9]+")) || s.find('[') == std::string::npos) {
+    return Status::Error("--window-attn-skip-freq '" + text +
+                         "' is neither N nor a list of 0/1 per layer (e.g. '([1]*3+[0]*1)*8')");
+  }
+  // A 1 inside a list marks a windowed layer (a repeat count of 0 is not looked at).
+  *any_windowed = false;
+  int depth = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '[') ++depth;
+    if (s[i] == ']') --depth;
+    const bool element_start = i > 0 && (s[i - 1] == '[' || s[i - 1] == ',');
+    if (depth > 0 && element_start && s[i] == '1' &&
+        (i + 1 == s.size() || s[i + 1] == ',' || s[i + 1] == ']')) {
+      *any_windowed = true;
+    }
+  }
+  return Status::OK();
+}
+
 // The MLP's activation and the fusion of fc1's bias into it, as core_transformer_config_
 // from_args and TransformerConfig.__post_init__ set and check them.
 Status ReadActivation(Args& a, ModelConfig* model, TrainingConfig* training) {
@@ -822,6 +865,11 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
                          a.Text("--window-size", ""));
   }
   m.sliding_window = !window.empty() && window != "-1,0" && window != "-1,-1";
+  bool any_windowed_layer = true;
+  MEMSIM_RETURN_IF_ERROR(
+      ParseWindowAttnSkipFreq(a.Text("--window-attn-skip-freq", ""), &any_windowed_layer));
+  if (!m.sliding_window) a.Ignore("--window-attn-skip-freq");
+  m.sliding_window = m.sliding_window && any_windowed_layer;
   if (a.Has("--group-query-attention")) {
     m.num_query_groups = 1;  // Megatron-LM's default
     MEMSIM_RETURN_IF_ERROR(a.Int("--num-query-groups", &m.num_query_groups));

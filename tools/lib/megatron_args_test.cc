@@ -678,6 +678,26 @@ TEST(MegatronArgs, SlidingWindowContextParallelism) {
     const Status s = FinalizeRunSpec(Parse(window + "--cp-comm-type " + type, 2).spec, &run);
     EXPECT_TRUE(s.ok()) << type << ": " << s.message();
   }
+  // --window-attn-skip-freq: layer l (from 1) keeps its window when l % N != 0, or when
+  // the list's l-th entry is 1; with no windowed layer left, p2p is fine.
+  for (const char* full : {"1", "([0]*2)", "[0,0]"}) {
+    const MegatronArgsResult r = Parse(window + "--window-attn-skip-freq " + full, 2);
+    EXPECT_FALSE(r.spec.model.sliding_window) << full;
+    std::optional<ValidatedRun> run;
+    const Status s = FinalizeRunSpec(r.spec, &run);
+    EXPECT_TRUE(s.ok()) << full << ": " << s.message();
+  }
+  for (const char* windowed : {"2", "([1]*1+[0]*1)", "[0,1]"}) {
+    EXPECT_TRUE(Parse(gpt + "--window-size 4,0 --window-attn-skip-freq " + windowed, 1)
+                    .spec.model.sliding_window)
+        << windowed;
+  }
+  EXPECT_EQ(ErrorOf(gpt + "--window-size 4,0 --window-attn-skip-freq 0", 1),
+            "--window-attn-skip-freq 0 divides by zero in Megatron-LM; give N >= 1 (every N-th "
+            "layer attends to the whole sequence) or a list");
+  EXPECT_EQ(ErrorOf(gpt + "--window-size 4,0 --window-attn-skip-freq every", 1),
+            "--window-attn-skip-freq 'every' is neither N nor a list of 0/1 per layer (e.g. "
+            "'([1]*3+[0]*1)*8')");
   // Attention sinks (gpt-oss's learnable softmax) need a2a alone.
   const std::string sinks = gpt + "--softmax-type learnable --context-parallel-size 2 ";
   EXPECT_EQ(ErrorOf(sinks, 2),
@@ -935,8 +955,7 @@ TEST(MegatronArgs, GptOssExample) {
   EXPECT_EQ(m.softmax, SoftmaxKind::kLearnable);
   EXPECT_FALSE(r.spec.training.bias_activation_fusion);
   EXPECT_TRUE(m.sliding_window);  // --window-size 127,0
-  for (const char* neutral :
-       {"--window-attn-skip-freq", "--enable-gpt-oss", "--export-force-local-attention"}) {
+  for (const char* neutral : {"--enable-gpt-oss", "--export-force-local-attention"}) {
     EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), neutral), r.ignored.end()) << neutral;
   }
   std::optional<ValidatedRun> run;
