@@ -17,9 +17,10 @@ Limits, which the results must be read with:
     data-dependent sizes (MoE routing) follow garbage, not the real run's tokens;
   * without Transformer Engine and Apex, Megatron falls back to PyTorch for Adam (made
     fused here, as FusedAdam is), layer norm, the masked softmax and the norms it logs;
-  * with tensor parallelism, a rank other than its group's first trains nothing: the
-    data loader's do_train flag is broadcast from tensor-parallel rank 0 and the fake
-    broadcast leaves it zero (the run ends after setup with no steps);
+  * with tensor parallelism, a rank other than its group's first builds no dataset and
+    learns do_train from rank 0's broadcast, which the fake backend leaves zero: the
+    2026-11-27 runs of such ranks ended after setup with no steps; run_inner now sets
+    do_train itself (not yet run on a GPU);
   * PyTorch's layer norm refuses sequence parallelism, so no case with it runs;
   * allocations PyTorch's NCCL process group makes inside a collective (flattening lists)
     are skipped with the collective;
@@ -153,6 +154,20 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
             return out
 
         training.train_step = recorded_train_step
+
+        # Tensor-parallel ranks other than 0 build no dataset and learn do_train from rank
+        # 0's broadcast, which the fake backend does not deliver: the run would end after
+        # setup. They train on the tensors get_batch receives (empty, of the right shapes).
+        # Not yet run on a GPU (written after the 2026-11-27 session found the stop).
+        original_loaders = training.build_train_valid_test_data_loaders
+
+        def loaders_that_train(*a, **k):
+            out = original_loaders(*a, **k)
+            args = training.get_args()
+            args.do_train = bool(args.do_train or (args.train_iters or 0) > 0)
+            return out
+
+        training.build_train_valid_test_data_loaders = loaders_that_train
         sys.argv = [os.path.join(megatron_dir, "pretrain_gpt.py")] + argv
         runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as e:
