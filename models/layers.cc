@@ -727,6 +727,59 @@ at::Tensor L2Norm(const at::Tensor& input) { return L2NormFunction::apply(input)
 
 at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::apply(input); }
 
+namespace {
+
+// Note [Transformer Engine's qkv layout]
+// DotProductAttention.forward runs get_qkv_layout (attention/dot_product_attention/utils.py)
+// on q, k and v before any backend: it recognises them as views of one packed buffer
+// (sb3hd, sbh3d), q plus a packed kv (sbhd_sb2hd, sbhd_sbh2d) or three chunks laid end to
+// end (sbhd_sbhd_sbhd), from their storages, shapes, strides and storage offsets; anything
+// else is "not_supported" and each of q, k, v is made contiguous (.contiguous(): a copy of
+// a strided view, nothing for a contiguous tensor). The backend then saves what it got.
+// Megatron-Core splits linear_qkv's [S, B, G, (A/G + 2) D] output per group; with grouped
+// queries (1 < G < A) the query's reshape to [S, B, A, D] copies, so the key and value,
+// strided views at offsets A/G*D and (A/G + 1)*D, fit no layout: Transformer Engine copies
+// them (S*B*G*D each) and saves the copies, and the packed output dies when attention's
+// forward returns. With one query per group (G = A) q, k, v are views at offsets 0, D, 2D
+// of equal strides (sbh3d): no copies, and the saved views keep the whole packed output.
+// RoPE's new q and k leave v a view at an offset: v is copied.
+bool TeRecognizesQkvLayout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  auto same_storage = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+  };
+  const bool ptrs_qkv = same_storage(q, k) && same_storage(q, v);
+  const bool ptrs_qk = same_storage(q, k);
+  const bool ptrs_kv = same_storage(k, v);
+  const bool shapes_qkv = q.sizes() == k.sizes() && q.sizes() == v.sizes();
+  const bool shapes_kv = k.sizes().slice(0, k.dim() - 1) == v.sizes().slice(0, v.dim() - 1);
+  const bool strides_qkv = q.strides() == k.strides() && q.strides() == v.strides();
+  // sk / k.shape[-1] == sv / v.shape[-1] for every stride but the last, as exact fractions.
+  bool strides_kv = k.dim() == v.dim();
+  for (int64_t d = 0; strides_kv && d + 1 < k.dim(); ++d) {
+    strides_kv = k.stride(d) * v.size(-1) == v.stride(d) * k.size(-1);
+  }
+  const int64_t q_off = q.storage_offset(), k_off = k.storage_offset(), v_off = v.storage_offset();
+  const int64_t q_hd = q.size(-1) * q.size(-2), q_d = q.size(-1);
+  const bool offsets_3hd = q_off == 0 && k_off == q_hd && v_off == 2 * q_hd;
+  const bool offsets_h3d = q_off == 0 && k_off == q_d && v_off == 2 * q_d;
+  const int64_t kv_base = ptrs_qkv ? q.numel() : 0;
+  const int64_t k_hd = k.size(-1) * k.size(-2);
+  const bool offsets_2hd = k_off == kv_base && v_off == kv_base + k_hd;
+  const bool offsets_h2d = k_off == kv_base && v_off == kv_base + k.size(-1);
+  const bool offsets_hd_qkv =
+      ptrs_qkv ? q_off == 0 && k_off == q.numel() && v_off == q.numel() + k.numel()
+               : q_off == 0 && k_off == 0 && v_off == 0;
+  const bool offsets_hd_qk =
+      !ptrs_qkv && ptrs_qk ? q_off == 0 && k_off == q.numel() : q_off == 0 && k_off == 0;
+  const bool offsets_hd_kv =
+      !ptrs_qkv && ptrs_kv ? k_off == 0 && v_off == k.numel() : k_off == 0 && v_off == 0;
+  return (ptrs_qkv && strides_qkv && shapes_qkv && (offsets_3hd || offsets_h3d)) ||
+         (ptrs_kv && strides_kv && shapes_kv && (offsets_2hd || offsets_h2d)) ||
+         (strides_kv && shapes_kv && (offsets_hd_qkv || offsets_hd_kv || offsets_hd_qk));
+}
+
+}  // namespace
+
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
                          int64_t cp, int64_t cp_all_to_all, bool cp_all_gather) {
@@ -752,13 +805,18 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   if (kind == AttentionKind::kFused) {
     // Transformer Engine's FusedAttention (cuDNN) reads q, k, v in Megatron's [S, B, A, D]
-    // layout and writes out in it: no copies. It keeps the same tensors for backward as
+    // layout, once get_qkv_layout has made them fit one (Note [Transformer Engine's qkv
+    // layout]), and writes out in it. It keeps the same tensors for backward as
     // FlashAttention (its softmax statistics [B, A, S, 1] float32 are the size of the
     // log-sum-exp), so the flash kernel is called on [B, S, A, D] views.
-    at::Tensor out = cp > 1 ? ContextParallelAttention(q.transpose(0, 1), k.transpose(0, 1),
-                                                       v.transpose(0, 1), cp, dropout_p)
-                            : FlashAttentionFunction::apply(q.transpose(0, 1), k.transpose(0, 1),
-                                                            v.transpose(0, 1), dropout_p);
+    const bool fits = TeRecognizesQkvLayout(q, k, v);
+    const at::Tensor qs = fits ? q : q.contiguous();
+    const at::Tensor ks = fits ? k : k.contiguous();
+    const at::Tensor vs = fits ? v : v.contiguous();
+    at::Tensor out = cp > 1 ? ContextParallelAttention(qs.transpose(0, 1), ks.transpose(0, 1),
+                                                       vs.transpose(0, 1), cp, dropout_p)
+                            : FlashAttentionFunction::apply(qs.transpose(0, 1), ks.transpose(0, 1),
+                                                            vs.transpose(0, 1), dropout_p);
     return out.transpose(0, 1).reshape({seq, batch, heads * v_head_dim});
   }
   if (kind == AttentionKind::kFlash) {

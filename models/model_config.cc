@@ -537,8 +537,12 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
                          const ModelConfig& model, int compute_capability, AttentionKind* out) {
   const bool fp32 = training.precision == Precision::kFp32;
   const bool sink = model.softmax != SoftmaxKind::kVanilla;
+  // cuDNN on Blackwell (10.x) trains deterministically only without dropout
+  // (nvte_get_fused_attn_backend in fused_attn.cpp, cuDNN 9.18.1 and later).
+  const bool blackwell_dropout = compute_capability >= 100 && model.attention_dropout > 0;
   const bool fused =
-      choice.fused && !fp32 && !((compute_capability < 90 || sink) && choice.deterministic);
+      choice.fused && !fp32 &&
+      !((compute_capability < 90 || sink || blackwell_dropout) && choice.deterministic);
   const bool flash = choice.flash && !fp32 && !sink;
   if (compute_capability >= 90 && fused) {
     *out = AttentionKind::kFused;

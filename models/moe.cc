@@ -412,13 +412,17 @@ struct PermuteFunction : public Function<PermuteFunction> {
 // unpermute without probabilities: [rows, H] -> a new zeroed [X, H] scatter-added into;
 // backward gathers [rows, H]. Its saved index is a stride-0 view of the permutation's.
 // With `sorted_index_add` (unfused, deterministic) the output is zeroed twice and
-// index_add_ sorts (Note [Deterministic index_add_]).
+// index_add_ sorts (Note [Deterministic index_add_]); autograd's IndexAddBackward0 then
+// keeps the whole source (its formula expand_as(source)s the gathered gradient), where
+// scatter_add_'s node keeps only the index: the experts' output [rows, H] lives until this
+// layer's backward.
 struct UnpermuteFunction : public Function<UnpermuteFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows_in, int64_t inputs,
                             bool sorted_index_add) {
     ctx->saved_data["rows"] = rows_in.size(0);
     at::Tensor out = at::zeros({inputs, rows_in.size(1)}, rows_in.options());
     if (sorted_index_add) {
+      ctx->save_for_backward({rows_in});
       out = at::zeros(out.sizes(), out.options());  // replaces the first once allocated
       DeterministicIndexAdd(rows_in);
     }

@@ -116,11 +116,13 @@
 //   * Core attention is Gemma2FlexDotProductAttention whatever the attention backend and
 //     the soft cap (flex_attention): PyTorch's FlexAttention (torch.compile'd; PyTorch 2.5
 //     or later), the scores soft-capped inside the kernel and a sliding window on
-//     odd-numbered layers. It keeps what cuDNN's fused attention keeps, less the RNG state
-//     (FlexAttention in layers.h). It takes the unfused path instead when given an attention
-//     mask or dropout: Megatron-Bridge's data path passes no mask by default
-//     (skip_getting_attention_mask_from_dataset; megatron_bridge: get_batch makes none,
-//     Note [The batch on the GPU]), and memsim refuses attention dropout. Context
+//     odd-numbered layers. It keeps q, k and v as they come (the value a view that keeps
+//     linear_qkv's whole output, where cuDNN's fused attention keeps a copy: Note
+//     [Transformer Engine's qkv layout] in layers.cc), the output and the float32
+//     log-sum-exp (FlexAttention in layers.h). It takes the unfused path instead when
+//     given an attention mask or dropout: Megatron-Bridge's data path passes no mask by
+//     default (skip_getting_attention_mask_from_dataset; megatron_bridge: get_batch makes
+//     none, Note [The batch on the GPU]), and memsim refuses attention dropout. Context
 //     parallelism raises. Selective recomputation of core_attn checkpoints it in Megatron;
 //     memsim, as for the other flash-style kernels, leaves it as it is (the float32
 //     log-sum-exp's difference).

@@ -487,6 +487,33 @@ TEST(Moe, DeterministicIndexAddSortsWithTemporaries) {
   EXPECT_EQ(added(true), ShapeSet());
 }
 
+// The same sort keeps the experts' output: autograd's IndexAddBackward0 saves index_add_'s
+// whole source (its formula expand_as(source)s the gathered gradient), where scatter_add_
+// keeps only the index. One MoE layer of T = 256 tokens, top-2 over 8 experts, h = 256, even
+// routing on one rank: its [2T, h] bf16 output lives until the layer's backward, 4Th bytes.
+TEST(Moe, DeterministicIndexAddKeepsTheExpertsOutput) {
+  const int64_t T = 256, h = 256;
+  auto per_layer = [&](bool deterministic) {
+    auto bytes = [&](int64_t layers) {
+      ModelConfig m = test::Llama(layers, h, 4, 4, 704, 1024);
+      m.num_experts = 8;
+      m.moe_router_topk = 2;
+      m.moe_ffn_hidden_size = 512;
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      TrainingConfig t;
+      t.seq_length = T;
+      t.precision = Precision::kBf16;
+      t.profile = ProfileKind::kTransformerEngine;
+      t.moe_grouped_gemm = true;
+      t.deterministic_algorithms = deterministic;
+      EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+      return ActivationBytesAfterForward(m, t);
+    };
+    return bytes(2) - bytes(1);
+  };
+  EXPECT_EQ(per_layer(true) - per_layer(false), 2 * (2 * T) * h);
+}
+
 // Note [MoE routing]: what one MoE layer's router keeps, against the default (softmax of the
 // top-K logits, which keeps the indices int64 [T, K] and the float32 softmax [T, K]). T = 256
 // tokens, E = 8 experts, K = 2, float32 router (no dtype copies):
@@ -773,9 +800,12 @@ int64_t ParameterCount(ModelConfig m, ProfileKind profile = ProfileKind::kMegatr
 
 // --qk-l2-norm (Megatron-Core's L2Norm on each head's query and key, before RoPE): per layer
 // it keeps the reshaped query it normalizes (a copy when G < A: 2SBAD), the key as the view
-// of linear_qkv's output it is (which fused attention's saved value view keeps anyway), and
-// float32 rsqrt per head row, 4SB(A + G). Megatron-Core's local dense layers leave it out;
-// with --qk-layernorm too it takes the norms' place, and they have no parameters.
+// of linear_qkv's output it is, which keeps that whole output, 2SB(A + 2G)D (without the
+// norm fused attention keeps copies of the key and value instead, Note [Transformer Engine's
+// qkv layout], and the output dies), and float32 rsqrt per head row, 4SB(A + G); the normed
+// query and key replace the copies fused attention saved. Megatron-Core's local dense
+// layers leave it out; with --qk-layernorm too it takes the norms' place, and they have no
+// parameters.
 TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   const int64_t S = 128, B = 2, H = 256, A = 8, G = 2, F = 512, D = H / A;
   auto model = [&](int64_t layers, bool l2, bool layernorm) {
@@ -793,7 +823,7 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   };
   EXPECT_EQ(per_layer(true, ProfileKind::kTransformerEngine) -
                 per_layer(false, ProfileKind::kTransformerEngine),
-            2 * S * B * A * D + 4 * S * B * (A + G));
+            2 * S * B * A * D + 2 * S * B * (A + 2 * G) * D + 4 * S * B * (A + G));
   EXPECT_EQ(per_layer(true, ProfileKind::kMegatronLocal),
             per_layer(false, ProfileKind::kMegatronLocal));
   auto parameters = [&](bool l2, bool layernorm, ProfileKind profile) {
@@ -802,6 +832,31 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   const int64_t plain = parameters(false, false, ProfileKind::kTransformerEngine);
   EXPECT_EQ(parameters(true, true, ProfileKind::kTransformerEngine), plain);
   EXPECT_EQ(parameters(true, true, ProfileKind::kMegatronLocal), plain + 2 * 2 * D);  // q, k
+}
+
+// Note [Transformer Engine's qkv layout], GPT layers (learned positions: no RoPE) with cuDNN
+// fused attention, bf16, no dropout: with one query per group (G = A) q, k and v are views
+// at offsets 0, D, 2D of linear_qkv's output (sbh3d), which the kernel keeps whole, 6SBAD;
+// with grouped queries (G < A) the reshaped query is a copy and Transformer Engine copies
+// the key and value it cannot read in place, keeping 2SBAD + 4SBGD, and the output dies.
+TEST(Activations, TransformerEngineCopiesKeysAndValuesItCannotRead) {
+  const int64_t S = 64, B = 2, H = 256, A = 8, D = H / A;
+  auto per_layer = [&](int64_t groups) {
+    auto model = [&](int64_t layers) {
+      ModelConfig m = test::Gpt(layers, H, A);
+      m.num_query_groups = groups;
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      return m;
+    };
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFused);
+    t.profile = ProfileKind::kTransformerEngine;
+    return ActivationBytesAfterForward(model(2), t) - ActivationBytesAfterForward(model(1), t);
+  };
+  for (const int64_t G : {1, 2, 4}) {
+    EXPECT_EQ(per_layer(A) - per_layer(G),
+              6 * S * B * A * D - (2 * S * B * A * D + 4 * S * B * G * D))
+        << G;
+  }
 }
 
 // The gated activations without Megatron's fused kernel (mlp.py's glu(): the Llama table
@@ -840,8 +895,10 @@ TEST(Activations, EagerGatedActivationsKeepTheirIntermediates) {
 // dropout, tp = 1, B > 1), worked out from Megatron-Bridge's modules:
 //   post_projection_norms: linear_proj's and linear_fc2's outputs, kept by their post
 //     norms, and each norm's float32 rsigma [S*B]: 2 * (2SBH + 4SB) a layer;
-//   flex_attention: FlexAttention keeps q, k, v, the output and the float32 log-sum-exp as
-//     the fused kernel does, without its int64[2] RNG state: 16 bytes less a layer;
+//   flex_attention: FlexAttention keeps q, k, v as they come (RoPE's q and k, the value a
+//     view that keeps linear_qkv's whole output, 2SB(A + 2G)D), the output and the float32
+//     log-sum-exp; the fused kernel keeps a copy of the value instead (2SBGD: Note
+//     [Transformer Engine's qkv layout]) and an int64[2] RNG state: 2SB(A + G)D - 16 more;
 //   megatron_bridge: get_batch puts no [B, 1, S, S] bool attention mask on the GPU: BS^2 less;
 //   final logit soft-capping: tanh's output [S, B, V] 16-bit, 2SBV, kept until backward;
 //   embedding scaling: a transient only, nothing more kept.
@@ -885,7 +942,8 @@ TEST(Activations, Gemma2PostNormsFlexAttentionAndSoftCaps) {
   EXPECT_EQ(R::PerLayer([](ModelConfig* m) { m->post_projection_norms = true; }) - te_layer,
             2 * (2 * R::S * R::B * R::H + 4 * R::S * R::B));
   const auto flex_attention = [](ModelConfig* m) { m->flex_attention = true; };
-  EXPECT_EQ(R::PerLayer(flex_attention) - te_layer, -16);
+  EXPECT_EQ(R::PerLayer(flex_attention) - te_layer,
+            2 * R::S * R::B * (R::A + R::G) * (R::H / R::A) - 16);
   EXPECT_EQ(R::BatchBytes(llama) - R::BatchBytes([](ModelConfig* m) { m->megatron_bridge = true; }),
             R::B * R::S * R::S);
   EXPECT_EQ(R::AfterForward(1, [](ModelConfig* m) { m->final_logit_softcap = 30; }) -

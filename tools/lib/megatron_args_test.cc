@@ -414,6 +414,10 @@ TEST(AttentionBackend, ChosenAsTransformerEngineChooses) {
       {no_fused, &bf16, 90, AttentionKind::kFlash},
       {unfused_only, &bf16, 90, AttentionKind::kEager},
       {all, &fp32, 90, AttentionKind::kEager},  // no fused kernel takes fp32
+      // Blackwell: cuDNN trains deterministically only without dropout (ModelConfig's
+      // default attention dropout is 0.1), so deterministic runs take FlashAttention.
+      {all, &bf16, 100, AttentionKind::kFused},
+      {deterministic, &bf16, 100, AttentionKind::kFlash},
   };
   const ModelConfig vanilla;
   for (const Case& c : cases) {
@@ -428,6 +432,10 @@ TEST(AttentionBackend, ChosenAsTransformerEngineChooses) {
   ASSERT_TRUE(SelectTeAttention(ampere, bf16, vanilla, 80, &got).ok());
   EXPECT_EQ(got, AttentionKind::kEager);
   EXPECT_FALSE(SelectTeAttention(none, bf16, vanilla, 90, &got).ok());
+  ModelConfig no_dropout;
+  no_dropout.attention_dropout = 0;
+  ASSERT_TRUE(SelectTeAttention(deterministic, bf16, no_dropout, 100, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kFused);
   // Attention sinks (get_attention_backend's softmax filter): no FlashAttention, so Ampere
   // takes fused attention; deterministic runs lose fused attention too.
   ModelConfig sinks;
