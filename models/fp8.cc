@@ -235,12 +235,18 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     };
     Fp8Tensor kept;
     at::Tensor out;
-    // Megatron keeps the 16-bit input only of linears that gather nothing (linear_proj, the
-    // experts' fc2, the shared experts' fc1, MLA's down projections).
-    MEMSIM_DCHECK(!options.save_original_input || gather == 1);
+    // Megatron keeps the 16-bit input of linear_proj, the experts' fc2, the shared experts'
+    // fc1 (which gathers it under sequence parallelism: Transformer Engine quantizes the
+    // shard, gathers that for the GEMM and keeps the 16-bit shard) and MLA's down projections.
     if (options.save_original_input) {
       const Fp8Tensor q = Quantize(input, fp8, /*rowwise=*/true, /*columnwise=*/false, groups);
-      out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
+      if (gather > 1) {
+        Fp8Tensor total = GatherRowwise(q, recipe, gather, state->parallelism.userbuffer_gather);
+        out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
+        if (mxfp8) SwizzleForGemm(total.scale_inv);
+      } else {
+        out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
+      }
     } else if (gather > 1) {
       // MXFP8 cannot make columnwise data from gathered rowwise data: the shard is
       // quantized both ways, as blockwise does.
@@ -312,30 +318,38 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     const bool go_compact = mxfp8 && scatter > 1;
     const int64_t N = go.data.size(1);
 
-    // The input the weight gradient reads, columnwise.
+    // The input the weight gradient reads, columnwise. A kept 16-bit input is quantized
+    // again, and with a gather its shard is gathered as a quantized shard would be.
     Fp8Tensor total_input;
     bool input_compact = false;
-    if (original_input.defined()) {
+    Fp8Tensor requantized;
+    if (original_input.defined() && gather > 1) {
+      requantized = Quantize(original_input, fp8, /*rowwise=*/true,
+                             /*columnwise=*/blockwise || mxfp8, groups);
+    }
+    const Fp8Tensor& shard = requantized.data.defined() ? requantized : kept;
+    if (original_input.defined() && gather == 1) {
       total_input = Quantize(original_input, fp8, /*rowwise=*/!blockwise && !mxfp8, true, groups);
     } else if (gather > 1 && mxfp8) {
       // Straight into columnwise data; waited for after the dgrad GEMM.
-      total_input = GatherMxfp8Columnwise(kept, gather);
+      total_input = GatherMxfp8Columnwise(shard, gather);
       input_compact = true;
     } else if (gather > 1 && !blockwise) {
       // Waited for after the dgrad GEMM.
-      total_input = GatherRowwise(kept, recipe, gather, parallelism.userbuffer_bulk_dgrad);
+      total_input = GatherRowwise(shard, recipe, gather, parallelism.userbuffer_bulk_dgrad);
     } else if (gather > 1) {
       // The columnwise shards and their scales gathered through interleaved temporaries
       // (the gathered shards lie along the columns of [K, M]).
-      [[maybe_unused]] const at::Tensor interleaved = AllGather(kept.columnwise, gather);
+      [[maybe_unused]] const at::Tensor interleaved = AllGather(shard.columnwise, gather);
       [[maybe_unused]] const at::Tensor interleaved_scales =
-          AllGather(kept.columnwise_scale_inv, gather);
-      const int64_t K = kept.columnwise.size(0), M = kept.columnwise.size(1) * gather;
+          AllGather(shard.columnwise_scale_inv, gather);
+      const int64_t K = shard.columnwise.size(0), M = shard.columnwise.size(1) * gather;
       total_input.columnwise = Fp8Bytes(K, M);
       total_input.columnwise_scale_inv = Fp32({CeilDiv(M, kBlock), RoundUp(K, 4)});
     } else {
       total_input = kept;
     }
+    requantized = {};  // the gathered copy is what the GEMM reads
 
     // dgrad [M, K], reduced over the tensor-parallel group as in 16 bits.
     const at::Tensor& weight_data = state->fp8.weight[0];  // [N, K]

@@ -1064,7 +1064,8 @@ at::Tensor HybridEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig
 at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
                       MoeParameters& params,
                       const c10::intrusive_ptr<GlobalMemoryBuffer>& global_buffer,
-                      const at::Tensor& hidden, ActivationOffloader* offloader) {
+                      const at::Tensor& hidden, const LinearParallelism& shared_fc1,
+                      ActivationOffloader* offloader) {
   const int64_t H = m.hidden_size, E = m.num_experts, local = E / p.ep;
   const at::Tensor tokens = hidden.reshape({-1, H});  // [T, H]
   const int64_t T = tokens.size(0);
@@ -1074,23 +1075,36 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   router_graph.emplace(t.Graphs(CudaGraphModule::kMoeRouter));
   at::Tensor shared;
   if (params.shared_fc1 != nullptr) {
-    // Shared experts run first, on the same input, over the attention tp group.
+    // Shared experts run first, on the same input: SharedExpertMLP is an MLP over the
+    // attention tp group (shared_experts.py), so with sequence parallelism fc1 (a TE
+    // column-parallel linear) gathers the sequence and keeps only its shard, and fc2's
+    // output is reduce-scattered; fc1's output and the activation are the whole sequence's.
     ModuleScope s("shared_experts");
     // Captures what outlives the forward: the recomputation runs in backward.
     // In FP8 fc1 keeps its 16-bit input, the norm's output the router holds anyway, unless
     // the shared experts are recomputed (shared_experts.py).
     Fp8LinearOptions fc1_fp8;
     fc1_fp8.save_original_input = !t.Recomputes(RecomputeModule::kSharedExperts);
-    auto shared_experts = [&m, &params, tp = p.tp, fc1_fp8,
+    const bool sp = shared_fc1.gather_input_group > 1;
+    Fp8LinearOptions fc2_fp8;
+    if (sp) fc2_fp8.reduce_scatter_output_group = p.tp;
+    auto shared_experts = [&m, &params, tp = p.tp, sp, fc1_parallelism = shared_fc1, fc1_fp8,
+                           fc2_fp8,
                            fused = t.bias_activation_fusion](const std::vector<at::Tensor>& in) {
       at::Tensor h;
       {
         ModuleScope f("linear_fc1");
-        h = Linear(in[0], *params.shared_fc1, nullptr, {}, fc1_fp8);
+        h = Linear(in[0], *params.shared_fc1, nullptr, fc1_parallelism, fc1_fp8);
       }
       h = Activation(m, fused, h);
       ModuleScope f("linear_fc2");
-      return ReduceFromTensorParallelRegion(Linear(h, *params.shared_fc2, nullptr), tp);
+      at::Tensor out = Linear(h, *params.shared_fc2, nullptr, {}, fc2_fp8);
+      // An FP8 linear reduce-scatters inside (fc2_fp8); a 16-bit one leaves it to Megatron.
+      if (params.shared_fc2->fp8.recipe == Fp8Recipe::kNone || !sp) {
+        out = sp ? ReduceScatterToSequenceParallelRegion(out, tp, /*into_userbuffer=*/false)
+                 : ReduceFromTensorParallelRegion(out, tp);
+      }
+      return out;
     };
     shared = t.Recomputes(RecomputeModule::kSharedExperts) ? Checkpoint(shared_experts, {tokens})
                                                            : shared_experts({tokens});

@@ -206,11 +206,15 @@ int64_t DeepEpReceivedRows(const ModelConfig& model, const MoeParallelism& paral
                            int64_t tokens);
 
 // hidden [S', B, H] -> [S', B, H]. `global_buffer` is Megatron's persistent "mpu" buffer,
-// into which the allgather dispatcher gathers the hidden states. `offloader` (may be null)
-// offloads the experts' expert_fc1 and moe_act regions.
+// into which the allgather dispatcher gathers the hidden states. `shared_fc1` is how the
+// layer's column-parallel linears run over the attention tp group, which the shared experts
+// (SharedExpertMLP, an MLP over that group) follow: with sequence parallelism fc1 gathers
+// the sequence and fc2's output is reduce-scattered. `offloader` (may be null) offloads the
+// experts' expert_fc1 and moe_act regions.
 at::Tensor MoeForward(const ModelConfig& model, const TrainingConfig& training,
                       const MoeParallelism& parallel, MoeParameters& params,
                       const c10::intrusive_ptr<GlobalMemoryBuffer>& global_buffer,
-                      const at::Tensor& hidden, ActivationOffloader* offloader = nullptr);
+                      const at::Tensor& hidden, const LinearParallelism& shared_fc1 = {},
+                      ActivationOffloader* offloader = nullptr);
 
 }  // namespace memsim

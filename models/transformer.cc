@@ -24,9 +24,9 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
       activation_dtype_(store->param_dtype()),
       workspace_(c10::make_intrusive<GlobalMemoryBuffer>(
           /*persistent=*/training.profile == ProfileKind::kMegatronLocal)),
-      // The allgather dispatcher gathers into Megatron's persistent "mpu" buffer whatever
-      // the layers' kernels are: the local layers' one, or one of its own under TE.
-      moe_buffer_(training.profile == ProfileKind::kMegatronLocal
+      // Under TE the layers' gathers are Transformer Engine's own (transient), and
+      // Megatron's persistent "mpu" buffer is the output layer's and the dispatcher's.
+      mpu_buffer_(training.profile == ProfileKind::kMegatronLocal
                       ? workspace_
                       : c10::make_intrusive<GlobalMemoryBuffer>(/*persistent=*/true)) {
   const int64_t H = model.hidden_size, V = model.padded_vocab_size, tp = shard.tp;
@@ -250,6 +250,12 @@ LinearParallelism TransformerModel::ColumnParallel() const {
   } else {
     p.all_reduce_input_grad_group = shard_.tp;
   }
+  return p;
+}
+
+LinearParallelism TransformerModel::MegatronColumnParallel() const {
+  LinearParallelism p = ColumnParallel();
+  if (p.workspace) p.workspace = mpu_buffer_;
   return p;
 }
 
@@ -492,7 +498,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   if (layer.moe) {
     auto moe = [this, &layer](const std::vector<at::Tensor>& in) {
       return MoeForward(model_, training_, {shard_.ep, shard_.etp, shard_.tp}, layer.experts,
-                        moe_buffer_, in[0], offloader_.get());
+                        mpu_buffer_, in[0], ColumnParallel(), offloader_.get());
     };
     // moe: MoELayer.forward checkpoints routing, dispatch, experts and combine as one.
     return training_.Recomputes(RecomputeModule::kMoe) ? Checkpoint(moe, {ln_out}) : moe({ln_out});
@@ -872,7 +878,7 @@ at::Tensor TransformerModel::CrossEntropy(const at::Tensor& logits, const at::Te
 
 at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden) {
   ModuleScope s("output_layer");
-  LinearParallelism parallelism = ColumnParallel();
+  LinearParallelism parallelism = MegatronColumnParallel();
   parallelism.deferred = deferred_wgrad_;
   auto run = [&](const at::Tensor& x) {
     at::Tensor logits = Linear(x, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
@@ -907,7 +913,7 @@ at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& la
 void TransformerModel::FinishDeferredWgrad() {
   if (deferred_wgrad_ == nullptr) return;
   ModuleScope s("output_layer");
-  DrainDeferredWgrad(*deferred_wgrad_, *output_weight_, ColumnParallel());
+  DrainDeferredWgrad(*deferred_wgrad_, *output_weight_, MegatronColumnParallel());
 }
 
 TransformerModel::Batch TransformerModel::GetBatch(bool inputs, bool targets) const {

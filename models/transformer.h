@@ -388,6 +388,9 @@ class TransformerModel {
   at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& labels);
   at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);
   LinearParallelism ColumnParallel() const;
+  // ColumnParallel() for Megatron's own ColumnParallelLinear (the output layer under any
+  // spec): its sequence-parallel gather lands in mpu_buffer_.
+  LinearParallelism MegatronColumnParallel() const;
   // ColumnParallel() for linear_qkv and linear_fc1, with their userbuffer overlaps.
   LinearParallelism UserbufferColumnParallel() const;
   double hidden_dropout() const;
@@ -404,8 +407,12 @@ class TransformerModel {
   Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied and they share a stage
   std::vector<MtpLayer> mtp_layers_;    // last stage only
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
-  c10::intrusive_ptr<DeferredWgrad> deferred_wgrad_;   // output layer; null unless deferring
-  c10::intrusive_ptr<GlobalMemoryBuffer> moe_buffer_;  // Megatron's "mpu" buffer for MoE
+  c10::intrusive_ptr<DeferredWgrad> deferred_wgrad_;  // output layer; null unless deferring
+  // Megatron's global "mpu" buffer (get_global_memory_buffer), persistent: the sequence-
+  // parallel gathers of Megatron's own ColumnParallelLinear (the output layer, whatever the
+  // spec; every linear of the local spec, whose workspace_ it is) and the allgather MoE
+  // dispatcher's.
+  c10::intrusive_ptr<GlobalMemoryBuffer> mpu_buffer_;
   // Fine-grained activation offloading's state; null when nothing is offloaded.
   std::unique_ptr<ActivationOffloader> offloader_;
   // --cpu-offloading-num-layers' state; null when off.

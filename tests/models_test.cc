@@ -514,6 +514,70 @@ TEST(Moe, DeterministicIndexAddKeepsTheExpertsOutput) {
   EXPECT_EQ(per_layer(true) - per_layer(false), 2 * (2 * T) * h);
 }
 
+// SharedExpertMLP is an MLP over the attention tp group: with sequence parallelism fc1
+// gathers the whole sequence (keeping only the [T/tp, H] shard, the router's input anyway)
+// and fc2's output is reduce-scattered, so what the shared experts keep after the forward is
+// the whole sequence's fc1 output and activation, [T, F_s/tp] 16-bit each, 4 T F_s/tp bytes,
+// with or without sequence parallelism. T = 256 tokens, F_s = 512, tp = 2, SwiGLU off (GeLU).
+TEST(Moe, SharedExpertsGatherTheSequence) {
+  const int64_t T = 256, F = 512, tp = 2;
+  auto shared_bytes = [&](bool sequence_parallel) {
+    ModelConfig m = test::Gpt(1, 256, 4);
+    m.num_experts = 4;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 512;
+    m.moe_shared_expert_size = F;
+    m.add_bias_linear = false;
+    EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
+    TrainingConfig t;
+    t.seq_length = T;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.dropout = false;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, TensorParallelShard(m, tp, sequence_parallel), /*backward=*/false,
+                   [](const Recorder& r) {
+                     int64_t bytes = 0;
+                     for (const StorageInfo& s : r.storages()) {
+                       if (s.free_event < 0 && s.category == Category::kActivation &&
+                           r.names().Name(s.module).find("shared_experts") != std::string::npos) {
+                         bytes += s.size_bytes;
+                       }
+                     }
+                     return bytes;
+                   });
+  };
+  EXPECT_EQ(shared_bytes(false), 4 * T * F / tp);
+  EXPECT_EQ(shared_bytes(true), 4 * T * F / tp);
+}
+
+// Megatron's own ColumnParallelLinear, the output layer under any spec, gathers its
+// sequence-parallel input into the global "mpu" buffer (get_global_memory_buffer), which
+// persists: after a step with Transformer Engine's layers a [S, B, H] 16-bit buffer stays.
+// S = 128, B = 2, H = 256, tp = 2.
+TEST(Activations, OutputLayerGathersIntoThePersistentMpuBuffer) {
+  const int64_t S = 128, B = 2, H = 256, tp = 2;
+  auto buffer_bytes = [&](bool sequence_parallel) {
+    ModelConfig m = test::Gpt(1, H, 4);
+    EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFused);
+    t.profile = ProfileKind::kTransformerEngine;
+    return RunStep(
+        m, t, TensorParallelShard(m, tp, sequence_parallel), /*backward=*/true,
+        [](const Recorder& r) {
+          int64_t bytes = 0;
+          for (const StorageInfo& s : r.storages()) {
+            if (s.free_event < 0 && r.names().Name(s.module) == "mpu.global_memory_buffer") {
+              bytes += s.size_bytes;
+            }
+          }
+          return bytes;
+        });
+  };
+  EXPECT_EQ(buffer_bytes(true), 2 * S * B * H);
+  EXPECT_EQ(buffer_bytes(false), 0);
+}
+
 // Note [MoE routing]: what one MoE layer's router keeps, against the default (softmax of the
 // top-K logits, which keeps the indices int64 [T, K] and the float32 softmax [T, K]). T = 256
 // tokens, E = 8 experts, K = 2, float32 router (no dtype copies):
