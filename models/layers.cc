@@ -862,7 +862,9 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   } else {
     probs = at::softmax(scores, -1);
   }
-  scores.reset();
+  // The raw scores stay a local of DotProductAttention.forward (and of Transformer Engine's
+  // UnfusedDotProductAttention, backends.py) until it returns: the H200 trace of a 7B local
+  // run (validation/fake_pg) frees baddbmm's [B*A, S, S] after the context's bmm.
   probs = Dropout(probs, dropout_p);
   const at::Tensor v3 = value.reshape({seq, batch * heads, v_head_dim}).transpose(0, 1);
   at::Tensor context = at::bmm(probs, v3);  // [B*A, S, Dv]
