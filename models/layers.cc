@@ -742,7 +742,10 @@ namespace {
 // them (S*B*G*D each) and saves the copies, and the packed output dies when attention's
 // forward returns. With one query per group (G = A) q, k, v are views at offsets 0, D, 2D
 // of equal strides (sbh3d): no copies, and the saved views keep the whole packed output.
-// RoPE's new q and k leave v a view at an offset: v is copied.
+// RoPE's new q and k leave v a view at an offset: v is copied. Only the fused backend (and
+// its ring context parallelism) is modelled so: TE's FlashAttention and unfused attention
+// copy q, k, v themselves (transposes, GQA's repeat), saving those, so the layout's copies
+// are transients there, and the a2a and all-gather exchanges make new tensors anyway.
 bool TeRecognizesQkvLayout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   auto same_storage = [](const at::Tensor& a, const at::Tensor& b) {
     return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
