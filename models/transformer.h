@@ -389,7 +389,8 @@ class TransformerModel {
   at::Tensor Loss(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& loss_mask);
   LinearParallelism ColumnParallel() const;
   // ColumnParallel() for Megatron's own ColumnParallelLinear (the output layer under any
-  // spec): its sequence-parallel gather lands in mpu_buffer_.
+  // spec; only MXFP8's --fp8-output-proj, which memsim does not accept, makes it TE's): its
+  // sequence-parallel gather lands in mpu_buffer_.
   LinearParallelism MegatronColumnParallel() const;
   // ColumnParallel() for linear_qkv and linear_fc1, with their userbuffer overlaps.
   LinearParallelism UserbufferColumnParallel() const;
