@@ -118,7 +118,8 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
     import yaml
     import torch
 
-    case = yaml.safe_load(open(case_path))
+    with open(case_path) as f:
+        case = yaml.safe_load(f)
     name = case["name"]
     result = {"case": name, "steps": [], "error": ""}
     os.makedirs("/tmp/fake_pg_tb", exist_ok=True)
@@ -199,10 +200,12 @@ def make_stub(stub_dir, module):
     for i in range(1, len(parts)):
         init = os.path.join(stub_dir, *parts[:i], "__init__.py")
         if not os.path.exists(init):
-            open(init, "w").write(STUB)
+            with open(init, "w") as f:
+                f.write(STUB)
     target = os.path.join(path, parts[-1] + ".py") if len(parts) > 1 else \
         os.path.join(stub_dir, parts[0] + ".py")
-    open(target, "w").write(STUB)
+    with open(target, "w") as f:
+        f.write(STUB)
 
 
 STUB = '''
@@ -250,7 +253,8 @@ def main():
             continue
         import yaml
 
-        case = yaml.safe_load(open(case_path))
+        with open(case_path) as f:
+            case = yaml.safe_load(f)
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (case.get("env") or {}).items()})
         env.update({"WORLD_SIZE": str(case["world_size"]), "RANK": str(case["rank"]),
@@ -273,8 +277,10 @@ def main():
                     (e.stderr or b"").decode(errors="replace")
                 code = "timeout"
             seconds = round(time.time() - start, 1)
-            result = json.load(open(result_path)) if os.path.exists(result_path) else \
-                {"case": case["name"], "error": f"no result (exit {code})"}
+            result = {"case": case["name"], "error": f"no result (exit {code})"}
+            if os.path.exists(result_path):
+                with open(result_path) as f:
+                    result = json.load(f)
             # Only a module whose absence stopped the run is stubbed: one Megatron imports
             # inside try/except (Transformer Engine, Apex) must stay absent.
             missing = re.findall(r"ModuleNotFoundError: No module named '([A-Za-z0-9_.]+)'",
