@@ -235,27 +235,26 @@ struct Fp8LinearFunction : public Function<Fp8LinearFunction> {
     };
     Fp8Tensor kept;
     at::Tensor out;
+    // The GEMM on the gathered rowwise data of a quantized shard (the gather dies with it).
+    const auto gather_and_gemm = [&](const Fp8Tensor& shard) {
+      const Fp8Tensor total =
+          GatherRowwise(shard, recipe, gather, state->parallelism.userbuffer_gather);
+      at::Tensor result = Fp8Gemm(total.data, weight_operand, input.scalar_type());
+      if (mxfp8) SwizzleForGemm(total.scale_inv);
+      return result;
+    };
     // Megatron keeps the 16-bit input of linear_proj, the experts' fc2, the shared experts'
     // fc1 (which gathers it under sequence parallelism: Transformer Engine quantizes the
     // shard, gathers that for the GEMM and keeps the 16-bit shard) and MLA's down projections.
     if (options.save_original_input) {
       const Fp8Tensor q = Quantize(input, fp8, /*rowwise=*/true, /*columnwise=*/false, groups);
-      if (gather > 1) {
-        Fp8Tensor total = GatherRowwise(q, recipe, gather, state->parallelism.userbuffer_gather);
-        out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
-        if (mxfp8) SwizzleForGemm(total.scale_inv);
-      } else {
-        out = Fp8Gemm(q.data, weight_operand, input.scalar_type());
-      }
+      out = gather > 1 ? gather_and_gemm(q) : Fp8Gemm(q.data, weight_operand, input.scalar_type());
     } else if (gather > 1) {
       // MXFP8 cannot make columnwise data from gathered rowwise data: the shard is
       // quantized both ways, as blockwise does.
       kept = Quantize(input, fp8, true, /*columnwise=*/blockwise || mxfp8);
       release_norm_output();
-      Fp8Tensor total = GatherRowwise(kept, recipe, gather, state->parallelism.userbuffer_gather);
-      out = Fp8Gemm(total.data, weight_operand, input.scalar_type());
-      if (mxfp8) SwizzleForGemm(total.scale_inv);
-      total = {};
+      out = gather_and_gemm(kept);
       if (blockwise || mxfp8) kept.DropRowwise(fp8);
     } else {
       kept = Quantize(input, fp8, true, true, groups);

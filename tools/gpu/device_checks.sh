@@ -110,6 +110,8 @@ if want ops; then
   python3 tools/gpu/measure.py ops "$OUT/ops.json"
 fi
 if want megatron; then
+  : "${MEGATRON_DIR:?set MEGATRON_DIR to a Megatron-LM checkout (megatron/, pretrain_gpt.py ...)}"
+  : "${MEGATRON_CASES:?set MEGATRON_CASES to the validation case files to run}"
   stamp "Megatron-LM's training on this GPU, fake process group"
   # Megatron compiles its dataset helpers on rank 0 only, and the fake run is another rank.
   ( cd "$MEGATRON_DIR/megatron/core/datasets" &&
