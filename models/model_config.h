@@ -408,6 +408,14 @@ struct TrainingConfig {
   bool moe_permute_fusion = false;  // --moe-permute-fusion: TE's permute kernels
   // --moe-router-fusion: TE's fused top-k and aux-loss score kernels (Note [MoE routing]).
   bool moe_router_fusion = false;
+  // --moe-router-padding-for-quantization (alias --moe-router-padding-for-fp8): the
+  // dispatcher pads each expert's share of the routing map to the FP8 row alignment, and the
+  // experts skip their Fp8Padding (Note [Router padding] in models/moe.h). REQUIRES: FP8, the
+  // alltoall or flex dispatcher.
+  bool moe_router_padding = false;
+  // --enable-experimental: Megatron-Core's experimental kernels where memsim models them
+  // (the router padding's fused kernel); others run as the default path.
+  bool experimental = false;
   int64_t deepep_num_sms = 20;  // --moe-flex-dispatcher-num-sms: DeepEP's handle widths
   // The all-to-all level of context parallelism (Note [All-to-all context parallelism] in
   // parallel/regions/context_parallel.h): 1 with --cp-comm-type p2p (a ring over all cp

@@ -50,6 +50,23 @@ at::Tensor GroupedLinear(const at::Tensor& tokens, Parameter& weight, int64_t ou
 // for MXFP8, 16 for the other recipes.
 int64_t Fp8RowAlignment(Fp8Recipe recipe) { return recipe == Fp8Recipe::kMxfp8 ? 32 : 16; }
 
+// get_align_size_for_quantization for the run: 256 with TE's op fuser, the FP8 recipe's
+// row alignment, else 1 (no padding).
+int64_t QuantizationAlignment(const TrainingConfig& t) {
+  return t.te_op_fuser ? 256 : t.fp8 != Fp8Recipe::kNone ? Fp8RowAlignment(t.fp8) : 1;
+}
+
+// `rows` split evenly into `shares` (the remainder one row each to the first ones), each
+// share rounded up to a multiple of `align` but not beyond max(its rows, `cap`); the sum.
+int64_t PaddedShares(int64_t rows, int64_t shares, int64_t align, int64_t cap) {
+  const auto padded = [align, cap](int64_t n) {
+    return std::min(CheckedRoundUp(n, align), std::max(n, cap));
+  };
+  const int64_t base = rows / shares, larger = rows % shares;
+  return CheckedAdd(CheckedMul(larger, padded(base + 1)),
+                    CheckedMul(shares - larger, padded(base)));
+}
+
 // TEGroupedMLP's Fp8Padding in FP8 (Fp8RowAlignment): when an expert's row count is off the
 // multiple, every
 // expert's rows and probabilities are copied into a padded buffer (zeros after each
@@ -278,6 +295,30 @@ using torch::autograd::variable_list;
 
 at::TensorOptions Meta(at::ScalarType dtype) {
   return at::TensorOptions().device(at::kMeta).dtype(dtype);
+}
+
+// Note [Router padding]: pad_routing_map on `map` [X, M] (in place: the transposed bool
+// temporaries, the cumsum, the mask and index_put_'s indices of the `added` entries), or with
+// --enable-experimental and --moe-permute-fusion fused_pad_routing_map, whose int32 output
+// (transposed) replaces the map.
+void PadRoutingMap(const TrainingConfig& t, int64_t added, at::Tensor* map) {
+  ModuleScope scope("pad_routing_map");
+  const int64_t X = map->size(0), M = map->size(1);
+  if (t.experimental && t.moe_permute_fusion) {
+    const at::Tensor input = map->t().contiguous().to(at::kInt);  // [M, X] int32
+    *map = at::empty_like(input).t();                             // the kernel's output
+    return;
+  }
+  const at::Tensor num_ones = at::empty({M}, Meta(at::kLong));    // routing_map.sum(dim=1)
+  const at::Tensor num_to_pad = at::empty({M}, Meta(at::kLong));  // (-num_ones) % pad
+  const at::Tensor is_zero = at::empty({M, X}, Meta(at::kBool));
+  at::Tensor zero_ranks;
+  {
+    const at::Tensor as_int = at::empty({M, X}, Meta(at::kInt));  // is_zero.int()
+    zero_ranks = at::empty({M, X}, Meta(at::kLong));              // its cumsum, int64
+  }
+  const at::Tensor mask = at::empty({M, X}, Meta(at::kBool));
+  const at::Tensor indices = at::empty({added, 2}, Meta(at::kLong));  // the mask's nonzero()
 }
 
 // TEGroupedMLP._apply_bias on fc2's output `out` [N, H] with the rows' probabilities
@@ -895,9 +936,10 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   const int64_t fe = m.moe_ffn_hidden_size / p.etp;
   const int64_t local = m.num_experts / p.ep;
   const Fp8Recipe recipe = params.experts_fc1->fp8.recipe;
-  // Fp8Padding, unless HybridEP's dispatch has aligned each expert's rows already
-  // (moe_utils.skip_routed_expert_padding).
-  const bool fp8 = recipe != Fp8Recipe::kNone && t.moe_dispatcher != MoeDispatcher::kHybridEp;
+  // Fp8Padding, unless the router's padding (Note [Router padding]) or HybridEP's dispatch
+  // has aligned each expert's rows already (moe_utils.skip_routed_expert_padding).
+  const bool fp8 = recipe != Fp8Recipe::kNone && t.moe_dispatcher != MoeDispatcher::kHybridEp &&
+                   !t.moe_router_padding;
   // The experts' delayed weight gradients run once their backward is done, before the
   // dispatch's (Note [Delayed weight gradients] in delayed_wgrad.h).
   const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(t.delay_wgrad_compute);
@@ -1008,10 +1050,19 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
   at::Tensor map;
   const at::Tensor dispatched_probs = MultihotFunction::apply(weights, local, N, &map);
   weights.reset();
-  const Permutation perm = MakePermutation(R, local, N, t.moe_permute_fusion, /*padded=*/false);
-  at::Tensor x = PermuteFunction::apply(received, perm.index, N, sorted_index_add);  // [N, H]
+  // Note [Router padding]: each local expert's received rows rounded up, unless one of them
+  // would take more rows than were received (_pad_routing_map).
+  int64_t rows = N;
+  if (t.moe_router_padding) {
+    const int64_t align = QuantizationAlignment(t);
+    const int64_t largest = CheckedRoundUp(N / local + (N % local > 0 ? 1 : 0), align);
+    if (largest <= R) rows = PaddedShares(N, local, align, std::numeric_limits<int64_t>::max());
+    if (rows > N) PadRoutingMap(t, rows - N, &map);
+  }
+  const Permutation perm = MakePermutation(R, local, rows, t.moe_permute_fusion, /*padded=*/false);
+  at::Tensor x = PermuteFunction::apply(received, perm.index, rows, sorted_index_add);  // [N, H]
   const at::Tensor probs_index = t.moe_permute_fusion ? perm.index : perm.order;
-  at::Tensor probs = PermuteProbsFunction::apply(dispatched_probs, probs_index, local, N,
+  at::Tensor probs = PermuteProbsFunction::apply(dispatched_probs, probs_index, local, rows,
                                                  /*masked_select=*/false);  // [N] fp32
   dispatcher.reset();
   x = Experts(m, t, p, params, x, probs, offloader);
@@ -1029,12 +1080,7 @@ at::Tensor DeepEpDispatchAndCombine(const ModelConfig& m, const TrainingConfig& 
 int64_t HybridEpRows(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
                      int64_t tokens) {
   const int64_t rows = ReceivedTokens(m, tokens) * p.etp, local = m.num_experts / p.ep;
-  const int64_t align = t.te_op_fuser               ? 256
-                        : t.fp8 != Fp8Recipe::kNone ? Fp8RowAlignment(t.fp8)
-                                                    : 1;
-  const int64_t base = rows / local, larger = rows % local;
-  return CheckedAdd(CheckedMul(larger, CheckedRoundUp(base + 1, align)),
-                    CheckedMul(local - larger, CheckedRoundUp(base, align)));
+  return PaddedShares(rows, local, QuantizationAlignment(t), std::numeric_limits<int64_t>::max());
 }
 
 // The flex dispatcher with HybridEP around the experts (Note [HybridEP dispatch]): tokens
@@ -1112,12 +1158,12 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   Routing routing = Route(m, t, params, tokens);
   router_graph.reset();
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;
-  const int64_t R = ReceivedTokens(m, T), N = R * p.etp;
+  const int64_t R = ReceivedTokens(m, T);
   const bool sorted_index_add = SortsIndexAdd(t);
   at::Tensor out;
   if (t.moe_dispatcher == MoeDispatcher::kAllGather) {
     std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
-    const int64_t group = p.ep * p.etp, gathered = T * group;
+    const int64_t group = p.ep * p.etp, gathered = T * group, N = R * p.etp;
     at::Tensor map = AllGather(routing.routing_map, group);                   // [T_g, E] bool
     const at::Tensor probs = AllGatherRows(routing.probs, group);             // [T_g, E] p
     const at::Tensor hidden_g = AllGatherRows(tokens, group, global_buffer);  // [T_g, H]
@@ -1140,9 +1186,16 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     out = HybridEpDispatchAndCombine(m, t, p, params, tokens, routing, offloader);
   } else {
     std::optional<ModuleScope> dispatcher(std::in_place, "token_dispatcher");
+    // Note [Router padding]: each expert's share of the rank's map rounded up (at most every
+    // token); each of the ep * E_local shares a rank receives is padded as its sender's was.
+    const int64_t unpadded = DispatchedTokens(m, T);
+    const int64_t padding = t.moe_router_padding
+                                ? PaddedShares(unpadded, E, QuantizationAlignment(t), T) - unpadded
+                                : 0;
+    if (padding > 0) PadRoutingMap(t, padding, &routing.routing_map);
+    const int64_t D = unpadded + padding, received = R + padding, N = received * p.etp;
     params.kept[1] = routing.probs;
     params.kept[0] = routing.routing_map;
-    const int64_t D = DispatchedTokens(m, T);
     const bool padded = m.moe_pad_to_capacity && !t.moe_permute_fusion;
     const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion, padded);
     at::Tensor x = PermuteFunction::apply(tokens, perm.index, D, sorted_index_add);  // [D, H]
@@ -1152,8 +1205,8 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
                                                         : perm.order;
     at::Tensor probs = PermuteProbsFunction::apply(routing.probs, probs_index, E, D,
                                                    /*masked_select=*/false);  // [D] p
-    x = AllToAllTokens(x, p.ep, R);                                           // [R, H]
-    probs = AllToAllTokens(probs.unsqueeze(-1), p.ep, R).squeeze(-1);         // [R] p
+    x = AllToAllTokens(x, p.ep, received);                                    // [R, H]
+    probs = AllToAllTokens(probs.unsqueeze(-1), p.ep, received).squeeze(-1);  // [R] p
     x = AllGatherRows(x, p.etp);                                              // [N, H]
     probs = AllGatherRows(probs, p.etp);                                      // [N] p
     // With more than one local expert the received rows are regrouped by expert:

@@ -108,7 +108,7 @@
 // buffers (NVLink and RDMA, a few hundred MiB, sized by the hidden size and group, not the tokens:
 // DeepEpBufferBytes) are allocated outside PyTorch's caching allocator: not in memsim's figures,
 // but the fit verdict leaves them room. Not modelled: the fused multihot kernel (experimental),
-// padding for quantization, capacity factors and NCCL-EP.
+// capacity factors and NCCL-EP.
 //
 // Note [HybridEP dispatch]
 // --moe-flex-dispatcher-backend hybridep: _HybridEPManager (token_dispatcher.py) and
@@ -130,6 +130,31 @@
 // Its buffers (HybridEpBufferBytes), shared by every layer, are outside PyTorch's allocator.
 // memsim takes 8 ranks per NVLink domain for the handle's node-sized maps (a few KiB). Not
 // modelled: --moe-hybridep-pad-uneven-dispatch-inputs, the rank capacity factor.
+//
+// Note [Router padding]
+// --moe-router-padding-for-quantization (or its older name --moe-router-padding-for-fp8)
+// with FP8 training (token_dispatcher.py, moe_utils.py pad_routing_map, fusions/
+// fused_pad_routing_map.py; Megatron-Core d98e8a64): the dispatcher turns 0s of a routing
+// map into 1s, the first zeros of each expert's column, until the expert's count is a multiple
+// of a = get_align_size_for_quantization (32 MXFP8, 16 other FP8 recipes); the added rows are
+// real tokens whose probability is 0. TEGroupedMLP then skips its Fp8Padding
+// (skip_routed_expert_padding), so no padded copies of the experts' rows and probabilities.
+//   alltoall: the rank's map [T, E] before the permutation, each expert's even share of the
+//     D dispatched rows rounded up to a (a column has T tokens at most): D grows by the
+//     padding, and a rank receives its R rows plus as much (each of the ep * E_local shares
+//     it receives was padded by its sender);
+//   flex with DeepEP: the received map [N_r, E_local] after the multihot, each local expert's
+//     share of N rounded up to a, unless one would exceed the N_r received rows; then nothing
+//     is padded, and the experts skip their padding all the same (_pad_routing_map);
+//   flex with HybridEP: no effect, its dispatch pads already (N_p above);
+//   allgather: Megatron-Core refuses it.
+// pad_routing_map on a map [X, M], temporaries all: the map's counts and pads int64 [M] each,
+// is_zero bool [M, X], is_zero.int() int32 [M, X] until its cumsum int64 [M, X] is made, the
+// mask bool [M, X], and index_put_'s indices of the mask, int64 [n, 2] for the n added
+// entries; the map itself is changed in place. With --enable-experimental and
+// --moe-permute-fusion, fused_pad_routing_map: the map transposed into a bool [M, X] copy,
+// that as int32 (the copy goes), and the kernel's int32 output [M, X], which replaces the map
+// (transposed): the dispatcher then keeps int32 where it kept bool.
 #pragma once
 
 #include <ATen/core/Tensor.h>

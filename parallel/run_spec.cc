@@ -135,6 +135,21 @@ Status FinalizeUnchecked(RunSpec* spec) {
                            broken + ", as Megatron-Core asserts");
     }
   }
+  if (t.moe_router_padding && spec->model.num_experts > 0) {
+    // Note [Router padding] in models/moe.h; TransformerConfig.__post_init__ asserts the
+    // first two.
+    const char* broken =
+        t.fp8 == Fp8Recipe::kNone ? "it needs FP8 training (--fp8-format), as Megatron-Core asserts"
+        : t.moe_dispatcher == MoeDispatcher::kAllGather
+            ? "the allgather dispatcher does not support it (Megatron-Core asserts it); use "
+              "alltoall or flex"
+        : spec->model.moe_pad_to_capacity
+            ? "with --moe-pad-expert-input-to-capacity it is not modelled; drop one of the two"
+            : nullptr;
+    if (broken != nullptr) {
+      return Status::Error(std::string("padding the routing map for quantization: ") + broken);
+    }
+  }
   if (t.moe_dispatcher == MoeDispatcher::kDeepEp && spec->model.num_experts > 0) {
     // Note [DeepEP dispatch] in models/moe.h; MoEFlexTokenDispatcher, TransformerConfig and
     // DeepEP's Buffer assert the first three.

@@ -1792,6 +1792,76 @@ TEST(Moe, HybridEpAlignsExpertRowsForFp8) {
   EXPECT_EQ(expert_input_rows(Fp8Recipe::kTensorwise), 96);
 }
 
+// Note [Router padding]: T = 40 tokens, top-2 of E = 4 experts, EP = 2 (two local experts),
+// FP8 tensorwise (16 rows).
+//   alltoall: the rank dispatches D = 80 rows, 20 an expert, each rounded up to 32: D = 128,
+//     and it receives its 80 rows plus the same 48 of padding, so its token dispatcher's
+//     rows (the permuted tokens, the all-to-all's output, the regrouped copy, all [rows, 128]
+//     bf16) are 128 where they were 80, and the experts copy nothing where their Fp8Padding
+//     copied 40 rows an expert into [2, 48, 128] and [2, 48]. pad_routing_map on the map
+//     [40, 4]: counts and pads int64 [4] each, is_zero bool [4, 40], its int32 copy and the
+//     cumsum int64 [4, 40], the mask bool [4, 40] and the 48 added entries' indices int64
+//     [48, 2]; fused (--enable-experimental, --moe-permute-fusion): the bool copy [4, 40], its
+//     int32 copy and the int32 output [4, 40].
+//   DeepEP: N_r = ceil(2 * 40 * 5/6) = 67 rows received (Note [DeepEP dispatch]), N = 80 for
+//     the experts, 40 each, rounded up to 48 <= 67: 96 rows permuted; pad_routing_map on the
+//     received map [67, 2] adds 16 entries.
+TEST(Moe, RouterPaddingAlignsEachExpertsShareOfTheMap) {
+  using Shapes = std::vector<std::vector<int64_t>>;
+  struct Recorded {
+    std::multiset<int64_t> dispatcher_rows;  // of its bf16 [rows, H] storages
+    Shapes copies;                           // the experts' Fp8Padding (aten::cat)
+    ShapeSet padding;                        // pad_routing_map's storages
+  };
+  auto record = [](MoeDispatcher dispatcher, bool padding, bool fused) {
+    auto [m, t, shard] = MakeTwoRankMoeLayer(40, 2, dispatcher);
+    t.fp8 = Fp8Recipe::kTensorwise;
+    t.moe_router_padding = padding;
+    t.experimental = fused;
+    t.moe_permute_fusion = fused;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, shard, /*backward=*/false, [](const Recorder& r) {
+      Recorded out;
+      for (const StorageInfo& s : r.storages()) {
+        const std::string& module = r.names().Name(s.module);
+        const std::vector<int64_t> shape = r.ShapeOf(s).vec();
+        if (module == "decoder.layers.0.mlp.token_dispatcher" && s.dtype == at::kBFloat16 &&
+            shape.size() == 2 && shape[1] == 128) {
+          out.dispatcher_rows.insert(shape[0]);
+        }
+        if (r.names().Name(s.op) == "aten::cat") out.copies.push_back(shape);
+        if (module == "decoder.layers.0.mlp.token_dispatcher.pad_routing_map") {
+          out.padding.emplace(shape, s.dtype);
+        }
+      }
+      return out;
+    });
+  };
+  const Recorded unpadded = record(MoeDispatcher::kAllToAll, false, false);
+  EXPECT_EQ(unpadded.dispatcher_rows, (std::multiset<int64_t>{80, 80, 80}));
+  EXPECT_EQ(unpadded.copies, (Shapes{{2, 48, 128}, {2, 48}}));
+  EXPECT_TRUE(unpadded.padding.empty());
+  const Recorded padded = record(MoeDispatcher::kAllToAll, true, false);
+  EXPECT_EQ(padded.dispatcher_rows, (std::multiset<int64_t>{128, 128, 128}));
+  EXPECT_TRUE(padded.copies.empty());
+  EXPECT_EQ(padded.padding, (ShapeSet{{{4}, at::kLong},
+                                      {{4}, at::kLong},
+                                      {{4, 40}, at::kBool},
+                                      {{4, 40}, at::kInt},
+                                      {{4, 40}, at::kLong},
+                                      {{4, 40}, at::kBool},
+                                      {{48, 2}, at::kLong}}));
+  const Recorded fused = record(MoeDispatcher::kAllToAll, true, true);
+  EXPECT_EQ(fused.dispatcher_rows, (std::multiset<int64_t>{128, 128, 128}));
+  EXPECT_EQ(fused.padding,
+            (ShapeSet{{{4, 40}, at::kBool}, {{4, 40}, at::kInt}, {{4, 40}, at::kInt}}));
+  const Recorded deepep = record(MoeDispatcher::kDeepEp, true, false);
+  EXPECT_TRUE(deepep.copies.empty());
+  EXPECT_EQ(deepep.padding.count({{2, 67}, at::kLong}), 1U);
+  EXPECT_EQ(deepep.padding.count({{16, 2}, at::kLong}), 1U);
+  EXPECT_EQ(deepep.dispatcher_rows.count(96), 1U);  // the permuted rows
+}
+
 // HybridEPBuffer's buffers (Note [HybridEP dispatch]): T = 4096 tokens of H = 7168, E = 256
 // experts over G = 8 ranks of one NVLink domain: M = 4096 * 8 rows; tokens M*H*2 =
 // 469,762,048, probabilities M * 32 * 8 * 4 = 33,554,432, scales M * 56 * 4 = 7,340,032,

@@ -99,6 +99,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-token-dispatcher-type", Arity::kValue, ArgUse::kRead},
     {"--moe-grouped-gemm", Arity::kFlag, ArgUse::kRead},
     {"--moe-permute-fusion", Arity::kFlag, ArgUse::kRead},
+    {"--moe-router-padding-for-quantization", Arity::kFlag, ArgUse::kRead},
+    {"--moe-router-padding-for-fp8", Arity::kFlag, ArgUse::kRead},
     {"--moe-flex-dispatcher-backend", Arity::kValue, ArgUse::kRead},
     {"--moe-flex-dispatcher-num-sms", Arity::kValue, ArgUse::kRead},
     {"--moe-enable-deepep", Arity::kFlag, ArgUse::kRead},
@@ -273,7 +275,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--distributed-timeout-minutes", Arity::kValue, ArgUse::kNeutral},
     {"--distributed-timeout-seconds-after-init", Arity::kValue, ArgUse::kNeutral},
     {"--embedding-init-method-std", Arity::kValue, ArgUse::kNeutral},
-    {"--enable-experimental", Arity::kFlag, ArgUse::kNeutral},
+    {"--enable-experimental", Arity::kFlag, ArgUse::kRead},
     {"--end-weight-decay", Arity::kValue, ArgUse::kNeutral},
     {"--eod-mask-loss", Arity::kFlag, ArgUse::kNeutral},
     {"--error-injection-rate", Arity::kValue, ArgUse::kNeutral},
@@ -513,10 +515,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--hybrid-override-pattern", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--is-hybrid-model", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
     {"--moe-extended-tp", Arity::kValues, ArgUse::kRefused, "extended expert tensor parallelism"},
-    {"--moe-router-padding-for-fp8", Arity::kValues, ArgUse::kRefused,
-     "routing padded for FP8 (extra tokens instead of Fp8Padding)"},
-    {"--moe-router-padding-for-quantization", Arity::kValues, ArgUse::kRefused,
-     "routing padded for FP8 (extra tokens instead of Fp8Padding)"},
     {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
     {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused,
      "fused MLA down projections and input layernorm"},
@@ -962,6 +960,8 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-router-topk-scaling-factor",
                                              "--moe-router-load-balancing-type",
                                              "--moe-router-fusion",
+                                             "--moe-router-padding-for-quantization",
+                                             "--moe-router-padding-for-fp8",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
   // The combined 1F1B schedule (Note [Combined 1F1B]); FinalizeRunSpec checks its rules.
@@ -972,6 +972,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
         "(Megatron-Core asserts it)");
   }
   t.te_op_fuser = a.Has("--use-transformer-engine-op-fuser");  // the rules: model_config.cc
+  t.experimental = a.Has("--enable-experimental");
   if (m.num_experts == 0) {
     for (const std::string& name : moe_args) a.Ignore(name);
     a.Ignore("--moe-grouped-gemm");
@@ -1030,6 +1031,9 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     if (!flex) a.Ignore("--moe-flex-dispatcher-backend");
     if (!flex || hybrid) a.Ignore("--moe-flex-dispatcher-num-sms");
     t.moe_permute_fusion = a.Has("--moe-permute-fusion");
+    // Note [Router padding] in models/moe.h; --moe-router-padding-for-fp8 is its older name.
+    t.moe_router_padding =
+        a.Has("--moe-router-padding-for-quantization") || a.Has("--moe-router-padding-for-fp8");
     // The router's dtype: fp32 logits and probabilities, or (unset) the training dtype.
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-router-dtype", {"fp32", "none"}, "none", &text));
     m.moe_router_fp32 = text == "fp32";

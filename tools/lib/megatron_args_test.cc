@@ -668,6 +668,32 @@ TEST(MegatronArgs, AllToAllContextParallelism) {
 // --window-size: full windows ((-1, 0) and (-1, -1), as Transformer Engine reads them) are
 // no sliding window; a sliding one needs a2a or all-gather context parallelism, as
 // Transformer Engine asserts.
+// Note [Router padding]: read under either name, only where Megatron-Core runs it.
+TEST(MegatronArgs, RouterPaddingForQuantization) {
+  const std::string moe = std::string(kTinyGpt) +
+                          "--transformer-impl transformer_engine --num-experts 4 "
+                          "--expert-model-parallel-size 2 --moe-grouped-gemm ";
+  const std::string alltoall = moe + "--moe-token-dispatcher-type alltoall --fp8-format e4m3 ";
+  for (const char* flag :
+       {"--moe-router-padding-for-quantization", "--moe-router-padding-for-fp8"}) {
+    const MegatronArgsResult r = Parse(alltoall + flag, 2);
+    EXPECT_TRUE(r.spec.training.moe_router_padding) << flag;
+    std::optional<ValidatedRun> run;
+    const Status s = FinalizeRunSpec(r.spec, &run);
+    EXPECT_TRUE(s.ok()) << flag << ": " << s.message();
+  }
+  EXPECT_FALSE(Parse(alltoall, 2).spec.training.moe_router_padding);
+  EXPECT_TRUE(Parse(alltoall + "--enable-experimental", 2).spec.training.experimental);
+  EXPECT_EQ(ErrorOf(moe + "--moe-token-dispatcher-type alltoall "
+                          "--moe-router-padding-for-quantization",
+                    2),
+            "padding the routing map for quantization: it needs FP8 training (--fp8-format), as "
+            "Megatron-Core asserts");
+  EXPECT_EQ(ErrorOf(moe + "--fp8-format e4m3 --moe-router-padding-for-quantization", 2),
+            "padding the routing map for quantization: the allgather dispatcher does not support "
+            "it (Megatron-Core asserts it); use alltoall or flex");
+}
+
 TEST(MegatronArgs, SlidingWindowContextParallelism) {
   const std::string gpt = std::string(kTinyGpt) + "--transformer-impl transformer_engine ";
   EXPECT_FALSE(Parse(gpt, 1).spec.model.sliding_window);

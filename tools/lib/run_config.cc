@@ -358,6 +358,12 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "moe_router_fusion", &t->moe_router_fusion);
        }},
+      {"moe_router_padding",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "moe_router_padding", &t->moe_router_padding);
+       }},
+      {"experimental",
+       [&](const YAML::Node& v) { return Read(v, source, "experimental", &t->experimental); }},
       {"te_op_fuser",
        [&](const YAML::Node& v) { return Read(v, source, "te_op_fuser", &t->te_op_fuser); }},
       {"grad_reduce_in_bf16",
