@@ -877,6 +877,35 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
       .view({seq, batch, heads * v_head_dim});
 }
 
+at::Tensor TeUnfusedAttentionMask(int64_t seq_q, int64_t seq_kv, int64_t batch_mask_rows) {
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  at::Tensor distance;  // arange(S_q).view(1, 1, S_q, 1) - arange(S_kv).view(1, 1, 1, S_kv)
+  {
+    const at::Tensor rows = at::empty({seq_q}, meta.dtype(at::kInt));
+    const at::Tensor columns = at::empty({seq_kv}, meta.dtype(at::kInt));
+    distance = at::empty({1, 1, seq_q, seq_kv}, meta.dtype(at::kInt));
+  }
+  const at::Tensor left = at::empty_like(distance);   // distance - window_size[0]
+  const at::Tensor right = at::empty_like(distance);  // distance + window_size[1]
+  const auto mask = meta.dtype(at::kBool);
+  at::Tensor window;
+  {
+    at::Tensor both;
+    {
+      const at::Tensor left_in = at::empty(distance.sizes(), mask);  // left <= 0
+      at::Tensor right_in;
+      {
+        const at::Tensor right_out = at::empty(distance.sizes(), mask);  // right < 0
+        right_in = at::empty(distance.sizes(), mask);                    // its negation
+      }
+      both = at::empty(distance.sizes(), mask);  // left_in & right_in
+    }
+    window = at::empty(distance.sizes(), mask);  // logical_not(both)
+  }
+  if (batch_mask_rows == 0) return window;
+  return at::empty({batch_mask_rows, 1, seq_q, seq_kv}, mask);  // logical_or(window, batch's)
+}
+
 at::Tensor VocabCrossEntropy(const at::Tensor& logits, const at::Tensor& labels, int64_t tp_group,
                              bool fused) {
   return VocabCrossEntropyFunction::apply(logits, labels, tp_group, fused);

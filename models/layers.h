@@ -201,6 +201,21 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
                          int64_t cp = 1, int64_t cp_all_to_all = 1, bool cp_all_gather = false);
 
+// Note [Transformer Engine's unfused mask]
+// Transformer Engine's UnfusedDotProductAttention (backends.py, TE 2.20.0.dev0) calls
+// dpa_utils.get_full_mask (utils.py) on every forward, before the scores exist: for a causal
+// mask over q's S_q and k's S_kv rows it takes two int32 aranges, their difference int32
+// [1, 1, S_q, S_kv] and the window's left and right bounds (two more int32 [1, 1, S_q,
+// S_kv]), all locals until it returns, and makes the sliding-window mask with bool
+// temporaries: (left <= 0), (right < 0) and its negation, their conjunction, then the mask
+// (logical_not) [1, 1, S_q, S_kv] bool. With Megatron-LM's batch mask [B, 1, S_q, S_kv] (a
+// chunk with the embedding or the loss, when the data loader makes it) the result is their
+// logical_or, [B, 1, S_q, S_kv] bool, and the window mask goes. The scaled masked softmax reads
+// the result and saves nothing of it; it lives until the attention's forward returns.
+// TeUnfusedAttentionMask makes these allocations and returns the mask, [B, 1, S_q, S_kv]
+// with a batch mask of B = `batch_mask_rows` rows, [1, 1, S_q, S_kv] without (0).
+at::Tensor TeUnfusedAttentionMask(int64_t seq_q, int64_t seq_kv, int64_t batch_mask_rows);
+
 // PyTorch's FlexAttention as Megatron-Bridge's Gemma2FlexDotProductAttention calls it
 // (torch.compile'd flex_attention, soft-capped scores, causal or sliding-window block mask;
 // Note [Gemma-2] in transformer.h) on q [S, B, A, D], k and v [S, B, G, D] seen as

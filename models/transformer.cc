@@ -436,8 +436,17 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor context;
   {
     ModuleScope s("core_attention");
-    auto core = [this, attention_dropout, flex](const std::vector<at::Tensor>& qkv_parts) {
+    // Transformer Engine's unfused attention masks its scores with a mask it makes each time
+    // (Note [Transformer Engine's unfused mask] in layers.h), from the batch's mask where
+    // the chunk has one (what the forward saw, also when recomputed in backward).
+    const bool te_unfused = eager && training_.profile == ProfileKind::kTransformerEngine;
+    const int64_t mask_rows = batch_mask_rows_;
+    auto core = [this, attention_dropout, flex, te_unfused,
+                 mask_rows](const std::vector<at::Tensor>& qkv_parts) {
       if (flex) return FlexAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2]);
+      const at::Tensor mask =
+          te_unfused ? TeUnfusedAttentionMask(qkv_parts[0].size(0), qkv_parts[1].size(0), mask_rows)
+                     : at::Tensor();
       return CoreAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2], training_.attention,
                            attention_dropout, *workspace_, shard_.cp, training_.cp_all_to_all,
                            training_.cp_all_gather);
@@ -978,6 +987,7 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
     batch = GetBatch(/*inputs=*/embed || mtp, /*targets=*/loss);
   }
   at::Tensor hidden = embed ? Embed(batch.tokens, batch.position_ids) : input;
+  batch_mask_rows_ = batch.attention_mask.defined() ? batch.attention_mask.size(0) : 0;
   hidden = Layers(chunk, hidden);
   if (!loss) return hidden;
   {

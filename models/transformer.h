@@ -408,6 +408,9 @@ class TransformerModel {
   Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied and they share a stage
   std::vector<MtpLayer> mtp_layers_;    // last stage only
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
+  // The rows of the batch's attention mask the running chunk's layers get (0: none; the
+  // chunk has neither the embedding nor the loss, or the data loader makes no mask).
+  int64_t batch_mask_rows_ = 0;
   c10::intrusive_ptr<DeferredWgrad> deferred_wgrad_;  // output layer; null unless deferring
   // Megatron's global "mpu" buffer (get_global_memory_buffer), persistent: the sequence-
   // parallel gathers of Megatron's own ColumnParallelLinear (the output layer, whatever the

@@ -898,6 +898,61 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   EXPECT_EQ(parameters(true, true, ProfileKind::kMegatronLocal), plain + 2 * 2 * D);  // q, k
 }
 
+// Note [Transformer Engine's unfused mask]: one GPT layer (S = 64, B = 2, 4 heads) under
+// Transformer Engine's unfused attention, bf16, no dropout. Before the scores: two int32
+// aranges [64], the int32 distance and window bounds [1, 1, 64, 64] (three), five bool
+// [1, 1, 64, 64] (the comparisons, the negation, the conjunction, the window mask), then
+// its logical_or with the batch's mask, bool [2, 1, 64, 64], which lives until the context's
+// bmm is made and goes when attention returns. Without the batch's mask the window mask is
+// the one kept. Megatron's own DotProductAttention makes none of them.
+TEST(Activations, TransformerEngineUnfusedAttentionMakesItsMask) {
+  constexpr int64_t S = 64, B = 2, heads = 4;
+  struct Recorded {
+    ShapeSet masks;  // the core attention's int32 and bool storages
+    bool or_mask_spans_the_attention = false;
+  };
+  auto record = [&](ProfileKind profile, bool batch_mask) {
+    ModelConfig m = test::Gpt(1, 64, heads);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kEager);
+    t.profile = profile;
+    t.create_attention_mask = batch_mask;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [&](const Recorder& r) {
+      Recorded out;
+      int64_t scores = -1, context = -1;
+      const StorageInfo* kept = nullptr;
+      for (const StorageInfo& info : r.storages()) {
+        if (r.names().Name(info.module) != "decoder.layers.0.self_attention.core_attention") {
+          continue;
+        }
+        const std::vector<int64_t> shape = r.ShapeOf(info).vec();
+        if (info.dtype == at::kInt || info.dtype == at::kBool) out.masks.emplace(shape, info.dtype);
+        if (shape == std::vector<int64_t>{B * heads, S, S} && scores < 0) scores = info.alloc_event;
+        if (r.names().Name(info.op) == "aten::bmm") context = info.alloc_event;
+        if (info.dtype == at::kBool) kept = &info;  // the last mask made
+      }
+      out.or_mask_spans_the_attention = kept != nullptr && kept->alloc_event < scores &&
+                                        kept->free_event > context && kept->free_event >= 0;
+      return out;
+    });
+  };
+  const ShapeSet window = {{{S}, at::kInt},           {{S}, at::kInt},
+                           {{1, 1, S, S}, at::kInt},  {{1, 1, S, S}, at::kInt},
+                           {{1, 1, S, S}, at::kInt},  {{1, 1, S, S}, at::kBool},
+                           {{1, 1, S, S}, at::kBool}, {{1, 1, S, S}, at::kBool},
+                           {{1, 1, S, S}, at::kBool}, {{1, 1, S, S}, at::kBool}};
+  ShapeSet with_batch_mask = window;
+  with_batch_mask.emplace(std::vector<int64_t>{B, 1, S, S}, at::kBool);
+  const Recorded te = record(ProfileKind::kTransformerEngine, true);
+  EXPECT_EQ(te.masks, with_batch_mask);
+  EXPECT_TRUE(te.or_mask_spans_the_attention);
+  const Recorded te_without = record(ProfileKind::kTransformerEngine, false);
+  EXPECT_EQ(te_without.masks, window);
+  EXPECT_TRUE(te_without.or_mask_spans_the_attention);
+  EXPECT_TRUE(record(ProfileKind::kMegatronLocal, true).masks.empty());
+}
+
 // Note [Transformer Engine's qkv layout], GPT layers (learned positions: no RoPE) with cuDNN
 // fused attention, bf16, no dropout: with one query per group (G = A) q, k and v are views
 // at offsets 0, D, 2D of linear_qkv's output (sbh3d), which the kernel keeps whole, 6SBAD;
