@@ -347,7 +347,6 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
         Linear(ln_out, *layer.kv_down_weight, nullptr, {}, down_fp8);  // [S', B, R + rope]
   }
   auto latent = kv_combined.split({R, rope}, -1);
-  kv_combined.reset();
   at::Tensor k_pos_emb = latent[1];
   if (shard_.sequence_parallel) k_pos_emb = GatherFromSequenceParallelRegion(k_pos_emb, tp);
   at::Tensor kv_compressed;
@@ -356,16 +355,20 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
     kv_compressed = Norm(latent[0].contiguous(), layer.kv_norm_weight, layer.kv_norm_bias);
   }
   latent.clear();
+  std::vector<at::Tensor> out;
   if (up_projection_checkpoint == nullptr) {
-    return LatentUpProjection(layer, std::move(q_compressed), std::move(kv_compressed), k_pos_emb,
-                              /*norm_outputs_owned=*/true);
+    out = LatentUpProjection(layer, std::move(q_compressed), std::move(kv_compressed), k_pos_emb,
+                             /*norm_outputs_owned=*/true);
+  } else {
+    // The checkpoint keeps the norms' outputs as its inputs.
+    out = up_projection_checkpoint->Run(
+        [this, &layer](const std::vector<at::Tensor>& in) {
+          return LatentUpProjection(layer, in[0], in[1], in[2], /*norm_outputs_owned=*/false);
+        },
+        {q_compressed, kv_compressed, k_pos_emb});
   }
-  // The checkpoint keeps the norms' outputs as its inputs.
-  return up_projection_checkpoint->Run(
-      [this, &layer](const std::vector<at::Tensor>& in) {
-        return LatentUpProjection(layer, in[0], in[1], in[2], /*norm_outputs_owned=*/false);
-      },
-      {q_compressed, kv_compressed, k_pos_emb});
+  out.push_back(std::move(kv_combined));
+  return out;
 }
 
 std::vector<at::Tensor> TransformerModel::LatentUpProjection(Layer& layer, at::Tensor q_compressed,
@@ -428,6 +431,8 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
                               /*regenerated=*/training_.Recomputes(RecomputeModule::kLayerNorm)}});
   }
   at::Tensor q = std::move(qkv[0]), k = std::move(qkv[1]), v = std::move(qkv[2]);
+  // Multi-latent attention's kv down projection output, held to the end (LatentQueryKeyValue).
+  const at::Tensor kv_down = qkv.size() > 3 ? std::move(qkv[3]) : at::Tensor();
   qkv.clear();
   const double attention_dropout = training_.dropout ? model_.attention_dropout : 0.0;
   // Gemma-2's own core attention, whatever the backend (Note [Gemma-2]).

@@ -349,8 +349,11 @@ class TransformerModel {
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
   // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D].
   std::vector<at::Tensor> QueryKeyValue(Layer& layer, const at::Tensor& ln_out);
-  // MLASelfAttention's projections: query, key, value [S, B, A/tp, Dq | Dq | Dv]. With
-  // `up_projection_checkpoint`, the up projections and RoPE run in it (mla_up_proj).
+  // MLASelfAttention's projections: query, key, value [S, B, A/tp, Dq | Dq | Dv], then the
+  // kv down projection's output [S', B, R + rope], which MLASelfAttention.forward keeps
+  // until it returns (its kv_compressed local, a view of it under Transformer Engine's spec,
+  // whose kv_layernorm is fused into linear_kv_up_proj). With `up_projection_checkpoint`,
+  // the up projections and RoPE run in it (mla_up_proj).
   std::vector<at::Tensor> LatentQueryKeyValue(Layer& layer, const at::Tensor& ln_out,
                                               CheckpointWithoutOutput* up_projection_checkpoint);
   // qkv_up_proj_and_rope_apply on the compressed query and key-value and the key's

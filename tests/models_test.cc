@@ -763,6 +763,44 @@ TEST(Activations, MlaUpProjectionRecompute) {
   EXPECT_EQ(saved, 2 * s * b * A * (2 * (qk + rope) + v) - 2 * s * b * (R + rope));
 }
 
+// MLASelfAttention.forward keeps get_query_key_value_tensors' kv_compressed (a view of the
+// kv down projection's output [s, b, R + rope] under Transformer Engine's spec) until it
+// returns, after its output projection: that output outlives the core attention's and is
+// gone when the forward ends.
+TEST(Activations, MlaKeepsTheKvDownProjectionThroughAttention) {
+  const int64_t s = 64, b = 2, A = 4, R = 32, rope = 8;
+  ModelConfig m =
+      test::WithLatentAttention(test::Llama(1, 256, A, A, 512, 1024), 64, R, 16, rope, 16);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t = Bf16WithoutDropout(s, b, AttentionKind::kFused);
+  t.profile = ProfileKind::kTransformerEngine;
+  ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
+  struct Events {
+    int64_t down_freed = -1, attention_done = -1, projection = -1;
+  };
+  const Events e = RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [&](const Recorder& r) {
+    Events out;
+    for (const StorageInfo& info : r.storages()) {
+      const std::string& module = r.names().Name(info.module);
+      if (module == "decoder.layers.0.self_attention.linear_kv_down_proj" &&
+          r.ShapeOf(info).vec() == std::vector<int64_t>{s, b, R + rope}) {
+        out.down_freed = info.free_event;
+      }
+      if (module == "decoder.layers.0.self_attention.core_attention") {
+        out.attention_done = std::max(out.attention_done, info.alloc_event);
+      }
+      if (module == "decoder.layers.0.self_attention.linear_proj" &&
+          info.phase == Phase::kForward && out.projection < 0) {
+        out.projection = info.alloc_event;
+      }
+    }
+    return out;
+  });
+  EXPECT_GT(e.down_freed, e.attention_done);
+  EXPECT_GT(e.down_freed, e.projection);
+  EXPECT_GE(e.attention_done, 0);
+}
+
 // Transformer Engine's op fuser runs the grouped experts' weighted SwiGLU as ScaledSwiGLU,
 // which saves its input and the probabilities only: per MoE layer the [N, F_e] 16-bit
 // SwiGLU output memsim's Megatron path keeps goes, N = S*B*K tokens routed on one rank.
