@@ -11,6 +11,9 @@
 //   - the capture: only the graphed modules' allocations (nothing else runs), whose saved
 //     activations stay counted from a graph's forward capture to its backward capture, so
 //     the in-flight layers of the schedule add up; captured in the order the schedule runs;
+//     the buffers and workspaces ungraphed modules make on first use do not exist yet when
+//     no eager step came first (Note [State made during the capture] in
+//     simulator/recorder.h);
 //   - replays: none of the graphed modules' allocations (replaying allocates nothing; their
 //     outputs are views of pool memory, which counts as reserved, not allocated);
 //   - from the capture on: the static inputs of the graphed callables, one set per graphed

@@ -131,6 +131,7 @@ class LibraryWorkspaces {
   LibraryWorkspaces(const GpuSpec* gpu, const ModelConfig& model, const TrainingConfig& training,
                     const ModelShard& shard) {
     if (gpu == nullptr) return;  // no GPU, no libraries (unit tests of the model alone)
+    cuda_graphs_ = training.cuda_graphs;
     // PyTorch GEMMs: every linear layer in the local implementation; under TE, the output
     // layer (Megatron's ColumnParallelLinear) and unfused attention's bmm. TE's GEMMs: its
     // layers, and the MoE router's in either implementation.
@@ -154,24 +155,32 @@ class LibraryWorkspaces {
   LibraryWorkspaces(const LibraryWorkspaces&) = delete;
   LibraryWorkspaces& operator=(const LibraryWorkspaces&) = delete;
 
+  // The graphed layers' GEMMs need the TE, userbuffer and cuBLAS workspaces during a CUDA
+  // graph capture; only the routed experts, never graphed, use the grouped ones (Note [State
+  // made during the capture] in simulator/recorder.h).
   void BeforeForward() {
-    Allocate(te_bytes_, "transformer_engine.gemm_workspace", &te_);
+    Allocate(te_bytes_, "transformer_engine.gemm_workspace", &te_, /*graphed_gemms=*/true);
     for (at::Tensor& w : te_grouped_) {
-      Allocate(te_bytes_, "transformer_engine.grouped_gemm_workspace", &w);
+      Allocate(te_bytes_, "transformer_engine.grouped_gemm_workspace", &w, false);
     }
-    Allocate(te_userbuffer_bytes_, "transformer_engine.userbuffer_gemm_workspace", &te_userbuffer_);
-    Allocate(cublas_bytes_, "cublas_workspace.forward_thread", &forward_);
+    Allocate(te_userbuffer_bytes_, "transformer_engine.userbuffer_gemm_workspace", &te_userbuffer_,
+             true);
+    Allocate(cublas_bytes_, "cublas_workspace.forward_thread", &forward_, true);
   }
-  void BeforeBackward() { Allocate(cublas_bytes_, "cublas_workspace.backward_thread", &backward_); }
+  void BeforeBackward() {
+    Allocate(cublas_bytes_, "cublas_workspace.backward_thread", &backward_, true);
+  }
 
  private:
-  static void Allocate(int64_t bytes, const char* name, at::Tensor* out) {
+  void Allocate(int64_t bytes, const char* name, at::Tensor* out, bool graphed_gemms) const {
     if (bytes == 0 || out->defined()) return;
+    GraphedScope graphed(cuda_graphs_ && graphed_gemms);
     ModuleScope scope(ModuleScope::Absolute{name});
     CategoryScope category(Category::kWorkspace);
     *out = at::empty({bytes}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
   }
 
+  bool cuda_graphs_ = false;
   int64_t cublas_bytes_ = 0, te_bytes_ = 0, te_userbuffer_bytes_ = 0;
   at::Tensor forward_, backward_, te_, te_userbuffer_;
   std::vector<at::Tensor> te_grouped_;  // one per TE compute stream with grouped GEMMs

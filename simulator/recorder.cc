@@ -29,6 +29,7 @@ Recorder::~Recorder() {
     if (record != nullptr) record->recorder = nullptr;
   }
   for (const auto& [id, record] : evicted_) record->recorder = nullptr;
+  for (const auto& [record, info] : deferred_) record->recorder = nullptr;
 }
 
 Category Recorder::CategoryForNewStorage() const {
@@ -39,6 +40,19 @@ Category Recorder::CategoryForNewStorage() const {
 }
 
 AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
+  if (graph_mode_ == GraphMode::kCapture && graphed_depth_ == 0 && !in_graphed_backward_node()) {
+    // Note [State made during the capture]: only state counts here outside graphed scopes.
+    MEMSIM_DCHECK(adopt_next_ < 0);
+    StorageInfo info;
+    info.size_bytes = size_bytes;
+    info.op = op_stack_.empty() ? 0 : op_stack_.back();
+    info.module = current_module();
+    info.category = CategoryForNewStorage();
+    info.persistent = persistent_depth_ > 0;
+    auto* record = new AllocationRecord{this, -1, c10::DataPtr()};
+    deferred_.emplace_back(record, info);
+    return record;
+  }
   if (adopt_next_ >= 0) {
     const int64_t id = std::exchange(adopt_next_, -1);
     MEMSIM_DCHECK(storages_[static_cast<size_t>(id)].size_bytes == size_bytes &&
@@ -100,6 +114,31 @@ int64_t Recorder::Restore(int64_t storage_id) {
   record->storage_id = id;
   live_records_.push_back(record);
   return id;
+}
+
+void Recorder::OnDeferredFree(AllocationRecord* record) {
+  const auto it = std::find_if(deferred_.begin(), deferred_.end(),
+                               [record](const auto& entry) { return entry.first == record; });
+  MEMSIM_DCHECK(it != deferred_.end());
+  deferred_.erase(it);
+}
+
+void Recorder::set_graph_mode(GraphMode mode) {
+  MEMSIM_DCHECK(graphed_depth_ == 0);
+  const bool capture_ends = graph_mode_ == GraphMode::kCapture && mode != GraphMode::kCapture;
+  graph_mode_ = mode;
+  if (!capture_ends) return;
+  for (auto& [record, deferred] : deferred_) {
+    const int64_t id = NewStorage(deferred.size_bytes);
+    StorageInfo& info = storages_[static_cast<size_t>(id)];
+    info.op = deferred.op;
+    info.module = deferred.module;
+    info.category = deferred.category;
+    info.persistent = deferred.persistent;
+    record->storage_id = id;
+    live_records_.push_back(record);
+  }
+  deferred_.clear();
 }
 
 void Recorder::OnFree(int64_t storage_id) {

@@ -105,9 +105,13 @@ class Recorder {
   Recorder& operator=(const Recorder&) = delete;
 
   // --- Called by the tracking allocator. ---
-  // Records an allocation stamped with the current attribution; returns its record.
+  // Records an allocation stamped with the current attribution; returns its record. In the
+  // capture pass, state made outside graphed scopes is deferred instead (Note [State made
+  // during the capture]): its record has storage id -1 until set_graph_mode ends the pass.
   AllocationRecord* OnAlloc(int64_t size_bytes);
   void OnFree(int64_t storage_id);
+  // The free of a deferred record (storage id -1): nothing was recorded, nothing will be.
+  void OnDeferredFree(AllocationRecord* record);
 
   // --- Attribution state, driven by Session scopes and the interceptor. ---
   void SetPhase(Phase phase);
@@ -206,14 +210,25 @@ class Recorder {
   void AdoptNextAllocation(int64_t storage_id);
 
   // --- CUDA graphs (Note [CUDA graphs] in parallel/cuda_graphs.h). ---
+  //
+  // Note [State made during the capture]
+  // The capture pass runs the whole schedule, while the real capture runs the graphed
+  // callables alone: a buffer or workspace an ungraphed module makes on its first use (the
+  // output layer's global buffer, TE's dummy weight gradients, the experts' grouped-GEMM
+  // workspaces) does not exist during the real capture when no eager step ran before it
+  // (--cuda-graph-warmup-steps 0), and is made in the first step after it. So state
+  // (PersistentScope, or a category other than activations, temporaries and communication)
+  // allocated outside graphed scopes during the capture pass is deferred: recorded as
+  // allocated when the pass ends, if its tensors are still alive, and never if they died.
+  // State made before the pass (parameters, optimizer state, what eager steps made) counts
+  // throughout, as it does on the GPU.
   // What PyTorch's allocated_bytes sees of the graphed scopes: everything (eager steps),
   // only them (the capture pass, which runs nothing else), or nothing of them (replays).
   enum class GraphMode : uint8_t { kEager, kCapture, kReplay };
+  // Leaving the capture pass records the allocations it deferred whose tensors are alive,
+  // in the order they were made (Note [State made during the capture]).
   // REQUIRES: no graphed scope is open.
-  void set_graph_mode(GraphMode mode) {
-    MEMSIM_DCHECK(graphed_depth_ == 0);
-    graph_mode_ = mode;
-  }
+  void set_graph_mode(GraphMode mode);
   // Graphed scopes nest; the autograd nodes created inside one are graphed in backward.
   void BeginGraphedScope();
   // REQUIRES: a BeginGraphedScope() still open.
@@ -309,6 +324,9 @@ class Recorder {
   std::vector<bool> backward_graphed_;  // per running backward node
   // Evicted storages whose tensors are alive: their records, until Restore or their free.
   std::unordered_map<int64_t, AllocationRecord*> evicted_;
+  // State the capture pass made outside graphed scopes, alive, in the order it was made:
+  // each record with the storage it will be (attribution, no event yet).
+  std::vector<std::pair<AllocationRecord*, StorageInfo>> deferred_;
   std::vector<Marker> markers_;
   CachingAllocatorConfig allocator_settings_;
   std::vector<int64_t> shape_dims_;

@@ -7,7 +7,13 @@ namespace {
 
 void DeleteTracked(void* context) {
   auto* record = static_cast<AllocationRecord*>(context);
-  if (record->recorder != nullptr) record->recorder->OnFree(record->storage_id);
+  if (record->recorder != nullptr) {
+    if (record->storage_id < 0) {
+      record->recorder->OnDeferredFree(record);  // Note [State made during the capture]
+    } else {
+      record->recorder->OnFree(record->storage_id);
+    }
+  }
   delete record;  // frees the underlying memory, if any
 }
 

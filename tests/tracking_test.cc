@@ -214,7 +214,9 @@ TEST(Tracking, EvictedStoragesFreeAtOnceAndComeBackAsNewStorages) {
 // Note [CUDA graphs]: what the recorder counts in each graph mode. A graphed scope's
 // forward (sin) and its backward node (cos and mul) count while capturing and not in
 // replays; the eager rest (the input, sum and the engine's seed gradient) the other way
-// round; state the driving code names (a workspace) counts in every mode.
+// round; state the driving code names (a workspace) counts in every mode, made outside
+// graphed scopes while capturing from the capture's end (Note [State made during the
+// capture]).
 TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
   auto ops_recorded = [](Recorder::GraphMode mode) {
     Session session;
@@ -233,6 +235,7 @@ TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
         workspace = at::empty({8}, MetaFloat());
       }
       y.sum().backward();
+      session.recorder().set_graph_mode(Recorder::GraphMode::kEager);
     }
     std::set<std::string> ops;
     const Recorder& r = session.recorder();
@@ -256,6 +259,36 @@ TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
   // The input and the workspace are both aten::empty: the workspace counts in each mode.
   EXPECT_EQ(capture.count("aten::empty.memory_format"), 1u);
   EXPECT_EQ(replay.count("aten::empty.memory_format"), 1u);
+}
+
+// Note [State made during the capture]: while capturing, state made outside graphed scopes
+// (a 64-byte workspace kept, a 32-byte one dropped) is recorded only when the capture ends,
+// after everything the capture recorded (a graphed 16-byte activation), with its module and
+// category; the dropped one never is. State made in a graphed scope counts at once.
+TEST(Tracking, CaptureDefersStateMadeOutsideGraphs) {
+  Session session;
+  ActiveSession active(session);
+  Recorder& r = session.recorder();
+  r.set_graph_mode(Recorder::GraphMode::kCapture);
+  const auto workspace = [](int64_t floats) {
+    CategoryScope category(Category::kWorkspace);
+    ModuleScope scope(ModuleScope::Absolute{"grouped_gemm_workspace"});
+    return at::empty({floats}, MetaFloat());
+  };
+  const at::Tensor kept = workspace(16);
+  workspace(8);  // made and dropped during the capture
+  at::Tensor graphed_workspace, activation;
+  {
+    GraphedScope graphed(true);
+    graphed_workspace = workspace(2);
+    activation = at::empty({4}, MetaFloat());
+  }
+  EXPECT_EQ(Events(r), (std::vector<EventTuple>{{true, 0, 8}, {true, 1, 16}}));
+  r.set_graph_mode(Recorder::GraphMode::kReplay);
+  EXPECT_EQ(Events(r), (std::vector<EventTuple>{{true, 0, 8}, {true, 1, 16}, {true, 2, 64}}));
+  const StorageInfo& deferred = r.storages()[2];
+  EXPECT_EQ(r.names().Name(deferred.module), "grouped_gemm_workspace");
+  EXPECT_EQ(deferred.category, Category::kWorkspace);
 }
 
 // An empty_cache() marker (Session::EmptyCache) releases the cached segments no block uses
