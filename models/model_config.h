@@ -413,6 +413,13 @@ struct TrainingConfig {
   // experts skip their Fp8Padding (Note [Router padding] in models/moe.h). REQUIRES: FP8, the
   // alltoall or flex dispatcher.
   bool moe_router_padding = false;
+  // Megatron-LM from 5e4fc931ba (2026-05-21) to bf32f4415e (2026-07-06), which a validation
+  // case's values may have been recorded on (Note [Software of a measurement] in
+  // tools/lib/validate.h): RerunDataIterator kept each microbatch's batch dict, into which
+  // get_batch wrote its GPU copies (and context parallelism its slices), until the next
+  // train_step; on tensor-parallel rank 0, which reads the data, every batch of a step stays
+  // allocated through the optimizer step. Only validation sets it.
+  bool keeps_microbatch_batches = false;
   // --enable-experimental: Megatron-Core's experimental kernels where memsim models them
   // (the router padding's fused kernel); others run as the default path.
   bool experimental = false;

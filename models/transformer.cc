@@ -990,6 +990,13 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
   if (embed || loss) {
     ModuleScope s("batch");  // get_batch: this microbatch's data on the GPU
     batch = GetBatch(/*inputs=*/embed || mtp, /*targets=*/loss);
+    // The data-reading rank's copies stay in the iterator's dict (keeps_microbatch_batches).
+    if (training_.keeps_microbatch_batches && shard_.tp == 1) {
+      for (const at::Tensor* t : {&batch.tokens, &batch.labels, &batch.loss_mask,
+                                  &batch.position_ids, &batch.attention_mask}) {
+        if (t->defined()) kept_batches_.push_back(*t);
+      }
+    }
   }
   at::Tensor hidden = embed ? Embed(batch.tokens, batch.position_ids) : input;
   batch_mask_rows_ = batch.attention_mask.defined() ? batch.attention_mask.size(0) : 0;

@@ -279,6 +279,10 @@ class TransformerModel {
   // unless the shard holds the loss and training defers them.
   void FinishDeferredWgrad();
 
+  // The step's batches kept under TrainingConfig::keeps_microbatch_batches go (the next
+  // train_step's RerunStateMachine advance).
+  void ReleaseKeptBatches() { kept_batches_.clear(); }
+
   // The whole model on one rank: ForwardChunk(0, {}).
   at::Tensor Forward() { return ForwardChunk(0, at::Tensor()); }
 
@@ -411,6 +415,7 @@ class TransformerModel {
   Parameter* output_weight_ = nullptr;  // == word_embeddings_ when tied and they share a stage
   std::vector<MtpLayer> mtp_layers_;    // last stage only
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
+  std::vector<at::Tensor> kept_batches_;  // TrainingConfig::keeps_microbatch_batches
   // The rows of the batch's attention mask the running chunk's layers get (0: none; the
   // chunk has neither the embedding nor the loss, or the data loader makes no mask).
   int64_t batch_mask_rows_ = 0;

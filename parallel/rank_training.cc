@@ -286,8 +286,10 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   LibraryWorkspaces workspaces(session.gpu(), model_config, training, shard);
   // Deferred output-layer weight gradients keep tensors across microbatches, which copied
   // microbatches cannot hold: the stage with the loss runs every microbatch for real.
+  // So do kept batches (TrainingConfig::keeps_microbatch_batches), one per microbatch.
   const bool replicate = replication.microbatches && !accounts_by_scope &&
-                         !(training.defer_embedding_wgrad && shard.last_stage);
+                         !(training.defer_embedding_wgrad && shard.last_stage) &&
+                         !training.keeps_microbatch_batches;
   ScheduleReferences kept;
   kept.chunk_inputs.resize(static_cast<size_t>(model.num_chunks()));
   Recorder& recorder = session.recorder();
@@ -456,6 +458,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     // Megatron captures at the top of the iteration, before train_step; memsim runs the
     // capture between iterations, whose pipeline clocks hold their own steps only.
     if (it == training.CudaGraphCaptureIteration()) capture_cuda_graphs();
+    model.ReleaseKeptBatches();  // train_step's first act: the rerun state machine's advance
     zero_grad();
     session.BeginIteration(it);
     ActivationOffloader* offloader = model.offloader();

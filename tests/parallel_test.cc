@@ -411,6 +411,37 @@ TEST(PipelineMemory, EachChunkKeepsItsLastInputAndGradientThroughTheStep) {
   }
 }
 
+// TrainingConfig::keeps_microbatch_batches (Megatron-LM's RerunDataIterator from
+// 5e4fc931ba to bf32f4415e): the whole model on one GPU (the data-reading rank), S = 32,
+// B = 2, 3 microbatches: each batch, the mask bool [B, 1, S, S] (2048 B), tokens, labels
+// and positions int64 [B, S] (512 B each) and the loss mask fp32 [B, S] (256 B), 3840 B,
+// stays through the optimizer step: 11,520 B after it; at the next step's end only that
+// step's are there. Without it none is.
+TEST(PipelineMemory, AnIteratorThatKeepsBatchesHoldsThemThroughTheStep) {
+  const Shape x{32, 2, 64, 4};
+  const ModelConfig m = Gpt(x, 2);
+  auto kept_after = [&](bool keeps, int32_t iteration) {
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    t.num_microbatches = 3;
+    t.iterations = 2;
+    t.keeps_microbatch_batches = keeps;
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t), 0);
+    const Recorder& r = session->recorder();
+    const Marker end = MarkerAt(r, MarkerKind::kIterationEnd, iteration, -1, Phase::kOptimizer);
+    std::map<int32_t, int64_t> bytes_by_iteration;
+    ForEachLiveStorage(r, end.event_index - 1, [&](int64_t id) {
+      const StorageInfo& info = r.storages()[static_cast<size_t>(id)];
+      if (r.names().Name(info.module) == "batch")
+        bytes_by_iteration[info.iteration] += info.size_bytes;
+    });
+    return bytes_by_iteration;
+  };
+  EXPECT_EQ(kept_after(true, 0), (std::map<int32_t, int64_t>{{0, 11520}}));
+  EXPECT_EQ(kept_after(true, 1), (std::map<int32_t, int64_t>{{1, 11520}}));
+  EXPECT_TRUE(kept_after(false, 0).empty());
+}
+
 // The schedule's locals (Note [Tensors the schedule keeps]): on the last stage (1F1B, no
 // warm-up) microbatch 1's input gradient lives through microbatch 2's forward, and its
 // input goes when microbatch 2's arrives; on the first stage microbatch 1's received output

@@ -17,7 +17,8 @@ With --history (a Megatron-LM git directory holding COMMIT), each case also reco
 its golden values were last regenerated (measured.recorded) and, where that was before the
 dev container's PyTorch gave Blackwell a 32 MiB default cuBLAS workspace, the older default
 (stack.default_cublas_workspace_config; Note [Software of a measurement] in
-tools/lib/validate.h).
+tools/lib/validate.h), and whether it was regenerated on Megatron-LM code that kept every
+microbatch's batch on the GPU (stack.keeps_microbatch_batches).
 
 Cases of H100 runs are named after the test case; the other platforms' get "@a100" or
 "@gb200" after it (file NAME__gb200.yaml), so one test measured on two GPUs is two cases.
@@ -83,6 +84,9 @@ FIRST_32MIB_BLACKWELL_DAY = "2026-05-07"
 # Until this day (Megatron-LM commit adfe9e11d9) Megatron-FSDP kept the gradients of bf16
 # runs in fp32 (grad_reduce_in_fp32, on for bf16); since then 'auto' means the parameters'.
 FIRST_AUTO_FSDP_GRADS_DAY = "2026-07-01"
+# RerunDataIterator kept every microbatch's batch on the GPU from the first commit to the
+# second (Note [Software of a measurement] in tools/lib/validate.h).
+BATCHES_KEPT_FROM, BATCHES_KEPT_UNTIL = "5e4fc931ba", "bf32f4415e"
 FSDP_GRAD_ARGS = ("--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype")
 
 
@@ -97,17 +101,23 @@ def memory_series(history, commit, path):
                        for m in ("mem-max-allocated-bytes", "mem-allocated-bytes")], sort_keys=True)
 
 
-def regeneration_day(history, commit, path):
-    """The day of the last commit up to `commit` that changed the file's memory values
-    (commits that only reformat it or touch other metrics are skipped)."""
+def regeneration(history, commit, path):
+    """The last commit up to `commit` that changed the file's memory values, and its day
+    (commits that only reformat it or touch other metrics are skipped): (sha, day)."""
     log = subprocess.run(["git", "-C", history, "log", "--format=%H %ad", "--date=short", commit,
                           "--", path], capture_output=True, text=True, check=True).stdout.split()
     commits = list(zip(log[0::2], log[1::2]))
     values = memory_series(history, commit, path)
     for (sha, day), (parent, _) in zip(commits, commits[1:] + [(None, None)]):
         if parent is None or memory_series(history, parent, path) != values:
-            return day
-    return None
+            return sha, day
+    return None, None
+
+
+def contains(history, ancestor, commit):
+    """Whether `commit`'s code includes `ancestor`."""
+    return subprocess.run(["git", "-C", history, "merge-base", "--is-ancestor", ancestor, commit],
+                          capture_output=True).returncode == 0
 
 
 def value_at(golden, metric, last_step):
@@ -193,7 +203,7 @@ def main():
         if allocated is not None and alloc_step == step:
             case["measured"]["allocated_bytes"] = allocated
         if opts.history:
-            day = regeneration_day(opts.history, opts.commit, rel(golden_path))
+            sha, day = regeneration(opts.history, opts.commit, rel(golden_path))
             case["measured"]["recorded"] = day
             stack = {}
             if (opts.platform == "dgx_gb200" and day < FIRST_32MIB_BLACKWELL_DAY
@@ -205,6 +215,9 @@ def main():
                 old_defaults = {a: "fp32" for a in FSDP_GRAD_ARGS if a not in model_args}
                 if old_defaults:
                     stack["args"] = old_defaults
+            if (contains(opts.history, BATCHES_KEPT_FROM, sha)
+                    and not contains(opts.history, BATCHES_KEPT_UNTIL, sha)):
+                stack["keeps_microbatch_batches"] = True
             if stack:
                 case["stack"] = stack
         iteration_time = steady_iteration_time(golden, last_step)

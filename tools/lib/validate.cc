@@ -124,6 +124,10 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
            [&](const YAML::Node& v) {
              return ReadStringMap(v, path, "stack.args", &c.default_args);
            }),
+      keep("keeps_microbatch_batches",
+           [&](const YAML::Node& v) {
+             return Read(v, path, "stack.keeps_microbatch_batches", &c.keeps_microbatch_batches);
+           }),
   };
   std::string recipe;
   const std::map<std::string, YamlKeyHandler> source_keys = {
@@ -259,6 +263,7 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   }
   Status status = ParseMegatronArgs(args, env, c.world_size, &parsed);
   RunSpec& spec = parsed.spec;
+  spec.training.keeps_microbatch_batches = c.keeps_microbatch_batches;
   if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
   // Data-parallel ranks differ under the layer-wise optimizer: simulate the one measured.
   if (spec.training.layer_wise_optimizer) spec.training.layer_wise_rank = c.rank;

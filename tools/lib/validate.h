@@ -32,7 +32,12 @@ namespace memsim {
 // simulated on the software it was measured on. Megatron-LM's own defaults move too: until
 // 2026-07-01 (commit adfe9e11d9) Megatron-FSDP kept bf16 runs' gradients in fp32 (the
 // "grandfathered" grad_reduce_in_fp32); since then auto means the parameters' dtype. The
-// importer writes such defaults into `stack.args`.
+// importer writes such defaults into `stack.args`. And Megatron-LM's code: from 5e4fc931ba
+// (2026-05-21) to bf32f4415e (2026-07-06) RerunDataIterator kept each microbatch's batch on
+// the data-reading rank's GPU until the next step (`stack.keeps_microbatch_batches`, written
+// for values regenerated at a commit between the two): the last stage of the 7B test kept
+// 4 x 67,207,168 B, exactly what its H100 values read above the same test's earlier values
+// and its GB200 values.
 struct ValidationCase {
   std::string path;  // the file it came from, for messages
   std::string name;
@@ -50,6 +55,9 @@ struct ValidationCase {
   // recorded the values, differs from today's (argument -> value); applied when `args`
   // does not give the argument.
   std::map<std::string, std::string> default_args;
+  // Note [Software of a measurement]: the values were recorded on Megatron-LM that kept every
+  // microbatch's batch on the GPU (TrainingConfig::keeps_microbatch_batches).
+  bool keeps_microbatch_batches = false;
   // The date the golden values were last regenerated (YYYY-MM-DD); empty if unknown.
   std::string recorded;
   // The launch line, built from the case's MODEL_ARGS as Megatron-LM's functional-test
