@@ -389,6 +389,17 @@ struct TrainingConfig {
   // comm-dtype). Unset: auto, the parameters' dtype, then the main gradients'.
   std::optional<Precision> fsdp_main_grads_dtype;
   std::optional<Precision> fsdp_grad_comm_dtype;
+  // Megatron-FSDP around the step (Note [Megatron-FSDP]): the optimizer's states made before
+  // training (--load with --ckpt-format fsdp_dtensor); --log-params-norm, whose norm
+  // resets the buckets start_param_sync gathered.
+  bool fsdp_states_before_training = false;
+  bool log_params_norm = false;
+  // Megatron-FSDP before two changes, for validation cases recorded then (Note [Software of a
+  // measurement] in tools/lib/validate.h): before 41f3b6f308 (2026-04-02) the final norm's
+  // pre-forward hook gathered with prefetch on every forward, not only the first; before
+  // 378d81fbd3 (#4717, 2026-05-30) reset() released the non-unit buckets too.
+  bool fsdp_final_norm_gathers_every_forward = false;
+  bool fsdp_reset_releases_non_unit = false;
   // --grad-reduce-in-bf16 (bf16 training): the gradient buffer is bf16, not fp32; the
   // optimizer then takes fp32 copies of its gradients as fp16 training does (Note [Mixed
   // precision state] in models/parameters.h).

@@ -201,6 +201,22 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
   }
 }
 
+void MixedPrecisionOptimizer::CreateStates() {
+  if (!exp_avgs_.empty()) return;
+  if (options_.precision_aware.has_value()) {
+    CreatePrecisionAwareStates();
+    return;
+  }
+  ModuleScope scope(ModuleScope::Absolute{"optimizer"});
+  CategoryScope category(Category::kOptimizerState);
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    const bool adam = options_.kind == OptimizerKind::kAdam ||
+                      (options_.kind == OptimizerKind::kMuon && !muon_[i]);
+    exp_avgs_.push_back(owned_[i] ? at::zeros_like(masters_[i]) : at::Tensor());
+    exp_avg_sqs_.push_back(owned_[i] && adam ? at::zeros_like(masters_[i]) : at::Tensor());
+  }
+}
+
 void MixedPrecisionOptimizer::Step() {
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   at::NoGradGuard no_grad;
@@ -226,16 +242,7 @@ void MixedPrecisionOptimizer::Step() {
       master_grads_.push_back(precision_aware ? grad : grad.to(at::kFloat));
     }
   }
-  if (exp_avgs_.empty() && precision_aware) CreatePrecisionAwareStates();
-  if (exp_avgs_.empty()) {
-    CategoryScope category(Category::kOptimizerState);
-    for (size_t i = 0; i < masters_.size(); ++i) {
-      const bool adam = options_.kind == OptimizerKind::kAdam ||
-                        (options_.kind == OptimizerKind::kMuon && !muon_[i]);
-      exp_avgs_.push_back(owned_[i] ? at::zeros_like(masters_[i]) : at::Tensor());
-      exp_avg_sqs_.push_back(owned_[i] && adam ? at::zeros_like(masters_[i]) : at::Tensor());
-    }
-  }
+  CreateStates();
   if (hybrid()) HybridGradients();
   // One fused update over the parameters Adam (or SGD) takes, then Muon's one by one.
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;

@@ -150,6 +150,9 @@ class MixedPrecisionOptimizer {
 
   void ZeroGrad();
   void Step();
+  // Makes the states the first Step() would (a checkpoint load's dummy step); no-op when
+  // they exist.
+  void CreateStates();
 
  private:
   // This rank's share of `p` (the whole of it without sharding).

@@ -1002,6 +1002,7 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
   batch_mask_rows_ = batch.attention_mask.defined() ? batch.attention_mask.size(0) : 0;
   hidden = Layers(chunk, hidden);
   if (!loss) return hidden;
+  if (shard_.before_final_norm) shard_.before_final_norm();
   {
     ModuleScope decoder("decoder");
     ModuleScope s("final_layernorm");

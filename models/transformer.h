@@ -227,6 +227,9 @@ struct ModelShard {
   using LayerFn = std::function<at::Tensor(const at::Tensor&)>;
   std::function<at::Tensor(int64_t index, const at::Tensor& input, const LayerFn& run)> wrap_layer;
   static constexpr int64_t kOutputLayerUnit = -2;
+  // Called before the final norm's forward (Megatron-FSDP's pre-forward hook of a module
+  // outside every layer); empty: nothing.
+  std::function<void()> before_final_norm;
   // Copy the events of identical layers instead of running them all (Note [Layer
   // replication] in layer_replication.h); ignored with wrap_layer.
   bool replicate_layers = false;

@@ -43,7 +43,7 @@ at::Tensor& BucketedData(Parameter& p) { return p.fp8.fp8_param ? p.fp8.weight[0
 }  // namespace
 
 MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& options)
-    : gradient_accumulation_fusion_(store->gradient_accumulation_fusion()) {
+    : gradient_accumulation_fusion_(store->gradient_accumulation_fusion()), options_(options) {
   at::NoGradGuard no_grad;
   // Buckets in the order their parameters first appear.
   for (Parameter& p : store->parameters()) {
@@ -281,6 +281,20 @@ void MegatronFsdp::PostBackward(int64_t unit) {
 }
 
 void MegatronFsdp::BeforeForwardStep() { GatherWithPrefetch(BucketsOf(-1), Order::kForward); }
+
+void MegatronFsdp::BeforeFinalNorm() {
+  if (options_.final_norm_gathers_every_forward) GatherWithPrefetch(BucketsOf(-1), Order::kForward);
+}
+
+void MegatronFsdp::AfterOptimizerStep() {
+  GatherWithPrefetch(BucketsOf(-1), Order::kForward);  // start_param_sync
+  if (!options_.log_params_norm) return;
+  for (Bucket& b : buckets_) {  // reset(): what is gathered goes, but the PRESERVED
+    if (!b.gathered || (b.unit < 0 && !options_.reset_releases_non_unit)) continue;
+    FreeStorage(b.weights.storage());
+    b.gathered = false;
+  }
+}
 
 void MegatronFsdp::AfterBackwardStep() {
   non_unit_grads_pending_ = false;

@@ -30,9 +30,22 @@
 //            released after its forward. Backward does the same in reverse order from the
 //            layer whose output gradient arrives, releasing each after its backward. The
 //            non-unit buckets, once gathered, are never released (PRESERVED, since
-//            Megatron-LM #4717, 2026-05-30). Not modelled: start_param_sync's gather of the
-//            first bucket and its prefetch at the end of the optimizer step, which the
-//            memory measured after the step in five real runs does not show (unexplained).
+//            Megatron-LM #4717, 2026-05-30). Every module outside the layers prefetches
+//            so too. The final norm's hook, which comes after every layer's release,
+//            gathers the layers again from the first one, held until each layer's
+//            backward: before 41f3b6f308 (2026-04-02) on every forward, which the two MoE
+//            cases recorded then confirm (within 1.4% from 4-6% low); since, in the run's
+//            first forward only (the modules outside the layers stay PRE_BACKWARD from the
+//            first backward on). Not modelled: that first forward's gather, which as read
+//            puts the three dense cases' peaks 35 MiB above their measured values (their
+//            first-iteration peak is the steady one: when the gathered buckets go in that
+//            first step is not understood). After the optimizer step start_param_sync
+//            gathers the first bucket (the non-unit one) with prefetch, and
+//            --log-params-norm's stop_communication resets the buckets, releasing all but
+//            the non-unit ones (before #4717 those too), before the memory is logged.
+//   load:    a checkpoint load in fsdp_dtensor format (--load, --ckpt-format fsdp_dtensor)
+//            runs a dummy optimizer step (_init_optimizer_states_with_dummy_values), even
+//            when no checkpoint is there: the optimizer's states exist from the setup.
 //   gradients: a bucket's full gradient [S] (--megatron-fsdp-grad-comm-dtype, auto: the
 //            main-grads dtype) is allocated at the first gradient of its parameters (the
 //            layer's backward; the non-unit bucket's at the output layer's, the first of
@@ -74,6 +87,11 @@ struct MegatronFsdpOptions {
   // communication dtype then the main gradients').
   std::optional<at::ScalarType> main_grads;
   std::optional<at::ScalarType> grad_comm;
+  // --log-params-norm: the norm's stop_communication resets the buckets after the step.
+  bool log_params_norm = false;
+  // Megatron-FSDP before 41f3b6f308 and before #4717 (TrainingConfig).
+  bool final_norm_gathers_every_forward = false;
+  bool reset_releases_non_unit = false;
 };
 
 class MegatronFsdp : public LayerHooks {
@@ -96,6 +114,12 @@ class MegatronFsdp : public LayerHooks {
   // (The caller empties the cache after construction, as Megatron-FSDP's setup does.)
   void BeforeForwardStep();
   void AfterBackwardStep();
+  // The final norm's pre-forward hook: its (non-unit) bucket with prefetch, on every
+  // forward with final_norm_gathers_every_forward (Megatron-FSDP before 41f3b6f308).
+  void BeforeFinalNorm();
+  // After the optimizer step: start_param_sync's gather with prefetch, then with
+  // --log-params-norm reset(), which releases the layers' buckets.
+  void AfterOptimizerStep();
 
  private:
   struct Bucket {
@@ -125,6 +149,7 @@ class MegatronFsdp : public LayerHooks {
   void FreeOldestQueued();
 
   const bool gradient_accumulation_fusion_;
+  const MegatronFsdpOptions options_;
   // Without the fusion: the non-unit gradients come once the output layer's backward is
   // done (its post-backward hook).
   bool non_unit_grads_pending_ = false;

@@ -117,6 +117,9 @@ MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const Paralle
   o.expert_shards = OptimizerShards(layout, true);
   if (t.fsdp_main_grads_dtype) o.main_grads = ScalarTypeOf(*t.fsdp_main_grads_dtype);
   if (t.fsdp_grad_comm_dtype) o.grad_comm = ScalarTypeOf(*t.fsdp_grad_comm_dtype);
+  o.log_params_norm = t.log_params_norm;
+  o.final_norm_gathers_every_forward = t.fsdp_final_norm_gathers_every_forward;
+  o.reset_releases_non_unit = t.fsdp_reset_releases_non_unit;
   return o;
 }
 
@@ -237,6 +240,9 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       return RunHookedLayer(layer_hooks, unit, input, run);
     };
   }
+  if (layout.data_parallel == DataParallelKind::kMegatronFsdp) {
+    shard.before_final_norm = [&megatron_fsdp]() { megatron_fsdp->BeforeFinalNorm(); };
+  }
   TransformerModel model(model_config, training, shard, &store);
   switch (layout.data_parallel) {
     case DataParallelKind::kZero2:
@@ -279,6 +285,8 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     optimizer_options.layer_wise = groups;
   }
   MixedPrecisionOptimizer optimizer(&store, optimizer_options);
+  // Note [Megatron-FSDP]: a fsdp_dtensor checkpoint load's dummy step makes the states.
+  if (megatron_fsdp && training.fsdp_states_before_training) optimizer.CreateStates();
   const std::vector<PipelineStep> schedule =
       PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
                        layout.microbatch_group_size, layout.combined_1f1b);
@@ -475,6 +483,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     if (training.empty_unused_memory_level >= 1) session.EmptyCache();  // train_step's
     session.SetPhase(Phase::kOptimizer);
     optimizer.Step();
+    if (megatron_fsdp) megatron_fsdp->AfterOptimizerStep();
     if (training.empty_unused_memory_level >= 2) session.EmptyCache();
     session.EndIteration();
   }

@@ -1440,9 +1440,11 @@ MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, i
 // d * 128: with d = 2, S = 198,656 (194 * 1024) and 147,712 (577 * 256); with d = 4,
 // 198,656 (97 * 2048) and 147,968 (289 * 512). Each rank keeps S / d of every bucket as
 // bf16 weights and bf16 gradients, fp32 masters and Adam's two states (12 bytes) per
-// parameter / d, and after the first step the non-unit bucket stays gathered. Far under
-// the billion-element prefetch window, the whole model is gathered at once, and every
-// gradient bucket stays queued until the backward ends.
+// parameter / d. After the step start_param_sync gathers the non-unit bucket with
+// prefetch: far under the billion-element prefetch window, the whole model, which stays
+// gathered; --log-params-norm's reset releases all but the non-unit bucket (before
+// Megatron-LM #4717 that too). The whole model is gathered at once in the step too, and
+// every gradient bucket stays queued until the backward ends.
 TEST(MegatronFsdp, BucketsShardsAndTheWholeSmallModelGathered) {
   const Shape x{128, 1, 128, 4};
   const ModelConfig m = Gpt(x, 4);
@@ -1454,12 +1456,62 @@ TEST(MegatronFsdp, BucketsShardsAndTheWholeSmallModelGathered) {
   for (const Case& c : {Case{2, 198'656, 147'712}, Case{4, 198'656, 147'968}}) {
     const int64_t parameters = 4 * 198'272 + 147'712;
     const int64_t shards = (4 * c.layer_bucket + c.root_bucket) / c.dp;
+    const int64_t state = shards * 2 + shards * 2 + parameters / c.dp * 12;
     const MegatronFsdpRun run = RunMegatronFsdp(m, t, c.dp);
-    EXPECT_EQ(run.state_at_iteration1,
-              shards * 2 + shards * 2 + parameters / c.dp * 12 + c.root_bucket * 2)
+    EXPECT_EQ(run.state_at_iteration1, state + (4 * c.layer_bucket + c.root_bucket) * 2)
         << "dp=" << c.dp;
+    TrainingConfig logged = t;
+    logged.log_params_norm = true;
+    EXPECT_EQ(RunMegatronFsdp(m, logged, c.dp).state_at_iteration1, state + c.root_bucket * 2)
+        << "dp=" << c.dp;
+    logged.fsdp_reset_releases_non_unit = true;
+    EXPECT_EQ(RunMegatronFsdp(m, logged, c.dp).state_at_iteration1, state) << "dp=" << c.dp;
     EXPECT_EQ(run.gathered_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
     EXPECT_EQ(run.grad_bucket_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
+  }
+}
+
+// Note [Megatron-FSDP] around the step, on the 4-layer GPT at d = 2 (layer buckets 198,656
+// elements, non-unit 147,712, bf16): a fsdp_dtensor checkpoint load's dummy step makes
+// Adam's two fp32 states (8 bytes per parameter / d) before the first forward, beside the
+// fp32 masters (4) of the setup; and the
+// final norm's hook of Megatron-FSDP before 41f3b6f308 gathers the layers again, so at the
+// start of the backward the whole model is gathered, where otherwise only the non-unit
+// bucket is.
+TEST(MegatronFsdp, LoadStatesAndTheOldFinalNormGather) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  const int64_t parameters = 4 * 198'272 + 147'712;
+  auto live = [](const Recorder& r, const Marker& at, const std::string& module,
+                 Category category) {
+    int64_t bytes = 0;
+    ForEachLiveStorage(r, at.event_index - 1, [&](int64_t id) {
+      const StorageInfo& s = r.storages()[static_cast<size_t>(id)];
+      if (r.names().Name(s.module) == module && s.category == category) bytes += s.size_bytes;
+    });
+    return bytes;
+  };
+  for (bool load : {false, true}) {
+    TrainingConfig loaded = t;
+    loaded.fsdp_states_before_training = load;
+    const std::unique_ptr<Session> session = RecordMegatronFsdp(m, loaded, 2);
+    const Recorder& r = session->recorder();
+    const Marker begin = MarkerAt(r, MarkerKind::kIterationBegin, 0, -1, Phase::kSetup);
+    EXPECT_EQ(live(r, begin, "optimizer", Category::kOptimizerState),
+              parameters / 2 * (load ? 4 + 8 : 4))
+        << "load=" << load;
+  }
+  for (bool every_forward : {false, true}) {
+    TrainingConfig old = t;
+    old.fsdp_final_norm_gathers_every_forward = every_forward;
+    const std::unique_ptr<Session> session = RecordMegatronFsdp(m, old, 2);
+    const Recorder& r = session->recorder();
+    const Marker backward = MarkerAt(r, MarkerKind::kPhaseBegin, 0, 0, Phase::kBackward);
+    EXPECT_EQ(live(r, backward, "megatron_fsdp.all_gather", Category::kParameter),
+              (every_forward ? 4 * 198'656 + 147'712 : 147'712) * 2)
+        << "every_forward=" << every_forward;
   }
 }
 
@@ -1470,8 +1522,8 @@ TEST(MegatronFsdp, BucketsShardsAndTheWholeSmallModelGathered) {
 // gradients), the non-unit bucket fp32 as before; every S is the bucket's size (multiples
 // of d * 512, d and d * 128). Per rank: the weight and gradient shards at those widths,
 // an fp32 main weight (fp32 training keeps one too) and Adam's two states per parameter
-// / d (12 bytes), each FP8 weight's fp32 scale_inv, and the non-unit bucket gathered in
-// fp32 after the first step.
+// / d (12 bytes), each FP8 weight's fp32 scale_inv, and the whole model gathered after
+// the step (start_param_sync).
 TEST(MegatronFsdp, Fp32TrainingWithFp8Parameters) {
   const Shape x{128, 1, 128, 4};
   const ModelConfig m = Gpt(x, 4);
@@ -1482,8 +1534,8 @@ TEST(MegatronFsdp, Fp32TrainingWithFp8Parameters) {
   t.fp8_param_gather = true;
   const MegatronFsdpRun run = RunMegatronFsdp(m, t, 2, FindGpu("GB200-186GB"));
   const int64_t fp8 = 4 * 196'608, wide = 4 * 1'664 + 147'712, parameters = 940'800;
-  EXPECT_EQ(run.state_at_iteration1,
-            fp8 / 2 * (1 + 2) + wide / 2 * (4 + 4) + parameters / 2 * 12 + 16 * 4 + 147'712 * 4);
+  EXPECT_EQ(run.state_at_iteration1, fp8 / 2 * (1 + 2) + wide / 2 * (4 + 4) + parameters / 2 * 12 +
+                                         16 * 4 + fp8 * 1 + wide * 4);
   EXPECT_EQ(run.gathered_peak, fp8 * 1 + wide * 4);
   EXPECT_EQ(run.grad_bucket_peak, fp8 * 2 + wide * 4);
 }

@@ -18,7 +18,8 @@ its golden values were last regenerated (measured.recorded) and, where that was 
 dev container's PyTorch gave Blackwell a 32 MiB default cuBLAS workspace, the older default
 (stack.default_cublas_workspace_config; Note [Software of a measurement] in
 tools/lib/validate.h), and whether it was regenerated on Megatron-LM code that kept every
-microbatch's batch on the GPU (stack.keeps_microbatch_batches).
+microbatch's batch on the GPU (stack.keeps_microbatch_batches) or on Megatron-FSDP before
+two changes (stack.fsdp_final_norm_gathers_every_forward, stack.fsdp_reset_releases_non_unit).
 
 Cases of H100 runs are named after the test case; the other platforms' get "@a100" or
 "@gb200" after it (file NAME__gb200.yaml), so one test measured on two GPUs is two cases.
@@ -87,6 +88,9 @@ FIRST_AUTO_FSDP_GRADS_DAY = "2026-07-01"
 # RerunDataIterator kept every microbatch's batch on the GPU from the first commit to the
 # second (Note [Software of a measurement] in tools/lib/validate.h).
 BATCHES_KEPT_FROM, BATCHES_KEPT_UNTIL = "5e4fc931ba", "bf32f4415e"
+# Megatron-FSDP from these commits on: the final norm's hook gathers the layers again in the
+# first forward only; reset() keeps the non-unit buckets.
+FSDP_FIRST_FORWARD_ONLY, FSDP_NON_UNIT_PRESERVED = "41f3b6f308", "378d81fbd3"
 FSDP_GRAD_ARGS = ("--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype")
 
 
@@ -218,6 +222,11 @@ def main():
             if (contains(opts.history, BATCHES_KEPT_FROM, sha)
                     and not contains(opts.history, BATCHES_KEPT_UNTIL, sha)):
                 stack["keeps_microbatch_batches"] = True
+            if model_args.get("--use-megatron-fsdp"):
+                if not contains(opts.history, FSDP_FIRST_FORWARD_ONLY, sha):
+                    stack["fsdp_final_norm_gathers_every_forward"] = True
+                if not contains(opts.history, FSDP_NON_UNIT_PRESERVED, sha):
+                    stack["fsdp_reset_releases_non_unit"] = True
             if stack:
                 case["stack"] = stack
         iteration_time = steady_iteration_time(golden, last_step)

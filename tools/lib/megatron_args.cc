@@ -246,7 +246,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--ckpt-assume-constant-structure", Arity::kFlag, ArgUse::kNeutral},
     {"--ckpt-convert-format", Arity::kValue, ArgUse::kNeutral},
     {"--ckpt-convert-save", Arity::kValue, ArgUse::kNeutral},
-    {"--ckpt-format", Arity::kValue, ArgUse::kNeutral},
+    {"--ckpt-format", Arity::kValue, ArgUse::kRead},
     {"--ckpt-fully-parallel-load", Arity::kFlag, ArgUse::kNeutral},
     {"--ckpt-fully-parallel-save", Arity::kFlag, ArgUse::kNeutral},
     {"--ckpt-step", Arity::kValue, ArgUse::kNeutral},
@@ -311,13 +311,13 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--initial-loss-scale", Arity::kValue, ArgUse::kNeutral},
     {"--iterations-to-skip", Arity::kValues, ArgUse::kNeutral},
     {"--legacy-tokenizer", Arity::kFlag, ArgUse::kNeutral},
-    {"--load", Arity::kValue, ArgUse::kNeutral},
+    {"--load", Arity::kValue, ArgUse::kRead},
     {"--local-rank", Arity::kValue, ArgUse::kNeutral},
     {"--log-energy", Arity::kFlag, ArgUse::kNeutral},
     {"--log-interval", Arity::kValue, ArgUse::kNeutral},
     {"--log-memory-to-tensorboard", Arity::kFlag, ArgUse::kNeutral},
     {"--log-num-zeros-in-grad", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-params-norm", Arity::kFlag, ArgUse::kNeutral},
+    {"--log-params-norm", Arity::kFlag, ArgUse::kRead},
     {"--log-progress", Arity::kFlag, ArgUse::kNeutral},
     {"--log-straggler", Arity::kFlag, ArgUse::kNeutral},
     {"--log-throughput", Arity::kFlag, ArgUse::kNeutral},
@@ -1222,7 +1222,8 @@ Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
     for (const char* name :
          {"--data-parallel-sharding-strategy", "--megatron-fsdp-version",
           "--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype",
-          "--megatron-fsdp-grad-comm-dtype", "--outer-dp-sharding-strategy"}) {
+          "--megatron-fsdp-grad-comm-dtype", "--outer-dp-sharding-strategy", "--ckpt-format",
+          "--load", "--log-params-norm"}) {
       a.Ignore(name);
     }
     return Status::OK();
@@ -1243,6 +1244,16 @@ Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
     MEMSIM_RETURN_IF_ERROR(Choice(a, name, {"auto", "fp32", "bf16"}, "auto", &text));
     if (text != "auto") *field = text == "bf16" ? Precision::kBf16 : Precision::kFp32;
   }
+  // What the step around the buckets does (Note [Megatron-FSDP]): a fsdp_dtensor checkpoint
+  // load makes the optimizer's states before training, even without a checkpoint there;
+  // --log-params-norm resets the buckets after the step.
+  t.fsdp_states_before_training =
+      a.Has("--load") && a.Text("--ckpt-format", "torch_dist") == "fsdp_dtensor";
+  if (!t.fsdp_states_before_training) {
+    a.Ignore("--load");
+    a.Ignore("--ckpt-format");
+  }
+  t.log_params_norm = a.Has("--log-params-norm");
   // Megatron-FSDP brings its own distributed optimizer (--use-distributed-optimizer is
   // forced on).
   spec->layout.data_parallel = DataParallelKind::kMegatronFsdp;

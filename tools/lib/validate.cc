@@ -128,6 +128,16 @@ Status LoadValidationCase(const std::string& path, ValidationCase* out) {
            [&](const YAML::Node& v) {
              return Read(v, path, "stack.keeps_microbatch_batches", &c.keeps_microbatch_batches);
            }),
+      keep("fsdp_final_norm_gathers_every_forward",
+           [&](const YAML::Node& v) {
+             return Read(v, path, "stack.fsdp_final_norm_gathers_every_forward",
+                         &c.fsdp_final_norm_gathers_every_forward);
+           }),
+      keep("fsdp_reset_releases_non_unit",
+           [&](const YAML::Node& v) {
+             return Read(v, path, "stack.fsdp_reset_releases_non_unit",
+                         &c.fsdp_reset_releases_non_unit);
+           }),
   };
   std::string recipe;
   const std::map<std::string, YamlKeyHandler> source_keys = {
@@ -264,6 +274,8 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   Status status = ParseMegatronArgs(args, env, c.world_size, &parsed);
   RunSpec& spec = parsed.spec;
   spec.training.keeps_microbatch_batches = c.keeps_microbatch_batches;
+  spec.training.fsdp_final_norm_gathers_every_forward = c.fsdp_final_norm_gathers_every_forward;
+  spec.training.fsdp_reset_releases_non_unit = c.fsdp_reset_releases_non_unit;
   if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
   // Data-parallel ranks differ under the layer-wise optimizer: simulate the one measured.
   if (spec.training.layer_wise_optimizer) spec.training.layer_wise_rank = c.rank;

@@ -37,7 +37,11 @@ namespace memsim {
 // the data-reading rank's GPU until the next step (`stack.keeps_microbatch_batches`, written
 // for values regenerated at a commit between the two): the last stage of the 7B test kept
 // 4 x 67,207,168 B, exactly what its H100 values read above the same test's earlier values
-// and its GB200 values.
+// and its GB200 values. Megatron-FSDP changed twice under the values of its five cases:
+// before 41f3b6f308 (2026-04-02) the final norm's hook gathered every layer again on every
+// forward, not only the first (`stack.fsdp_final_norm_gathers_every_forward`), and before
+// 378d81fbd3 (#4717, 2026-05-30) reset() released the non-unit buckets too
+// (`stack.fsdp_reset_releases_non_unit`).
 struct ValidationCase {
   std::string path;  // the file it came from, for messages
   std::string name;
@@ -58,6 +62,10 @@ struct ValidationCase {
   // Note [Software of a measurement]: the values were recorded on Megatron-LM that kept every
   // microbatch's batch on the GPU (TrainingConfig::keeps_microbatch_batches).
   bool keeps_microbatch_batches = false;
+  // Note [Software of a measurement]: Megatron-FSDP before 41f3b6f308 and before #4717
+  // (TrainingConfig::fsdp_final_norm_gathers_every_forward, fsdp_reset_releases_non_unit).
+  bool fsdp_final_norm_gathers_every_forward = false;
+  bool fsdp_reset_releases_non_unit = false;
   // The date the golden values were last regenerated (YYYY-MM-DD); empty if unknown.
   std::string recorded;
   // The launch line, built from the case's MODEL_ARGS as Megatron-LM's functional-test
