@@ -100,17 +100,23 @@ int64_t Recorder::Restore(int64_t storage_id) {
   auto it = evicted_.find(storage_id);
   if (it == evicted_.end()) return -1;  // never evicted, or its tensors died meanwhile
   AllocationRecord* record = it->second;
-  const int64_t id = NewStorage(storages_[static_cast<size_t>(storage_id)].size_bytes);
-  evicted_.erase(it);  // once nothing can throw: the record stays evicted otherwise
-  const StorageInfo& original = storages_[static_cast<size_t>(storage_id)];
-  StorageInfo& info = storages_[static_cast<size_t>(id)];
   // Attributed to what made the tensor: a reloaded activation is still that activation.
-  info.op = original.op;
-  info.module = original.module;
-  info.category = original.category;
-  info.ndim = original.ndim;
-  info.dtype = original.dtype;
-  info.shape_offset = original.shape_offset;
+  const StorageInfo original = storages_[static_cast<size_t>(storage_id)];
+  const int64_t id = RecordAllocationOf(record, original);
+  evicted_.erase(it);  // once nothing can throw: the record stays evicted otherwise
+  return id;
+}
+
+int64_t Recorder::RecordAllocationOf(AllocationRecord* record, const StorageInfo& made_as) {
+  const int64_t id = NewStorage(made_as.size_bytes);
+  StorageInfo& info = storages_[static_cast<size_t>(id)];
+  info.op = made_as.op;
+  info.module = made_as.module;
+  info.category = made_as.category;
+  info.persistent = made_as.persistent;
+  info.ndim = made_as.ndim;
+  info.dtype = made_as.dtype;
+  info.shape_offset = made_as.shape_offset;
   record->storage_id = id;
   live_records_.push_back(record);
   return id;
@@ -128,16 +134,7 @@ void Recorder::set_graph_mode(GraphMode mode) {
   const bool capture_ends = graph_mode_ == GraphMode::kCapture && mode != GraphMode::kCapture;
   graph_mode_ = mode;
   if (!capture_ends) return;
-  for (auto& [record, deferred] : deferred_) {
-    const int64_t id = NewStorage(deferred.size_bytes);
-    StorageInfo& info = storages_[static_cast<size_t>(id)];
-    info.op = deferred.op;
-    info.module = deferred.module;
-    info.category = deferred.category;
-    info.persistent = deferred.persistent;
-    record->storage_id = id;
-    live_records_.push_back(record);
-  }
+  for (const auto& [record, made_as] : deferred_) RecordAllocationOf(record, made_as);
   deferred_.clear();
 }
 

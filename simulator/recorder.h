@@ -309,6 +309,9 @@ class Recorder {
   Category CategoryForNewStorage() const;
   // Appends storage and allocation event for `size_bytes` with the current attribution.
   int64_t NewStorage(int64_t size_bytes);
+  // The allocation, now, of the storage `record` stands for, attributed as `made_as` (its
+  // size, op, module, category, shape); returns its id.
+  int64_t RecordAllocationOf(AllocationRecord* record, const StorageInfo& made_as);
   void RecordModuleChange();
 
   c10::DeviceType device_type_;
