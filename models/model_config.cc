@@ -145,6 +145,12 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
       return Status::Error("top-k " + Str(m->moe_router_topk) + " is larger than the " +
                            Str(m->num_experts) + " experts");
     }
+    if (m->moe_apply_probs_on_input && m->moe_router_topk != 1) {
+      return Status::Error(
+          "applying the router's probabilities to the experts' input works "
+          "with top-1 routing only (as Megatron-Core asserts), got top-" +
+          Str(m->moe_router_topk));
+    }
     if (m->moe_ffn_hidden_size == 0) m->moe_ffn_hidden_size = m->ffn_hidden_size;
     if (!(m->moe_capacity_factor >= 0 && m->moe_capacity_factor <= kMaxFactor)) {
       return Status::Error("moe_capacity_factor must be in [0, 1e6] (0: dropless), got " +

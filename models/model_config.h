@@ -157,6 +157,10 @@ struct ModelConfig {
   bool moe_router_expert_bias = false;
   double moe_router_topk_scaling_factor = 0.0;
   bool moe_router_sinkhorn = false;
+  // --moe-apply-probs-on-input (Llama 4's top-1 routing): the experts' input rows are
+  // scaled by their probabilities before fc1 and the activation is weighted by ones
+  // (Experts in models/moe.cc). REQUIRES: top-1.
+  bool moe_apply_probs_on_input = false;
   // --mtp-num-layers: multi-token prediction depth, built after the decoder on the last
   // pipeline stage (Note [Multi-token prediction] in transformer.h); 0: none.
   int64_t mtp_num_layers = 0;

@@ -947,6 +947,15 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   const at::Tensor input = wgrad ? RunOnBackward(unpadded_x, wgrad) : unpadded_x;
   auto [x, probs] = fp8 ? PadForFp8(input, unpadded_probs, local, recipe)
                         : std::pair<at::Tensor, at::Tensor>{input, unpadded_probs};
+  // --moe-apply-probs-on-input (experts.py): the rows times their probabilities (a product
+  // that keeps both factors, in the promoted dtype, then cast back), and ones for the
+  // activation's weights. TE's fused path refuses it: the op fuser does not run.
+  const bool op_fuser = t.te_op_fuser && !m.moe_apply_probs_on_input;
+  if (m.moe_apply_probs_on_input) {
+    const at::ScalarType rows_dtype = x.scalar_type();
+    x = (probs.unsqueeze(-1) * x).to(rows_dtype);
+    probs = at::ones_like(probs);
+  }
   at::Tensor h;
   {
     ModuleScope f("linear_fc1");
@@ -960,7 +969,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
-  auto weighted_activation = [&m, dtype, op_fuser = t.te_op_fuser,
+  auto weighted_activation = [&m, dtype, op_fuser,
                               fused = t.bias_activation_fusion](const std::vector<at::Tensor>& in) {
     if (op_fuser) {  // TE's ScaledSwiGLU; the scales in the activation dtype
       return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1).to(dtype))};
@@ -983,8 +992,7 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   // TEGroupedMLP adds fc2's bias after the GEMM (Note [MoE biases]); with TE's op fuser
   // GroupedLinear scales it inside, and SequentialMLP's per-expert MLPs add theirs in place:
   // neither is modelled.
-  const Parameter* fc2_bias =
-      t.moe_grouped_gemm && !t.te_op_fuser ? params.experts_fc2_bias : nullptr;
+  const Parameter* fc2_bias = t.moe_grouped_gemm && !op_fuser ? params.experts_fc2_bias : nullptr;
   if (fc2_bias == nullptr) probs.reset();
   {
     ModuleScope f("linear_fc2");

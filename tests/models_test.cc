@@ -407,8 +407,10 @@ ShapeSet TwoExpertStepShapeSet(
   t.profile = ProfileKind::kTransformerEngine;
   t.moe_grouped_gemm = true;
   configure(&m, &t);
-  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  const Status model = FinalizeModelConfig(&m);
+  EXPECT_TRUE(model.ok()) << model.message();
+  const Status training = ValidateTrainingConfig(t, m);
+  EXPECT_TRUE(training.ok()) << training.message();
   return RunStep(m, t, ModelShard::Whole(m), backward, [&module](const Recorder& r) {
     ShapeSet shapes;
     for (const StorageInfo& info : r.storages()) {
@@ -427,6 +429,29 @@ ShapeSet Added(ShapeSet with, const ShapeSet& without) {
     if (it != with.end()) with.erase(it);
   }
   return with;
+}
+
+// --moe-apply-probs-on-input (experts.py, top-1): the experts' N = 64 input rows times their
+// probabilities make a new [N, 256] (bf16 probabilities: bf16; fp32 ones with
+// --moe-router-dtype fp32: an fp32 product and its bf16 cast), which fc1 saves while the
+// product keeps the rows; the activation is weighted by ones_like(probabilities), [N].
+TEST(Moe, ProbabilitiesAppliedOnTheExpertsInput) {
+  const int64_t N = 64;
+  for (bool fp32_router : {false, true}) {
+    auto run = [&](bool on_input) {
+      return TwoExpertStepShapeSet(N, /*backward=*/false, "", [&](ModelConfig* m, TrainingConfig*) {
+        m->moe_router_topk = 1;  // sigmoid scores, as Llama 4
+        m->moe_router_score_function = MoeScoreFunction::kSigmoid;
+        m->moe_router_fp32 = fp32_router;
+        m->moe_apply_probs_on_input = on_input;
+      });
+    };
+    const at::ScalarType p = fp32_router ? at::kFloat : at::kBFloat16;
+    ShapeSet expected = {{{N, 256}, p}, {{N}, p}};
+    if (fp32_router) expected.emplace(std::vector<int64_t>{N, 256}, at::kBFloat16);
+    EXPECT_EQ(Added(run(true), run(false)), expected) << "fp32 router " << fp32_router;
+    EXPECT_TRUE(Added(run(false), run(true)).empty()) << "fp32 router " << fp32_router;
+  }
 }
 
 // fc2's bias on TEGroupedMLP (Note [MoE biases]): two experts, top-2, so each expert takes

@@ -99,6 +99,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-token-dispatcher-type", Arity::kValue, ArgUse::kRead},
     {"--moe-grouped-gemm", Arity::kFlag, ArgUse::kRead},
     {"--moe-permute-fusion", Arity::kFlag, ArgUse::kRead},
+    {"--moe-apply-probs-on-input", Arity::kFlag, ArgUse::kRead},
     {"--moe-router-padding-for-quantization", Arity::kFlag, ArgUse::kRead},
     {"--moe-router-padding-for-fp8", Arity::kFlag, ArgUse::kRead},
     {"--moe-flex-dispatcher-backend", Arity::kValue, ArgUse::kRead},
@@ -962,6 +963,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-router-fusion",
                                              "--moe-router-padding-for-quantization",
                                              "--moe-router-padding-for-fp8",
+                                             "--moe-apply-probs-on-input",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
   // The combined 1F1B schedule (Note [Combined 1F1B]); FinalizeRunSpec checks its rules.
@@ -1031,6 +1033,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     if (!flex) a.Ignore("--moe-flex-dispatcher-backend");
     if (!flex || hybrid) a.Ignore("--moe-flex-dispatcher-num-sms");
     t.moe_permute_fusion = a.Has("--moe-permute-fusion");
+    m.moe_apply_probs_on_input = a.Has("--moe-apply-probs-on-input");
     // Note [Router padding] in models/moe.h; --moe-router-padding-for-fp8 is its older name.
     t.moe_router_padding =
         a.Has("--moe-router-padding-for-quantization") || a.Has("--moe-router-padding-for-fp8");

@@ -241,6 +241,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("moe_drop_by_position", &m->moe_drop_by_position),
       f64("moe_imbalance_factor", &m->moe_imbalance_factor),
       flag("moe_router_fp32", &m->moe_router_fp32),
+      flag("moe_apply_probs_on_input", &m->moe_apply_probs_on_input),
       f64("moe_aux_loss_coeff", &m->moe_aux_loss_coeff),
       f64("moe_z_loss_coeff", &m->moe_z_loss_coeff),
       i64("moe_router_num_groups", &m->moe_router_num_groups),
