@@ -878,30 +878,25 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 at::Tensor TeUnfusedAttentionMask(int64_t seq_q, int64_t seq_kv, int64_t batch_mask_rows) {
+  // The Python temporaries in the order they are made and dropped (reset() where one goes).
   const auto meta = at::TensorOptions().device(at::kMeta);
-  at::Tensor distance;  // arange(S_q).view(1, 1, S_q, 1) - arange(S_kv).view(1, 1, 1, S_kv)
-  {
-    const at::Tensor rows = at::empty({seq_q}, meta.dtype(at::kInt));
-    const at::Tensor columns = at::empty({seq_kv}, meta.dtype(at::kInt));
-    distance = at::empty({1, 1, seq_q, seq_kv}, meta.dtype(at::kInt));
-  }
-  const at::Tensor left = at::empty_like(distance);   // distance - window_size[0]
-  const at::Tensor right = at::empty_like(distance);  // distance + window_size[1]
-  const auto mask = meta.dtype(at::kBool);
-  at::Tensor window;
-  {
-    at::Tensor both;
-    {
-      const at::Tensor left_in = at::empty(distance.sizes(), mask);  // left <= 0
-      at::Tensor right_in;
-      {
-        const at::Tensor right_out = at::empty(distance.sizes(), mask);  // right < 0
-        right_in = at::empty(distance.sizes(), mask);                    // its negation
-      }
-      both = at::empty(distance.sizes(), mask);  // left_in & right_in
-    }
-    window = at::empty(distance.sizes(), mask);  // logical_not(both)
-  }
+  const auto int32 = meta.dtype(at::kInt), mask = meta.dtype(at::kBool);
+  at::Tensor rows = at::empty({seq_q}, int32), columns = at::empty({seq_kv}, int32);
+  const std::vector<int64_t> square = {1, 1, seq_q, seq_kv};
+  const at::Tensor distance = at::empty(square, int32);  // rows.view(..) - columns.view(..)
+  columns.reset();
+  rows.reset();
+  const at::Tensor left = at::empty(square, int32);   // distance - window_size[0]
+  const at::Tensor right = at::empty(square, int32);  // distance + window_size[1]
+  at::Tensor left_in = at::empty(square, mask);       // left <= 0
+  at::Tensor right_out = at::empty(square, mask);     // right < 0
+  at::Tensor right_in = at::empty(square, mask);      // ~(right < 0)
+  right_out.reset();
+  at::Tensor both = at::empty(square, mask);  // left_in & right_in
+  right_in.reset();
+  left_in.reset();
+  at::Tensor window = at::empty(square, mask);  // logical_not(both)
+  both.reset();
   if (batch_mask_rows == 0) return window;
   return at::empty({batch_mask_rows, 1, seq_q, seq_kv}, mask);  // logical_or(window, batch's)
 }
