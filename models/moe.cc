@@ -923,12 +923,14 @@ Routing Route(const ModelConfig& m, const TrainingConfig& t, const MoeParameters
 // whenever routing leaves a count off the multiple: not modelled yet (memsim routes evenly,
 // and the padding of uneven routing is not known in advance).
 //
-// Megatron-Core's own path (bias_act_func's weighted_bias_swiglu_impl) also saves only its
-// input and the probabilities; memsim keeps the activation and its product saved instead,
-// because the real runs say so: the one validated case with SwiGLU grouped experts
-// (gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed) reads -0.96% at the peak this way and
-// -2.70% with the fused kernel's tensors, while the op fuser's case reads -0.51% with them
-// and +0.99% this way. What the unfused form stands in for is not identified (no GPU trace).
+// Megatron-Core's own fused path (--bias-activation-fusion with SwiGLU or quick-GeGLU:
+// bias_act_func in TEGroupedMLP, MLP.forward's per_token_scale in SequentialMLP) is
+// weighted_bias_swiglu_impl / weighted_bias_quick_geglu_impl, which save the fc1 output and
+// the probabilities only and return the weighted activation in the fc1 output's dtype; the
+// backward recomputes the activation. A real run showed it (validation/fake_pg,
+// llama_1b_moe8_local_ep1_dp8: its allocator history has one fused_bias_swiglu.py output
+// per expert and no unweighted activation). Otherwise the activation is made, multiplied
+// by the probabilities (a product that keeps both factors) and cast back.
 at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParallelism& p,
                    MoeParameters& params, const at::Tensor& unpadded_x,
                    const at::Tensor& unpadded_probs, ActivationOffloader* offloader) {
@@ -974,6 +976,9 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     if (op_fuser) {  // TE's ScaledSwiGLU; the scales in the activation dtype
       return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1).to(dtype))};
     }
+    const bool weighted_kernel = fused && (m.activation == ActivationKind::kSwiglu ||
+                                           m.activation == ActivationKind::kQuickGeglu);
+    if (weighted_kernel) return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1))};
     return std::vector<at::Tensor>{(Activation(m, fused, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
   };
   // moe_act: the weighted activation goes once fc2 has saved it. Offloading's moe_act

@@ -454,6 +454,46 @@ TEST(Moe, ProbabilitiesAppliedOnTheExpertsInput) {
   }
 }
 
+// Megatron-Core's weighted SwiGLU (weighted_bias_swiglu_impl, --bias-activation-fusion):
+// WeightedSwiGLUFunction saves the fc1 output and the probabilities and returns the
+// weighted activation; nothing else of the activation outlives the forward. Two experts,
+// top-2, s = 64 tokens: n = 128 expert rows, fc1 output [n, 2F], F = 512 (the MoE FFN),
+// bf16. Alive in the experts when the forward ends: the fc1 output and the weighted
+// activation fc2 saves. Unfused (the old stand-in kept one of these under fusion too),
+// silu(gate) [n, F], (linear + offset) [n, F] and their product [n, F] stay saved as well:
+// the product's factors for its backward, the product for the probabilities' gradient.
+TEST(Moe, WeightedSwigluKeepsItsInputAndTheProbabilitiesOnly) {
+  const int64_t n = 128, F = 512;
+  auto alive = [&](bool fused) {
+    ModelConfig m = test::Llama(1, 256, 4, 4, F, 1024);
+    m.num_experts = 2;
+    m.moe_router_topk = 2;
+    TrainingConfig t;
+    t.seq_length = n / 2;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.moe_grouped_gemm = true;
+    t.bias_activation_fusion = fused;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
+      ShapeSet shapes;
+      for (const StorageInfo& info : r.storages()) {
+        const std::string& module = r.names().Name(info.module);
+        if (info.phase == Phase::kForward && info.free_event < 0 &&
+            module.rfind("decoder.layers.0.mlp.experts", 0) == 0) {
+          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+        }
+      }
+      return shapes;
+    });
+  };
+  const at::ScalarType bf16 = at::kBFloat16;
+  const ShapeSet fused = alive(true);
+  EXPECT_EQ(fused, ShapeSet({{{n, 2 * F}, bf16}, {{n, F}, bf16}}));
+  EXPECT_EQ(Added(alive(false), fused), ShapeSet({{{n, F}, bf16}, {{n, F}, bf16}, {{n, F}, bf16}}));
+}
+
 // fc2's bias on TEGroupedMLP (Note [MoE biases]): two experts, top-2, so each expert takes
 // every one of the r = s*b tokens. _apply_bias runs per expert t + b * p, each a product
 // and a sum [r, h] in the promoted dtype, then their concatenation [2r, h] and, where that
@@ -827,9 +867,11 @@ TEST(Activations, MlaKeepsTheKvDownProjectionThroughAttention) {
 }
 
 // Transformer Engine's op fuser runs the grouped experts' weighted SwiGLU as ScaledSwiGLU,
-// which saves its input and the probabilities only: per MoE layer the [N, F_e] 16-bit
-// SwiGLU output memsim's Megatron path keeps goes, N = S*B*K tokens routed on one rank.
-TEST(Activations, OpFuserExpertsKeepNoActivation) {
+// which saves its input and the probabilities only, as Megatron-Core's own fused path
+// (weighted_bias_swiglu_impl) does: both keep the same bytes after the forward, where
+// memsim's former stand-in for the Megatron path kept the [N, F_e] 16-bit SwiGLU output
+// too (N = S*B*K tokens routed on one rank).
+TEST(Activations, OpFuserExpertsKeepWhatMegatronsWeightedSwigluKeeps) {
   const int64_t s = 64, b = 2, K = 2, F_e = 96, layers = 2;
   ModelConfig m = test::Llama(layers, 256, 8, 2, 512, 1024);
   m.num_experts = 4;
@@ -843,7 +885,10 @@ TEST(Activations, OpFuserExpertsKeepNoActivation) {
   const int64_t megatron_path = ActivationBytesAfterForward(m, t);
   t.te_op_fuser = true;
   ASSERT_TRUE(ValidateTrainingConfig(t, m).ok());
-  EXPECT_EQ(megatron_path - ActivationBytesAfterForward(m, t), layers * 2 * s * b * K * F_e);
+  EXPECT_EQ(ActivationBytesAfterForward(m, t), megatron_path);
+  t.te_op_fuser = false;
+  t.bias_activation_fusion = false;  // the unfused product keeps the SwiGLU output
+  EXPECT_EQ(ActivationBytesAfterForward(m, t) - megatron_path, layers * 2 * s * b * K * F_e * 3);
 }
 
 // FlashAttention keeps no s^2 tensor. Per layer it saves (16-bit): LayerNorm input and

@@ -18,9 +18,9 @@ Limits, which the results must be read with:
   * without Transformer Engine and Apex, Megatron falls back to PyTorch for Adam (made
     fused here, as FusedAdam is), layer norm, the masked softmax and the norms it logs;
   * with tensor parallelism, a rank other than its group's first builds no dataset and
-    learns do_train from rank 0's broadcast, which the fake backend leaves zero: the
-    2026-11-27 runs of such ranks ended after setup with no steps; run_inner now sets
-    do_train itself (not yet run on a GPU);
+    learns do_train from rank 0's broadcast, which the fake backend leaves zero: run_inner
+    sets do_train itself and zero-fills what such ranks receive by broadcast (their batch),
+    with which a TP2 run's rank 1 trained (2026-11-27);
   * PyTorch's layer norm refuses sequence parallelism, so no case with it runs;
   * allocations PyTorch's NCCL process group makes inside a collective (flattening lists)
     are skipped with the collective;
@@ -158,8 +158,7 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
 
         # Tensor-parallel ranks other than 0 build no dataset and learn do_train from rank
         # 0's broadcast, which the fake backend does not deliver: the run would end after
-        # setup. They train on the tensors get_batch receives (empty, of the right shapes).
-        # Not yet run on a GPU (written after the 2026-11-27 session found the stop).
+        # setup. They train on the tensors get_batch receives (zeros, of the right shapes).
         original_loaders = training.build_train_valid_test_data_loaders
 
         def loaders_that_train(*a, **k):
@@ -169,6 +168,22 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
             return out
 
         training.build_train_valid_test_data_loaders = loaders_that_train
+
+        # What those ranks receive (tokens, labels, loss mask) would be whatever the
+        # allocator's block held before, NaN and out-of-vocabulary labels included; zeros
+        # (an empty loss mask) keep every op and every tensor of the step and no NaN check
+        # fires. Filling in place allocates nothing.
+        import torch.distributed as dist
+
+        original_broadcast = dist.broadcast
+
+        def broadcast_received_as_zeros(tensor, src=None, *a, **k):
+            out = original_broadcast(tensor, src, *a, **k)
+            if dist.get_rank() != src:
+                tensor.zero_()
+            return out
+
+        dist.broadcast = broadcast_received_as_zeros
         sys.argv = [os.path.join(megatron_dir, "pretrain_gpt.py")] + argv
         runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as e:
