@@ -727,6 +727,30 @@ at::Tensor L2Norm(const at::Tensor& input) { return L2NormFunction::apply(input)
 
 at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::apply(input); }
 
+at::Tensor UnfusedRotaryEmbedding(const at::Tensor& input, const at::Tensor& freqs) {
+  // Each Python temporary goes when its statement ends, as CPython drops it.
+  const int64_t rot = freqs.size(-1);
+  const at::Tensor t = input.narrow(-1, 0, rot);
+  const at::Tensor rest = input.narrow(-1, rot, input.size(-1) - rot);
+  auto scaled = [&](at::Tensor f) {
+    at::Tensor times_mscale = f * 1.0;
+    f.reset();
+    return times_mscale.to(input.scalar_type());
+  };
+  const at::Tensor cos = scaled(at::cos(freqs));
+  const at::Tensor sin = scaled(at::sin(freqs));
+  at::Tensor rotated = t * cos;
+  {
+    std::vector<at::Tensor> halves = t.chunk(2, -1);  // _rotate_half
+    at::Tensor turned = at::cat({-halves[1], halves[0]}, -1);
+    halves.clear();
+    at::Tensor turned_times_sin = turned * sin;
+    turned.reset();
+    rotated = rotated + turned_times_sin;
+  }
+  return at::cat({rotated, rest}, -1);
+}
+
 namespace {
 
 // Note [Transformer Engine's qkv layout]

@@ -183,6 +183,13 @@ at::Tensor L2Norm(const at::Tensor& input);
 // a new output like the input; saves nothing but the (persistent) frequencies.
 at::Tensor RotaryEmbedding(const at::Tensor& input);
 
+// Megatron-Core's unfused RoPE (_apply_rotary_pos_emb_bshd, --no-rope-fusion) of `input`
+// [S, B, heads, D] with `freqs` [S, 1, 1, rot] float32: cos_ and sin_ of the frequencies
+// (float32 cos, times mscale, cast to the input's dtype), the rotated part
+// t * cos_ + rotate_half(t) * sin_, then a new output cat((rotated, rest)). The products
+// save cos_ and sin_ (the input's gradient needs them; the frequencies need none).
+at::Tensor UnfusedRotaryEmbedding(const at::Tensor& input, const at::Tensor& freqs);
+
 // Core attention over q [S, B, A, D], k and v [S, B, G, D]; returns [S, B, A*D] (the
 // tensor the output projection saves). Causal.
 //   eager: Megatron's DotProductAttention: baddbmm into a persistent global buffer,

@@ -111,6 +111,10 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
                              ? CheckedMul(4, m->hidden_size)
                              : CheckedMul(8, m->hidden_size) / 3 / 64 * 64;
   }
+  if (!(m->rotary_percent > 0 && m->rotary_percent <= 1)) {
+    return Status::Error("rotary percent " + FormatNumber(m->rotary_percent) +
+                         " is outside (0, 1]: RoPE rotates that share of each head");
+  }
   if (!(m->activation_clamp_value >= 0 && m->activation_clamp_value < kMaxFactor)) {
     return Status::Error("the activation clamp value must be positive and finite (0: none), got " +
                          FormatNumber(m->activation_clamp_value));

@@ -78,6 +78,9 @@ struct ModelConfig {
   NormKind norm = NormKind::kLayerNorm;
   ActivationKind activation = ActivationKind::kGelu;
   PositionKind position = PositionKind::kLearned;
+  // --rotary-percent: the share of each head's width RoPE rotates (RotaryEmbedding's dim,
+  // int(kv_channels * rotary_percent)).
+  double rotary_percent = 1.0;
   // --activation-func-clamp-value (0: none): a gated activation clamps its gate half from
   // above and its linear half to [-c, c] first (SwiGLU: MoE only, as Megatron-Core asserts).
   double activation_clamp_value = 0.0;
@@ -179,6 +182,8 @@ struct ModelConfig {
   // Derived by FinalizeModelConfig.
   int64_t padded_vocab_size = 0;  // V
   int64_t head_dim = 0;           // D
+  // The width RoPE rotates and its frequencies span: int(D * rotary_percent).
+  int64_t RotaryDim() const { return static_cast<int64_t>(head_dim * rotary_percent); }
 };
 
 enum class Precision { kFp32, kBf16, kFp16 };
@@ -369,6 +374,10 @@ struct TrainingConfig {
   // for SwiGLU, else from --bias-gelu-fusion and the biases. Off: the activation's eager ops
   // save what autograd saves (Activation in layers.h).
   bool bias_activation_fusion = true;
+  // Megatron-Core's apply_rope_fusion (Transformer Engine's fused RoPE, the default; off with
+  // --no-rope-fusion): the unfused path keeps a cos and a sin per call (Note [RoPE
+  // frequencies] in models/transformer.h).
+  bool rope_fusion = true;
   // Megatron-LM's get_batch puts a [B, 1, S, S] bool attention mask on the first and last
   // stages for each microbatch unless --no-create-attention-mask-in-dataloader.
   bool create_attention_mask = true;

@@ -315,11 +315,44 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     ModuleScope s("k_layernorm");
     k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
   }
-  if (model_.position == PositionKind::kRope) {
+  if (model_.position == PositionKind::kRope && training_.rope_fusion) {
     q = RotaryEmbedding(q);
     k = RotaryEmbedding(k);
+  } else if (model_.position == PositionKind::kRope) {
+    q = UnfusedRotaryEmbedding(q, rotary_freqs_);
+    k = UnfusedRotaryEmbedding(k, rotary_freqs_);
   }
   return {q, k, v};
+}
+
+const at::Tensor& TransformerModel::RotaryFrequencies(int64_t chunk) {
+  if (static_cast<int64_t>(rotary_cache_.size()) <= chunk) rotary_cache_.resize(chunk + 1);
+  auto& [inv_freq, freqs] = rotary_cache_[static_cast<size_t>(chunk)];
+  if (freqs.defined()) return freqs;
+  ModuleScope s("rotary_pos_emb");
+  const auto f32 = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  const int64_t S = training_.seq_length, rot = model_.RotaryDim(), cp = shard_.cp;
+  {
+    PersistentScope persistent;
+    inv_freq = at::empty({rot / 2}, f32);  // moved to the GPU once
+  }
+  at::Tensor whole;
+  {
+    const at::Tensor outer = at::outer(at::arange(S, f32), inv_freq);  // [S, rot/2]
+    PersistentScope persistent;  // the cache keeps it unless context parallelism slices it
+    whole = at::cat({outer, outer}, -1).view({S, 1, 1, rot});
+  }
+  if (cp == 1) {
+    freqs = std::move(whole);
+    return freqs;
+  }
+  // get_pos_emb_on_this_cp_rank: this rank's two of 2cp chunks through an int64[2] index.
+  const at::Tensor index = at::zeros({2}, f32.dtype(at::kLong));
+  PersistentScope persistent;
+  freqs = whole.view({2 * cp, S / (2 * cp), 1, 1, rot})
+              .index_select(0, index)
+              .view({S / cp, 1, 1, rot});
+  return freqs;
 }
 
 std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
@@ -1000,6 +1033,9 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
   }
   at::Tensor hidden = embed ? Embed(batch.tokens, batch.position_ids) : input;
   batch_mask_rows_ = batch.attention_mask.defined() ? batch.attention_mask.size(0) : 0;
+  if (model_.position == PositionKind::kRope && !model_.multi_latent_attention()) {
+    rotary_freqs_ = RotaryFrequencies(chunk);
+  }
   hidden = Layers(chunk, hidden);
   if (!loss) return hidden;
   if (shard_.before_final_norm) shard_.before_final_norm();

@@ -143,7 +143,8 @@
 // Gemma-3's text model (gemma3_provider.py, gemma3_bridge.py) is the same layer with q/k
 // RMSNorms (TENorm) and Transformer Engine's own attention (its flash backend), sliding on
 // five layers of six (sliding_window: context parallelism only over a2a or all-gather), with
-// no soft-capping; its two RoPE tables are not modelled, as no RoPE table is.
+// no soft-capping; of its two RoPE tables memsim keeps the global one (Note [RoPE
+// frequencies]), not the local one.
 //
 // Note [The batch on the GPU]
 // Megatron-LM 0.20's get_batch (pretrain_gpt.py over megatron/core/utils.py) on a stage
@@ -160,6 +161,18 @@
 // (skip_getting_attention_mask_from_dataset, its default) puts no mask on the GPU; its own
 // get_batch (gpt_step.py) also copies only the keys a stage needs, without the broadcast's
 // extra [B, S] tensors, which memsim does not distinguish (a few [B, S] tensors).
+//
+// Note [RoPE frequencies]
+// Every model chunk's GPTModel with RoPE owns a RotaryEmbedding whose forward is an
+// lru_cache (rotary_pos_embedding.py): the chunk's first forward moves inv_freq [rot/2]
+// float32 to the GPU and makes the frequencies arange(S) [S], outer [S, rot/2] and
+// cat((freqs, freqs)) [S, 1, 1, rot] float32 (rot = RotaryDim(), S the whole sequence),
+// with context parallelism replaced by this rank's two of 2cp chunks (index_select:
+// [S/cp, 1, 1, rot]); the cache keeps them for the run. Both RoPE paths read them; the
+// unfused one (--no-rope-fusion) also keeps a cos and a sin per call, two calls (q and k)
+// per layer (UnfusedRotaryEmbedding in layers.h), which a real run's allocator history
+// shows (validation/fake_pg: rope_utils.py's cos_ and sin_ alive at the peak, 4 per layer).
+// Multi-latent attention's YaRN embedding keeps its own tables: not modelled.
 //
 // Note [Recompute modules]
 // Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:
@@ -356,6 +369,9 @@ class TransformerModel {
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
   // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D].
   std::vector<at::Tensor> QueryKeyValue(Layer& layer, const at::Tensor& ln_out);
+  // `chunk`'s RoPE frequencies [S/cp, 1, 1, rot] float32, made at its first call and kept
+  // (Note [RoPE frequencies]). REQUIRES: RoPE without multi-latent attention.
+  const at::Tensor& RotaryFrequencies(int64_t chunk);
   // MLASelfAttention's projections: query, key, value [S, B, A/tp, Dq | Dq | Dv], then the
   // kv down projection's output [S', B, R + rope], which MLASelfAttention.forward keeps
   // until it returns (its kv_compressed local, a view of it under Transformer Engine's spec,
@@ -422,6 +438,11 @@ class TransformerModel {
   // The rows of the batch's attention mask the running chunk's layers get (0: none; the
   // chunk has neither the embedding nor the loss, or the data loader makes no mask).
   int64_t batch_mask_rows_ = 0;
+  // The running chunk's RoPE frequencies (Note [RoPE frequencies]); undefined without RoPE.
+  at::Tensor rotary_freqs_;
+  // Per virtual chunk: what RotaryEmbedding's cache keeps (inv_freq and the frequencies),
+  // made at the chunk's first forward.
+  std::vector<std::pair<at::Tensor, at::Tensor>> rotary_cache_;
   c10::intrusive_ptr<DeferredWgrad> deferred_wgrad_;  // output layer; null unless deferring
   // Megatron's global "mpu" buffer (get_global_memory_buffer), persistent: the sequence-
   // parallel gathers of Megatron's own ColumnParallelLinear (the output layer, whatever the

@@ -378,7 +378,8 @@ TEST(Moe, Fp8PaddingCopiesRowsOnlyWhenAnExpertIsOffTheMultiple) {
         RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
           Shapes shapes;
           for (const StorageInfo& info : r.storages()) {
-            if (r.names().Name(info.op) == "aten::cat") {
+            if (r.names().Name(info.op) == "aten::cat" &&
+                r.names().Name(info.module).rfind("decoder.layers.0.mlp", 0) == 0) {
               shapes.push_back(r.ShapeOf(info).vec());
             }
           }
@@ -864,6 +865,45 @@ TEST(Activations, MlaKeepsTheKvDownProjectionThroughAttention) {
   EXPECT_GT(e.down_freed, e.attention_done);
   EXPECT_GT(e.down_freed, e.projection);
   EXPECT_GE(e.attention_done, 0);
+}
+
+// Note [RoPE frequencies]: a Llama of L = 2 layers, head width D = 64, S = 64, B = 1, bf16.
+// Alive when the forward ends, made in it: the chunk's cached frequencies [S, 1, 1, D] and
+// inv_freq [D/2] (float32) on either path; --no-rope-fusion adds each layer's cos_ and
+// sin_ for q and for k, four bf16 [S, 1, 1, D]. With context parallelism 2 the cache
+// keeps this rank's half of the frequencies, [S/2, 1, 1, D]. (Storages are named by the
+// shape the op made: cat's [S, D], index_select's [2, S/4, 1, 1, D].)
+TEST(Activations, RopeKeepsItsFrequenciesAndUnfusedItsCosinesAndSines) {
+  const int64_t L = 2, D = 64, S = 64;
+  auto alive = [&](bool fused, int64_t cp, const std::string& module) {
+    ModelConfig m = test::Llama(L, 256, 4, 4, 512, 1024);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, 1, AttentionKind::kFlash);
+    t.rope_fusion = fused;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    ModelShard shard = ModelShard::Whole(m);
+    shard.cp = cp;
+    return RunStep(m, t, shard, /*backward=*/false, [&module](const Recorder& r) {
+      ShapeSet shapes;
+      for (const StorageInfo& info : r.storages()) {
+        if (info.phase == Phase::kForward && info.free_event < 0 &&
+            r.names().Name(info.module).find(module) != std::string::npos) {
+          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+        }
+      }
+      return shapes;
+    });
+  };
+  const at::ScalarType f32 = at::kFloat, bf16 = at::kBFloat16;
+  for (bool fused : {true, false}) {
+    EXPECT_EQ(alive(fused, 1, "rotary_pos_emb"), ShapeSet({{{S, D}, f32}, {{D / 2}, f32}}));
+  }
+  EXPECT_EQ(alive(true, 2, "rotary_pos_emb"),
+            ShapeSet({{{2, S / 4, 1, 1, D}, f32}, {{D / 2}, f32}}));
+  ShapeSet cos_and_sin;
+  for (int i = 0; i < 4 * L; ++i) cos_and_sin.emplace(std::vector<int64_t>{S, 1, 1, D}, bf16);
+  EXPECT_EQ(Added(alive(false, 1, "decoder"), alive(true, 1, "decoder")), cos_and_sin);
+  EXPECT_TRUE(Added(alive(true, 1, "decoder"), alive(false, 1, "decoder")).empty());
 }
 
 // Transformer Engine's op fuser runs the grouped experts' weighted SwiGLU as ScaledSwiGLU,
@@ -1992,7 +2032,9 @@ TEST(Moe, RouterPaddingAlignsEachExpertsShareOfTheMap) {
             shape.size() == 2 && shape[1] == 128) {
           out.dispatcher_rows.insert(shape[0]);
         }
-        if (r.names().Name(s.op) == "aten::cat") out.copies.push_back(shape);
+        if (r.names().Name(s.op) == "aten::cat" && module.rfind("decoder.layers.0.mlp", 0) == 0) {
+          out.copies.push_back(shape);
+        }
         if (module == "decoder.layers.0.mlp.token_dispatcher.pad_routing_map") {
           out.padding.emplace(shape, s.dtype);
         }

@@ -388,7 +388,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--no-one-logger", Arity::kFlag, ArgUse::kNeutral},
     {"--no-overlap-p2p-communication", Arity::kFlag, ArgUse::kNeutral},
     {"--no-persist-layer-norm", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-rope-fusion", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-rope-fusion", Arity::kFlag, ArgUse::kRead},
     {"--no-save-optim", Arity::kFlag, ArgUse::kNeutral},
     {"--no-save-rng", Arity::kFlag, ArgUse::kNeutral},
     {"--no-scatter-gather-tensors-in-pipeline", Arity::kFlag, ArgUse::kNeutral},
@@ -425,7 +425,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--rope-type", Arity::kValue, ArgUse::kNeutral},
     {"--rotary-base", Arity::kValue, ArgUse::kNeutral},
     {"--rotary-interleaved", Arity::kFlag, ArgUse::kNeutral},
-    {"--rotary-percent", Arity::kValue, ArgUse::kNeutral},
+    {"--rotary-percent", Arity::kValue, ArgUse::kRead},
     {"--rotary-scaling-factor", Arity::kValue,
      ArgUse::kNeutral},  // RoPE/YaRN scalars: the same tensors
     {"--rotary-seq-len-interpolation-factor", Arity::kValue, ArgUse::kNeutral},
@@ -896,6 +896,7 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
                                 "learned_absolute", &text));
   m.position = text == "rope" || a.Has("--use-rotary-position-embeddings") ? PositionKind::kRope
                                                                            : PositionKind::kLearned;
+  MEMSIM_RETURN_IF_ERROR(a.Float("--rotary-percent", &m.rotary_percent));
   MEMSIM_RETURN_IF_ERROR(a.Int("--max-position-embeddings", max_positions));
   if (m.position == PositionKind::kLearned) {
     m.max_position_embeddings = *max_positions;
@@ -1084,6 +1085,7 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
   MEMSIM_RETURN_IF_ERROR(a.Int("--micro-batch-size", &t.micro_batch_size));
   // get_batch's attention mask (Note [The batch on the GPU] in models/transformer.h).
   t.create_attention_mask = !a.Has("--no-create-attention-mask-in-dataloader");
+  t.rope_fusion = !a.Has("--no-rope-fusion");
   l.world_size = world_size;
   MEMSIM_RETURN_IF_ERROR(a.Int("--tensor-model-parallel-size", &l.tp));
   MEMSIM_RETURN_IF_ERROR(a.Int("--pipeline-model-parallel-size", &l.pp));

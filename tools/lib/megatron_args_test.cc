@@ -110,7 +110,6 @@ TEST(MegatronArgs, Llama3_8BMatchesThePreset) {
 
   const std::vector<std::string> ignored = {"--max-position-embeddings",  // RoPE: no position table
                                             "--rotary-base",
-                                            "--rotary-percent",
                                             "--use-rope-scaling",
                                             "--norm-epsilon",
                                             "--overlap-grad-reduce",
@@ -939,6 +938,17 @@ TEST(MegatronArgs, SquaredRelu) {
             "fuses the bias into GeLU, SwiGLU and quick-GeGLU only and raises ValueError "
             "otherwise");
   EXPECT_EQ(ErrorOf(base + "--swiglu --disable-bias-linear"), "--squared-relu excludes --swiglu");
+}
+
+// RoPE's arguments (Note [RoPE frequencies]): --no-rope-fusion picks the unfused path,
+// --rotary-percent the rotated width; a share outside (0, 1] is refused.
+TEST(MegatronArgs, RopeFusionAndRotaryPercent) {
+  const std::string rope = std::string(kTinyGpt) + "--position-embedding-type rope ";
+  EXPECT_TRUE(Parse(rope, 1).spec.training.rope_fusion);
+  EXPECT_FALSE(Parse(rope + "--no-rope-fusion", 1).spec.training.rope_fusion);
+  EXPECT_EQ(Parse(rope + "--rotary-percent 0.5", 1).spec.model.rotary_percent, 0.5);
+  EXPECT_EQ(ErrorOf(rope + "--rotary-percent 1.5", 1),
+            "rotary percent 1.5 is outside (0, 1]: RoPE rotates that share of each head");
 }
 
 // Which fusion Megatron-LM's arguments give the activation: SwiGLU follows

@@ -219,6 +219,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       i64("qk_pos_emb_head_dim", &m->qk_pos_emb_head_dim),
       i64("v_head_dim", &m->v_head_dim),
       f64("activation_clamp_value", &m->activation_clamp_value),
+      f64("rotary_percent", &m->rotary_percent),
       flag("megatron_bridge", &m->megatron_bridge),
       flag("post_projection_norms", &m->post_projection_norms),
       flag("flex_attention", &m->flex_attention),
@@ -432,6 +433,8 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "create_attention_mask", &t->create_attention_mask);
        }},
+      {"rope_fusion",
+       [&](const YAML::Node& v) { return Read(v, source, "rope_fusion", &t->rope_fusion); }},
       {"deterministic_algorithms",
        [&](const YAML::Node& v) {
          return Read(v, source, "deterministic_algorithms", &t->deterministic_algorithms);
