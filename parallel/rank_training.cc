@@ -68,6 +68,11 @@ struct StepTemplate {
 //     2 x [S/cp (/tp with SP), B, H] per such chunk after the step;
 //   input_tensor_grad: the schedule's local keeps each input gradient from the end of its
 //     backward step to the end of the next backward step (of any chunk);
+//   output_tensor (1F1B without interleaving): the output popped for a backward step stays
+//     bound until the next forward step returns a new one, and its spent autograd graph
+//     still ends in the AccumulateGrad node that holds the step's input (a leaf): the
+//     input stays until that forward ends (a real run's allocator history shows it at the
+//     last stage's peak, validation/fake_pg: [S, B, H] more in the loss's forward);
 //   output_tensor_grad (1F1B without interleaving): the received output gradient stays
 //     from its receive to the next one, through the next forward step. The interleaved
 //     schedule receives it one step early, with the input of the forward step that runs
@@ -86,6 +91,7 @@ struct ScheduleReferences {
   std::vector<at::Tensor> chunk_inputs;  // TransformerBlock.input_tensor, per chunk
   at::Tensor input_grad;                 // input_tensor_grad
   at::Tensor output_grad;                // output_tensor_grad (1F1B without interleaving)
+  at::Tensor popped_input;               // held by output_tensor (1F1B without interleaving)
 };
 
 // What a microbatch-chunk keeps between its forward and its backward.
@@ -364,6 +370,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
           copied = true;
           if (step.forward) {
             replicas[key] = ids;
+            kept.popped_input.reset();  // forward_step returned: output_tensor moves on
             continue;
           }
           replicas.erase(key);
@@ -425,10 +432,13 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
               input.defined() ? TrackingAllocator::StorageIdOf(input.grad(), recorder) : -1};
         }
       }
-      if (!step.forward) {
+      if (step.forward) {
+        kept.popped_input.reset();  // forward_step returned: output_tensor moves on
+      } else {
         // backward_step returned: input_tensor_grad moves on to this gradient, which is sent.
         kept.input_grad = input.defined() ? input.grad() : at::Tensor();
         if (input.defined()) Send(input.grad());
+        if (layout.vpp == 1) kept.popped_input = input;
       }
     }
   };
@@ -437,6 +447,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   auto end_schedule = [&]() {
     kept.input_grad.reset();
     kept.output_grad.reset();
+    kept.popped_input.reset();
     model.FinishDeferredWgrad();
   };
   // Note [CUDA graphs] in parallel/cuda_graphs.h: the capture pass, counting only the graphed

@@ -443,9 +443,10 @@ TEST(PipelineMemory, AnIteratorThatKeepsBatchesHoldsThemThroughTheStep) {
 }
 
 // The schedule's locals (Note [Tensors the schedule keeps]): on the last stage (1F1B, no
-// warm-up) microbatch 1's input gradient lives through microbatch 2's forward, and its
-// input goes when microbatch 2's arrives; on the first stage microbatch 1's received output
-// gradient lives until microbatch 2's is received.
+// warm-up) microbatch 1's input gradient lives through microbatch 2's forward, and so does
+// its input, which the popped output_tensor's spent graph holds until that forward returns;
+// on the first stage microbatch 1's received output gradient lives until microbatch 2's is
+// received.
 TEST(PipelineMemory, TheScheduleKeepsTheLastGradientsIntoTheNextSteps) {
   const Shape x{256, 2, 256, 8};
   const ModelConfig m = Gpt(x, 4);
@@ -467,6 +468,14 @@ TEST(PipelineMemory, TheScheduleKeepsTheLastGradientsIntoTheNextSteps) {
   EXPECT_EQ(
       KeptOfMicrobatch(last, MarkerAt(last, MarkerKind::kPhaseBegin, 0, 2, Phase::kBackward), 0, 1),
       (Kept{{Phase::kBackward, hidden_bytes}}));
+  // The input goes after microbatch 2's forward has made its last tensor.
+  int64_t input_freed = -1, last_forward_alloc = -1;
+  for (const StorageInfo& s : last.storages()) {
+    if (s.iteration != 0 || s.phase != Phase::kForward) continue;
+    if (s.microbatch == 1 && s.module == 0) input_freed = s.free_event;
+    if (s.microbatch == 2) last_forward_alloc = std::max(last_forward_alloc, s.alloc_event);
+  }
+  EXPECT_GT(input_freed, last_forward_alloc);
   // Stage 0 (order F0 F1 B0 F2 B1 F3 B2 F4...): microbatch 1's output gradient, received in
   // its backward, is still there when microbatch 2's backward begins, after F3.
   const Recorder& first = first_stage->recorder();
