@@ -468,7 +468,8 @@ struct CheckpointFunction : public Function<CheckpointFunction> {
     }
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& saved : saved_inputs) {
-      inputs.push_back(saved.detach().requires_grad_(true));
+      // The attention mask (bool) is saved with the activations and needs no gradient.
+      inputs.push_back(saved.detach().requires_grad_(saved.is_floating_point()));
     }
     at::Tensor out;
     {

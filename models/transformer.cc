@@ -325,6 +325,11 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
   return {q, k, v};
 }
 
+std::vector<at::Tensor> TransformerModel::WithBatchMask(std::vector<at::Tensor> inputs) const {
+  if (batch_attention_mask_.defined()) inputs.push_back(batch_attention_mask_);
+  return inputs;
+}
+
 const at::Tensor& TransformerModel::RotaryFrequencies(int64_t chunk) {
   if (static_cast<int64_t>(rotary_cache_.size()) <= chunk) rotary_cache_.resize(chunk + 1);
   auto& [inv_freq, freqs] = rotary_cache_[static_cast<size_t>(chunk)];
@@ -492,7 +497,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     // Selective recomputation checkpoints core attention (Megatron's
     // _checkpointed_attention_forward); FlashAttention keeps no S^2 tensor to save.
     if (training_.Recomputes(RecomputeModule::kCoreAttn) && eager) {
-      context = Checkpoint(core, {q, k, v});
+      context = Checkpoint(core, WithBatchMask({q, k, v}));
     } else {
       // Offloading's core_attn region; eager attention's probabilities are saved by the
       // softmax and by the bmm (dropout 0 returns them). The up projections' recomputation
@@ -691,14 +696,14 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     i = last;
   }
   const int64_t distribute_over = training_.distribute_saved_activations ? shard_.tp : 1;
-  auto run_unit = [&units, run_layers, distribute_over](int64_t u, const at::Tensor& x) {
+  auto run_unit = [this, &units, run_layers, distribute_over](int64_t u, const at::Tensor& x) {
     const Unit unit = units[static_cast<size_t>(u)];
     if (!unit.checkpointed) return run_layers(unit.first, unit.last, x);
     return Checkpoint(
         [run_layers, unit](const std::vector<at::Tensor>& in) {
           return run_layers(unit.first, unit.last, in[0]);
         },
-        {x}, distribute_over);
+        WithBatchMask({x}), distribute_over);
   };
   const int64_t num_units = static_cast<int64_t>(units.size());
   at::Tensor hidden = input;
@@ -1036,7 +1041,9 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
   if (model_.position == PositionKind::kRope && !model_.multi_latent_attention()) {
     rotary_freqs_ = RotaryFrequencies(chunk);
   }
+  batch_attention_mask_ = batch.attention_mask;
   hidden = Layers(chunk, hidden);
+  batch_attention_mask_.reset();
   if (!loss) return hidden;
   if (shard_.before_final_norm) shard_.before_final_norm();
   {

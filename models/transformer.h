@@ -156,10 +156,11 @@
 // multi-token prediction) tokens and positions. With context parallelism
 // get_batch_on_this_cp_rank replaces each by this rank's two of 2cp sequence chunks, a new
 // tensor made by index_select ([B, S/cp]; the mask's queries only: [B, 1, S/cp, S]), the
-// whole one going as it is replaced. The batch lives until the microbatch's forward ends
-// (nothing autograd keeps holds the mask). Megatron-Bridge's data path
-// (skip_getting_attention_mask_from_dataset, its default) puts no mask on the GPU; its own
-// get_batch (gpt_step.py) also copies only the keys a stage needs, without the broadcast's
+// whole one going as it is replaced. The batch lives until the microbatch's forward ends,
+// the mask longer where activation recomputation checkpoints save it with their inputs
+// (full recomputation's layer units, selective core attention: WithBatchMask). Megatron-Bridge's
+// data path (skip_getting_attention_mask_from_dataset, its default) puts no mask on the GPU; its
+// own get_batch (gpt_step.py) also copies only the keys a stage needs, without the broadcast's
 // extra [B, S] tensors, which memsim does not distinguish (a few [B, S] tensors).
 //
 // Note [RoPE frequencies]
@@ -369,6 +370,10 @@ class TransformerModel {
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
   // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D].
   std::vector<at::Tensor> QueryKeyValue(Layer& layer, const at::Tensor& ln_out);
+  // A checkpoint's inputs as Megatron passes them: `inputs` and the batch's attention mask,
+  // which CheckpointFunction saves with them (recompute.py's chunk_runner and attention.py's
+  // _checkpointed_attention_forward pass it), so it lives until the recomputation.
+  std::vector<at::Tensor> WithBatchMask(std::vector<at::Tensor> inputs) const;
   // `chunk`'s RoPE frequencies [S/cp, 1, 1, rot] float32, made at its first call and kept
   // (Note [RoPE frequencies]). REQUIRES: RoPE without multi-latent attention.
   const at::Tensor& RotaryFrequencies(int64_t chunk);
@@ -438,6 +443,8 @@ class TransformerModel {
   // The rows of the batch's attention mask the running chunk's layers get (0: none; the
   // chunk has neither the embedding nor the loss, or the data loader makes no mask).
   int64_t batch_mask_rows_ = 0;
+  // The running chunk's batch attention mask while its layers run (undefined: none).
+  at::Tensor batch_attention_mask_;
   // The running chunk's RoPE frequencies (Note [RoPE frequencies]); undefined without RoPE.
   at::Tensor rotary_freqs_;
   // Per virtual chunk: what RotaryEmbedding's cache keeps (inv_freq and the frequencies),

@@ -740,6 +740,34 @@ TEST(Activations, DistributedSavedActivationsKeepATensorParallelShare) {
   }
 }
 
+// Megatron's checkpoints save the batch's attention mask with their inputs (recompute.py's
+// chunk_runner, attention.py's _checkpointed_attention_forward): with full recomputation or
+// selective core attention the bool [B, 1, S, S] mask outlives the forward, which it
+// otherwise ends with (Note [The batch on the GPU]). Eager attention, S = 64, B = 2.
+TEST(Activations, CheckpointsKeepTheBatchsAttentionMask) {
+  const int64_t S = 64, B = 2;
+  auto mask_alive_after_forward = [&](RecomputeKind recompute) {
+    ModelConfig m = test::Gpt(2, 256, 4, 1024);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kEager);
+    t.recompute = recompute;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [&](const Recorder& r) {
+      ShapeSet alive;
+      for (const StorageInfo& info : r.storages()) {
+        if (info.free_event < 0 && info.dtype == at::kBool &&
+            r.names().Name(info.module) == "batch")
+          alive.emplace(r.ShapeOf(info).vec(), info.dtype);
+      }
+      return alive;
+    });
+  };
+  const ShapeSet mask = {{{B, 1, S, S}, at::kBool}};
+  EXPECT_EQ(mask_alive_after_forward(RecomputeKind::kFull), mask);
+  EXPECT_EQ(mask_alive_after_forward(RecomputeKind::kSelective), mask);
+  EXPECT_TRUE(mask_alive_after_forward(RecomputeKind::kNone).empty());
+}
+
 // Recompute modules (Note [Recompute modules] in transformer.h) on top of Korthikanti's
 // selective 34sbh (core_attn), Megatron-Core local layers: layernorm discards both norms'
 // outputs (2sbh each; the linears after them saved them) and nothing inside a norm is saved
