@@ -73,6 +73,11 @@ struct StepTemplate {
 //     still ends in the AccumulateGrad node that holds the step's input (a leaf): the
 //     input stays until that forward ends (a real run's allocator history shows it at the
 //     last stage's peak, validation/fake_pg: [S, B, H] more in the loss's forward);
+//   input_tensor (interleaved, overlapped p2p): the schedule's outer local is bound only in
+//     warm-up, so the input received at the last warm-up step (the first steady forward's)
+//     and the gradient retain_grad hangs on it stay until the schedule returns; and each
+//     steady step receives the next forward's input right after its forward, before its
+//     backward (pp_post_forward), not when that forward starts;
 //   output_tensor_grad (1F1B without interleaving): the received output gradient stays
 //     from its receive to the next one, through the next forward step. The interleaved
 //     schedule receives it one step early, with the input of the forward step that runs
@@ -92,6 +97,7 @@ struct ScheduleReferences {
   at::Tensor input_grad;                 // input_tensor_grad
   at::Tensor output_grad;                // output_tensor_grad (1F1B without interleaving)
   at::Tensor popped_input;               // held by output_tensor (1F1B without interleaving)
+  at::Tensor warmup_input;               // the interleaved schedule's stale input_tensor
 };
 
 // What a microbatch-chunk keeps between its forward and its backward.
@@ -316,6 +322,13 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
                      layout.microbatch_group_size,
                      layout.combined_1f1b) < training.num_microbatches * layout.vpp;
 
+  // The interleaved schedule's overlapped p2p path (Note [Tensors the schedule keeps]): its
+  // warm-up forwards, and whether a steady state follows them.
+  const bool interleaved_p2p = layout.vpp > 1 && !layout.combined_1f1b;
+  const int64_t warmup_forwards =
+      interleaved_p2p ? PipelineWarmup(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
+                                       layout.microbatch_group_size, layout.combined_1f1b)
+                      : 0;
   // One pass over the schedule: every step's forward or backward, with what the schedule
   // keeps between steps (Note [Tensors the schedule keeps]).
   auto run_schedule = [&](ActivationOffloader* offloader) {
@@ -323,6 +336,21 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     std::map<std::pair<bool, int64_t>, StepTemplate> templates;         // (forward, chunk)
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
     at::Tensor prefetched_output_grad;  // received for the next step, a backward
+    int64_t forwards_run = 0;
+    // Receives the input of the forward after step `s` where a steady step's forward
+    // (one a backward follows) receives it, in pp_post_forward.
+    auto receive_next_input_early = [&](size_t s) {
+      if (!interleaved_p2p || s + 1 >= schedule.size() || schedule[s + 1].forward) return;
+      for (size_t n = s + 2; n < schedule.size(); ++n) {
+        if (!schedule[n].forward) continue;
+        if (model.ChunkHasEmbedding(schedule[n].chunk)) return;
+        InFlight& next = in_flight[std::make_pair(schedule[n].microbatch, schedule[n].chunk)];
+        MicrobatchAttribution owner(recorder, static_cast<int32_t>(schedule[n].microbatch));
+        next.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);
+        ReceiveInto(next.input);
+        return;
+      }
+    };
     for (size_t s = 0; s < schedule.size(); ++s) {
       const PipelineStep& step = schedule[s];
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
@@ -337,10 +365,12 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       at::Tensor output_grad;
       if (step.forward) {
         InFlight& f = in_flight[key];
-        if (!model.ChunkHasEmbedding(step.chunk)) {
+        if (!model.ChunkHasEmbedding(step.chunk) && !f.input.defined()) {
           f.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);
           ReceiveInto(f.input);
         }
+        if (interleaved_p2p && forwards_run == warmup_forwards) kept.warmup_input = f.input;
+        ++forwards_run;
         // The interleaved schedule receives the next backward's output gradient with this
         // forward's input (send_forward_backward_recv_forward_backward), before it runs.
         if (prefetch_output_grads && s + 1 < schedule.size() && !schedule[s + 1].forward &&
@@ -371,6 +401,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
           if (step.forward) {
             replicas[key] = ids;
             kept.popped_input.reset();  // forward_step returned: output_tensor moves on
+            receive_next_input_early(s);
             continue;
           }
           replicas.erase(key);
@@ -434,6 +465,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       }
       if (step.forward) {
         kept.popped_input.reset();  // forward_step returned: output_tensor moves on
+        receive_next_input_early(s);
       } else {
         // backward_step returned: input_tensor_grad moves on to this gradient, which is sent.
         kept.input_grad = input.defined() ? input.grad() : at::Tensor();
@@ -448,6 +480,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     kept.input_grad.reset();
     kept.output_grad.reset();
     kept.popped_input.reset();
+    kept.warmup_input.reset();
     model.FinishDeferredWgrad();
   };
   // Note [CUDA graphs] in parallel/cuda_graphs.h: the capture pass, counting only the graphed

@@ -117,6 +117,9 @@ class Recorder {
   void SetPhase(Phase phase);
   void SetIteration(int32_t iteration) { iteration_ = iteration; }
   void SetMicrobatch(int32_t microbatch);
+  // Attributes what follows to `microbatch` without starting one (no marker); see
+  // MicrobatchAttribution.
+  void AttributeToMicrobatch(int32_t microbatch) { microbatch_ = microbatch; }
   Phase phase() const { return phase_; }
   int32_t iteration() const { return iteration_; }
   int32_t microbatch() const { return microbatch_; }
@@ -359,6 +362,23 @@ namespace memsim {
 
 // The recorder active on this thread, or null. Set with ScopedCurrentRecorder.
 Recorder* CurrentRecorder();
+
+// Attributes what `recorder` records while the guard lives to `microbatch`, then restores
+// the running one: for a tensor one pipeline step receives for a later microbatch's step.
+class MicrobatchAttribution {
+ public:
+  MicrobatchAttribution(Recorder& recorder, int32_t microbatch)
+      : recorder_(recorder), previous_(recorder.microbatch()) {
+    recorder_.AttributeToMicrobatch(microbatch);
+  }
+  ~MicrobatchAttribution() { recorder_.AttributeToMicrobatch(previous_); }
+  MicrobatchAttribution(const MicrobatchAttribution&) = delete;
+  MicrobatchAttribution& operator=(const MicrobatchAttribution&) = delete;
+
+ private:
+  Recorder& recorder_;
+  int32_t previous_;
+};
 
 // Makes `recorder` this thread's current recorder for the guard's lifetime.
 class ScopedCurrentRecorder {
