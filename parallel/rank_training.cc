@@ -77,7 +77,10 @@ struct StepTemplate {
 //     warm-up, so the input received at the last warm-up step (the first steady forward's)
 //     and the gradient retain_grad hangs on it stay until the schedule returns; and each
 //     steady step receives the next forward's input right after its forward, before its
-//     backward (pp_post_forward), not when that forward starts;
+//     backward (pp_post_forward), not when that forward starts (not modelled:
+//     --no-overlap-p2p-communication, which receives after the backward, the warm-up
+//     flush, and this path's later deallocation of sent outputs, at the next step's
+//     pp_pre_forward);
 //   output_tensor_grad (1F1B without interleaving): the received output gradient stays
 //     from its receive to the next one, through the next forward step. The interleaved
 //     schedule receives it one step early, with the input of the forward step that runs
