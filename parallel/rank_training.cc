@@ -74,8 +74,9 @@ struct StepTemplate {
 //     input stays until that forward ends (a real run's allocator history shows it at the
 //     last stage's peak, validation/fake_pg: [S, B, H] more in the loss's forward);
 //   input_tensor (interleaved, overlapped p2p): the schedule's outer local is bound only in
-//     warm-up, so the input received at the last warm-up step (the first steady forward's)
-//     and the gradient retain_grad hangs on it stay until the schedule returns; and each
+//     warm-up, so the input received at the last warm-up step (the first steady forward's;
+//     none on the first stage) and the gradient retain_grad hangs on it stay until the
+//     schedule returns; and each
 //     steady step receives the next forward's input right after its forward, before its
 //     backward (pp_post_forward), not when that forward starts (not modelled:
 //     --no-overlap-p2p-communication, which receives after the backward, the warm-up
@@ -372,7 +373,10 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
           f.input = at::empty(model.HiddenShape(), hidden_options).requires_grad_(true);
           ReceiveInto(f.input);
         }
-        if (interleaved_p2p && forwards_run == warmup_forwards) kept.warmup_input = f.input;
+        // The first stage's last warm-up step receives nothing (its chunk vpp - 1 then).
+        if (interleaved_p2p && pp_rank > 0 && forwards_run == warmup_forwards) {
+          kept.warmup_input = f.input;
+        }
         ++forwards_run;
         // The interleaved schedule receives the next backward's output gradient with this
         // forward's input (send_forward_backward_recv_forward_backward), before it runs.
