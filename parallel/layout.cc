@@ -231,6 +231,12 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
   if (l->vpp > 1 && l->pp == 1) {
     return Status::Error("VPP=" + Str(l->vpp) + " needs pipeline parallelism (PP > 1)");
   }
+  if (l->vpp > 1 && !l->overlap_p2p_comm && l->pp <= 2) {
+    return Status::Error(
+        "interleaving without p2p overlap needs PP > 2 (Megatron-LM asserts it: "
+        "two sends between the same ranks in one batch), got PP=" +
+        Str(l->pp) + "; drop --no-overlap-p2p-communication or raise PP");
+  }
   const int64_t chunks = CheckedMul(l->pp, l->vpp);
   const bool uneven = l->first_stage_layers != 0 || l->last_stage_layers != 0;
   if (uneven && (l->embedding_in_split || l->loss_in_split)) {

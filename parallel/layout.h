@@ -47,6 +47,10 @@ struct ParallelLayout {
   // --overlap-moe-expert-parallel-comm: Megatron-Core's combined 1F1B schedule (Note
   // [Combined 1F1B] in parallel/pipeline_schedule.h).
   bool combined_1f1b = false;
+  // The interleaved schedule's overlapped p2p path (Megatron-LM's default; off with
+  // --no-overlap-p2p-communication, which then needs PP > 2): Note [Tensors the schedule
+  // keeps] in parallel/rank_training.cc.
+  bool overlap_p2p_comm = true;
   int64_t cp = 1;   // context parallel
   int64_t ep = 1;   // expert parallel
   int64_t etp = 0;  // expert tensor parallel; 0: = tp

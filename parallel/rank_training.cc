@@ -78,10 +78,12 @@ struct StepTemplate {
 //     none on the first stage) and the gradient retain_grad hangs on it stay until the
 //     schedule returns; and each
 //     steady step receives the next forward's input right after its forward, before its
-//     backward (pp_post_forward), not when that forward starts (not modelled:
-//     --no-overlap-p2p-communication, which receives after the backward, the warm-up
-//     flush, and this path's later deallocation of sent outputs, at the next step's
-//     pp_pre_forward);
+//     backward (pp_post_forward), not when that forward starts. Without the overlap
+//     (--no-overlap-p2p-communication) the steady loop rebinds input_tensor and receives
+//     after the backward, as memsim does by default: a real run's peak was 2 [S, B, H]
+//     lower than the overlapped run's, as memsim reads it (validation/fake_pg). Not
+//     modelled: the warm-up flush, and the overlapped path's later deallocation of sent
+//     outputs, at the next step's pp_pre_forward;
 //   output_tensor_grad (1F1B without interleaving): the received output gradient stays
 //     from its receive to the next one, through the next forward step. The interleaved
 //     schedule receives it one step early, with the input of the forward step that runs
@@ -328,7 +330,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
 
   // The interleaved schedule's overlapped p2p path (Note [Tensors the schedule keeps]): its
   // warm-up forwards, and whether a steady state follows them.
-  const bool interleaved_p2p = layout.vpp > 1 && !layout.combined_1f1b;
+  const bool interleaved_p2p = layout.vpp > 1 && !layout.combined_1f1b && layout.overlap_p2p_comm;
   const int64_t warmup_forwards =
       interleaved_p2p ? PipelineWarmup(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
                                        layout.microbatch_group_size, layout.combined_1f1b)

@@ -1699,6 +1699,12 @@ TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
   const int64_t sbh = x.s * x.b * x.h;
   const int64_t chunk = 34 * sbh + 5 * x.a * x.s * x.s * x.b + 16 * x.s * x.b + 2;
   EXPECT_EQ(p1 - p2, 2 * chunk - 4 * (2 * sbh));
+  // Without p2p overlap the next input arrives after the backward and the steady loop
+  // rebinds input_tensor: 11 pipeline tensors at either peak, as Table 2 has them.
+  ParallelLayout no_overlap = layout;
+  no_overlap.overlap_p2p_comm = false;
+  EXPECT_EQ(StagePeak(m, t, no_overlap, 1) - StagePeak(m, t, no_overlap, 2),
+            2 * chunk - 2 * (2 * sbh));
 }
 
 // Sequence `s`, micro batch `b`, bf16, eager attention, no dropout.

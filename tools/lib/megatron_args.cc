@@ -386,7 +386,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--no-masked-softmax-fusion", Arity::kFlag, ArgUse::kNeutral},
     {"--no-mmap-bin-files", Arity::kFlag, ArgUse::kNeutral},
     {"--no-one-logger", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-overlap-p2p-communication", Arity::kFlag, ArgUse::kNeutral},
+    {"--no-overlap-p2p-communication", Arity::kFlag, ArgUse::kRead},
     {"--no-persist-layer-norm", Arity::kFlag, ArgUse::kNeutral},
     {"--no-rope-fusion", Arity::kFlag, ArgUse::kRead},
     {"--no-save-optim", Arity::kFlag, ArgUse::kNeutral},
@@ -969,6 +969,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
   // The combined 1F1B schedule (Note [Combined 1F1B]); FinalizeRunSpec checks its rules.
   l.combined_1f1b = a.Has("--overlap-moe-expert-parallel-comm");
+  l.overlap_p2p_comm = !a.Has("--no-overlap-p2p-communication");
   if (l.combined_1f1b && a.Has("--moe-shared-expert-overlap")) {
     return Status::Error(
         "--moe-shared-expert-overlap cannot be used with --overlap-moe-expert-parallel-comm "

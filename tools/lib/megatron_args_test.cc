@@ -384,6 +384,19 @@ TEST(MegatronArgs, TokenizerVocabularyAndLaunchEnvironment) {
       2);
   EXPECT_EQ(r.spec.layout.microbatch_group_size, 3);
   EXPECT_EQ(r.spec.layout.vpp, 2);
+  EXPECT_TRUE(r.spec.layout.overlap_p2p_comm);
+
+  // Interleaving without p2p overlap: Megatron-LM asserts PP > 2.
+  const std::string interleaved =
+      "--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+      "--micro-batch-size 1 --global-batch-size 16 --num-layers-per-virtual-pipeline-stage 1 "
+      "--no-overlap-p2p-communication ";
+  EXPECT_FALSE(
+      Parse(interleaved + "--pipeline-model-parallel-size 4", 4).spec.layout.overlap_p2p_comm);
+  EXPECT_EQ(ErrorOf(interleaved + "--pipeline-model-parallel-size 2", 2),
+            "interleaving without p2p overlap needs PP > 2 (Megatron-LM asserts it: two sends "
+            "between the same ranks in one batch), got PP=2; drop --no-overlap-p2p-communication "
+            "or raise PP");
 }
 
 TEST(AttentionBackend, ChosenAsTransformerEngineChooses) {

@@ -165,6 +165,10 @@ Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, Parall
        }},
       {"combined_1f1b",
        [&](const YAML::Node& v) { return Read(v, source, "combined_1f1b", &l->combined_1f1b); }},
+      {"overlap_p2p_comm",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "overlap_p2p_comm", &l->overlap_p2p_comm);
+       }},
       {"data_parallel",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "data_parallel", &ParseDataParallel, &l->data_parallel);
