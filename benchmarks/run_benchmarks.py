@@ -458,6 +458,8 @@ def write_markdown(path, info, results, rows, bars, args, failures, load_before,
         lines += ["**Warning:** " + warning + ".", ""]
     if args.note:
         lines += ["**Note:** " + args.note, ""]
+    lines += ["Where the time goes (callgrind and perf profiles, by hand): "
+              "[benchmarks/PROFILE.md](benchmarks/PROFILE.md).", ""]
     if args.quick:
         lines += ["**Quick run** (`--quick`): fewer repetitions; use a full run for reference "
                   "numbers.", ""]
