@@ -76,9 +76,9 @@ struct StepTemplate {
 //   input_tensor (interleaved, overlapped p2p): the schedule's outer local is bound only in
 //     warm-up, so the input received at the last warm-up step (the first steady forward's;
 //     none on the first stage) and the gradient retain_grad hangs on it stay until the
-//     schedule returns; and each
-//     steady step receives the next forward's input right after its forward, before its
-//     backward (pp_post_forward), not when that forward starts. Without the overlap
+//     schedule returns; and each steady step receives the next forward's input right
+//     after its forward, before its backward (pp_post_forward), not when that forward
+//     starts. Without the overlap
 //     (--no-overlap-p2p-communication) the steady loop rebinds input_tensor and receives
 //     after the backward, as memsim does by default: a real run's peak was 2 [S, B, H]
 //     lower than the overlapped run's, as memsim reads it (validation/fake_pg). Not
