@@ -973,12 +973,14 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   const at::ScalarType dtype = unpadded_x.scalar_type();
   auto weighted_activation = [&m, dtype, op_fuser,
                               fused = t.bias_activation_fusion](const std::vector<at::Tensor>& in) {
-    if (op_fuser) {  // TE's ScaledSwiGLU; the scales in the activation dtype
-      return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1).to(dtype))};
-    }
     const bool weighted_kernel = fused && (m.activation == ActivationKind::kSwiglu ||
                                            m.activation == ActivationKind::kQuickGeglu);
-    if (weighted_kernel) return std::vector<at::Tensor>{WeightedSwiglu(in[0], in[1].unsqueeze(-1))};
+    if (op_fuser || weighted_kernel) {
+      // TE's ScaledSwiGLU takes the scales in the activation dtype, Megatron's kernel as
+      // they are.
+      const at::Tensor scales = in[1].unsqueeze(-1);
+      return std::vector<at::Tensor>{WeightedSwiglu(in[0], op_fuser ? scales.to(dtype) : scales)};
+    }
     return std::vector<at::Tensor>{(Activation(m, fused, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
   };
   // moe_act: the weighted activation goes once fc2 has saved it. Offloading's moe_act
