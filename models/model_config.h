@@ -364,10 +364,12 @@ struct TrainingConfig {
   // --no-use-layer-wise-param-layout, over plain DDP): each data-parallel rank owns whole
   // parameters and their optimizer state (Note [Layer-wise optimizer] in models/optimizer.h).
   bool layer_wise_optimizer = false;
-  // Under it, the global rank whose share the simulated stage holds; unset: the data-parallel
-  // rank holding the most optimizer state (what decides whether a layout fits). `memsim
-  // validate` sets the rank a measurement logged.
-  std::optional<int64_t> layer_wise_rank;
+  // The global rank whose data-parallel share the simulated stages hold where data-parallel
+  // ranks differ: the layer-wise optimizer's owners (unset: the rank holding the most
+  // optimizer state, what decides whether a layout fits) and the distributed optimizer's
+  // bucket slices (unset: the last data-parallel rank, the one Megatron-LM logs from).
+  // `memsim validate` sets the rank a measurement logged.
+  std::optional<int64_t> simulated_rank;
   bool dropout = true;  // false: every dropout probability is treated as 0
   // Megatron-Core's bias_activation_fusion: the activation (with fc1's bias) runs as one
   // fused kernel that saves only its input. Megatron-LM sets it from --bias-swiglu-fusion

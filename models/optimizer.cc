@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <tuple>
 
 #include "models/fp8.h"
 #include "ops/fused_optimizers.h"
@@ -44,13 +46,47 @@ void MuonUpdate(const at::Tensor& master, const at::Tensor& grad, const at::Tens
   master.add_(update);
 }
 
-// This rank's shard of a flattened tensor. Views allocate nothing, so they skip the
-// interceptor, which added 3% to a layout's instructions (benchmarks/PROFILE.md).
-at::Tensor Shard(const at::Tensor& t, int64_t shards) {
+// This rank's shard of `t`, parameter `p` or its gradient: the slice the distributed
+// optimizer's buckets give it, else the first ceil(numel / shards) elements. Views
+// allocate nothing, so they skip the interceptor, which added 3% to a layout's
+// instructions (benchmarks/PROFILE.md).
+at::Tensor Shard(const Parameter& p, const at::Tensor& t, int64_t shards) {
   c10::impl::ExcludeDispatchKeyGuard views_allocate_nothing(kInterceptKey);
+  if (p.optimizer_slice) {
+    return t.detach().view({-1}).narrow(0, p.optimizer_slice->offset, p.optimizer_slice->elements);
+  }
   if (shards == 1) return t.detach();
   const at::Tensor flat = t.detach().view({-1});
   return flat.narrow(0, 0, ShardElements(flat.numel(), shards));
+}
+
+// Megatron's default parameter groups (get_standard_config_overrides): weight decay for
+// all but biases and 1-D parameters, which form the second group.
+bool WithoutWeightDecay(const Parameter& p) {
+  const std::string_view suffix = ".bias";
+  return p.data.dim() == 1 ||
+         (p.name.size() >= suffix.size() &&
+          p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
+// The order the optimizer makes its per-parameter state in: the store's, or under the
+// distributed optimizer's buckets Megatron's (_build_optimizer_group_ranges): the dense
+// optimizer before the experts', then parameter group, model chunk, and the buffer's
+// order, which is the reverse of the parameters'. (FP8 parameters' own buffer is not told
+// apart.)
+std::vector<size_t> StateOrder(const std::deque<Parameter>& params) {
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const bool bucketed = std::any_of(params.begin(), params.end(), [](const Parameter& p) {
+    return p.optimizer_slice.has_value();
+  });
+  if (!bucketed) return order;
+  auto key = [&](size_t i) {
+    const Parameter& p = params[i];
+    return std::make_tuple(p.expert, WithoutWeightDecay(p), p.chunk, -static_cast<int64_t>(i));
+  };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  return order;
 }
 
 }  // namespace
@@ -68,27 +104,33 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
   }
   owned_.assign(muon_.size(), true);
   if (options_.layer_wise) DealWholeParameters(*options_.layer_wise);
+  order_ = StateOrder(store->parameters());
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    // Another rank's buckets hold all of it (Note [Distributed optimizer buffers]).
+    const auto& slice = store->parameters()[i].optimizer_slice;
+    if (slice && slice->elements == 0) owned_[i] = false;
+  }
   SplitHostShards();
-  size_t i = 0;
-  for (Parameter& p : store->parameters()) {
-    const size_t index = i++;
+  masters_.resize(owned_.size());
+  for (size_t index : order_) {
+    Parameter& p = store->parameters()[index];
+    if (!owned_[index]) continue;  // another rank's
     if (hybrid()) {
       // HybridDeviceOptimizer's fp32 clones of the device part (Note [Optimizer CPU offload]).
-      masters_.push_back(on_host_[index] ? at::Tensor() : ParameterShard(p).clone().to(at::kFloat));
-    } else if (!owned_[index]) {
-      masters_.emplace_back();  // another rank's
+      if (!on_host_[index]) masters_[index] = ParameterShard(p).clone().to(at::kFloat);
     } else if (p.fp8.fp8_param) {
       // From the 16-bit value Transformer Engine kept on the host (Note [FP8 training]):
       // the parameter has no 16-bit storage to shard.
       const int64_t shards = p.expert ? options_.expert_shards : options_.shards;
-      const int64_t elements =
-          p.shard_data.defined() ? p.shard_data.numel() : ShardElements(p.data.numel(), shards);
-      masters_.push_back(at::empty({elements}, p.data.options().dtype(at::kFloat)));
+      const int64_t elements = p.shard_data.defined() ? p.shard_data.numel()
+                               : p.optimizer_slice    ? p.optimizer_slice->elements
+                                                      : ShardElements(p.data.numel(), shards);
+      masters_[index] = at::empty({elements}, p.data.options().dtype(at::kFloat));
     } else if (!options_.precision_aware) {
       // Transformer Engine's FusedAdam makes its masters in the first step.
       const at::Tensor shard = ParameterShard(p);
       const bool in_place = store->precision() == Precision::kFp32 && !options_.fp32_masters_always;
-      masters_.push_back(in_place ? shard : shard.clone().to(at::kFloat));
+      masters_[index] = in_place ? shard : shard.clone().to(at::kFloat);
     }
   }
 }
@@ -104,8 +146,10 @@ void MixedPrecisionOptimizer::SplitHostShards() {
     }
     const double threshold = options_.cpu_offload_fraction * static_cast<double>(total);
     int64_t taken = 0;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].expert != experts || static_cast<double>(taken) >= threshold) continue;
+    for (size_t i : order_) {  // the optimizer's parameter order
+      if (params[i].expert != experts || !owned_[i] || static_cast<double>(taken) >= threshold) {
+        continue;
+      }
       on_host_[i] = true;
       taken += ParameterShard(params[i]).numel();
     }
@@ -167,27 +211,30 @@ void MixedPrecisionOptimizer::AllGatherParameters(const std::vector<int64_t>& ra
 at::Tensor MixedPrecisionOptimizer::ParameterShard(const Parameter& p) const {
   return p.shard_data.defined()
              ? p.shard_data.detach()
-             : Shard(p.data, p.expert ? options_.expert_shards : options_.shards);
+             : Shard(p, p.data, p.expert ? options_.expert_shards : options_.shards);
 }
 
 void MixedPrecisionOptimizer::ZeroGrad() { master_grads_.clear(); }
 
 void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
   CategoryScope category(Category::kOptimizerState);
-  size_t i = 0;
-  for (Parameter& p : store_->parameters()) {
-    const size_t index = i++;
+  exp_avgs_.resize(masters_.size());
+  exp_avg_sqs_.resize(masters_.size());
+  for (size_t index : order_) {
+    Parameter& p = store_->parameters()[index];
+    if (!owned_[index]) continue;
     if (hybrid()) {  // FusedAdam's defaults on the device part (Note [Optimizer CPU offload])
-      const bool device = !on_host_[index];
-      exp_avgs_.push_back(device ? at::zeros_like(masters_[index]) : at::Tensor());
-      exp_avg_sqs_.push_back(device ? at::zeros_like(masters_[index]) : at::Tensor());
+      if (!on_host_[index]) {
+        exp_avgs_[index] = at::zeros_like(masters_[index]);
+        exp_avg_sqs_[index] = at::zeros_like(masters_[index]);
+      }
       continue;
     }
     const at::Tensor shard = ParameterShard(p);
-    exp_avgs_.push_back(
-        at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg)));
-    exp_avg_sqs_.push_back(
-        at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg_sq)));
+    exp_avgs_[index] =
+        at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg));
+    exp_avg_sqs_[index] =
+        at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg_sq));
     // A non-fp32 state's scale (_initialize_state's torch.ones([1]), fp32), per parameter.
     for (at::ScalarType dtype :
          {options_.precision_aware->exp_avg, options_.precision_aware->exp_avg_sq}) {
@@ -195,11 +242,11 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
         state_scales_.push_back(at::ones({1}, shard.options().dtype(at::kFloat)));
     }
     if (options_.precision_aware->param_remainders && shard.scalar_type() == at::kBFloat16) {
-      masters_.push_back(at::zeros(shard.sizes(), shard.options().dtype(at::kShort)));
+      masters_[index] = at::zeros(shard.sizes(), shard.options().dtype(at::kShort));
     } else {
       at::Tensor master = at::empty(shard.sizes(), shard.options().dtype(at::kFloat));
       master.copy_(shard.clone().to(at::kFloat));  // set_scaled_state from a clone
-      masters_.push_back(master);
+      masters_[index] = master;
     }
   }
 }
@@ -212,11 +259,14 @@ void MixedPrecisionOptimizer::CreateStates() {
   }
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   CategoryScope category(Category::kOptimizerState);
-  for (size_t i = 0; i < masters_.size(); ++i) {
+  exp_avgs_.resize(masters_.size());
+  exp_avg_sqs_.resize(masters_.size());
+  for (size_t i : order_) {
+    if (!owned_[i]) continue;
     const bool adam = options_.kind == OptimizerKind::kAdam ||
                       (options_.kind == OptimizerKind::kMuon && !muon_[i]);
-    exp_avgs_.push_back(owned_[i] ? at::zeros_like(masters_[i]) : at::Tensor());
-    exp_avg_sqs_.push_back(owned_[i] && adam ? at::zeros_like(masters_[i]) : at::Tensor());
+    exp_avgs_[i] = at::zeros_like(masters_[i]);
+    if (adam) exp_avg_sqs_[i] = at::zeros_like(masters_[i]);
   }
 }
 
@@ -229,27 +279,25 @@ void MixedPrecisionOptimizer::Step() {
   master_grads_are_copies_ = false;
   {
     CategoryScope category(Category::kGradient);
-    size_t i = 0;
-    for (Parameter& p : store_->parameters()) {
-      if (!owned_[i++]) {
-        master_grads_.emplace_back();
-        continue;
-      }
+    master_grads_.resize(masters_.size());
+    for (size_t i : order_) {
+      if (!owned_[i]) continue;
+      const Parameter& p = store_->parameters()[i];
       const at::Tensor grad =
           p.shard_grad.defined()
               ? p.shard_grad
-              : Shard(p.main_grad, p.expert ? options_.expert_shards : options_.shards);
+              : Shard(p, p.main_grad, p.expert ? options_.expert_shards : options_.shards);
       // A copy when gradients are 16-bit; FusedAdam's decoupled_grad is the shard itself.
       master_grads_are_copies_ =
           master_grads_are_copies_ || (!precision_aware && grad.scalar_type() != at::kFloat);
-      master_grads_.push_back(precision_aware ? grad : grad.to(at::kFloat));
+      master_grads_[i] = precision_aware ? grad : grad.to(at::kFloat);
     }
   }
   CreateStates();
   if (hybrid()) HybridGradients();
   // One fused update over the parameters Adam (or SGD) takes, then Muon's one by one.
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-  for (size_t i = 0; i < masters_.size(); ++i) {
+  for (size_t i : order_) {
     if (muon_[i] || !owned_[i] || on_host_[i]) continue;
     params.push_back(masters_[i]);
     grads.push_back(hybrid() && hybrid_grads_[i].defined() ? hybrid_grads_[i] : master_grads_[i]);
@@ -301,7 +349,7 @@ void MixedPrecisionOptimizer::HybridGradients() {
   CategoryScope category(Category::kGradient);
   for (size_t i = 0; i < masters_.size(); ++i) {
     const at::Tensor& grad = master_grads_[i];
-    if (grad.scalar_type() == at::kFloat) continue;
+    if (!grad.defined() || grad.scalar_type() == at::kFloat) continue;
     if (on_host_[i]) {
       CategoryScope temporary(Category::kTemporary);
       [[maybe_unused]] const at::Tensor staged = grad.to(at::kFloat);
@@ -318,6 +366,7 @@ void MixedPrecisionOptimizer::CopyUpdatedShards() {
   size_t i = 0;
   for (Parameter& p : store_->parameters()) {
     const size_t index = i++;
+    if (!owned_[index]) continue;
     if (on_host_[index]) {
       const at::Tensor shard = ParameterShard(p);
       shard.copy_(at::empty(shard.sizes(), shard.options().dtype(at::kFloat)));

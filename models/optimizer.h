@@ -13,9 +13,11 @@
 //
 // With Megatron's distributed optimizer (ZeRO-1) the masters, master gradients and Adam
 // state cover only this data-parallel rank's 1/dp of every parameter: 6 + 12/dp bytes
-// per parameter for bf16, 4 + 16/dp for fp16, 8 + 8/dp for fp32. (Megatron shards one
-// contiguous range of the gradient buffer per rank; memsim gives each parameter a
-// ceil(numel/dp) shard instead: the same bytes, split over more, smaller tensors.)
+// per parameter for bf16, 4 + 16/dp for fp16, 8 + 8/dp for fp32. Megatron shards one
+// contiguous range of each gradient-buffer bucket per rank, so a rank's state is one
+// tensor per parameter its range meets, cut where the range cuts it (Note [Distributed
+// optimizer buffers] in parallel/ddp_buffers.h); memsim's other sharded data parallelism
+// gives each parameter a ceil(numel/dp) shard.
 //
 // Note [Muon]
 // --optimizer muon (Megatron-Core 0.20's emerging optimizers, megatron/core/optimizer/
@@ -83,10 +85,10 @@
 // distrib_optimizer.py over the precision-aware optimizer's 16-bit parameter shards; it
 // needs --use-precision-aware-optimizer): the shards are taken in order, greedily while the
 // running total of elements is under F times all of them (each optimizer instance, dense and
-// expert, on its own; memsim takes its parameter order, where Megatron's grad-buffer order
-// and parameter groups may cut elsewhere: the device part differs by at most one shard),
-// and those live on the host: their fp32 masters, Adam states and
-// gradient copies take no device memory. The rest run TE's FusedAdam with its defaults: an
+// expert, on its own, in the optimizer's parameter order: parameter group, then the grad
+// buffer's reverse order, Note [Distributed optimizer buffers] in parallel/ddp_buffers.h),
+// and those live on the host: their fp32 masters, Adam states and gradient copies take no
+// device memory. The rest run TE's FusedAdam with its defaults: an
 // fp32 clone of each shard made when the optimizer is built, fp32 exp_avg and exp_avg_sq in
 // the first step (the precision-aware dtypes and param remainders do not apply), and, with
 // 16-bit gradients, an fp32 copy of each gradient that stays from step to step. A step
@@ -176,8 +178,11 @@ class MixedPrecisionOptimizer {
   OptimizerOptions options_;
   int64_t step_ = 0;
   // Whether this rank updates the parameter (all of them but under the layer-wise
-  // optimizer); the others have no master, gradient copy or state here.
+  // optimizer, or those other ranks' buckets hold under the distributed optimizer's); the
+  // others have no master, gradient copy or state here.
   std::vector<bool> owned_;
+  // The parameters' indices in the order their state is made (StateOrder in optimizer.cc).
+  std::vector<size_t> order_;
   // Layer-wise: the 16-bit elements each rank owns, dense and expert groups; the rank
   // simulated in each.
   std::vector<int64_t> dense_rank_elements_, expert_rank_elements_;

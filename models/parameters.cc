@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "simulator/check.h"
 #include "simulator/checked_math.h"
 #include "simulator/session.h"
 
@@ -45,7 +46,9 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
                          {},
                          {},
                          this,
-                         /*fp8=*/{}});
+                         /*fp8=*/{},
+                         chunk_,
+                         /*optimizer_slice=*/std::nullopt});
   return &parameters_.back();
 }
 
@@ -67,14 +70,23 @@ void ParameterStore::AllocateGradBuffer(bool root_only) {
   for (const Parameter& p : parameters_) {
     if (!root_only || p.unit < 0) elements = CheckedAdd(elements, p.data.numel());
   }
-  grad_buffer_ = at::zeros({elements}, at::TensorOptions().device(at::kMeta).dtype(grad_dtype()));
+  MEMSIM_DCHECK(grad_buffers_.empty());  // allocated once
+  const at::Tensor& buffer = grad_buffers_.emplace_back(
+      at::zeros({elements}, at::TensorOptions().device(at::kMeta).dtype(grad_dtype())));
   int64_t offset = 0;
   for (Parameter& p : parameters_) {
     if (root_only && p.unit >= 0) continue;
     const int64_t n = p.data.numel();
-    p.main_grad = grad_buffer_.narrow(0, offset, n).view(p.data.sizes());
+    p.main_grad = buffer.narrow(0, offset, n).view(p.data.sizes());
     offset += n;
   }
+}
+
+void ParameterStore::AdoptBuffers(std::vector<at::Tensor> param_buffers,
+                                  std::vector<at::Tensor> grad_buffers) {
+  MEMSIM_DCHECK(grad_buffers_.empty());  // allocated once
+  param_buffers_ = std::move(param_buffers);
+  grad_buffers_ = std::move(grad_buffers);
 }
 
 }  // namespace memsim

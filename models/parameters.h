@@ -31,6 +31,7 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,12 @@ struct Fp8Module {
   std::vector<at::Tensor> scaling_state;
 };
 
+// A contiguous piece of a flattened parameter: elements [offset, offset + elements).
+struct ParameterSlice {
+  int64_t offset = 0;
+  int64_t elements = 0;  // 0: none of it
+};
+
 struct Parameter {
   std::string name;      // full module path + name, e.g. "decoder.layers.0.mlp.fc1.weight"
   at::Tensor data;       // training dtype, requires_grad (so autograd reaches the layers)
@@ -82,6 +89,11 @@ struct Parameter {
   ParameterStore* store = nullptr;  // the store that made it (outlives it)
   // Set when the weight's Transformer Engine module runs its GEMMs in FP8.
   Fp8Module fp8;
+  int64_t chunk = 0;  // the model chunk (virtual pipeline stage) it belongs to
+  // Under Megatron's distributed optimizer, the part of it this rank's optimizer updates,
+  // as the gradient buffer's bucket ranges cut it (Note [Distributed optimizer buffers]
+  // in parallel/ddp_buffers.h); unset: ceil(numel / shards) from its front.
+  std::optional<ParameterSlice> optimizer_slice;
 };
 
 class ParameterStore {
@@ -101,6 +113,8 @@ class ParameterStore {
   Parameter* Add(const std::string& name, std::vector<int64_t> shape, bool expert = false);
   // Parameters added from now on belong to layer `unit` (-1: outside every layer).
   void set_unit(int64_t unit) { unit_ = unit; }
+  // Parameters added from now on belong to model chunk `chunk`.
+  void set_chunk(int64_t chunk) { chunk_ = chunk; }
   // Allocates the contiguous gradient buffer and points every main_grad into it (every
   // parameter's, or with `root_only` those outside the layers: FSDP shards the rest).
   // REQUIRES: called once, after every Add.
@@ -112,7 +126,13 @@ class ParameterStore {
   Precision precision() const { return precision_; }
   at::ScalarType param_dtype() const;
   at::ScalarType grad_dtype() const;
-  const at::Tensor& grad_buffer() const { return grad_buffer_; }
+  // The contiguous gradient buffers every main_grad is a view into (one, or Megatron's
+  // DDP buffers: AdoptBuffers).
+  const std::vector<at::Tensor>& grad_buffers() const { return grad_buffers_; }
+  // Takes buffers made outside the store (parallel/ddp_buffers.h) that the parameters'
+  // data and main_grad are now views into, and keeps them alive.
+  // REQUIRES: no gradient buffer allocated yet.
+  void AdoptBuffers(std::vector<at::Tensor> param_buffers, std::vector<at::Tensor> grad_buffers);
   bool gradient_accumulation_fusion() const { return gradient_accumulation_fusion_; }
   // TE's cached dummy weight gradient of `shape` in the parameter dtype, made on first use.
   const at::Tensor& DummyWgrad(at::IntArrayRef shape);
@@ -125,7 +145,9 @@ class ParameterStore {
   std::deque<Parameter> parameters_;  // deque: pointers stay valid
   int64_t num_elements_ = 0;
   int64_t unit_ = -1;
-  at::Tensor grad_buffer_;
+  int64_t chunk_ = 0;
+  std::vector<at::Tensor> param_buffers_;
+  std::vector<at::Tensor> grad_buffers_;
 };
 
 }  // namespace memsim

@@ -60,6 +60,9 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
   {
     ModuleScope decoder("decoder");
     for (const auto& [first, count] : shard.chunks) {
+      // Megatron's model chunks each own their parameters (one DDP wrapper a chunk); the
+      // embedding belongs to the first, the final norm, MTP and output layer to the last.
+      store->set_chunk(static_cast<int64_t>(chunks_.size()));
       std::vector<Layer>& chunk = chunks_.emplace_back();
       for (int64_t l = first; l < first + count; ++l) {
         store->set_unit(l);
@@ -139,7 +142,30 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   const int64_t fc1_out = model_.Fc1Width(F) / tp;
   Layer layer{};
   layer.index = index;
-  std::tie(layer.input_norm_weight, layer.input_norm_bias) = AddNorm("input_layernorm", store);
+  // Parameters are made in Megatron's __init__ order, which is named_parameters' order and
+  // so the gradient buffer's (Note [Distributed optimizer buffers] in parallel/ddp_buffers.h):
+  // Attention builds core_attention and linear_proj before the query/key/value projections,
+  // and Transformer Engine's spec fuses the input norm into linear_qkv, after linear_proj.
+  const bool norm_in_qkv =
+      training_.profile == ProfileKind::kTransformerEngine && !model_.multi_latent_attention();
+  if (!norm_in_qkv) {
+    std::tie(layer.input_norm_weight, layer.input_norm_bias) = AddNorm("input_layernorm", store);
+  }
+  {
+    ModuleScope s("self_attention");
+    if (model_.softmax == SoftmaxKind::kLearnable) {
+      ModuleScope c("core_attention");
+      layer.softmax_offset = store->Add("softmax_offset", {A / tp});
+    }
+    ModuleScope p("linear_proj");
+    const int64_t v_width = model_.multi_latent_attention() ? model_.v_head_dim : D;
+    layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
+    MakeFp8(layer.proj_weight, fp8);
+    if (bias) layer.proj_bias = store->Add("bias", {H});
+  }
+  if (norm_in_qkv) {
+    std::tie(layer.input_norm_weight, layer.input_norm_bias) = AddNorm("input_layernorm", store);
+  }
   {
     ModuleScope s("self_attention");
     if (model_.multi_latent_attention()) {
@@ -191,15 +217,6 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       layer.k_norm_weight = store->Add("weight", {D});
       if (layer_norm) layer.k_norm_bias = store->Add("bias", {D});
     }
-    if (model_.softmax == SoftmaxKind::kLearnable) {
-      ModuleScope c("core_attention");
-      layer.softmax_offset = store->Add("softmax_offset", {A / tp});
-    }
-    ModuleScope p("linear_proj");
-    const int64_t v_width = model_.multi_latent_attention() ? model_.v_head_dim : D;
-    layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
-    MakeFp8(layer.proj_weight, fp8);
-    if (bias) layer.proj_bias = store->Add("bias", {H});
     if (model_.post_projection_norms) {
       std::tie(layer.proj_post_norm_weight, layer.proj_post_norm_bias) =
           AddNorm("post_layernorm", store);

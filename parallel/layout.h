@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,16 @@ inline constexpr EnumName<DataParallelKind> kDataParallelNames[] = {
     {DataParallelKind::kFsdp, "fsdp"},
     {DataParallelKind::kFsdp, "zero3"},
     {DataParallelKind::kMegatronFsdp, "megatron-fsdp"}};
+
+// How Megatron-LM sizes its DDP gradient buckets (its resolve_ddp_bucket_size; Note
+// [Distributed optimizer buffers] in parallel/ddp_buffers.h).
+struct DdpBucketOptions {
+  bool overlap_grad_reduce = false;    // --overlap-grad-reduce
+  std::optional<int64_t> bucket_size;  // --ddp-bucket-size (elements)
+  std::optional<int64_t> num_buckets;  // --ddp-num-buckets
+  bool overlap_param_gather_with_optimizer_step = false;
+  bool pad_for_high_nccl_busbw = false;  // --ddp-pad-buckets-for-high-nccl-busbw
+};
 
 struct ParallelLayout {
   int64_t world_size = 1;
@@ -70,6 +81,9 @@ struct ParallelLayout {
   // Distributed optimizer: replicas of the optimizer state (--num-distributed-optimizer-
   // instances); each shards over data-parallel (x context-parallel) ranks / instances.
   int64_t distributed_optimizer_instances = 1;
+  // How its gradient buffers are cut into buckets (Note [Distributed optimizer buffers] in
+  // parallel/ddp_buffers.h).
+  DdpBucketOptions ddp_buckets;
   bool deallocate_pipeline_outputs = true;  // Megatron-LM sets it for every run
 
   int64_t dp = 1;   // derived: world / (tp * pp * cp)

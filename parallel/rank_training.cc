@@ -19,6 +19,7 @@
 #include "ops/library_workspaces.h"
 #include "ops/ops.h"
 #include "parallel/cuda_graphs.h"
+#include "parallel/ddp_buffers.h"
 #include "parallel/megatron_fsdp.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/sharded_data_parallel.h"
@@ -138,6 +139,27 @@ MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const Paralle
   o.log_params_norm = t.log_params_norm;
   o.final_norm_gathers_every_forward = t.fsdp_final_norm_gathers_every_forward;
   o.reset_releases_non_unit = t.fsdp_reset_releases_non_unit;
+  return o;
+}
+
+// The distributed optimizer's buffers on stage `pp_rank` of the simulated rank's data-
+// parallel place (TrainingConfig::simulated_rank; unset: the last).
+DdpBufferOptions DdpBufferOptionsOf(const ParallelLayout& layout, const ModelConfig& model,
+                                    const TrainingConfig& training, int64_t pp_rank) {
+  DdpBufferOptions o;
+  o.buckets = layout.ddp_buckets;
+  o.dp_cp = layout.dp * layout.cp;
+  o.dense_shards = OptimizerShards(layout, false);
+  o.expert_shards = OptimizerShards(layout, true);
+  o.pp_rank = pp_rank;
+  o.shared_embeddings = model.tie_embeddings && layout.pp > 1;
+  const int64_t rank = training.simulated_rank.value_or(layout.world_size - 1);
+  // Intra-instance groups are consecutive slices of the data-parallel ranks (ranks ordered
+  // tp, cp, dp; the stage's ranks regrouped etp, ep, edp: Note [Rank classes]).
+  const RankCoordinates c = CoordinatesOf(layout, rank);
+  o.dense_rank = (c.dp_rank * layout.cp + c.cp_rank) % o.dense_shards;
+  const int64_t in_stage = rank % (layout.world_size / layout.pp);
+  o.expert_rank = in_stage / (layout.etp * layout.ep) % o.expert_shards;
   return o;
 }
 
@@ -276,6 +298,10 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       layer_hooks = megatron_fsdp.get();
       session.EmptyCache();  // the end of Megatron-FSDP's setup: gc.collect(), empty_cache()
       break;
+    case DataParallelKind::kDistributedOptimizer:
+      AllocateDistributedOptimizerBuffers(
+          &store, DdpBufferOptionsOf(layout, model_config, training, pp_rank));
+      break;
     default:
       store.AllocateGradBuffer();
   }
@@ -292,12 +318,12 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     LayerWiseGroups groups;
     groups.dense_ranks = layout.dp * layout.cp;
     groups.expert_ranks = layout.edp;
-    if (training.layer_wise_rank) {
+    if (training.simulated_rank) {
       // Its place in the dp-cp group (ranks ordered tp, cp, dp) and in the expert data-
       // parallel one (the stage's ranks regrouped etp, ep, edp; Note [Rank classes]).
-      const RankCoordinates c = CoordinatesOf(layout, *training.layer_wise_rank);
+      const RankCoordinates c = CoordinatesOf(layout, *training.simulated_rank);
       groups.dense_rank = c.dp_rank * layout.cp + c.cp_rank;
-      const int64_t in_stage = *training.layer_wise_rank % (layout.world_size / layout.pp);
+      const int64_t in_stage = *training.simulated_rank % (layout.world_size / layout.pp);
       groups.expert_rank = in_stage / (layout.etp * layout.ep);
     }
     optimizer_options.layer_wise = groups;
@@ -511,7 +537,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   auto zero_grad = [&]() {
     {
       at::NoGradGuard no_grad;
-      if (store.grad_buffer().defined()) store.grad_buffer().zero_();  // zero_grad_buffer()
+      for (const at::Tensor& buffer : store.grad_buffers()) buffer.zero_();  // zero_grad_buffer()
     }
     optimizer.ZeroGrad();
   };

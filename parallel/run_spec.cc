@@ -356,8 +356,8 @@ Status FinalizeUnchecked(RunSpec* spec) {
         "Megatron-LM's layer-wise optimizer is the distributed Muon's; "
         "use it with the Muon optimizer");
   }
-  if (t.layer_wise_rank && (*t.layer_wise_rank < 0 || *t.layer_wise_rank >= l.world_size)) {
-    return Status::Error("the layer-wise optimizer's rank " + std::to_string(*t.layer_wise_rank) +
+  if (t.simulated_rank && (*t.simulated_rank < 0 || *t.simulated_rank >= l.world_size)) {
+    return Status::Error("the simulated rank " + std::to_string(*t.simulated_rank) +
                          " is not a rank of the " + std::to_string(l.world_size) + " GPUs");
   }
   return ValidateTrainingConfig(t, spec->model);

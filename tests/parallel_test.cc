@@ -125,15 +125,18 @@ int64_t ModelStateBytes(const ModelConfig& m, TrainingConfig t, const ParallelLa
 // Note [Optimizer CPU offload] on the model of DistributedOptimizer.BytesPerParameter (bf16,
 // the precision-aware optimizer, fp32 gradients): with --optimizer-offload-fraction 1 only
 // the parameters and gradients stay, 6 bytes per parameter; with 0.5 the device part keeps
-// FusedAdam's fp32 clone and two fp32 states, 12/d bytes per element of a share of the
-// shards that the greedy cut makes at most half and at least half less the largest shard
-// (the word embedding, 1024 x 128).
+// FusedAdam's fp32 clone and two fp32 states, 12 bytes per element of the shards left after
+// the greedy cut, taken in the optimizer's order (weight-decayed group first, each in the
+// buffer's reverse order; Note [Distributed optimizer buffers]). d = 2, rank 1 (268,032
+// elements, see BytesPerParameter): layer 0's fc1 weight share (62,208), qkv (49,152) and
+// proj (16,384) weights, then the position embedding (8,192) pass half; the word embedding
+// (131,072) and six 1-D tensors (1,024) stay: 132,096 elements. d = 4, rank 3: the position
+// embedding's last 2,944 elements, then the whole word embedding: nothing stays.
 TEST(DistributedOptimizer, CpuOffloadKeepsTheDevicePartOnly) {
   const Shape x{64, 1, 128, 4};
   const ModelConfig m = Gpt(x, 2);
   const int64_t params = 1024 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
-  const int64_t largest = 1024 * 128;
-  for (int64_t d : {2, 4}) {
+  for (const auto& [d, device_elements] : {std::pair<int64_t, int64_t>{2, 132'096}, {4, 0}}) {
     const ParallelLayout layout = DataParallelLayout(m, d, DataParallelKind::kDistributedOptimizer);
     TrainingConfig t = Fp16Eager(x);
     t.precision = Precision::kBf16;
@@ -141,9 +144,7 @@ TEST(DistributedOptimizer, CpuOffloadKeepsTheDevicePartOnly) {
     t.optimizer_offload_fraction = 1.0;
     EXPECT_EQ(ModelStateBytes(m, t, layout), 6 * params) << "d=" << d;
     t.optimizer_offload_fraction = 0.5;
-    const int64_t device_state = ModelStateBytes(m, t, layout) - 6 * params;
-    EXPECT_LE(device_state, 12 * (params / 2) / d) << "d=" << d;
-    EXPECT_GE(device_state, 12 * (params / 2 - largest) / d) << "d=" << d;
+    EXPECT_EQ(ModelStateBytes(m, t, layout) - 6 * params, 12 * device_elements) << "d=" << d;
   }
 }
 
@@ -157,9 +158,8 @@ TEST(DistributedOptimizer, BytesPerParameter) {
   // bf16 with --grad-reduce-in-bf16 keeps fp16's layout: 16-bit gradients, fp32 copies.
   // The precision-aware optimizer (Note [Precision-aware optimizer]): fp32 gradients read
   // as they are, Adam's fp32 states and 16 remainder bits per parameter: 6 + 10/d; with bf16
-  // gradients and states 4 + 6/d, plus an fp32 [1] scale per bf16 state of each of the 28
-  // parameter tensors (2 embeddings, 12 per layer, the final norm's 2); without remainders
-  // an fp32 master: 6 + 12/d.
+  // gradients and states 4 + 6/d, plus an fp32 [1] scale per bf16 state of each parameter
+  // tensor the rank's shard meets (below); without remainders an fp32 master: 6 + 12/d.
   struct Case {
     Precision precision;
     int64_t fixed, sharded;
@@ -182,7 +182,16 @@ TEST(DistributedOptimizer, BytesPerParameter) {
       t.precision_aware_optimizer = c.precision_aware;
       t.main_grads_dtype = t.exp_avg_dtype = t.exp_avg_sq_dtype = c.states;
       t.store_param_remainders = c.remainders;
-      const int64_t scales = c.precision_aware && c.states == Precision::kBf16 ? 2 * 28 * 4 : 0;
+      // The scales are per parameter tensor the simulated (last) rank's range meets. One
+      // bucket of 536,064 elements (no padding: every tensor's size is a multiple of 64, the
+      // sum of 128) laid out in reverse: the final norm, layer 1, layer 0 from 198,528, the
+      // position embedding from 396,800, the word embedding from 404,992. d = 2: rank 1's
+      // [268,032, ...) meets layer 0's fc1 weight and the 8 tensors before it, and both
+      // embeddings: 11; d = 4: [402,048, ...) both embeddings; d = 16: [502,560, ...) the
+      // word embedding alone.
+      const int64_t tensors = d == 2 ? 11 : d == 4 ? 2 : 1;
+      const int64_t scales =
+          c.precision_aware && c.states == Precision::kBf16 ? 2 * tensors * 4 : 0;
       EXPECT_EQ(ModelStateBytes(m, t, layout), params * c.fixed + params * c.sharded / d + scales)
           << PrecisionName(c.precision) << (c.bf16_grads ? " bf16 grads" : "")
           << (c.precision_aware ? " precision-aware" : "") << " states " << PrecisionName(c.states)
@@ -1104,10 +1113,10 @@ struct CaseStep {
   std::unique_ptr<Session> session;
   int64_t optimizer_begin = -1, step_end = -1;
 };
-CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> layer_wise_rank) {
+CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> simulated_rank) {
   RunSpec spec = CaseSpec(name);
   spec.training.iterations = 1;
-  spec.training.layer_wise_rank = layer_wise_rank;
+  spec.training.simulated_rank = simulated_rank;
   const ValidatedRun run = test::Validated(spec);
   CaseStep step;
   step.session = test::RecordRank(run, 0, run.spec().gpu);
@@ -1135,7 +1144,7 @@ CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> layer_wise_
 // bf16 at once: rank 7's 26,291,200 elements flat and the 12,646,400 of the others.
 TEST(LayerWiseOptimizer, DistributedMuonOnMegatronsCiRun) {
   const CaseStep step = RunCaseStep("moe__gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon",
-                                    /*layer_wise_rank=*/std::nullopt);
+                                    /*simulated_rank=*/std::nullopt);
   const Recorder& r = step.session->recorder();
   EXPECT_EQ(test::ModelStateBytesAfter(r, step.step_end),
             51520512 * 2 + 51520512 * 4 + 414027776);  // 723,150,848

@@ -204,10 +204,12 @@ TEST(Plan, RankingMatchesBruteForce) {
 }
 
 // Screening (fewer microbatches) decides as the full simulation does and times each
-// microbatch as it does: the step times agree without verification. The peaks agree up to
-// one 2 MiB segment of the allocator's small pool, which a long run may add as its small
-// blocks fragment (the allocated peaks are the same: TP2 PP2 here reserves one more segment
-// on stage 0 from about 10 microbatches on).
+// microbatch as it does: the step times agree without verification. The reserved peaks
+// agree up to the segments a long run adds as its blocks fragment: one 2 MiB segment of
+// the small pool (TP2 PP2 here, stage 0, from about 10 microbatches on), or one large
+// segment where the parameters' own storages, freed into the cache when the distributed
+// optimizer moves them into its buffer, are split by later blocks (TP1 PP2 with full
+// recomputation, stage 1: 32 MiB).
 TEST(Plan, ScreeningAgreesWithFullSimulation) {
   const GpuSpec gpu = H100();
   const RunSpec base = SmallRun(&gpu);
@@ -231,7 +233,8 @@ TEST(Plan, ScreeningAgreesWithFullSimulation) {
             for (size_t stage = 0; stage < full.stage_peak_reserved_bytes.size(); ++stage) {
               const int64_t more =
                   full.stage_peak_reserved_bytes[stage] - screened.stage_peak_reserved_bytes[stage];
-              EXPECT_TRUE(more == 0 || more == CachingAllocatorModel::kSmallBuffer)
+              EXPECT_TRUE(more == 0 || more == CachingAllocatorModel::kSmallBuffer ||
+                          more == int64_t{32} << 20)
                   << stage << ": " << more;
             }
             EXPECT_NEAR(screened.step.total_s, full.step.total_s, 1e-9 * full.step.total_s);

@@ -156,7 +156,6 @@ TEST(Sweep, RecomputationVariantsDoNotOverwriteEachOther) {
   EXPECT_NE(Read(base + ".json"), Read(base + "_rcfull.json"));
 }
 
-
 // The seeds' sweep: the 485B GPT on 8,192 GPUs, TP {1,2,4,8} x PP {2..64}, sequence 2048,
 // micro batch 1, 6 x PP microbatches, fp16, distributed optimizer. All 24 layouts get a
 // line; a run killed midway and resumed ends with the same files; the heatmap reads them.
@@ -204,7 +203,6 @@ TEST(Sweep, SeedsSweepKilledAndResumedMatchesAndPlots) {
   EXPECT_TRUE(fs::is_regular_file(heatmap + ".png"));
   EXPECT_TRUE(fs::is_regular_file(heatmap + ".pdf"));
 }
-
 
 // Verdicts over a sweep whose layouts straddle the GPU's capacity (Llama-3-8B at sequence
 // 8192 on 8 A100-80GB, TP 1-8, micro batch 1 or 4): every layout that fits has
@@ -283,9 +281,11 @@ TEST(Sweep, PruneRulesOutOnlyLayoutsWhoseSetupExceedsTheGpu) {
                                                      0),
                 0u)
           << p["reason"];
-      // The setup alone is below the full simulation's peak.
-      EXPECT_LT(std::stod(p["reason"].get<std::string>().substr(83)),
-                full[i]["stages"][0]["peak_allocated_MB"].get<double>());
+      // The setup alone is not above the full simulation's peak, which may be the setup's
+      // when the distributed optimizer's parameter buffer briefly doubles the parameters
+      // (Note [Distributed optimizer buffers]); the reason rounds to whole MB.
+      EXPECT_LE(std::stod(p["reason"].get<std::string>().substr(83)),
+                full[i]["stages"][0]["peak_allocated_MB"].get<double>() + 0.5);
     } else {
       ++statuses[p["status"].get<std::string>()];
       EXPECT_EQ(p, full[i]);

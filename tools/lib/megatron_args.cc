@@ -33,8 +33,9 @@ enum class Arity { kFlag, kValue, kValues };  // store_true, one value, nargs='*
 //   kNeutral  accepted and reported in `ignored`: schedules and hyperparameters of the
 //             optimizer, data and tokenizer files, checkpointing, logging and profiling,
 //             initialisation, kernel fusions and communication overlap that reuse the
-//             same buffers (--overlap-grad-reduce, --overlap-param-gather: Megatron's DDP
-//             reduces and gathers in place in its contiguous buffers), RoPE variants (a
+//             same buffers (--overlap-param-gather: Megatron's DDP gathers in place in its
+//             contiguous buffers; --overlap-grad-reduce is read: it buckets the
+//             distributed optimizer's shards), RoPE variants (a
 //             rotation, not a tensor size), sliding windows (the attention saves the same
 //             tensors with any mask), and the settings of features that are off without
 //             their switch (FP8 settings without --fp8-format, MLA ranks without
@@ -259,9 +260,9 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--data-path", Arity::kValues, ArgUse::kNeutral},
     {"--dataloader-type", Arity::kValue, ArgUse::kNeutral},
     {"--ddp-average-in-collective", Arity::kFlag, ArgUse::kNeutral},
-    {"--ddp-bucket-size", Arity::kValue, ArgUse::kNeutral},
-    {"--ddp-num-buckets", Arity::kValue, ArgUse::kNeutral},
-    {"--ddp-pad-buckets-for-high-nccl-busbw", Arity::kFlag, ArgUse::kNeutral},
+    {"--ddp-bucket-size", Arity::kValue, ArgUse::kRead},
+    {"--ddp-num-buckets", Arity::kValue, ArgUse::kRead},
+    {"--ddp-pad-buckets-for-high-nccl-busbw", Arity::kFlag, ArgUse::kRead},
     {"--decoupled-lr", Arity::kValue, ArgUse::kNeutral},
     {"--decoupled-min-lr", Arity::kValue, ArgUse::kNeutral},
     {"--deterministic-mode", Arity::kFlag, ArgUse::kRead},
@@ -404,10 +405,10 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--one-logger-project", Arity::kValue, ArgUse::kNeutral},
     {"--one-logger-run-name", Arity::kValue, ArgUse::kNeutral},
     {"--openai-gelu", Arity::kFlag, ArgUse::kNeutral},
-    {"--overlap-grad-reduce", Arity::kFlag, ArgUse::kNeutral},
+    {"--overlap-grad-reduce", Arity::kFlag, ArgUse::kRead},
     {"--overlap-p2p-communication-warmup-flush", Arity::kFlag, ArgUse::kNeutral},
     {"--overlap-param-gather", Arity::kFlag, ArgUse::kNeutral},
-    {"--overlap-param-gather-with-optimizer-step", Arity::kFlag, ArgUse::kNeutral},
+    {"--overlap-param-gather-with-optimizer-step", Arity::kFlag, ArgUse::kRead},
     {"--override-opt-param-scheduler", Arity::kFlag, ArgUse::kNeutral},
     {"--override-opt_param-scheduler", Arity::kFlag, ArgUse::kNeutral},
     {"--per-split-data-args-path", Arity::kValue, ArgUse::kNeutral},
@@ -1338,6 +1339,30 @@ Status ReadDataParallelism(Args& a, RunSpec* spec, std::vector<std::string>* not
   MEMSIM_RETURN_IF_ERROR(
       a.Int("--num-distributed-optimizer-instances", &l.distributed_optimizer_instances));
   MEMSIM_RETURN_IF_ERROR(ReadMegatronFsdp(a, spec));
+  // The buckets cut the distributed optimizer's shards (Note [Distributed optimizer
+  // buffers] in parallel/ddp_buffers.h); elsewhere they reuse the same buffers.
+  DdpBucketOptions& buckets = l.ddp_buckets;
+  buckets.overlap_grad_reduce = a.Has("--overlap-grad-reduce");
+  buckets.overlap_param_gather_with_optimizer_step =
+      a.Has("--overlap-param-gather-with-optimizer-step");
+  buckets.pad_for_high_nccl_busbw = a.Has("--ddp-pad-buckets-for-high-nccl-busbw");
+  for (const auto& [name, out] : {std::pair{"--ddp-bucket-size", &buckets.bucket_size},
+                                  std::pair{"--ddp-num-buckets", &buckets.num_buckets}}) {
+    if (!a.Has(name)) continue;
+    int64_t value = 0;
+    MEMSIM_RETURN_IF_ERROR(a.Int(name, &value));
+    if (value <= 0) {
+      return Status::Error(std::string(name) + " must be positive, got " + std::to_string(value));
+    }
+    *out = value;
+  }
+  if (l.data_parallel != DataParallelKind::kDistributedOptimizer) {
+    for (const char* name :
+         {"--overlap-grad-reduce", "--overlap-param-gather-with-optimizer-step",
+          "--ddp-pad-buckets-for-high-nccl-busbw", "--ddp-bucket-size", "--ddp-num-buckets"}) {
+      a.Ignore(name);
+    }
+  }
   // Megatron-LM's default global batch is micro batch * dp: one microbatch an iteration.
   spec->training.num_microbatches = 1;
   spec->global_batch_size = 0;

@@ -112,7 +112,6 @@ TEST(MegatronArgs, Llama3_8BMatchesThePreset) {
                                             "--rotary-base",
                                             "--use-rope-scaling",
                                             "--norm-epsilon",
-                                            "--overlap-grad-reduce",
                                             "--overlap-param-gather",
                                             "--tokenizer-type",
                                             "--tokenizer-model",
@@ -140,6 +139,8 @@ TEST(MegatronArgs, Llama3_8BMatchesThePreset) {
                                             "--seed",
                                             "--distributed-backend"};
   EXPECT_EQ(r.ignored, ignored);
+  // Read: it buckets the distributed optimizer's shards (Note [Distributed optimizer buffers]).
+  EXPECT_TRUE(r.spec.layout.ddp_buckets.overlap_grad_reduce);
 }
 
 TEST(MegatronArgs, Gpt3WithInterleavedPipelineAndFullRecompute) {

@@ -277,8 +277,8 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   spec.training.fsdp_final_norm_gathers_every_forward = c.fsdp_final_norm_gathers_every_forward;
   spec.training.fsdp_reset_releases_non_unit = c.fsdp_reset_releases_non_unit;
   if (status.ok()) status = ParseGpu(c.gpu, &spec.gpu);
-  // Data-parallel ranks differ under the layer-wise optimizer: simulate the one measured.
-  if (spec.training.layer_wise_optimizer) spec.training.layer_wise_rank = c.rank;
+  // Data-parallel ranks differ (optimizer shards): simulate the one measured.
+  spec.training.simulated_rank = c.rank;
   std::optional<ValidatedRun> validated;
   if (status.ok()) status = FinalizeRunSpec(spec, &validated);
   if (status.ok()) spec = validated->spec();
