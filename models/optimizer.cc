@@ -103,6 +103,8 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
                     !p.embedding_or_output);
   }
   owned_.assign(muon_.size(), true);
+  param_shards_.resize(muon_.size());
+  grad_shards_.resize(muon_.size());
   if (options_.layer_wise) DealWholeParameters(*options_.layer_wise);
   order_ = StateOrder(store->parameters());
   for (size_t i = 0; i < owned_.size(); ++i) {
@@ -117,7 +119,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
     if (!owned_[index]) continue;  // another rank's
     if (hybrid()) {
       // HybridDeviceOptimizer's fp32 clones of the device part (Note [Optimizer CPU offload]).
-      if (!on_host_[index]) masters_[index] = ParameterShard(p).clone().to(at::kFloat);
+      if (!on_host_[index]) masters_[index] = ParameterShard(index).clone().to(at::kFloat);
     } else if (p.fp8.fp8_param) {
       // From the 16-bit value Transformer Engine kept on the host (Note [FP8 training]):
       // the parameter has no 16-bit storage to shard.
@@ -128,7 +130,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
       masters_[index] = at::empty({elements}, p.data.options().dtype(at::kFloat));
     } else if (!options_.precision_aware) {
       // Transformer Engine's FusedAdam makes its masters in the first step.
-      const at::Tensor shard = ParameterShard(p);
+      const at::Tensor& shard = ParameterShard(index);
       const bool in_place = store->precision() == Precision::kFp32 && !options_.fp32_masters_always;
       masters_[index] = in_place ? shard : shard.clone().to(at::kFloat);
     }
@@ -141,8 +143,8 @@ void MixedPrecisionOptimizer::SplitHostShards() {
   if (!hybrid()) return;
   for (bool experts : {false, true}) {  // each distributed-optimizer instance on its own
     int64_t total = 0;
-    for (const Parameter& p : params) {
-      if (p.expert == experts) total = CheckedAdd(total, ParameterShard(p).numel());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].expert == experts) total = CheckedAdd(total, ParameterShard(i).numel());
     }
     const double threshold = options_.cpu_offload_fraction * static_cast<double>(total);
     int64_t taken = 0;
@@ -151,7 +153,7 @@ void MixedPrecisionOptimizer::SplitHostShards() {
         continue;
       }
       on_host_[i] = true;
-      taken += ParameterShard(params[i]).numel();
+      taken += ParameterShard(i).numel();
     }
   }
 }
@@ -208,10 +210,26 @@ void MixedPrecisionOptimizer::AllGatherParameters(const std::vector<int64_t>& ra
   }
 }
 
-at::Tensor MixedPrecisionOptimizer::ParameterShard(const Parameter& p) const {
-  return p.shard_data.defined()
-             ? p.shard_data.detach()
-             : Shard(p, p.data, p.expert ? options_.expert_shards : options_.shards);
+const at::Tensor& MixedPrecisionOptimizer::ParameterShard(size_t index) const {
+  at::Tensor& shard = param_shards_[index];
+  if (!shard.defined()) {
+    const Parameter& p = store_->parameters()[index];
+    shard = p.shard_data.defined()
+                ? p.shard_data.detach()
+                : Shard(p, p.data, p.expert ? options_.expert_shards : options_.shards);
+  }
+  return shard;
+}
+
+const at::Tensor& MixedPrecisionOptimizer::GradientShard(size_t index) const {
+  at::Tensor& shard = grad_shards_[index];
+  if (!shard.defined()) {
+    const Parameter& p = store_->parameters()[index];
+    shard = p.shard_grad.defined()
+                ? p.shard_grad
+                : Shard(p, p.main_grad, p.expert ? options_.expert_shards : options_.shards);
+  }
+  return shard;
 }
 
 void MixedPrecisionOptimizer::ZeroGrad() { master_grads_.clear(); }
@@ -221,7 +239,6 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
   exp_avgs_.resize(masters_.size());
   exp_avg_sqs_.resize(masters_.size());
   for (size_t index : order_) {
-    Parameter& p = store_->parameters()[index];
     if (!owned_[index]) continue;
     if (hybrid()) {  // FusedAdam's defaults on the device part (Note [Optimizer CPU offload])
       if (!on_host_[index]) {
@@ -230,7 +247,7 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
       }
       continue;
     }
-    const at::Tensor shard = ParameterShard(p);
+    const at::Tensor& shard = ParameterShard(index);
     exp_avgs_[index] =
         at::zeros(shard.sizes(), shard.options().dtype(options_.precision_aware->exp_avg));
     exp_avg_sqs_[index] =
@@ -282,11 +299,7 @@ void MixedPrecisionOptimizer::Step() {
     master_grads_.resize(masters_.size());
     for (size_t i : order_) {
       if (!owned_[i]) continue;
-      const Parameter& p = store_->parameters()[i];
-      const at::Tensor grad =
-          p.shard_grad.defined()
-              ? p.shard_grad
-              : Shard(p, p.main_grad, p.expert ? options_.expert_shards : options_.shards);
+      const at::Tensor& grad = GradientShard(i);
       // A copy when gradients are 16-bit; FusedAdam's decoupled_grad is the shard itself.
       master_grads_are_copies_ =
           master_grads_are_copies_ || (!precision_aware && grad.scalar_type() != at::kFloat);
@@ -328,7 +341,7 @@ void MixedPrecisionOptimizer::Step() {
         fp8_kind.any_layout_gemm = p.fp8.any_layout_gemm;
         continue;
       }
-      ParameterShard(p).copy_(master);
+      ParameterShard(index).copy_(master);
     }
     CastMastersToFp8Parameters(fp8_masters, fp8_kind);
   }
@@ -363,15 +376,13 @@ void MixedPrecisionOptimizer::CopyUpdatedShards() {
   // The host's updates come back one shard at a time through an fp32 device buffer; the
   // device part's fp32 clones are cast into the 16-bit shards in place.
   CategoryScope category(Category::kTemporary);
-  size_t i = 0;
-  for (Parameter& p : store_->parameters()) {
-    const size_t index = i++;
+  for (size_t index = 0; index < masters_.size(); ++index) {
     if (!owned_[index]) continue;
     if (on_host_[index]) {
-      const at::Tensor shard = ParameterShard(p);
+      const at::Tensor& shard = ParameterShard(index);
       shard.copy_(at::empty(shard.sizes(), shard.options().dtype(at::kFloat)));
     } else {
-      ParameterShard(p).copy_(masters_[index]);
+      ParameterShard(index).copy_(masters_[index]);
     }
   }
 }

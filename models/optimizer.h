@@ -157,8 +157,11 @@ class MixedPrecisionOptimizer {
   void CreateStates();
 
  private:
-  // This rank's share of `p` (the whole of it without sharding).
-  at::Tensor ParameterShard(const Parameter& p) const;
+  // This rank's share of parameter `index` and of its gradient (the whole of them without
+  // sharding): views, made on first use and kept, since every step reads them (making them
+  // again was 12% of a layout's instructions: benchmarks/PROFILE.md).
+  const at::Tensor& ParameterShard(size_t index) const;
+  const at::Tensor& GradientShard(size_t index) const;
   // FusedAdam's first-step state (Note [Precision-aware optimizer]).
   void CreatePrecisionAwareStates();
   // Which shards go to the host (Note [Optimizer CPU offload]); sets `on_host_`.
@@ -183,6 +186,8 @@ class MixedPrecisionOptimizer {
   std::vector<bool> owned_;
   // The parameters' indices in the order their state is made (StateOrder in optimizer.cc).
   std::vector<size_t> order_;
+  // ParameterShard's and GradientShard's views, by parameter (undefined until first used).
+  mutable std::vector<at::Tensor> param_shards_, grad_shards_;
   // Layer-wise: the 16-bit elements each rank owns, dense and expert groups; the rank
   // simulated in each.
   std::vector<int64_t> dense_rank_elements_, expert_rank_elements_;

@@ -200,6 +200,38 @@ TEST(DistributedOptimizer, BytesPerParameter) {
   }
 }
 
+// Note [Distributed optimizer buffers]: the parameter buffer is allocated while the
+// parameters still have their own storages, which are freed one by one as they move in, so
+// the setup briefly holds the parameters twice: 2 + 2 (param_data) + 4 (fp32 grad_data)
+// bytes per parameter in bf16, which plain DDP (no parameter buffer) never holds: 2 + 4.
+// The tiny GPT's 536,064 parameters fill one bucket without padding (BytesPerParameter).
+TEST(DistributedOptimizer, ParameterBufferBrieflyHoldsTheParametersTwice) {
+  const Shape x{64, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 2);
+  const int64_t params = 1024 * 128 + 64 * 128 + 2 * (12 * 128 * 128 + 13 * 128) + 2 * 128;
+  for (const auto& [kind, bytes_per_parameter] :
+       {std::pair{DataParallelKind::kDistributedOptimizer, 8}, {DataParallelKind::kDdp, 6}}) {
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    t.iterations = 1;
+    const std::unique_ptr<Session> session =
+        test::RecordRank(test::Validated(m, t, DataParallelLayout(m, 4, kind)));
+    const Recorder& r = session->recorder();
+    // Up to the optimizer's first master weight (masters add their own bytes after).
+    int64_t buffers_end = 0;
+    for (const StorageInfo& storage : r.storages()) {
+      if (storage.category == Category::kOptimizerState) {
+        buffers_end = storage.alloc_event;
+        break;
+      }
+    }
+    ASSERT_GT(buffers_end, 0);
+    int64_t peak = 0;
+    for (int64_t e = 1; e <= buffers_end; ++e) peak = std::max(peak, test::LiveBytesBefore(r, e));
+    EXPECT_EQ(peak, bytes_per_parameter * params) << DataParallelName(kind);
+  }
+}
+
 TEST(PipelineSchedule, OneForwardOneBackwardInFlight) {
   // Stage r holds min(pp - r, m) microbatches.
   for (int64_t pp : {2, 4, 8}) {
