@@ -196,6 +196,10 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
          "layout:\n  world_size: 2\n  data_parallel: fsdp\n";
   ExpectOneLineError(Memsim("simulate --config " + dir + "/fsdp_mtp.yaml"),
                      "multi-token prediction with FSDP is not modelled");
+  std::ofstream(dir + "/buckets.yaml") << "layout:\n  ddp_bucket_size: 0\n";
+  ExpectOneLineError(Memsim("simulate --config " + dir + "/buckets.yaml"),
+                     "buckets.yaml:2: 'ddp_bucket_size' must be a positive number of elements, "
+                     "got 0");
   // A file in the way of the output folder.
   std::ofstream(dir + "/file") << "x";
   ExpectOneLineError(Memsim("simulate --out " + dir + "/file"), dir + "/file");
@@ -372,6 +376,54 @@ TEST(Cli, Fp8FromFlagsAndYamlIsTheSameRun) {
   EXPECT_NE(PeakOf(bf16.out), PeakOf(cli.out));
   const CommandResult text = Memsim(flags + "--fp8 delayed --out " + dir + "/d");
   EXPECT_NE(text.out.find(", bf16 with FP8 (delayed), seq 2048"), std::string::npos) << text.out;
+}
+
+// Note [Distributed optimizer buffers]: the bucket options reach the layout from the run
+// file and from Megatron-LM's arguments alike. Buckets cut the first stage's gradient
+// buffer only (stages after the first have one bucket whatever the options), so stage 0's
+// peak moves and stage 1's does not.
+TEST(Cli, DdpBucketsFromFlagsAndYamlAreTheSameRun) {
+  const std::string dir = Temp("buckets");
+  std::ofstream(dir + "/run.yaml")
+      << "layout:\n  overlap_grad_reduce: true\n  ddp_bucket_size: 5000000\n";
+  const std::string layout =
+      "--world-size 8 --tp 2 --pp 2 --global-batch-size 8 --seq-length 1024 --iterations 1 "
+      "--data-parallel distributed-optimizer --json ";
+  auto peaks = [](const CommandResult& run) {
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    const nlohmann::json j = nlohmann::json::parse(run.out);
+    std::vector<double> out;
+    for (const auto& c : j["rank_classes"]) out.push_back(c["peak_allocated_MB"].get<double>());
+    return out;
+  };
+  const std::vector<double> yaml =
+      peaks(Memsim("simulate --config " + dir + "/run.yaml --model llama3-8b " + layout + "--out " +
+                   dir + "/a"));
+  const std::vector<double> one_bucket =
+      peaks(Memsim("simulate --model llama3-8b " + layout + "--out " + dir + "/b"));
+  const std::vector<double> megatron = peaks(
+      Memsim("megatron --world-size 8 --iterations 1 --json --out " + dir +
+             "/c -- --num-layers 32 --hidden-size 4096 "
+             "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
+             "--num-query-groups 8 --seq-length 1024 --max-position-embeddings 8192 --swiglu "
+             "--normalization RMSNorm --position-embedding-type rope "
+             "--untie-embeddings-and-output-weights "
+             "--disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0 --bf16 "
+             "--micro-batch-size 1 --global-batch-size 8 --tensor-model-parallel-size 2 "
+             "--pipeline-model-parallel-size 2 --use-distributed-optimizer --vocab-size 128256 "
+             "--train-iters 1 --lr 3e-4 --use-flash-attn --transformer-impl local "
+             "--overlap-grad-reduce --ddp-bucket-size 5000000"));
+  ASSERT_EQ(yaml.size(), 2u);
+  const CommandResult bad = Memsim(
+      "megatron --world-size 8 --out " + dir +
+      "/d -- --num-layers 2 --hidden-size 64 "
+      "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+      "--micro-batch-size 1 --vocab-size 1000 --use-distributed-optimizer --ddp-num-buckets 0");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err, "memsim megatron: --ddp-num-buckets must be positive, got 0\n");
+  EXPECT_EQ(megatron, yaml);
+  EXPECT_NE(one_bucket[0], yaml[0]);
+  EXPECT_EQ(one_bucket[1], yaml[1]);
 }
 
 // TP communication overlap's userbuffers sit outside PyTorch's allocator: reported per

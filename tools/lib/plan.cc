@@ -420,8 +420,9 @@ std::string RenderMarkdown(const PlanReport& report, const GpuSpec& gpu) {
           "layouts; as a prediction it is rough (median error 20% against Megatron-LM's "
           "functional tests on H100, VALIDATION.md). Headroom: what the allocator can reserve "
           "(usable memory less TP overlap's userbuffers) minus the peak reserved of the "
-          "fullest stage. Screened: simulated with fewer microbatches (the same memory to "
-          "within one 2 MiB allocator segment, Note [Plan search]).\n\n"
+          "fullest stage. Screened: simulated with fewer microbatches (the same allocated "
+          "memory; the reserved may miss a segment that fragmentation adds late in a long "
+          "run, Note [Plan search]).\n\n"
        << "| # | layout | DP | microbatches | step (s) | tokens/s/GPU | bubble | headroom | "
           "verified |\n|---|---|---|---|---|---|---|---|---|\n";
     for (size_t i = 0; i < fitting.size() && static_cast<int64_t>(i) < report.shown; ++i) {

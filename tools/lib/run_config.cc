@@ -169,6 +169,23 @@ Status ApplyLayoutYaml(const YAML::Node& node, const std::string& source, Parall
        [&](const YAML::Node& v) {
          return Read(v, source, "overlap_p2p_comm", &l->overlap_p2p_comm);
        }},
+      // Megatron's --overlap-grad-reduce and --ddp-bucket-size: how the distributed
+      // optimizer's buckets cut its shards (Note [Distributed optimizer buffers]).
+      {"overlap_grad_reduce",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "overlap_grad_reduce", &l->ddp_buckets.overlap_grad_reduce);
+       }},
+      {"ddp_bucket_size",
+       [&](const YAML::Node& v) {
+         int64_t elements = 0;
+         MEMSIM_RETURN_IF_ERROR(Read(v, source, "ddp_bucket_size", &elements));
+         if (elements <= 0) {
+           return Status::Error(Where(source, v) + ": 'ddp_bucket_size' must be a positive " +
+                                "number of elements, got " + std::to_string(elements));
+         }
+         l->ddp_buckets.bucket_size = elements;
+         return Status::OK();
+       }},
       {"data_parallel",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "data_parallel", &ParseDataParallel, &l->data_parallel);
