@@ -251,7 +251,7 @@ TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
     EXPECT_EQ(capture.count(op), 1u) << op;
     EXPECT_EQ(replay.count(op), 0u) << op;
   }
-  for (const std::string& op : {"aten::sum", "aten::ones_like"}) {
+  for (const char* op : {"aten::sum", "aten::ones_like"}) {
     EXPECT_EQ(eager.count(op), 1u) << op;
     EXPECT_EQ(capture.count(op), 0u) << op;
     EXPECT_EQ(replay.count(op), 1u) << op;
