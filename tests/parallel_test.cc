@@ -1161,6 +1161,35 @@ CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> simulated_r
   return step;
 }
 
+// Note [Distributed optimizer buffers] against a real run: Megatron-LM's pretrain_gpt.py on
+// an H200 as rank 7 of 8 (validation/fake_pg; a 16-layer Llama, hidden 2048, DP 8 with two
+// optimizer instances, so each shards over 4 ranks and rank 7 is the instance's rank 3).
+// Its allocator history (validation/fake_pg/traces/
+// llama_1b_local_dp8_two_optimizer_instances.trace.json.gz) has, under
+// _build_model_and_main_param_groups, 50 bf16 clones each followed by its fp32 master;
+// these are the masters' sizes in the order the run made them: a quarter of the output
+// layer, then per bucket (40M elements, cut across layers) the pieces rank 3's ranges
+// meet, a quarter of the word embedding, then sixteen whole norm weights (the second
+// parameter group, without weight decay, comes last). memsim makes the same tensors in the
+// same order.
+TEST(DistributedOptimizer, RankSevensMastersAreTheRealRunsOwn) {
+  const CaseStep step = RunCaseStep("fake_pg__llama_1b_local_dp8_two_optimizer_instances__h200",
+                                    /*simulated_rank=*/7);
+  const Recorder& r = step.session->recorder();
+  std::vector<int64_t> masters;
+  for (const StorageInfo& s : r.storages()) {
+    if (s.phase == Phase::kSetup && s.category == Category::kOptimizerState &&
+        s.dtype == at::kFloat) {
+      masters.push_back(s.size_bytes);
+    }
+  }
+  std::vector<int64_t> real = {262668288, 15724544};
+  for (int layer = 0; layer < 15; ++layer) real.insert(real.end(), {25165824, 19918848});
+  real.insert(real.end(), {25165824, 266864640});
+  real.insert(real.end(), 16, 8192);
+  EXPECT_EQ(masters, real);
+}
+
 // Note [Layer-wise optimizer] on Megatron-LM's CI run of distributed Muon (validation case
 // gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_muon: 12 layers, H 512, 8 experts on EP8 over
 // 8 GPUs, so DP 8 and expert DP 1; bf16; --no-use-layer-wise-param-layout). Worked from
