@@ -1169,7 +1169,7 @@ CaseStep RunCaseStep(const std::string& name, std::optional<int64_t> simulated_r
 // _build_model_and_main_param_groups, 50 bf16 clones each followed by its fp32 master;
 // these are the masters' sizes in the order the run made them: a quarter of the output
 // layer, then per bucket (40M elements, cut across layers) the pieces rank 3's ranges
-// meet, a quarter of the word embedding, then sixteen whole norm weights (the second
+// meet, a piece of the word embedding, then sixteen whole norm weights (the second
 // parameter group, without weight decay, comes last). memsim makes the same tensors in the
 // same order.
 TEST(DistributedOptimizer, RankSevensMastersAreTheRealRunsOwn) {
