@@ -367,8 +367,8 @@ struct TrainingConfig {
   // The global rank whose data-parallel share the simulated stages hold where data-parallel
   // ranks differ: the layer-wise optimizer's owners (unset: the rank holding the most
   // optimizer state, what decides whether a layout fits) and the distributed optimizer's
-  // bucket slices (unset: the last data-parallel rank, the one Megatron-LM logs from).
-  // `memsim validate` sets the rank a measurement logged.
+  // bucket slices (unset: the rank whose slices hold the most, in each of the dense and
+  // expert groups). `memsim validate` sets the rank a measurement logged.
   std::optional<int64_t> simulated_rank;
   bool dropout = true;  // false: every dropout probability is treated as 0
   // Megatron-Core's bias_activation_fusion: the activation (with fc1's bias) runs as one

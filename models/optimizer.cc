@@ -70,11 +70,12 @@ bool WithoutWeightDecay(const Parameter& p) {
 }
 
 // The order the optimizer makes its per-parameter state in: the store's, or under the
-// distributed optimizer's buckets Megatron's (_build_optimizer_group_ranges): the dense
-// optimizer before the experts', then parameter group, model chunk, and the buffer's
-// order, which is the reverse of the parameters'. (FP8 parameters' own buffer is not told
-// apart.)
-std::vector<size_t> StateOrder(const std::deque<Parameter>& params) {
+// distributed optimizer's buckets Megatron's (_build_optimizer_group_ranges in each of
+// its optimizers, OptimizerOptions): optimizer, then parameter group, model chunk, and
+// the buffer's order, which is the reverse of the parameters'. (FP8 parameters' own
+// buffer is not told apart.)
+std::vector<size_t> StateOrder(const std::deque<Parameter>& params,
+                               const OptimizerOptions& options) {
   std::vector<size_t> order(params.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const bool bucketed = std::any_of(params.begin(), params.end(), [](const Parameter& p) {
@@ -83,7 +84,9 @@ std::vector<size_t> StateOrder(const std::deque<Parameter>& params) {
   if (!bucketed) return order;
   auto key = [&](size_t i) {
     const Parameter& p = params[i];
-    return std::make_tuple(p.expert, WithoutWeightDecay(p), p.chunk, -static_cast<int64_t>(i));
+    return std::make_tuple(p.expert && options.experts_apart,
+                           options.first_chunk_apart && p.chunk > 0, WithoutWeightDecay(p), p.chunk,
+                           -static_cast<int64_t>(i));
   };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
   return order;
@@ -106,7 +109,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(ParameterStore* store,
   param_shards_.resize(muon_.size());
   grad_shards_.resize(muon_.size());
   if (options_.layer_wise) DealWholeParameters(*options_.layer_wise);
-  order_ = StateOrder(store->parameters());
+  order_ = StateOrder(store->parameters(), options_);
   for (size_t i = 0; i < owned_.size(); ++i) {
     // Another rank's buckets hold all of it (Note [Distributed optimizer buffers]).
     const auto& slice = store->parameters()[i].optimizer_slice;
@@ -328,11 +331,10 @@ void MixedPrecisionOptimizer::Step() {
     }
   }
   if (store_->precision() != Precision::kFp32 && !precision_aware) {  // else the kernel does
-    size_t i = 0;
     std::vector<at::Tensor> fp8_masters;
     Fp8Module fp8_kind;  // the recipe and layouts of the FP8 parameters (one for all)
-    for (Parameter& p : store_->parameters()) {
-      const size_t index = i++;
+    for (size_t index : order_) {
+      const Parameter& p = store_->parameters()[index];
       if (!owned_[index]) continue;
       const at::Tensor& master = masters_[index];
       if (p.fp8.fp8_param) {
@@ -360,7 +362,7 @@ void MixedPrecisionOptimizer::HybridGradients() {
   // 16-bit gradient goes through an fp32 device buffer of the shard's size.
   hybrid_grads_.resize(masters_.size());
   CategoryScope category(Category::kGradient);
-  for (size_t i = 0; i < masters_.size(); ++i) {
+  for (size_t i : order_) {
     const at::Tensor& grad = master_grads_[i];
     if (!grad.defined() || grad.scalar_type() == at::kFloat) continue;
     if (on_host_[i]) {
@@ -376,7 +378,7 @@ void MixedPrecisionOptimizer::CopyUpdatedShards() {
   // The host's updates come back one shard at a time through an fp32 device buffer; the
   // device part's fp32 clones are cast into the 16-bit shards in place.
   CategoryScope category(Category::kTemporary);
-  for (size_t index = 0; index < masters_.size(); ++index) {
+  for (size_t index : order_) {
     if (!owned_[index]) continue;
     if (on_host_[index]) {
       const at::Tensor& shard = ParameterShard(index);

@@ -12,7 +12,7 @@
 //                parameters copied back from the masters in place.
 //
 // With Megatron's distributed optimizer (ZeRO-1) the masters, master gradients and Adam
-// state cover only this data-parallel rank's 1/dp of every parameter: 6 + 12/dp bytes
+// state cover only this data-parallel rank's 1/dp of every bucket: about 6 + 12/dp bytes
 // per parameter for bf16, 4 + 16/dp for fp16, 8 + 8/dp for fp32. Megatron shards one
 // contiguous range of each gradient-buffer bucket per rank, so a rank's state is one
 // tensor per parameter its range meets, cut where the range cuts it (Note [Distributed
@@ -140,6 +140,13 @@ struct OptimizerOptions {
   // fp32 masters cloned from fp32 parameters too (Megatron-FSDP's main-weight buffer),
   // instead of updating the parameters themselves.
   bool fp32_masters_always = false;
+  // Where the distributed optimizer's buckets cut the parameters (Note [Distributed
+  // optimizer buffers]), the order Megatron-Core's optimizers make their state in: routed
+  // experts' after the dense parameters' when they are expert-parallel (their own
+  // optimizer), and with --overlap-param-gather-with-optimizer-step the first model
+  // chunk's before the other chunks' (an optimizer of its own).
+  bool experts_apart = true;
+  bool first_chunk_apart = false;
 };
 
 class MixedPrecisionOptimizer {
@@ -158,8 +165,8 @@ class MixedPrecisionOptimizer {
 
  private:
   // This rank's share of parameter `index` and of its gradient (the whole of them without
-  // sharding): views, made on first use and kept, since every step reads them (making them
-  // again was 12% of a layout's instructions: benchmarks/PROFILE.md).
+  // sharding): views, made on first use and kept, since every step reads them
+  // (benchmarks/PROFILE.md, item 3).
   const at::Tensor& ParameterShard(size_t index) const;
   const at::Tensor& GradientShard(size_t index) const;
   // FusedAdam's first-step state (Note [Precision-aware optimizer]).

@@ -48,7 +48,8 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
                          this,
                          /*fp8=*/{},
                          chunk_,
-                         /*optimizer_slice=*/std::nullopt});
+                         /*optimizer_slice=*/std::nullopt,
+                         /*shared_embedding=*/false});
   return &parameters_.back();
 }
 

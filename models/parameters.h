@@ -3,8 +3,10 @@
 // Note [Mixed precision state]
 // Every parameter is created in the training dtype (fp32, bf16 or fp16) and used by
 // forward and backward in it. Its gradient never lives in param.grad: the layers'
-// backward (layers.cc) accumulates weight gradients into `main_grad`, a view into one
-// contiguous gradient buffer (Megatron's DDP ParamAndGradBuffer), fp32 for fp32 and bf16
+// backward (layers.cc) accumulates weight gradients into `main_grad`, a view into a
+// contiguous gradient buffer (Megatron's DDP ParamAndGradBuffer: one, or under the
+// distributed optimizer one per model chunk and kind, Note [Distributed optimizer buffers]
+// in parallel/ddp_buffers.h), fp32 for fp32 and bf16
 // training (accumulate_allreduce_grads_in_fp32) and fp16 for fp16 training, or bf16 for
 // bf16 training with --grad-reduce-in-bf16. The weight gradient reaches main_grad one of
 // two ways (Note [Weight gradients]). The optimizer (optimizer.h) adds fp32 master copies
@@ -94,6 +96,9 @@ struct Parameter {
   // as the gradient buffer's bucket ranges cut it (Note [Distributed optimizer buffers]
   // in parallel/ddp_buffers.h); unset: ceil(numel / shards) from its front.
   std::optional<ParameterSlice> optimizer_slice;
+  // Megatron's shared_embedding: with PP > 1 and tied embeddings or multi-token prediction,
+  // the first stage's word embedding and the last stage's copy sit alone in a DDP bucket.
+  bool shared_embedding = false;
 };
 
 class ParameterStore {

@@ -44,6 +44,10 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
     deferred_wgrad_ = c10::make_intrusive<DeferredWgrad>(training.wgrad_deferral_limit);
   }
   if (shard.first_stage || mtp) {
+    // The MTP stage's copy belongs to its last model chunk, where its MTP layers are.
+    if (!shard.first_stage) {
+      store->set_chunk(std::max<int64_t>(0, static_cast<int64_t>(shard.chunks.size()) - 1));
+    }
     ModuleScope scope("embedding");
     {
       ModuleScope inner("word_embeddings");
@@ -94,6 +98,17 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
     }
     // GPTModel's shared_embedding_or_output_weight: the MTP stage's embedding.
     if (model.tie_embeddings && mtp) output_weight_ = word_embeddings_;
+  }
+  // LanguageModule.setup_embeddings_and_output_layer: over a pipeline, with tied embeddings
+  // or MTP, the first stage's embedding and the last stage's shared weight (the MTP
+  // stage's embedding, else the output layer's copy) are marked shared_embedding.
+  const bool pipelined = !(shard.first_stage && shard.last_stage);
+  if (pipelined && (model.tie_embeddings || model.mtp_num_layers > 0)) {
+    if (shard.first_stage) {
+      word_embeddings_->shared_embedding = true;
+    } else if (shard.last_stage) {
+      (mtp ? word_embeddings_ : output_weight_)->shared_embedding = true;
+    }
   }
 }
 

@@ -10,22 +10,29 @@
 // starting at a multiple of 64 elements; it closes a bucket when the bucket reaches the
 // bucket size, and pads the bucket's end to a multiple of lcm(dp, 128) (lcm(dp, 128, 2^16)
 // with --ddp-pad-buckets-for-high-nccl-busbw), dp being the buffer's intra-instance
-// data-parallel size. A shared embedding (tied, PP > 1) sits alone in its bucket. Data-
-// parallel rank r owns [r S/dp, (r+1) S/dp) of every bucket of padded size S, and its
-// optimizer holds, per parameter that range meets, an fp32 master and Adam's state of just
-// the elements it meets: so ranks differ in how their shards are cut (equal bytes per
-// bucket), and a parameter the range misses has none on that rank.
+// data-parallel size. A shared embedding (Parameter::shared_embedding: PP > 1 with tied
+// embeddings or MTP) sits alone in its bucket. Data-parallel rank r owns
+// [r S/dp, (r+1) S/dp) of every bucket of padded size S, and its optimizer holds, per
+// parameter that range meets, an fp32 master and Adam's state of just the elements it
+// meets: so ranks differ in how their shards are cut (and by the padding, which falls in
+// the last rank's range and holds no state), and a parameter the range misses has none
+// on that rank. Routed experts have buffers of their own only when expert-parallel
+// (ExpertsApart: Megatron's allreduce = False).
 //
 // The bucket size: --ddp-num-buckets splits the rank's parameters evenly, else
 // --ddp-bucket-size, else max(40M, 1M x dp x cp) (the full data-parallel group); none (one
-// bucket a buffer) without --overlap-grad-reduce, on pipeline stages after the first, for
-// chunks after the first, and with --overlap-param-gather-with-optimizer-step.
+// bucket a buffer, but for a shared embedding's) without --overlap-grad-reduce, on pipeline
+// stages after the first, for chunks after the first, and with
+// --overlap-param-gather-with-optimizer-step.
 //
 // What the buffers allocate, per chunk and buffer in that order: param_data (the parameter
 // dtype, the whole padded buffer), grad_data (the gradient dtype), then every parameter in
 // reverse order moves into its place in param_data and its own storage is freed. Not
 // modelled: FP8 parameters stay outside param_data (their 16-bit data has no storage), the
-// NCCL user-buffer pool (--nccl-ub), MXFP8's shared buffer.
+// NCCL user-buffer pool (--nccl-ub), MXFP8's shared buffer, the side stream DDP builds the
+// buffers on (whose pool the default stream's later blocks cannot use; nothing is freed
+// into it), local experts as separate parameters (memsim's weights hold all of a layer's
+// local experts: buckets cut them as one tensor), and the parameter groups of --decoupled-lr.
 #pragma once
 
 #include <cstdint>
@@ -78,11 +85,13 @@ struct DdpBufferOptions {
   int64_t dp_cp = 1;         // the full data-parallel x context-parallel group
   int64_t dense_shards = 1;  // intra-instance groups (OptimizerShards)
   int64_t expert_shards = 1;
-  int64_t dense_rank = 0;  // this rank's place in each
-  int64_t expert_rank = 0;
+  // This rank's place in each; unset: the one whose slices hold the most elements.
+  std::optional<int64_t> dense_rank, expert_rank;
   int64_t pp_rank = 0;
-  // Tied embeddings over PP > 1: the embedding and the output layer's copy are shared.
-  bool shared_embeddings = false;
+  // Whether routed experts are expert-parallel, in buffers and an optimizer of their own
+  // (Megatron's allreduce = False: EP > 1 or ETP != TP); else they sit among the dense
+  // parameters.
+  bool experts_apart = true;
 };
 
 // Allocates every chunk's buffers as the Note says, moves the parameters into them,

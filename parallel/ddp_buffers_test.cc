@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,25 @@ TEST(DdpBuffers, BucketSizeFollowsMegatronLmsResolution) {
   EXPECT_EQ(ChunkBucketSize(o, 64, 1'000'000, 0, 0), 250'000);
   o.overlap_param_gather_with_optimizer_step = true;
   EXPECT_EQ(ChunkBucketSize(o, 64, 1'000'000, 0, 0), std::nullopt);
+}
+
+// Without a given rank the buffers take the fullest: in the one-bucket layout above, rank 0
+// has the 12-element gap before p1 in its range, rank 3 the 8 before p0 and the 88 of
+// padding; ranks 1 and 2 hold 1152 elements each, and the later of them is taken.
+TEST(DdpBuffers, WithoutARankTheFullestIsSimulated) {
+  ParameterStore store(Precision::kBf16);
+  for (int64_t numel : {1000, 3000, 500}) store.Add("w" + std::to_string(numel), {numel});
+  DdpBufferOptions options;
+  options.dense_shards = 4;
+  AllocateDistributedOptimizerBuffers(&store, options);
+  std::vector<std::pair<int64_t, int64_t>> slices;
+  for (const Parameter& p : store.parameters()) {
+    ASSERT_TRUE(p.optimizer_slice.has_value());
+    slices.emplace_back(p.optimizer_slice->offset, p.optimizer_slice->elements);
+  }
+  EXPECT_EQ(slices, (Slices{{0, 0}, {1792, 1152}, {0, 0}}));
+  ASSERT_EQ(store.grad_buffers().size(), 1u);
+  EXPECT_EQ(store.grad_buffers()[0].numel(), 4608);
 }
 
 }  // namespace

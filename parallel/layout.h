@@ -124,6 +124,13 @@ Status FinalizeLayout(ParallelLayout* layout, const ModelConfig& model);
 // over the instances. 1 without a distributed optimizer.
 int64_t OptimizerShards(const ParallelLayout& layout, bool experts);
 
+// Whether routed experts are expert-parallel (Megatron-Core's param.allreduce = False: EP > 1
+// or ETP != TP), with DDP buffers and an optimizer of their own; else they are reduced and
+// optimized with the dense parameters.
+inline bool ExpertsApart(const ParallelLayout& layout) {
+  return layout.ep > 1 || layout.etp != layout.tp;
+}
+
 RankCoordinates CoordinatesOf(const ParallelLayout& layout, int64_t rank);
 
 // Layers each pipeline stage holds, in order (uneven first/last as configured), per

@@ -142,24 +142,35 @@ MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const Paralle
   return o;
 }
 
-// The distributed optimizer's buffers on stage `pp_rank` of the simulated rank's data-
-// parallel place (TrainingConfig::simulated_rank; unset: the last).
-DdpBufferOptions DdpBufferOptionsOf(const ParallelLayout& layout, const ModelConfig& model,
-                                    const TrainingConfig& training, int64_t pp_rank) {
+// Where global rank `rank` sits in its stage's data-parallel x context-parallel group and in
+// its expert data-parallel group (ranks ordered tp, cp, dp; the stage's ranks regrouped etp,
+// ep, edp: Note [Rank classes]).
+struct DataParallelPlace {
+  int64_t dense, expert;
+};
+DataParallelPlace DataParallelPlaceOf(const ParallelLayout& layout, int64_t rank) {
+  const RankCoordinates c = CoordinatesOf(layout, rank);
+  const int64_t in_stage = rank % (layout.world_size / layout.pp);
+  return {c.dp_rank * layout.cp + c.cp_rank, in_stage / (layout.etp * layout.ep)};
+}
+
+// The distributed optimizer's buffers on stage `pp_rank`, for the simulated rank's data-
+// parallel place (TrainingConfig::simulated_rank; unset: the fullest).
+DdpBufferOptions DdpBufferOptionsOf(const ParallelLayout& layout, const TrainingConfig& training,
+                                    int64_t pp_rank) {
   DdpBufferOptions o;
   o.buckets = layout.ddp_buckets;
   o.dp_cp = layout.dp * layout.cp;
   o.dense_shards = OptimizerShards(layout, false);
   o.expert_shards = OptimizerShards(layout, true);
   o.pp_rank = pp_rank;
-  o.shared_embeddings = model.tie_embeddings && layout.pp > 1;
-  const int64_t rank = training.simulated_rank.value_or(layout.world_size - 1);
-  // Intra-instance groups are consecutive slices of the data-parallel ranks (ranks ordered
-  // tp, cp, dp; the stage's ranks regrouped etp, ep, edp: Note [Rank classes]).
-  const RankCoordinates c = CoordinatesOf(layout, rank);
-  o.dense_rank = (c.dp_rank * layout.cp + c.cp_rank) % o.dense_shards;
-  const int64_t in_stage = rank % (layout.world_size / layout.pp);
-  o.expert_rank = in_stage / (layout.etp * layout.ep) % o.expert_shards;
+  o.experts_apart = ExpertsApart(layout);
+  if (training.simulated_rank) {
+    // Intra-instance groups are consecutive slices of the data-parallel ranks.
+    const DataParallelPlace place = DataParallelPlaceOf(layout, *training.simulated_rank);
+    o.dense_rank = place.dense % o.dense_shards;
+    o.expert_rank = place.expert % o.expert_shards;
+  }
   return o;
 }
 
@@ -299,8 +310,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       session.EmptyCache();  // the end of Megatron-FSDP's setup: gc.collect(), empty_cache()
       break;
     case DataParallelKind::kDistributedOptimizer:
-      AllocateDistributedOptimizerBuffers(
-          &store, DdpBufferOptionsOf(layout, model_config, training, pp_rank));
+      AllocateDistributedOptimizerBuffers(&store, DdpBufferOptionsOf(layout, training, pp_rank));
       break;
     default:
       store.AllocateGradBuffer();
@@ -314,17 +324,16 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   optimizer_options.cpu_offload_fraction = training.optimizer_offload_fraction;
   // Megatron-FSDP keeps a main-weight shard whatever the parameters' dtype.
   optimizer_options.fp32_masters_always = layout.data_parallel == DataParallelKind::kMegatronFsdp;
+  optimizer_options.experts_apart = ExpertsApart(layout);
+  optimizer_options.first_chunk_apart = layout.ddp_buckets.overlap_param_gather_with_optimizer_step;
   if (training.layer_wise_optimizer) {
     LayerWiseGroups groups;
     groups.dense_ranks = layout.dp * layout.cp;
     groups.expert_ranks = layout.edp;
     if (training.simulated_rank) {
-      // Its place in the dp-cp group (ranks ordered tp, cp, dp) and in the expert data-
-      // parallel one (the stage's ranks regrouped etp, ep, edp; Note [Rank classes]).
-      const RankCoordinates c = CoordinatesOf(layout, *training.simulated_rank);
-      groups.dense_rank = c.dp_rank * layout.cp + c.cp_rank;
-      const int64_t in_stage = *training.simulated_rank % (layout.world_size / layout.pp);
-      groups.expert_rank = in_stage / (layout.etp * layout.ep);
+      const DataParallelPlace place = DataParallelPlaceOf(layout, *training.simulated_rank);
+      groups.dense_rank = place.dense;
+      groups.expert_rank = place.expert;
     }
     optimizer_options.layer_wise = groups;
   }

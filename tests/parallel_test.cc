@@ -182,7 +182,8 @@ TEST(DistributedOptimizer, BytesPerParameter) {
       t.precision_aware_optimizer = c.precision_aware;
       t.main_grads_dtype = t.exp_avg_dtype = t.exp_avg_sq_dtype = c.states;
       t.store_param_remainders = c.remainders;
-      // The scales are per parameter tensor the simulated (last) rank's range meets. One
+      // The scales are per parameter tensor the simulated rank's range meets (the last: with no
+      // gap or padding every rank holds as much). One
       // bucket of 536,064 elements (no padding: every tensor's size is a multiple of 64, the
       // sum of 128) laid out in reverse: the final norm, layer 1, layer 0 from 198,528, the
       // position embedding from 396,800, the word embedding from 404,992. d = 2: rank 1's
