@@ -260,6 +260,18 @@ double PeakOf(const std::string& json_out) {
   return peak;
 }
 
+// Megatron-LM's arguments for the llama3-8b preset on TP2 PP2 over 8 GPUs, sequence 1024,
+// global batch 8, with the distributed optimizer.
+const std::string kLlama3_8bMegatronArgs =
+    "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+    "--group-query-attention --num-query-groups 8 --seq-length 1024 "
+    "--max-position-embeddings 8192 --swiglu --normalization RMSNorm "
+    "--position-embedding-type rope --untie-embeddings-and-output-weights "
+    "--disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0 --bf16 "
+    "--micro-batch-size 1 --global-batch-size 8 --tensor-model-parallel-size 2 "
+    "--pipeline-model-parallel-size 2 --use-distributed-optimizer --vocab-size 128256 "
+    "--train-iters 1 --lr 3e-4 --use-flash-attn --transformer-impl local";
+
 // A Llama-3-8B preset, its Hugging Face config.json and the equivalent Megatron-LM
 // arguments describe the same model, so they simulate to the same peak.
 TEST(Cli, EveryInputRouteGivesTheSameModel) {
@@ -280,17 +292,8 @@ TEST(Cli, EveryInputRouteGivesTheSameModel) {
   const CommandResult hf =
       Memsim("simulate --hf-config " + dir + "/config.json " + layout + "--out " + dir + "/b");
   ASSERT_EQ(hf.exit_code, 0) << hf.err;
-  const CommandResult megatron =
-      Memsim("megatron --world-size 8 --iterations 1 --json --out " + dir +
-             "/c -- --num-layers 32 --hidden-size 4096 "
-             "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
-             "--num-query-groups 8 --seq-length 1024 --max-position-embeddings 8192 --swiglu "
-             "--normalization RMSNorm --position-embedding-type rope "
-             "--untie-embeddings-and-output-weights "
-             "--disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0 --bf16 "
-             "--micro-batch-size 1 --global-batch-size 8 --tensor-model-parallel-size 2 "
-             "--pipeline-model-parallel-size 2 --use-distributed-optimizer --vocab-size 128256 "
-             "--train-iters 1 --lr 3e-4 --use-flash-attn --transformer-impl local");
+  const CommandResult megatron = Memsim("megatron --world-size 8 --iterations 1 --json --out " +
+                                        dir + "/c -- " + kLlama3_8bMegatronArgs);
   ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
   EXPECT_NE(megatron.err.find("ignored (no effect on memory): --max-position-embeddings "
                               "--train-iters --lr"),
@@ -401,18 +404,9 @@ TEST(Cli, DdpBucketsFromFlagsAndYamlAreTheSameRun) {
                    dir + "/a"));
   const std::vector<double> one_bucket =
       peaks(Memsim("simulate --model llama3-8b " + layout + "--out " + dir + "/b"));
-  const std::vector<double> megatron = peaks(
-      Memsim("megatron --world-size 8 --iterations 1 --json --out " + dir +
-             "/c -- --num-layers 32 --hidden-size 4096 "
-             "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
-             "--num-query-groups 8 --seq-length 1024 --max-position-embeddings 8192 --swiglu "
-             "--normalization RMSNorm --position-embedding-type rope "
-             "--untie-embeddings-and-output-weights "
-             "--disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0 --bf16 "
-             "--micro-batch-size 1 --global-batch-size 8 --tensor-model-parallel-size 2 "
-             "--pipeline-model-parallel-size 2 --use-distributed-optimizer --vocab-size 128256 "
-             "--train-iters 1 --lr 3e-4 --use-flash-attn --transformer-impl local "
-             "--overlap-grad-reduce --ddp-bucket-size 5000000"));
+  const std::vector<double> megatron =
+      peaks(Memsim("megatron --world-size 8 --iterations 1 --json --out " + dir + "/c -- " +
+                   kLlama3_8bMegatronArgs + " --overlap-grad-reduce --ddp-bucket-size 5000000"));
   ASSERT_EQ(yaml.size(), 2u);
   const CommandResult bad = Memsim(
       "megatron --world-size 8 --out " + dir +
