@@ -1,8 +1,12 @@
 #include "simulator/trace_writer.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
+#include <string>
 
 #include "simulator/atomic_file.h"
 
@@ -43,45 +47,74 @@ std::vector<int64_t> ThinnedIndices(const std::vector<TimelinePoint>& points, in
   return kept;
 }
 
-nlohmann::json Sample(double time_s, int64_t reserved_bytes, int64_t allocated_bytes) {
-  return {{"timestamp_s", time_s},
-          {"reserved_memory_MB", BytesToMiB(reserved_bytes)},
-          {"allocated_memory_MB", BytesToMiB(allocated_bytes)}};
+// Appends `value` as nlohmann::json writes a number, so that the text is what dumping the
+// trace as a JSON document would give (its readers parse it; a test checks the bytes).
+void AppendNumber(double value, std::string* out) { out->append(nlohmann::json(value).dump()); }
+
+// One sample object, at dump(1)'s depth 3 (keys in std::map's order, as nlohmann's).
+void AppendSample(double time_s, int64_t reserved_bytes, int64_t allocated_bytes,
+                  std::string* out) {
+  out->append("   {\n    \"allocated_memory_MB\": ");
+  AppendNumber(BytesToMiB(allocated_bytes), out);
+  out->append(",\n    \"reserved_memory_MB\": ");
+  AppendNumber(BytesToMiB(reserved_bytes), out);
+  out->append(",\n    \"timestamp_s\": ");
+  AppendNumber(time_s, out);
+  out->append("\n   }");
+}
+
+// Iteration `it`'s entry, from its opening brace to its closing one.
+void AppendIteration(const Timeline& timeline, const IterationSummary& it,
+                     const TraceOptions& options, std::string* out) {
+  const auto& points = timeline.points();
+  out->append("{\n  \"peak_allocated_MB\": ");
+  AppendNumber(BytesToMiB(it.peak_allocated_bytes), out);
+  out->append(",\n  \"samples\": [\n");
+  // The iteration opens at its static memory, as the real tracer's first sample does.
+  const int64_t reserved_at_start =
+      it.begin_event > 0 ? points[static_cast<size_t>(it.begin_event - 1)].reserved_bytes : 0;
+  AppendSample(it.begin_time_s, reserved_at_start, it.static_allocated_bytes, out);
+  double interval_s = options.sample_interval_s;
+  if (interval_s <= 0 && options.max_intervals_per_iteration > 0 &&
+      it.end_event - it.begin_event > 6 * options.max_intervals_per_iteration) {
+    interval_s = (it.end_time_s - it.begin_time_s) /
+                 static_cast<double>(options.max_intervals_per_iteration);
+  }
+  for (int64_t i : ThinnedIndices(points, it.begin_event, it.end_event, interval_s)) {
+    const TimelinePoint& p = points[static_cast<size_t>(i)];
+    out->append(",\n");
+    AppendSample(p.time_s, p.reserved_bytes, p.allocated_bytes, out);
+  }
+  out->append("\n  ],\n  \"static_memory_MB\": ");
+  AppendNumber(BytesToMiB(it.static_allocated_bytes), out);
+  out->append(",\n  \"theoretical_memory_MB\": ");
+  AppendNumber(options.theoretical_memory_mb, out);
+  out->append("\n }");
 }
 
 }  // namespace
 
-nlohmann::json TraceJson(const Timeline& timeline, const TraceOptions& options) {
-  nlohmann::json trace = nlohmann::json::object();
-  const auto& points = timeline.points();
+std::string TraceText(const Timeline& timeline, const TraceOptions& options) {
+  // Iterations by key as a JSON object orders them (std::map: "10" before "2"); a repeated
+  // iteration keeps its last entry.
+  std::map<std::string, const IterationSummary*> iterations;
   for (const IterationSummary& it : timeline.iterations()) {
-    nlohmann::json samples = nlohmann::json::array();
-    // The iteration opens at its static memory, as the real tracer's first sample does.
-    const int64_t reserved_at_start =
-        it.begin_event > 0 ? points[static_cast<size_t>(it.begin_event - 1)].reserved_bytes : 0;
-    samples.push_back(Sample(it.begin_time_s, reserved_at_start, it.static_allocated_bytes));
-    double interval_s = options.sample_interval_s;
-    if (interval_s <= 0 && options.max_intervals_per_iteration > 0 &&
-        it.end_event - it.begin_event > 6 * options.max_intervals_per_iteration) {
-      interval_s = (it.end_time_s - it.begin_time_s) /
-                   static_cast<double>(options.max_intervals_per_iteration);
-    }
-    for (int64_t i : ThinnedIndices(points, it.begin_event, it.end_event, interval_s)) {
-      const TimelinePoint& p = points[static_cast<size_t>(i)];
-      samples.push_back(Sample(p.time_s, p.reserved_bytes, p.allocated_bytes));
-    }
-    trace[std::to_string(it.iteration)] = {
-        {"samples", std::move(samples)},
-        {"peak_allocated_MB", BytesToMiB(it.peak_allocated_bytes)},
-        {"theoretical_memory_MB", options.theoretical_memory_mb},
-        {"static_memory_MB", BytesToMiB(it.static_allocated_bytes)},
-    };
+    iterations[std::to_string(it.iteration)] = &it;
   }
-  return trace;
+  if (iterations.empty()) return "{}";
+  std::string out = "{\n";
+  bool first = true;
+  for (const auto& [key, it] : iterations) {
+    out.append(first ? " \"" : ",\n \"").append(key).append("\": ");
+    first = false;
+    AppendIteration(timeline, *it, options, &out);
+  }
+  out.append("\n}");
+  return out;
 }
 
 Status WriteTrace(const std::string& path, const Timeline& timeline, const TraceOptions& options) {
-  return WriteFileAtomically(path, TraceJson(timeline, options).dump(1));
+  return WriteFileAtomically(path, TraceText(timeline, options));
 }
 
 }  // namespace memsim

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "simulator/peak_analysis.h"
@@ -135,7 +136,7 @@ TEST(Timeline, CapacityShortcutAgreesWithTheFullReplay) {
 TEST(TraceWriter, MatchesTheRealTracerSchema) {
   MlpRun run;
   const Timeline timeline = Timeline::Replay(run.session.recorder());
-  const nlohmann::json trace = TraceJson(timeline, TraceOptions{});
+  const nlohmann::json trace = nlohmann::json::parse(TraceText(timeline, TraceOptions{}));
   ASSERT_EQ(trace.size(), 2u);
   for (const char* key : {"0", "1"}) {
     const nlohmann::json& it = trace.at(key);
@@ -157,13 +158,37 @@ TEST(TraceWriter, MatchesTheRealTracerSchema) {
   EXPECT_EQ(trace["0"]["samples"][0]["allocated_memory_MB"].get<double>(), 13312.0 / kMiB);
 }
 
+// The trace is written as text as it goes; it must be exactly what the document, parsed and
+// dumped by nlohmann::json with an indent of 1, is: numbers formatted alike, keys in
+// std::map's order (with 11 iterations "10" sorts before "2"), thinned or not.
+TEST(TraceWriter, TextIsTheJsonDocumentsDump) {
+  TestMlpConfig config;
+  config.iterations = 11;
+  Session session(FindGpu("H100-80GB"));
+  {
+    ActiveSession active(session);
+    RunTestMlpTraining(config, &session);
+  }
+  const Timeline timeline = Timeline::Replay(session.recorder());
+  TraceOptions thin;
+  thin.sample_interval_s = 1e-6;
+  thin.theoretical_memory_mb = 1234.5;
+  for (const TraceOptions& options : {TraceOptions{}, thin}) {
+    const std::string text = TraceText(timeline, options);
+    const nlohmann::json document = nlohmann::json::parse(text);
+    ASSERT_EQ(document.size(), 11u);
+    EXPECT_EQ(text, document.dump(1));
+    EXPECT_LT(text.find("\n \"10\": "), text.find("\n \"2\": "));
+  }
+}
+
 TEST(TraceWriter, ThinningKeepsThePeak) {
   MlpRun run;
   const Timeline timeline = Timeline::Replay(run.session.recorder());
   TraceOptions thin;
   thin.sample_interval_s = 1.0;  // longer than the whole run: one bucket per iteration
-  const nlohmann::json trace = TraceJson(timeline, thin);
-  const nlohmann::json full = TraceJson(timeline, TraceOptions{});
+  const nlohmann::json trace = nlohmann::json::parse(TraceText(timeline, thin));
+  const nlohmann::json full = nlohmann::json::parse(TraceText(timeline, TraceOptions{}));
   for (const char* key : {"0", "1"}) {
     const auto& samples = trace[key]["samples"];
     EXPECT_LE(samples.size(), 7u);  // start sample + at most 6 kept per bucket
@@ -182,7 +207,8 @@ TEST(TraceWriter, WritesAtomicallyAndReportsUnwritableFolders) {
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(WriteTrace(dir + "/memory_trace_rank0.json", timeline, TraceOptions{}).ok());
   std::ifstream in(dir + "/memory_trace_rank0.json");
-  EXPECT_EQ(nlohmann::json::parse(in), TraceJson(timeline, TraceOptions{}));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}),
+            TraceText(timeline, TraceOptions{}));
   size_t files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir))
     files += entry.is_regular_file();

@@ -356,7 +356,7 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
     ClassFiles& f = files[result];
     if (f.trace.empty()) {
       trace_options.theoretical_memory_mb = TheoreticalMemoryMB(run, result->rank_class.pp_rank);
-      f.trace = TraceJson(result->timeline, trace_options).dump(1);
+      f.trace = TraceText(result->timeline, trace_options);
       // As torch.cuda.memory._dump_snapshot after the last step, with the history recorded
       // from its start; and the allocator at the peak in the format every PyTorch reads
       // (Note [Snapshot formats] in simulator/snapshot_writer.h).
