@@ -52,12 +52,10 @@ void MuonUpdate(const at::Tensor& master, const at::Tensor& grad, const at::Tens
 // instructions (benchmarks/PROFILE.md).
 at::Tensor Shard(const Parameter& p, const at::Tensor& t, int64_t shards) {
   c10::impl::ExcludeDispatchKeyGuard views_allocate_nothing(kInterceptKey);
-  if (p.optimizer_slice) {
-    return t.detach().view({-1}).narrow(0, p.optimizer_slice->offset, p.optimizer_slice->elements);
-  }
-  if (shards == 1) return t.detach();
+  if (!p.optimizer_slice && shards == 1) return t.detach();
   const at::Tensor flat = t.detach().view({-1});
-  return flat.narrow(0, 0, ShardElements(flat.numel(), shards));
+  return p.optimizer_slice ? flat.narrow(0, p.optimizer_slice->offset, p.optimizer_slice->elements)
+                           : flat.narrow(0, 0, ShardElements(flat.numel(), shards));
 }
 
 // Megatron's default parameter groups (get_standard_config_overrides): weight decay for
@@ -213,24 +211,15 @@ void MixedPrecisionOptimizer::AllGatherParameters(const std::vector<int64_t>& ra
   }
 }
 
-const at::Tensor& MixedPrecisionOptimizer::ParameterShard(size_t index) const {
-  at::Tensor& shard = param_shards_[index];
+const at::Tensor& MixedPrecisionOptimizer::CachedShard(size_t index, bool gradient) const {
+  at::Tensor& shard = (gradient ? grad_shards_ : param_shards_)[index];
   if (!shard.defined()) {
     const Parameter& p = store_->parameters()[index];
-    shard = p.shard_data.defined()
-                ? p.shard_data.detach()
-                : Shard(p, p.data, p.expert ? options_.expert_shards : options_.shards);
-  }
-  return shard;
-}
-
-const at::Tensor& MixedPrecisionOptimizer::GradientShard(size_t index) const {
-  at::Tensor& shard = grad_shards_[index];
-  if (!shard.defined()) {
-    const Parameter& p = store_->parameters()[index];
-    shard = p.shard_grad.defined()
-                ? p.shard_grad
-                : Shard(p, p.main_grad, p.expert ? options_.expert_shards : options_.shards);
+    // FSDP and ZeRO-2 keep this rank's share apart; else it is a view of the whole.
+    const at::Tensor& own = gradient ? p.shard_grad : p.shard_data;
+    shard = own.defined() ? own.detach()
+                          : Shard(p, gradient ? p.main_grad : p.data,
+                                  p.expert ? options_.expert_shards : options_.shards);
   }
   return shard;
 }
@@ -239,8 +228,6 @@ void MixedPrecisionOptimizer::ZeroGrad() { master_grads_.clear(); }
 
 void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
   CategoryScope category(Category::kOptimizerState);
-  exp_avgs_.resize(masters_.size());
-  exp_avg_sqs_.resize(masters_.size());
   for (size_t index : order_) {
     if (!owned_[index]) continue;
     if (hybrid()) {  // FusedAdam's defaults on the device part (Note [Optimizer CPU offload])
@@ -273,14 +260,14 @@ void MixedPrecisionOptimizer::CreatePrecisionAwareStates() {
 
 void MixedPrecisionOptimizer::CreateStates() {
   if (!exp_avgs_.empty()) return;
+  exp_avgs_.resize(masters_.size());
+  exp_avg_sqs_.resize(masters_.size());
   if (options_.precision_aware.has_value()) {
     CreatePrecisionAwareStates();
     return;
   }
   ModuleScope scope(ModuleScope::Absolute{"optimizer"});
   CategoryScope category(Category::kOptimizerState);
-  exp_avgs_.resize(masters_.size());
-  exp_avg_sqs_.resize(masters_.size());
   for (size_t i : order_) {
     if (!owned_[i]) continue;
     const bool adam = options_.kind == OptimizerKind::kAdam ||

@@ -167,8 +167,9 @@ class MixedPrecisionOptimizer {
   // This rank's share of parameter `index` and of its gradient (the whole of them without
   // sharding): views, made on first use and kept, since every step reads them
   // (benchmarks/PROFILE.md, item 3).
-  const at::Tensor& ParameterShard(size_t index) const;
-  const at::Tensor& GradientShard(size_t index) const;
+  const at::Tensor& ParameterShard(size_t index) const { return CachedShard(index, false); }
+  const at::Tensor& GradientShard(size_t index) const { return CachedShard(index, true); }
+  const at::Tensor& CachedShard(size_t index, bool gradient) const;
   // FusedAdam's first-step state (Note [Precision-aware optimizer]).
   void CreatePrecisionAwareStates();
   // Which shards go to the host (Note [Optimizer CPU offload]); sets `on_host_`.

@@ -392,6 +392,12 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
         return;
       }
     };
+    // What follows forward step `s`, run or copied: output_tensor moves on, and the
+    // overlapped path receives the next forward's input.
+    auto forward_returned = [&](size_t s) {
+      kept.popped_input.reset();
+      receive_next_input_early(s);
+    };
     for (size_t s = 0; s < schedule.size(); ++s) {
       const PipelineStep& step = schedule[s];
       session.SetMicrobatch(static_cast<int32_t>(step.microbatch));
@@ -444,8 +450,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
           copied = true;
           if (step.forward) {
             replicas[key] = ids;
-            kept.popped_input.reset();  // forward_step returned: output_tensor moves on
-            receive_next_input_early(s);
+            forward_returned(s);
             continue;
           }
           replicas.erase(key);
@@ -508,8 +513,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
         }
       }
       if (step.forward) {
-        kept.popped_input.reset();  // forward_step returned: output_tensor moves on
-        receive_next_input_early(s);
+        forward_returned(s);
       } else {
         // backward_step returned: input_tensor_grad moves on to this gradient, which is sent.
         kept.input_grad = input.defined() ? input.grad() : at::Tensor();

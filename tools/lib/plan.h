@@ -16,10 +16,11 @@
 //      stage has run a forward after a backward whose gradients the schedule still keeps
 //      (Note [Tensors the schedule keeps] in parallel/rank_training.cc), so the allocated
 //      memory does not grow with m; the reserved memory may, by the segment fragmentation
-//      adds late in a long run: one 2 MiB segment of the allocator's small pool, or a large
-//      one where later blocks split the parameters' own storages the distributed optimizer
-//      freed into the cache (plan_test: 32 MiB; up to the largest such storage); a layout
-//      screened to fit with less headroom than that is one to verify. The step time scales the
+//      adds late in a long run: one 2 MiB segment of the allocator's small pool, or a
+//      segment of its own for a large block when the cached ones (among them the
+//      parameters' own storages the distributed optimizer freed) are split too finely to
+//      hold it (plan_test: the fp32 logits); a layout screened to fit with less headroom
+//      than that is one to verify. The step time scales the
 //      measured per-microbatch times to m (Note [Step time]).
 //   5. verified: the best `verify` layouts are simulated again with all m microbatches,
 //      and that simulation's verdict and times are the ones reported; a layout whose
