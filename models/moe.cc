@@ -297,12 +297,40 @@ at::TensorOptions Meta(at::ScalarType dtype) {
   return at::TensorOptions().device(at::kMeta).dtype(dtype);
 }
 
+// What the token dispatchers of Megatron-LM d98e8a64 launch per MoE layer and microbatch
+// beyond the model's ops (ChargeUnmodelledOps), from token_dispatcher.py and moe_utils.py:
+//   alltoall forward: the sums of preprocess (lines 543, 565, 582, 590, 592), the count
+//     all-gather and its contiguous() (571, 578), unpermute's scatter_add_ (mu 615), the
+//     five device-to-host copies of the split sizes (935-953) and the sync waiting for
+//     them (958); backward: split's three cats, the permutation's index_put_ and
+//     index_add_. 19 in all.
+//   allgather forward: local_map.sum(0) with its .cpu() sync (320), masked_select's
+//     nonzero sync (331), scatter_add_; backward: masked_scatter_, slice_backward's copy,
+//     index_add_. 7 in all.
+constexpr int64_t kAllToAllUnmodelledOps = 19;
+constexpr int64_t kAllGatherUnmodelledOps = 7;
+// The router's aux loss: the coefficient's multiply, the division by it, the logging add,
+// and the multiply's backward (router.py 601, moe_utils.py 147-149).
+constexpr int64_t kAuxLossUnmodelledOps = 4;
+// SequentialMLP (experts.py) runs each local expert's MLP alone, where the model runs one
+// grouped GEMM: per further expert two GEMMs and the activation forward, four GEMMs and the
+// activation's backward; and once, the backward's two cats of the split.
+constexpr int64_t kSequentialMlpOpsPerExpert = 8;
+constexpr int64_t kSequentialMlpOps = 2;
+
+// `calls` calls of modules that are Transformer Engine's under its spec (ChargeModuleCall).
+void TeModuleCalls(const TrainingConfig& t, int64_t calls) {
+  if (t.profile != ProfileKind::kTransformerEngine) return;
+  for (int64_t i = 0; i < calls; ++i) ChargeModuleCall();
+}
+
 // Note [Router padding]: pad_routing_map on `map` [X, M] (in place: the transposed bool
 // temporaries, the cumsum, the mask and index_put_'s indices of the `added` entries), or with
 // --enable-experimental and --moe-permute-fusion fused_pad_routing_map, whose int32 output
 // (transposed) replaces the map.
 void PadRoutingMap(const TrainingConfig& t, int64_t added, at::Tensor* map) {
   ModuleScope scope("pad_routing_map");
+  StandInKernelScope kernels;
   const int64_t X = map->size(0), M = map->size(1);
   if (t.experimental && t.moe_permute_fusion) {
     const at::Tensor input = map->t().contiguous().to(at::kInt);  // [M, X] int32
@@ -327,6 +355,7 @@ void PadRoutingMap(const TrainingConfig& t, int64_t added, at::Tensor* map) {
 struct ExpertBiasFunction : public Function<ExpertBiasFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& out, const at::Tensor& probs,
                             const at::Tensor& bias, const at::Tensor& main_grad, int64_t experts) {
+    StandInKernelScope kernels;
     const int64_t rows = out.size(0), H = out.size(1);
     const at::ScalarType product = at::promote_types(bias.scalar_type(), probs.scalar_type());
     const at::ScalarType sum = at::promote_types(out.scalar_type(), product);
@@ -344,6 +373,7 @@ struct ExpertBiasFunction : public Function<ExpertBiasFunction> {
     return joined.to(out.scalar_type());  // the same tensor when the dtypes agree
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    StandInKernelScope kernels;
     const at::Tensor probs = ctx->get_saved_variables()[0];
     const at::Tensor& main_grad = ctx->saved_data["main_grad"].toTensor();
     const int64_t experts = ctx->saved_data["experts"].toInt();
@@ -382,6 +412,7 @@ struct Permutation {
 
 Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, bool fused,
                             bool padded) {
+  StandInKernelScope kernels;
   Permutation p{at::Tensor(), at::Tensor(), inputs};
   if (fused) {
     p.index = at::empty({inputs, 2 * map_columns + 1}, Meta(at::kInt));
@@ -413,6 +444,7 @@ Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, b
 // twice in deterministic mode (two [X, H] alive for a moment), and index_select's backward
 // (the permute's) index_add_s the gradient into a zeroed [X, H].
 void DeterministicIndexAdd(const at::Tensor& source) {
+  StandInKernelScope kernels;
   const int64_t n = source.size(0);
   const at::TensorOptions index = Meta(at::kLong);
   const at::Tensor scaled = at::empty_like(source);  // source * alpha
@@ -440,6 +472,7 @@ struct PermuteFunction : public Function<PermuteFunction> {
     ctx->save_for_backward({index});
     ctx->saved_data["inputs"] = tokens.size(0);
     ctx->saved_data["sorted_index_add"] = sorted_index_add;
+    StandInKernelScope kernel;  // index_select
     return at::empty({rows, tokens.size(1)}, tokens.options());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -470,6 +503,7 @@ struct UnpermuteFunction : public Function<UnpermuteFunction> {
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    StandInKernelScope kernel;  // the gather
     return {at::empty({ctx->saved_data["rows"].toInt(), grads[0].size(1)}, grads[0].options()),
             at::Tensor(), at::Tensor()};
   }
@@ -486,6 +520,7 @@ struct UnpermuteFunction : public Function<UnpermuteFunction> {
 struct PermuteProbsFunction : public Function<PermuteProbsFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& probs, const at::Tensor& keep,
                             int64_t columns, int64_t rows, bool masked_select) {
+    StandInKernelScope kernels;
     const int64_t inputs = probs.size(0);
     at::Tensor out;
     if (masked_select) {
@@ -673,6 +708,7 @@ struct HybridEpCombineFunction : public Function<HybridEpCombineFunction> {
 struct MultihotFunction : public Function<MultihotFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weights, int64_t local,
                             int64_t rows, at::Tensor* map) {
+    StandInKernelScope kernels;
     const int64_t received = weights.size(0);
     // The int64 map lives until its .bool() copy is made (below), as in Megatron's code.
     at::Tensor map_long = at::zeros({received, local}, Meta(at::kLong));
@@ -909,7 +945,10 @@ Routing Route(const ModelConfig& m, const TrainingConfig& t, const MoeParameters
     mask.reset();
     probs = probs * routing_map;
   }
-  if (m.moe_aux_loss_coeff > 0) probs = AttachAuxLoss(m, t, logits, probs);
+  if (m.moe_aux_loss_coeff > 0) {
+    probs = AttachAuxLoss(m, t, logits, probs);
+    ChargeUnmodelledOps(kAuxLossUnmodelledOps);
+  }
   return routing;
 }
 
@@ -957,6 +996,11 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     const at::ScalarType rows_dtype = x.scalar_type();
     x = (probs.unsqueeze(-1) * x).to(rows_dtype);
     probs = at::ones_like(probs);
+  }
+  // TEGroupedMLP calls two GroupedLinears; SequentialMLP two linears per local expert.
+  TeModuleCalls(t, t.moe_grouped_gemm ? 2 : CheckedMul(2, local));
+  if (!t.moe_grouped_gemm && local > 1) {
+    ChargeUnmodelledOps(CheckedMul(kSequentialMlpOpsPerExpert, local - 1) + kSequentialMlpOps);
   }
   at::Tensor h;
   {
@@ -1150,8 +1194,9 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     Fp8LinearOptions fc2_fp8;
     if (sp) fc2_fp8.reduce_scatter_output_group = p.tp;
     auto shared_experts = [&m, &params, tp = p.tp, sp, fc1_parallelism = shared_fc1, fc1_fp8,
-                           fc2_fp8,
-                           fused = t.bias_activation_fusion](const std::vector<at::Tensor>& in) {
+                           fc2_fp8, fused = t.bias_activation_fusion,
+                           &t](const std::vector<at::Tensor>& in) {
+      TeModuleCalls(t, 2);
       at::Tensor h;
       {
         ModuleScope f("linear_fc1");
@@ -1182,8 +1227,12 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     at::Tensor map = AllGather(routing.routing_map, group);                   // [T_g, E] bool
     const at::Tensor probs = AllGatherRows(routing.probs, group);             // [T_g, E] p
     const at::Tensor hidden_g = AllGatherRows(tokens, group, global_buffer);  // [T_g, H]
-    params.kept[0] = at::empty({gathered, local}, Meta(at::kBool));           // local_map
+    {
+      StandInKernelScope kernel;
+      params.kept[0] = at::empty({gathered, local}, Meta(at::kBool));  // local_map
+    }
     map.reset();
+    ChargeUnmodelledOps(kAllGatherUnmodelledOps);
     const Permutation perm =
         MakePermutation(gathered, local, N, t.moe_permute_fusion, /*padded=*/false);
     const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
@@ -1211,6 +1260,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     const int64_t D = unpadded + padding, received = R + padding, N = received * p.etp;
     params.kept[1] = routing.probs;
     params.kept[0] = routing.routing_map;
+    ChargeUnmodelledOps(kAllToAllUnmodelledOps);
     const bool padded = m.moe_pad_to_capacity && !t.moe_permute_fusion;
     const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion, padded);
     at::Tensor x = PermuteFunction::apply(tokens, perm.index, D, sorted_index_add);  // [D, H]

@@ -306,6 +306,10 @@ bool TransformerModel::QkL2NormApplies() const {
          (training_.profile == ProfileKind::kTransformerEngine || model_.num_experts > 0);
 }
 
+void TransformerModel::TeModuleCall() const {
+  if (training_.profile == ProfileKind::kTransformerEngine) ChargeModuleCall();
+}
+
 at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parameter* bias) {
   return model_.norm == NormKind::kLayerNorm ? LayerNorm(x, *weight, bias) : RmsNorm(x, *weight);
 }
@@ -317,6 +321,7 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
   at::Tensor qkv;
   {
     ModuleScope s("linear_qkv");
+    TeModuleCall();
     // Transformer Engine's LayerNormLinear: the norm's output is its own.
     qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, UserbufferColumnParallel(),
                  Fp8LinearOptions::LayerNormLinear());  // [S, B, (A+2G)D]
@@ -342,9 +347,11 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     // Apex's and Transformer Engine's norms save the contiguous input they normalize.
     {
       ModuleScope s("q_layernorm");
+      TeModuleCall();
       q = Norm(q.contiguous(), layer.q_norm_weight, layer.q_norm_bias);
     }
     ModuleScope s("k_layernorm");
+    TeModuleCall();
     k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
   }
   if (model_.position == PositionKind::kRope && training_.rope_fusion) {
@@ -405,6 +412,7 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   if (model_.q_lora_rank > 0) {
     {
       ModuleScope s("linear_q_down_proj");
+      TeModuleCall();
       q_compressed = Linear(ln_out, *layer.q_down_weight, nullptr, {}, down_fp8);  // [S', B, Q]
     }
     ModuleScope s("q_layernorm");
@@ -413,6 +421,7 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   at::Tensor kv_combined;
   {
     ModuleScope s("linear_kv_down_proj");
+    TeModuleCall();
     kv_combined =
         Linear(ln_out, *layer.kv_down_weight, nullptr, {}, down_fp8);  // [S', B, R + rope]
   }
@@ -455,12 +464,14 @@ std::vector<at::Tensor> TransformerModel::LatentUpProjection(Layer& layer, at::T
   at::Tensor q, kv;
   {
     ModuleScope s(model_.q_lora_rank > 0 ? "linear_q_up_proj" : "linear_q_proj");
+    TeModuleCall();
     q = Linear(q_compressed, *layer.q_up_weight, nullptr, ColumnParallel(),
                model_.q_lora_rank > 0 ? fused : Fp8LinearOptions());
   }
   q_compressed.reset();
   {
     ModuleScope s("linear_kv_up_proj");
+    TeModuleCall();
     kv = Linear(kv_compressed, *layer.kv_up_weight, nullptr, ColumnParallel(), fused);
   }
   kv_compressed.reset();
@@ -519,6 +530,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     auto core = [this, attention_dropout, flex, te_unfused,
                  mask_rows](const std::vector<at::Tensor>& qkv_parts) {
       if (flex) return FlexAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2]);
+      TeModuleCall();
       const at::Tensor mask =
           te_unfused ? TeUnfusedAttentionMask(qkv_parts[0].size(0), qkv_parts[1].size(0), mask_rows)
                      : at::Tensor();
@@ -545,6 +557,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   }
   if (up_projection) up_projection->DiscardOutputAndRegisterRecompute(context);
   ModuleScope s("linear_proj");
+  TeModuleCall();
   // Offloading's attn_proj region: the projection's input.
   OffloadRegion offload(offloader_.get(), OffloadModule::kAttnProj, &context);
   at::Tensor out = RowParallelLinear(context, *layer.proj_weight, /*save_original_input=*/true,
@@ -594,6 +607,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor h;
   {
     ModuleScope s("linear_fc1");
+    TeModuleCall();
     // Transformer Engine's LayerNormLinear: the pre-MLP norm's output is its own.
     h = Linear(wgrad ? RunOnBackward(ln_out, wgrad) : ln_out, *layer.fc1_weight, nullptr,
                UserbufferColumnParallel(), Fp8LinearOptions::LayerNormLinear());
@@ -601,6 +615,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
   h = Activation(model_, training_.bias_activation_fusion, h);
   ModuleScope s("linear_fc2");
+  TeModuleCall();
   return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false,
                            layer.fc2_post_norm_weight, layer.fc2_post_norm_bias);
 }

@@ -16,10 +16,11 @@
 //     Megatron-LM runs without --overlap-grad-reduce / --overlap-param-gather);
 //   optimizer: the slowest stage's step from the clock.
 // It ranks layouts. As a prediction it is rough: the clock's kernel efficiencies are
-// typical values and its one fitted constant, the host's time per op fitted per platform
-// (Note [Virtual clock] in simulator/cost_model.h), puts Megatron-LM's functional tests at
-// a median |error| of 7-16% per platform (VALIDATION.md; single-node GB200 runs, 75%, say
-// more about their environment), and context parallelism's key/value exchange and the
+// typical values and its fitted constants, the host's time per op (per platform) and per
+// Transformer Engine module call (Note [Virtual clock] in simulator/cost_model.h), put
+// Megatron-LM's functional tests at a median |error| of 2-16% per platform (VALIDATION.md;
+// single-node GB200 runs, 71%, say more about their environment), and context
+// parallelism's key/value exchange and the
 // pipeline's sends are taken as overlapped with compute.
 //
 // Note [Communication time]

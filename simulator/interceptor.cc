@@ -4,10 +4,12 @@
 #include <ATen/core/stack.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "simulator/op_traits.h"
 #include "simulator/recorder.h"
@@ -34,6 +36,18 @@ std::string OpWithoutMetaKernel(const std::string& what, const std::string& fail
   return "";
 }
 
+// Ops that allocate their output and write nothing.
+bool IsAllocationOnly(const std::string& name) {
+  return name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like";
+}
+
+// Ops whose first result aliases an input without writing it are views, or may be: `to`,
+// `contiguous` and `reshape` return their input when they can and a copy when they cannot.
+bool ReturnsView(const c10::FunctionSchema& schema) {
+  return !schema.returns().empty() && schema.returns()[0].alias_info() != nullptr &&
+         !schema.returns()[0].alias_info()->isWrite();
+}
+
 // Operators without registered traits (ATen's own, and ops/ ones with default traits).
 OpCostKind ClassifyAtenOp(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
@@ -42,15 +56,10 @@ OpCostKind ClassifyAtenOp(const c10::FunctionSchema& schema) {
       name == "aten::linear") {
     return OpCostKind::kMatmul;
   }
-  if (name == "aten::empty" || name == "aten::empty_strided" || name == "aten::empty_like" ||
-      name == "aten::detach" || name == "aten::lift_fresh") {
+  if (IsAllocationOnly(name) || name == "aten::detach" || name == "aten::lift_fresh") {
     return OpCostKind::kFree;
   }
-  // Ops whose first result aliases an input without writing it are views.
-  if (!schema.returns().empty() && schema.returns()[0].alias_info() != nullptr &&
-      !schema.returns()[0].alias_info()->isWrite()) {
-    return OpCostKind::kFree;
-  }
+  if (ReturnsView(schema)) return OpCostKind::kFree;
   return OpCostKind::kMemoryBound;
 }
 
@@ -64,7 +73,8 @@ const OpInfo& LookupOp(Recorder& recorder, const c10::OperatorHandle& op) {
   const OpTraits& t = traits != nullptr ? *traits : aten;
   return recorder.AddOp(
       &schema, {recorder.names().Intern(name), t.is_collective, t.cost_kind, t.is_attention,
-                t.is_attention_backward, schema.name() == "aten::linear"});
+                t.is_attention_backward, schema.name() == "aten::linear",
+                IsAllocationOnly(schema.name()), traits == nullptr && ReturnsView(schema)});
 }
 
 int64_t TensorBytes(const at::Tensor& t) {
@@ -99,8 +109,22 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     return;
   }
   const OpInfo& info = LookupOp(*recorder, op);
+  // Note [Stand-in kernels]: an allocation standing for a kernel's output costs the kernel.
+  OpCostKind cost_kind = info.is_allocation_only && recorder->charges_stand_ins()
+                             ? OpCostKind::kMemoryBound
+                             : info.cost_kind;
+  // A maybe-view's inputs, to tell afterwards whether it copied.
+  std::vector<const c10::StorageImpl*> input_storages;
+  if (info.may_copy && recorder->gpu() != nullptr) {
+    ForEachTensor(torch::jit::last(*stack, op.schema().arguments().size()),
+                  [&](const at::Tensor& t) {
+                    if (t.defined() && t.has_storage()) {
+                      input_storages.push_back(t.storage().unsafeGetStorageImpl());
+                    }
+                  });
+  }
   LeafCost cost;
-  if (recorder->gpu() != nullptr && info.cost_kind != OpCostKind::kFree) {
+  if (recorder->gpu() != nullptr && cost_kind != OpCostKind::kFree) {
     const auto args = torch::jit::last(*stack, op.schema().arguments().size());
     const at::Tensor* a = nullptr;
     const at::Tensor* b = nullptr;
@@ -123,7 +147,7 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
                    static_cast<double>(args[1].toTensor().size(0));
       cost.half_precision =
           input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
-    } else if (info.cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
+    } else if (cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
       cost.flops = 2.0 * static_cast<double>(a->numel()) * static_cast<double>(b->sizes().back());
       // FP8 operands are held as uint8: charged at the 16-bit rate (a lower bound).
       cost.half_precision = a->scalar_type() == at::kHalf || a->scalar_type() == at::kBFloat16 ||
@@ -161,10 +185,16 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     if (!t.defined() || !t.has_storage()) return;
     const int64_t id = TrackingAllocator::StorageIdOf(t.storage().data_ptr(), recorder);
     if (id >= 0) recorder->NoteTensorShape(id, t.sizes(), t.scalar_type());
-    if (info.cost_kind == OpCostKind::kMemoryBound) cost.bytes += TensorBytes(t);
+    if (cost_kind == OpCostKind::kMemoryBound) cost.bytes += TensorBytes(t);
+    // A maybe-view that returned a new storage copied its input into it: read and write.
+    if (info.may_copy && std::find(input_storages.begin(), input_storages.end(),
+                                   t.storage().unsafeGetStorageImpl()) == input_storages.end()) {
+      cost_kind = OpCostKind::kMemoryBound;
+      cost.bytes += 2 * static_cast<double>(TensorBytes(t));
+    }
   });
-  if (recorder->gpu() != nullptr && info.cost_kind != OpCostKind::kFree) {
-    recorder->AdvanceClock(info.cost_kind == OpCostKind::kMatmul
+  if (recorder->gpu() != nullptr && cost_kind != OpCostKind::kFree) {
+    recorder->AdvanceClock(cost_kind == OpCostKind::kMatmul
                                ? MatmulSeconds(*recorder->gpu(), cost.flops, cost.half_precision)
                                : MemoryBoundSeconds(*recorder->gpu(), cost.bytes));
   }

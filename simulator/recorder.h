@@ -73,6 +73,12 @@ struct OpInfo {
   bool is_attention;
   bool is_attention_backward;
   bool is_linear;  // aten::linear: costed from input and weight
+  // aten::empty and its kin: free, but for a stand-in kernel's output (Note [Stand-in
+  // kernels] in session.h).
+  bool is_allocation_only;
+  // Free as a view, but it may return a new tensor instead (to, contiguous, reshape): then
+  // it copied, and is charged as a memory-bound op.
+  bool may_copy;
 };
 
 enum class MarkerKind : uint8_t {
@@ -171,6 +177,14 @@ class Recorder {
   const GpuSpec* gpu() const { return gpu_; }
   double now_s() const { return now_s_; }
   void AdvanceClock(double seconds) { now_s_ += seconds; }
+  // While positive, the interceptor charges allocation-only ops as the kernels whose
+  // outputs they stand for (Note [Stand-in kernels] in session.h).
+  void PushStandInKernels() { ++stand_in_depth_; }
+  void PopStandInKernels() {
+    MEMSIM_DCHECK(stand_in_depth_ > 0);
+    --stand_in_depth_;
+  }
+  bool charges_stand_ins() const { return stand_in_depth_ > 0; }
 
   void AddMarker(MarkerKind kind);
   // Moves the log onto another clock (Note [Pipeline clock] in parallel/pipeline_clock.h):
@@ -324,6 +338,7 @@ class Recorder {
   GraphMode graph_mode_ = GraphMode::kEager;
   int graphed_depth_ = 0;
   int persistent_depth_ = 0;
+  int stand_in_depth_ = 0;
   uint64_t graphed_scope_first_ = 0;  // the outermost open graphed scope's first sequence nr
   // [first, last) sequence numbers of the nodes created in graphed scopes; sorted.
   std::vector<std::pair<uint64_t, uint64_t>> graphed_sequence_nrs_;

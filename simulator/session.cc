@@ -78,4 +78,26 @@ GraphedScope::~GraphedScope() {
   if (recorder_ != nullptr) recorder_->EndGraphedScope();
 }
 
+StandInKernelScope::StandInKernelScope() : recorder_(CurrentRecorder()) {
+  if (recorder_ != nullptr) recorder_->PushStandInKernels();
+}
+
+StandInKernelScope::~StandInKernelScope() {
+  if (recorder_ != nullptr) recorder_->PopStandInKernels();
+}
+
+void ChargeUnmodelledOps(int64_t ops) {
+  Recorder* recorder = CurrentRecorder();
+  if (recorder != nullptr && recorder->gpu() != nullptr) {
+    recorder->AdvanceClock(static_cast<double>(ops) * recorder->gpu()->min_op_s);
+  }
+}
+
+void ChargeModuleCall() {
+  Recorder* recorder = CurrentRecorder();
+  if (recorder != nullptr && recorder->gpu() != nullptr) {
+    recorder->AdvanceClock(recorder->gpu()->module_call_s);
+  }
+}
+
 }  // namespace memsim

@@ -150,4 +150,37 @@ class GraphedScope {
   Recorder* recorder_;
 };
 
+// Note [Stand-in kernels]
+// The model often stands for a kernel by allocating its output with at::empty (a sort, a
+// scan, an index_put, a fused router's outputs): memory needs the output, not the work.
+// The virtual clock charges nothing for an allocation, but the real run launches the
+// kernel, and on host-bound runs each launch costs the host's time per op (Note [Virtual
+// clock] in cost_model.h). Inside a StandInKernelScope each allocation-only op (empty,
+// empty_like, empty_strided) is charged as one memory-bound kernel writing its output.
+// Open one only where every at::empty stands for one kernel's output, not for a buffer a
+// charged op then fills.
+class StandInKernelScope {
+ public:
+  StandInKernelScope();
+  ~StandInKernelScope();
+  StandInKernelScope(const StandInKernelScope&) = delete;
+  StandInKernelScope& operator=(const StandInKernelScope&) = delete;
+
+ private:
+  Recorder* recorder_;
+};
+
+// `ops` ops the real run launches that the model does not run, because they change no
+// memory it tracks (counts summed on the GPU, device-to-host copies, a host sync): each
+// costs the host's time per op (Note [Virtual clock]). Charged where the model meets them,
+// forward and backward at once. No effect without an active session with a GPU.
+void ChargeUnmodelledOps(int64_t ops);
+
+// A Transformer Engine module (a linear, attention, a grouped linear) was called: its
+// Python around the kernels (argument checks, FP8 state, its autograd function's forward
+// and backward) costs the host GpuSpec::module_call_s beyond its ops (Note [Virtual
+// clock]), charged here once for forward and backward. No effect without an active
+// session with a GPU.
+void ChargeModuleCall();
+
 }  // namespace memsim

@@ -16,9 +16,11 @@
 #include "models/transformer.h"
 #include "parallel/rank_training.h"
 #include "parallel/run_spec.h"
+#include "simulator/cost_model.h"
 #include "simulator/session.h"
 #include "simulator/timeline.h"
 #include "simulator/tracking_allocator.h"
+#include "tests/support/recorded_rank.h"
 #include "tests/support/recorder_queries.h"
 #include "tests/support/test_models.h"
 #include "tests/support/validated_run.h"
@@ -2195,6 +2197,61 @@ LinearChainEvents RunLinearChain(bool delay, bool checkpointed = false) {
     if (elements == R * M) (forward ? events.h_free : events.dh_free) = s.free_event;
   }
   return events;
+}
+
+// The host time of Transformer Engine's module calls (Note [Virtual clock]): the clock
+// with 1 s a module call less the clock with none counts the calls. Two layers, one
+// microbatch, two iterations; per layer and microbatch linear_qkv, core_attention,
+// linear_proj and the MLP's two linears, which under the local spec are Megatron's own.
+double ModuleCalls(const ModelConfig& m, const TrainingConfig& t) {
+  auto clock = [&](double module_call_s) {
+    GpuSpec gpu = *FindGpu("H100");
+    gpu.module_call_s = module_call_s;
+    return test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s();
+  };
+  return clock(1) - clock(0);
+}
+
+TEST(HostTime, EachTransformerEngineModuleCallCostsTheHost) {
+  TrainingConfig t;
+  t.seq_length = 64;
+  t.precision = Precision::kBf16;
+  ModelConfig m = test::Llama(2, 128, 4, 4, 256, 1024);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  EXPECT_NEAR(ModuleCalls(m, t), 0, 1e-9);  // the local spec
+  t.profile = ProfileKind::kTransformerEngine;
+  EXPECT_NEAR(ModuleCalls(m, t), 2 * 2 * 5, 1e-9);
+  // MoE layers: attention's three, then TEGroupedMLP's two GroupedLinears, or
+  // SequentialMLP's two linears for each of the 4 local experts.
+  m.num_experts = 4;
+  m.moe_ffn_hidden_size = 128;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  t.moe_grouped_gemm = true;
+  EXPECT_NEAR(ModuleCalls(m, t), 2 * 2 * (3 + 2), 1e-9);
+  t.moe_grouped_gemm = false;
+  EXPECT_NEAR(ModuleCalls(m, t), 2 * 2 * (3 + 2 * 4), 1e-9);
+}
+
+// SequentialMLP runs each of the 4 local experts' MLP alone where memsim runs one grouped
+// GEMM (ChargeUnmodelledOps): per MoE layer and microbatch 8 ops for each further expert
+// and 2 cats, beside the torch.cat of the experts' outputs memsim runs: 27 more ops than
+// TEGroupedMLP, on a GPU where every op costs 1 s of host time.
+TEST(HostTime, SequentialMlpRunsEachExpertsOps) {
+  TrainingConfig t;
+  t.seq_length = 64;
+  t.precision = Precision::kBf16;
+  ModelConfig m = test::Llama(2, 128, 4, 4, 256, 1024);
+  m.num_experts = 4;
+  m.moe_ffn_hidden_size = 128;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  GpuSpec gpu = *FindGpu("H100");
+  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s = 1e30;
+  gpu.min_op_s = 1;
+  auto clock = [&](bool grouped) {
+    t.moe_grouped_gemm = grouped;
+    return test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s();
+  };
+  EXPECT_NEAR(clock(false) - clock(true), 2 * 2 * (3 * 8 + 2 + 1), 1e-6);
 }
 
 TEST(DelayedWgrad, GemmsWaitForTheGroupsBackward) {

@@ -1,0 +1,101 @@
+// What the virtual clock charges (Note [Virtual clock] in cost_model.h), op by op: copies
+// that may be views, stand-in kernels (Note [Stand-in kernels] in session.h), the ops the
+// model does not run and Transformer Engine's module calls.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "simulator/cost_model.h"
+#include "simulator/session.h"
+
+namespace memsim {
+namespace {
+
+at::TensorOptions MetaFloat() { return at::TensorOptions().device(at::kMeta).dtype(at::kFloat); }
+
+// A GPU whose every charged op costs exactly its host time: 1 ms an op, 5 ms a module call.
+GpuSpec HostBoundGpu() {
+  GpuSpec gpu = *FindGpu("H100");
+  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s = 1e30;
+  gpu.min_op_s = 1e-3;
+  gpu.module_call_s = 5e-3;
+  return gpu;
+}
+
+// A GPU without host time whose memory moves 1 byte a second.
+GpuSpec OneBytePerSecondGpu() {
+  GpuSpec gpu = *FindGpu("H100");
+  gpu.bandwidth_bytes_per_s = 1;
+  gpu.bandwidth_efficiency = 1;
+  gpu.min_op_s = 0;
+  return gpu;
+}
+
+TEST(VirtualClock, OpsThatMayBeViewsCostOnlyWhenTheyCopy) {
+  const GpuSpec gpu = HostBoundGpu();
+  Session session(&gpu);
+  {
+    ActiveSession active(session);
+    const at::Tensor a = at::empty({4, 8}, MetaFloat());
+    const at::Tensor same_dtype = a.to(at::kFloat);  // a itself
+    const at::Tensor contiguous = a.contiguous();    // a itself
+    const at::Tensor flat = a.reshape({32});         // a view
+    EXPECT_EQ(session.recorder().now_s(), 0);
+    const at::Tensor half = a.to(at::kHalf);                 // a cast: one op
+    const at::Tensor transposed = a.t().contiguous();        // a copy: one op
+    const at::Tensor flat_transposed = a.t().reshape({32});  // a copy: one op
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 3e-3);
+  }
+}
+
+TEST(VirtualClock, ACopyReadsAndWritesItsOutput) {
+  const GpuSpec gpu = OneBytePerSecondGpu();
+  Session session(&gpu);
+  {
+    ActiveSession active(session);
+    const at::Tensor a = at::empty({4, 8}, MetaFloat());
+    const at::Tensor half = a.to(at::kHalf);  // 4 * 8 * 2 bytes written, as many read
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 128);
+  }
+}
+
+TEST(VirtualClock, StandInKernelsCostWhatTheirOutputsStandFor) {
+  const GpuSpec gpu = HostBoundGpu();
+  Session session(&gpu);
+  {
+    ActiveSession active(session);
+    const at::Tensor buffer = at::empty({4, 8}, MetaFloat());  // an allocation: free
+    EXPECT_EQ(session.recorder().now_s(), 0);
+    {
+      StandInKernelScope kernels;
+      const at::Tensor sorted = at::empty({32}, MetaFloat());
+      const at::Tensor indices = at::empty_like(sorted);
+      const at::Tensor view = sorted.view({4, 8});  // still a view
+    }
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 2e-3);
+    const at::Tensor after = at::empty({4, 8}, MetaFloat());  // the scope has closed
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 2e-3);
+  }
+}
+
+TEST(VirtualClock, UnmodelledOpsAndModuleCallsCostTheHostsTime) {
+  const GpuSpec gpu = HostBoundGpu();
+  Session session(&gpu);
+  ChargeUnmodelledOps(7);  // no active session: nothing to charge
+  ChargeModuleCall();
+  EXPECT_EQ(session.recorder().now_s(), 0);
+  {
+    ActiveSession active(session);
+    ChargeUnmodelledOps(7);
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 7e-3);
+    ChargeModuleCall();
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 12e-3);
+  }
+  Session without_gpu;
+  ActiveSession active(without_gpu);
+  ChargeUnmodelledOps(7);
+  ChargeModuleCall();
+  EXPECT_EQ(without_gpu.recorder().now_s(), 0);
+}
+
+}  // namespace
+}  // namespace memsim
