@@ -97,5 +97,13 @@ TEST(VirtualClock, UnmodelledOpsAndModuleCallsCostTheHostsTime) {
   EXPECT_EQ(without_gpu.recorder().now_s(), 0);
 }
 
+// A GPU-bound 16-bit GEMM of 10^15 FLOPs: H100 at 0.6 of its 989.4 TFLOP/s, Blackwell at
+// 0.35 of its peak (GB200 2.5 PFLOP/s, B200 2.25), as the 7B runs measured (cost_model.cc).
+TEST(VirtualClock, BlackwellGemmsReachLessOfTheirPeak) {
+  EXPECT_DOUBLE_EQ(MatmulSeconds(*FindGpu("H100"), 1e15, true), 1e15 / (989.4e12 * 0.6));
+  EXPECT_DOUBLE_EQ(MatmulSeconds(*FindGpu("GB200"), 1e15, true), 1e15 / (2.5e15 * 0.35));
+  EXPECT_DOUBLE_EQ(MatmulSeconds(*FindGpu("B200"), 1e15, true), 1e15 / (2.25e15 * 0.35));
+}
+
 }  // namespace
 }  // namespace memsim
