@@ -5,9 +5,11 @@
 // from a deliberately simple roofline-style model, charged once per op the interceptor
 // sees (ops a composite op decomposes into are charged with it):
 //   * matrix multiplies (mm, bmm, addmm, baddbmm, addbmm, matmul, linear, fused attention):
-//       seconds = FLOPs / (peak_flops(dtype) * matmul_efficiency)
-//     with FLOPs = 2 * numel(A) * columns(B) for the last two tensor arguments A, B
-//     (linear: 2 * numel(input) * rows(weight); attention: from q's shape);
+//       seconds = FLOPs / (peak_flops(precision) * efficiency)
+//     (GemmPrecision: fp32 on the CUDA cores at fp32_matmul_efficiency, 16-bit and FP8 on
+//     the tensor cores at matmul_efficiency), with FLOPs = 2 * numel(A) * columns(B) for the last
+//     two tensor arguments A, B (linear: 2 * numel(input) * rows(weight); attention: from q's
+//     shape);
 //   * views and allocation-only ops (empty, view, transpose, ...): free; but `to`,
 //     `contiguous` and `reshape` that return a new tensor copied, and are charged as
 //     memory-bound ops reading and writing it; and an allocation that stands for a
@@ -36,7 +38,7 @@
 // twins', which no GPU work explains): module_call_s = 4 * min_op_s on every platform
 // (3 or 5 times: at best 54 or 56 of H100's 76 cases within 25%, 57 at 4), min_op_s in steps of 5
 // us by the median |error|: H100 60 us (76 cases, 15.5%, 57 within 25%; fitted on the even or the
-// odd half alone, 55 or 60 us, the other half reads 16.0% and 16.5%), GB200 75 us (74 cases, 8.5%;
+// odd half alone, 55 or 60 us, the other half reads 16.0% and 16.5%), GB200 75 us (74 cases, 8.3%;
 // both halves alone pick 75 us), A100 70 us (9 cases, 2.3%). Before module calls, copies, stand-in
 // kernels and unmodelled ops were charged, one constant per op (85, 100 and 125 us) left H100
 // at 16.0% (local spec +38%, MoE -35%) and 115 of 213 within 25%. Collectives are charged as
@@ -62,8 +64,9 @@ struct GpuSpec {
   // NVLink inside a node, the GPU's network adapter between nodes.
   double nvlink_bytes_per_s;
   double network_bytes_per_s;
-  int64_t gpus_per_node = 8;  // GPUs one NVLink domain joins: a node (a GB200 NVL72 rack: 72)
-  double matmul_efficiency = 0.6;
+  int64_t gpus_per_node = 8;       // GPUs one NVLink domain joins: a node (a GB200 NVL72 rack: 72)
+  double matmul_efficiency = 0.6;  // of the tensor cores' 16-bit and FP8 peaks
+  double fp32_matmul_efficiency = 0.6;  // of the fp32 peak (no TF32: CUDA cores)
   double bandwidth_efficiency = 0.7;
   double min_op_s = 60e-6;        // Note [Virtual clock]: the host's time per op (H100's)
   double module_call_s = 240e-6;  // and per Transformer Engine module call (H100's)
@@ -81,7 +84,13 @@ std::string GpuPresetNames();
 
 enum class OpCostKind : uint8_t { kFree, kMatmul, kMemoryBound };
 
-double MatmulSeconds(const GpuSpec& gpu, double flops, bool half_precision);
+// The operands' precision, which picks the peak a GEMM runs at: fp32 (no TF32), 16-bit, or
+// FP8 (held as uint8), whose tensor cores run twice the 16-bit rate from compute
+// capability 8.9 on (the data sheets' dense figures; earlier GPUs have none and take the
+// 16-bit rate).
+enum class GemmPrecision : uint8_t { kFp32, kHalf, kFp8 };
+
+double MatmulSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision);
 double MemoryBoundSeconds(const GpuSpec& gpu, double bytes);
 
 }  // namespace memsim

@@ -96,8 +96,20 @@ void ForEachTensor(c10::ArrayRef<c10::IValue> values, Fn&& fn) {
 struct LeafCost {
   double bytes = 0;
   double flops = 0;
-  bool half_precision = false;
+  GemmPrecision precision = GemmPrecision::kFp32;
 };
+
+GemmPrecision PrecisionOf(const at::Tensor& operand) {
+  switch (operand.scalar_type()) {
+    case at::kHalf:
+    case at::kBFloat16:
+      return GemmPrecision::kHalf;
+    case at::kByte:  // FP8 data is held as uint8
+      return GemmPrecision::kFp8;
+    default:
+      return GemmPrecision::kFp32;
+  }
+}
 
 void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                          torch::jit::Stack* stack) {
@@ -139,19 +151,16 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
       const at::Tensor& q = args[info.is_attention_backward ? 1 : 0].toTensor();
       cost.flops = 2.0 * static_cast<double>(q.numel()) * static_cast<double>(q.size(1)) *
                    (info.is_attention_backward ? 2.5 : 1.0);
-      cost.half_precision = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+      cost.precision = PrecisionOf(q);
     } else if (info.is_linear && args.size() >= 2 && args[0].isTensor() && args[1].isTensor()) {
       // aten::linear(input [.., K], weight [N, K], bias): 2 * numel(input) * N.
       const at::Tensor& input = args[0].toTensor();
       cost.flops = 2.0 * static_cast<double>(input.numel()) *
                    static_cast<double>(args[1].toTensor().size(0));
-      cost.half_precision =
-          input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+      cost.precision = PrecisionOf(input);
     } else if (cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
       cost.flops = 2.0 * static_cast<double>(a->numel()) * static_cast<double>(b->sizes().back());
-      // FP8 operands are held as uint8: charged at the 16-bit rate (a lower bound).
-      cost.half_precision = a->scalar_type() == at::kHalf || a->scalar_type() == at::kBFloat16 ||
-                            a->scalar_type() == at::kByte;
+      cost.precision = PrecisionOf(*a);
     } else {
       ForEachTensor(args, [&](const at::Tensor& t) { cost.bytes += TensorBytes(t); });
     }
@@ -195,7 +204,7 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
   });
   if (recorder->gpu() != nullptr && cost_kind != OpCostKind::kFree) {
     recorder->AdvanceClock(cost_kind == OpCostKind::kMatmul
-                               ? MatmulSeconds(*recorder->gpu(), cost.flops, cost.half_precision)
+                               ? MatmulSeconds(*recorder->gpu(), cost.flops, cost.precision)
                                : MemoryBoundSeconds(*recorder->gpu(), cost.bytes));
   }
 }
