@@ -576,6 +576,10 @@ c10::optional<at::Tensor> DataOf(Parameter* p) {
 
 }  // namespace
 
+void ChargeTeModuleCalls(const TrainingConfig& t, int64_t calls) {
+  if (t.profile == ProfileKind::kTransformerEngine) ChargeModuleCalls(calls);
+}
+
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                   const LinearParallelism& parallelism, const Fp8LinearOptions& fp8) {
   if (weight.fp8.recipe != Fp8Recipe::kNone)

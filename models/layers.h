@@ -101,6 +101,11 @@ struct Fp8LinearOptions {
   }
 };
 
+// `calls` calls of modules that are Transformer Engine's under `t`'s spec (its linears,
+// norms, attention, grouped linears): ChargeModuleCalls (simulator/session.h), or nothing
+// under the local spec, whose modules are Megatron's own.
+void ChargeTeModuleCalls(const TrainingConfig& t, int64_t calls = 1);
+
 // Megatron's LinearWithGradAccumulationAndAsyncCommunication with
 // gradient_accumulation_fusion: y = x W^T (+ b). Saves x (and W, a parameter). Backward
 // allocates dx, accumulates dW into main_grad in place (wgrad_gemm_accum) and db through

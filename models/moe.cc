@@ -297,32 +297,65 @@ at::TensorOptions Meta(at::ScalarType dtype) {
   return at::TensorOptions().device(at::kMeta).dtype(dtype);
 }
 
-// What the token dispatchers of Megatron-LM d98e8a64 launch per MoE layer and microbatch
-// beyond the model's ops (ChargeUnmodelledOps), from token_dispatcher.py and moe_utils.py:
-//   alltoall forward: the sums of preprocess (lines 543, 565, 582, 590, 592), the count
-//     all-gather and its contiguous() (571, 578), unpermute's scatter_add_ (mu 615), the
-//     five device-to-host copies of the split sizes (935-953) and the sync waiting for
-//     them (958); backward: split's three cats, the permutation's index_put_ and
-//     index_add_. 19 in all.
-//   allgather forward: local_map.sum(0) with its .cpu() sync (320), masked_select's
-//     nonzero sync (331), scatter_add_; backward: masked_scatter_, slice_backward's copy,
-//     index_add_. 7 in all.
-constexpr int64_t kAllToAllUnmodelledOps = 19;
-constexpr int64_t kAllGatherUnmodelledOps = 7;
-// The router's aux loss: the coefficient's multiply, the division by it, the logging add,
-// and the multiply's backward (router.py 601, moe_utils.py 147-149).
-constexpr int64_t kAuxLossUnmodelledOps = 4;
-// SequentialMLP (experts.py) runs each local expert's MLP alone, where the model runs one
-// grouped GEMM: per further expert two GEMMs and the activation forward, four GEMMs and the
-// activation's backward; and once, the backward's two cats of the split.
-constexpr int64_t kSequentialMlpOpsPerExpert = 8;
-constexpr int64_t kSequentialMlpOps = 2;
+// The ops Megatron-LM d98e8a64 launches per MoE layer and microbatch beyond the model's
+// (ChargeUnmodelledOps), from token_dispatcher.py (td), moe_utils.py (mu) and router.py.
+struct UnmodelledOps {
+  int64_t forward = 0;
+  int64_t backward = 0;
+};
 
-// `calls` calls of modules that are Transformer Engine's under its spec (ChargeModuleCall).
-void TeModuleCalls(const TrainingConfig& t, int64_t calls) {
-  if (t.profile != ProfileKind::kTransformerEngine) return;
-  for (int64_t i = 0; i < calls; ++i) ChargeModuleCall();
+// MoEAlltoAllTokenDispatcher. Unfused (no --moe-permute-fusion): unpermute's scatter_add_
+// (mu 615); in backward the permutation's index_put_ and index_add_ (mu 478, 486) and,
+// with several local experts, the cat of sort_chunks_by_idxs' split for the tokens, their
+// probabilities and the combine (mu 663-667). Padded to capacity, preprocess fills its
+// counts (td 527-539) and returns; else it sums the routing map (td 543), with token
+// dropping or router padding the output size too (td 551); with ep * etp > 1 it sums the
+// input splits, all-gathers the counts, makes the local slice contiguous and sums three
+// times (td 565-592); then copies to the host the tokens per expert, with ep * etp > 1 the
+// three splits, the output size where it is a tensor, and with several local experts
+// unfused the global counts (td 935-953), and waits for the copies (td 958).
+UnmodelledOps AllToAllUnmodelledOps(const ModelConfig& m, const TrainingConfig& t,
+                                    const MoeParallelism& p, int64_t local) {
+  const bool fused = t.moe_permute_fusion;
+  UnmodelledOps ops;
+  if (!fused) {
+    ops.forward += 1;
+    ops.backward += 2 + (local > 1 ? 3 : 0);
+  }
+  if (m.moe_pad_to_capacity) {
+    ops.forward += 1;
+    return ops;
+  }
+  const int64_t dynamic = m.moe_capacity_factor > 0 || t.moe_router_padding ? 1 : 0;
+  const int64_t splits = p.ep > 1 || p.etp > 1 ? 1 : 0;
+  ops.forward += 1 + dynamic + 6 * splits;                                  // preprocess
+  ops.forward += 1 + 3 * splits + dynamic + (local > 1 && !fused ? 1 : 0);  // the copies
+  ops.forward += 1;                                                         // the wait
+  return ops;
 }
+
+// MoEAllGatherTokenDispatcher: local_map.sum(0) and its .cpu(), which waits (td 320),
+// masked_select's nonzero, which waits too (td 331); unfused, unpermute's scatter_add_ (mu
+// 615) and in backward index_select's index_add_; in backward masked_scatter_ and the
+// slice's copy.
+UnmodelledOps AllGatherUnmodelledOps(const TrainingConfig& t) {
+  const int64_t unfused = t.moe_permute_fusion ? 0 : 1;
+  return {3 + unfused, 2 + unfused};
+}
+
+// The router's aux loss: the coefficient's multiply, the division by it, the logging add
+// (router.py 601, mu 147-149); in backward the multiply's.
+constexpr UnmodelledOps kAuxLossUnmodelledOps = {3, 1};
+
+// SequentialMLP (experts.py), which the local spec runs whatever --moe-grouped-gemm says,
+// runs each local expert's MLP alone where the model runs one grouped GEMM: for each
+// further expert two GEMMs and the activation forward, four GEMMs and the activation's
+// backward; and once the backward's two cats of the split (experts.py 1502-1503).
+UnmodelledOps SequentialMlpUnmodelledOps(int64_t local) {
+  return {CheckedMul(2 + 1, local - 1), CheckedMul(4 + 1, local - 1) + 2};
+}
+
+void Charge(const UnmodelledOps& ops) { ChargeUnmodelledOps(ops.forward, ops.backward); }
 
 // Note [Router padding]: pad_routing_map on `map` [X, M] (in place: the transposed bool
 // temporaries, the cumsum, the mask and index_put_'s indices of the `added` entries), or with
@@ -444,17 +477,19 @@ Permutation MakePermutation(int64_t inputs, int64_t map_columns, int64_t rows, b
 // twice in deterministic mode (two [X, H] alive for a moment), and index_select's backward
 // (the permute's) index_add_s the gradient into a zeroed [X, H].
 void DeterministicIndexAdd(const at::Tensor& source) {
-  StandInKernelScope kernels;
   const int64_t n = source.size(0);
   const at::TensorOptions index = Meta(at::kLong);
-  const at::Tensor scaled = at::empty_like(source);  // source * alpha
-  at::empty({}, index);                              // index.max()
-  at::empty({}, index);                              // index.min()
-  at::Tensor linear = at::empty({n}, index);         // index.remainder(rows)
-  linear = at::empty({n}, index);                    // ... * stride
-  const at::Tensor sorted = at::empty({n}, index), original = at::empty({n}, index);
+  std::optional<StandInKernelScope> kernels(std::in_place);  // each output below a kernel's
+  const at::Tensor scaled = at::empty_like(source);          // source * alpha
+  at::empty({}, index);                                      // index.max()
+  at::empty({}, index);                                      // index.min()
+  at::Tensor linear = at::empty({n}, index);                 // index.remainder(rows)
+  linear = at::empty({n}, index);                            // ... * stride
   const at::Tensor range = at::empty({n}, index);
-  const at::Tensor scratch = at::empty({CheckedMul(2, n)}, index);
+  const at::Tensor sorted = at::empty({n}, index);  // the sort's, with `original`
+  kernels.reset();
+  const at::Tensor original = at::empty({n}, index);
+  const at::Tensor scratch = at::empty({CheckedMul(2, n)}, index);  // the sort's own buffer
 }
 
 // Whether the run's MoE permutation index_add_s through the sort of Note [Deterministic
@@ -947,7 +982,7 @@ Routing Route(const ModelConfig& m, const TrainingConfig& t, const MoeParameters
   }
   if (m.moe_aux_loss_coeff > 0) {
     probs = AttachAuxLoss(m, t, logits, probs);
-    ChargeUnmodelledOps(kAuxLossUnmodelledOps);
+    Charge(kAuxLossUnmodelledOps);
   }
   return routing;
 }
@@ -997,10 +1032,11 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
     x = (probs.unsqueeze(-1) * x).to(rows_dtype);
     probs = at::ones_like(probs);
   }
-  // TEGroupedMLP calls two GroupedLinears; SequentialMLP two linears per local expert.
-  TeModuleCalls(t, t.moe_grouped_gemm ? 2 : CheckedMul(2, local));
-  if (!t.moe_grouped_gemm && local > 1) {
-    ChargeUnmodelledOps(CheckedMul(kSequentialMlpOpsPerExpert, local - 1) + kSequentialMlpOps);
+  // TEGroupedMLP calls two GroupedLinears (the op fuser one fused MLP), SequentialMLP two
+  // linears per local expert.
+  ChargeTeModuleCalls(t, op_fuser ? 1 : t.moe_grouped_gemm ? 2 : CheckedMul(2, local));
+  if ((!t.moe_grouped_gemm || t.profile == ProfileKind::kMegatronLocal) && local > 1) {
+    Charge(SequentialMlpUnmodelledOps(local));
   }
   at::Tensor h;
   {
@@ -1196,7 +1232,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     auto shared_experts = [&m, &params, tp = p.tp, sp, fc1_parallelism = shared_fc1, fc1_fp8,
                            fc2_fp8, fused = t.bias_activation_fusion,
                            &t](const std::vector<at::Tensor>& in) {
-      TeModuleCalls(t, 2);
+      ChargeTeModuleCalls(t, 2);
       at::Tensor h;
       {
         ModuleScope f("linear_fc1");
@@ -1232,7 +1268,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
       params.kept[0] = at::empty({gathered, local}, Meta(at::kBool));  // local_map
     }
     map.reset();
-    ChargeUnmodelledOps(kAllGatherUnmodelledOps);
+    Charge(AllGatherUnmodelledOps(t));
     const Permutation perm =
         MakePermutation(gathered, local, N, t.moe_permute_fusion, /*padded=*/false);
     const at::Tensor local_probs = PermuteProbsFunction::apply(probs, /*keep=*/probs, local, N,
@@ -1260,7 +1296,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     const int64_t D = unpadded + padding, received = R + padding, N = received * p.etp;
     params.kept[1] = routing.probs;
     params.kept[0] = routing.routing_map;
-    ChargeUnmodelledOps(kAllToAllUnmodelledOps);
+    Charge(AllToAllUnmodelledOps(m, t, p, local));
     const bool padded = m.moe_pad_to_capacity && !t.moe_permute_fusion;
     const Permutation perm = MakePermutation(T, E, D, t.moe_permute_fusion, padded);
     at::Tensor x = PermuteFunction::apply(tokens, perm.index, D, sorted_index_add);  // [D, H]

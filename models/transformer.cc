@@ -306,10 +306,6 @@ bool TransformerModel::QkL2NormApplies() const {
          (training_.profile == ProfileKind::kTransformerEngine || model_.num_experts > 0);
 }
 
-void TransformerModel::TeModuleCall() const {
-  if (training_.profile == ProfileKind::kTransformerEngine) ChargeModuleCall();
-}
-
 at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parameter* bias) {
   return model_.norm == NormKind::kLayerNorm ? LayerNorm(x, *weight, bias) : RmsNorm(x, *weight);
 }
@@ -321,7 +317,7 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
   at::Tensor qkv;
   {
     ModuleScope s("linear_qkv");
-    TeModuleCall();
+    ChargeTeModuleCalls(training_);
     // Transformer Engine's LayerNormLinear: the norm's output is its own.
     qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, UserbufferColumnParallel(),
                  Fp8LinearOptions::LayerNormLinear());  // [S, B, (A+2G)D]
@@ -347,11 +343,11 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     // Apex's and Transformer Engine's norms save the contiguous input they normalize.
     {
       ModuleScope s("q_layernorm");
-      TeModuleCall();
+      ChargeTeModuleCalls(training_);
       q = Norm(q.contiguous(), layer.q_norm_weight, layer.q_norm_bias);
     }
     ModuleScope s("k_layernorm");
-    TeModuleCall();
+    ChargeTeModuleCalls(training_);
     k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
   }
   if (model_.position == PositionKind::kRope && training_.rope_fusion) {
@@ -412,7 +408,7 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   if (model_.q_lora_rank > 0) {
     {
       ModuleScope s("linear_q_down_proj");
-      TeModuleCall();
+      ChargeTeModuleCalls(training_);
       q_compressed = Linear(ln_out, *layer.q_down_weight, nullptr, {}, down_fp8);  // [S', B, Q]
     }
     ModuleScope s("q_layernorm");
@@ -421,7 +417,7 @@ std::vector<at::Tensor> TransformerModel::LatentQueryKeyValue(
   at::Tensor kv_combined;
   {
     ModuleScope s("linear_kv_down_proj");
-    TeModuleCall();
+    ChargeTeModuleCalls(training_);
     kv_combined =
         Linear(ln_out, *layer.kv_down_weight, nullptr, {}, down_fp8);  // [S', B, R + rope]
   }
@@ -464,14 +460,14 @@ std::vector<at::Tensor> TransformerModel::LatentUpProjection(Layer& layer, at::T
   at::Tensor q, kv;
   {
     ModuleScope s(model_.q_lora_rank > 0 ? "linear_q_up_proj" : "linear_q_proj");
-    TeModuleCall();
+    ChargeTeModuleCalls(training_);
     q = Linear(q_compressed, *layer.q_up_weight, nullptr, ColumnParallel(),
                model_.q_lora_rank > 0 ? fused : Fp8LinearOptions());
   }
   q_compressed.reset();
   {
     ModuleScope s("linear_kv_up_proj");
-    TeModuleCall();
+    ChargeTeModuleCalls(training_);
     kv = Linear(kv_compressed, *layer.kv_up_weight, nullptr, ColumnParallel(), fused);
   }
   kv_compressed.reset();
@@ -530,7 +526,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     auto core = [this, attention_dropout, flex, te_unfused,
                  mask_rows](const std::vector<at::Tensor>& qkv_parts) {
       if (flex) return FlexAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2]);
-      TeModuleCall();
+      ChargeTeModuleCalls(training_);
       const at::Tensor mask =
           te_unfused ? TeUnfusedAttentionMask(qkv_parts[0].size(0), qkv_parts[1].size(0), mask_rows)
                      : at::Tensor();
@@ -557,7 +553,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   }
   if (up_projection) up_projection->DiscardOutputAndRegisterRecompute(context);
   ModuleScope s("linear_proj");
-  TeModuleCall();
+  ChargeTeModuleCalls(training_);
   // Offloading's attn_proj region: the projection's input.
   OffloadRegion offload(offloader_.get(), OffloadModule::kAttnProj, &context);
   at::Tensor out = RowParallelLinear(context, *layer.proj_weight, /*save_original_input=*/true,
@@ -607,7 +603,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   at::Tensor h;
   {
     ModuleScope s("linear_fc1");
-    TeModuleCall();
+    ChargeTeModuleCalls(training_);
     // Transformer Engine's LayerNormLinear: the pre-MLP norm's output is its own.
     h = Linear(wgrad ? RunOnBackward(ln_out, wgrad) : ln_out, *layer.fc1_weight, nullptr,
                UserbufferColumnParallel(), Fp8LinearOptions::LayerNormLinear());
@@ -615,7 +611,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
   h = Activation(model_, training_.bias_activation_fusion, h);
   ModuleScope s("linear_fc2");
-  TeModuleCall();
+  ChargeTeModuleCalls(training_);
   return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false,
                            layer.fc2_post_norm_weight, layer.fc2_post_norm_bias);
 }
@@ -634,6 +630,8 @@ at::Tensor TransformerModel::RecomputableNorm(const at::Tensor& x, Parameter* we
 at::Tensor TransformerModel::PreMlpNorm(Layer& layer, const at::Tensor& x,
                                         CheckpointWithoutOutput* checkpoint) {
   ModuleScope s("pre_mlp_layernorm");
+  // Transformer Engine's spec fuses it into linear_fc1 but in MoE layers.
+  if (layer.moe) ChargeTeModuleCalls(training_);
   return RecomputableNorm(x, layer.mlp_norm_weight, layer.mlp_norm_bias, checkpoint);
 }
 
@@ -667,6 +665,8 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   at::Tensor ln_out;
   {
     ModuleScope s("input_layernorm");
+    // Transformer Engine's spec fuses it into linear_qkv but for multi-latent attention.
+    if (model_.multi_latent_attention()) ChargeTeModuleCalls(training_);
     ln_out = RecomputableNorm(x, layer.input_norm_weight, layer.input_norm_bias,
                               input_norm_checkpoint ? &*input_norm_checkpoint : nullptr);
   }
@@ -911,16 +911,19 @@ at::Tensor TransformerModel::MtpDepth(MtpLayer& mtp, const at::Tensor& hidden,
     at::Tensor embedded, previous;
     {
       ModuleScope s("enorm");
+      ChargeTeModuleCalls(training_);
       embedded = Norm(decoder_input, mtp.enorm_weight, mtp.enorm_bias);
     }
     {
       ModuleScope s("hnorm");
+      ChargeTeModuleCalls(training_);
       previous = Norm(hidden, mtp.hnorm_weight, mtp.hnorm_bias);
     }
     x = at::cat({embedded, previous}, -1);  // [S', B, 2H]
   }
   {
     ModuleScope s("eh_proj");
+    ChargeTeModuleCalls(training_);
     x = Linear(x, *mtp.eh_proj_weight, nullptr, ColumnParallel());  // [S, B, H/tp]
   }
   x = GatherFromTensorParallelRegion(x, tp);  // [S, B, H]
@@ -930,6 +933,7 @@ at::Tensor TransformerModel::MtpDepth(MtpLayer& mtp, const at::Tensor& hidden,
     x = LayerForward(mtp.layer, x);
   }
   ModuleScope s("final_layernorm");
+  ChargeTeModuleCalls(training_);
   return Norm(x, mtp.final_norm_weight, mtp.final_norm_bias);
 }
 
@@ -1096,6 +1100,7 @@ at::Tensor TransformerModel::ForwardChunk(int64_t chunk, const at::Tensor& input
   {
     ModuleScope decoder("decoder");
     ModuleScope s("final_layernorm");
+    ChargeTeModuleCalls(training_);
     hidden = Norm(hidden, final_norm_weight_, final_norm_bias_);
   }
   if (mtp) {

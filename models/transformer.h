@@ -364,8 +364,6 @@ class TransformerModel {
   // Transformer Engine layer specs and MoE models' specs, not into the local dense spec
   // (gpt_builders.py passes qk_l2_norm only there).
   bool QkL2NormApplies() const;
-  // A module that is Transformer Engine's under its spec was called (ChargeModuleCall).
-  void TeModuleCall() const;
   // The layer's pre_mlp_layernorm (in its module), recomputable.
   at::Tensor PreMlpNorm(Layer& layer, const at::Tensor& x, CheckpointWithoutOutput* checkpoint);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);

@@ -105,18 +105,26 @@ std::string GpuPresetNames() {
   return names;
 }
 
-double MatmulSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision) {
+double MatmulKernelSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision) {
   if (precision == GemmPrecision::kFp32) {
-    return std::max(gpu.min_op_s, flops / (gpu.fp32_flops * gpu.fp32_matmul_efficiency));
+    return flops / (gpu.fp32_flops * gpu.fp32_matmul_efficiency);
   }
   const double peak = precision == GemmPrecision::kFp8 && gpu.compute_capability >= 89
                           ? 2 * gpu.half_flops
                           : gpu.half_flops;
-  return std::max(gpu.min_op_s, flops / (peak * gpu.matmul_efficiency));
+  return flops / (peak * gpu.matmul_efficiency);
+}
+
+double MemoryBoundKernelSeconds(const GpuSpec& gpu, double bytes) {
+  return bytes / (gpu.bandwidth_bytes_per_s * gpu.bandwidth_efficiency);
+}
+
+double MatmulSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision) {
+  return std::max(gpu.min_op_s, MatmulKernelSeconds(gpu, flops, precision));
 }
 
 double MemoryBoundSeconds(const GpuSpec& gpu, double bytes) {
-  return std::max(gpu.min_op_s, bytes / (gpu.bandwidth_bytes_per_s * gpu.bandwidth_efficiency));
+  return std::max(gpu.min_op_s, MemoryBoundKernelSeconds(gpu, bytes));
 }
 
 }  // namespace memsim

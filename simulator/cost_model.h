@@ -18,31 +18,33 @@
 //       seconds = (bytes read + bytes written) / (memory_bandwidth * bandwidth_efficiency)
 //   * and no op that is not free takes less than min_op_s.
 // The efficiencies are typical achieved fractions of peak for large transformer kernels;
-// Blackwell's GEMMs reach less of theirs (0.35, from the suite's GPU-bound GB200 runs).
+// Blackwell's tensor cores reach less of theirs (0.35, from the suite's GPU-bound GB200
+// runs).
 // min_op_s is the host's side: Megatron-LM issues its kernels from Python (module code,
 // hooks, the dispatcher, the launch), and a GPU cannot run ahead of the host that feeds it,
 // so a small op costs the host's time, not the kernel's. It stands for every kernel and
 // Python step around an ATen op that memsim does not see, so it is per intercepted op, not
 // per real kernel; ops the real run launches and the model does not run (the MoE token
-// dispatchers' counts and syncs) are charged at it too (ChargeUnmodelledOps).
-// module_call_s is the host's time of a Transformer Engine module call (a linear,
+// dispatchers' counts and syncs) are charged at it too (ChargeUnmodelledOps). A CUDA
+// graph's replay launches its kernels without the host: there an op costs its kernel.
+// module_call_s is the host's time of a Transformer Engine module call (a linear, a norm,
 // attention, a grouped linear) beyond its ops: TE's Python around its kernels (argument
 // checks, FP8 state, its autograd function). The functional tests show it: the same
 // 12-layer model trains in 85 ms under the local spec and 117 ms under TE's
 // (gpt3_mcore_tp1_pp2 and its rope_embeddings twin, H100) with about as many ATen ops,
-// where one time per op had the local runs 38% high and TE's 1% low. It is charged at
-// the module's forward for forward and backward together, so a recomputed module pays it
-// twice; the timeline puts the backward's share in forward.
-// Fitted to Megatron-LM's functional tests (validation/, iteration times, single-node
+// where one time per op had the local runs 38% high and TE's 1% low. It is charged at the
+// module's forward for forward and backward together (ChargeModuleCalls), so the
+// timeline puts the backward's share in forward.
+// Fitted to Megatron-LM's functional tests (validation/, iteration times; single-node
 // GB200 runs left out: they take about 5 times memsim's time and 7 times their two-node
-// twins', which no GPU work explains): module_call_s = 4 * min_op_s on every platform
-// (3 or 5 times: at best 54 or 56 of H100's 76 cases within 25%, 57 at 4), min_op_s in steps of 5
-// us by the median |error|: H100 60 us (76 cases, 15.5%, 57 within 25%; fitted on the even or the
-// odd half alone, 55 or 60 us, the other half reads 16.0% and 16.5%), GB200 75 us (74 cases, 8.3%;
-// both halves alone pick 75 us), A100 70 us (9 cases, 2.3%). Before module calls, copies, stand-in
-// kernels and unmodelled ops were charged, one constant per op (85, 100 and 125 us) left H100
-// at 16.0% (local spec +38%, MoE -35%) and 115 of 213 within 25%. Collectives are charged as
-// memory-bound ops on their buffers.
+// twins', which no GPU work explains): module_call_s = 4 * min_op_s on every platform (3
+// or 5 times: at best 55 or 55 of H100's 76 cases within 25%, 58 at 4), and min_op_s in
+// steps of 5 us by the median |error|: H100 60 us (76 cases, 15.8%, 58 within 25%; fitted
+// on the even or the odd half alone, 55 or 60 us, the other half reads 16.1% and 16.2%),
+// GB200 75 us (74 cases, 8.1%; both halves alone pick 75 us), A100 70 us (9 cases, 3.1%).
+// Before module calls, copies, stand-in kernels and unmodelled ops were charged, one
+// constant per op (85, 100 and 125 us) left H100 at 16.0% (local spec +38%, MoE -35%) and
+// 115 of 213 within 25%. Collectives are charged as memory-bound ops on their buffers.
 #pragma once
 
 #include <cstdint>
@@ -90,6 +92,10 @@ enum class OpCostKind : uint8_t { kFree, kMatmul, kMemoryBound };
 // 16-bit rate).
 enum class GemmPrecision : uint8_t { kFp32, kHalf, kFp8 };
 
+// A kernel's time on the GPU alone.
+double MatmulKernelSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision);
+double MemoryBoundKernelSeconds(const GpuSpec& gpu, double bytes);
+// An op's time: its kernel's, and at least the host's time per op (min_op_s).
 double MatmulSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision);
 double MemoryBoundSeconds(const GpuSpec& gpu, double bytes);
 

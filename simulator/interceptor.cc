@@ -2,6 +2,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 #include <limits>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "simulator/op_traits.h"
 #include "simulator/recorder.h"
@@ -125,14 +125,18 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
   OpCostKind cost_kind = info.is_allocation_only && recorder->charges_stand_ins()
                              ? OpCostKind::kMemoryBound
                              : info.cost_kind;
-  // A maybe-view's inputs, to tell afterwards whether it copied.
-  std::vector<const c10::StorageImpl*> input_storages;
+  // A maybe-view's inputs, to tell afterwards whether it copied (a view has one or two),
+  // and what a copy reads: its first tensor argument. The caller keeps the inputs alive
+  // (redispatching consumes the stack's references), so their storages stay comparable.
+  c10::SmallVector<const c10::StorageImpl*, 4> input_storages;
+  double copy_read_bytes = 0;
   if (info.may_copy && recorder->gpu() != nullptr) {
     ForEachTensor(torch::jit::last(*stack, op.schema().arguments().size()),
                   [&](const at::Tensor& t) {
-                    if (t.defined() && t.has_storage()) {
-                      input_storages.push_back(t.storage().unsafeGetStorageImpl());
-                    }
+                    if (!t.defined() || !t.has_storage()) return;
+                    if (input_storages.empty())
+                      copy_read_bytes = static_cast<double>(TensorBytes(t));
+                    input_storages.push_back(t.storage().unsafeGetStorageImpl());
                   });
   }
   LeafCost cost;
@@ -161,7 +165,7 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
     } else if (cost_kind == OpCostKind::kMatmul && a != nullptr && b->dim() > 0) {
       cost.flops = 2.0 * static_cast<double>(a->numel()) * static_cast<double>(b->sizes().back());
       cost.precision = PrecisionOf(*a);
-    } else {
+    } else if (!info.is_allocation_only) {  // a stand-in kernel writes its output only
       ForEachTensor(args, [&](const at::Tensor& t) { cost.bytes += TensorBytes(t); });
     }
   }
@@ -190,23 +194,28 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
   recorder->PopOp(info);
 
   const auto outputs = torch::jit::last(*stack, op.schema().returns().size());
+  bool copied = false;
   ForEachTensor(outputs, [&](const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return;
     const int64_t id = TrackingAllocator::StorageIdOf(t.storage().data_ptr(), recorder);
     if (id >= 0) recorder->NoteTensorShape(id, t.sizes(), t.scalar_type());
     if (cost_kind == OpCostKind::kMemoryBound) cost.bytes += TensorBytes(t);
-    // A maybe-view that returned a new storage copied its input into it: read and write.
-    if (info.may_copy && std::find(input_storages.begin(), input_storages.end(),
-                                   t.storage().unsafeGetStorageImpl()) == input_storages.end()) {
-      cost_kind = OpCostKind::kMemoryBound;
-      cost.bytes += 2 * static_cast<double>(TensorBytes(t));
+    // A maybe-view that returned a new storage copied its input into it.
+    if (info.may_copy && recorder->gpu() != nullptr &&
+        std::find(input_storages.begin(), input_storages.end(),
+                  t.storage().unsafeGetStorageImpl()) == input_storages.end()) {
+      copied = true;
+      cost.bytes += copy_read_bytes + static_cast<double>(TensorBytes(t));
     }
   });
-  if (recorder->gpu() != nullptr && cost_kind != OpCostKind::kFree) {
-    recorder->AdvanceClock(cost_kind == OpCostKind::kMatmul
-                               ? MatmulSeconds(*recorder->gpu(), cost.flops, cost.precision)
-                               : MemoryBoundSeconds(*recorder->gpu(), cost.bytes));
-  }
+  if (copied) cost_kind = OpCostKind::kMemoryBound;
+  if (recorder->gpu() == nullptr || cost_kind == OpCostKind::kFree) return;
+  const GpuSpec& gpu = *recorder->gpu();
+  const double kernel_s = cost_kind == OpCostKind::kMatmul
+                              ? MatmulKernelSeconds(gpu, cost.flops, cost.precision)
+                              : MemoryBoundKernelSeconds(gpu, cost.bytes);
+  // A CUDA graph's replay launches its kernels without the host's time per op.
+  recorder->AdvanceClock(recorder->in_graph_replay() ? kernel_s : std::max(gpu.min_op_s, kernel_s));
 }
 
 std::unique_ptr<at::ObserverContext> OnBackwardNodeStart(const at::RecordFunction& fn) {

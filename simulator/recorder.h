@@ -76,8 +76,9 @@ struct OpInfo {
   // aten::empty and its kin: free, but for a stand-in kernel's output (Note [Stand-in
   // kernels] in session.h).
   bool is_allocation_only;
-  // Free as a view, but it may return a new tensor instead (to, contiguous, reshape): then
-  // it copied, and is charged as a memory-bound op.
+  // An ATen op whose first result may alias an input (every view, and to, contiguous,
+  // reshape, flatten..., which return a new tensor when they cannot alias): free, unless it
+  // returned a new storage; then it copied, and is charged as a memory-bound op.
   bool may_copy;
 };
 
@@ -251,6 +252,11 @@ class Recorder {
   // REQUIRES: a BeginGraphedScope() still open.
   void EndGraphedScope();
   bool in_graphed_scope() const { return graphed_depth_ > 0; }
+  // Whether what runs now is a CUDA graph's replay: its kernels launch without the host
+  // code around them (Note [Virtual clock] in cost_model.h).
+  bool in_graph_replay() const {
+    return graph_mode_ == GraphMode::kReplay && (graphed_depth_ > 0 || in_graphed_backward_node());
+  }
   // Persistent state made wherever it is first needed (a grown global buffer): it counts in
   // every graph mode, whatever category the scope around it gives it.
   void PushPersistent() { ++persistent_depth_; }

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "simulator/check.h"
 #include "simulator/tracking_allocator.h"
 
 namespace memsim {
@@ -86,18 +87,33 @@ StandInKernelScope::~StandInKernelScope() {
   if (recorder_ != nullptr) recorder_->PopStandInKernels();
 }
 
-void ChargeUnmodelledOps(int64_t ops) {
+namespace {
+
+// The recorder whose clock host time advances now: null without a GPU or in a replay.
+Recorder* HostClock() {
   Recorder* recorder = CurrentRecorder();
-  if (recorder != nullptr && recorder->gpu() != nullptr) {
-    recorder->AdvanceClock(static_cast<double>(ops) * recorder->gpu()->min_op_s);
+  if (recorder == nullptr || recorder->gpu() == nullptr || recorder->in_graph_replay()) {
+    return nullptr;
   }
+  return recorder;
 }
 
-void ChargeModuleCall() {
-  Recorder* recorder = CurrentRecorder();
-  if (recorder != nullptr && recorder->gpu() != nullptr) {
-    recorder->AdvanceClock(recorder->gpu()->module_call_s);
-  }
+}  // namespace
+
+void ChargeUnmodelledOps(int64_t forward_ops, int64_t backward_ops) {
+  Recorder* recorder = HostClock();
+  if (recorder == nullptr) return;
+  const bool recomputing = recorder->phase() == Phase::kBackward;
+  const int64_t ops = recomputing ? forward_ops : forward_ops + backward_ops;
+  recorder->AdvanceClock(static_cast<double>(ops) * recorder->gpu()->min_op_s);
+}
+
+void ChargeModuleCalls(int64_t calls) {
+  MEMSIM_DCHECK(calls >= 0);
+  Recorder* recorder = HostClock();
+  if (recorder == nullptr) return;
+  const double share = recorder->phase() == Phase::kBackward ? 0.5 : 1.0;
+  recorder->AdvanceClock(share * static_cast<double>(calls) * recorder->gpu()->module_call_s);
 }
 
 }  // namespace memsim

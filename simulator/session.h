@@ -170,17 +170,21 @@ class StandInKernelScope {
   Recorder* recorder_;
 };
 
-// `ops` ops the real run launches that the model does not run, because they change no
-// memory it tracks (counts summed on the GPU, device-to-host copies, a host sync): each
-// costs the host's time per op (Note [Virtual clock]). Charged where the model meets them,
-// forward and backward at once. No effect without an active session with a GPU.
-void ChargeUnmodelledOps(int64_t ops);
+// Ops the real run launches that the model does not run, because they change no memory it
+// tracks (counts summed on the GPU, device-to-host copies, a host sync): each costs the
+// host's time per op (Note [Virtual clock] in cost_model.h). Called where the model meets
+// them in forward, it charges `forward_ops` and, unless this forward is a recomputation
+// (the recorder is in backward), whose backward share was charged when it first ran,
+// `backward_ops` too. No effect without an active session with a GPU, or inside a CUDA
+// graph's replay.
+void ChargeUnmodelledOps(int64_t forward_ops, int64_t backward_ops);
 
-// A Transformer Engine module (a linear, attention, a grouped linear) was called: its
-// Python around the kernels (argument checks, FP8 state, its autograd function's forward
-// and backward) costs the host GpuSpec::module_call_s beyond its ops (Note [Virtual
-// clock]), charged here once for forward and backward. No effect without an active
-// session with a GPU.
-void ChargeModuleCall();
+// `calls` calls of Transformer Engine modules (a linear, a norm, attention, a grouped
+// linear): their Python around the kernels (argument checks, FP8 state, the autograd
+// function's forward and backward) costs the host GpuSpec::module_call_s each beyond their
+// ops (Note [Virtual clock]), charged at the forward; a recomputation charges half, the
+// forward's share taken as half. No effect without an active session with a GPU, or
+// inside a CUDA graph's replay. REQUIRES: calls >= 0.
+void ChargeModuleCalls(int64_t calls);
 
 }  // namespace memsim

@@ -47,14 +47,14 @@ TEST(VirtualClock, OpsThatMayBeViewsCostOnlyWhenTheyCopy) {
   }
 }
 
-TEST(VirtualClock, ACopyReadsAndWritesItsOutput) {
+TEST(VirtualClock, ACopyReadsItsInputAndWritesItsOutput) {
   const GpuSpec gpu = OneBytePerSecondGpu();
   Session session(&gpu);
   {
     ActiveSession active(session);
     const at::Tensor a = at::empty({4, 8}, MetaFloat());
-    const at::Tensor half = a.to(at::kHalf);  // 4 * 8 * 2 bytes written, as many read
-    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 128);
+    const at::Tensor half = a.to(at::kHalf);  // 4 * 8 * 4 bytes read, 4 * 8 * 2 written
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 192);
   }
 }
 
@@ -80,21 +80,57 @@ TEST(VirtualClock, StandInKernelsCostWhatTheirOutputsStandFor) {
 TEST(VirtualClock, UnmodelledOpsAndModuleCallsCostTheHostsTime) {
   const GpuSpec gpu = HostBoundGpu();
   Session session(&gpu);
-  ChargeUnmodelledOps(7);  // no active session: nothing to charge
-  ChargeModuleCall();
+  ChargeUnmodelledOps(5, 2);  // no active session: nothing to charge
+  ChargeModuleCalls(1);
   EXPECT_EQ(session.recorder().now_s(), 0);
   {
     ActiveSession active(session);
-    ChargeUnmodelledOps(7);
+    session.SetPhase(Phase::kForward);
+    ChargeUnmodelledOps(5, 2);  // forward and backward ops
     EXPECT_DOUBLE_EQ(session.recorder().now_s(), 7e-3);
-    ChargeModuleCall();
-    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 12e-3);
+    ChargeModuleCalls(2);
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 17e-3);
+    // A recomputation in backward: the forward's ops, half of each module call.
+    session.SetPhase(Phase::kBackward);
+    ChargeUnmodelledOps(5, 2);
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 22e-3);
+    ChargeModuleCalls(2);
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 27e-3);
   }
   Session without_gpu;
   ActiveSession active(without_gpu);
-  ChargeUnmodelledOps(7);
-  ChargeModuleCall();
+  ChargeUnmodelledOps(5, 2);
+  ChargeModuleCalls(1);
   EXPECT_EQ(without_gpu.recorder().now_s(), 0);
+}
+
+// A CUDA graph's replay launches its kernels without the host: ops cost their kernels
+// alone, and neither unmodelled ops nor module calls cost anything; outside the graphed
+// scope, and while capturing, the host's time counts.
+TEST(VirtualClock, GraphReplaysCostTheKernelsOnly) {
+  GpuSpec gpu = HostBoundGpu();
+  gpu.bandwidth_bytes_per_s = 1;
+  gpu.bandwidth_efficiency = 1;
+  gpu.min_op_s = 1000;  // 4 * 8 * 4 * 2 = 256 bytes read and written: 256 s of kernel
+  Session session(&gpu);
+  ActiveSession active(session);
+  const at::Tensor a = at::empty({4, 8}, MetaFloat());
+  session.recorder().set_graph_mode(Recorder::GraphMode::kReplay);
+  {
+    GraphedScope graphed(true);
+    const at::Tensor b = a + 1;
+    ChargeUnmodelledOps(5, 2);
+    ChargeModuleCalls(1);
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 256);
+  }
+  const at::Tensor c = a + 1;  // eager code between the graphs
+  EXPECT_DOUBLE_EQ(session.recorder().now_s(), 256 + 1000);
+  session.recorder().set_graph_mode(Recorder::GraphMode::kCapture);
+  {
+    GraphedScope graphed(true);
+    const at::Tensor d = a + 1;
+    EXPECT_DOUBLE_EQ(session.recorder().now_s(), 256 + 2000);
+  }
 }
 
 // A GPU-bound GEMM of 10^15 FLOPs runs at its precision's peak (cost_model.cc's data-sheet

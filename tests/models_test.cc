@@ -2201,8 +2201,9 @@ LinearChainEvents RunLinearChain(bool delay, bool checkpointed = false) {
 
 // The host time of Transformer Engine's module calls (Note [Virtual clock]): the clock
 // with 1 s a module call less the clock with none counts the calls. Two layers, one
-// microbatch, two iterations; per layer and microbatch linear_qkv, core_attention,
-// linear_proj and the MLP's two linears, which under the local spec are Megatron's own.
+// microbatch, two iterations; per layer linear_qkv (its input norm fused), core_attention,
+// linear_proj and the MLP's two linears (the first with the pre-MLP norm fused), and the
+// final norm; under the local spec all are Megatron's own.
 double ModuleCalls(const ModelConfig& m, const TrainingConfig& t) {
   auto clock = [&](double module_call_s) {
     GpuSpec gpu = *FindGpu("H100");
@@ -2220,22 +2221,26 @@ TEST(HostTime, EachTransformerEngineModuleCallCostsTheHost) {
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
   EXPECT_NEAR(ModuleCalls(m, t), 0, 1e-9);  // the local spec
   t.profile = ProfileKind::kTransformerEngine;
-  EXPECT_NEAR(ModuleCalls(m, t), 2 * 2 * 5, 1e-9);
-  // MoE layers: attention's three, then TEGroupedMLP's two GroupedLinears, or
-  // SequentialMLP's two linears for each of the 4 local experts.
+  EXPECT_NEAR(ModuleCalls(m, t), 2 * (2 * 5 + 1), 1e-9);
+  // MoE layers: attention's three, the pre-MLP norm (a module of its own), then
+  // TEGroupedMLP's two GroupedLinears, or SequentialMLP's two linears for each of the 4
+  // local experts.
   m.num_experts = 4;
   m.moe_ffn_hidden_size = 128;
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
   t.moe_grouped_gemm = true;
-  EXPECT_NEAR(ModuleCalls(m, t), 2 * 2 * (3 + 2), 1e-9);
+  EXPECT_NEAR(ModuleCalls(m, t), 2 * (2 * (3 + 1 + 2) + 1), 1e-9);
   t.moe_grouped_gemm = false;
-  EXPECT_NEAR(ModuleCalls(m, t), 2 * 2 * (3 + 2 * 4), 1e-9);
+  EXPECT_NEAR(ModuleCalls(m, t), 2 * (2 * (3 + 1 + 2 * 4) + 1), 1e-9);
 }
 
 // SequentialMLP runs each of the 4 local experts' MLP alone where memsim runs one grouped
-// GEMM (ChargeUnmodelledOps): per MoE layer and microbatch 8 ops for each further expert
-// and 2 cats, beside the torch.cat of the experts' outputs memsim runs: 27 more ops than
-// TEGroupedMLP, on a GPU where every op costs 1 s of host time.
+// GEMM (ChargeUnmodelledOps): per MoE layer and microbatch, for each further expert two
+// GEMMs and the activation in forward, four GEMMs and the activation's backward, and the
+// backward's 2 cats, beside the torch.cat of the experts' outputs memsim runs: 27 more ops
+// than TEGroupedMLP, on a GPU where every op costs 1 s of host time (and a module call
+// nothing). The local spec runs SequentialMLP whatever --moe-grouped-gemm says: only
+// memsim's cat differs.
 TEST(HostTime, SequentialMlpRunsEachExpertsOps) {
   TrainingConfig t;
   t.seq_length = 64;
@@ -2247,11 +2252,15 @@ TEST(HostTime, SequentialMlpRunsEachExpertsOps) {
   GpuSpec gpu = *FindGpu("H100");
   gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s = 1e30;
   gpu.min_op_s = 1;
+  gpu.module_call_s = 0;
   auto clock = [&](bool grouped) {
     t.moe_grouped_gemm = grouped;
     return test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s();
   };
+  t.profile = ProfileKind::kTransformerEngine;
   EXPECT_NEAR(clock(false) - clock(true), 2 * 2 * (3 * 8 + 2 + 1), 1e-6);
+  t.profile = ProfileKind::kMegatronLocal;
+  EXPECT_NEAR(clock(false) - clock(true), 2 * 2 * 1, 1e-6);
 }
 
 TEST(DelayedWgrad, GemmsWaitForTheGroupsBackward) {

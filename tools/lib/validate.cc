@@ -537,14 +537,14 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
       "memsim's step time (Note [Step time] in parallel/step_time.h: every stage's virtual\n"
       "clock composed by the pipeline schedule, plus data-parallel communication and the\n"
       "optimizer step) against the median TensorBoard `iteration-time` of the steady steps\n"
-      "(after step 2). The clock's kernel efficiencies are typical values; its fitted\n"
-      "constants, the host's time per op (per platform) and per Transformer Engine module call\n"
-      "(four ops'), were fitted to these runs, leaving out single-node GB200 runs (Note\n"
-      "[Virtual clock] in simulator/cost_model.h); the errors are reported here, not held to\n"
-      "a tolerance, and the target is 25%. The same tests take about 1.2 times as long on GB200 as "
-      "on H100,\n"
-      "and about 7 times as long on a single GB200 node (1.9-3 s an iteration for a 12-layer,\n"
-      "512-wide model): those runs measure their environment more than the GPU.\n\n**" +
+      "(after step 2). The clock's kernel efficiencies are typical values (Blackwell's from\n"
+      "the 7B runs); its fitted constants, the host's time per op (per platform) and per\n"
+      "Transformer Engine module call (four ops'), were fitted to these runs, leaving out\n"
+      "single-node GB200 runs (Note [Virtual clock] in simulator/cost_model.h); the errors\n"
+      "are reported here, not held to a tolerance, and the target is 25%. The same tests\n"
+      "take about 1.2 times as long on GB200 as on H100, and about 7 times as long on a\n"
+      "single GB200 node (1.9-3 s an iteration for a 12-layer, 512-wide model): those runs\n"
+      "measure their environment more than the GPU.\n\n**" +
       StepTimeLine(results) +
       ".**\n\n| platform | compared | median \\|error\\| | within 25% |\n"
       "| --- | ---: | ---: | ---: |\n" +
