@@ -18,10 +18,10 @@
 // It ranks layouts. As a prediction it is rough: the clock's kernel efficiencies are
 // typical values and its fitted constants, the host's time per op (per platform) and per
 // Transformer Engine module call (Note [Virtual clock] in simulator/cost_model.h), put
-// Megatron-LM's functional tests at a median |error| of 3-16% per platform (VALIDATION.md;
-// single-node GB200 runs, 71%, say more about their environment), and context
-// parallelism's key/value exchange and the pipeline's sends are taken as overlapped with
-// compute.
+// Megatron-LM's functional tests at a median |error| of 3-7% per platform (VALIDATION.md;
+// single-node GB200 runs, 73%, and two slow regenerations of H100 timings say more about
+// their environment), and context parallelism's key/value exchange and the pipeline's
+// sends are taken as overlapped with compute.
 //
 // Note [Communication time]
 // A ring collective over n GPUs moves, per GPU, 2(n-1)/n of the buffer for an all-reduce

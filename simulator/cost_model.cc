@@ -9,7 +9,7 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 
 // Note [Virtual clock]: a Transformer Engine module call costs the host as much as this
 // many ops, fitted once for all platforms.
-constexpr double kOpsPerModuleCall = 4;
+constexpr double kOpsPerModuleCall = 3;
 
 // Note [Virtual clock]'s host time per op, which differs with the CPU that drives the GPU.
 GpuSpec WithHostSecondsPerOp(GpuSpec gpu, double seconds) {
@@ -52,8 +52,8 @@ const std::vector<GpuSpec>& GpuPresets() {
   // and GB200 (NVL72, 1200 W), whose NVLink domain is the whole 72-GPU rack although a
   // compute tray holds 4; one 800 Gb/s ConnectX-8 per B300 (HGX).
   // The host's time per op (Note [Virtual clock]) was fitted per platform to Megatron-LM's
-  // functional tests: A100 70 us, H100 60 us, GB200 75 us (x86 hosts of two generations,
-  // Grace on GB200), and a Transformer Engine module call's as 4 ops'. H20, H200, B200 and
+  // functional tests: A100 70 us, H100 55 us, GB200 75 us (x86 hosts of two generations,
+  // Grace on GB200), and a Transformer Engine module call's as 3 ops'. H20, H200, B200 and
   // B300 have no measured runs and take H100's (x86 hosts).
   static const std::vector<GpuSpec> presets = {
       WithHostSecondsPerOp(
@@ -64,21 +64,21 @@ const std::vector<GpuSpec>& GpuPresets() {
           70e-6),
       WithHostSecondsPerOp(
           {"H100-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 450e9, 50e9},
-          60e-6),
+          55e-6),
       WithHostSecondsPerOp(
           {"H800-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 200e9, 50e9},
-          60e-6),
+          55e-6),
       WithHostSecondsPerOp(
-          {"H20-96GB", 97871 * kMiB, 512 * kMiB, 90, 148e12, 44e12, 4.0e12, 450e9, 50e9}, 60e-6),
+          {"H20-96GB", 97871 * kMiB, 512 * kMiB, 90, 148e12, 44e12, 4.0e12, 450e9, 50e9}, 55e-6),
       WithHostSecondsPerOp(
           {"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12, 450e9, 50e9},
-          60e-6),
+          55e-6),
       Blackwell(WithHostSecondsPerOp(
           {"B200-180GB", 183359 * kMiB, 512 * kMiB, 100, 2.25e15, 80e12, 8e12, 900e9, 50e9},
-          60e-6)),
+          55e-6)),
       Blackwell(WithHostSecondsPerOp(
           {"B300-288GB", 275040 * kMiB, 512 * kMiB, 103, 2.25e15, 75e12, 8e12, 900e9, 100e9},
-          60e-6)),
+          55e-6)),
       Blackwell(WithHostSecondsPerOp(
           {"GB200-186GB", 189471 * kMiB, 512 * kMiB, 100, 2.5e15, 90e12, 8e12, 900e9, 50e9, 72},
           75e-6)),

@@ -555,7 +555,8 @@ TEST(Cli, ValidateReportsIterationTimeBesideMemory) {
   fs::create_directories(dir + "/cases");
   std::string timed = ValidationCaseYaml("timed", "", "");
   timed.replace(timed.find("allocated_bytes: 50000000}"), 26,
-                "allocated_bytes: 50000000, iteration_time_s: 0.25}");
+                "allocated_bytes: 50000000, iteration_time_s: 0.25, iteration_time_recorded: "
+                "'2026-05-07', iteration_time_commit: 5fe3f06658}");
   std::ofstream(dir + "/cases/a_timed.yaml") << timed;
   std::ofstream(dir + "/cases/b_untimed.yaml") << ValidationCaseYaml("untimed", "", "");
   std::ofstream(dir + "/tolerances.yaml") << "{}\n";
@@ -570,11 +571,16 @@ TEST(Cli, ValidateReportsIterationTimeBesideMemory) {
   const double memsim_s = time["memsim_s"].get<double>();
   EXPECT_GT(memsim_s, 0);
   EXPECT_DOUBLE_EQ(time["error_pct"].get<double>(), (memsim_s - 0.25) / 0.25 * 100);
+  EXPECT_EQ(time["recorded"], "2026-05-07");
+  EXPECT_EQ(time["commit"], "5fe3f06658");
   EXPECT_FALSE(result["cases"][1].contains("iteration_time"));
   EXPECT_NE(run.out.find("iteration time: 1 cases compared"), std::string::npos) << run.out;
   std::ifstream report(dir + "/report.md");
   const std::string md((std::istreambuf_iterator<char>(report)), {});
-  EXPECT_NE(md.find("| timed | H100-80GB | 0.250 | "), std::string::npos) << md;
+  EXPECT_NE(md.find("| timed | H100-80GB | 2026-05-07 5fe3f06658 | 0.250 | "), std::string::npos)
+      << md;
+  // Grouped by the commit that recorded the timings: one case, within 25% or not.
+  EXPECT_NE(md.find("| H100-80GB | 2026-05-07 | 5fe3f06658 | 1 | "), std::string::npos) << md;
 
   timed.replace(timed.find("iteration_time_s: 0.25"), 22, "iteration_time_s: -1");
   std::ofstream(dir + "/cases/a_timed.yaml") << timed;

@@ -79,6 +79,11 @@ struct ValidationCase {
   // Seconds per iteration (TensorBoard's iteration-time), the median of the steady steps;
   // absent if not logged. Reported beside the memory, not yet held to a tolerance.
   std::optional<double> iteration_time_s;
+  // When and by which Megatron-LM commit the timings were last regenerated (they are apart
+  // from the memory values: a deterministic test's whenever its container changes); empty
+  // if unknown.
+  std::string iteration_time_recorded;
+  std::string iteration_time_commit;
 };
 
 // Reads one case file. A missing or malformed field is an error naming file and field.
