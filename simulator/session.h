@@ -152,7 +152,7 @@ class GraphedScope {
 
 // Note [Stand-in kernels]
 // The model often stands for a kernel by allocating its output with at::empty (a sort, a
-// scan, an index_put, a fused router's outputs): memory needs the output, not the work.
+// scan, an index_select, a masked_select): memory needs the output, not the work.
 // The virtual clock charges nothing for an allocation, but the real run launches the
 // kernel, and on host-bound runs each launch costs the host's time per op (Note [Virtual
 // clock] in cost_model.h). Inside a StandInKernelScope each allocation-only op (empty,
