@@ -19,12 +19,13 @@ GpuSpec WithHostSecondsPerOp(GpuSpec gpu, double seconds) {
 }
 
 // Blackwell's tensor cores' achieved fraction of their dense 16-bit peak: Megatron-LM's 7B
-// functional test (gpt3_7b_tp1_pp4 and tp4_pp1, the suite's only GPU-bound GB200 runs) steps 1.46
-// and 1.31 times as fast on GB200 as on H100 where the peaks differ 2.5 times; H100's 0.6 had them
-// -28% and -20%, 0.35 reads +1.1% and -0.0% (0.4: -7.5%, -6.1%). The other Blackwell
-// presets (B200, B300: the same chip) take it for want of runs of their own. fp32 GEMMs run
-// on the CUDA cores and keep 0.6: the fp32 DeepSeek proxy (deepseek_proxy_fsdp_ep2_fsdp2,
-// GB200), mostly fp32 GEMM time, reads +28% with 0.6 and +78% with 0.35.
+// functional test (gpt3_7b_tp1_pp4 and tp4_pp1, the suite's only GPU-bound GB200 runs) steps
+// 1.46 and 1.31 times as fast on GB200 as on H100 where the peaks differ 2.5 times. When this
+// was fitted, H100's 0.6 had them -28% and -20% and 0.35 +1.1% and -0.0% (0.4: -7.5%,
+// -6.1%); with today's host times they read -0.5% and -2.8%. The other Blackwell presets
+// (B200, B300: the same chip) take it for want of runs of their own. fp32 GEMMs run on the
+// CUDA cores and keep 0.6: the fp32 DeepSeek proxy (deepseek_proxy_fsdp_ep2_fsdp2, GB200),
+// mostly fp32 GEMM time, read +28% with 0.6 and +78% with 0.35 (today +26%).
 constexpr double kBlackwellMatmulEfficiency = 0.35;
 
 GpuSpec Blackwell(GpuSpec gpu) {
