@@ -120,12 +120,4 @@ double MemoryBoundKernelSeconds(const GpuSpec& gpu, double bytes) {
   return bytes / (gpu.bandwidth_bytes_per_s * gpu.bandwidth_efficiency);
 }
 
-double MatmulSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision) {
-  return std::max(gpu.min_op_s, MatmulKernelSeconds(gpu, flops, precision));
-}
-
-double MemoryBoundSeconds(const GpuSpec& gpu, double bytes) {
-  return std::max(gpu.min_op_s, MemoryBoundKernelSeconds(gpu, bytes));
-}
-
 }  // namespace memsim

@@ -96,11 +96,9 @@ enum class OpCostKind : uint8_t { kFree, kMatmul, kMemoryBound };
 // 16-bit rate).
 enum class GemmPrecision : uint8_t { kFp32, kHalf, kFp8 };
 
-// A kernel's time on the GPU alone.
+// A kernel's time on the GPU alone; the interceptor charges an op at least min_op_s
+// beside it, but in a CUDA graph's replay.
 double MatmulKernelSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision);
 double MemoryBoundKernelSeconds(const GpuSpec& gpu, double bytes);
-// An op's time: its kernel's, and at least the host's time per op (min_op_s).
-double MatmulSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision);
-double MemoryBoundSeconds(const GpuSpec& gpu, double bytes);
 
 }  // namespace memsim

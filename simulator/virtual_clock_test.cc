@@ -141,15 +141,16 @@ TEST(VirtualClock, GemmsRunAtTheirPrecisionsPeak) {
   const GpuSpec& h100 = *FindGpu("H100");
   const GpuSpec& gb200 = *FindGpu("GB200");
   const GpuSpec& a100 = *FindGpu("A100");
-  EXPECT_DOUBLE_EQ(MatmulSeconds(h100, 1e15, GemmPrecision::kHalf), 1e15 / (989.4e12 * 0.6));
-  EXPECT_DOUBLE_EQ(MatmulSeconds(h100, 1e15, GemmPrecision::kFp8), 1e15 / (2 * 989.4e12 * 0.6));
-  EXPECT_DOUBLE_EQ(MatmulSeconds(h100, 1e15, GemmPrecision::kFp32), 1e15 / (66.9e12 * 0.6));
-  EXPECT_DOUBLE_EQ(MatmulSeconds(gb200, 1e15, GemmPrecision::kHalf), 1e15 / (2.5e15 * 0.35));
-  EXPECT_DOUBLE_EQ(MatmulSeconds(gb200, 1e15, GemmPrecision::kFp8), 1e15 / (5e15 * 0.35));
-  EXPECT_DOUBLE_EQ(MatmulSeconds(gb200, 1e15, GemmPrecision::kFp32), 1e15 / (90e12 * 0.6));
-  EXPECT_DOUBLE_EQ(MatmulSeconds(*FindGpu("B200"), 1e15, GemmPrecision::kHalf),
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(h100, 1e15, GemmPrecision::kHalf), 1e15 / (989.4e12 * 0.6));
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(h100, 1e15, GemmPrecision::kFp8),
+                   1e15 / (2 * 989.4e12 * 0.6));
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(h100, 1e15, GemmPrecision::kFp32), 1e15 / (66.9e12 * 0.6));
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(gb200, 1e15, GemmPrecision::kHalf), 1e15 / (2.5e15 * 0.35));
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(gb200, 1e15, GemmPrecision::kFp8), 1e15 / (5e15 * 0.35));
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(gb200, 1e15, GemmPrecision::kFp32), 1e15 / (90e12 * 0.6));
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(*FindGpu("B200"), 1e15, GemmPrecision::kHalf),
                    1e15 / (2.25e15 * 0.35));
-  EXPECT_DOUBLE_EQ(MatmulSeconds(a100, 1e15, GemmPrecision::kFp8), 1e15 / (312e12 * 0.6));
+  EXPECT_DOUBLE_EQ(MatmulKernelSeconds(a100, 1e15, GemmPrecision::kFp8), 1e15 / (312e12 * 0.6));
 }
 
 }  // namespace
