@@ -9,6 +9,7 @@
 #include "models/backward_call.h"
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
+#include "simulator/cost_model.h"
 #include "simulator/recorder.h"
 #include "simulator/session.h"
 #include "simulator/tracking_allocator.h"
@@ -35,8 +36,20 @@ class OffloadGroup : public torch::CustomClassHolder {
   std::vector<Saved> saved;
   bool offloaded = false;
   bool reloaded = false;
+  double offloaded_s = 0.0;  // when its D2H copies end (Note [Offload copies on the clock])
+  double reloaded_s = 0.0;   // when its H2D copies end
   std::vector<int64_t> restored_forced;  // the ids the forced inputs' reloads restored
   std::vector<at::Tensor> copies;        // reloads into new tensors
+
+  // What crosses the host link each way: every save once, a save reloaded into new
+  // tensors once per reload.
+  int64_t LinkBytes() const {
+    int64_t bytes = 0;
+    for (const Saved& s : saved) {
+      bytes = CheckedAdd(bytes, CheckedMul(s.reload_bytes, int64_t{s.restore} + s.copies));
+    }
+    return bytes;
+  }
 };
 
 namespace {
@@ -166,10 +179,20 @@ c10::intrusive_ptr<OffloadGroup> ActivationOffloader::StartGroup(OffloadModule m
   return group;
 }
 
+double ActivationOffloader::QueueCopies(const OffloadGroup& group, double ready_s) {
+  const Recorder& recorder = *CurrentRecorder();
+  if (recorder.gpu() == nullptr) return recorder.now_s();
+  const double start = std::max({recorder.now_s(), ready_s, host_link_free_s_});
+  host_link_free_s_ =
+      start + HostCopySeconds(*recorder.gpu(), static_cast<double>(group.LinkBytes()));
+  return host_link_free_s_;
+}
+
 void ActivationOffloader::Commit(const c10::intrusive_ptr<OffloadGroup>& group) {
   Recorder* recorder = CurrentRecorder();
   if (recorder == nullptr || KeepsOnDevice(*group)) return;
   group->offloaded = true;
+  group->offloaded_s = QueueCopies(*group, /*ready_s=*/0.0);
   for (const OffloadGroup::Saved& saved : group->saved) {
     if (saved.evict) recorder->Evict(saved.storage_id);
   }
@@ -180,6 +203,7 @@ void ActivationOffloader::Reload(OffloadGroup& group) {
   Recorder* recorder = CurrentRecorder();
   if (recorder == nullptr || !group.offloaded || group.reloaded) return;
   group.reloaded = true;
+  group.reloaded_s = QueueCopies(group, group.offloaded_s);
   for (const OffloadGroup::Saved& saved : group.saved) {
     int copies = saved.copies;
     if (saved.restore) {
@@ -200,7 +224,14 @@ void ActivationOffloader::Reload(OffloadGroup& group) {
   }
 }
 
-void ActivationOffloader::CommitBackward(OffloadGroup& group) { Reload(group); }
+void ActivationOffloader::CommitBackward(OffloadGroup& group) {
+  Reload(group);
+  // The region's backward waits for its reload (Note [Offload copies on the clock]).
+  Recorder* recorder = CurrentRecorder();
+  if (recorder != nullptr && group.reloaded && group.reloaded_s > recorder->now_s()) {
+    recorder->AdvanceClock(group.reloaded_s - recorder->now_s());
+  }
+}
 
 void ActivationOffloader::StartBackward(OffloadGroup& group) {
   // The region's ops are done with its reloads: the forced inputs' go, as do the copies.

@@ -46,6 +46,35 @@
 // (for the tensors found by scanning, the threshold applies to a storage's elements, not a
 // view's), and the pinned host memory. The three CI runs with offloading read 4.5-6.5% low at
 // the peak (validation/tolerances.yaml): 300-500 MiB not identified without a GPU trace.
+//
+// Note [Offload copies on the clock]
+// The copies run on streams of their own (PipelineOffloadManager's d2h_stream and
+// h2d_stream), in issue order, at the host link's rate (HostCopySeconds in
+// simulator/cost_model.h), and the compute stream waits only where Megatron-Core makes it:
+//   - a group's offload is issued at its commit (on_group_commit_forward: the D2H stream
+//     waits for compute first);
+//   - a reload is issued where memsim reloads (the region's start node in backward
+//     prefetches the next group, after the H2D stream waits for compute; or the group's
+//     commit in backward when nothing prefetched it) and waits for the group's offload
+//     (its offload event);
+//   - the compute stream waits for a group's reload at its commit in backward
+//     (on_group_commit_backward waits on the reload event), just before the region's
+//     backward uses it: memsim advances the rank's clock to the reload's end there.
+// Both directions share one queue: every GPU of the node copies at once, and the host
+// memory's bandwidth per GPU is about one direction of its link (a DGX H100 socket's
+// DDR5, about 280 GB/s, feeds four GPUs with 64 GB/s PCIe links; a Grace's 512 GB/s two
+// GPUs sharing 450 GB/s of NVLink-C2C a direction), so the reloads wait for the offloads
+// still queued. A save copied twice (Saved::copies) crosses twice each way. So the
+// prefetch hides a reload behind one region's backward at most, and a forward that
+// offloads faster than the link copies pushes its copies into the backward: with the CI
+// runs' 36 GB a rank, iteration and direction, the copies, not the kernels, set the step
+// on H100 (memsim read -75% and -78% with them free, -8% and -14% so; -33% and -37% with a
+// queue per direction); on GB200, at 3.5 times the rate, they mostly hide behind the
+// kernels (-40% -> -37%, a timing recorded in January 2026 and not explained). Not charged:
+// the copies' host time (a few ops a group), the pinned host allocations, which PyTorch's
+// host allocator caches after the first use, and
+// --fine-grained-offloading-max-inflight-offloads (the compute stream waits for older
+// offloads of a name beyond that many; unset by default and in the CI runs).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -102,6 +131,10 @@ class ActivationOffloader {
     bool forward_done = false;
   };
   bool KeepsOnDevice(const OffloadGroup& group) const;
+  // Queues `group`'s copies on the host link, starting no earlier than `ready_s` and the
+  // rank's clock; returns when they end (Note [Offload copies on the clock]). The clock's
+  // time when no GPU is set.
+  double QueueCopies(const OffloadGroup& group, double ready_s);
   // The first chunk at or after `from` in the backward order that registered `module`
   // (any module when null); -1 when none.
   int64_t FrontBackwardChunk(size_t from, const OffloadModule* module) const;
@@ -119,6 +152,9 @@ class ActivationOffloader {
   std::map<ChunkKey, std::vector<OffloadModule>> registry_;
   // (chunk, index in its start order) of the groups post_warmup_callback keeps.
   std::set<std::pair<ChunkKey, size_t>> kept_;
+  // When the host link has done the copies queued on it (Note [Offload copies on the
+  // clock]), on the rank's virtual clock.
+  double host_link_free_s_ = 0.0;
 };
 
 // A tensor a region hands to group_offload's forced_released_tensors.

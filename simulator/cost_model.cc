@@ -51,38 +51,44 @@ const std::vector<GpuSpec>& GpuPresets() {
   // A100; NVLink 4 (900 GB/s; the H800's cut to 400 GB/s) and one 400 Gb/s NDR adapter per
   // H100/H800/H20/H200; NVLink 5 (1.8 TB/s) and one 400 Gb/s adapter per B200 (HGX, 1000 W)
   // and GB200 (NVL72, 1200 W), whose NVLink domain is the whole 72-GPU rack although a
-  // compute tray holds 4; one 800 Gb/s ConnectX-8 per B300 (HGX).
+  // compute tray holds 4; one 800 Gb/s ConnectX-8 per B300 (HGX). Host copies: PCIe Gen4
+  // x16 (A100, 32 GB/s a direction; a DGX A100 socket's DDR4, 205 GB/s, feeds 4 GPUs), Gen5
+  // x16 (Hopper and B200, 64 GB/s; a DGX H100 socket's DDR5 at two DIMMs a channel, about
+  // 280 GB/s, feeds 4), Gen6 x16 (B300, 128 GB/s; its host memory not checked); GB200's
+  // NVLink-C2C (900 GB/s both ways) joins one Grace (512 GB/s of LPDDR5X) to two GPUs: 225
+  // GB/s a direction for each.
   // The host's time per op (Note [Virtual clock]) was fitted per platform to Megatron-LM's
   // functional tests: A100 70 us, H100 55 us, GB200 75 us (x86 hosts of two generations,
   // Grace on GB200), and a Transformer Engine module call's as 3 ops'. H20, H200, B200 and
   // B300 have no measured runs and take H100's (x86 hosts).
   static const std::vector<GpuSpec> presets = {
       WithHostSecondsPerOp(
-          {"A100-80GB", 81920 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 2.039e12, 300e9, 25e9},
+          {"A100-80GB", 81920 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 2.039e12, 300e9, 25e9, 32e9},
           70e-6),
       WithHostSecondsPerOp(
-          {"A100-40GB", 40960 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 1.555e12, 300e9, 25e9},
+          {"A100-40GB", 40960 * kMiB, 512 * kMiB, 80, 312e12, 19.5e12, 1.555e12, 300e9, 25e9, 32e9},
           70e-6),
+      WithHostSecondsPerOp({"H100-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12,
+                            450e9, 50e9, 64e9},
+                           55e-6),
+      WithHostSecondsPerOp({"H800-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12,
+                            200e9, 50e9, 64e9},
+                           55e-6),
       WithHostSecondsPerOp(
-          {"H100-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 450e9, 50e9},
+          {"H20-96GB", 97871 * kMiB, 512 * kMiB, 90, 148e12, 44e12, 4.0e12, 450e9, 50e9, 64e9},
           55e-6),
-      WithHostSecondsPerOp(
-          {"H800-80GB", 81559 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 3.35e12, 200e9, 50e9},
-          55e-6),
-      WithHostSecondsPerOp(
-          {"H20-96GB", 97871 * kMiB, 512 * kMiB, 90, 148e12, 44e12, 4.0e12, 450e9, 50e9}, 55e-6),
-      WithHostSecondsPerOp(
-          {"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12, 450e9, 50e9},
-          55e-6),
+      WithHostSecondsPerOp({"H200-141GB", 143771 * kMiB, 512 * kMiB, 90, 989.4e12, 66.9e12, 4.8e12,
+                            450e9, 50e9, 64e9},
+                           55e-6),
       Blackwell(WithHostSecondsPerOp(
-          {"B200-180GB", 183359 * kMiB, 512 * kMiB, 100, 2.25e15, 80e12, 8e12, 900e9, 50e9},
+          {"B200-180GB", 183359 * kMiB, 512 * kMiB, 100, 2.25e15, 80e12, 8e12, 900e9, 50e9, 64e9},
           55e-6)),
       Blackwell(WithHostSecondsPerOp(
-          {"B300-288GB", 275040 * kMiB, 512 * kMiB, 103, 2.25e15, 75e12, 8e12, 900e9, 100e9},
+          {"B300-288GB", 275040 * kMiB, 512 * kMiB, 103, 2.25e15, 75e12, 8e12, 900e9, 100e9, 128e9},
           55e-6)),
-      Blackwell(WithHostSecondsPerOp(
-          {"GB200-186GB", 189471 * kMiB, 512 * kMiB, 100, 2.5e15, 90e12, 8e12, 900e9, 50e9, 72},
-          75e-6)),
+      Blackwell(WithHostSecondsPerOp({"GB200-186GB", 189471 * kMiB, 512 * kMiB, 100, 2.5e15, 90e12,
+                                      8e12, 900e9, 50e9, 225e9, 72},
+                                     75e-6)),
   };
   return presets;
 }
@@ -118,6 +124,10 @@ double MatmulKernelSeconds(const GpuSpec& gpu, double flops, GemmPrecision preci
 
 double MemoryBoundKernelSeconds(const GpuSpec& gpu, double bytes) {
   return bytes / (gpu.bandwidth_bytes_per_s * gpu.bandwidth_efficiency);
+}
+
+double HostCopySeconds(const GpuSpec& gpu, double bytes) {
+  return bytes / (gpu.host_link_bytes_per_s * gpu.link_efficiency);
 }
 
 }  // namespace memsim

@@ -42,13 +42,16 @@
 // before and after them (validation/README.md): module_call_s = 3 * min_op_s on every
 // platform (4, 5 or 6 times: H100 at best 7.0%, 7.0%, 9.1%, GB200 8.1%, 10.2%, 9.0%;
 // twice, tried in 10 us steps up to 70 us: 11.1% and 13.4%), and min_op_s in steps of 5 us by
-// the median |error|: H100 55 us (45 timings, 5.8%, 38 within 25%; the even and the odd
-// half alone pick 55 us too; the 31 slow timings read -28%), GB200 75 us (74 timings,
-// 7.0%, 66 within 25%; both halves alone pick 75 us), A100 70 us (9, 3.1%). Before module
+// the median |error|: H100 55 us (45 timings, 5.8%, 38 within 25%, 40 since offloading's
+// host copies are charged; the even and the odd half alone pick 55 us too; the 31 slow
+// timings read -28%), GB200 75 us (74 timings, 7.0%, 66 within 25%; both halves alone pick
+// 75 us), A100 70 us (9, 3.1%). Before module
 // calls, copies, stand-in kernels and unmodelled ops were charged, one constant per op (85,
 // 100 and 125 us) left H100 at 16.0% (local spec +38%, MoE -35%) and 115 of 213 timings
 // within 25%.
-// Collectives are charged as memory-bound ops on their buffers.
+// Collectives are charged as memory-bound ops on their buffers. Copies between the GPU and
+// the host run on their own streams at the host link's bandwidth (HostCopySeconds; Note
+// [Offload copies on the clock] in models/activation_offload.h).
 #pragma once
 
 #include <cstdint>
@@ -70,13 +73,18 @@ struct GpuSpec {
   // NVLink inside a node, the GPU's network adapter between nodes.
   double nvlink_bytes_per_s;
   double network_bytes_per_s;
+  // Copies to and from pinned host memory, both directions together, when every GPU of the
+  // node copies at once: the lesser of the link's rate a direction (PCIe; NVLink-C2C shared
+  // by a superchip's GPUs) and the host memory's bandwidth per GPU.
+  double host_link_bytes_per_s;
   int64_t gpus_per_node = 8;       // GPUs one NVLink domain joins: a node (a GB200 NVL72 rack: 72)
   double matmul_efficiency = 0.6;  // of the tensor cores' 16-bit and FP8 peaks
   double fp32_matmul_efficiency = 0.6;  // of the fp32 peak (no TF32: CUDA cores)
   double bandwidth_efficiency = 0.7;
   double min_op_s = 55e-6;        // Note [Virtual clock]: the host's time per op (H100's)
   double module_call_s = 165e-6;  // and per Transformer Engine module call (H100's)
-  double link_efficiency = 0.8;   // NCCL's bus bandwidth as a fraction of the link's
+  // Achieved fraction of a link's bandwidth: NCCL's bus bandwidth, a pinned host copy's.
+  double link_efficiency = 0.8;
 
   // What the caching allocator can reserve before cudaMalloc fails.
   int64_t usable_bytes() const { return memory_bytes - context_bytes; }
@@ -100,5 +108,7 @@ enum class GemmPrecision : uint8_t { kFp32, kHalf, kFp8 };
 // beside it, but in a CUDA graph's replay.
 double MatmulKernelSeconds(const GpuSpec& gpu, double flops, GemmPrecision precision);
 double MemoryBoundKernelSeconds(const GpuSpec& gpu, double bytes);
+// A copy of `bytes` between the GPU and pinned host memory, either way.
+double HostCopySeconds(const GpuSpec& gpu, double bytes);
 
 }  // namespace memsim

@@ -216,7 +216,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--min-offloaded-tensor-size", Arity::kValue, ArgUse::kRead},
     {"--delta-offload-bytes-across-pp-ranks", Arity::kValue, ArgUse::kRead},
     {"--activation-offload-fraction", Arity::kValue, ArgUse::kRead},
-    // Makes the compute stream wait for older host copies: timing, not memory.
+    // Makes the compute stream wait for older host copies: timing, not memory (the clock
+    // queues them without a limit, Note [Offload copies on the clock]).
     {"--fine-grained-offloading-max-inflight-offloads", Arity::kValue, ArgUse::kNeutral},
     {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
     {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},

@@ -1,0 +1,71 @@
+// Note [Offload copies on the clock]: when the copies of fine-grained activation offloading
+// end and where the compute stream waits for them.
+#include "models/activation_offload.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "simulator/cost_model.h"
+#include "simulator/session.h"
+
+namespace memsim {
+namespace {
+
+// A GPU whose ops cost nothing and whose host link copies 1 byte a second.
+GpuSpec OneBytePerSecondHostLink() {
+  GpuSpec gpu = *FindGpu("H100");
+  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s =
+      std::numeric_limits<double>::infinity();
+  gpu.min_op_s = gpu.module_call_s = 0;
+  gpu.host_link_bytes_per_s = 1;
+  gpu.link_efficiency = 1;
+  return gpu;
+}
+
+// One core_attn region that saves a `saved_bytes` activation; returns its output.
+at::Tensor OffloadedRegion(ActivationOffloader& offloader, int64_t saved_bytes) {
+  at::Tensor x = at::empty({8}, at::TensorOptions().device(at::kMeta)).requires_grad_(true);
+  OffloadRegion region(&offloader, OffloadModule::kCoreAttn, &x);
+  CategoryScope activations(Category::kActivation);
+  const at::Tensor saved =
+      at::empty({saved_bytes}, at::TensorOptions().device(at::kMeta).dtype(at::kByte));
+  at::Tensor y = x * 2;
+  region.EndSaving({y});
+  region.Commit(&y, {});
+  return y;
+}
+
+// Two microbatches' regions, A (100 bytes) and B (100 bytes), offloaded in forward at time 0:
+// the link copies A out in [0, 100] and B in [100, 200]. A's backward runs first and reloads
+// A itself (nothing prefetched it): A's offload ended at 100, but B's is still on the link,
+// so the reload runs in [200, 300] and A's backward waits until 300 (with a queue per
+// direction it would have waited until 200). A's start node then prefetches B, in
+// [300, 400], and B's backward waits until 400.
+TEST(OffloadCopies, ReloadsQueueBehindTheOffloadsOnOneHostLink) {
+  const GpuSpec gpu = OneBytePerSecondHostLink();
+  TrainingConfig training;
+  training.offload_modules = OffloadModuleBit(OffloadModule::kCoreAttn);
+  training.min_offloaded_tensor_elements = 0;
+  ActivationOffloader offloader(training);
+  Session session(&gpu);
+  ActiveSession active(session);
+  const ActivationOffloader::ChunkKey a{0, 0}, b{1, 0};
+  offloader.BeginIteration(0, {a, b});
+  offloader.BeginStep(/*forward=*/true, a);
+  const at::Tensor from_a = OffloadedRegion(offloader, 100);
+  offloader.BeginStep(/*forward=*/true, b);
+  const at::Tensor from_b = OffloadedRegion(offloader, 100);
+  EXPECT_EQ(session.recorder().now_s(), 0);  // the copies run beside the compute
+
+  offloader.BeginStep(/*forward=*/false, a);
+  from_a.backward(at::empty_like(from_a));
+  EXPECT_DOUBLE_EQ(session.recorder().now_s(), 300);
+  offloader.BeginStep(/*forward=*/false, b);
+  from_b.backward(at::empty_like(from_b));
+  EXPECT_DOUBLE_EQ(session.recorder().now_s(), 400);
+}
+
+}  // namespace
+}  // namespace memsim
