@@ -50,6 +50,27 @@
 // experts' fc1 its 16-bit input (but delayed, or recomputed shared experts); MLA's down
 // projections keep theirs under layernorm recomputation (but delayed).
 //
+// Note [FP8 kernels on the clock]
+// memsim makes a quantization's outputs with at::empty, which the virtual clock does not
+// charge, but Transformer Engine's quantize call launches kernels (csrc/quantizer.cpp): one
+// nvte_quantize_v2 cast (with the transpose when both usages are made; the delayed recipe's
+// computes the amax as it goes; blockwise and MXFP8 write their scales), and for tensorwise
+// current scaling first nvte_compute_amax over the input and nvte_compute_scale_from_amax.
+// One call from Python is charged as one op (ChargeKernel), as an ATen op is: the host's
+// time per op at least, its kernels launched from C++ within it; on the GPU the bytes they
+// move (the input read by the cast and, tensorwise, by the amax; the FP8 data and scales
+// written). A transpose made from rowwise data (update_usage after a gather) is one more op
+// reading and writing it. Megatron-LM's tensorwise tests read, on H100 and GB200: tp2_pp2
+// -14.5% and -7.4% before the quantizations were charged, -5.8% and -2.2% now; tp4_cp2
+// -31.4% and -32.6%, now -24.3% and -28.8% (its context parallelism's own host time is a
+// suspect); the attention-graphed MoE test -16.4%, now -13.1%. Charging each of current
+// scaling's three kernels as an op overshot (tp2_pp2 about +15% and +21%). The fp32
+// DeepSeek proxy, already high from its fp32 GEMMs, reads +29% (was +26%). Not charged:
+// the amax all-reduce of current scaling under sequence parallelism (with_amax_reduction),
+// the weights' re-quantization on each step's first microbatch or after the optimizer
+// step (--fp8-param-gather), one call per expert where GroupedLinear quantizes experts
+// apart (memsim quantizes their rows as one), and MXFP8's scale swizzles.
+//
 // Weights (Parameter::fp8):
 //   16-bit parameters: Megatron passes is_first_microbatch, so TE caches one FP8 copy of
 //     each weight with its transpose (MXFP8: its columnwise data, scales pre-swizzled),

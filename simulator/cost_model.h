@@ -42,8 +42,8 @@
 // before and after them (validation/README.md): module_call_s = 3 * min_op_s on every
 // platform (4, 5 or 6 times: H100 at best 7.0%, 7.0%, 9.1%, GB200 8.1%, 10.2%, 9.0%;
 // twice, tried in 10 us steps up to 70 us: 11.1% and 13.4%), and min_op_s in steps of 5 us by
-// the median |error|: H100 55 us (45 timings, 5.8%, 38 within 25%, 40 since offloading's
-// host copies are charged; the even and the odd half alone pick 55 us too; the 31 slow
+// the median |error|: H100 55 us (45 timings, 5.8%, 38 within 25%, 41 since offloading's
+// host copies and FP8 quantizations are charged; the even and the odd half alone pick 55 us too; the 31 slow
 // timings read -28%), GB200 75 us (74 timings, 7.0%, 66 within 25%; both halves alone pick
 // 75 us), A100 70 us (9, 3.1%). Before module
 // calls, copies, stand-in kernels and unmodelled ops were charged, one constant per op (85,

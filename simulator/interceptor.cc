@@ -56,7 +56,10 @@ OpCostKind ClassifyAtenOp(const c10::FunctionSchema& schema) {
       name == "aten::linear") {
     return OpCostKind::kMatmul;
   }
-  if (IsAllocationOnly(name) || name == "aten::detach" || name == "aten::lift_fresh") {
+  // _unsafe_view is a view whose schema says nothing of aliasing (matmul's own reshape of
+  // its mm's output, for one): no kernel, and no Python either.
+  if (IsAllocationOnly(name) || name == "aten::detach" || name == "aten::lift_fresh" ||
+      name == "aten::_unsafe_view") {
     return OpCostKind::kFree;
   }
   if (ReturnsView(schema)) return OpCostKind::kFree;
@@ -214,8 +217,7 @@ void InterceptorFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys
   const double kernel_s = cost_kind == OpCostKind::kMatmul
                               ? MatmulKernelSeconds(gpu, cost.flops, cost.precision)
                               : MemoryBoundKernelSeconds(gpu, cost.bytes);
-  // A CUDA graph's replay launches its kernels without the host's time per op.
-  recorder->AdvanceClock(recorder->in_graph_replay() ? kernel_s : std::max(gpu.min_op_s, kernel_s));
+  recorder->ChargeKernel(kernel_s);
 }
 
 std::unique_ptr<at::ObserverContext> OnBackwardNodeStart(const at::RecordFunction& fn) {

@@ -11,6 +11,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -178,6 +179,11 @@ class Recorder {
   const GpuSpec* gpu() const { return gpu_; }
   double now_s() const { return now_s_; }
   void AdvanceClock(double seconds) { now_s_ += seconds; }
+  // A launched kernel of `kernel_s` on the GPU: the host's time per op at least, but in a
+  // CUDA graph's replay (Note [Virtual clock]). REQUIRES: gpu() is set.
+  void ChargeKernel(double kernel_s) {
+    AdvanceClock(in_graph_replay() ? kernel_s : std::max(gpu_->min_op_s, kernel_s));
+  }
   // While positive, the interceptor charges allocation-only ops as the kernels whose
   // outputs they stand for (Note [Stand-in kernels] in session.h).
   void PushStandInKernels() { ++stand_in_depth_; }

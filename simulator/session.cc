@@ -108,6 +108,13 @@ void ChargeUnmodelledOps(int64_t forward_ops, int64_t backward_ops) {
   recorder->AdvanceClock(static_cast<double>(ops) * recorder->gpu()->min_op_s);
 }
 
+void ChargeKernel(double bytes) {
+  MEMSIM_DCHECK(bytes >= 0);
+  Recorder* recorder = CurrentRecorder();
+  if (recorder == nullptr || recorder->gpu() == nullptr) return;
+  recorder->ChargeKernel(MemoryBoundKernelSeconds(*recorder->gpu(), bytes));
+}
+
 void ChargeModuleCalls(int64_t calls) {
   MEMSIM_DCHECK(calls >= 0);
   Recorder* recorder = HostClock();

@@ -179,6 +179,13 @@ class StandInKernelScope {
 // graph's replay.
 void ChargeUnmodelledOps(int64_t forward_ops, int64_t backward_ops);
 
+// One memory-bound kernel the model stands for without running it, whose outputs (if any)
+// it allocates apart (Transformer Engine's quantization kernels, Note [FP8 kernels on the
+// clock] in models/fp8.h): it moves `bytes` (read and written) and costs the host's time
+// per op at least, or the kernel alone in a CUDA graph's replay. No effect without an
+// active session with a GPU. REQUIRES: bytes >= 0.
+void ChargeKernel(double bytes);
+
 // `calls` calls of Transformer Engine modules (a linear, a norm, attention, a grouped
 // linear): their Python around the kernels (argument checks, FP8 state, the autograd
 // function's forward and backward) costs the host GpuSpec::module_call_s each beyond their
