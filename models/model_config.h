@@ -359,7 +359,8 @@ struct TrainingConfig {
     return static_cast<int32_t>(std::min<int64_t>(cuda_graph_warmup_steps, 2));
   }
   OptimizerKind optimizer = OptimizerKind::kAdam;
-  int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of each Muon update
+  int64_t muon_ns_steps = 5;   // Newton-Schulz iterations of each Muon update
+  bool muon_split_qkv = true;  // Muon orthogonalizes q, k and v apart (Note [Muon])
   // Megatron-Core's layer-wise optimizer (Muon with --use-distributed-optimizer and
   // --no-use-layer-wise-param-layout, over plain DDP): each data-parallel rank owns whole
   // parameters and their optimizer state (Note [Layer-wise optimizer] in models/optimizer.h).

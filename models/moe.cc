@@ -266,10 +266,14 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
     {
       ModuleScope f("linear_fc1");
       params.experts_fc1 = gemm(store->Add("weight", {local * m.Fc1Width(fe), H}, /*expert=*/true));
+      params.experts_fc1->tp_partition_dim = 0;
+      params.experts_fc1->stacked_experts = local;
       if (bias) store->Add("bias", {local * m.Fc1Width(fe)}, /*expert=*/true);
     }
     ModuleScope f("linear_fc2");
     params.experts_fc2 = gemm(store->Add("weight", {H, local * fe}, /*expert=*/true));
+    params.experts_fc2->tp_partition_dim = 1;
+    params.experts_fc2->stacked_experts = local;
     if (bias) params.experts_fc2_bias = store->Add("bias", {local * H}, /*expert=*/true);
   }
   if (m.moe_shared_expert_size > 0) {
@@ -278,10 +282,12 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
     {
       ModuleScope f("linear_fc1");
       params.shared_fc1 = gemm(store->Add("weight", {m.Fc1Width(fs), H}));
+      params.shared_fc1->tp_partition_dim = 0;
       if (bias) store->Add("bias", {m.Fc1Width(fs)});
     }
     ModuleScope f("linear_fc2");
     params.shared_fc2 = gemm(store->Add("weight", {H, fs}));
+    params.shared_fc2->tp_partition_dim = 1;
     if (bias) store->Add("bias", {H});
   }
   return params;

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "models/fp8.h"
+#include "ops/collectives.h"
 #include "ops/fused_optimizers.h"
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
@@ -22,28 +24,97 @@ namespace {
 // Megatron's quintic Newton-Schulz coefficients (emerging_optimizers, "quintic").
 constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
 
-// One Muon update of `master` [m, n] from its gradient (Note [Muon]).
-void MuonUpdate(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& momentum,
-                int64_t ns_steps) {
-  momentum.mul_(0.9).add_(grad);  // --muon-momentum; Nesterov off, Megatron's default
-  CategoryScope category(Category::kTemporary);
-  const bool tall = momentum.size(0) > momentum.size(1);
-  at::Tensor x = momentum / momentum.norm();  // fp32 [m, n]
-  if (tall) x = x.t();                        // [s, l]
-  x = x.to(at::kBFloat16);
+// How Megatron-Core's TensorParallelMuon sees a parameter (Note [Muon]).
+struct MuonView {
+  int64_t partition_dim = -1;           // Parameter::tp_partition_dim
+  int64_t tp = 1;                       // the group it is split over
+  int64_t matrices = 1;                 // Parameter::stacked_experts: updated one by one
+  std::vector<int64_t> qkv_split_rows;  // linear_qkv: q, k, v rows per query group
+};
+
+// newton_schulz: `x` [m, n] fp32 normalized (F.normalize: norm, clamp_min, div), in bf16
+// for the iterations (fp32_matmul_prec "medium"), on its short side.
+at::Tensor NewtonSchulz(const at::Tensor& x, int64_t ns_steps) {
+  const bool tall = x.size(0) > x.size(1);
+  const at::Tensor wide = tall ? x.t() : x;  // [s, l]
+  at::Tensor X = wide / wide.norm(2, {-2, -1}, /*keepdim=*/true).clamp_min(1e-7);
+  X = X.to(at::kBFloat16);
   for (int64_t i = 0; i < ns_steps; ++i) {
-    const at::Tensor a = at::mm(x, x.t());                                   // [s, s]
+    const at::Tensor a = at::mm(X, X.t());                                   // [s, s]
     const at::Tensor b = at::addmm(a, a, a, /*beta=*/kNsB, /*alpha=*/kNsC);  // [s, s]
-    x = at::addmm(x, b, x, /*beta=*/kNsA, /*alpha=*/1.0);                    // [s, l]
+    X = at::addmm(X, b, X, /*beta=*/kNsA, /*alpha=*/1.0);                    // [s, l]
   }
-  at::Tensor update = x.to(at::kFloat);
-  x.reset();
-  if (tall) update = update.t();
-  const double scale = std::sqrt(
-      std::max(1.0, static_cast<double>(master.size(0)) / static_cast<double>(master.size(1))));
-  // The spectral scale, then --muon-extra-scale-factor (the values change no memory).
-  update = update * scale * 0.2;
-  master.add_(update);
+  X = X.to(at::kFloat);
+  return tall ? X.t() : X;
+}
+
+// newton_schulz_tp in its default "duplicated" mode: a split weight's shards all-gathered
+// (a list of tp fp32 shards) and concatenated, even at TP 1, the whole matrix orthogonalized
+// and this rank's part returned (a view that keeps the whole result); the gathered copies
+// go when it returns.
+at::Tensor NewtonSchulzTp(const at::Tensor& x, const MuonView& view, int64_t ns_steps) {
+  if (view.partition_dim < 0) return NewtonSchulz(x, ns_steps);
+  const at::Tensor gathered = AllGather(x, view.tp);  // [tp * m, n]: the list of shards
+  const at::Tensor whole = at::cat(gathered.chunk(view.tp, 0), view.partition_dim);
+  return NewtonSchulz(whole, ns_steps).chunk(view.tp, view.partition_dim)[0];
+}
+
+// scaled_orthogonalize_fn: the orthogonalized momentum scaled twice (the spectral scale and
+// --muon-extra-scale-factor; values only).
+at::Tensor ScaledOrthogonalize(const at::Tensor& x, const MuonView& view, int64_t ns_steps) {
+  return NewtonSchulzTp(x, view, ns_steps) * 0.5 * 0.2;
+}
+
+// TensorParallelMuon.orthogonalize: linear_qkv's q, k and v apart (each gathered over its
+// query groups by a reshape, a copy when there are several), then concatenated back.
+at::Tensor Orthogonalize(const at::Tensor& momentum, const MuonView& view, int64_t ns_steps) {
+  if (view.qkv_split_rows.empty()) return ScaledOrthogonalize(momentum, view, ns_steps);
+  int64_t group_rows = 0;
+  for (int64_t rows : view.qkv_split_rows) group_rows += rows;
+  const int64_t groups = momentum.size(0) / group_rows, n = momentum.size(1);
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& part :
+       momentum.view({groups, group_rows, n}).split_with_sizes(view.qkv_split_rows, 1)) {
+    parts.push_back(
+        ScaledOrthogonalize(part.reshape({-1, n}), view, ns_steps).view({groups, -1, n}));
+  }
+  return at::cat(parts, 1).view(momentum.sizes());
+}
+
+// One Muon step of `master` [m, n] from its gradient (Note [Muon]): OrthogonalizedOptimizer.step
+// for each of Megatron's parameters it holds.
+void MuonUpdate(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& momentum,
+                const MuonView& view, int64_t ns_steps) {
+  const auto matrices = [&view](const at::Tensor& t) {
+    return view.matrices == 1 ? std::vector<at::Tensor>{t}
+                              : t.chunk(view.matrices, view.partition_dim);
+  };
+  const std::vector<at::Tensor> masters = matrices(master), grads = matrices(grad),
+                                momenta = matrices(momentum);
+  for (size_t k = 0; k < masters.size(); ++k) {
+    masters[k].add_(masters[k], /*alpha=*/-1e-6);  // decoupled weight decay (values only)
+    momenta[k].lerp_(grads[k], 0.1);               // 1 - --muon-momentum; Nesterov off
+    CategoryScope category(Category::kTemporary);
+    masters[k].add_(Orthogonalize(momenta[k], view, ns_steps), /*alpha=*/-1e-3);
+  }
+}
+
+// What TensorParallelMuon reads of parameter `p`: its partition_dim and group, whether it is
+// linear_qkv (Megatron's test: the name, and rows a multiple of the split).
+MuonView MuonViewOf(const Parameter& p, const OptimizerOptions& options) {
+  MuonView view;
+  view.partition_dim = p.tp_partition_dim;
+  view.tp = p.expert ? options.expert_tp : options.tp;
+  view.matrices = p.stacked_experts;
+  int64_t group_rows = 0;
+  for (int64_t rows : options.muon_qkv_split_rows) group_rows += rows;
+  const std::string_view name = p.name;
+  const std::string_view qkv = "linear_qkv.weight";
+  if (group_rows > 0 && name.size() >= qkv.size() && name.substr(name.size() - qkv.size()) == qkv &&
+      p.data.size(0) % group_rows == 0) {
+    view.qkv_split_rows = options.muon_qkv_split_rows;
+  }
+  return view;
 }
 
 // This rank's shard of `t`, parameter `p` or its gradient: the slice the distributed
@@ -314,7 +385,8 @@ void MixedPrecisionOptimizer::Step() {
   }
   for (size_t i = 0; i < masters_.size(); ++i) {
     if (muon_[i] && owned_[i]) {
-      MuonUpdate(masters_[i], master_grads_[i], exp_avgs_[i], options_.muon_ns_steps);
+      MuonUpdate(masters_[i], master_grads_[i], exp_avgs_[i],
+                 MuonViewOf(store_->parameters()[i], options_), options_.muon_ns_steps);
     }
   }
   if (store_->precision() != Precision::kFp32 && !precision_aware) {  // else the kernel does

@@ -27,16 +27,25 @@
 //            rest (embedding, output layer, norms, biases) the scalar optimizer, Adam;
 //   state:   one fp32 momentum buffer (zeros_like the master) per Muon parameter instead
 //            of Adam's two: 14 bytes per Muon parameter in bf16 training;
-//   step:    per Muon parameter in turn (so only the largest matrix's temporaries count):
-//            momentum = beta * momentum + grad in place; Newton-Schulz on X = momentum /
-//            |momentum| (a new fp32 [s, l] copy, s = min(m, n), l = max(m, n)), cast to
-//            bf16 (the default "medium" fp32 matmul precision), then each of the
-//            --muon-num-ns-steps iterations makes A = X X^T [s, s], B = b A + c A A
-//            [s, s] and a new X = a X + B X [s, l] in bf16; the result back in fp32 and
-//            scaled twice (spectral scale, extra scale factor), added to the master.
-//   Not modelled (transient, step only): the TP "duplicated" mode's fp32 gather copies
-//   that Transformer Engine's linear weights take even at TP=1, and the QKV split's
-//   per-head-group copies; together at most a few fp32 copies of one matrix.
+//   step:    per Muon parameter in turn (so only the largest matrix's temporaries count;
+//            memsim's routed-expert tensor is its local experts' parameters, one by one):
+//            decoupled weight decay and momentum.lerp_(grad) in place, then
+//            TensorParallelMuon.orthogonalize: linear_qkv's momentum (Megatron tags it by
+//            name) split into q, k and v, each gathered over the query groups by a reshape
+//            (a copy with more than one group) and orthogonalized apart, then concatenated
+//            (--muon-no-split-qkv: whole); each orthogonalization is newton_schulz_tp in
+//            its default "duplicated" mode: a weight with a partition_dim (every
+//            tensor-parallel linear, at any TP size; not the router) is all-gathered into
+//            a list of fp32 shards and concatenated (two fp32 copies of the whole matrix,
+//            alive until it returns), then newton_schulz on X = normalize(whole) (a new
+//            fp32 [s, l], s = min(m, n), l = max(m, n)), cast to bf16 (the default
+//            "medium" fp32 matmul precision), each of --muon-num-ns-steps iterations making
+//            A = X X^T [s, s], B = b A + c A A [s, s] and a new X = a X + B X [s, l], the
+//            result back in fp32, this rank's part kept and scaled twice (spectral scale,
+//            extra scale factor), then added to the master. The time: the suite's one
+//            clean timing of non-distributed Muon (gpt3_moe_mcore_te_ep8_resume_torch_dist_
+//            muon on GB200) read -38.8% before the split, the gather and the per-op
+//            counts were modelled.
 // With --use-distributed-optimizer Megatron-LM swaps in its layer-wise optimizer (Note
 // [Layer-wise optimizer]).
 //
@@ -130,6 +139,12 @@ struct OptimizerOptions {
   int64_t shards = 1;
   int64_t expert_shards = 1;
   int64_t muon_ns_steps = 5;  // Newton-Schulz iterations of a Muon update (Note [Muon])
+  // Note [Muon]: the tensor-parallel sizes Muon gathers split weights over (routed experts:
+  // expert TP), and linear_qkv's rows per query group for q, k and v, orthogonalized apart
+  // (empty: --muon-no-split-qkv, or multi-latent attention).
+  int64_t tp = 1;
+  int64_t expert_tp = 1;
+  std::vector<int64_t> muon_qkv_split_rows;
   // Transformer Engine's FusedAdam keeps the masters and states (REQUIRES: kind Adam).
   std::optional<PrecisionAwareStates> precision_aware;
   // Whole parameters dealt over the data-parallel ranks (REQUIRES: kind Muon, shards 1).

@@ -47,6 +47,8 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
                          {},
                          this,
                          /*fp8=*/{},
+                         /*tp_partition_dim=*/-1,
+                         /*stacked_experts=*/1,
                          chunk_,
                          /*optimizer_slice=*/std::nullopt,
                          /*shared_embedding=*/false});

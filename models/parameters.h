@@ -91,6 +91,15 @@ struct Parameter {
   ParameterStore* store = nullptr;  // the store that made it (outlives it)
   // Set when the weight's Transformer Engine module runs its GEMMs in FP8.
   Fp8Module fp8;
+  // Megatron's partition_dim, which tensor-parallel linears carry whatever the TP size: the
+  // dimension their weight is split along (0: column-parallel, 1: row-parallel) over the
+  // tensor-parallel group (routed experts: the expert tensor-parallel one); -1: none (the
+  // router, duplicated linears, norms, embeddings). Muon gathers such weights whole (Note
+  // [Muon] in models/optimizer.h).
+  int64_t tp_partition_dim = -1;
+  // Routed experts' weights: memsim's one tensor holds this many local experts' matrices,
+  // stacked along tp_partition_dim, where Megatron has a parameter per expert.
+  int64_t stacked_experts = 1;
   int64_t chunk = 0;  // the model chunk (virtual pipeline stage) it belongs to
   // Under Megatron's distributed optimizer, the part of it this rank's optimizer updates,
   // as the gradient buffer's bucket ranges cut it (Note [Distributed optimizer buffers]

@@ -129,6 +129,7 @@ TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(ParameterStore* stor
   {
     ModuleScope s("eh_proj");
     mtp.eh_proj_weight = store->Add("weight", {H / shard_.tp, 2 * H});
+    mtp.eh_proj_weight->tp_partition_dim = 0;
     MakeFp8(mtp.eh_proj_weight, training_.fp8 != Fp8Recipe::kNone);
   }
   {
@@ -175,6 +176,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
     ModuleScope p("linear_proj");
     const int64_t v_width = model_.multi_latent_attention() ? model_.v_head_dim : D;
     layer.proj_weight = store->Add("weight", {H, A * v_width / tp});
+    layer.proj_weight->tp_partition_dim = 1;
     MakeFp8(layer.proj_weight, fp8);
     if (bias) layer.proj_bias = store->Add("bias", {H});
   }
@@ -200,6 +202,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       {
         ModuleScope q(Q > 0 ? "linear_q_up_proj" : "linear_q_proj");
         layer.q_up_weight = store->Add("weight", {A * D / tp, Q > 0 ? Q : H});
+        layer.q_up_weight->tp_partition_dim = 0;
         MakeFp8(layer.q_up_weight, fp8);
       }
       {
@@ -215,10 +218,12 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       ModuleScope kv("linear_kv_up_proj");
       layer.kv_up_weight =
           store->Add("weight", {A * (model_.qk_head_dim + model_.v_head_dim) / tp, R});
+      layer.kv_up_weight->tp_partition_dim = 0;
       MakeFp8(layer.kv_up_weight, fp8);
     } else {
       ModuleScope q("linear_qkv");
       layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D / tp, H});
+      layer.qkv_weight->tp_partition_dim = 0;
       MakeFp8(layer.qkv_weight, fp8);
       if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D / tp});
     }
@@ -250,11 +255,13 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   {
     ModuleScope f("linear_fc1");
     layer.fc1_weight = store->Add("weight", {fc1_out, H});
+    layer.fc1_weight->tp_partition_dim = 0;
     MakeFp8(layer.fc1_weight, fp8);
     if (bias) layer.fc1_bias = store->Add("bias", {fc1_out});
   }
   ModuleScope f("linear_fc2");
   layer.fc2_weight = store->Add("weight", {H, F / tp});
+  layer.fc2_weight->tp_partition_dim = 1;
   MakeFp8(layer.fc2_weight, fp8);
   if (bias) layer.fc2_bias = store->Add("bias", {H});
   if (model_.post_projection_norms) {

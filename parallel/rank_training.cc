@@ -320,6 +320,13 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   optimizer_options.shards = OptimizerShards(layout, false);
   optimizer_options.expert_shards = OptimizerShards(layout, true);
   optimizer_options.muon_ns_steps = training.muon_ns_steps;
+  optimizer_options.tp = layout.tp;
+  optimizer_options.expert_tp = layout.etp;
+  if (training.muon_split_qkv && !model_config.multi_latent_attention()) {
+    const int64_t D = model_config.head_dim;
+    optimizer_options.muon_qkv_split_rows = {
+        model_config.num_attention_heads / model_config.num_query_groups * D, D, D};
+  }
   optimizer_options.precision_aware = PrecisionAwareStatesOf(training);
   optimizer_options.cpu_offload_fraction = training.optimizer_offload_fraction;
   // Megatron-FSDP keeps a main-weight shard whatever the parameters' dtype.

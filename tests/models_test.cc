@@ -1442,8 +1442,12 @@ TEST(ModelState, BytesPerParameter) {
 // Note [Muon]: the 2-D weights other than the word embedding (position embedding, QKV,
 // projection, fc1, fc2: s*h + L*12h^2) keep one fp32 momentum, 14 bytes per parameter in
 // bf16; the rest (word embedding, norms, biases) Adam's 18. During the step the largest
-// matrices (fc1 [4h, h] and fc2 [h, 4h]) take the most temporary memory: their update in
-// fp32 and its two scalings, three [4h, h] fp32 tensors = 3 * 4 * 4h * h bytes.
+// matrices (fc1 [4h, h] and fc2 [h, 4h]) take the most temporary memory: newton_schulz_tp
+// gathers the momentum (a tensor-parallel weight, at TP 1 too) into a list of fp32 shards
+// and concatenates them, normalizes the whole in fp32 and casts it to bf16, so the list,
+// the whole, X in fp32 and X in bf16 are alive together: (4 + 4 + 4 + 2) * 4h * h bytes
+// (the iterations' [h, h] products and their new X stay below it, as do the two scalings
+// after the gathered copies are gone).
 TEST(ModelState, MuonKeepsOneMomentumPerMatrix) {
   ModelStateRun run;
   RunModelState(Precision::kBf16, OptimizerKind::kMuon, &run);
@@ -1456,7 +1460,7 @@ TEST(ModelState, MuonKeepsOneMomentumPerMatrix) {
     step_peak = std::max(step_peak, timeline.points()[static_cast<size_t>(e)].allocated_bytes);
   }
   EXPECT_EQ(step_peak - timeline.AllocatedBefore(run.step_end + 1),
-            3 * 4 * 4 * StateModel::h * StateModel::h);
+            (4 + 4 + 4 + 2) * 4 * StateModel::h * StateModel::h);
 }
 
 using test::Llama;
@@ -2261,6 +2265,32 @@ TEST(HostTime, SequentialMlpRunsEachExpertsOps) {
   EXPECT_NEAR(clock(false) - clock(true), 2 * 2 * (3 * 8 + 2 + 1), 1e-6);
   t.profile = ProfileKind::kMegatronLocal;
   EXPECT_NEAR(clock(false) - clock(true), 2 * 2 * 1, 1e-6);
+}
+
+// Note [Muon]: Megatron orthogonalizes linear_qkv's q, k and v apart. Each
+// orthogonalization is 24 ops (the gather and the concatenation of newton_schulz_tp, the
+// norm, clamp_min and division of F.normalize, the casts to bf16 and back, 3 GEMMs in each
+// of 5 iterations, two scalings); with 4 query groups each part is gathered over the
+// groups by a reshape that copies, and the three results are concatenated: 2 * 24 + 3 + 1
+// more ops per layer and step than one orthogonalization of the whole, on a GPU where
+// every op costs 1 s of host time.
+TEST(HostTime, MuonOrthogonalizesQkvInThreeParts) {
+  TrainingConfig t;
+  t.seq_length = 64;
+  t.precision = Precision::kBf16;
+  t.optimizer = OptimizerKind::kMuon;
+  const int64_t layers = 2, steps = 2;
+  t.iterations = steps;
+  ModelConfig m = test::Gpt(layers, 128, 4);
+  GpuSpec gpu = *FindGpu("H100");
+  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s = 1e30;
+  gpu.min_op_s = 1;
+  gpu.module_call_s = 0;
+  auto clock = [&](bool split) {
+    t.muon_split_qkv = split;
+    return test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s();
+  };
+  EXPECT_NEAR(clock(true) - clock(false), steps * layers * (2 * 24 + 3 + 1), 1e-6);
 }
 
 TEST(DelayedWgrad, GemmsWaitForTheGroupsBackward) {

@@ -197,7 +197,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--muon-scale-mode", Arity::kValue, ArgUse::kNeutral},
     {"--muon-coefficient-type", Arity::kValue, ArgUse::kNeutral},
     {"--muon-nesterov", Arity::kFlag, ArgUse::kNeutral},
-    {"--muon-no-split-qkv", Arity::kFlag, ArgUse::kNeutral},
+    {"--muon-no-split-qkv", Arity::kFlag, ArgUse::kRead},
     {"--muon-use-syrk", Arity::kFlag, ArgUse::kNeutral},
     {"--no-use-layer-wise-param-layout", Arity::kFlag, ArgUse::kRead},
     {"--no-gradient-accumulation-fusion", Arity::kFlag, ArgUse::kRead},
@@ -1479,8 +1479,9 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--optimizer", {"adam", "sgd", "muon"}, "adam", &text));
   MEMSIM_RETURN_IF_ERROR(ParseEnum(kOptimizerNames, text, "optimizer", &t.optimizer));
   if (t.optimizer != OptimizerKind::kMuon) {
-    for (const char* name : {"--muon-num-ns-steps", "--muon-scalar-optimizer", "--muon-tp-mode",
-                             "--muon-fp32-matmul-prec", "--no-use-layer-wise-param-layout"}) {
+    for (const char* name :
+         {"--muon-num-ns-steps", "--muon-scalar-optimizer", "--muon-tp-mode",
+          "--muon-fp32-matmul-prec", "--no-use-layer-wise-param-layout", "--muon-no-split-qkv"}) {
       a.Ignore(name);
     }
     return Status::OK();
@@ -1500,6 +1501,7 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   }
   MEMSIM_RETURN_IF_ERROR(a.Int("--muon-num-ns-steps", &t.muon_ns_steps));
   if (t.muon_ns_steps < 1) return Status::Error("--muon-num-ns-steps must be at least 1");
+  t.muon_split_qkv = !a.Has("--muon-no-split-qkv");
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--muon-scalar-optimizer", {"adam"}, "adam", &text));
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--muon-tp-mode", {"duplicated"}, "duplicated", &text));
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--muon-fp32-matmul-prec", {"medium"}, "medium", &text));

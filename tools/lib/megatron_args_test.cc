@@ -1462,6 +1462,8 @@ TEST(MegatronArgs, Muon) {
   EXPECT_EQ(r.spec.training.optimizer, OptimizerKind::kMuon);
   EXPECT_EQ(r.spec.training.muon_ns_steps, 3);
   EXPECT_FALSE(r.spec.training.layer_wise_optimizer);
+  EXPECT_TRUE(r.spec.training.muon_split_qkv);
+  EXPECT_FALSE(Parse(line + " --muon-no-split-qkv", 8).spec.training.muon_split_qkv);
   // Note [Layer-wise optimizer]: the distributed optimizer is the layer-wise one, over
   // plain DDP; memsim models it with the legacy parameter layout only.
   const MegatronArgsResult layer_wise =
