@@ -2238,6 +2238,16 @@ TEST(HostTime, EachTransformerEngineModuleCallCostsTheHost) {
   EXPECT_NEAR(ModuleCalls(m, t), 2 * (2 * (3 + 1 + 2 * 4) + 1), 1e-9);
 }
 
+// The clock of rank 0 on a GPU where every op costs 1 s of host time, kernels and module
+// calls nothing: the ops it ran.
+double HostOpsOfARank(const ModelConfig& m, const TrainingConfig& t) {
+  GpuSpec gpu = *FindGpu("H100");
+  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s = 1e30;
+  gpu.min_op_s = 1;
+  gpu.module_call_s = 0;
+  return test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s();
+}
+
 // SequentialMLP runs each of the 4 local experts' MLP alone where memsim runs one grouped
 // GEMM (ChargeUnmodelledOps): per MoE layer and microbatch, for each further expert two
 // GEMMs and the activation in forward, four GEMMs and the activation's backward, and the
@@ -2253,13 +2263,9 @@ TEST(HostTime, SequentialMlpRunsEachExpertsOps) {
   m.num_experts = 4;
   m.moe_ffn_hidden_size = 128;
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
-  GpuSpec gpu = *FindGpu("H100");
-  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s = 1e30;
-  gpu.min_op_s = 1;
-  gpu.module_call_s = 0;
   auto clock = [&](bool grouped) {
     t.moe_grouped_gemm = grouped;
-    return test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s();
+    return HostOpsOfARank(m, t);
   };
   t.profile = ProfileKind::kTransformerEngine;
   EXPECT_NEAR(clock(false) - clock(true), 2 * 2 * (3 * 8 + 2 + 1), 1e-6);
@@ -2282,13 +2288,9 @@ TEST(HostTime, MuonOrthogonalizesQkvInThreeParts) {
   const int64_t layers = 2, steps = 2;
   t.iterations = steps;
   ModelConfig m = test::Gpt(layers, 128, 4);
-  GpuSpec gpu = *FindGpu("H100");
-  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s = 1e30;
-  gpu.min_op_s = 1;
-  gpu.module_call_s = 0;
   auto clock = [&](bool split) {
     t.muon_split_qkv = split;
-    return test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s();
+    return HostOpsOfARank(m, t);
   };
   EXPECT_NEAR(clock(true) - clock(false), steps * layers * (2 * 24 + 3 + 1), 1e-6);
 }
