@@ -63,9 +63,10 @@
 // reading and writing it. Megatron-LM's tensorwise tests read, on H100 and GB200: tp2_pp2
 // -14.5% and -7.4% before the quantizations were charged, -5.8% and -2.2% now; tp4_cp2
 // -31.4% and -32.6%, now -24.3% and -28.8% (the rest unidentified: the suite's other
-// context-parallel tests read within 11% on H100); the attention-graphed MoE test -16.4%, now -13.1%. Charging each of current
-// scaling's three kernels as an op overshot (tp2_pp2 about +15% and +21%). The fp32
-// DeepSeek proxy, already high from its fp32 GEMMs, reads +29% (was +26%). Not charged:
+// context-parallel tests read within 11% on H100); the attention-graphed MoE test -16.4%,
+// now -13.1%. Charging each of current scaling's three kernels as an op overshot (tp2_pp2
+// about +15% and +21%). The fp32 DeepSeek proxy, already high from its fp32 GEMMs, reads
+// +29% (was +26%). Not charged:
 // the amax all-reduce of current scaling under sequence parallelism (with_amax_reduction),
 // the weights' re-quantization on each step's first microbatch or after the optimizer
 // step (--fp8-param-gather), one call per expert where GroupedLinear quantizes experts

@@ -21,7 +21,8 @@ namespace memsim {
 
 namespace {
 
-// Megatron's quintic Newton-Schulz coefficients (emerging_optimizers, "quintic").
+// Newton-Schulz coefficients (emerging_optimizers' "simple" set; the default "quintic" one
+// changes them from iteration to iteration, which changes values, not work).
 constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
 
 // How Megatron-Core's TensorParallelMuon sees a parameter (Note [Muon]).

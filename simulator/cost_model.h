@@ -41,14 +41,14 @@
 // cd4afffa64, which ran the same configurations 1.36-1.74 times as slow as the timings
 // before and after them (validation/README.md): module_call_s = 3 * min_op_s on every
 // platform (4, 5 or 6 times: H100 at best 7.0%, 7.0%, 9.1%, GB200 8.1%, 10.2%, 9.0%;
-// twice, tried in 10 us steps up to 70 us: 11.1% and 13.4%), and min_op_s in steps of 5 us by
-// the median |error|: H100 55 us (45 timings, 5.8%, 38 within 25%, 41 since offloading's
-// host copies and FP8 quantizations are charged; the even and the odd half alone pick 55 us too; the 31 slow
-// timings read -28%), GB200 75 us (74 timings, 7.0%, 66 within 25%; both halves alone pick
-// 75 us), A100 70 us (9, 3.1%). Before module
-// calls, copies, stand-in kernels and unmodelled ops were charged, one constant per op (85,
-// 100 and 125 us) left H100 at 16.0% (local spec +38%, MoE -35%) and 115 of 213 timings
-// within 25%.
+// twice, tried in 10 us steps up to 70 us: 11.1% and 13.4%), and min_op_s in steps of 5 us
+// by the median |error|: H100 55 us (45 timings, 5.8%, 38 within 25%, 41 since offloading's
+// host copies and FP8 quantizations are charged; the even and the odd half alone pick 55
+// us too; the 31 slow timings read -28%), GB200 75 us (74 timings, 7.0%, 66 within 25%, 67
+// since Muon is Megatron's; both halves alone pick 75 us), A100 70 us (9, 3.1%). Before
+// module calls, copies, stand-in kernels and unmodelled ops were charged, one constant per
+// op (85, 100 and 125 us) left H100 at 16.0% (local spec +38%, MoE -35%) and 115 of 213
+// timings within 25%.
 // Collectives are charged as memory-bound ops on their buffers. Copies between the GPU and
 // the host run on their own streams at the host link's bandwidth (HostCopySeconds; Note
 // [Offload copies on the clock] in models/activation_offload.h).
