@@ -97,6 +97,19 @@ constexpr int64_t kLayerOffloadMinElements = 256 * 1024;
 
 }  // namespace
 
+double HostLinkQueue::Queue(int64_t bytes, double ready_s) {
+  const Recorder& recorder = *CurrentRecorder();
+  if (recorder.gpu() == nullptr) return recorder.now_s();
+  const double start = std::max({recorder.now_s(), ready_s, free_s_});
+  free_s_ = start + HostCopySeconds(*recorder.gpu(), static_cast<double>(bytes));
+  return free_s_;
+}
+
+void HostLinkQueue::WaitUntil(double done_s) {
+  Recorder& recorder = *CurrentRecorder();
+  if (done_s > recorder.now_s()) recorder.AdvanceClock(done_s - recorder.now_s());
+}
+
 ActivationOffloader::ActivationOffloader(const TrainingConfig& training) : training_(training) {}
 ActivationOffloader::~ActivationOffloader() = default;
 
@@ -108,6 +121,7 @@ void ActivationOffloader::BeginIteration(int32_t iteration, std::vector<ChunkKey
   backward_next_ = 0;
   chunks_.clear();
   in_forward_ = false;
+  inflight_offloads_.clear();
 }
 
 void ActivationOffloader::BeginStep(bool forward, ChunkKey chunk) {
@@ -179,20 +193,20 @@ c10::intrusive_ptr<OffloadGroup> ActivationOffloader::StartGroup(OffloadModule m
   return group;
 }
 
-double ActivationOffloader::QueueCopies(const OffloadGroup& group, double ready_s) {
-  const Recorder& recorder = *CurrentRecorder();
-  if (recorder.gpu() == nullptr) return recorder.now_s();
-  const double start = std::max({recorder.now_s(), ready_s, host_link_free_s_});
-  host_link_free_s_ =
-      start + HostCopySeconds(*recorder.gpu(), static_cast<double>(group.LinkBytes()));
-  return host_link_free_s_;
-}
-
 void ActivationOffloader::Commit(const c10::intrusive_ptr<OffloadGroup>& group) {
   Recorder* recorder = CurrentRecorder();
   if (recorder == nullptr || KeepsOnDevice(*group)) return;
   group->offloaded = true;
-  group->offloaded_s = QueueCopies(*group, /*ready_s=*/0.0);
+  group->offloaded_s = host_link_.Queue(group->LinkBytes());
+  // _drain_offload_pending: the compute stream waits for the name's older offloads.
+  if (training_.max_inflight_offloads >= 0) {
+    std::deque<double>& pending = inflight_offloads_[{group->chunk, group->module}];
+    pending.push_back(group->offloaded_s);
+    while (static_cast<int64_t>(pending.size()) > training_.max_inflight_offloads) {
+      HostLinkQueue::WaitUntil(pending.front());
+      pending.pop_front();
+    }
+  }
   for (const OffloadGroup::Saved& saved : group->saved) {
     if (saved.evict) recorder->Evict(saved.storage_id);
   }
@@ -203,7 +217,7 @@ void ActivationOffloader::Reload(OffloadGroup& group) {
   Recorder* recorder = CurrentRecorder();
   if (recorder == nullptr || !group.offloaded || group.reloaded) return;
   group.reloaded = true;
-  group.reloaded_s = QueueCopies(group, group.offloaded_s);
+  group.reloaded_s = host_link_.Queue(group.LinkBytes(), group.offloaded_s);
   for (const OffloadGroup::Saved& saved : group.saved) {
     int copies = saved.copies;
     if (saved.restore) {
@@ -227,10 +241,7 @@ void ActivationOffloader::Reload(OffloadGroup& group) {
 void ActivationOffloader::CommitBackward(OffloadGroup& group) {
   Reload(group);
   // The region's backward waits for its reload (Note [Offload copies on the clock]).
-  Recorder* recorder = CurrentRecorder();
-  if (recorder != nullptr && group.reloaded && group.reloaded_s > recorder->now_s()) {
-    recorder->AdvanceClock(group.reloaded_s - recorder->now_s());
-  }
+  if (CurrentRecorder() != nullptr && group.reloaded) HostLinkQueue::WaitUntil(group.reloaded_s);
 }
 
 void ActivationOffloader::StartBackward(OffloadGroup& group) {
@@ -330,20 +341,30 @@ at::Tensor LayerCpuOffloader::RunLayer(int64_t index, const at::Tensor& x,
   if (index == 0) state_.assign(static_cast<size_t>(offloaded_), LayerState());
   // fwd_step: the layer L - N layers back has finished its copy; its memory goes now.
   const int64_t done = index - (layers_ - offloaded_);
-  if (done >= 0 && done < offloaded_) EvictLive(*recorder, state_[static_cast<size_t>(done)].saved);
+  if (done >= 0 && done < offloaded_) {
+    const LayerState& layer = state_[static_cast<size_t>(done)];
+    HostLinkQueue::WaitUntil(layer.offloaded_s);
+    EvictLive(*recorder, layer.saved);
+  }
   const int64_t first = static_cast<int64_t>(recorder->storages().size());
   at::Tensor y = run(x);
   if (index < offloaded_) {
     // What the layer allocated and autograd holds, and its input (its first op saves it).
     const int64_t output = TrackingAllocator::StorageIdOf(y, *recorder);
     const int64_t input = TrackingAllocator::StorageIdOf(x, *recorder);
-    std::vector<int64_t>& saved = state_[static_cast<size_t>(index)].saved;
-    saved = ActivationsSavedSince(*recorder, first, {output}, kLayerOffloadMinElements);
+    LayerState& layer = state_[static_cast<size_t>(index)];
+    layer.saved = ActivationsSavedSince(*recorder, first, {output}, kLayerOffloadMinElements);
     if (input >= 0 && input != output &&
         IsSavedActivation(recorder->storages()[static_cast<size_t>(input)],
                           kLayerOffloadMinElements)) {
-      saved.insert(saved.begin(), input);
+      layer.saved.insert(layer.saved.begin(), input);
     }
+    // The next layer's fwd_step queues the copies: this layer's ops are done.
+    for (int64_t id : layer.saved) {
+      layer.bytes =
+          CheckedAdd(layer.bytes, recorder->storages()[static_cast<size_t>(id)].size_bytes);
+    }
+    layer.offloaded_s = host_link_.Queue(layer.bytes);
   }
   return CallOnBackward(y, [this, index] { BackwardStep(index); });
 }
@@ -364,7 +385,10 @@ void LayerCpuOffloader::BackwardStep(int64_t index) {
       const int64_t restored = recorder->Restore(id);
       if (restored >= 0) layer.restored.push_back(restored);
     }
+    layer.reloaded_s = host_link_.Queue(layer.bytes, layer.offloaded_s);
   }
+  // Its backward unpacks its saved tensors: it waits for their reload.
+  if (index < offloaded_) HostLinkQueue::WaitUntil(state_[static_cast<size_t>(index)].reloaded_s);
 }
 
 }  // namespace memsim

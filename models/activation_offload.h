@@ -72,15 +72,18 @@
 // queue per direction); on GB200, at 3.5 times the rate, they mostly hide behind the
 // kernels (-40% -> -37%, a timing recorded in January 2026 and not explained). Not charged:
 // the copies' host time (a few ops a group), the pinned host allocations, which PyTorch's
-// host allocator caches after the first use, and
-// --fine-grained-offloading-max-inflight-offloads (the compute stream waits for older
-// offloads of a name beyond that many; unset by default and in the CI runs).
+// host allocator caches after the first use. With
+// --fine-grained-offloading-max-inflight-offloads K (unset by default and in the CI runs)
+// each commit makes the compute stream wait for the offloads of the group's name in its
+// chunk beyond the K newest (ChunkOffloadHandler._drain_offload_pending). Transformer Engine's
+// layer offloading (Note [Layer CPU offloading]) copies on one stream the same way.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -92,6 +95,20 @@
 namespace memsim {
 
 class OffloadGroup;
+
+// One rank's copies between the GPU and pinned host memory, both directions in one queue in
+// issue order (Note [Offload copies on the clock]). Used by one thread (the rank's).
+class HostLinkQueue {
+ public:
+  // Queues a copy of `bytes`, which starts no earlier than `ready_s` and the rank's clock;
+  // returns when it ends. The clock's time when no GPU is set.
+  double Queue(int64_t bytes, double ready_s = 0.0);
+  // The compute stream waits for a copy that ends at `done_s`: the rank's clock moves there.
+  static void WaitUntil(double done_s);
+
+ private:
+  double free_s_ = 0.0;  // when the copies queued so far end, on the rank's virtual clock
+};
 
 // The offloading state of one rank: its chunk handlers, the backward queue, and what the
 // warm-up iteration registered. Used by one thread (the rank's).
@@ -131,10 +148,6 @@ class ActivationOffloader {
     bool forward_done = false;
   };
   bool KeepsOnDevice(const OffloadGroup& group) const;
-  // Queues `group`'s copies on the host link, starting no earlier than `ready_s` and the
-  // rank's clock; returns when they end (Note [Offload copies on the clock]). The clock's
-  // time when no GPU is set.
-  double QueueCopies(const OffloadGroup& group, double ready_s);
   // The first chunk at or after `from` in the backward order that registered `module`
   // (any module when null); -1 when none.
   int64_t FrontBackwardChunk(size_t from, const OffloadModule* module) const;
@@ -152,9 +165,10 @@ class ActivationOffloader {
   std::map<ChunkKey, std::vector<OffloadModule>> registry_;
   // (chunk, index in its start order) of the groups post_warmup_callback keeps.
   std::set<std::pair<ChunkKey, size_t>> kept_;
-  // When the host link has done the copies queued on it (Note [Offload copies on the
-  // clock]), on the rank's virtual clock.
-  double host_link_free_s_ = 0.0;
+  HostLinkQueue host_link_;
+  // Per chunk and name (a ChunkOffloadHandler's FIFO), when the offloads the compute stream
+  // has not waited for end, oldest first (TrainingConfig::max_inflight_offloads).
+  std::map<std::pair<ChunkKey, OffloadModule>, std::deque<double>> inflight_offloads_;
 };
 
 // A tensor a region hands to group_offload's forced_released_tensors.
@@ -210,6 +224,10 @@ class OffloadRegion {
 // are alive when it ends, other than its output (as OffloadRegion does), evicts them then
 // and restores them (Recorder::Evict, Restore); what is still alive of a reload when the
 // next layer's backward starts is evicted again. No device buffers are kept (v2).
+// The copies run on TE's one offload stream (Note [Offload copies on the clock]): layer i's
+// offload is queued when layer i + 1 starts, layer L - N + i waits for it to end
+// (release_activation_forward_gpu_memory), layer i's reload is queued when layer
+// L - 1 - N + i's backward starts and layer i's backward waits for it (pop_tensor).
 class LayerCpuOffloader {
  public:
   // `layers`: the block's L; `offloaded`: N. REQUIRES: 0 < N < L.
@@ -229,8 +247,12 @@ class LayerCpuOffloader {
   struct LayerState {
     std::vector<int64_t> saved;     // storage ids, evicted when a later layer starts
     std::vector<int64_t> restored;  // what their reloads restored
+    int64_t bytes = 0;              // the saved storages' bytes, copied each way
+    double offloaded_s = 0.0;       // when the offload ends
+    double reloaded_s = 0.0;        // when the reload ends
   };
   int64_t layers_, offloaded_;
+  HostLinkQueue host_link_;
   std::vector<LayerState> state_;  // this microbatch's, per offloaded layer
 };
 

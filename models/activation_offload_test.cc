@@ -67,5 +67,30 @@ TEST(OffloadCopies, ReloadsQueueBehindTheOffloadsOnOneHostLink) {
   EXPECT_DOUBLE_EQ(session.recorder().now_s(), 400);
 }
 
+// --fine-grained-offloading-max-inflight-offloads K: two core_attn regions of one chunk, 100
+// bytes each, whose offloads end at 100 and 200. With K = 0 each commit waits for its own
+// offload (the clock reaches 200 by the end of the forward); with K = 1 the second commit
+// waits for the first (100); without a cap nothing waits (0).
+TEST(OffloadCopies, MaxInflightOffloadsMakeTheComputeStreamWait) {
+  const GpuSpec gpu = OneBytePerSecondHostLink();
+  auto forward_clock = [&](int64_t max_inflight) {
+    TrainingConfig training;
+    training.offload_modules = OffloadModuleBit(OffloadModule::kCoreAttn);
+    training.min_offloaded_tensor_elements = 0;
+    training.max_inflight_offloads = max_inflight;
+    ActivationOffloader offloader(training);
+    Session session(&gpu);
+    ActiveSession active(session);
+    offloader.BeginIteration(0, {{0, 0}});
+    offloader.BeginStep(/*forward=*/true, {0, 0});
+    const at::Tensor first = OffloadedRegion(offloader, 100);
+    const at::Tensor second = OffloadedRegion(offloader, 100);
+    return session.recorder().now_s();
+  };
+  EXPECT_DOUBLE_EQ(forward_clock(0), 200);
+  EXPECT_DOUBLE_EQ(forward_clock(1), 100);
+  EXPECT_EQ(forward_clock(-1), 0);
+}
+
 }  // namespace
 }  // namespace memsim

@@ -438,6 +438,11 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error("min_offloaded_tensor_size must be >= 0, got " +
                          Str(t.min_offloaded_tensor_elements));
   }
+  if (t.max_inflight_offloads < -1) {
+    return Status::Error(
+        "fine_grained_offloading_max_inflight_offloads must be >= 0 (or -1: no limit), got " +
+        Str(t.max_inflight_offloads));
+  }
   if (t.offload_modules != 0) {
     // TransformerConfig.__post_init__ and arguments.py (Megatron-Core 0.20).
     if (t.profile != ProfileKind::kTransformerEngine) {

@@ -333,6 +333,9 @@ struct TrainingConfig {
   // at least `min_offloaded_tensor_elements` elements (--min-offloaded-tensor-size).
   uint32_t offload_modules = 0;
   int64_t min_offloaded_tensor_elements = 1024 * 1024;
+  // --fine-grained-offloading-max-inflight-offloads: the compute stream waits for a name's
+  // older offloads beyond this many (Note [Offload copies on the clock]); -1: no limit.
+  int64_t max_inflight_offloads = -1;
   // --cpu-offloading-num-layers: the first this many decoder layers' activations go to the
   // host (Note [Layer CPU offloading] in models/activation_offload.h); 0: none.
   int64_t cpu_offloading_num_layers = 0;

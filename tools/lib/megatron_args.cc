@@ -216,9 +216,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--min-offloaded-tensor-size", Arity::kValue, ArgUse::kRead},
     {"--delta-offload-bytes-across-pp-ranks", Arity::kValue, ArgUse::kRead},
     {"--activation-offload-fraction", Arity::kValue, ArgUse::kRead},
-    // Makes the compute stream wait for older host copies: timing, not memory (the clock
-    // queues them without a limit, Note [Offload copies on the clock]).
-    {"--fine-grained-offloading-max-inflight-offloads", Arity::kValue, ArgUse::kNeutral},
+    {"--fine-grained-offloading-max-inflight-offloads", Arity::kValue, ArgUse::kRead},
     {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
     {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},
     // What the graphs capture and when: only with --cuda-graph-impl.
@@ -1747,7 +1745,8 @@ Status ReadActivationOffloading(Args& a, TrainingConfig* t) {
   if (!a.Has("--fine-grained-activation-offloading")) {
     for (const char* name :
          {"--offload-modules", "--min-offloaded-tensor-size",
-          "--delta-offload-bytes-across-pp-ranks", "--activation-offload-fraction"}) {
+          "--delta-offload-bytes-across-pp-ranks", "--activation-offload-fraction",
+          "--fine-grained-offloading-max-inflight-offloads"}) {
       a.Ignore(name);  // TransformerConfig reads them only with the switch
     }
     return Status::OK();
@@ -1766,6 +1765,16 @@ Status ReadActivationOffloading(Args& a, TrainingConfig* t) {
   const Status parsed = ParseOffloadModules(a.Values("--offload-modules"), &t->offload_modules);
   if (!parsed.ok()) return Status::Error("--offload-modules: " + parsed.message());
   MEMSIM_RETURN_IF_ERROR(a.Int("--min-offloaded-tensor-size", &t->min_offloaded_tensor_elements));
+  // Timing only: the compute stream waits for older copies (Note [Offload copies on the
+  // clock]).
+  if (a.Has("--fine-grained-offloading-max-inflight-offloads")) {
+    MEMSIM_RETURN_IF_ERROR(
+        a.Int("--fine-grained-offloading-max-inflight-offloads", &t->max_inflight_offloads));
+    if (t->max_inflight_offloads < 0) {
+      return Status::Error("--fine-grained-offloading-max-inflight-offloads must be >= 0, got " +
+                           std::to_string(t->max_inflight_offloads));
+    }
+  }
   int64_t delta = 0;
   MEMSIM_RETURN_IF_ERROR(a.Int("--delta-offload-bytes-across-pp-ranks", &delta));
   if (delta != 0) {

@@ -851,8 +851,15 @@ TEST(MegatronArgs, FineGrainedActivationOffloading) {
   EXPECT_EQ(r.spec.training.offload_modules, OffloadModuleBit(OffloadModule::kCoreAttn) |
                                                  OffloadModuleBit(OffloadModule::kAttnProj));
   EXPECT_EQ(r.spec.training.min_offloaded_tensor_elements, 4096);
+  EXPECT_EQ(r.spec.training.max_inflight_offloads, -1);
   std::optional<ValidatedRun> run;
   EXPECT_TRUE(FinalizeRunSpec(r.spec, &run).ok());
+  const std::string core_attn = base + "--offload-modules core_attn ";
+  EXPECT_EQ(Parse(core_attn + "--fine-grained-offloading-max-inflight-offloads 2", 1)
+                .spec.training.max_inflight_offloads,
+            2);
+  EXPECT_EQ(ErrorOf(core_attn + "--fine-grained-offloading-max-inflight-offloads -1", 1),
+            "--fine-grained-offloading-max-inflight-offloads must be >= 0, got -1");
   // Without the switch the list is read by no one.
   EXPECT_EQ(
       Parse(std::string(kTinyGpt) + "--offload-modules core_attn", 1).spec.training.offload_modules,

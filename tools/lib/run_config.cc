@@ -437,6 +437,11 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "min_offloaded_tensor_size", &t->min_offloaded_tensor_elements);
        }},
+      {"fine_grained_offloading_max_inflight_offloads",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "fine_grained_offloading_max_inflight_offloads",
+                     &t->max_inflight_offloads);
+       }},
       {"empty_unused_memory_level",
        [&](const YAML::Node& v) {
          return Read(v, source, "empty_unused_memory_level", &t->empty_unused_memory_level);
