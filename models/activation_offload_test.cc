@@ -1,5 +1,5 @@
-// Note [Offload copies on the clock]: when the copies of fine-grained activation offloading
-// end and where the compute stream waits for them.
+// Note [Offload copies on the clock]: when the copies of activation offloading end and where
+// the compute stream waits for them.
 #include "models/activation_offload.h"
 
 #include <ATen/ATen.h>
@@ -9,6 +9,9 @@
 
 #include "simulator/cost_model.h"
 #include "simulator/session.h"
+#include "tests/support/recorded_rank.h"
+#include "tests/support/test_models.h"
+#include "tests/support/validated_run.h"
 
 namespace memsim {
 namespace {
@@ -90,6 +93,25 @@ TEST(OffloadCopies, MaxInflightOffloadsMakeTheComputeStreamWait) {
   EXPECT_DOUBLE_EQ(forward_clock(0), 200);
   EXPECT_DOUBLE_EQ(forward_clock(1), 100);
   EXPECT_EQ(forward_clock(-1), 0);
+}
+
+// Note [Layer CPU offloading]'s copies on the clock, a 4-layer GPT (s 128, b 2, h 256,
+// a 8, eager attention) with layers 0 and 1 offloaded, P bytes each (as
+// Offloading.LayerCpuOffloadingKeepsTheLastLayersOnly counts them), on a GPU whose ops cost nothing
+// and whose host link copies 1 byte a second: layer 0's offload runs in [0, P], layer 1's in [P,
+// 2P]; layer 2 waits for layer 0's (P), layer 3 for layer 1's (2P). Backward: layer 2's start
+// queues layer 1's reload [2P, 3P], layer 1's start layer 0's [3P, 4P]; layer 1 waits for its own
+// (3P), layer 0 for its own (4P). Every byte crosses once each way, one after another.
+TEST(OffloadCopies, LayerCpuOffloadingCopiesOnOneStream) {
+  const int64_t s = 128, b = 2, h = 256, a = 8;
+  ModelConfig m = test::Gpt(4, h, a);
+  TrainingConfig t = test::EagerWithoutDropout(s, b);
+  t.iterations = 1;
+  t.cpu_offloading_num_layers = 2;
+  const GpuSpec gpu = OneBytePerSecondHostLink();
+  const int64_t per_layer = 2 * (a * b * s * s) + 2 * (2 * 4 * s * b * h);
+  EXPECT_DOUBLE_EQ(test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s(),
+                   4.0 * per_layer);
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <set>
 #include <tuple>
 #include "models/parameters.h"
@@ -1779,16 +1778,6 @@ TEST(PipelineMemory, InterleavedStagesDifferByTwoChunks) {
             2 * chunk - 2 * (2 * sbh));
 }
 
-// Sequence `s`, micro batch `b`, bf16, eager attention, no dropout.
-TrainingConfig EagerWithoutDropout(int64_t s, int64_t b) {
-  TrainingConfig t;
-  t.seq_length = s;
-  t.micro_batch_size = b;
-  t.attention = AttentionKind::kEager;
-  t.dropout = false;
-  return t;
-}
-
 // Megatron-Core's offloading policy over training steps (Note [Fine-grained activation
 // offloading] in models/activation_offload.h), on a 2-layer GPT (s 128, b 2, h 256, a 8,
 // eager attention, core_attn and attn_proj offloaded): the first iteration offloads both
@@ -1798,7 +1787,7 @@ TrainingConfig EagerWithoutDropout(int64_t s, int64_t b) {
 TEST(Offloading, FirstIterationOffloadsEveryLayerThenTheLastStays) {
   const int64_t s = 128, b = 2, h = 256, a = 8;
   ModelConfig m = test::Gpt(2, h, a);
-  TrainingConfig t = EagerWithoutDropout(s, b);
+  TrainingConfig t = test::EagerWithoutDropout(s, b);
   t.profile = ProfileKind::kTransformerEngine;
   // Live bytes when each iteration's backward begins, and when it ends.
   auto measure = [&](const TrainingConfig& training) {
@@ -1877,7 +1866,7 @@ TEST(CudaGraphs, ReplayedStepsKeepTheStaticBuffers) {
 TEST(Offloading, LayerCpuOffloadingKeepsTheLastLayersOnly) {
   const int64_t s = 128, b = 2, h = 256, a = 8;
   ModelConfig m = test::Gpt(4, h, a);
-  TrainingConfig t = EagerWithoutDropout(s, b);
+  TrainingConfig t = test::EagerWithoutDropout(s, b);
   t.iterations = 1;
   auto measure = [&](const TrainingConfig& training) {
     const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, training));
@@ -1902,29 +1891,6 @@ TEST(Offloading, LayerCpuOffloadingKeepsTheLastLayersOnly) {
   const int64_t per_layer = 2 * (a * b * s * s) + 2 * (2 * 4 * s * b * h);
   EXPECT_EQ(eager.first - offloaded.first, 2 * per_layer);
   EXPECT_EQ(offloaded.second, eager.second);
-}
-
-// Note [Layer CPU offloading]'s copies on the clock, same model with layers 0 and 1 of 4
-// offloaded (P bytes each, as above), on a GPU whose ops cost nothing and whose host link
-// copies 1 byte a second: layer 0's offload runs in [0, P], layer 1's in [P, 2P]; layer 2
-// waits for layer 0's (P), layer 3 for layer 1's (2P). Backward: layer 2's start queues
-// layer 1's reload [2P, 3P], layer 1's start layer 0's [3P, 4P]; layer 1 waits for its
-// own (3P), layer 0 for its own (4P). Every byte crosses once each way, one after another.
-TEST(Offloading, LayerCpuOffloadingCopiesOnOneStream) {
-  const int64_t s = 128, b = 2, h = 256, a = 8;
-  ModelConfig m = test::Gpt(4, h, a);
-  TrainingConfig t = EagerWithoutDropout(s, b);
-  t.iterations = 1;
-  t.cpu_offloading_num_layers = 2;
-  GpuSpec gpu = *FindGpu("H100");
-  gpu.half_flops = gpu.fp32_flops = gpu.bandwidth_bytes_per_s =
-      std::numeric_limits<double>::infinity();
-  gpu.min_op_s = gpu.module_call_s = 0;
-  gpu.host_link_bytes_per_s = 1;
-  gpu.link_efficiency = 1;
-  const int64_t per_layer = 2 * (a * b * s * s) + 2 * (2 * 4 * s * b * h);
-  EXPECT_DOUBLE_EQ(test::RecordRank(test::Validated(m, t), 0, &gpu)->recorder().now_s(),
-                   4.0 * per_layer);
 }
 
 }  // namespace

@@ -7,6 +7,16 @@
 
 namespace memsim::test {
 
+// Eager attention, no dropout: the activations memsim's tables count by hand.
+inline TrainingConfig EagerWithoutDropout(int64_t seq_length, int64_t micro_batch_size) {
+  TrainingConfig t;
+  t.seq_length = seq_length;
+  t.micro_batch_size = micro_batch_size;
+  t.attention = AttentionKind::kEager;
+  t.dropout = false;
+  return t;
+}
+
 // Megatron-LM's GPT: LayerNorm, GeLU, learned positions, tied embeddings, biases.
 inline ModelConfig Gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab = 1024) {
   ModelConfig m;
