@@ -127,9 +127,8 @@ Fp8Tensor Quantize(int64_t rows, int64_t cols, const Fp8Module& fp8, bool rowwis
   return q;
 }
 
-double StorageBytes(const at::Tensor& t) {
-  return t.defined() ? static_cast<double>(t.nbytes()) : 0;
-}
+// A tensor's own bytes (not its storage's); 0 for an undefined one.
+double BytesOf(const at::Tensor& t) { return t.defined() ? static_cast<double>(t.nbytes()) : 0; }
 
 // An activation's or gradient's quantization, with its kernels on the clock (Note [FP8
 // kernels on the clock]).
@@ -139,8 +138,8 @@ Fp8Tensor Quantize(const at::Tensor& x, const Fp8Module& fp8, bool rowwise, bool
   // The cast reads the input and writes the quantized tensor; current scaling's amax
   // reads the input once more.
   const double input_reads = fp8.recipe == Fp8Recipe::kTensorwise ? 2 : 1;
-  ChargeKernel(input_reads * StorageBytes(x) + StorageBytes(q.data) + StorageBytes(q.columnwise) +
-               StorageBytes(q.scale_inv) + StorageBytes(q.columnwise_scale_inv));
+  ChargeKernel(input_reads * BytesOf(x) + BytesOf(q.data) + BytesOf(q.columnwise) +
+               BytesOf(q.scale_inv) + BytesOf(q.columnwise_scale_inv));
   return q;
 }
 
@@ -190,7 +189,7 @@ void AddTranspose(Fp8Tensor& q, const Fp8Module& fp8) {
   if (!HasTransposes(fp8)) return;
   const int64_t rows = q.data.size(0), cols = q.data.size(1);
   q.columnwise = Fp8Bytes(cols, rows);
-  ChargeKernel(2 * StorageBytes(q.data));  // the transpose (Note [FP8 kernels on the clock])
+  ChargeKernel(2 * BytesOf(q.data));  // the transpose (Note [FP8 kernels on the clock])
   if (recipe == Fp8Recipe::kBlockwise) {
     q.columnwise_scale_inv = Fp32({CeilDiv(rows, kBlock), RoundUp(cols, 4)});
   }

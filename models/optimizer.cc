@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -70,8 +71,8 @@ at::Tensor ScaledOrthogonalize(const at::Tensor& x, const MuonView& view, int64_
 // query groups by a reshape, a copy when there are several), then concatenated back.
 at::Tensor Orthogonalize(const at::Tensor& momentum, const MuonView& view, int64_t ns_steps) {
   if (view.qkv_split_rows.empty()) return ScaledOrthogonalize(momentum, view, ns_steps);
-  int64_t group_rows = 0;
-  for (int64_t rows : view.qkv_split_rows) group_rows += rows;
+  const int64_t group_rows =
+      std::accumulate(view.qkv_split_rows.begin(), view.qkv_split_rows.end(), int64_t{0});
   const int64_t groups = momentum.size(0) / group_rows, n = momentum.size(1);
   std::vector<at::Tensor> parts;
   for (const at::Tensor& part :
@@ -107,8 +108,8 @@ MuonView MuonViewOf(const Parameter& p, const OptimizerOptions& options) {
   view.partition_dim = p.tp_partition_dim;
   view.tp = p.expert ? options.expert_tp : options.tp;
   view.matrices = p.stacked_experts;
-  int64_t group_rows = 0;
-  for (int64_t rows : options.muon_qkv_split_rows) group_rows += rows;
+  const int64_t group_rows = std::accumulate(options.muon_qkv_split_rows.begin(),
+                                             options.muon_qkv_split_rows.end(), int64_t{0});
   const std::string_view name = p.name;
   const std::string_view qkv = "linear_qkv.weight";
   if (group_rows > 0 && name.size() >= qkv.size() && name.substr(name.size() - qkv.size()) == qkv &&
