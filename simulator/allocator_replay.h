@@ -1,4 +1,4 @@
-// ReplayAllocations: the one loop that feeds a recording's events to the caching-allocator
+// AllocatorReplay: the one loop that feeds a recording's events to the caching-allocator
 // model. The timeline, the out-of-memory search and the snapshot are observers of it.
 //
 // Note [Allocator replay]
@@ -22,49 +22,79 @@
 
 namespace memsim {
 
-// Replays events [0, end_event) of `recorder` through `*allocator`, emptying the cache at
-// each kEmptyCache marker before the event it precedes (and after the last event when the
-// whole log is replayed; visitor.OnEmptyCache(marker) first), calling, for each event e,
+// A replay of `recorder`'s events through `*allocator`, fed in order in one or more
+// stretches (a snapshot reads the allocator's state at an event, then goes on).
+// ReplayThrough(end_event, visitor) replays events [next_event(), end_event), emptying the
+// cache at each kEmptyCache marker before the event it precedes (and after the last event
+// once the whole log is replayed; visitor.OnEmptyCache(marker) first), calling, for each
+// event e,
 //   visitor.BeforeEvent(event)                 before the model sees it;
 //   visitor.OnAlloc(e, event, allocation)      after an allocation succeeded;
 //   visitor.OnFree(e, event, allocation)       after a free (the block the storage had).
-// Returns the index of the first allocation the model refused (out of memory at its
-// capacity), where the replay stops, or -1 when every event was replayed.
-// REQUIRES: 0 <= end_event <= recorder.events().size(); `*allocator` is fresh.
+// It returns the index of the first allocation the model refused (out of memory at its
+// capacity), where the replay stops for good, or -1 when every event was replayed.
+// REQUIRES: `*allocator` is fresh and outlives the replay; next_event() <= end_event <=
+// recorder.events().size(); nothing was refused.
+class AllocatorReplay {
+ public:
+  AllocatorReplay(const Recorder& recorder, CachingAllocatorModel* allocator)
+      : recorder_(recorder), allocator_(allocator), block_of_storage_(recorder.storages().size()) {}
+  AllocatorReplay(const AllocatorReplay&) = delete;
+  AllocatorReplay& operator=(const AllocatorReplay&) = delete;
+
+  int64_t next_event() const { return next_event_; }
+
+  template <typename Visitor>
+  int64_t ReplayThrough(int64_t end_event, Visitor& visitor) {
+    const std::vector<MemoryEvent>& events = recorder_.events();
+    const std::vector<StorageInfo>& storages = recorder_.storages();
+    MEMSIM_DCHECK(next_event_ <= end_event && end_event <= static_cast<int64_t>(events.size()));
+    for (; next_event_ < end_event; ++next_event_) {
+      const int64_t e = next_event_;
+      EmptyCacheThrough(e, visitor);
+      const MemoryEvent& event = events[static_cast<size_t>(e)];
+      const size_t id = static_cast<size_t>(event.storage_id);
+      visitor.BeforeEvent(event);
+      if (event.is_alloc) {
+        const auto allocation = allocator_->Malloc(storages[id].size_bytes);
+        if (!allocation) return e;
+        block_of_storage_[id] = *allocation;
+        visitor.OnAlloc(e, event, *allocation);
+      } else {
+        allocator_->Free(block_of_storage_[id].block_id);
+        visitor.OnFree(e, event, block_of_storage_[id]);
+      }
+    }
+    if (end_event == static_cast<int64_t>(events.size())) EmptyCacheThrough(end_event, visitor);
+    return -1;
+  }
+
+ private:
+  // Empties the cache at the kEmptyCache markers placed at or before event `e`.
+  template <typename Visitor>
+  void EmptyCacheThrough(int64_t e, Visitor& visitor) {
+    const std::vector<Marker>& markers = recorder_.markers();
+    for (; next_marker_ < markers.size() && markers[next_marker_].event_index <= e;
+         ++next_marker_) {
+      if (markers[next_marker_].kind != MarkerKind::kEmptyCache) continue;
+      visitor.OnEmptyCache(markers[next_marker_]);
+      allocator_->EmptyCache();
+    }
+  }
+
+  const Recorder& recorder_;
+  CachingAllocatorModel* allocator_;
+  std::vector<CachingAllocatorModel::Allocation> block_of_storage_;
+  size_t next_marker_ = 0;
+  int64_t next_event_ = 0;
+};
+
+// Replays events [0, end_event) of `recorder` in one stretch (AllocatorReplay).
 template <typename Visitor>
 int64_t ReplayAllocations(const Recorder& recorder, CachingAllocatorModel* allocator,
                           int64_t end_event, Visitor& visitor) {
-  const std::vector<MemoryEvent>& events = recorder.events();
-  const std::vector<StorageInfo>& storages = recorder.storages();
-  MEMSIM_DCHECK(0 <= end_event && end_event <= static_cast<int64_t>(events.size()));
-  std::vector<CachingAllocatorModel::Allocation> block_of_storage(storages.size());
-  const std::vector<Marker>& markers = recorder.markers();
-  size_t next_marker = 0;
-  // Empties the cache at the kEmptyCache markers placed at or before event `e`.
-  auto empty_cache_through = [&](int64_t e) {
-    for (; next_marker < markers.size() && markers[next_marker].event_index <= e; ++next_marker) {
-      if (markers[next_marker].kind != MarkerKind::kEmptyCache) continue;
-      visitor.OnEmptyCache(markers[next_marker]);
-      allocator->EmptyCache();
-    }
-  };
-  for (int64_t e = 0; e < end_event; ++e) {
-    empty_cache_through(e);
-    const MemoryEvent& event = events[static_cast<size_t>(e)];
-    const size_t id = static_cast<size_t>(event.storage_id);
-    visitor.BeforeEvent(event);
-    if (event.is_alloc) {
-      const auto allocation = allocator->Malloc(storages[id].size_bytes);
-      if (!allocation) return e;
-      block_of_storage[id] = *allocation;
-      visitor.OnAlloc(e, event, *allocation);
-    } else {
-      allocator->Free(block_of_storage[id].block_id);
-      visitor.OnFree(e, event, block_of_storage[id]);
-    }
-  }
-  if (end_event == static_cast<int64_t>(events.size())) empty_cache_through(end_event);
-  return -1;
+  AllocatorReplay replay(recorder, allocator);
+  return replay.ReplayThrough(end_event, visitor);
 }
 
 // A visitor that ignores everything; derive from it and hide the calls you need.

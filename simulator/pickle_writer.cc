@@ -30,7 +30,12 @@ constexpr char kLongBinGet = 'j';
 
 }  // namespace
 
-PickleWriter::PickleWriter() { WriteHeader(); }
+PickleWriter::PickleWriter(std::ostream* sink) : sink_(sink) { WriteHeader(); }
+
+void PickleWriter::Flush() {
+  sink_->write(out_.data(), static_cast<std::streamsize>(out_.size()));
+  out_.clear();
+}
 
 void PickleWriter::WriteHeader() {
   Opcode(kProto);
@@ -38,6 +43,7 @@ void PickleWriter::WriteHeader() {
 }
 
 void PickleWriter::BeforeValue() {
+  FlushIfChunk();
   if (!open_has_items_.empty() && !open_has_items_.back()) {
     Opcode(kMark);
     open_has_items_.back() = true;
@@ -86,18 +92,31 @@ void PickleWriter::Bool(bool value) {
   Opcode(value ? kNewTrue : kNewFalse);
 }
 
-void PickleWriter::String(std::string_view value) {
+void PickleWriter::String(std::string_view value) { StringHandle(value); }
+
+int64_t PickleWriter::StringHandle(std::string_view value) {
   auto it = string_handles_.find(value);
   if (it != string_handles_.end()) {
     Reference(it->second);
-    return;
+    return it->second;
   }
   BeforeValue();
   MEMSIM_DCHECK(value.size() <= std::numeric_limits<uint32_t>::max());
   Opcode(kBinUnicode);
   Uint32(static_cast<uint32_t>(value.size()));
   out_.append(value.data(), value.size());
-  string_handles_.emplace(string_storage_.emplace_back(value), Remember());
+  const int64_t handle = Remember();
+  string_handles_.emplace(string_storage_.emplace_back(value), handle);
+  return handle;
+}
+
+void PickleWriter::Literal(const char* text) {
+  auto [it, added] = literal_handles_.try_emplace(text, -1);
+  if (added) {
+    it->second = StringHandle(text);
+  } else {
+    Reference(it->second);
+  }
 }
 
 void PickleWriter::Pair(int64_t first, int64_t second) {
@@ -155,9 +174,11 @@ void PickleWriter::Reference(int64_t handle) {
 std::string PickleWriter::Finish() {
   MEMSIM_DCHECK(open_has_items_.empty());
   Opcode(kStop);
+  if (sink_ != nullptr) Flush();
   std::string out = std::move(out_);
   out_.clear();
   string_handles_.clear();
+  literal_handles_.clear();
   string_storage_.clear();
   next_handle_ = 0;
   WriteHeader();

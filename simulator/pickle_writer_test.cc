@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 
 namespace memsim {
@@ -106,6 +107,64 @@ TEST(PickleWriter, FinishStartsAFreshPickle) {
   EXPECT_EQ(PythonReads(w.Finish(), "v"), "first");
   w.String("first");  // no longer memoized: a reference would point at nothing
   EXPECT_EQ(PythonReads(w.Finish(), "v"), "first");
+}
+
+// Writes a list of `n` dicts {"key": i, "name": "n<i mod 7>"} with keys as literals.
+void WriteDicts(PickleWriter* w, int n) {
+  w->BeginList();
+  for (int i = 0; i < n; ++i) {
+    w->BeginDict();
+    w->Literal("key");
+    w->Int(i);
+    w->Literal("name");
+    w->String("n" + std::to_string(i % 7));
+    w->EndDict();
+  }
+  w->EndList();
+}
+
+TEST(PickleWriter, AStreamGetsTheSameBytesInChunks) {
+  // 200000 dicts are about 2.4 MB: more than two chunks reach the stream before Finish.
+  PickleWriter in_memory;
+  WriteDicts(&in_memory, 200000);
+  const std::string expected = in_memory.Finish();
+  ASSERT_GT(expected.size(), 2 * PickleWriter::kChunkBytes);
+
+  std::ostringstream sink;
+  PickleWriter streaming(&sink);
+  WriteDicts(&streaming, 200000);
+  // Chunks were handed over while writing: what the stream holds is a prefix, whole chunks.
+  const size_t before_finish = sink.str().size();
+  EXPECT_GE(before_finish, 2 * PickleWriter::kChunkBytes);
+  EXPECT_EQ(sink.str(), expected.substr(0, before_finish));
+  EXPECT_EQ(streaming.Finish(), "");
+  EXPECT_EQ(sink.str(), expected);
+  // 199999 = 7 * 28571 + 2.
+  EXPECT_EQ(PythonReads(expected, "len(v), v[0], v[199999]"),
+            "200000 {'key': 0, 'name': 'n0'} {'key': 199999, 'name': 'n2'}");
+}
+
+TEST(PickleWriter, LiteralsAndStringHandlesWriteWhatStringWrites) {
+  PickleWriter by_value;
+  by_value.BeginList();
+  for (int i = 0; i < 3; ++i) {
+    by_value.String("k");
+    by_value.String("v");
+  }
+  by_value.EndList();
+
+  PickleWriter by_handle;
+  by_handle.BeginList();
+  by_handle.Literal("k");
+  const int64_t v = by_handle.StringHandle("v");
+  for (int i = 0; i < 2; ++i) {
+    by_handle.Literal("k");
+    by_handle.Reference(v);
+  }
+  by_handle.EndList();
+  const std::string bytes = by_handle.Finish();
+  EXPECT_EQ(bytes, by_value.Finish());
+  EXPECT_EQ(PythonReads(bytes, "v"), "['k', 'v', 'k', 'v', 'k', 'v']");
 }
 
 }  // namespace

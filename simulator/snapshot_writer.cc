@@ -1,8 +1,11 @@
 #include "simulator/snapshot_writer.h"
 
 #include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -17,7 +20,9 @@ namespace {
 
 // Writes the frames of storages (Note [Snapshot frames] in snapshot_writer.h). A storage's
 // list is written once; its block, its allocation and its frees in the trace all refer to
-// that one list (Note [Streaming pickle] in pickle_writer.h).
+// that one list (Note [Streaming pickle] in pickle_writer.h). Each distinct frame string
+// is made and hashed once: later storages with the same module, op, step or shape refer
+// to it by its handle.
 class FrameWriter {
  public:
   FrameWriter(const Recorder& recorder, PickleWriter* out)
@@ -30,32 +35,71 @@ class FrameWriter {
       return;
     }
     const StorageInfo& s = recorder_.storages()[static_cast<size_t>(storage_id)];
-    const std::string& module = recorder_.names().Name(s.module);
     out_->BeginList();
     handle = out_->Remember();
-    Frame(module.empty() ? "<top>" : module, 0, recorder_.names().Name(s.op));
-    Frame("memsim://category/" + std::string(CategoryName(s.category)), s.iteration,
-          std::string(PhaseName(s.phase)) + " iteration=" + std::to_string(s.iteration) +
-              " microbatch=" + std::to_string(s.microbatch));
-    Frame("memsim://tensor", 0, StorageShapeString(recorder_, s));
+    Frame([&] { Cached(&modules_, s.module, [&] { return ModuleName(s.module); }); }, 0,
+          [&] { Cached(&ops_, s.op, [&] { return recorder_.names().Name(s.op); }); });
+    Frame(
+        [&] {
+          Cached(&categories_, static_cast<int>(s.category),
+                 [&] { return "memsim://category/" + std::string(CategoryName(s.category)); });
+        },
+        s.iteration,
+        [&] {
+          Cached(&steps_, std::make_tuple(static_cast<int>(s.phase), s.iteration, s.microbatch),
+                 [&] {
+                   return std::string(PhaseName(s.phase)) +
+                          " iteration=" + std::to_string(s.iteration) +
+                          " microbatch=" + std::to_string(s.microbatch);
+                 });
+        });
+    // Replicated storages share their template's dims (Recorder::shape_dims), so the
+    // offset names the shape; an untyped storage is named by its size.
+    Frame([&] { out_->Literal("memsim://tensor"); }, 0,
+          [&] {
+            Cached(&shapes_,
+                   std::make_tuple(s.ndim, static_cast<int>(s.dtype),
+                                   s.ndim < 0 ? s.size_bytes : s.shape_offset),
+                   [&] { return StorageShapeString(recorder_, s); });
+          });
     out_->EndList();
   }
 
  private:
-  void Frame(std::string_view filename, int64_t line, std::string_view name) {
+  std::string ModuleName(NameId module) const {
+    const std::string& name = recorder_.names().Name(module);
+    return name.empty() ? "<top>" : name;
+  }
+  // {filename: ..., line: ..., name: ...}, the strings written by the two callables.
+  template <typename WriteFilename, typename WriteName>
+  void Frame(WriteFilename&& filename, int64_t line, WriteName&& name) {
     out_->BeginDict();
-    out_->String("filename");
-    out_->String(filename);
-    out_->String("line");
+    out_->Literal("filename");
+    filename();
+    out_->Literal("line");
     out_->Int(line);
-    out_->String("name");
-    out_->String(name);
+    out_->Literal("name");
+    name();
     out_->EndDict();
+  }
+  // Writes the string `make()` names for `key`, made and hashed the first time only.
+  template <typename Map, typename Make>
+  void Cached(Map* handles, const typename Map::key_type& key, Make&& make) {
+    auto [it, added] = handles->try_emplace(key, -1);
+    if (added) {
+      it->second = out_->StringHandle(make());
+    } else {
+      out_->Reference(it->second);
+    }
   }
 
   const Recorder& recorder_;
   PickleWriter* out_;
   std::vector<int64_t> handle_of_storage_;  // -1: not written yet
+  std::unordered_map<NameId, int64_t> modules_, ops_;
+  std::unordered_map<int, int64_t> categories_;
+  std::map<std::tuple<int, int32_t, int32_t>, int64_t> steps_;  // (phase, iteration, microbatch)
+  std::map<std::tuple<int8_t, int, int64_t>, int64_t> shapes_;  // (ndim, dtype, dims or size)
 };
 
 // Logs each allocator action of the replay (Note [Allocator replay]) as a device_traces
@@ -113,17 +157,17 @@ class TraceBuilder final : public AllocatorObserver {
     out->BeginList();
     for (const Entry& e : entries_) {
       out->BeginDict();
-      out->String("action");
-      out->String(kActionNames[static_cast<size_t>(e.action)]);
-      out->String("addr");
+      out->Literal("action");
+      out->Literal(kActionNames[static_cast<size_t>(e.action)]);
+      out->Literal("addr");
       out->Int(e.address);
-      out->String("size");
+      out->Literal("size");
       out->Int(e.size_bytes);
-      out->String("stream");
+      out->Literal("stream");
       out->Int(0);
-      out->String("time_us");
+      out->Literal("time_us");
       out->Int(static_cast<int64_t>(e.time_s * 1e6));
-      out->String("frames");
+      out->Literal("frames");
       if (e.storage_id >= 0) {
         frames->StorageFrames(e.storage_id);
       } else {
@@ -172,10 +216,6 @@ class TraceBuilder final : public AllocatorObserver {
   std::unordered_map<int64_t, int64_t> storage_at_address_;
 };
 
-}  // namespace
-
-namespace {
-
 void WriteSegments(const CachingAllocatorModel& allocator, const TraceBuilder& trace,
                    const SnapshotOptions& options, PickleWriter* out, FrameWriter* frames) {
   out->BeginList();
@@ -188,54 +228,54 @@ void WriteSegments(const CachingAllocatorModel& allocator, const TraceBuilder& t
       allocated += b.size_bytes;
       requested += b.requested_bytes;
     }
-    out->String("device");
+    out->Literal("device");
     out->Int(options.device);
-    out->String("address");
+    out->Literal("address");
     out->Int(seg.address);
-    out->String("total_size");
+    out->Literal("total_size");
     out->Int(seg.size_bytes);
-    out->String("allocated_size");
+    out->Literal("allocated_size");
     out->Int(allocated);
-    out->String("active_size");
+    out->Literal("active_size");
     out->Int(allocated);
-    out->String("requested_size");
+    out->Literal("requested_size");
     out->Int(requested);
-    out->String("stream");
+    out->Literal("stream");
     out->Int(0);
-    out->String("segment_type");
-    out->String(seg.pool == PoolKind::kSmall ? "small" : "large");
-    out->String("segment_pool_id");
+    out->Literal("segment_type");
+    out->Literal(seg.pool == PoolKind::kSmall ? "small" : "large");
+    out->Literal("segment_pool_id");
     out->Pair(0, 0);
-    out->String("is_expandable");
+    out->Literal("is_expandable");
     out->Bool(seg.expandable);
-    out->String("frames");
+    out->Literal("frames");
     out->BeginList();
     out->EndList();
-    out->String("blocks");
+    out->Literal("blocks");
     out->BeginList();
     for (const AllocatorBlockView& b : seg.blocks) {
       out->BeginDict();
-      out->String("address");
+      out->Literal("address");
       out->Int(b.address);
-      out->String("size");
+      out->Literal("size");
       out->Int(b.size_bytes);
-      out->String("requested_size");
+      out->Literal("requested_size");
       out->Int(b.requested_bytes);
-      out->String("state");
-      out->String(b.allocated ? "active_allocated" : "inactive");
-      out->String("frames");
+      out->Literal("state");
+      out->Literal(b.allocated ? "active_allocated" : "inactive");
+      out->Literal("frames");
       if (b.allocated) {
         const int64_t storage_id = trace.StorageAt(b.address);
         frames->StorageFrames(storage_id);
         // PyTorch 1.13 reads frames here (Note [Snapshot formats]).
-        out->String("history");
+        out->Literal("history");
         out->BeginList();
         out->BeginDict();
-        out->String("addr");
+        out->Literal("addr");
         out->Int(b.address);
-        out->String("real_size");
+        out->Literal("real_size");
         out->Int(b.requested_bytes);
-        out->String("frames");
+        out->Literal("frames");
         frames->StorageFrames(storage_id);
         out->EndDict();
         out->EndList();
@@ -251,46 +291,90 @@ void WriteSegments(const CachingAllocatorModel& allocator, const TraceBuilder& t
   out->EndList();
 }
 
+// A replay of a recording with the snapshot's observers, read at one or more events on
+// the way (an AllocatorReplay fed in stretches).
+class SnapshotReplay {
+ public:
+  // `options` says which events the trace keeps (the earliest any pickle written will need).
+  SnapshotReplay(const Recorder& recorder, const SnapshotOptions& options)
+      : recorder_(recorder),
+        trace_(recorder, options),
+        allocator_(recorder.allocator_settings(), &trace_),
+        replay_(recorder, &allocator_) {}
+
+  // The snapshot right after `through_event` into `out`, ending the pickle.
+  // REQUIRES: through_event >= every event replayed so far - 1.
+  void Write(int64_t through_event, const SnapshotOptions& options, PickleWriter* out) {
+    replay_.ReplayThrough(through_event + 1, trace_);
+    FrameWriter frames(recorder_, out);
+    if (options.segments_only) {
+      WriteSegments(allocator_, trace_, options, out, &frames);
+      return;
+    }
+    out->BeginDict();
+    out->Literal("segments");
+    WriteSegments(allocator_, trace_, options, out, &frames);
+    out->Literal("device_traces");
+    out->BeginList();
+    trace_.WriteEntries(out, &frames);
+    out->EndList();
+    out->Literal("allocator_settings");
+    out->BeginDict();
+    out->EndDict();
+    out->Literal("memsim");
+    out->BeginDict();
+    out->Literal("format");
+    out->Literal("memsim snapshot 1");
+    out->Literal("through_event");
+    out->Int(through_event);
+    out->Literal("first_traced_event");
+    out->Int(options.first_traced_event);
+    out->EndDict();
+    out->EndDict();
+  }
+
+ private:
+  const Recorder& recorder_;
+  TraceBuilder trace_;
+  CachingAllocatorModel allocator_;
+  AllocatorReplay replay_;
+};
+
 }  // namespace
 
 std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
                            const SnapshotOptions& options) {
-  TraceBuilder trace(recorder, options);
-  CachingAllocatorModel allocator(recorder.allocator_settings(), &trace);
-  ReplayAllocations(recorder, &allocator, through_event + 1, trace);
-
   PickleWriter out;
-  FrameWriter frames(recorder, &out);
-  if (options.segments_only) {
-    WriteSegments(allocator, trace, options, &out, &frames);
-    return out.Finish();
-  }
-  out.BeginDict();
-  out.String("segments");
-  WriteSegments(allocator, trace, options, &out, &frames);
-  out.String("device_traces");
-  out.BeginList();
-  trace.WriteEntries(&out, &frames);
-  out.EndList();
-  out.String("allocator_settings");
-  out.BeginDict();
-  out.EndDict();
-  out.String("memsim");
-  out.BeginDict();
-  out.String("format");
-  out.String("memsim snapshot 1");
-  out.String("through_event");
-  out.Int(through_event);
-  out.String("first_traced_event");
-  out.Int(options.first_traced_event);
-  out.EndDict();
-  out.EndDict();
+  SnapshotReplay(recorder, options).Write(through_event, options, &out);
   return out.Finish();
+}
+
+void StreamSnapshotAndPeak(const Recorder& recorder, int64_t through_event,
+                           const SnapshotOptions& options, std::ostream* sink, int64_t peak_event,
+                           std::ostream* peak_sink) {
+  MEMSIM_DCHECK(-1 <= peak_event && !options.segments_only);
+  SnapshotReplay replay(recorder, options);
+  SnapshotOptions peak = options;
+  peak.segments_only = true;
+  // The replay goes forward only: the earlier event's pickle first.
+  auto write = [&](int64_t event, const SnapshotOptions& o, std::ostream* to) {
+    PickleWriter out(to);
+    replay.Write(event, o, &out);
+    out.Finish();
+  };
+  if (peak_event <= through_event) write(peak_event, peak, peak_sink);
+  write(through_event, options, sink);
+  if (peak_event > through_event) write(peak_event, peak, peak_sink);
 }
 
 Status WriteSnapshot(const std::string& path, const Recorder& recorder, int64_t through_event,
                      const SnapshotOptions& options) {
-  return WriteFileAtomically(path, SnapshotPickle(recorder, through_event, options));
+  std::unique_ptr<AtomicFileWriter> file;
+  MEMSIM_RETURN_IF_ERROR(AtomicFileWriter::Open(path, &file));
+  PickleWriter out(&file->stream());
+  SnapshotReplay(recorder, options).Write(through_event, options, &out);
+  out.Finish();
+  return file->Publish();
 }
 
 }  // namespace memsim

@@ -35,6 +35,7 @@
 // categories exactly.
 #pragma once
 
+#include <ostream>
 #include <string>
 
 #include "simulator/recorder.h"
@@ -57,6 +58,15 @@ struct SnapshotOptions {
 // REQUIRES: -1 <= through_event < recorder.events().size(), first_traced_event >= 0.
 std::string SnapshotPickle(const Recorder& recorder, int64_t through_event,
                            const SnapshotOptions& options);
+// Two snapshots from one replay, handed to their sinks as they are made (Note [Streaming
+// pickle] in pickle_writer.h; the sinks' states tell of write errors): the allocator's
+// segments alone right after `peak_event` (options.segments_only) to `peak_sink`, and the
+// snapshot after `through_event` with `options` to `sink`.
+// REQUIRES: -1 <= peak_event, through_event < recorder.events().size();
+// !options.segments_only.
+void StreamSnapshotAndPeak(const Recorder& recorder, int64_t through_event,
+                           const SnapshotOptions& options, std::ostream* sink, int64_t peak_event,
+                           std::ostream* peak_sink);
 
 Status WriteSnapshot(const std::string& path, const Recorder& recorder, int64_t through_event,
                      const SnapshotOptions& options);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "simulator/peak_analysis.h"
 #include "simulator/session.h"
@@ -298,6 +299,27 @@ namespace {
 // `stats` reads a bare list of segments and asserts each segment's total_size equals its
 // blocks' sizes) accepts memsim's segments and finds the same totals. Skipped where that
 // Python has no torch.
+TEST(SnapshotWriter, OneReplayWritesThePeakAndTheStepSnapshotsAsTwoReplaysDo) {
+  MlpRun run;
+  const Recorder& recorder = run.session.recorder();
+  const Timeline timeline = Timeline::Replay(recorder);
+  const int64_t last = static_cast<int64_t>(recorder.events().size()) - 1;
+  const int64_t peak = timeline.peak_event();
+  ASSERT_GT(peak, 0);
+  ASSERT_LT(peak, last);
+  SnapshotOptions step;
+  step.first_traced_event = timeline.iterations().back().begin_event;
+  SnapshotOptions segments;
+  segments.segments_only = true;
+  // The peak before the step's event (as simulate writes them), and after it.
+  for (const int64_t through : {last, peak - 1}) {
+    std::ostringstream step_sink, peak_sink;
+    StreamSnapshotAndPeak(recorder, through, step, &step_sink, peak, &peak_sink);
+    EXPECT_EQ(step_sink.str(), SnapshotPickle(recorder, through, step)) << through;
+    EXPECT_EQ(peak_sink.str(), SnapshotPickle(recorder, peak, segments)) << through;
+  }
+}
+
 TEST(SnapshotWriter, PyTorchMemoryVizStatsAgree) {
   if (std::system("/usr/bin/python3 -c 'import torch.cuda._memory_viz' >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "no python3-torch for /usr/bin/python3";

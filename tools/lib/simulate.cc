@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -325,21 +326,60 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
   return summary;
 }
 
-// The files of one rank class, built once and written for each of its selected ranks.
+// The files of one rank class, built once and published for each of its selected ranks.
+// The snapshots, tens of MB each, are written once into temporaries in the output folder
+// as they are made (Note [Streaming pickle] in simulator/pickle_writer.h): each rank gets a
+// copy, the last one the temporary itself, and an unpublished temporary is removed.
 struct ClassFiles {
-  std::string trace, snapshot, peak_snapshot;
+  std::string trace;
   nlohmann::json summary;
+  std::unique_ptr<AtomicFileWriter> snapshot, peak_snapshot;
+  int64_t ranks_left = 0;  // selected ranks whose files are not yet published
+  int64_t size_bytes() const {
+    return static_cast<int64_t>(trace.size()) + snapshot->size_bytes() +
+           peak_snapshot->size_bytes();
+  }
 };
+
+// Builds `f`, named after the class's first selected rank, `rank`.
+Status BuildClassFiles(const std::string& out_dir, int64_t rank, const ValidatedRun& run,
+                       const RankResult& result, TraceOptions trace_options,
+                       const ReportOptions& options, const std::vector<Advice>& advice,
+                       ClassFiles* f) {
+  const std::string prefix = out_dir + "/snapshot_rank" + std::to_string(rank);
+  trace_options.theoretical_memory_mb = TheoreticalMemoryMB(run, result.rank_class.pp_rank);
+  f->trace = TraceText(result.timeline, trace_options);
+  // As torch.cuda.memory._dump_snapshot after the last step, with the history recorded
+  // from its start; and the allocator at the peak in the format every PyTorch reads
+  // (Note [Snapshot formats] in simulator/snapshot_writer.h).
+  const IterationSummary& last = result.timeline.iterations().back();
+  SnapshotOptions step;
+  step.first_traced_event = options.snapshot_history == "run" ? 0 : last.begin_event;
+  MEMSIM_RETURN_IF_ERROR(AtomicFileWriter::Open(prefix + ".pickle", &f->snapshot));
+  MEMSIM_RETURN_IF_ERROR(AtomicFileWriter::Open(prefix + "_peak.pickle", &f->peak_snapshot));
+  StreamSnapshotAndPeak(result.session->recorder(), last.end_event - 1, step,
+                        &f->snapshot->stream(), result.timeline.peak_event(),
+                        &f->peak_snapshot->stream());
+  f->summary = ClassSummary(run, result, advice);
+  return Status::OK();
+}
+
+// Publishes a staged file as `path`: a copy while other ranks still need it, else itself.
+Status PublishStaged(AtomicFileWriter* file, const std::string& path, bool last) {
+  return last ? file->Publish(path) : file->PublishCopy(path);
+}
 
 Status WriteRankFilesOf(const std::string& out_dir, int64_t rank, ClassFiles* f) {
   const std::string suffix = "_rank" + std::to_string(rank);
+  const bool last = --f->ranks_left == 0;
   MEMSIM_RETURN_IF_ERROR(
       WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", f->trace));
   f->summary["rank"] = rank;
   MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", f->summary));
   MEMSIM_RETURN_IF_ERROR(
-      WriteFileAtomically(out_dir + "/snapshot" + suffix + ".pickle", f->snapshot));
-  return WriteFileAtomically(out_dir + "/snapshot" + suffix + "_peak.pickle", f->peak_snapshot);
+      PublishStaged(f->snapshot.get(), out_dir + "/snapshot" + suffix + ".pickle", last));
+  return PublishStaged(f->peak_snapshot.get(), out_dir + "/snapshot" + suffix + "_peak.pickle",
+                       last);
 }
 
 Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
@@ -352,29 +392,16 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
   std::map<const RankResult*, ClassFiles> files;
   double total_bytes = 0;
   for (const RankSpan& span : ranks) {
-    const RankResult* result = span.result;
-    ClassFiles& f = files[result];
-    if (f.trace.empty()) {
-      trace_options.theoretical_memory_mb = TheoreticalMemoryMB(run, result->rank_class.pp_rank);
-      f.trace = TraceText(result->timeline, trace_options);
-      // As torch.cuda.memory._dump_snapshot after the last step, with the history recorded
-      // from its start; and the allocator at the peak in the format every PyTorch reads
-      // (Note [Snapshot formats] in simulator/snapshot_writer.h).
-      const IterationSummary& last = result->timeline.iterations().back();
-      SnapshotOptions step;
-      step.first_traced_event = options.snapshot_history == "run" ? 0 : last.begin_event;
-      f.snapshot = SnapshotPickle(result->session->recorder(), last.end_event - 1, step);
-      SnapshotOptions peak;
-      peak.segments_only = true;
-      f.peak_snapshot =
-          SnapshotPickle(result->session->recorder(), result->timeline.peak_event(), peak);
-      f.summary = ClassSummary(run, *result, advice);
+    ClassFiles& f = files[span.result];
+    if (!f.snapshot) {
+      MEMSIM_RETURN_IF_ERROR(BuildClassFiles(out_dir, span.first, run, *span.result, trace_options,
+                                             options, advice, &f));
     }
-    total_bytes +=
-        (static_cast<double>(f.trace.size() + f.snapshot.size() + f.peak_snapshot.size()) + 4096) *
-        static_cast<double>(span.size());
+    f.ranks_left += span.size();
+    total_bytes += (static_cast<double>(f.size_bytes()) + 4096) * static_cast<double>(span.size());
   }
-  // Say no before writing anything: --ranks all on a million GPUs would fill a disk.
+  // Say no before publishing anything (the staged temporaries are removed): --ranks all
+  // on a million GPUs would fill a disk.
   const double limit_bytes = options.max_output_gib * (1 << 30);
   if (total_bytes > limit_bytes) {
     char message[256];
