@@ -247,6 +247,14 @@ void Recorder::AdoptNextAllocation(int64_t storage_id) {
   adopt_next_ = storage_id;
 }
 
+void Recorder::ReleaseSpareCapacity() {
+  events_.shrink_to_fit();
+  storages_.shrink_to_fit();
+  live_records_.shrink_to_fit();
+  shape_dims_.shrink_to_fit();
+  markers_.shrink_to_fit();
+}
+
 bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,
                              const ReplicaOuter& outer, IdShift* ids) {
   // The template's own storages, then check that every free names one of them or a

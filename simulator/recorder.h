@@ -37,33 +37,40 @@ struct AllocationRecord {
   c10::DataPtr underlying;
 };
 
-// Everything known about one storage. Indexed by storage id (dense, from 0).
+// Everything known about one storage. Indexed by storage id (dense, from 0). The log
+// holds one per allocation of a whole run (millions with many microbatches): fields are
+// ordered to pack into 56 bytes.
 struct StorageInfo {
   int64_t size_bytes = 0;    // exact requested size (nbytes of the storage)
   int64_t alloc_event = -1;  // index into Recorder::events()
   int64_t free_event = -1;   // -1 while alive
-  NameId op = 0;             // innermost aten op that allocated it (0: none)
-  NameId module = 0;         // module path (0: top level)
+  // Shape and dtype of the first tensor seen viewing this storage as an op output: the
+  // dims are Recorder::shape_dims()[shape_offset, shape_offset + ndim) (a pool, so that
+  // replicated storages share their template's and the record stays small).
+  int64_t shape_offset = 0;
+  NameId op = 0;      // innermost aten op that allocated it (0: none)
+  NameId module = 0;  // module path (0: top level)
+  int32_t iteration = -1;
+  int32_t microbatch = -1;
   Phase phase = Phase::kSetup;
   Category category = Category::kUnattributed;
   // Made under a PersistentScope (a grown global buffer): state that outlives the op, which
   // autograd does not save.
   bool persistent = false;
-  int32_t iteration = -1;
-  int32_t microbatch = -1;
-  // Shape and dtype of the first tensor seen viewing this storage as an op output: the
-  // dims are Recorder::shape_dims()[shape_offset, shape_offset + ndim) (a pool, so that
-  // replicated storages share their template's and the record stays small).
   int8_t ndim = -1;  // -1: no tensor seen
   c10::ScalarType dtype = c10::ScalarType::Undefined;
-  int64_t shape_offset = 0;
 };
+static_assert(sizeof(StorageInfo) <= 56, "StorageInfo grew: the event log holds millions");
 
+// One allocation or free. 16 bytes: whether it allocates shares a word with the storage id.
 struct MemoryEvent {
-  int64_t storage_id;
+  MemoryEvent(int64_t storage_id, double time_s, bool is_alloc)
+      : storage_id(storage_id), is_alloc(is_alloc), time_s(time_s) {}
+  int64_t storage_id : 63;  // REQUIRES: >= 0
+  bool is_alloc : 1;
   double time_s;  // virtual clock, see cost_model.h
-  bool is_alloc;
 };
+static_assert(sizeof(MemoryEvent) == 16, "MemoryEvent must pack into 16 bytes");
 
 // What the interceptor caches per operator (keyed by its schema's address).
 struct OpInfo {
@@ -316,6 +323,10 @@ class Recorder {
     allocator_settings_ = settings;
   }
   const CachingAllocatorConfig& allocator_settings() const { return allocator_settings_; }
+
+  // Frees the log's spare capacity (vectors grown by doubling hold up to twice what they
+  // use) once recording is over, before the log is kept for replays and reports.
+  void ReleaseSpareCapacity();
 
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }

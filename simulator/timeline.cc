@@ -47,8 +47,7 @@ class PointRecorder : public ReplayVisitor {
  private:
   void Add(int64_t e, const MemoryEvent& event) {
     const AllocatorStats& stats = allocator_.stats();
-    points_->push_back(
-        {event.time_s, stats.allocated_bytes, stats.reserved_bytes, stats.requested_bytes});
+    points_->push_back({event.time_s, stats.allocated_bytes, stats.reserved_bytes});
     if (stats.allocated_bytes > *peak_allocated_bytes_) {
       *peak_allocated_bytes_ = stats.allocated_bytes;
       *peak_event_ = e;

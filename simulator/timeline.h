@@ -16,7 +16,6 @@ struct TimelinePoint {
   double time_s;
   int64_t allocated_bytes;  // torch.cuda.memory_allocated(): rounded block sizes
   int64_t reserved_bytes;   // torch.cuda.memory_reserved(): segment sizes
-  int64_t requested_bytes;  // exact storage sizes alive
 };
 
 struct IterationSummary {

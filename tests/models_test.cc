@@ -1724,11 +1724,15 @@ int64_t CrossEntropyForwardPeakBytes(const CrossEntropyFn& cross_entropy,
     loss.sum().backward();
     *grad_dtype = logits.grad().scalar_type();
   }
-  const Timeline timeline = Timeline::Replay(session.recorder());
-  int64_t peak = 0;
-  const int64_t forward_end = timeline.iterations().front().begin_event;
+  // The exact bytes alive at their highest before the end of the forward.
+  const Recorder& recorder = session.recorder();
+  const int64_t forward_end = Timeline::Replay(recorder).iterations().front().begin_event;
+  int64_t live = 0, peak = 0;
   for (int64_t e = 0; e < forward_end; ++e) {
-    peak = std::max(peak, timeline.points()[static_cast<size_t>(e)].requested_bytes);
+    const MemoryEvent& event = recorder.events()[static_cast<size_t>(e)];
+    const int64_t bytes = recorder.storages()[static_cast<size_t>(event.storage_id)].size_bytes;
+    live += event.is_alloc ? bytes : -bytes;
+    peak = std::max(peak, live);
   }
   return peak;
 }

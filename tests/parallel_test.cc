@@ -365,10 +365,7 @@ int64_t StagePeak(const ModelConfig& m, const TrainingConfig& t, const ParallelL
   const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t, layout), pp_rank);
   // Exact bytes (requested sizes): the caching allocator's block rounding depends on the
   // order of earlier frees, which differs between stages by up to a block's remainder.
-  const Timeline timeline = Timeline::Replay(session->recorder());
-  int64_t peak = 0;
-  for (const TimelinePoint& p : timeline.points()) peak = std::max(peak, p.requested_bytes);
-  return peak;
+  return Timeline::Replay(session->recorder()).peak_requested_bytes();
 }
 
 // Middle stages hold the same layers; stage r keeps pp - r microbatches, so each stage
