@@ -110,7 +110,12 @@ class TraceBuilder final : public AllocatorObserver {
   TraceBuilder(const Recorder& recorder, const SnapshotOptions& options)
       : recorder_(recorder),
         first_event_(options.segments_only ? std::numeric_limits<int64_t>::max()
-                                           : options.first_traced_event) {}
+                                           : options.first_traced_event) {
+    // An entry per traced event, and a few segment actions: hundreds of MB with many
+    // microbatches, so not grown by doubling.
+    const int64_t events = static_cast<int64_t>(recorder.events().size());
+    if (first_event_ < events) entries_.reserve(static_cast<size_t>(events - first_event_) + 64);
+  }
 
   // A segment is mapped or released while the allocator serves the current event: its
   // storage's frames say which allocation caused it (Note [Snapshot formats]).
@@ -144,37 +149,19 @@ class TraceBuilder final : public AllocatorObserver {
   }
   // The model's Free reports no segment action, so logging after it keeps PyTorch's order.
   void OnFree(int64_t, const MemoryEvent& event, const CachingAllocatorModel::Allocation& block) {
-    Add({Action::kFreeRequested, block.address, SizeOf(event), now_s_, event.storage_id});
-    Add({Action::kFreeCompleted, block.address, SizeOf(event), now_s_, event.storage_id});
+    Add({Action::kFree, block.address, SizeOf(event), now_s_, event.storage_id});
     storage_at_address_.erase(block.address);
   }
 
-  // Writes the logged entries as a list of dicts.
+  // Writes the logged entries as a list of dicts; a free is two, free_requested and
+  // free_completed (PyTorch logs both when the block has no pending stream uses).
   void WriteEntries(PickleWriter* out, FrameWriter* frames) const {
-    static const char* const kActionNames[] = {"alloc",         "free_requested", "free_completed",
-                                               "segment_alloc", "segment_free",   "segment_map",
-                                               "segment_unmap"};
+    static const char* const kActionNames[] = {"alloc",        "free_requested", "segment_alloc",
+                                               "segment_free", "segment_map",    "segment_unmap"};
     out->BeginList();
     for (const Entry& e : entries_) {
-      out->BeginDict();
-      out->Literal("action");
-      out->Literal(kActionNames[static_cast<size_t>(e.action)]);
-      out->Literal("addr");
-      out->Int(e.address);
-      out->Literal("size");
-      out->Int(e.size_bytes);
-      out->Literal("stream");
-      out->Int(0);
-      out->Literal("time_us");
-      out->Int(static_cast<int64_t>(e.time_s * 1e6));
-      out->Literal("frames");
-      if (e.storage_id >= 0) {
-        frames->StorageFrames(e.storage_id);
-      } else {
-        out->BeginList();
-        out->EndList();
-      }
-      out->EndDict();
+      WriteEntry(e, kActionNames[static_cast<size_t>(e.action)], out, frames);
+      if (e.action == Action::kFree) WriteEntry(e, "free_completed", out, frames);
     }
     out->EndList();
   }
@@ -184,20 +171,50 @@ class TraceBuilder final : public AllocatorObserver {
  private:
   enum class Action : uint8_t {
     kAlloc,
-    kFreeRequested,
-    kFreeCompleted,
+    kFree,  // free_requested, then free_completed
     kSegmentAlloc,
     kSegmentFree,
     kSegmentMap,
     kSegmentUnmap
   };
   struct Entry {
-    Action action;
+    Entry(Action action, int64_t address, int64_t size_bytes, double time_s, int64_t storage_id)
+        : address(address),
+          size_bytes(size_bytes),
+          time_s(time_s),
+          storage_id(storage_id),
+          action(action) {}
     int64_t address;
     int64_t size_bytes;
     double time_s;
-    int64_t storage_id;  // for segment actions, the storage whose event caused them
+    // For segment actions, the storage whose event caused them; -1: none.
+    int64_t storage_id : 56;
+    Action action : 8;
   };
+  static_assert(sizeof(Entry) == 32, "a snapshot keeps millions of entries");
+
+  static void WriteEntry(const Entry& e, const char* action, PickleWriter* out,
+                         FrameWriter* frames) {
+    out->BeginDict();
+    out->Literal("action");
+    out->Literal(action);
+    out->Literal("addr");
+    out->Int(e.address);
+    out->Literal("size");
+    out->Int(e.size_bytes);
+    out->Literal("stream");
+    out->Int(0);
+    out->Literal("time_us");
+    out->Int(static_cast<int64_t>(e.time_s * 1e6));
+    out->Literal("frames");
+    if (e.storage_id >= 0) {
+      frames->StorageFrames(e.storage_id);
+    } else {
+      out->BeginList();
+      out->EndList();
+    }
+    out->EndDict();
+  }
 
   int64_t SizeOf(const MemoryEvent& event) const {
     return recorder_.storages()[static_cast<size_t>(event.storage_id)].size_bytes;
