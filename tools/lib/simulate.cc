@@ -327,17 +327,16 @@ nlohmann::json ClassSummary(const ValidatedRun& run, const RankResult& r,
 }
 
 // The files of one rank class, built once and published for each of its selected ranks.
-// The snapshots, tens of MB each, are written once into temporaries in the output folder
-// as they are made (Note [Streaming pickle] in simulator/pickle_writer.h): each rank gets a
-// copy, the last one the temporary itself, and an unpublished temporary is removed.
+// The trace and the snapshots (tens of MB each) are written once into temporaries in the
+// output folder as they are made (Note [Streaming pickle] in
+// simulator/pickle_writer.h), so no class holds them in memory: each rank gets a copy, the
+// last one the temporary itself, and an unpublished temporary is removed.
 struct ClassFiles {
-  std::string trace;
   nlohmann::json summary;
-  std::unique_ptr<AtomicFileWriter> snapshot, peak_snapshot;
+  std::unique_ptr<AtomicFileWriter> trace, snapshot, peak_snapshot;
   int64_t ranks_left = 0;  // selected ranks whose files are not yet published
   int64_t size_bytes() const {
-    return static_cast<int64_t>(trace.size()) + snapshot->size_bytes() +
-           peak_snapshot->size_bytes();
+    return trace->size_bytes() + snapshot->size_bytes() + peak_snapshot->size_bytes();
   }
 };
 
@@ -346,9 +345,12 @@ Status BuildClassFiles(const std::string& out_dir, int64_t rank, const Validated
                        const RankResult& result, TraceOptions trace_options,
                        const ReportOptions& options, const std::vector<Advice>& advice,
                        ClassFiles* f) {
-  const std::string prefix = out_dir + "/snapshot_rank" + std::to_string(rank);
+  const std::string suffix = "_rank" + std::to_string(rank);
+  const std::string prefix = out_dir + "/snapshot" + suffix;
   trace_options.theoretical_memory_mb = TheoreticalMemoryMB(run, result.rank_class.pp_rank);
-  f->trace = TraceText(result.timeline, trace_options);
+  MEMSIM_RETURN_IF_ERROR(
+      AtomicFileWriter::Open(out_dir + "/memory_trace" + suffix + ".json", &f->trace));
+  f->trace->stream() << TraceText(result.timeline, trace_options);
   // As torch.cuda.memory._dump_snapshot after the last step, with the history recorded
   // from its start; and the allocator at the peak in the format every PyTorch reads
   // (Note [Snapshot formats] in simulator/snapshot_writer.h).
@@ -373,7 +375,7 @@ Status WriteRankFilesOf(const std::string& out_dir, int64_t rank, ClassFiles* f)
   const std::string suffix = "_rank" + std::to_string(rank);
   const bool last = --f->ranks_left == 0;
   MEMSIM_RETURN_IF_ERROR(
-      WriteFileAtomically(out_dir + "/memory_trace" + suffix + ".json", f->trace));
+      PublishStaged(f->trace.get(), out_dir + "/memory_trace" + suffix + ".json", last));
   f->summary["rank"] = rank;
   MEMSIM_RETURN_IF_ERROR(WriteSummary(out_dir + "/summary" + suffix + ".json", f->summary));
   MEMSIM_RETURN_IF_ERROR(
@@ -393,7 +395,7 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
   double total_bytes = 0;
   for (const RankSpan& span : ranks) {
     ClassFiles& f = files[span.result];
-    if (!f.snapshot) {
+    if (!f.trace) {
       MEMSIM_RETURN_IF_ERROR(BuildClassFiles(out_dir, span.first, run, *span.result, trace_options,
                                              options, advice, &f));
     }
