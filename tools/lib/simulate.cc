@@ -15,6 +15,7 @@
 
 #include "models/moe.h"
 #include "models/transformer.h"
+#include "parallel/parallel_for.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
 #include "simulator/format.h"
@@ -390,17 +391,32 @@ Status WriteRankFiles(const std::string& out_dir, const ValidatedRun& run,
   TraceOptions trace_options;
   trace_options.sample_interval_s = options.sample_interval_s;
   trace_options.max_intervals_per_iteration = 5000;  // unless --sample-interval says otherwise
-  // Ranks of a class share one simulation: build each class's files once.
+  // Ranks of a class share one simulation: build each class's files once, named after its
+  // first selected rank, the classes on up to --jobs threads (each reads only its own
+  // recording and writes only its own files).
   std::map<const RankResult*, ClassFiles> files;
-  double total_bytes = 0;
+  std::vector<std::pair<const RankResult*, int64_t>> classes;  // (class, first selected rank)
   for (const RankSpan& span : ranks) {
     ClassFiles& f = files[span.result];
-    if (!f.trace) {
-      MEMSIM_RETURN_IF_ERROR(BuildClassFiles(out_dir, span.first, run, *span.result, trace_options,
-                                             options, advice, &f));
-    }
+    if (f.ranks_left == 0) classes.emplace_back(span.result, span.first);
     f.ranks_left += span.size();
-    total_bytes += (static_cast<double>(f.size_bytes()) + 4096) * static_cast<double>(span.size());
+  }
+  std::vector<Status> statuses(classes.size());
+  ParallelFor(classes.size(), options.jobs, [&](size_t i) {
+    const auto& [result, rank] = classes[i];
+    try {
+      statuses[i] = BuildClassFiles(out_dir, rank, run, *result, trace_options, options, advice,
+                                    &files.at(result));
+    } catch (const std::exception& e) {
+      statuses[i] = Status::Error("writing the files of rank " + std::to_string(rank) +
+                                  " failed: " + e.what());
+    }
+  });
+  for (const Status& s : statuses) MEMSIM_RETURN_IF_ERROR(s);
+  double total_bytes = 0;
+  for (const RankSpan& span : ranks) {
+    total_bytes += (static_cast<double>(files.at(span.result).size_bytes()) + 4096) *
+                   static_cast<double>(span.size());
   }
   // Say no before publishing anything (the staged temporaries are removed): --ranks all
   // on a million GPUs would fill a disk.
