@@ -37,17 +37,13 @@ class PointRecorder : public ReplayVisitor {
         points_(points),
         peak_allocated_bytes_(peak_allocated_bytes),
         peak_event_(peak_event) {}
-  void OnAlloc(int64_t e, const MemoryEvent& event, const CachingAllocatorModel::Allocation&) {
-    Add(e, event);
-  }
-  void OnFree(int64_t e, const MemoryEvent& event, const CachingAllocatorModel::Allocation&) {
-    Add(e, event);
-  }
+  void OnAlloc(int64_t e, const MemoryEvent&, const CachingAllocatorModel::Allocation&) { Add(e); }
+  void OnFree(int64_t e, const MemoryEvent&, const CachingAllocatorModel::Allocation&) { Add(e); }
 
  private:
-  void Add(int64_t e, const MemoryEvent& event) {
+  void Add(int64_t e) {
     const AllocatorStats& stats = allocator_.stats();
-    points_->push_back({event.time_s, stats.allocated_bytes, stats.reserved_bytes});
+    points_->push_back({stats.allocated_bytes, stats.reserved_bytes});
     if (stats.allocated_bytes > *peak_allocated_bytes_) {
       *peak_allocated_bytes_ = stats.allocated_bytes;
       *peak_event_ = e;
@@ -63,6 +59,7 @@ class PointRecorder : public ReplayVisitor {
 
 Timeline Timeline::Replay(const Recorder& recorder) {
   Timeline timeline;
+  timeline.recorder_ = &recorder;
   CachingAllocatorModel allocator(recorder.allocator_settings());  // unlimited: never refuses
   timeline.points_.reserve(recorder.events().size());
   PointRecorder points(allocator, &timeline.points_, &timeline.peak_allocated_bytes_,

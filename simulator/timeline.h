@@ -11,9 +11,8 @@
 
 namespace memsim {
 
-// State after one event.
+// State after one event (its time is the event's: Timeline::time_s).
 struct TimelinePoint {
-  double time_s;
   int64_t allocated_bytes;  // torch.cuda.memory_allocated(): rounded block sizes
   int64_t reserved_bytes;   // torch.cuda.memory_reserved(): segment sizes
 };
@@ -36,9 +35,15 @@ struct IterationSummary {
 class Timeline {
  public:
   // Replays with unlimited device memory: the numbers are what the step needs.
+  // REQUIRES: `recorder` outlives the timeline and records nothing more (the timeline
+  // reads its events' times rather than keep a copy: a point per event adds up).
   static Timeline Replay(const Recorder& recorder);
 
   const std::vector<TimelinePoint>& points() const { return points_; }
+  // The virtual time of event `event`, after which points()[event] holds.
+  double time_s(int64_t event) const {
+    return recorder_->events()[static_cast<size_t>(event)].time_s;
+  }
   // Iterations in order; a recording without iteration markers is one iteration, 0.
   const std::vector<IterationSummary>& iterations() const { return iterations_; }
   int64_t peak_allocated_bytes() const { return peak_allocated_bytes_; }
@@ -51,6 +56,7 @@ class Timeline {
   }
 
  private:
+  const Recorder* recorder_ = nullptr;
   std::vector<TimelinePoint> points_;
   std::vector<IterationSummary> iterations_;
   int64_t peak_allocated_bytes_ = 0;

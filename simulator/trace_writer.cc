@@ -14,8 +14,9 @@ namespace memsim {
 namespace {
 
 // Indices of the points of [begin, end) that survive thinning (see TraceOptions).
-std::vector<int64_t> ThinnedIndices(const std::vector<TimelinePoint>& points, int64_t begin,
-                                    int64_t end, double interval_s) {
+std::vector<int64_t> ThinnedIndices(const Timeline& timeline, int64_t begin, int64_t end,
+                                    double interval_s) {
+  const std::vector<TimelinePoint>& points = timeline.points();
   std::vector<int64_t> kept;
   if (interval_s <= 0) {
     for (int64_t i = begin; i < end; ++i) kept.push_back(i);
@@ -23,11 +24,11 @@ std::vector<int64_t> ThinnedIndices(const std::vector<TimelinePoint>& points, in
   }
   int64_t bucket_start = begin;
   while (bucket_start < end) {
-    const double bucket_end_s = points[static_cast<size_t>(bucket_start)].time_s + interval_s;
+    const double bucket_end_s = timeline.time_s(bucket_start) + interval_s;
     int64_t bucket_end = bucket_start + 1;  // a bucket always takes its first point
     int64_t lo_alloc = bucket_start, hi_alloc = bucket_start;
     int64_t lo_reserved = bucket_start, hi_reserved = bucket_start;
-    while (bucket_end < end && points[static_cast<size_t>(bucket_end)].time_s < bucket_end_s) {
+    while (bucket_end < end && timeline.time_s(bucket_end) < bucket_end_s) {
       const TimelinePoint& p = points[static_cast<size_t>(bucket_end)];
       if (p.allocated_bytes < points[static_cast<size_t>(lo_alloc)].allocated_bytes)
         lo_alloc = bucket_end;
@@ -91,10 +92,10 @@ void AppendIteration(const Timeline& timeline, const IterationSummary& it,
     interval_s = (it.end_time_s - it.begin_time_s) /
                  static_cast<double>(options.max_intervals_per_iteration);
   }
-  for (int64_t i : ThinnedIndices(points, it.begin_event, it.end_event, interval_s)) {
+  for (int64_t i : ThinnedIndices(timeline, it.begin_event, it.end_event, interval_s)) {
     const TimelinePoint& p = points[static_cast<size_t>(i)];
     out->append(",\n");
-    AppendSample(p.time_s, p.reserved_bytes, p.allocated_bytes, out);
+    AppendSample(timeline.time_s(i), p.reserved_bytes, p.allocated_bytes, out);
   }
   out->append("\n  ],\n  \"static_memory_MB\": ");
   AppendNumber(BytesToMiB(it.static_allocated_bytes), out);
