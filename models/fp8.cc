@@ -138,8 +138,8 @@ Fp8Tensor Quantize(const at::Tensor& x, const Fp8Module& fp8, bool rowwise, bool
   // The cast reads the input and writes the quantized tensor; current scaling's amax
   // reads the input once more.
   const double input_reads = fp8.recipe == Fp8Recipe::kTensorwise ? 2 : 1;
-  ChargeKernel(input_reads * BytesOf(x) + BytesOf(q.data) + BytesOf(q.columnwise) +
-               BytesOf(q.scale_inv) + BytesOf(q.columnwise_scale_inv));
+  ChargeMemoryBoundKernel(input_reads * BytesOf(x) + BytesOf(q.data) + BytesOf(q.columnwise) +
+                          BytesOf(q.scale_inv) + BytesOf(q.columnwise_scale_inv));
   return q;
 }
 
@@ -189,7 +189,7 @@ void AddTranspose(Fp8Tensor& q, const Fp8Module& fp8) {
   if (!HasTransposes(fp8)) return;
   const int64_t rows = q.data.size(0), cols = q.data.size(1);
   q.columnwise = Fp8Bytes(cols, rows);
-  ChargeKernel(2 * BytesOf(q.data));  // the transpose (Note [FP8 kernels on the clock])
+  ChargeMemoryBoundKernel(2 * BytesOf(q.data));  // the transpose (Note [FP8 kernels on the clock])
   if (recipe == Fp8Recipe::kBlockwise) {
     q.columnwise_scale_inv = Fp32({CeilDiv(rows, kBlock), RoundUp(cols, 4)});
   }

@@ -56,7 +56,7 @@
 // nvte_quantize_v2 cast (with the transpose when both usages are made; the delayed recipe's
 // computes the amax as it goes; blockwise and MXFP8 write their scales), and for tensorwise
 // current scaling first nvte_compute_amax over the input and nvte_compute_scale_from_amax.
-// One call from Python is charged as one op (ChargeKernel), as an ATen op is: the host's
+// One call from Python is charged as one op (ChargeMemoryBoundKernel), as an ATen op is: the host's
 // time per op at least, its kernels launched from C++ within it; on the GPU the bytes they
 // move (the input read by the cast and, tensorwise, by the amax; the FP8 data and scales
 // written). A transpose made from rowwise data (update_usage after a gather) is one more op

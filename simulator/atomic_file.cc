@@ -65,20 +65,19 @@ int64_t AtomicFileWriter::size_bytes() {
   return static_cast<int64_t>(out_.tellp());
 }
 
+Status AtomicFileWriter::WriteError() const {
+  return Status::Error("cannot write '" + path_ + "': " + std::strerror(errno) + " (disk full?)");
+}
+
 Status AtomicFileWriter::Close() {
   out_.close();
-  if (!out_) {
-    return Status::Error("cannot write '" + path_ + "': " + std::strerror(errno) + " (disk full?)");
-  }
-  return Status::OK();
+  return out_ ? Status::OK() : WriteError();
 }
 
 Status AtomicFileWriter::PublishCopy(const std::string& path) {
   MEMSIM_DCHECK(!temporary_path_.empty());
   out_.flush();
-  if (!out_) {
-    return Status::Error("cannot write '" + path_ + "': " + std::strerror(errno) + " (disk full?)");
-  }
+  if (!out_) return WriteError();
   const std::string copy = TemporaryPathFor(path);
   std::error_code ec;
   fs::copy_file(temporary_path_, copy, fs::copy_options::overwrite_existing, ec);

@@ -44,6 +44,8 @@ class AtomicFileWriter {
       : path_(std::move(path)), temporary_path_(std::move(temporary_path)) {}
   // Flushes and closes the temporary; an error if any write failed.
   Status Close();
+  // A write to the temporary failed: the message names the file and the OS error.
+  Status WriteError() const;
 
   std::string path_;
   std::string temporary_path_;  // empty once published

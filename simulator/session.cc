@@ -108,7 +108,7 @@ void ChargeUnmodelledOps(int64_t forward_ops, int64_t backward_ops) {
   recorder->AdvanceClock(static_cast<double>(ops) * recorder->gpu()->min_op_s);
 }
 
-void ChargeKernel(double bytes) {
+void ChargeMemoryBoundKernel(double bytes) {
   MEMSIM_DCHECK(bytes >= 0);
   Recorder* recorder = CurrentRecorder();
   if (recorder == nullptr || recorder->gpu() == nullptr) return;

@@ -184,7 +184,7 @@ void ChargeUnmodelledOps(int64_t forward_ops, int64_t backward_ops);
 // clock] in models/fp8.h): it moves `bytes` (read and written) and costs the host's time
 // per op at least, or the kernel alone in a CUDA graph's replay. No effect without an
 // active session with a GPU. REQUIRES: bytes >= 0.
-void ChargeKernel(double bytes);
+void ChargeMemoryBoundKernel(double bytes);
 
 // `calls` calls of Transformer Engine modules (a linear, a norm, attention, a grouped
 // linear): their Python around the kernels (argument checks, FP8 state, the autograd

@@ -122,12 +122,13 @@ TEST(VirtualClock, GraphReplaysCostTheKernelsOnly) {
     const at::Tensor b = a + 1;
     ChargeUnmodelledOps(5, 2);
     ChargeModuleCalls(1);
-    ChargeKernel(44);  // a kernel the model stands for: its bytes, without the host's time
+    ChargeMemoryBoundKernel(
+        44);  // a kernel the model stands for: its bytes, without the host's time
     EXPECT_DOUBLE_EQ(session.recorder().now_s(), 300);
   }
   const at::Tensor c = a + 1;  // eager code between the graphs
   EXPECT_DOUBLE_EQ(session.recorder().now_s(), 300 + 1000);
-  ChargeKernel(44);  // eager: the host's time
+  ChargeMemoryBoundKernel(44);  // eager: the host's time
   EXPECT_DOUBLE_EQ(session.recorder().now_s(), 300 + 2000);
   session.recorder().set_graph_mode(Recorder::GraphMode::kCapture);
   {
