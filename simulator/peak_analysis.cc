@@ -16,27 +16,27 @@ std::string StorageShapeString(const Recorder& recorder, const StorageInfo& s) {
 }
 
 PeakAnalysis AnalyzePeak(const Recorder& recorder, const Timeline& timeline, size_t top_n) {
-  MEMSIM_DCHECK(timeline.points().size() == recorder.events().size());
+  MEMSIM_DCHECK(timeline.num_points() == static_cast<int64_t>(recorder.events().size()));
   PeakAnalysis peak;
   peak.event = timeline.peak_event();
   peak.allocated_bytes = timeline.peak_allocated_bytes();
 
   // Phase of every event, from the phase markers.
-  const auto& points = timeline.points();
   std::array<PhasePeak, kNumPhases> by_phase;
   for (int p = 0; p < kNumPhases; ++p)
     by_phase[static_cast<size_t>(p)].phase = static_cast<Phase>(p);
   Phase current = Phase::kSetup;
   size_t marker = 0;
   const auto& markers = recorder.markers();
-  for (int64_t e = 0; e < static_cast<int64_t>(points.size()); ++e) {
+  for (int64_t e = 0; e < timeline.num_points(); ++e) {
     while (marker < markers.size() && markers[marker].event_index <= e) {
       if (markers[marker].kind == MarkerKind::kPhaseBegin) current = markers[marker].phase;
       ++marker;
     }
     PhasePeak& pp = by_phase[static_cast<size_t>(current)];
-    if (points[static_cast<size_t>(e)].allocated_bytes > pp.peak_allocated_bytes) {
-      pp.peak_allocated_bytes = points[static_cast<size_t>(e)].allocated_bytes;
+    const int64_t allocated_bytes = timeline.AllocatedAfter(e);
+    if (allocated_bytes > pp.peak_allocated_bytes) {
+      pp.peak_allocated_bytes = allocated_bytes;
       pp.peak_event = e;
     }
     if (e == peak.event) peak.phase = current;

@@ -28,43 +28,63 @@ std::vector<IterationSummary> IterationRanges(const Recorder& recorder) {
   return ranges;
 }
 
-// Appends the allocator's stats after every event, noting the allocated peak.
-class PointRecorder : public ReplayVisitor {
+}  // namespace
+
+// Appends the allocator's stats after every event to a timeline, noting the allocated peak.
+class Timeline::PointRecorder : public ReplayVisitor {
  public:
-  PointRecorder(const CachingAllocatorModel& allocator, std::vector<TimelinePoint>* points,
-                int64_t* peak_allocated_bytes, int64_t* peak_event)
-      : allocator_(allocator),
-        points_(points),
-        peak_allocated_bytes_(peak_allocated_bytes),
-        peak_event_(peak_event) {}
+  PointRecorder(const CachingAllocatorModel& allocator, Timeline* timeline)
+      : allocator_(allocator), timeline_(timeline) {}
   void OnAlloc(int64_t e, const MemoryEvent&, const CachingAllocatorModel::Allocation&) { Add(e); }
   void OnFree(int64_t e, const MemoryEvent&, const CachingAllocatorModel::Allocation&) { Add(e); }
 
  private:
   void Add(int64_t e) {
     const AllocatorStats& stats = allocator_.stats();
-    points_->push_back({stats.allocated_bytes, stats.reserved_bytes});
-    if (stats.allocated_bytes > *peak_allocated_bytes_) {
-      *peak_allocated_bytes_ = stats.allocated_bytes;
-      *peak_event_ = e;
+    timeline_->allocated_bytes_.push_back(stats.allocated_bytes);
+    std::vector<ReservedChange>& changes = timeline_->reserved_changes_;
+    const int64_t reserved_before = changes.empty() ? 0 : changes.back().reserved_bytes;
+    if (stats.reserved_bytes != reserved_before) changes.push_back({e, stats.reserved_bytes});
+    if (stats.allocated_bytes > timeline_->peak_allocated_bytes_) {
+      timeline_->peak_allocated_bytes_ = stats.allocated_bytes;
+      timeline_->peak_event_ = e;
     }
   }
   const CachingAllocatorModel& allocator_;
-  std::vector<TimelinePoint>* points_;
-  int64_t* peak_allocated_bytes_;
-  int64_t* peak_event_;
+  Timeline* timeline_;
 };
 
-}  // namespace
+int64_t Timeline::ReservedAfter(int64_t event) const {
+  // The last change at or before `event`; none: nothing reserved yet.
+  const auto after = std::upper_bound(
+      reserved_changes_.begin(), reserved_changes_.end(), event,
+      [](int64_t e, const ReservedChange& change) { return e < change.first_event; });
+  return after == reserved_changes_.begin() ? 0 : std::prev(after)->reserved_bytes;
+}
+
+int64_t Timeline::PeakReservedIn(int64_t begin, int64_t end) const {
+  MEMSIM_DCHECK(begin < end);
+  int64_t peak_bytes = ReservedAfter(begin);
+  const auto first_event_before = [](const ReservedChange& change, int64_t e) {
+    return change.first_event < e;
+  };
+  const auto from = std::lower_bound(reserved_changes_.begin(), reserved_changes_.end(), begin + 1,
+                                     first_event_before);
+  const auto to = std::lower_bound(from, reserved_changes_.end(), end, first_event_before);
+  for (auto change = from; change != to; ++change) {
+    peak_bytes = std::max(peak_bytes, change->reserved_bytes);
+  }
+  return peak_bytes;
+}
 
 Timeline Timeline::Replay(const Recorder& recorder) {
   Timeline timeline;
   timeline.recorder_ = &recorder;
   CachingAllocatorModel allocator(recorder.allocator_settings());  // unlimited: never refuses
-  timeline.points_.reserve(recorder.events().size());
-  PointRecorder points(allocator, &timeline.points_, &timeline.peak_allocated_bytes_,
-                       &timeline.peak_event_);
+  timeline.allocated_bytes_.reserve(recorder.events().size());
+  PointRecorder points(allocator, &timeline);
   ReplayAllocations(recorder, &allocator, static_cast<int64_t>(recorder.events().size()), points);
+  timeline.reserved_changes_.shrink_to_fit();
   timeline.peak_reserved_bytes_ = allocator.stats().peak_reserved_bytes;
   timeline.peak_requested_bytes_ = allocator.stats().peak_requested_bytes;
 
@@ -73,19 +93,19 @@ Timeline Timeline::Replay(const Recorder& recorder) {
     it.static_allocated_bytes = timeline.AllocatedBefore(it.begin_event);
     it.end_allocated_bytes = timeline.AllocatedBefore(it.end_event);
     it.peak_allocated_bytes = it.static_allocated_bytes;
-    // Reserved memory only grows between empty_cache() markers, so the iteration's first
-    // point is at least its start; the point before it may predate an empty_cache().
-    it.peak_reserved_bytes =
-        it.begin_event > 0 && it.begin_event == it.end_event
-            ? timeline.points_[static_cast<size_t>(it.begin_event - 1)].reserved_bytes
-            : 0;
     for (int64_t e = it.begin_event; e < it.end_event; ++e) {
-      const TimelinePoint& p = timeline.points_[static_cast<size_t>(e)];
-      if (p.allocated_bytes > it.peak_allocated_bytes) {
-        it.peak_allocated_bytes = p.allocated_bytes;
+      const int64_t allocated_bytes = timeline.AllocatedAfter(e);
+      if (allocated_bytes > it.peak_allocated_bytes) {
+        it.peak_allocated_bytes = allocated_bytes;
         it.peak_event = e;
       }
-      it.peak_reserved_bytes = std::max(it.peak_reserved_bytes, p.reserved_bytes);
+    }
+    // Reserved memory only grows between empty_cache() markers, so the iteration's first
+    // point is at least its start; the point before it may predate an empty_cache().
+    if (it.begin_event < it.end_event) {
+      it.peak_reserved_bytes = timeline.PeakReservedIn(it.begin_event, it.end_event);
+    } else if (it.begin_event > 0) {
+      it.peak_reserved_bytes = timeline.ReservedAfter(it.begin_event - 1);
     }
   }
   return timeline;

@@ -39,8 +39,18 @@ class Timeline {
   // reads its events' times rather than keep a copy: a point per event adds up).
   static Timeline Replay(const Recorder& recorder);
 
-  const std::vector<TimelinePoint>& points() const { return points_; }
-  // The virtual time of event `event`, after which points()[event] holds.
+  // One point per event of the recording.
+  int64_t num_points() const { return static_cast<int64_t>(allocated_bytes_.size()); }
+  // The state after event `event`. Allocated memory changes with every event and is kept
+  // per event; reserved memory changes only when a segment is reserved or released, so
+  // only its changes are kept (a point per event in full was 16 bytes, millions of them).
+  // REQUIRES: 0 <= event < num_points().
+  TimelinePoint point(int64_t event) const { return {AllocatedAfter(event), ReservedAfter(event)}; }
+  // point(event).allocated_bytes without the search for the reserved bytes.
+  int64_t AllocatedAfter(int64_t event) const {
+    return allocated_bytes_[static_cast<size_t>(event)];
+  }
+  // The virtual time of event `event`, after which point(event) holds.
   double time_s(int64_t event) const {
     return recorder_->events()[static_cast<size_t>(event)].time_s;
   }
@@ -52,12 +62,24 @@ class Timeline {
   int64_t peak_event() const { return peak_event_; }  // -1 with no events
   // The allocated bytes just before event `event` (0 before the first).
   int64_t AllocatedBefore(int64_t event) const {
-    return event <= 0 ? 0 : points_[static_cast<size_t>(event - 1)].allocated_bytes;
+    return event <= 0 ? 0 : AllocatedAfter(event - 1);
   }
 
  private:
+  class PointRecorder;  // fills the points while the allocator model replays (timeline.cc)
+  // Reserved memory from event `first_event` on (after it), until the next change.
+  struct ReservedChange {
+    int64_t first_event;
+    int64_t reserved_bytes;
+  };
+  // point(event).reserved_bytes: a binary search of the changes.
+  int64_t ReservedAfter(int64_t event) const;
+  // The most reserved after any event of [begin, end). REQUIRES: begin < end.
+  int64_t PeakReservedIn(int64_t begin, int64_t end) const;
+
   const Recorder* recorder_ = nullptr;
-  std::vector<TimelinePoint> points_;
+  std::vector<int64_t> allocated_bytes_;          // after each event
+  std::vector<ReservedChange> reserved_changes_;  // by first_event, increasing
   std::vector<IterationSummary> iterations_;
   int64_t peak_allocated_bytes_ = 0;
   int64_t peak_reserved_bytes_ = 0;

@@ -16,32 +16,32 @@ namespace {
 // Indices of the points of [begin, end) that survive thinning (see TraceOptions).
 std::vector<int64_t> ThinnedIndices(const Timeline& timeline, int64_t begin, int64_t end,
                                     double interval_s) {
-  const std::vector<TimelinePoint>& points = timeline.points();
   std::vector<int64_t> kept;
   if (interval_s <= 0) {
     for (int64_t i = begin; i < end; ++i) kept.push_back(i);
     return kept;
   }
+  // A point with the event it follows.
+  struct Indexed {
+    int64_t event;
+    TimelinePoint point;
+  };
   int64_t bucket_start = begin;
   while (bucket_start < end) {
     const double bucket_end_s = timeline.time_s(bucket_start) + interval_s;
     int64_t bucket_end = bucket_start + 1;  // a bucket always takes its first point
-    int64_t lo_alloc = bucket_start, hi_alloc = bucket_start;
-    int64_t lo_reserved = bucket_start, hi_reserved = bucket_start;
+    const Indexed first{bucket_start, timeline.point(bucket_start)};
+    Indexed lo_alloc = first, hi_alloc = first, lo_reserved = first, hi_reserved = first;
     while (bucket_end < end && timeline.time_s(bucket_end) < bucket_end_s) {
-      const TimelinePoint& p = points[static_cast<size_t>(bucket_end)];
-      if (p.allocated_bytes < points[static_cast<size_t>(lo_alloc)].allocated_bytes)
-        lo_alloc = bucket_end;
-      if (p.allocated_bytes > points[static_cast<size_t>(hi_alloc)].allocated_bytes)
-        hi_alloc = bucket_end;
-      if (p.reserved_bytes < points[static_cast<size_t>(lo_reserved)].reserved_bytes)
-        lo_reserved = bucket_end;
-      if (p.reserved_bytes > points[static_cast<size_t>(hi_reserved)].reserved_bytes)
-        hi_reserved = bucket_end;
+      const Indexed p{bucket_end, timeline.point(bucket_end)};
+      if (p.point.allocated_bytes < lo_alloc.point.allocated_bytes) lo_alloc = p;
+      if (p.point.allocated_bytes > hi_alloc.point.allocated_bytes) hi_alloc = p;
+      if (p.point.reserved_bytes < lo_reserved.point.reserved_bytes) lo_reserved = p;
+      if (p.point.reserved_bytes > hi_reserved.point.reserved_bytes) hi_reserved = p;
       ++bucket_end;
     }
-    const std::set<int64_t> bucket = {bucket_start, lo_alloc,    hi_alloc,
-                                      lo_reserved,  hi_reserved, bucket_end - 1};
+    const std::set<int64_t> bucket = {bucket_start,      lo_alloc.event,    hi_alloc.event,
+                                      lo_reserved.event, hi_reserved.event, bucket_end - 1};
     kept.insert(kept.end(), bucket.begin(), bucket.end());
     bucket_start = bucket_end;
   }
@@ -78,13 +78,12 @@ void AppendSample(double time_s, int64_t reserved_bytes, int64_t allocated_bytes
 // Iteration `it`'s entry, from its opening brace to its closing one.
 void AppendIteration(const Timeline& timeline, const IterationSummary& it,
                      const TraceOptions& options, std::string* out) {
-  const auto& points = timeline.points();
   out->append("{\n  \"peak_allocated_MB\": ");
   AppendNumber(BytesToMiB(it.peak_allocated_bytes), out);
   out->append(",\n  \"samples\": [\n");
   // The iteration opens at its static memory, as the real tracer's first sample does.
   const int64_t reserved_at_start =
-      it.begin_event > 0 ? points[static_cast<size_t>(it.begin_event - 1)].reserved_bytes : 0;
+      it.begin_event > 0 ? timeline.point(it.begin_event - 1).reserved_bytes : 0;
   AppendSample(it.begin_time_s, reserved_at_start, it.static_allocated_bytes, out);
   double interval_s = options.sample_interval_s;
   if (interval_s <= 0 && options.max_intervals_per_iteration > 0 &&
@@ -93,7 +92,7 @@ void AppendIteration(const Timeline& timeline, const IterationSummary& it,
                  static_cast<double>(options.max_intervals_per_iteration);
   }
   for (int64_t i : ThinnedIndices(timeline, it.begin_event, it.end_event, interval_s)) {
-    const TimelinePoint& p = points[static_cast<size_t>(i)];
+    const TimelinePoint p = timeline.point(i);
     out->append(",\n");
     AppendSample(timeline.time_s(i), p.reserved_bytes, p.allocated_bytes, out);
   }

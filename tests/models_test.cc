@@ -1457,7 +1457,7 @@ TEST(ModelState, MuonKeepsOneMomentumPerMatrix) {
   const Timeline timeline = Timeline::Replay(run.session.recorder());
   int64_t step_peak = 0;
   for (int64_t e = run.optimizer_begin; e <= run.step_end; ++e) {
-    step_peak = std::max(step_peak, timeline.points()[static_cast<size_t>(e)].allocated_bytes);
+    step_peak = std::max(step_peak, timeline.AllocatedAfter(e));
   }
   EXPECT_EQ(step_peak - timeline.AllocatedBefore(run.step_end + 1),
             (4 + 4 + 4 + 2) * 4 * StateModel::h * StateModel::h);

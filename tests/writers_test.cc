@@ -48,7 +48,7 @@ TEST(Timeline, StaticMemoryIsRoundedParametersStateAndInputs) {
   EXPECT_EQ(timeline.iterations()[1].end_allocated_bytes, 3 * 4096 + 1024 + 512);
   // Everything is in one 2 MiB small-pool segment.
   EXPECT_EQ(timeline.peak_reserved_bytes(), 2 * kMiB);
-  const int64_t last = static_cast<int64_t>(timeline.points().size()) - 1;
+  const int64_t last = timeline.num_points() - 1;
   EXPECT_GT(timeline.time_s(last), 0.0);  // the virtual clock ran
 }
 
@@ -64,15 +64,15 @@ TEST(Timeline, LargeRequestsReserveSegmentsAsTheCachingAllocatorDoes) {
   // a: 1 MiB + 1 B rounds to 1 MiB + 512 in a new 20 MiB segment; b fits in the rest of
   // it; c (16 MiB) does not fit in the 14 MiB - 512 left, and being >= 10 MiB gets a
   // segment of exactly its size.
-  EXPECT_EQ(timeline.points()[0].allocated_bytes, kMiB + 512);
-  EXPECT_EQ(timeline.points()[0].reserved_bytes, 20 * kMiB);
-  EXPECT_EQ(timeline.points()[1].reserved_bytes, 20 * kMiB);
-  EXPECT_EQ(timeline.points()[2].reserved_bytes, 36 * kMiB);
+  EXPECT_EQ(timeline.point(0).allocated_bytes, kMiB + 512);
+  EXPECT_EQ(timeline.point(0).reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(timeline.point(1).reserved_bytes, 20 * kMiB);
+  EXPECT_EQ(timeline.point(2).reserved_bytes, 36 * kMiB);
   EXPECT_EQ(timeline.peak_allocated_bytes(), kMiB + 512 + 5 * kMiB + 16 * kMiB);
   EXPECT_EQ(timeline.peak_requested_bytes(), 22 * kMiB + 1);  // all three alive
   // Frees keep segments cached: reserved stays 36 MiB after everything is freed.
-  EXPECT_EQ(timeline.points().back().allocated_bytes, 0);
-  EXPECT_EQ(timeline.points().back().reserved_bytes, 36 * kMiB);
+  EXPECT_EQ(timeline.point(timeline.num_points() - 1).allocated_bytes, 0);
+  EXPECT_EQ(timeline.point(timeline.num_points() - 1).reserved_bytes, 36 * kMiB);
   // On a 30 MiB device the third allocation fails (no cached segment is entirely free),
   // although only 22 MiB + 1024 B are ever allocated: reserved memory decides.
   const CapacityReplay small = ReplayWithCapacity(session.recorder(), 30 * kMiB);
@@ -89,6 +89,43 @@ TEST(Timeline, LargeRequestsReserveSegmentsAsTheCachingAllocatorDoes) {
 // releases cached segments and retries before it fails. The verdict is the capacity
 // replay's, and its peak reserved memory never exceeds the capacity (so "fits" never
 // comes with negative headroom).
+// Reserved memory is kept only where it changes: every point between the changes, and each
+// iteration's reserved peak, must still read what the allocator held after that event.
+TEST(Timeline, ReservedMemoryReadsRightBetweenItsChanges) {
+  Session session;
+  {
+    ActiveSession active(session);
+    const auto bytes = at::TensorOptions().device(at::kMeta).dtype(at::kByte);
+    session.BeginIteration(0);
+    at::Tensor a = at::empty({5 * kMiB}, bytes);  // event 0: a 20 MiB segment
+    at::Tensor b = at::empty({kMiB + 1}, bytes);  // event 1: 1 MiB + 512 from its rest
+    b.reset();                                    // event 2
+    a.reset();                                    // event 3: both cached, 20 MiB held
+    session.EndIteration();
+    session.BeginIteration(1);
+    session.EmptyCache();                     // releases the free 20 MiB segment
+    at::Tensor c = at::empty({1024}, bytes);  // event 4: a 2 MiB small segment
+    at::Tensor d = at::empty({1024}, bytes);  // event 5: in the same segment
+    c.reset();                                // event 6
+    d.reset();                                // event 7
+    session.EndIteration();
+  }
+  const Timeline timeline = Timeline::Replay(session.recorder());
+  ASSERT_EQ(timeline.num_points(), 8);
+  const int64_t reserved[] = {20 * kMiB, 20 * kMiB, 20 * kMiB, 20 * kMiB,
+                              2 * kMiB,  2 * kMiB,  2 * kMiB,  2 * kMiB};
+  const int64_t allocated[] = {5 * kMiB, 6 * kMiB + 512, 5 * kMiB, 0, 1024, 2048, 1024, 0};
+  for (int64_t e = 0; e < 8; ++e) {
+    EXPECT_EQ(timeline.point(e).reserved_bytes, reserved[e]) << "event " << e;
+    EXPECT_EQ(timeline.point(e).allocated_bytes, allocated[e]) << "event " << e;
+  }
+  ASSERT_EQ(timeline.iterations().size(), 2u);
+  EXPECT_EQ(timeline.iterations()[0].peak_reserved_bytes, 20 * kMiB);
+  // The second iteration starts after the cache was emptied: 2 MiB, not the 20 before it.
+  EXPECT_EQ(timeline.iterations()[1].peak_reserved_bytes, 2 * kMiB);
+  EXPECT_EQ(timeline.peak_reserved_bytes(), 20 * kMiB);
+}
+
 TEST(Timeline, FitsAfterReleasingTheCacheAsPyTorchDoes) {
   Session session;
   {
