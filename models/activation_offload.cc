@@ -74,7 +74,7 @@ std::vector<int64_t> ActivationsSavedSince(const Recorder& recorder, int64_t fir
                                            const std::vector<int64_t>& outputs,
                                            int64_t min_elements) {
   std::vector<int64_t> saved;
-  const std::vector<StorageInfo>& storages = recorder.storages();
+  const StorageTable storages = recorder.storages();
   for (int64_t id = first; id < static_cast<int64_t>(storages.size()); ++id) {
     if (IsSavedActivation(storages[static_cast<size_t>(id)], min_elements) &&
         std::find(outputs.begin(), outputs.end(), id) == outputs.end()) {

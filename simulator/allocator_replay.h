@@ -47,7 +47,7 @@ class AllocatorReplay {
   template <typename Visitor>
   int64_t ReplayThrough(int64_t end_event, Visitor& visitor) {
     const std::vector<MemoryEvent>& events = recorder_.events();
-    const std::vector<StorageInfo>& storages = recorder_.storages();
+    const StorageTable storages = recorder_.storages();
     MEMSIM_DCHECK(next_event_ <= end_event && end_event <= static_cast<int64_t>(events.size()));
     for (; next_event_ < end_event; ++next_event_) {
       const int64_t e = next_event_;
@@ -56,7 +56,7 @@ class AllocatorReplay {
       const size_t id = static_cast<size_t>(event.storage_id);
       visitor.BeforeEvent(event);
       if (event.is_alloc) {
-        const auto allocation = allocator_->Malloc(storages[id].size_bytes);
+        const auto allocation = allocator_->Malloc(storages.size_bytes(id));
         if (!allocation) return e;
         block_of_storage_[id] = *allocation;
         visitor.OnAlloc(e, event, *allocation);

@@ -55,8 +55,8 @@ AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
   }
   if (adopt_next_ >= 0) {
     const int64_t id = std::exchange(adopt_next_, -1);
-    MEMSIM_DCHECK(storages_[static_cast<size_t>(id)].size_bytes == size_bytes &&
-                  storages_[static_cast<size_t>(id)].free_event < 0 &&
+    MEMSIM_DCHECK(storages().size_bytes(static_cast<size_t>(id)) == size_bytes &&
+                  lives_[static_cast<size_t>(id)].free_event < 0 &&
                   live_records_[static_cast<size_t>(id)] == nullptr);
     auto* record = new AllocationRecord{this, id, c10::DataPtr()};
     live_records_[static_cast<size_t>(id)] = record;
@@ -69,21 +69,56 @@ AllocationRecord* Recorder::OnAlloc(int64_t size_bytes) {
 }
 
 int64_t Recorder::NewStorage(int64_t size_bytes) {
-  const int64_t id = static_cast<int64_t>(storages_.size());
-  StorageInfo& info = storages_.emplace_back();
-  info.size_bytes = size_bytes;
-  info.alloc_event = static_cast<int64_t>(events_.size());
-  info.op = op_stack_.empty() ? 0 : op_stack_.back();
-  info.module = current_module();
-  info.phase = phase_;
-  info.category = CategoryForNewStorage();
-  info.persistent = persistent_depth_ > 0;
-  info.iteration = iteration_;
-  info.microbatch = microbatch_;
+  const int64_t id = static_cast<int64_t>(lives_.size());
+  StorageKind kind;
+  kind.size_bytes = size_bytes;
+  kind.op = op_stack_.empty() ? 0 : op_stack_.back();
+  kind.module = current_module();
+  kind.phase = phase_;
+  kind.category = CategoryForNewStorage();
+  kind.persistent = persistent_depth_ > 0;
+  StorageLife& life = lives_.emplace_back();
+  life.kind = NewKind(kind);
+  life.alloc_event = static_cast<int64_t>(events_.size());
+  life.iteration = iteration_;
+  life.microbatch = microbatch_;
   events_.push_back({id, now_s_, true});
   live_bytes_ = CheckedAdd(live_bytes_, size_bytes);  // throws before a count can wrap
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   return id;
+}
+
+uint32_t Recorder::NewKind(const StorageKind& kind) {
+  if (kinds_.size() > std::numeric_limits<uint32_t>::max()) {
+    throw std::overflow_error("memsim: more than 2^32 distinct storages in one rank's log");
+  }
+  kinds_.push_back(kind);
+  return static_cast<uint32_t>(kinds_.size() - 1);
+}
+
+StorageKind& Recorder::OwnKind(int64_t storage_id) {
+  StorageLife& life = lives_.at(static_cast<size_t>(storage_id));
+  if (kinds_[life.kind].shared) {
+    StorageKind own = kinds_[life.kind];
+    own.shared = false;
+    life.kind = NewKind(own);
+  }
+  return kinds_[life.kind];
+}
+
+uint32_t Recorder::ReplicaKind(uint32_t kind, NameId module) {
+  if (kinds_[kind].module == module) {
+    kinds_[kind].shared = true;
+    return kind;
+  }
+  const uint64_t key = (static_cast<uint64_t>(kind) << 32) | static_cast<uint32_t>(module);
+  if (const auto it = replica_kinds_.find(key); it != replica_kinds_.end()) return it->second;
+  StorageKind renamed = kinds_[kind];
+  renamed.module = module;
+  renamed.shared = true;  // later replicas with the same rename find it here
+  const uint32_t index = NewKind(renamed);
+  replica_kinds_.emplace(key, index);
+  return index;
 }
 
 void Recorder::Evict(int64_t storage_id) {
@@ -101,7 +136,7 @@ int64_t Recorder::Restore(int64_t storage_id) {
   if (it == evicted_.end()) return -1;  // never evicted, or its tensors died meanwhile
   AllocationRecord* record = it->second;
   // Attributed to what made the tensor: a reloaded activation is still that activation.
-  const StorageInfo original = storages_[static_cast<size_t>(storage_id)];
+  const StorageInfo original = storages()[static_cast<size_t>(storage_id)];
   const int64_t id = RecordAllocationOf(record, original);
   evicted_.erase(it);  // once nothing can throw: the record stays evicted otherwise
   return id;
@@ -109,14 +144,14 @@ int64_t Recorder::Restore(int64_t storage_id) {
 
 int64_t Recorder::RecordAllocationOf(AllocationRecord* record, const StorageInfo& made_as) {
   const int64_t id = NewStorage(made_as.size_bytes);
-  StorageInfo& info = storages_[static_cast<size_t>(id)];
-  info.op = made_as.op;
-  info.module = made_as.module;
-  info.category = made_as.category;
-  info.persistent = made_as.persistent;
-  info.ndim = made_as.ndim;
-  info.dtype = made_as.dtype;
-  info.shape_offset = made_as.shape_offset;
+  StorageKind& kind = kinds_[lives_[static_cast<size_t>(id)].kind];  // new: its own
+  kind.op = made_as.op;
+  kind.module = made_as.module;
+  kind.category = made_as.category;
+  kind.persistent = made_as.persistent;
+  kind.ndim = made_as.ndim;
+  kind.dtype = made_as.dtype;
+  kind.shape_offset = made_as.shape_offset;
   record->storage_id = id;
   live_records_.push_back(record);
   return id;
@@ -146,11 +181,11 @@ void Recorder::OnFree(int64_t storage_id) {
       return;
     }
   }
-  StorageInfo& info = storages_.at(static_cast<size_t>(storage_id));
-  MEMSIM_DCHECK(info.free_event < 0);  // each storage is freed once
-  info.free_event = static_cast<int64_t>(events_.size());
+  StorageLife& life = lives_.at(static_cast<size_t>(storage_id));
+  MEMSIM_DCHECK(life.free_event < 0);  // each storage is freed once
+  life.free_event = static_cast<int64_t>(events_.size());
   events_.push_back({storage_id, now_s_, false});
-  live_bytes_ -= info.size_bytes;
+  live_bytes_ -= kinds_[life.kind].size_bytes;
   MEMSIM_DCHECK(live_bytes_ >= 0);
   live_records_[static_cast<size_t>(storage_id)] = nullptr;
 }
@@ -229,12 +264,13 @@ bool Recorder::IsGraphedSequenceNr(uint64_t seq) const {
 }
 
 void Recorder::Retag(int64_t storage_id, Category category) {
-  storages_.at(static_cast<size_t>(storage_id)).category = category;
+  if (kinds_[lives_.at(static_cast<size_t>(storage_id)).kind].category == category) return;
+  OwnKind(storage_id).category = category;
 }
 
 void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::ScalarType dtype) {
-  StorageInfo& info = storages_[static_cast<size_t>(storage_id)];
-  if (info.ndim >= 0) return;
+  if (kinds_[lives_[static_cast<size_t>(storage_id)].kind].ndim >= 0) return;
+  StorageKind& info = OwnKind(storage_id);
   info.ndim = static_cast<int8_t>(std::min<size_t>(sizes.size(), 127));
   info.shape_offset = static_cast<int64_t>(shape_dims_.size());
   shape_dims_.insert(shape_dims_.end(), sizes.begin(), sizes.begin() + info.ndim);
@@ -243,13 +279,14 @@ void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::
 
 void Recorder::AdoptNextAllocation(int64_t storage_id) {
   MEMSIM_DCHECK(adopt_next_ < 0 && 0 <= storage_id &&
-                storage_id < static_cast<int64_t>(storages_.size()));
+                storage_id < static_cast<int64_t>(lives_.size()));
   adopt_next_ = storage_id;
 }
 
 void Recorder::ReleaseSpareCapacity() {
   events_.shrink_to_fit();
-  storages_.shrink_to_fit();
+  lives_.shrink_to_fit();
+  kinds_.shrink_to_fit();
   live_records_.shrink_to_fit();
   shape_dims_.shrink_to_fit();
   markers_.shrink_to_fit();
@@ -281,7 +318,7 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,
       return false;
     }
   }
-  own.shift = static_cast<int64_t>(storages_.size()) - own.first;
+  own.shift = static_cast<int64_t>(lives_.size()) - own.first;
   *ids = own;
   std::unordered_map<NameId, NameId> renamed;
   auto rename = [&](NameId module) {
@@ -303,26 +340,26 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,
   for (int64_t e = begin; e < end; ++e) {
     const MemoryEvent event = events_[static_cast<size_t>(e)];  // copy: events_ grows
     if (event.is_alloc) {
-      StorageInfo info = storages_[static_cast<size_t>(event.storage_id)];
-      info.alloc_event = static_cast<int64_t>(events_.size());
-      info.free_event = -1;
-      info.iteration = iteration_;
-      info.microbatch = microbatch_;
-      info.module = rename(info.module);
-      const int64_t id = static_cast<int64_t>(storages_.size());
+      StorageLife life = lives_[static_cast<size_t>(event.storage_id)];  // copy: lives_ grows
+      life.kind = ReplicaKind(life.kind, rename(kinds_[life.kind].module));
+      life.alloc_event = static_cast<int64_t>(events_.size());
+      life.free_event = -1;
+      life.iteration = iteration_;
+      life.microbatch = microbatch_;
+      const int64_t id = static_cast<int64_t>(lives_.size());
       MEMSIM_DCHECK(id == event.storage_id + own.shift);
-      storages_.push_back(info);
+      lives_.push_back(life);
       events_.push_back({id, event.time_s + time_offset_s, true});
-      live_bytes_ += info.size_bytes;
+      live_bytes_ += kinds_[life.kind].size_bytes;
       peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
     } else {
       const int64_t id =
           own.Maps(event.storage_id) ? event.storage_id + own.shift : outer_id(event.storage_id);
-      StorageInfo& info = storages_[static_cast<size_t>(id)];
-      MEMSIM_DCHECK(info.free_event < 0);
-      info.free_event = static_cast<int64_t>(events_.size());
+      StorageLife& life = lives_[static_cast<size_t>(id)];
+      MEMSIM_DCHECK(life.free_event < 0);
+      life.free_event = static_cast<int64_t>(events_.size());
       events_.push_back({id, event.time_s + time_offset_s, false});
-      live_bytes_ -= info.size_bytes;
+      live_bytes_ -= kinds_[life.kind].size_bytes;
       if (AllocationRecord* record = live_records_[static_cast<size_t>(id)]) {
         record->recorder = nullptr;  // its tensor's free is the one just recorded
         live_records_[static_cast<size_t>(id)] = nullptr;

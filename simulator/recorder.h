@@ -37,16 +37,15 @@ struct AllocationRecord {
   c10::DataPtr underlying;
 };
 
-// Everything known about one storage. Indexed by storage id (dense, from 0). The log
-// holds one per allocation of a whole run (millions with many microbatches): fields are
-// ordered to pack into 56 bytes.
+// Everything known about one storage, as the log's readers see it: assembled from the
+// packed log (Note [Packed storages]). Indexed by storage id (dense, from 0).
 struct StorageInfo {
   int64_t size_bytes = 0;    // exact requested size (nbytes of the storage)
   int64_t alloc_event = -1;  // index into Recorder::events()
   int64_t free_event = -1;   // -1 while alive
   // Shape and dtype of the first tensor seen viewing this storage as an op output: the
   // dims are Recorder::shape_dims()[shape_offset, shape_offset + ndim) (a pool, so that
-  // replicated storages share their template's and the record stays small).
+  // replicated storages share their template's).
   int64_t shape_offset = 0;
   NameId op = 0;      // innermost aten op that allocated it (0: none)
   NameId module = 0;  // module path (0: top level)
@@ -60,7 +59,93 @@ struct StorageInfo {
   int8_t ndim = -1;  // -1: no tensor seen
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
-static_assert(sizeof(StorageInfo) <= 56, "StorageInfo grew: the event log holds millions");
+
+// Note [Packed storages]
+// The log holds one storage per allocation of a whole run: millions with many microbatches.
+// A replica's storage (Recorder::AppendReplica) differs from its template's only in when it
+// lived, the iteration and microbatch it belongs to, and, under a rename, its module. So a
+// storage is kept as a 32-byte StorageLife pointing at a StorageKind that replicas share,
+// and Recorder::storages() assembles the StorageInfo a reader asks for. A kind that a
+// replica shares is never changed in place: Retag and NoteTensorShape give the storage a
+// kind of its own.
+
+// What a storage is, apart from when it lived (see StorageInfo for the fields).
+struct StorageKind {
+  int64_t size_bytes = 0;
+  int64_t shape_offset = 0;
+  NameId op = 0;
+  NameId module = 0;
+  Phase phase = Phase::kSetup;
+  Category category = Category::kUnattributed;
+  bool persistent = false;
+  int8_t ndim = -1;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  bool shared = false;  // more than one storage has it (or may: a replica's renamed kind)
+};
+
+// When a storage lived, and what it is.
+struct StorageLife {
+  int64_t alloc_event = -1;
+  int64_t free_event = -1;
+  uint32_t kind = 0;  // index into the recorder's kinds
+  int32_t iteration = -1;
+  int32_t microbatch = -1;
+};
+static_assert(sizeof(StorageLife) <= 32, "StorageLife grew: the event log holds millions");
+
+// The storages of a log as StorageInfo values, by id: a view of the recorder's packed
+// storages (Note [Packed storages]), valid while the recorder records nothing more.
+class StorageTable {
+ public:
+  StorageTable(const std::vector<StorageLife>& lives, const std::vector<StorageKind>& kinds)
+      : lives_(&lives), kinds_(&kinds) {}
+  size_t size() const { return lives_->size(); }
+  // REQUIRES: id < size().
+  StorageInfo operator[](size_t id) const {
+    const StorageLife& life = (*lives_)[id];
+    const StorageKind& kind = (*kinds_)[life.kind];
+    StorageInfo info;
+    info.size_bytes = kind.size_bytes;
+    info.alloc_event = life.alloc_event;
+    info.free_event = life.free_event;
+    info.shape_offset = kind.shape_offset;
+    info.op = kind.op;
+    info.module = kind.module;
+    info.iteration = life.iteration;
+    info.microbatch = life.microbatch;
+    info.phase = kind.phase;
+    info.category = kind.category;
+    info.persistent = kind.persistent;
+    info.ndim = kind.ndim;
+    info.dtype = kind.dtype;
+    return info;
+  }
+  // Its size alone (what an allocator replay asks of every event).
+  int64_t size_bytes(size_t id) const { return (*kinds_)[(*lives_)[id].kind].size_bytes; }
+  // When it lived alone (what a search for the storages alive at an event reads).
+  const StorageLife& life(size_t id) const { return (*lives_)[id]; }
+
+  class Iterator {
+   public:
+    Iterator(const StorageTable* table, size_t id) : table_(table), id_(id) {}
+    StorageInfo operator*() const { return (*table_)[id_]; }
+    Iterator& operator++() {
+      ++id_;
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return id_ != other.id_; }
+
+   private:
+    const StorageTable* table_;
+    size_t id_;
+  };
+  Iterator begin() const { return Iterator(this, 0); }
+  Iterator end() const { return Iterator(this, size()); }
+
+ private:
+  const std::vector<StorageLife>* lives_;
+  const std::vector<StorageKind>* kinds_;
+};
 
 // One allocation or free. 16 bytes: whether it allocates shares a word with the storage id.
 struct MemoryEvent {
@@ -330,7 +415,7 @@ class Recorder {
 
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }
-  const std::vector<StorageInfo>& storages() const { return storages_; }
+  StorageTable storages() const { return StorageTable(lives_, kinds_); }
   const std::vector<Marker>& markers() const { return markers_; }
   const NameTable& names() const { return names_; }
   const std::vector<int64_t>& shape_dims() const { return shape_dims_; }
@@ -353,10 +438,19 @@ class Recorder {
   // size, op, module, category, shape); returns its id.
   int64_t RecordAllocationOf(AllocationRecord* record, const StorageInfo& made_as);
   void RecordModuleChange();
+  // Appends `kind` to the kinds; returns its index (Note [Packed storages]).
+  uint32_t NewKind(const StorageKind& kind);
+  // The kind of storage `storage_id`, to change: a copy of its own first if others share it.
+  StorageKind& OwnKind(int64_t storage_id);
+  // The kind a replica's storage has: its template's `kind`, with its module `module`.
+  uint32_t ReplicaKind(uint32_t kind, NameId module);
 
   c10::DeviceType device_type_;
   std::vector<MemoryEvent> events_;
-  std::vector<StorageInfo> storages_;
+  std::vector<StorageLife> lives_;  // by storage id (Note [Packed storages])
+  std::vector<StorageKind> kinds_;
+  // (template kind, module) -> the kind replicas with that module share.
+  std::unordered_map<uint64_t, uint32_t> replica_kinds_;
   std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed
   GraphMode graph_mode_ = GraphMode::kEager;
   int graphed_depth_ = 0;

@@ -217,7 +217,7 @@ class TraceBuilder final : public AllocatorObserver {
   }
 
   int64_t SizeOf(const MemoryEvent& event) const {
-    return recorder_.storages()[static_cast<size_t>(event.storage_id)].size_bytes;
+    return recorder_.storages().size_bytes(static_cast<size_t>(event.storage_id));
   }
 
   void Add(const Entry& entry) {

@@ -115,9 +115,9 @@ CapacityReplay ReplayWithCapacity(const Recorder& recorder, int64_t capacity_byt
 // Calls `fn(storage_id)` for every storage alive right after event `event`.
 template <typename Fn>
 void ForEachLiveStorage(const Recorder& recorder, int64_t event, Fn&& fn) {
-  const auto& storages = recorder.storages();
+  const StorageTable storages = recorder.storages();
   for (size_t id = 0; id < storages.size(); ++id) {
-    const StorageInfo& s = storages[id];
+    const StorageLife& s = storages.life(id);
     if (s.alloc_event > event) break;  // storages are allocated in id order
     if (s.free_event == -1 || s.free_event > event) fn(static_cast<int64_t>(id));
   }

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -1099,7 +1100,7 @@ TEST(Activations, TransformerEngineUnfusedAttentionMakesItsMask) {
     return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [&](const Recorder& r) {
       Recorded out;
       int64_t scores = -1, context = -1;
-      const StorageInfo* kept = nullptr;
+      std::optional<StorageInfo> kept;
       for (const StorageInfo& info : r.storages()) {
         if (r.names().Name(info.module) != "decoder.layers.0.self_attention.core_attention") {
           continue;
@@ -1108,9 +1109,9 @@ TEST(Activations, TransformerEngineUnfusedAttentionMakesItsMask) {
         if (info.dtype == at::kInt || info.dtype == at::kBool) out.masks.emplace(shape, info.dtype);
         if (shape == std::vector<int64_t>{B * heads, S, S} && scores < 0) scores = info.alloc_event;
         if (r.names().Name(info.op) == "aten::bmm") context = info.alloc_event;
-        if (info.dtype == at::kBool) kept = &info;  // the last mask made
+        if (info.dtype == at::kBool) kept = info;  // the last mask made
       }
-      out.or_mask_spans_the_attention = kept != nullptr && kept->alloc_event < scores &&
+      out.or_mask_spans_the_attention = kept.has_value() && kept->alloc_event < scores &&
                                         kept->free_event > context && kept->free_event >= 0;
       return out;
     });

@@ -217,6 +217,43 @@ TEST(Tracking, EvictedStoragesFreeAtOnceAndComeBackAsNewStorages) {
 // round; state the driving code names (a workspace) counts in every mode, made outside
 // graphed scopes while capturing from the capture's end (Note [State made during the
 // capture]).
+// Note [Packed storages]: replicas share their template's kind, renamed ones a renamed kind;
+// changing one storage's category must change no other storage's.
+TEST(Tracking, ReplicasShareWhatTheirTemplateIsUntilOneIsRetagged) {
+  Session session;
+  Recorder& r = session.recorder();
+  {
+    ActiveSession active(session);
+    r.PushChildModule("layers.0");
+    at::empty({256}, MetaFloat());  // storage 0: events 0 (alloc) and 1 (free)
+    r.PopModule();
+  }
+  ASSERT_EQ(r.events().size(), 2u);
+  const Category made_as = r.storages()[0].category;
+  ASSERT_NE(made_as, Category::kGradient);
+  Recorder::IdShift ids;
+  ASSERT_TRUE(r.AppendReplica(0, 2, 0.0, {}, &ids));  // storage 1, as made
+  Recorder::ReplicaOuter renamed;
+  renamed.renames = {{"layers.0", "layers.5"}};
+  ASSERT_TRUE(r.AppendReplica(0, 2, 0.0, renamed, &ids));  // storages 2 and 3: layers.5
+  ASSERT_TRUE(r.AppendReplica(0, 2, 0.0, renamed, &ids));
+  r.Retag(1, Category::kGradient);
+  r.Retag(2, Category::kOptimizerState);
+
+  ASSERT_EQ(r.storages().size(), 4u);
+  const Category categories[] = {made_as, Category::kGradient, Category::kOptimizerState, made_as};
+  const char* modules[] = {"layers.0", "layers.0", "layers.5", "layers.5"};
+  for (size_t id = 0; id < 4; ++id) {
+    const StorageInfo s = r.storages()[id];
+    EXPECT_EQ(s.category, categories[id]) << "storage " << id;
+    EXPECT_EQ(r.names().Name(s.module), modules[id]) << "storage " << id;
+    EXPECT_EQ(s.size_bytes, 1024) << "storage " << id;
+    EXPECT_EQ(s.alloc_event, static_cast<int64_t>(2 * id)) << "storage " << id;
+    EXPECT_EQ(s.free_event, static_cast<int64_t>(2 * id + 1)) << "storage " << id;
+    EXPECT_EQ(r.ShapeOf(s), c10::IntArrayRef({256})) << "storage " << id;
+  }
+}
+
 TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
   auto ops_recorded = [](Recorder::GraphMode mode) {
     Session session;
