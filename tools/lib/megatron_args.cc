@@ -488,9 +488,16 @@ constexpr MegatronArg kMegatronArgs[] = {
     // Which layers use the sliding window.
     {"--window-attn-skip-freq", Arity::kValue, ArgUse::kRead},
     // ModelOpt's (megatron/post_training/arguments.py): they act only when a ModelOpt
-    // checkpoint is loaded (modelopt_enabled), which a training run from scratch is not.
+    // checkpoint is loaded or a distillation teacher is given (modelopt_enabled,
+    // post_training/utils.py), which a training run from scratch does not, and the
+    // teacher is refused below.
     {"--enable-gpt-oss", Arity::kFlag, ArgUse::kNeutral},
+    {"--export-default-te-spec", Arity::kFlag, ArgUse::kNeutral},
     {"--export-force-local-attention", Arity::kFlag, ArgUse::kNeutral},
+    {"--export-kd-cfg", Arity::kValue, ArgUse::kNeutral},
+    {"--export-kd-teacher-ckpt-format", Arity::kValue, ArgUse::kNeutral},
+    {"--export-kd-teacher-model-config", Arity::kValue, ArgUse::kNeutral},
+    {"--export-te-mcore-model", Arity::kFlag, ArgUse::kNeutral},
     // Refused: they change memory in ways memsim does not simulate.
     {"--cpu-offloading", Arity::kValues, ArgUse::kRefused, "activation offloading to CPU"},
     {"--decoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
@@ -500,6 +507,12 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--enable-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--encoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
+    // modelopt_gpt_hybrid_builder (post_training/model_builder.py): the student on ModelOpt's
+    // layer spec, a frozen teacher built from the teacher checkpoint's model_config.yaml
+    // (the student's architecture when it has none) and ModelOpt's distillation loss.
+    {"--export-kd-teacher-load", Arity::kValues, ArgUse::kRefused,
+     "ModelOpt knowledge distillation: a frozen teacher model, whose architecture is in its "
+     "checkpoint, on ModelOpt's layer spec, and the distillation loss"},
     {"--external-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--fp16-lm-cross-entropy", Arity::kValues, ArgUse::kRefused, "an fp16 cross entropy"},
     {"--sft", Arity::kValues, ArgUse::kRefused,

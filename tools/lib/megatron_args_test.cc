@@ -943,6 +943,22 @@ TEST(MegatronArgs, OptimizerCpuOffload) {
             "the optimizer offload fraction must be in [0, 1], got 1.500000");
 }
 
+// ModelOpt's options act only with modelopt_enabled: a ModelOpt checkpoint, or a distillation
+// teacher, which is refused for what it adds (the distillation functional test's arguments).
+TEST(MegatronArgs, DistillationIsRefusedForItsTeacher) {
+  const std::string modelopt = std::string(kTinyGpt) +
+                               "--export-te-mcore-model --export-kd-cfg distill_config.yaml "
+                               "--export-kd-teacher-ckpt-format torch_dist ";
+  EXPECT_EQ(Parse(modelopt, 1).ignored,
+            (std::vector<std::string>{"--export-te-mcore-model", "--export-kd-cfg",
+                                      "--export-kd-teacher-ckpt-format"}));
+  EXPECT_EQ(ErrorOf(modelopt + "--export-kd-teacher-load /ckpt/teacher", 1),
+            "--export-kd-teacher-load changes memory in a way memsim does not model (ModelOpt "
+            "knowledge distillation: a frozen teacher model, whose architecture is in its "
+            "checkpoint, on ModelOpt's layer spec, and the distillation loss); drop it to "
+            "simulate the run without it");
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {
