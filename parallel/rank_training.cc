@@ -53,6 +53,7 @@ constexpr int64_t kTemplateMicrobatch = 1;
 
 struct StepTemplate {
   int64_t begin_event, end_event;
+  int64_t storages;  // how many it allocates (a copy allocates as many)
   double begin_s, duration_s;
   int64_t input_grad_id;  // a backward's: the storage of its input's gradient (-1: none)
 };
@@ -385,6 +386,24 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     std::map<std::pair<int64_t, int64_t>, Recorder::IdShift> replicas;  // (microbatch, chunk)
     at::Tensor prefetched_output_grad;  // received for the next step, a backward
     int64_t forwards_run = 0;
+    // How many templates the log's room for the copies to come was made with: a template
+    // made later (microbatch 1's first backward comes after copied forwards) adds to it.
+    size_t room_made_for_templates = 0;
+    // Makes room in the log for the copies of steps [s, end), as their templates size them.
+    auto reserve_for_copies_from = [&](size_t s) {
+      int64_t events = 0, storages = 0;
+      for (size_t n = s; n < schedule.size(); ++n) {
+        if (schedule[n].microbatch <= kTemplateMicrobatch) continue;
+        const auto t = templates.find(std::make_pair(schedule[n].forward, schedule[n].chunk));
+        if (t == templates.end()) continue;
+        events += t->second.end_event - t->second.begin_event;
+        storages += t->second.storages;
+      }
+      // A sixteenth more for what runs outside the copies (the optimizer step, the real
+      // steps); ReleaseSpareCapacity leaves a spare that small where it is.
+      recorder.Reserve(events + events / 16, storages + storages / 16);
+      room_made_for_templates = templates.size();
+    };
     // Receives the input of the forward after step `s` where a steady step's forward
     // (one a backward follows) receives it, in pp_post_forward.
     auto receive_next_input_early = [&](size_t s) {
@@ -447,6 +466,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       bool copied = false;
       if (replicate && step.microbatch > kTemplateMicrobatch && found != templates.end() &&
           (step.forward || replicated_forward)) {
+        if (templates.size() != room_made_for_templates) reserve_for_copies_from(s);
         const StepTemplate& t = found->second;
         Recorder::IdShift ids;
         Recorder::ReplicaOuter outer;
@@ -488,6 +508,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
           workspaces.BeforeBackward();
         }
         const int64_t begin_event = static_cast<int64_t>(recorder.events().size());
+        const int64_t begin_storages = static_cast<int64_t>(recorder.storages().size());
         const double begin_s = recorder.now_s();
         if (step.forward) {
           // Part of the step's events, so that a copied forward gathers what it releases.
@@ -514,7 +535,10 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
         }
         if (step.microbatch == kTemplateMicrobatch) {
           templates[template_key] = {
-              begin_event, static_cast<int64_t>(recorder.events().size()), begin_s,
+              begin_event,
+              static_cast<int64_t>(recorder.events().size()),
+              static_cast<int64_t>(recorder.storages().size()) - begin_storages,
+              begin_s,
               recorder.now_s() - begin_s,
               input.defined() ? TrackingAllocator::StorageIdOf(input.grad(), recorder) : -1};
         }

@@ -283,13 +283,28 @@ void Recorder::AdoptNextAllocation(int64_t storage_id) {
   adopt_next_ = storage_id;
 }
 
+void Recorder::Reserve(int64_t events, int64_t storages) {
+  MEMSIM_DCHECK(events >= 0 && storages >= 0);
+  events_.reserve(events_.size() + static_cast<size_t>(events));
+  lives_.reserve(lives_.size() + static_cast<size_t>(storages));
+  live_records_.reserve(live_records_.size() + static_cast<size_t>(storages));
+}
+
+namespace {
+// Shrinks `v` to its size unless its spare is under a sixteenth of it: a shrink copies it.
+template <typename T>
+void ShrinkIfWorthACopy(std::vector<T>* v) {
+  if (v->capacity() - v->size() > v->size() / 16) v->shrink_to_fit();
+}
+}  // namespace
+
 void Recorder::ReleaseSpareCapacity() {
-  events_.shrink_to_fit();
-  lives_.shrink_to_fit();
-  kinds_.shrink_to_fit();
-  live_records_.shrink_to_fit();
-  shape_dims_.shrink_to_fit();
-  markers_.shrink_to_fit();
+  ShrinkIfWorthACopy(&events_);
+  ShrinkIfWorthACopy(&lives_);
+  ShrinkIfWorthACopy(&kinds_);
+  ShrinkIfWorthACopy(&live_records_);
+  ShrinkIfWorthACopy(&shape_dims_);
+  ShrinkIfWorthACopy(&markers_);
 }
 
 bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,

@@ -409,8 +409,13 @@ class Recorder {
   }
   const CachingAllocatorConfig& allocator_settings() const { return allocator_settings_; }
 
+  // Makes room for `events` more events and `storages` more storages at once, where the
+  // caller knows that many copies are coming: the log's vectors are a run's largest, and
+  // growing them by doubling copies them again and again and briefly holds them twice.
+  void Reserve(int64_t events, int64_t storages);
   // Frees the log's spare capacity (vectors grown by doubling hold up to twice what they
-  // use) once recording is over, before the log is kept for replays and reports.
+  // use) once recording is over, before the log is kept for replays and reports. A vector
+  // whose spare is small (Reserve guessed well) is not copied for it.
   void ReleaseSpareCapacity();
 
   // --- Results. ---
