@@ -111,12 +111,22 @@ int64_t PickleWriter::StringHandle(std::string_view value) {
 }
 
 void PickleWriter::Literal(const char* text) {
+  // Fibonacci hashing: the address times 2^64 / phi, its top 6 bits (64 slots).
+  static_assert(std::tuple_size<decltype(recent_literals_)>::value == 64);
+  LiteralSlot& slot = recent_literals_[(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(text)) *
+                                        0x9E3779B97F4A7C15ULL) >>
+                                       58];
+  if (slot.text == text) {
+    Reference(slot.handle);
+    return;
+  }
   auto [it, added] = literal_handles_.try_emplace(text, -1);
   if (added) {
     it->second = StringHandle(text);
   } else {
     Reference(it->second);
   }
+  slot = {text, it->second};
 }
 
 void PickleWriter::Pair(int64_t first, int64_t second) {
@@ -179,6 +189,7 @@ std::string PickleWriter::Finish() {
   out_.clear();
   string_handles_.clear();
   literal_handles_.clear();
+  recent_literals_.fill(LiteralSlot());
   string_storage_.clear();
   next_handle_ = 0;
   WriteHeader();

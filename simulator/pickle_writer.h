@@ -22,6 +22,7 @@
 //   std::string bytes = w.Finish();
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <ostream>
@@ -96,6 +97,13 @@ class PickleWriter {
   std::deque<std::string> string_storage_;
   std::unordered_map<std::string_view, int64_t> string_handles_;
   std::unordered_map<const char*, int64_t> literal_handles_;  // Literal's, by address
+  // In front of literal_handles_, by address: a snapshot asks for a few dozen literals,
+  // millions of times, and a hash lookup each time was a twentieth of a simulate run.
+  struct LiteralSlot {
+    const char* text = nullptr;
+    int64_t handle = -1;
+  };
+  std::array<LiteralSlot, 64> recent_literals_;
   // Per open container: whether it holds an item yet (a MARK is written before the
   // first one, so an empty container stays a bare EMPTY_LIST / EMPTY_DICT).
   std::vector<bool> open_has_items_;
