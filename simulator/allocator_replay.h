@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "simulator/caching_allocator_model.h"
@@ -58,11 +60,16 @@ class AllocatorReplay {
       if (event.is_alloc) {
         const auto allocation = allocator_->Malloc(storages.size_bytes(id));
         if (!allocation) return e;
-        block_of_storage_[id] = *allocation;
+        if (allocation->block_id > std::numeric_limits<int32_t>::max()) {
+          throw std::overflow_error("memsim: more than 2^31 blocks in the allocator model");
+        }
+        block_of_storage_[id] = static_cast<int32_t>(allocation->block_id);
         visitor.OnAlloc(e, event, *allocation);
       } else {
-        allocator_->Free(block_of_storage_[id].block_id);
-        visitor.OnFree(e, event, block_of_storage_[id]);
+        const CachingAllocatorModel::Allocation freed =
+            allocator_->AllocatedBlock(block_of_storage_[id]);
+        allocator_->Free(freed.block_id);
+        visitor.OnFree(e, event, freed);
       }
     }
     if (end_event == static_cast<int64_t>(events.size())) EmptyCacheThrough(end_event, visitor);
@@ -84,7 +91,9 @@ class AllocatorReplay {
 
   const Recorder& recorder_;
   CachingAllocatorModel* allocator_;
-  std::vector<CachingAllocatorModel::Allocation> block_of_storage_;
+  // The model's block of each storage while it is allocated (ids, 4 bytes: one per storage
+  // of the whole log, millions; Malloc's answer is read back from the model at the free).
+  std::vector<int32_t> block_of_storage_;
   size_t next_marker_ = 0;
   int64_t next_event_ = 0;
 };

@@ -87,6 +87,8 @@
 #include <tuple>
 #include <vector>
 
+#include "simulator/check.h"
+
 namespace memsim {
 
 struct CachingAllocatorConfig {
@@ -210,6 +212,13 @@ class CachingAllocatorModel {
   // REQUIRES: block_id came from Malloc and was not freed since (else throws
   // std::invalid_argument, when detectable).
   void Free(int64_t block_id);
+  // What Malloc returned for the block, which an allocated block keeps until it is freed.
+  // REQUIRES: block_id came from Malloc and was not freed since.
+  Allocation AllocatedBlock(int64_t block_id) const {
+    const Block& block = blocks_[static_cast<size_t>(block_id)];
+    MEMSIM_DCHECK(block.allocated);
+    return {block_id, block.address, block.size_bytes};
+  }
 
   // Releases every entirely free segment and unmaps the free pages of expandable ones, like
   // torch.cuda.empty_cache().

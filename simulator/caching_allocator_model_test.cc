@@ -188,6 +188,27 @@ TEST(CachingAllocatorModel, AllocatedCountsRoundedSizesAndRequestedRawSizes) {
   EXPECT_FALSE(segments[0].blocks[2].allocated);
 }
 
+// A replay keeps only the block id of each storage and asks the model for the rest at the
+// free: an allocated block must read as Malloc returned it while blocks around it are
+// split, freed and merged, including a whole-block (unsplit) large allocation.
+TEST(CachingAllocatorModel, AnAllocatedBlockReadsAsMallocReturnedIt) {
+  Model model;
+  const Model::Allocation a = MustMalloc(model, 1);
+  const Model::Allocation b = MustMalloc(model, 513);
+  const Model::Allocation c = MustMalloc(model, 700);
+  // 19 MiB of a new 20 MiB large segment: the 1 MiB left is not split off (a large-pool
+  // remainder must exceed 1 MiB), so the block is the whole segment.
+  const Model::Allocation d = MustMalloc(model, 19 * kMiB);
+  EXPECT_EQ(d.block_bytes, 20 * kMiB);
+  model.Free(a.block_id);
+  model.Free(c.block_id);  // c's block merges with the free remainder after it
+  for (const Model::Allocation& kept : {b, d}) {
+    const Model::Allocation read = model.AllocatedBlock(kept.block_id);
+    EXPECT_EQ(read.block_id, kept.block_id);
+    EXPECT_EQ(read.address, kept.address);
+    EXPECT_EQ(read.block_bytes, kept.block_bytes);
+  }
+}
 TEST(CachingAllocatorModel, SmallPoolPacksFourHalfMiBBlocksIntoOneSegment) {
   Model model;
   // 2 MiB segment: splits leave 1.5, 1, 0.5 MiB; the 4th takes the last 512 KiB whole.
