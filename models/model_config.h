@@ -25,8 +25,9 @@ namespace memsim {
 // instead of running for hours, exhausting memory or wrapping a 64-bit count. They are far
 // above any real run: 10,000 layers (the largest published models have under 200), 2^32
 // for any one dimension, 2^32 GPUs (nothing memsim keeps grows with them: Note [Rank
-// classes]), 10,000 microbatches per iteration (cost grows with them: 10,000 take about
-// 10 s and 2 GB), and 2^50 bytes (1 PiB, far beyond any GPU) for the largest tensor a
+// classes]), 10,000 microbatches per iteration (cost grows with them: GPT-3 1.3B on two
+// stages, 10,000 microbatches, 2 iterations, files included, took 15 s, 3.5 GB of memory
+// and 2.6 GB of files on 2026-11-28), and 2^50 bytes (1 PiB, far beyond any GPU) for the largest tensor a
 // layer makes.
 inline constexpr int64_t kMaxLayers = 10000;
 inline constexpr int64_t kMaxDimension = int64_t{1} << 32;
