@@ -270,11 +270,11 @@ void Recorder::Retag(int64_t storage_id, Category category) {
 
 void Recorder::NoteTensorShape(int64_t storage_id, c10::IntArrayRef sizes, c10::ScalarType dtype) {
   if (kinds_[lives_[static_cast<size_t>(storage_id)].kind].ndim >= 0) return;
-  StorageKind& info = OwnKind(storage_id);
-  info.ndim = static_cast<int8_t>(std::min<size_t>(sizes.size(), 127));
-  info.shape_offset = static_cast<int64_t>(shape_dims_.size());
-  shape_dims_.insert(shape_dims_.end(), sizes.begin(), sizes.begin() + info.ndim);
-  info.dtype = dtype;
+  StorageKind& kind = OwnKind(storage_id);
+  kind.ndim = static_cast<int8_t>(std::min<size_t>(sizes.size(), 127));
+  kind.shape_offset = static_cast<int64_t>(shape_dims_.size());
+  shape_dims_.insert(shape_dims_.end(), sizes.begin(), sizes.begin() + kind.ndim);
+  kind.dtype = dtype;
 }
 
 void Recorder::AdoptNextAllocation(int64_t storage_id) {

@@ -94,7 +94,9 @@ struct StorageLife {
 static_assert(sizeof(StorageLife) <= 32, "StorageLife grew: the event log holds millions");
 
 // The storages of a log as StorageInfo values, by id: a view of the recorder's packed
-// storages (Note [Packed storages]), valid while the recorder records nothing more.
+// storages (Note [Packed storages]), valid while the recorder lives (it sees storages added
+// after it was made). Its values are assembled copies: keep a StorageInfo, not a pointer.
+// life(id) refers into the log, valid until the recorder records another storage.
 class StorageTable {
  public:
   StorageTable(const std::vector<StorageLife>& lives, const std::vector<StorageKind>& kinds)
