@@ -1,6 +1,7 @@
 #include "simulator/timeline.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "simulator/allocator_replay.h"
 
@@ -41,7 +42,7 @@ class Timeline::PointRecorder : public ReplayVisitor {
  private:
   void Add(int64_t e) {
     const AllocatorStats& stats = allocator_.stats();
-    timeline_->allocated_bytes_.push_back(stats.allocated_bytes);
+    AddAllocated(stats.allocated_bytes);
     std::vector<ReservedChange>& changes = timeline_->reserved_changes_;
     const int64_t reserved_before = changes.empty() ? 0 : changes.back().reserved_bytes;
     if (stats.reserved_bytes != reserved_before) changes.push_back({e, stats.reserved_bytes});
@@ -50,6 +51,24 @@ class Timeline::PointRecorder : public ReplayVisitor {
       timeline_->peak_event_ = e;
     }
   }
+  void AddAllocated(int64_t bytes) {
+    Timeline& t = *timeline_;
+    if (!t.in_bytes_ && (bytes % kAllocatedUnitBytes != 0 ||
+                         bytes / kAllocatedUnitBytes > std::numeric_limits<uint32_t>::max())) {
+      t.allocated_bytes_.reserve(t.allocated_units_.capacity());
+      for (const uint32_t units : t.allocated_units_) {
+        t.allocated_bytes_.push_back(int64_t{units} * kAllocatedUnitBytes);
+      }
+      t.allocated_units_ = std::vector<uint32_t>();
+      t.in_bytes_ = true;
+    }
+    if (t.in_bytes_) {
+      t.allocated_bytes_.push_back(bytes);
+    } else {
+      t.allocated_units_.push_back(static_cast<uint32_t>(bytes / kAllocatedUnitBytes));
+    }
+  }
+
   const CachingAllocatorModel& allocator_;
   Timeline* timeline_;
 };
@@ -81,7 +100,7 @@ Timeline Timeline::Replay(const Recorder& recorder) {
   Timeline timeline;
   timeline.recorder_ = &recorder;
   CachingAllocatorModel allocator(recorder.allocator_settings());  // unlimited: never refuses
-  timeline.allocated_bytes_.reserve(recorder.events().size());
+  timeline.allocated_units_.reserve(recorder.events().size());
   PointRecorder points(allocator, &timeline);
   ReplayAllocations(recorder, &allocator, static_cast<int64_t>(recorder.events().size()), points);
   timeline.reserved_changes_.shrink_to_fit();

@@ -40,16 +40,39 @@ class Timeline {
   static Timeline Replay(const Recorder& recorder);
 
   // One point per event of the recording.
-  int64_t num_points() const { return static_cast<int64_t>(allocated_bytes_.size()); }
+  int64_t num_points() const {
+    return static_cast<int64_t>(in_bytes_ ? allocated_bytes_.size() : allocated_units_.size());
+  }
   // The state after event `event`. Allocated memory changes with every event and is kept
-  // per event; reserved memory changes only when a segment is reserved or released, so
-  // only its changes are kept (a point per event in full was 16 bytes, millions of them).
+  // per event (in 4 bytes while it fits); reserved memory changes only when a segment is
+  // reserved or released, so only its changes are kept (a point per event in full was 16
+  // bytes, millions of them).
   // REQUIRES: 0 <= event < num_points().
   TimelinePoint point(int64_t event) const { return {AllocatedAfter(event), ReservedAfter(event)}; }
   // point(event).allocated_bytes without the search for the reserved bytes.
   int64_t AllocatedAfter(int64_t event) const {
-    return allocated_bytes_[static_cast<size_t>(event)];
+    const size_t e = static_cast<size_t>(event);
+    return in_bytes_ ? allocated_bytes_[e] : int64_t{allocated_units_[e]} * kAllocatedUnitBytes;
   }
+  // Reads points at nondecreasing events without a search each (a trace visits them all).
+  class Cursor {
+   public:
+    explicit Cursor(const Timeline& timeline) : timeline_(&timeline) {}
+    // REQUIRES: `event` is no earlier than the previous call's; 0 <= event < num_points().
+    TimelinePoint At(int64_t event) {
+      const std::vector<ReservedChange>& changes = timeline_->reserved_changes_;
+      for (; next_change_ < changes.size() && changes[next_change_].first_event <= event;
+           ++next_change_) {
+        reserved_bytes_ = changes[next_change_].reserved_bytes;
+      }
+      return {timeline_->AllocatedAfter(event), reserved_bytes_};
+    }
+
+   private:
+    const Timeline* timeline_;
+    size_t next_change_ = 0;
+    int64_t reserved_bytes_ = 0;
+  };
   // The virtual time of event `event`, after which point(event) holds.
   double time_s(int64_t event) const {
     return recorder_->events()[static_cast<size_t>(event)].time_s;
@@ -78,7 +101,13 @@ class Timeline {
   int64_t PeakReservedIn(int64_t begin, int64_t end) const;
 
   const Recorder* recorder_ = nullptr;
-  std::vector<int64_t> allocated_bytes_;          // after each event
+  // Allocated memory after each event. Every block is a multiple of 512 bytes, so it is
+  // kept as a count of 512-byte units in 32 bits (up to 2 TiB) while every point is such a
+  // count; the first that is not moves them all to bytes (in_bytes_).
+  static constexpr int64_t kAllocatedUnitBytes = 512;
+  std::vector<uint32_t> allocated_units_;
+  std::vector<int64_t> allocated_bytes_;
+  bool in_bytes_ = false;
   std::vector<ReservedChange> reserved_changes_;  // by first_event, increasing
   std::vector<IterationSummary> iterations_;
   int64_t peak_allocated_bytes_ = 0;

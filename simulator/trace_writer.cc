@@ -26,14 +26,15 @@ std::vector<int64_t> ThinnedIndices(const Timeline& timeline, int64_t begin, int
     int64_t event;
     TimelinePoint point;
   };
+  Timeline::Cursor points(timeline);
   int64_t bucket_start = begin;
   while (bucket_start < end) {
     const double bucket_end_s = timeline.time_s(bucket_start) + interval_s;
     int64_t bucket_end = bucket_start + 1;  // a bucket always takes its first point
-    const Indexed first{bucket_start, timeline.point(bucket_start)};
+    const Indexed first{bucket_start, points.At(bucket_start)};
     Indexed lo_alloc = first, hi_alloc = first, lo_reserved = first, hi_reserved = first;
     while (bucket_end < end && timeline.time_s(bucket_end) < bucket_end_s) {
-      const Indexed p{bucket_end, timeline.point(bucket_end)};
+      const Indexed p{bucket_end, points.At(bucket_end)};
       if (p.point.allocated_bytes < lo_alloc.point.allocated_bytes) lo_alloc = p;
       if (p.point.allocated_bytes > hi_alloc.point.allocated_bytes) hi_alloc = p;
       if (p.point.reserved_bytes < lo_reserved.point.reserved_bytes) lo_reserved = p;
@@ -91,8 +92,9 @@ void AppendIteration(const Timeline& timeline, const IterationSummary& it,
     interval_s = (it.end_time_s - it.begin_time_s) /
                  static_cast<double>(options.max_intervals_per_iteration);
   }
+  Timeline::Cursor points(timeline);
   for (int64_t i : ThinnedIndices(timeline, it.begin_event, it.end_event, interval_s)) {
-    const TimelinePoint p = timeline.point(i);
+    const TimelinePoint p = points.At(i);
     out->append(",\n");
     AppendSample(timeline.time_s(i), p.reserved_bytes, p.allocated_bytes, out);
   }

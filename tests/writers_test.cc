@@ -126,6 +126,29 @@ TEST(Timeline, ReservedMemoryReadsRightBetweenItsChanges) {
   EXPECT_EQ(timeline.peak_reserved_bytes(), 20 * kMiB);
 }
 
+// Allocated memory is kept in 32-bit counts of 512 bytes while it fits (2 TiB); a point past
+// that moves every point to bytes, and none may change on the way.
+TEST(Timeline, AllocatedMemoryPastTwoTebibytesReadsExactly) {
+  constexpr int64_t kTiB = int64_t{1} << 40;
+  Session session;
+  {
+    ActiveSession active(session);
+    const auto bytes = at::TensorOptions().device(at::kMeta).dtype(at::kByte);
+    at::Tensor a = at::empty({1000}, bytes);      // event 0: a 1024-byte block
+    at::Tensor b = at::empty({3 * kTiB}, bytes);  // event 1: a 3 TiB block of its own
+    b.reset();                                    // event 2
+    at::Tensor c = at::empty({513}, bytes);       // event 3: 1024 bytes
+  }
+  const Timeline timeline = Timeline::Replay(session.recorder());
+  ASSERT_EQ(timeline.num_points(), 6);  // and the frees of a and c
+  const int64_t allocated[] = {1024, 1024 + 3 * kTiB, 1024, 2048, 1024, 0};
+  for (int64_t e = 0; e < 6; ++e) {
+    EXPECT_EQ(timeline.AllocatedAfter(e), allocated[e]) << "event " << e;
+  }
+  EXPECT_EQ(timeline.peak_allocated_bytes(), 1024 + 3 * kTiB);
+  EXPECT_EQ(timeline.iterations()[0].peak_allocated_bytes, 1024 + 3 * kTiB);
+}
+
 TEST(Timeline, FitsAfterReleasingTheCacheAsPyTorchDoes) {
   Session session;
   {
