@@ -80,7 +80,6 @@ int64_t Recorder::NewStorage(int64_t size_bytes) {
   StorageLife& life = lives_.emplace_back();
   life.kind = NewKind(kind);
   life.alloc_event = static_cast<int64_t>(events_.size());
-  life.iteration = iteration_;
   life.microbatch = microbatch_;
   events_.push_back({id, now_s_, true});
   live_bytes_ = CheckedAdd(live_bytes_, size_bytes);  // throws before a count can wrap
@@ -359,7 +358,6 @@ bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,
       life.kind = ReplicaKind(life.kind, rename(kinds_[life.kind].module));
       life.alloc_event = static_cast<int64_t>(events_.size());
       life.free_event = -1;
-      life.iteration = iteration_;
       life.microbatch = microbatch_;
       const int64_t id = static_cast<int64_t>(lives_.size());
       MEMSIM_DCHECK(id == event.storage_id + own.shift);
@@ -402,6 +400,12 @@ void Recorder::ShiftTimesAtMarkers(const std::vector<double>& shift_s) {
     previous_s = markers_[m].time_s = std::max(previous_s, markers_[m].time_s + shift_s[m]);
   }
   if (!shift_s.empty()) now_s_ = std::max(previous_s, now_s_ + shift_s.back());
+}
+
+void Recorder::BeginIteration(int32_t iteration) {
+  iteration_ = iteration;
+  iteration_starts_.push_back({static_cast<int64_t>(events_.size()), iteration});
+  AddMarker(MarkerKind::kIterationBegin);
 }
 
 void Recorder::AddMarker(MarkerKind kind) {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -64,10 +65,12 @@ struct StorageInfo {
 // The log holds one storage per allocation of a whole run: millions with many microbatches.
 // A replica's storage (Recorder::AppendReplica) differs from its template's only in when it
 // lived, the iteration and microbatch it belongs to, and, under a rename, its module. So a
-// storage is kept as a 32-byte StorageLife pointing at a StorageKind that replicas share,
+// storage is kept as a 24-byte StorageLife pointing at a StorageKind that replicas share,
 // and Recorder::storages() assembles the StorageInfo a reader asks for. A kind that a
 // replica shares is never changed in place: Retag and NoteTensorShape give the storage a
-// kind of its own.
+// kind of its own. A storage's iteration is the one current at its allocation, and the
+// iteration changes only where Recorder::BeginIteration marks it, so it is read off those
+// marks, not kept per storage.
 
 // What a storage is, apart from when it lived (see StorageInfo for the fields).
 struct StorageKind {
@@ -88,10 +91,15 @@ struct StorageLife {
   int64_t alloc_event = -1;
   int64_t free_event = -1;
   uint32_t kind = 0;  // index into the recorder's kinds
-  int32_t iteration = -1;
   int32_t microbatch = -1;
 };
-static_assert(sizeof(StorageLife) <= 32, "StorageLife grew: the event log holds millions");
+static_assert(sizeof(StorageLife) <= 24, "StorageLife grew: the event log holds millions");
+
+// Where an iteration began: the storages allocated from event `first_event` on belong to it.
+struct IterationStart {
+  int64_t first_event;
+  int32_t iteration;
+};
 
 // The storages of a log as StorageInfo values, by id: a view of the recorder's packed
 // storages (Note [Packed storages]), valid while the recorder lives (it sees storages added
@@ -99,8 +107,10 @@ static_assert(sizeof(StorageLife) <= 32, "StorageLife grew: the event log holds 
 // life(id) refers into the log, valid until the recorder records another storage.
 class StorageTable {
  public:
-  StorageTable(const std::vector<StorageLife>& lives, const std::vector<StorageKind>& kinds)
-      : lives_(&lives), kinds_(&kinds) {}
+  // REQUIRES: `iteration_starts` ordered by first_event.
+  StorageTable(const std::vector<StorageLife>& lives, const std::vector<StorageKind>& kinds,
+               const std::vector<IterationStart>& iteration_starts)
+      : lives_(&lives), kinds_(&kinds), iteration_starts_(&iteration_starts) {}
   size_t size() const { return lives_->size(); }
   // REQUIRES: id < size().
   StorageInfo operator[](size_t id) const {
@@ -113,7 +123,7 @@ class StorageTable {
     info.shape_offset = kind.shape_offset;
     info.op = kind.op;
     info.module = kind.module;
-    info.iteration = life.iteration;
+    info.iteration = IterationAt(life.alloc_event);
     info.microbatch = life.microbatch;
     info.phase = kind.phase;
     info.category = kind.category;
@@ -145,8 +155,17 @@ class StorageTable {
   Iterator end() const { return Iterator(this, size()); }
 
  private:
+  // The iteration current at event `event` (-1 before the first).
+  int32_t IterationAt(int64_t event) const {
+    const auto after = std::upper_bound(
+        iteration_starts_->begin(), iteration_starts_->end(), event,
+        [](int64_t e, const IterationStart& start) { return e < start.first_event; });
+    return after == iteration_starts_->begin() ? -1 : std::prev(after)->iteration;
+  }
+
   const std::vector<StorageLife>* lives_;
   const std::vector<StorageKind>* kinds_;
+  const std::vector<IterationStart>* iteration_starts_;
 };
 
 // One allocation or free. 16 bytes: whether it allocates shares a word with the storage id.
@@ -217,7 +236,9 @@ class Recorder {
 
   // --- Attribution state, driven by Session scopes and the interceptor. ---
   void SetPhase(Phase phase);
-  void SetIteration(int32_t iteration) { iteration_ = iteration; }
+  // Starts iteration `iteration`: storages allocated from here on belong to it. The only
+  // way the iteration changes (Note [Packed storages]); adds its kIterationBegin marker.
+  void BeginIteration(int32_t iteration);
   void SetMicrobatch(int32_t microbatch);
   // Attributes what follows to `microbatch` without starting one (no marker); see
   // MicrobatchAttribution.
@@ -422,7 +443,7 @@ class Recorder {
 
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }
-  StorageTable storages() const { return StorageTable(lives_, kinds_); }
+  StorageTable storages() const { return StorageTable(lives_, kinds_, iteration_starts_); }
   const std::vector<Marker>& markers() const { return markers_; }
   const NameTable& names() const { return names_; }
   const std::vector<int64_t>& shape_dims() const { return shape_dims_; }
@@ -456,6 +477,7 @@ class Recorder {
   std::vector<MemoryEvent> events_;
   std::vector<StorageLife> lives_;  // by storage id (Note [Packed storages])
   std::vector<StorageKind> kinds_;
+  std::vector<IterationStart> iteration_starts_;  // as BeginIteration made them
   // (template kind, module) -> the kind replicas with that module share.
   std::unordered_map<uint64_t, uint32_t> replica_kinds_;
   std::vector<AllocationRecord*> live_records_;  // by storage id; null once freed

@@ -18,8 +18,7 @@ void Session::BeginIteration(int32_t iteration) {
   if (iteration <= recorder_.iteration()) {
     throw std::logic_error("memsim: iterations must begin in increasing order");
   }
-  recorder_.SetIteration(iteration);
-  recorder_.AddMarker(MarkerKind::kIterationBegin);
+  recorder_.BeginIteration(iteration);
 }
 
 void Session::EndIteration() { recorder_.AddMarker(MarkerKind::kIterationEnd); }

@@ -254,6 +254,29 @@ TEST(Tracking, ReplicasShareWhatTheirTemplateIsUntilOneIsRetagged) {
   }
 }
 
+// Note [Packed storages]: a storage's iteration is read off where iterations began, not
+// kept with it; it must be the iteration current when the storage was allocated.
+TEST(Tracking, AStoragesIterationIsTheOneCurrentAtItsAllocation) {
+  Session session;
+  {
+    ActiveSession active(session);
+    at::Tensor setup = at::empty({4}, MetaFloat());  // storage 0: before any iteration
+    session.BeginIteration(0);
+    at::Tensor first = at::empty({4}, MetaFloat());  // 1
+    session.EndIteration();
+    at::Tensor between = at::empty({4}, MetaFloat());  // 2: iteration 0 has not been left
+    session.BeginIteration(3);
+    session.BeginIteration(5);                       // no event between: 5 holds
+    at::Tensor later = at::empty({4}, MetaFloat());  // 3
+  }
+  const Recorder& r = session.recorder();
+  ASSERT_EQ(r.storages().size(), 4u);
+  const int32_t iterations[] = {-1, 0, 0, 5};
+  for (size_t id = 0; id < 4; ++id) {
+    EXPECT_EQ(r.storages()[id].iteration, iterations[id]) << "storage " << id;
+  }
+}
+
 TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
   auto ops_recorded = [](Recorder::GraphMode mode) {
     Session session;
