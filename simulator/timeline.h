@@ -57,6 +57,7 @@ class Timeline {
   // Reads points at nondecreasing events without a search each (a trace visits them all).
   class Cursor {
    public:
+    // REQUIRES: `timeline` outlives the cursor.
     explicit Cursor(const Timeline& timeline) : timeline_(&timeline) {}
     // REQUIRES: `event` is no earlier than the previous call's; 0 <= event < num_points().
     TimelinePoint At(int64_t event) {
