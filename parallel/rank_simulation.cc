@@ -67,7 +67,7 @@ Status RecordRankClass(const ValidatedRun& run, const RankClass& rank_class, Ran
     return Status::Error("internal error simulating pipeline stage " +
                          std::to_string(rank_class.pp_rank) + ": " + e.what());
   }
-  result->session->recorder().ReleaseSpareCapacity();
+  result->session->recorder().EndRecording();
   return Status::OK();
 }
 

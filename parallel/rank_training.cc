@@ -400,7 +400,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
         storages += t->second.storages;
       }
       // A sixteenth more for what runs outside the copies (the optimizer step, the real
-      // steps); ReleaseSpareCapacity leaves a spare that small where it is.
+      // steps); EndRecording leaves a spare that small where it is.
       recorder.Reserve(events + events / 16, storages + storages / 16);
       room_made_for_templates = templates.size();
     };

@@ -24,13 +24,7 @@ ScopedCurrentRecorder::ScopedCurrentRecorder(Recorder* recorder) : previous_(tls
 }
 ScopedCurrentRecorder::~ScopedCurrentRecorder() { tls_current_recorder = previous_; }
 
-Recorder::~Recorder() {
-  for (AllocationRecord* record : live_records_) {
-    if (record != nullptr) record->recorder = nullptr;
-  }
-  for (const auto& [id, record] : evicted_) record->recorder = nullptr;
-  for (const auto& [record, info] : deferred_) record->recorder = nullptr;
-}
+Recorder::~Recorder() { DetachLiveRecords(); }
 
 Category Recorder::CategoryForNewStorage() const {
   // Note [Memory categories] in attribution.h.
@@ -297,13 +291,24 @@ void ShrinkIfWorthACopy(std::vector<T>* v) {
 }
 }  // namespace
 
-void Recorder::ReleaseSpareCapacity() {
+void Recorder::EndRecording() {
+  DetachLiveRecords();
   ShrinkIfWorthACopy(&events_);
   ShrinkIfWorthACopy(&lives_);
   ShrinkIfWorthACopy(&kinds_);
-  ShrinkIfWorthACopy(&live_records_);
   ShrinkIfWorthACopy(&shape_dims_);
   ShrinkIfWorthACopy(&markers_);
+}
+
+void Recorder::DetachLiveRecords() {
+  for (AllocationRecord* record : live_records_) {
+    if (record != nullptr) record->recorder = nullptr;
+  }
+  for (const auto& [id, record] : evicted_) record->recorder = nullptr;
+  for (const auto& [record, info] : deferred_) record->recorder = nullptr;
+  live_records_ = std::vector<AllocationRecord*>();
+  evicted_.clear();
+  deferred_.clear();
 }
 
 bool Recorder::AppendReplica(int64_t begin, int64_t end, double time_offset_s,

@@ -436,10 +436,13 @@ class Recorder {
   // caller knows that many copies are coming: the log's vectors are a run's largest, and
   // growing them by doubling copies them again and again and briefly holds them twice.
   void Reserve(int64_t events, int64_t storages);
-  // Frees the log's spare capacity (vectors grown by doubling hold up to twice what they
-  // use) once recording is over, before the log is kept for replays and reports. A vector
-  // whose spare is small (Reserve guessed well) is not copied for it.
-  void ReleaseSpareCapacity();
+  // Closes the log once the step is recorded, before it is kept for replays and reports:
+  // the tensors still alive are detached (their frees are not recorded, as after the
+  // recorder's death), which drops the table of live records (a pointer per storage), and
+  // the log's vectors lose their spare capacity (grown by doubling, they hold up to twice
+  // what they use; a vector whose spare is small, Reserve having guessed well, is not
+  // copied for it). REQUIRES: nothing is recorded after it.
+  void EndRecording();
 
   // --- Results. ---
   const std::vector<MemoryEvent>& events() const { return events_; }
@@ -466,6 +469,8 @@ class Recorder {
   // size, op, module, category, shape); returns its id.
   int64_t RecordAllocationOf(AllocationRecord* record, const StorageInfo& made_as);
   void RecordModuleChange();
+  // Tells the records of the tensors still alive that this recorder no longer hears them.
+  void DetachLiveRecords();
   // Appends `kind` to the kinds; returns its index (Note [Packed storages]).
   uint32_t NewKind(const StorageKind& kind);
   // The kind of storage `storage_id`, to change: a copy of its own first if others share it.

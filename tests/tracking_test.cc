@@ -277,6 +277,22 @@ TEST(Tracking, AStoragesIterationIsTheOneCurrentAtItsAllocation) {
   }
 }
 
+// EndRecording closes the log and drops its table of live records: a tensor that outlives
+// the recording frees unrecorded, as after the recorder's death.
+TEST(Tracking, TensorsOutlivingTheRecordingFreeUnrecorded) {
+  Session session;
+  at::Tensor kept;
+  {
+    ActiveSession active(session);
+    kept = at::empty({4}, MetaFloat());  // event 0
+    at::empty({8}, MetaFloat());         // events 1 and 2
+  }
+  session.recorder().EndRecording();
+  kept.reset();
+  EXPECT_EQ(session.recorder().events().size(), 3u);
+  EXPECT_EQ(session.recorder().storages()[0].free_event, -1);
+}
+
 TEST(Tracking, GraphModesCountGraphedScopesOnlyWhileCapturing) {
   auto ops_recorded = [](Recorder::GraphMode mode) {
     Session session;
