@@ -53,20 +53,21 @@ class Timeline::PointRecorder : public ReplayVisitor {
   }
   void AddAllocated(int64_t bytes) {
     Timeline& t = *timeline_;
-    if (!t.in_bytes_ && (bytes % kAllocatedUnitBytes != 0 ||
-                         bytes / kAllocatedUnitBytes > std::numeric_limits<uint32_t>::max())) {
+    const bool a_count_of_units =
+        bytes % kAllocatedUnitBytes == 0 &&
+        bytes / kAllocatedUnitBytes <= std::numeric_limits<uint32_t>::max();
+    if (!t.in_bytes() && a_count_of_units) {
+      t.allocated_units_.push_back(static_cast<uint32_t>(bytes / kAllocatedUnitBytes));
+      return;
+    }
+    if (!t.in_bytes()) {  // the first point that is no count: every point moves to bytes
       t.allocated_bytes_.reserve(t.allocated_units_.capacity());
       for (const uint32_t units : t.allocated_units_) {
         t.allocated_bytes_.push_back(int64_t{units} * kAllocatedUnitBytes);
       }
       t.allocated_units_ = std::vector<uint32_t>();
-      t.in_bytes_ = true;
     }
-    if (t.in_bytes_) {
-      t.allocated_bytes_.push_back(bytes);
-    } else {
-      t.allocated_units_.push_back(static_cast<uint32_t>(bytes / kAllocatedUnitBytes));
-    }
+    t.allocated_bytes_.push_back(bytes);
   }
 
   const CachingAllocatorModel& allocator_;

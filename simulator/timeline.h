@@ -41,7 +41,7 @@ class Timeline {
 
   // One point per event of the recording.
   int64_t num_points() const {
-    return static_cast<int64_t>(in_bytes_ ? allocated_bytes_.size() : allocated_units_.size());
+    return static_cast<int64_t>(in_bytes() ? allocated_bytes_.size() : allocated_units_.size());
   }
   // The state after event `event`. Allocated memory changes with every event and is kept
   // per event (in 4 bytes while it fits); reserved memory changes only when a segment is
@@ -52,7 +52,7 @@ class Timeline {
   // point(event).allocated_bytes without the search for the reserved bytes.
   int64_t AllocatedAfter(int64_t event) const {
     const size_t e = static_cast<size_t>(event);
-    return in_bytes_ ? allocated_bytes_[e] : int64_t{allocated_units_[e]} * kAllocatedUnitBytes;
+    return in_bytes() ? allocated_bytes_[e] : int64_t{allocated_units_[e]} * kAllocatedUnitBytes;
   }
   // Reads points at nondecreasing events without a search each (a trace visits them all).
   class Cursor {
@@ -104,11 +104,11 @@ class Timeline {
   const Recorder* recorder_ = nullptr;
   // Allocated memory after each event. Every block is a multiple of 512 bytes, so it is
   // kept as a count of 512-byte units in 32 bits (up to 2 TiB) while every point is such a
-  // count; the first that is not moves them all to bytes (in_bytes_).
+  // count; the first that is not moves them all to bytes.
   static constexpr int64_t kAllocatedUnitBytes = 512;
   std::vector<uint32_t> allocated_units_;
-  std::vector<int64_t> allocated_bytes_;
-  bool in_bytes_ = false;
+  std::vector<int64_t> allocated_bytes_;  // empty until a point was no count of units
+  bool in_bytes() const { return !allocated_bytes_.empty(); }
   std::vector<ReservedChange> reserved_changes_;  // by first_event, increasing
   std::vector<IterationSummary> iterations_;
   int64_t peak_allocated_bytes_ = 0;
