@@ -204,8 +204,12 @@ at::Tensor RunReplicatedUnits(int64_t first, int64_t last, const at::Tensor& hid
   const int64_t t_end_id = static_cast<int64_t>(r.storages().size());
   const int64_t t_first_id = FirstAllocated(r, t);
   const Recorder::IdShift t_forward = {t_first_id < 0 ? t_end_id : t_first_id, t_end_id, 0};
-  if (t_input < 0 || !t_forward.Maps(t_output) || !AllMapped(t_forward, t_state)) {
-    // Its output or kept state is not its own (a view of something older): run them all.
+  // Its output or kept state is not its own (a view of something older), or it frees its
+  // input in forward (nothing keeps it for backward: an fp32 residual stream, whose norms
+  // keep 16-bit copies, Note [FP32 residual stream] in transformer.h), which the copies and
+  // the bridge do not model: run them all.
+  if (t_input < 0 || r.storages().life(static_cast<size_t>(t_input)).free_event >= 0 ||
+      !t_forward.Maps(t_output) || !AllMapped(t_forward, t_state)) {
     for (int64_t i = t_unit + 1; i < last; ++i) h = units.run(i, h);
     return h;
   }

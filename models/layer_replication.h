@@ -33,7 +33,9 @@
 // clock's sums (tests compare the two for GPT in every recomputation mode, Llama, MoE
 // and Megatron-LM CI launch lines). Not replicated (every layer runs): checkpointed
 // groups holding MoE layers and MoE layers the moe recompute module checkpoints
-// (recomputation replaces their kept state in backward), and data parallelism that wraps
+// (recomputation replaces their kept state in backward), units that free their input in
+// forward (an fp32 residual stream's, whose norms keep 16-bit copies: Note [FP32 residual
+// stream] in transformer.h; found when the template runs), and data parallelism that wraps
 // each layer (FSDP's gathers).
 #pragma once
 

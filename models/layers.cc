@@ -665,7 +665,11 @@ at::Tensor AddBias(const at::Tensor& x, Parameter& bias) {
 
 at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor& residual,
                           double p) {
-  const at::Tensor biased = bias != nullptr ? AddBias(x, *bias) : x;
+  // _bias_dropout_add_func upcasts a 16-bit x to an fp32 residual's dtype first (Note [FP32
+  // residual stream] in transformer.h); the bias then promotes in the addition.
+  const at::Tensor same_dtype =
+      x.scalar_type() == residual.scalar_type() ? x : x.to(residual.scalar_type());
+  const at::Tensor biased = bias != nullptr ? AddBias(same_dtype, *bias) : same_dtype;
   return residual + Dropout(biased, p);
 }
 

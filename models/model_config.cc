@@ -247,6 +247,18 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error("seq_length " + Str(t.seq_length) + " exceeds max_position_embeddings " +
                          Str(m.max_position_embeddings));
   }
+  if (t.fp32_residual_connection && t.precision == Precision::kFp32) {
+    return Status::Error(
+        "an fp32 residual stream needs 16-bit training (Megatron-LM asserts --fp16 or --bf16 "
+        "with --fp32-residual-connection)");
+  }
+  if (t.fp32_residual_connection && t.profile != ProfileKind::kTransformerEngine) {
+    // Megatron-Core's local norms (Apex or torch) take the float32 stream as it is, in ways
+    // memsim has not read; Transformer Engine's layers cast it (Note [FP32 residual stream]).
+    return Status::Error(
+        "an fp32 residual stream is modelled with Transformer Engine's layers only; use "
+        "profile transformer_engine (Megatron-LM: --transformer-impl transformer_engine)");
+  }
   if (t.defer_embedding_wgrad && !t.gradient_accumulation_fusion) {
     return Status::Error(
         "deferring the embedding weight gradients needs gradient accumulation fusion (as "

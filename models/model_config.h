@@ -27,8 +27,8 @@ namespace memsim {
 // for any one dimension, 2^32 GPUs (nothing memsim keeps grows with them: Note [Rank
 // classes]), 10,000 microbatches per iteration (cost grows with them: GPT-3 1.3B on two
 // stages, 10,000 microbatches, 2 iterations, files included, took 14 s, 3.1 GB of memory
-// and 2.6 GB of files on 2026-11-28), and 2^50 bytes (1 PiB, far beyond any GPU) for the largest tensor a
-// layer makes.
+// and 2.6 GB of files on 2026-11-28), and 2^50 bytes (1 PiB, far beyond any GPU) for the largest
+// tensor a layer makes.
 inline constexpr int64_t kMaxLayers = 10000;
 inline constexpr int64_t kMaxDimension = int64_t{1} << 32;
 inline constexpr int64_t kMaxWorldSize = int64_t{1} << 32;
@@ -310,6 +310,10 @@ struct TrainingConfig {
   int64_t num_microbatches = 1;  // per iteration, per pipeline
   int32_t iterations = 2;        // the real tracer records two
   Precision precision = Precision::kBf16;
+  // --fp32-residual-connection: the hidden state between layers and pipeline stages is
+  // float32 (Note [FP32 residual stream] in models/transformer.h). REQUIRES: 16-bit
+  // training, Transformer Engine's layers.
+  bool fp32_residual_connection = false;
   AttentionKind attention = AttentionKind::kFlash;
   // Set: `attention` is chosen as Transformer Engine chooses it, for the GPU
   // (SelectTeAttention), when the run is finalized.

@@ -21,7 +21,7 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
     : model_(model),
       training_(training),
       shard_(shard),
-      activation_dtype_(store->param_dtype()),
+      hidden_dtype_(training.fp32_residual_connection ? at::kFloat : store->param_dtype()),
       workspace_(c10::make_intrusive<GlobalMemoryBuffer>(
           /*persistent=*/training.profile == ProfileKind::kMegatronLocal)),
       // Under TE the layers' gathers are Transformer Engine's own (transient), and
@@ -314,7 +314,12 @@ bool TransformerModel::QkL2NormApplies() const {
 }
 
 at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parameter* bias) {
-  return model_.norm == NormKind::kLayerNorm ? LayerNorm(x, *weight, bias) : RmsNorm(x, *weight);
+  // Transformer Engine's norms, fused into a linear or not, take the fp32 residual stream
+  // as a 16-bit copy, which they keep (Note [FP32 residual stream]).
+  const at::Tensor input =
+      x.scalar_type() == weight->data.scalar_type() ? x : x.to(weight->data.scalar_type());
+  return model_.norm == NormKind::kLayerNorm ? LayerNorm(input, *weight, bias)
+                                             : RmsNorm(input, *weight);
 }
 
 std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::Tensor& ln_out) {
@@ -667,6 +672,9 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   const c10::intrusive_ptr<WeightGradStore> wgrad = NewWgradStore(training_.delay_wgrad_compute);
   DelayedWgradScope delay(wgrad);
   at::Tensor x = wgrad ? RunOnBackward(hidden, wgrad) : hidden;
+  // _run_input_layernorm's residual.float(): a copy only where a 16-bit input meets the fp32
+  // stream (a multi-token prediction layer's projected input); the pre-MLP one never copies.
+  at::Tensor residual_in = training_.fp32_residual_connection ? x.to(at::kFloat) : x;
   OffloadRegion attn_norm_offload(model_.multi_latent_attention() ? offloader_.get() : nullptr,
                                   OffloadModule::kAttnNorm, &x);
   at::Tensor ln_out;
@@ -682,8 +690,10 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   ln_out.reset();
   if (input_norm_checkpoint)
     input_norm_checkpoint->DiscardOutputAndRegisterRecompute(attention_out);
-  at::Tensor residual = BiasDropoutAdd(attention_out, layer.proj_bias, x, hidden_dropout());
+  at::Tensor residual =
+      BiasDropoutAdd(attention_out, layer.proj_bias, residual_in, hidden_dropout());
   attention_out.reset();
+  residual_in.reset();
   attn_norm_offload.Commit(&residual, {{x}});
   x.reset();
   attn_graph.reset();
@@ -840,6 +850,7 @@ at::Tensor TransformerModel::Embed(const at::Tensor& tokens, const at::Tensor& p
   }
   at::Tensor hidden = embeddings.transpose(0, 1).contiguous();  // [S, B, H]
   embeddings.reset();
+  if (training_.fp32_residual_connection) hidden = hidden.to(at::kFloat);
   if (shard_.sequence_parallel) hidden = ScatterToSequenceParallelRegion(hidden, tp);
   hidden = Dropout(hidden, hidden_dropout());
   // EmbeddingScalingMixin: the whole embedding's output times a 0-dim host tensor (no

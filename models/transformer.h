@@ -163,6 +163,33 @@
 // own get_batch (gpt_step.py) also copies only the keys a stage needs, without the broadcast's
 // extra [B, S] tensors, which memsim does not distinguish (a few [B, S] tensors).
 //
+// Note [FP32 residual stream]
+// --fp32-residual-connection (Megatron-Core 0.20, Transformer Engine 2.18), in 16-bit training
+// with Transformer Engine's layers:
+//   * LanguageModelEmbedding makes its [S, B, H] output float32 (embeddings.float(), before
+//     the sequence-parallel scatter and dropout): a float32 copy; the 16-bit one goes.
+//   * TransformerLayer's residuals are .float()'d (a copy only where the input is 16-bit: a
+//     multi-token prediction layer's projected input), and the bias-dropout-add
+//     (_bias_dropout_add_func, fused_bias_dropout.py) first upcasts the attention's or the
+//     MLP's 16-bit output to float32 (a transient [S, B, H] float32); its float32 output is
+//     the next residual and the layer's output.
+//   * The norms take the float32 stream as a 16-bit copy: TELayerNormColumnParallelLinear.
+//     forward casts before Transformer Engine runs (x.to(layer_norm_weight.dtype)), and TE's
+//     own RMSNorm and LayerNorm ops cast to their weight's dtype (maybe_dequantize). The copy
+//     is what the norm saves for backward, so no one saves the float32 stream itself: a
+//     layer saves what it saves in 16-bit training, while the hidden state in flight between
+//     layers is float32 (4SBH, /tp with sequence parallelism).
+//   * Full recomputation's checkpoints keep their float32 inputs (4SBH a layer, not 2SBH);
+//     pipeline sends and receives are float32 (TransformerConfig.__post_init__ overrides
+//     pipeline_dtype), so the schedule keeps each in-flight microbatch's float32 input
+//     (hidden_dtype()).
+//   * Backward: autograd turns each 16-bit input gradient back into float32 where the
+//     forward cast, so the residual stream's gradients are float32 too.
+// Not modelled: the bias's float32 copy in the bias-dropout-add ([H]); torch.compile fusing
+// its upcast into the kernel (memsim runs its eager ops, as in 16-bit training). Refused:
+// Megatron-Core's local layers, whose norms take the float32 input as it is (Apex's
+// mixed-dtype kernels or torch's), which memsim has not read.
+//
 // Note [RoPE frequencies]
 // Every model chunk's GPTModel with RoPE owns a RotaryEmbedding whose forward is an
 // lru_cache (rotary_pos_embedding.py): the chunk's first forward moves inv_freq [rot/2]
@@ -283,7 +310,9 @@ class TransformerModel {
   bool ChunkHasLoss(int64_t chunk) const { return shard_.last_stage && chunk == num_chunks() - 1; }
   // Shape of the hidden state between layers and pipeline stages: [S/cp (/tp with SP), B, H].
   std::vector<int64_t> HiddenShape() const;
-  at::ScalarType activation_dtype() const { return activation_dtype_; }
+  // The hidden state's dtype between layers and pipeline stages: the parameters' 16 bits, or
+  // float32 with an fp32 residual stream (Note [FP32 residual stream]).
+  at::ScalarType hidden_dtype() const { return hidden_dtype_; }
 
   // One microbatch's forward through chunk `chunk`. `input` is the hidden state received
   // from the previous stage, undefined for the chunk holding the embedding. Allocates
@@ -430,7 +459,7 @@ class TransformerModel {
   ModelConfig model_;
   TrainingConfig training_;
   ModelShard shard_;
-  at::ScalarType activation_dtype_;
+  at::ScalarType hidden_dtype_;
   Parameter* word_embeddings_ = nullptr;
   Parameter* position_embeddings_ = nullptr;
   std::vector<std::vector<Layer>> chunks_;  // this stage's layers, per virtual chunk

@@ -351,7 +351,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   const std::vector<PipelineStep> schedule =
       PipelineSchedule(layout.pp, layout.vpp, pp_rank, training.num_microbatches,
                        layout.microbatch_group_size, layout.combined_1f1b);
-  const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.activation_dtype());
+  const auto hidden_options = at::TensorOptions().device(at::kMeta).dtype(model.hidden_dtype());
   LibraryWorkspaces workspaces(session.gpu(), model_config, training, shard);
   // Deferred output-layer weight gradients keep tensors across microbatches, which copied
   // microbatches cannot hold: the stage with the loss runs every microbatch for real.
@@ -571,7 +571,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       graphed_layers.push_back(model.LayersInChunk(c));
     }
     graph_static_buffers = AllocateCudaGraphStaticBuffers(
-        model_config, training, model.HiddenShape(), model.activation_dtype(), layout.cp,
+        model_config, training, model.HiddenShape(), model.hidden_dtype(), layout.cp,
         GraphedLayersInFlight(schedule, graphed_layers));
     recorder.set_graph_mode(Recorder::GraphMode::kCapture);
     run_schedule(nullptr);

@@ -1012,6 +1012,34 @@ TEST(Activations, LlamaFlashAttentionTable) {
   }
 }
 
+// Note [FP32 residual stream] (Llama, Transformer Engine, bf16, flash attention, no
+// dropout): the norms keep 16-bit copies of the float32 stream, so a layer, and the whole
+// model with its embedding and loss, keeps after forward what 16-bit training keeps; full
+// recomputation's checkpoints keep their float32 inputs, 4SBH a layer where 16 bits keep 2SBH.
+TEST(Activations, Fp32ResidualStreamKeeps16BitCopiesAndFloat32Checkpoints) {
+  const int64_t S = 128, B = 2, H = 256, A = 8, G = 2, F = 688;
+  auto after_forward = [&](int64_t layers, bool fp32_residual, RecomputeKind recompute) {
+    ModelConfig m = test::Llama(layers, H, A, G, F, 1024);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.profile = ProfileKind::kTransformerEngine;
+    t.fp32_residual_connection = fp32_residual;
+    t.recompute = recompute;
+    return ActivationBytesAfterForward(m, t);
+  };
+  for (int64_t layers : {1, 2}) {
+    EXPECT_EQ(after_forward(layers, true, RecomputeKind::kNone),
+              after_forward(layers, false, RecomputeKind::kNone))
+        << layers << " layers";
+  }
+  auto full_recompute_per_layer = [&](bool fp32_residual) {
+    return after_forward(2, fp32_residual, RecomputeKind::kFull) -
+           after_forward(1, fp32_residual, RecomputeKind::kFull);
+  };
+  EXPECT_EQ(full_recompute_per_layer(false), 2 * S * B * H);
+  EXPECT_EQ(full_recompute_per_layer(true), 4 * S * B * H);
+}
+
 // Squared ReLU (--squared-relu, Nemotron): the Llama table above with its SwiGLU input
 // 4SBF/t replaced by squared_relu's saved input, fc1's F-wide output, 2SBF/t; fc2 keeps the
 // activation's output, 2SBF/t, as with SwiGLU: SB(8H + 8 + (6H + 4GD + 4A + 4F)/t) + 16.

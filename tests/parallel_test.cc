@@ -450,6 +450,41 @@ TEST(PipelineMemory, EachChunkKeepsItsLastInputAndGradientThroughTheStep) {
   }
 }
 
+// Note [FP32 residual stream]: stages send and receive float32 hidden states. A middle
+// stage keeps 4SBH more a microbatch in flight than in 16-bit training: the received input
+// is float32 and its first norm keeps a 16-bit copy of it, where 16-bit training's norm keeps
+// the received input itself; the sent output's one-element stub is float32 (2 bytes more).
+// After the step a fed chunk's last input and its gradient are float32, 4SBH each.
+TEST(PipelineMemory, AnFp32ResidualStreamTravelsInFloat32) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 6);
+  auto training = [&](bool fp32_residual, int64_t microbatches) {
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.attention = AttentionKind::kFlash;
+    t.fp32_residual_connection = fp32_residual;
+    t.num_microbatches = microbatches;
+    t.iterations = 1;
+    return t;
+  };
+  const ParallelLayout six_stages = PipelineOnly(m, 6);
+  auto per_microbatch = [&](bool fp32_residual) {
+    const TrainingConfig t = training(fp32_residual, 12);
+    return StagePeak(m, t, six_stages, 1) - StagePeak(m, t, six_stages, 2);
+  };
+  const int64_t sbh = x.s * x.b * x.h;
+  EXPECT_EQ(per_microbatch(true) - per_microbatch(false), 4 * sbh + 2);
+
+  const std::unique_ptr<Session> session =
+      test::RecordRank(test::Validated(m, training(true, 4), PipelineOnly(m, 2)), 1);
+  const Recorder& r = session->recorder();
+  const Marker end = MarkerAt(r, MarkerKind::kIterationEnd, 0, -1, Phase::kOptimizer);
+  EXPECT_EQ(KeptOfMicrobatch(r, end, 0, 3),
+            (std::vector<std::pair<Phase, int64_t>>{{Phase::kForward, 4 * sbh},
+                                                    {Phase::kBackward, 4 * sbh}}));
+}
+
 // TrainingConfig::keeps_microbatch_batches (Megatron-LM's RerunDataIterator from
 // 5e4fc931ba to bf32f4415e): the whole model on one GPU (the data-reading rank), S = 32,
 // B = 2, 3 microbatches: each batch, the mask bool [B, 1, S, S] (2048 B), tokens, labels
@@ -991,6 +1026,18 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   llama_te.training.profile = ProfileKind::kTransformerEngine;
   llama_te.training.recompute_modules = dense_modules;
   cases.push_back(llama_te);
+  // An fp32 residual stream (Note [FP32 residual stream]): a layer frees its float32 input in
+  // forward, so the layers run one by one; full recomputation's checkpoints keep their
+  // inputs, and groups are copied.
+  Case llama_fp32 = llama_te;
+  llama_fp32.name = "llama tp2 sp, transformer engine, fp32 residual stream";
+  llama_fp32.training.fp32_residual_connection = true;
+  cases.push_back(llama_fp32);
+  Case gpt_fp32 = cases[2];
+  gpt_fp32.name = "gpt, transformer engine, fp32 residual stream, full recompute";
+  gpt_fp32.training.profile = ProfileKind::kTransformerEngine;
+  gpt_fp32.training.fp32_residual_connection = true;
+  cases.push_back(gpt_fp32);
   Case moe_modules = moe;
   moe_modules.name = "moe, shared experts, grouped GEMM, recompute modules but moe";
   moe_modules.model.moe_shared_expert_size = 256;
@@ -1295,6 +1342,24 @@ TEST(MicrobatchReplication, EqualsRunningEveryMicrobatchOnLongerPipelines) {
     const ParallelLayout layout = PipelineOnly(m, 4, c.vpp);
     for (int64_t stage = 0; stage < 4; ++stage) {
       SCOPED_TRACE("vpp " + std::to_string(c.vpp) + " m " + std::to_string(c.microbatches));
+      ExpectReplicationChangesNothing(m, t, layout, stage);
+    }
+  }
+}
+
+// An fp32 residual stream (Note [FP32 residual stream]): float32 sends, receives and kept
+// inputs, layers that free their input in forward; PP 4, with and without interleaving.
+TEST(MicrobatchReplication, EqualsRunningEveryMicrobatchWithAnFp32ResidualStream) {
+  const Shape x{256, 2, 256, 8};
+  const ModelConfig m = Gpt(x, 8);
+  TrainingConfig t = Fp16Eager(x);
+  t.profile = ProfileKind::kTransformerEngine;
+  t.fp32_residual_connection = true;
+  t.num_microbatches = 8;
+  for (int64_t vpp : {1, 2}) {
+    const ParallelLayout layout = PipelineOnly(m, 4, vpp);
+    for (int64_t stage = 0; stage < 4; ++stage) {
+      SCOPED_TRACE("vpp " + std::to_string(vpp));
       ExpectReplicationChangesNothing(m, t, layout, stage);
     }
   }

@@ -151,6 +151,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     // Precision, kernels, optimizer.
     {"--bf16", Arity::kFlag, ArgUse::kRead},
     {"--fp16", Arity::kFlag, ArgUse::kRead},
+    {"--fp32-residual-connection", Arity::kFlag, ArgUse::kRead},
+    {"--fp16-lm-cross-entropy", Arity::kFlag, ArgUse::kRead},
     {"--accumulate-allreduce-grads-in-fp32", Arity::kFlag, ArgUse::kRead},
     {"--grad-reduce-in-bf16", Arity::kFlag, ArgUse::kRead},
     {"--use-precision-aware-optimizer", Arity::kFlag, ArgUse::kRead},
@@ -514,10 +516,8 @@ constexpr MegatronArg kMegatronArgs[] = {
      "ModelOpt knowledge distillation: a frozen teacher model, whose architecture is in its "
      "checkpoint, on ModelOpt's layer spec, and the distillation loss"},
     {"--external-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
-    {"--fp16-lm-cross-entropy", Arity::kValues, ArgUse::kRefused, "an fp16 cross entropy"},
     {"--sft", Arity::kValues, ArgUse::kRefused,
      "supervised fine-tuning's packed sequences (cu_seqlens, THD attention)"},
-    {"--fp32-residual-connection", Arity::kValues, ArgUse::kRefused, "an fp32 residual stream"},
     {"--fp4-format", Arity::kValues, ArgUse::kRefused, "FP4 training"},
     {"--fp4-param-gather", Arity::kValues, ArgUse::kRefused, "FP4 parameters"},
     {"--heterogeneous-layers-config-encoded-json", Arity::kValues, ArgUse::kRefused,
@@ -1420,6 +1420,17 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
   t.precision = a.Has("--bf16")   ? Precision::kBf16
                 : a.Has("--fp16") ? Precision::kFp16
                                   : Precision::kFp32;
+  t.fp32_residual_connection = a.Has("--fp32-residual-connection");
+  if (a.Has("--fp16-lm-cross-entropy")) {
+    if (t.precision != Precision::kFp16) {
+      return Status::Error(
+          "--fp16-lm-cross-entropy needs --fp16 (Megatron-LM asserts it: \"lm cross entropy in "
+          "fp16 only support in fp16 mode\")");
+    }
+    // Megatron-Core's GPTModel stores fp16_lm_cross_entropy and never reads it (0.20,
+    // gpt_model.py); vocab_parallel_cross_entropy takes float32 logits either way.
+    a.Ignore("--fp16-lm-cross-entropy");
+  }
   if (a.Has("--accumulate-allreduce-grads-in-fp32")) {
     // bf16 and fp32 gradients are fp32 already; fp16 ones would change dtype.
     if (t.precision == Precision::kFp16) {

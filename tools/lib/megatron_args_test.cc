@@ -959,6 +959,27 @@ TEST(MegatronArgs, DistillationIsRefusedForItsTeacher) {
             "simulate the run without it");
 }
 
+// --fp32-residual-connection (Note [FP32 residual stream]) needs 16-bit training, as
+// Megatron-LM asserts, and Transformer Engine's layers, the ones memsim models it with.
+// --fp16-lm-cross-entropy changes nothing in Megatron-Core's GPTModel (stored, never read),
+// but Megatron-LM asserts --fp16 with it.
+TEST(MegatronArgs, Fp32ResidualStreamAndFp16CrossEntropy) {
+  const std::string base = std::string(kTinyGpt) + "--fp32-residual-connection ";
+  EXPECT_TRUE(Parse(base + "--bf16", 1).spec.training.fp32_residual_connection);
+  EXPECT_FALSE(Parse(std::string(kTinyGpt) + "--bf16", 1).spec.training.fp32_residual_connection);
+  EXPECT_EQ(ErrorOf(base),
+            "an fp32 residual stream needs 16-bit training (Megatron-LM asserts --fp16 or --bf16 "
+            "with --fp32-residual-connection)");
+  EXPECT_EQ(ErrorOf(base + "--bf16 --transformer-impl local"),
+            "an fp32 residual stream is modelled with Transformer Engine's layers only; use "
+            "profile transformer_engine (Megatron-LM: --transformer-impl transformer_engine)");
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--fp16 --fp16-lm-cross-entropy", 1).ignored,
+            std::vector<std::string>{"--fp16-lm-cross-entropy"});
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--bf16 --fp16-lm-cross-entropy"),
+            "--fp16-lm-cross-entropy needs --fp16 (Megatron-LM asserts it: \"lm cross entropy in "
+            "fp16 only support in fp16 mode\")");
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {

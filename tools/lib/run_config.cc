@@ -451,6 +451,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          return ReadEnum(v, source, "optimizer", &ParseOptimizer, &t->optimizer);
        }},
       {"dropout", [&](const YAML::Node& v) { return Read(v, source, "dropout", &t->dropout); }},
+      {"fp32_residual_connection",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "fp32_residual_connection", &t->fp32_residual_connection);
+       }},
       {"bias_activation_fusion",
        [&](const YAML::Node& v) {
          return Read(v, source, "bias_activation_fusion", &t->bias_activation_fusion);
