@@ -221,6 +221,9 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fine-grained-offloading-max-inflight-offloads", Arity::kValue, ArgUse::kRead},
     {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
     {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},
+    // Megatron-LM's deprecated spellings of --cuda-graph-impl local / transformer_engine.
+    {"--enable-cuda-graph", Arity::kFlag, ArgUse::kRead},
+    {"--external-cuda-graph", Arity::kFlag, ArgUse::kRead},
     // What the graphs capture and when: only with --cuda-graph-impl.
     {"--cuda-graph-modules", Arity::kValues, ArgUse::kRead},
     {"--cuda-graph-scope", Arity::kValues, ArgUse::kRead},
@@ -501,12 +504,10 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--export-kd-teacher-model-config", Arity::kValue, ArgUse::kNeutral},
     {"--export-te-mcore-model", Arity::kFlag, ArgUse::kNeutral},
     // Refused: they change memory in ways memsim does not simulate.
-    {"--cpu-offloading", Arity::kValues, ArgUse::kRefused, "activation offloading to CPU"},
     {"--decoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--decoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--delay-offload-until-cuda-graph", Arity::kValues, ArgUse::kRefused,
      "fine-grained activation offloading"},
-    {"--enable-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--encoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
     // modelopt_gpt_hybrid_builder (post_training/model_builder.py): the student on ModelOpt's
@@ -515,7 +516,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--export-kd-teacher-load", Arity::kValues, ArgUse::kRefused,
      "ModelOpt knowledge distillation: a frozen teacher model, whose architecture is in its "
      "checkpoint, on ModelOpt's layer spec, and the distillation loss"},
-    {"--external-cuda-graph", Arity::kValues, ArgUse::kRefused, "CUDA graphs"},
     {"--sft", Arity::kValues, ArgUse::kRefused,
      "supervised fine-tuning's packed sequences (cu_seqlens, THD attention)"},
     {"--fp4-format", Arity::kValues, ArgUse::kRefused, "FP4 training"},
@@ -1708,7 +1708,22 @@ Status ReadRecomputation(Args& a, const ModelConfig& m, TrainingConfig* training
 // Transformer Engine's CUDA graphs (Note [CUDA graphs] in parallel/cuda_graphs.h): which
 // modules, and after how many eager steps they are captured.
 Status ReadCudaGraphs(Args& a, TrainingConfig* t) {
-  const std::string impl = a.Text("--cuda-graph-impl", "none");
+  std::string impl = a.Text("--cuda-graph-impl", "none");
+  // arguments.py (0.20) maps the deprecated switches onto --cuda-graph-impl.
+  const bool enable = a.Has("--enable-cuda-graph"), external = a.Has("--external-cuda-graph");
+  if (enable || external) {
+    if (a.Has("--cuda-graph-impl")) {
+      return Status::Error(
+          "do not use --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl "
+          "(Megatron-LM asserts it)");
+    }
+    if (enable && external) {
+      return Status::Error(
+          "--enable-cuda-graph and --external-cuda-graph cannot be enabled at the same time "
+          "(Megatron-LM asserts it)");
+    }
+    impl = enable ? "local" : "transformer_engine";
+  }
   const char* modules_arg = a.Has("--cuda-graph-scope") ? "--cuda-graph-scope"  // deprecated
                                                         : "--cuda-graph-modules";
   if (impl == "none") {
@@ -1719,8 +1734,9 @@ Status ReadCudaGraphs(Args& a, TrainingConfig* t) {
     return Status::OK();
   }
   if (impl != "transformer_engine") {
-    return NotModelled("--cuda-graph-impl " + impl,
-                       "CUDA graphs other than Transformer Engine's per-layer ones");
+    return NotModelled(
+        enable ? "--enable-cuda-graph (--cuda-graph-impl local)" : "--cuda-graph-impl " + impl,
+        "CUDA graphs other than Transformer Engine's per-layer ones");
   }
   if (a.Has("--cuda-graph-scope") && a.Has("--cuda-graph-modules")) {
     return Status::Error(

@@ -910,6 +910,22 @@ TEST(MegatronArgs, CudaGraphs) {
             "--cuda-graph-impl local changes memory in a way memsim does not model (CUDA graphs "
             "other than Transformer Engine's per-layer ones); drop it to simulate the run "
             "without it");
+  // The deprecated switches (arguments.py): --external-cuda-graph is --cuda-graph-impl
+  // transformer_engine, --enable-cuda-graph --cuda-graph-impl local.
+  const MegatronArgsResult external =
+      Parse(std::string(kTinyGpt) + "--external-cuda-graph --cuda-graph-modules attn", 1);
+  EXPECT_TRUE(external.spec.training.cuda_graphs);
+  EXPECT_EQ(external.spec.training.cuda_graph_modules, CudaGraphModuleBit(CudaGraphModule::kAttn));
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--enable-cuda-graph", 1),
+            "--enable-cuda-graph (--cuda-graph-impl local) changes memory in a way memsim does "
+            "not model (CUDA graphs other than Transformer Engine's per-layer ones); drop it to "
+            "simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--external-cuda-graph", 1),
+            "do not use --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl "
+            "(Megatron-LM asserts it)");
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--enable-cuda-graph --external-cuda-graph", 1),
+            "--enable-cuda-graph and --external-cuda-graph cannot be enabled at the same time "
+            "(Megatron-LM asserts it)");
   EXPECT_EQ(ErrorOf(base + "--cuda-graph-retain-backward-graph", 1),
             "--cuda-graph-retain-backward-graph changes memory in a way memsim does not model "
             "(graphs that keep their saved activations between replays); drop it to simulate "
