@@ -549,6 +549,11 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error(
         "recompute module mla_up_proj needs multi-latent attention (kv_lora_rank > 0)");
   }
+  if (m.mtp_use_repeated_layer && m.mtp_num_layers > 1 && t.cuda_graphs) {
+    return Status::Error(
+        "CUDA graphs of a repeated MTP layer (one module run at every depth) are not modelled; "
+        "graph no modules of it or drop mtp_use_repeated_layer");
+  }
   if (m.mtp_num_layers > 0 && t.recompute == RecomputeKind::kFull &&
       t.recompute_method == RecomputeMethod::kUniform && t.recompute_num_layers != 1) {
     // MultiTokenPredictionLayer._checkpointed_forward asserts it.

@@ -168,6 +168,8 @@ struct ModelConfig {
   // --mtp-num-layers: multi-token prediction depth, built after the decoder on the last
   // pipeline stage (Note [Multi-token prediction] in transformer.h); 0: none.
   int64_t mtp_num_layers = 0;
+  // --mtp-use-repeated-layer: one MTP layer, applied at every depth (its parameters once).
+  bool mtp_use_repeated_layer = false;
   // Whether the activation is a gated linear unit (fc1 computes gate and linear halves).
   bool gated() const {
     return activation == ActivationKind::kSwiglu || activation == ActivationKind::kQuickGeglu ||

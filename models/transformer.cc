@@ -81,7 +81,9 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
   }
   if (mtp) {
     ModuleScope scope("mtp");
-    for (int64_t j = 0; j < model.mtp_num_layers; ++j) {
+    // MultiTokenPredictionBlock._build_layers: with mtp_use_repeated_layer, one layer.
+    const int64_t built = model.mtp_use_repeated_layer ? 1 : model.mtp_num_layers;
+    for (int64_t j = 0; j < built; ++j) {
       ModuleScope s("layers." + std::to_string(j));
       mtp_layers_.push_back(CreateMtpLayer(store));
     }
@@ -906,12 +908,14 @@ at::Tensor TransformerModel::MultiTokenPrediction(const at::Tensor& decoder_outp
   std::vector<at::Tensor> outputs = {decoder_output};
   const bool checkpointed = training_.recompute == RecomputeKind::kFull &&
                             training_.recompute_method == RecomputeMethod::kUniform;
-  for (size_t j = 0; j < mtp_layers_.size(); ++j) {
-    ModuleScope s("layers." + std::to_string(j));
+  for (int64_t j = 0; j < model_.mtp_num_layers; ++j) {
+    // A repeated layer (mtp_use_repeated_layer) runs at every depth.
+    const int64_t layer = model_.mtp_use_repeated_layer ? 0 : j;
+    ModuleScope s("layers." + std::to_string(layer));
     tokens = RollLeft(tokens).first;
     position_ids = RollLeft(position_ids).first;
     const at::Tensor decoder_input = Embed(tokens, position_ids);
-    MtpLayer& mtp = mtp_layers_[j];
+    MtpLayer& mtp = mtp_layers_[static_cast<size_t>(layer)];
     auto depth = [this, &mtp](const std::vector<at::Tensor>& in) {
       return MtpDepth(mtp, in[0], in[1]);
     };
@@ -957,7 +961,7 @@ at::Tensor TransformerModel::MtpDepth(MtpLayer& mtp, const at::Tensor& hidden,
 
 at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tensor& labels,
                                        const at::Tensor& loss_mask) {
-  const int64_t k = static_cast<int64_t>(mtp_layers_.size());
+  const int64_t k = model_.mtp_num_layers;
   std::vector<at::Tensor> slices = hidden.chunk(1 + k, 0);
   at::Tensor main = slices[0];
   ModuleScope scope("mtp_loss");

@@ -98,9 +98,12 @@
 // projection, layer and final norm are checkpointed (MultiTokenPredictionLayer.
 // _checkpointed_forward).
 // With cp > 1 roll_tensor also exchanges each chunk's boundary tokens: those [B, S/cp]
-// temporaries are not modelled (the roll is cp = 1's). Refused: MTP layers outside the
-// loss's chunk (Note [Pipeline layout] in parallel/layout.h), and in megatron_args.cc
-// repeated layers, detached heads, hidden-state mixing.
+// temporaries are not modelled (the roll is cp = 1's). With --mtp-use-repeated-layer the
+// block builds one layer, mtp.layers.0, and runs it at every depth (forward(): layer_idx 0):
+// its parameters, gradients, optimizer states and FP8 caches once, its activations per
+// depth as before. Refused: MTP layers outside the loss's chunk (Note [Pipeline layout] in
+// parallel/layout.h), CUDA graphs of a repeated layer, and in megatron_args.cc detached
+// heads and hidden-state mixing.
 //
 // Note [Gemma-2]
 // Megatron-Core 0.20 has no Gemma-2; Megatron-Bridge builds it on Megatron-Core's GPTModel
@@ -299,10 +302,10 @@ class TransformerModel {
 
   int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
   // The transformer layers chunk `chunk` runs: its decoder layers, and on the last stage's
-  // last chunk the multi-token prediction layers.
+  // last chunk the multi-token prediction depths (a repeated MTP layer counts at each).
   int64_t LayersInChunk(int64_t chunk) const {
     return static_cast<int64_t>(chunks_[static_cast<size_t>(chunk)].size()) +
-           (ChunkHasLoss(chunk) ? static_cast<int64_t>(mtp_layers_.size()) : 0);
+           (ChunkHasLoss(chunk) && !mtp_layers_.empty() ? model_.mtp_num_layers : 0);
   }
   // Fine-grained activation offloading (null when off), driven by the pipeline schedule.
   ActivationOffloader* offloader() { return offloader_.get(); }

@@ -144,6 +144,15 @@ TEST(ModelInventory, MultiTokenPredictionOnTheLastStage) {
   last.first_stage = false;
   EXPECT_EQ(ParametersOf(llama, last), expected);
 
+  // --mtp-use-repeated-layer: the first depth's layer, run at both.
+  ModelConfig repeated = llama;
+  repeated.mtp_use_repeated_layer = true;
+  Inventory one_layer = expected;
+  for (auto it = one_layer.begin(); it != one_layer.end();) {
+    it = it->first.rfind("mtp.layers.1.", 0) == 0 ? one_layer.erase(it) : std::next(it);
+  }
+  EXPECT_EQ(ParametersOf(repeated, last), one_layer);
+
   // The first stage builds none of it.
   ModelShard first = last;
   first.chunks = {{0, 1}};

@@ -1418,6 +1418,29 @@ TEST(Activations, MultiTokenPredictionDepth) {
                 4 * S * B + 4 * S * B + 4);
 }
 
+// --mtp-use-repeated-layer: one MTP layer (mtp.layers.0) runs at every depth. Each depth
+// keeps what a layer of its own keeps; the parameters are one layer's: three separate
+// layers hold two more, each with five RMSNorm weights (enorm, hnorm, final_layernorm and
+// the decoder layer's two, 5H), eh_proj (H, 2H), linear_qkv ((A + 2G)D, H), linear_proj
+// (H, AD), linear_fc1 (2F, H) and linear_fc2 (H, F).
+TEST(Activations, RepeatedMultiTokenPredictionLayer) {
+  const int64_t S = 64, B = 2, H = 128, A = 4, G = 2, F = 344, V = 1024, D = H / A;
+  auto model = [&](bool repeated) {
+    ModelConfig m = test::Llama(1, H, A, G, F, V);
+    m.mtp_num_layers = 3;
+    m.mtp_use_repeated_layer = repeated;
+    return m;
+  };
+  auto after_forward = [&](bool repeated) {
+    ModelConfig m = model(repeated);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    return ActivationBytesAfterForward(m, Bf16WithoutDropout(S, B, AttentionKind::kFlash));
+  };
+  EXPECT_EQ(after_forward(true), after_forward(false));
+  const int64_t layer = 5 * H + 2 * H * H + (A + 2 * G) * D * H + H * A * D + 2 * F * H + H * F;
+  EXPECT_EQ(ParameterCount(model(false)) - ParameterCount(model(true)), 2 * layer);
+}
+
 // The model state alive at the end of the first optimizer step (the optimizer's state
 // exists by then) of a 2-layer GPT: h = 128, V = 1024, s = 64.
 struct ModelStateRun {

@@ -88,6 +88,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--hidden-dropout", Arity::kValue, ArgUse::kRead},
     {"--attention-dropout", Arity::kValue, ArgUse::kRead},
     {"--mtp-num-layers", Arity::kValue, ArgUse::kRead},
+    {"--mtp-use-repeated-layer", Arity::kFlag, ArgUse::kRead},
     // Mixture of experts.
     {"--num-experts", Arity::kValue, ArgUse::kRead},
     {"--moe-router-topk", Arity::kValue, ArgUse::kRead},
@@ -535,8 +536,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--mtp-detach-heads", Arity::kValues, ArgUse::kRefused,
      "multi-token prediction with detached heads"},
     {"--mtp-hsm", Arity::kValues, ArgUse::kRefused, "multi-token prediction hidden-state mixing"},
-    {"--mtp-use-repeated-layer", Arity::kValues, ArgUse::kRefused,
-     "one multi-token prediction layer repeated"},
     {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
      "MXFP8 parameters gathered in bf16 through the gradient buffer"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
@@ -942,6 +941,8 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   }
   m.mtp_num_layers = 0;
   MEMSIM_RETURN_IF_ERROR(a.Int("--mtp-num-layers", &m.mtp_num_layers));
+  m.mtp_use_repeated_layer = a.Has("--mtp-use-repeated-layer");
+  if (m.mtp_num_layers == 0) a.Ignore("--mtp-use-repeated-layer");
   m.hidden_dropout = m.attention_dropout = 0.1;
   MEMSIM_RETURN_IF_ERROR(a.Float("--hidden-dropout", &m.hidden_dropout));
   MEMSIM_RETURN_IF_ERROR(a.Float("--attention-dropout", &m.attention_dropout));

@@ -996,6 +996,17 @@ TEST(MegatronArgs, Fp32ResidualStreamAndFp16CrossEntropy) {
             "fp16 only support in fp16 mode\")");
 }
 
+// --mtp-use-repeated-layer: read with --mtp-num-layers, ignored without (Megatron-Core builds
+// no MTP block then).
+TEST(MegatronArgs, RepeatedMultiTokenPredictionLayer) {
+  const std::string base =
+      std::string(kTinyGpt) + "--position-embedding-type rope --mtp-use-repeated-layer --bf16 ";
+  const MegatronArgsResult with = Parse(base + "--mtp-num-layers 2", 1);
+  EXPECT_TRUE(with.spec.model.mtp_use_repeated_layer);
+  EXPECT_EQ(with.spec.model.mtp_num_layers, 2);
+  EXPECT_EQ(Parse(base, 1).ignored, std::vector<std::string>{"--mtp-use-repeated-layer"});
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {

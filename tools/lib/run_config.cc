@@ -278,6 +278,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       f64("moe_router_topk_scaling_factor", &m->moe_router_topk_scaling_factor),
       flag("moe_router_sinkhorn", &m->moe_router_sinkhorn),
       i64("mtp_num_layers", &m->mtp_num_layers),
+      flag("mtp_use_repeated_layer", &m->mtp_use_repeated_layer),
   };
   // architecture sets defaults that the explicit keys then override, wherever it stands.
   if (node.IsMap() && node["architecture"]) {
