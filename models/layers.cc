@@ -13,6 +13,7 @@
 #include "ops/collectives.h"
 #include "ops/transformer_kernels.h"
 #include "parallel/regions/context_parallel.h"
+#include "parallel/regions/tensor_parallel.h"
 #include "simulator/check.h"
 #include "simulator/session.h"
 
@@ -594,6 +595,36 @@ at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
     if (deferred->Accepts(deferred->inputs)) deferred->inputs.push_back(input);
   }
   return LinearFunction::apply(input, weight.data, DataOf(bias), std::move(state));
+}
+
+namespace {
+
+struct FrozenLinearFunction : public Function<FrozenLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& total_input,
+                            const at::Tensor& weight, int64_t all_reduce_input_grad_group) {
+    ctx->saved_data["weight"] = weight;  // the parameter itself: no memory
+    ctx->saved_data["all_reduce_group"] = all_reduce_input_grad_group;
+    return at::matmul(total_input, weight.t());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor grad_input = grads[0].matmul(ctx->saved_data["weight"].toTensor());
+    const int64_t group = ctx->saved_data["all_reduce_group"].toInt();
+    if (group > 1) AllReduceInPlace(grad_input, group);
+    return {grad_input, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor FrozenLinear(const at::Tensor& input, const Parameter& weight,
+                        const LinearParallelism& parallelism) {
+  MEMSIM_DCHECK(weight.fp8.recipe == Fp8Recipe::kNone && parallelism.deferred == nullptr &&
+                !parallelism.userbuffer_gather);
+  const int64_t gather = parallelism.gather_input_group;
+  const at::Tensor total_input =
+      gather > 1 ? GatherFromSequenceParallelRegion(input, gather) : input;
+  return FrozenLinearFunction::apply(total_input, weight.data.detach(),
+                                     gather > 1 ? 1 : parallelism.all_reduce_input_grad_group);
 }
 
 void FreeStorage(const c10::Storage& storage) {

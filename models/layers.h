@@ -114,6 +114,15 @@ void ChargeTeModuleCalls(const TrainingConfig& t, int64_t calls = 1);
 at::Tensor Linear(const at::Tensor& input, Parameter& weight, Parameter* bias,
                   const LinearParallelism& parallelism = {}, const Fp8LinearOptions& fp8 = {});
 
+// Megatron's linear_with_frozen_weight, for a weight that does not require a gradient
+// (--mtp-detach-heads' output layer): with sequence parallelism the input is all-gathered
+// into a new tensor (gather_from_sequence_parallel_region), which nothing saves;
+// LinearWithFrozenWeight keeps only the weight. Backward: dx = dy W, reduce-scattered with
+// sequence parallelism, all-reduced in place otherwise; no weight gradient.
+// REQUIRES: a 16-bit weight, no deferred gradient (Megatron asserts it), no userbuffers.
+at::Tensor FrozenLinear(const at::Tensor& input, const Parameter& weight,
+                        const LinearParallelism& parallelism);
+
 // Adds a parameter gradient computed in backward to its main_grad, then drops it, as
 // Megatron's DDP grad hook does (param.main_grad.add_(param.grad); param.grad = None).
 // Either may be undefined (nothing happens).

@@ -549,6 +549,12 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
     return Status::Error(
         "recompute module mla_up_proj needs multi-latent attention (kv_lora_rank > 0)");
   }
+  if (m.mtp_detach_heads && m.mtp_num_layers > 0 && t.defer_embedding_wgrad) {
+    return Status::Error(
+        "detached MTP heads exclude deferring the embedding weight gradients: Megatron-Core's "
+        "linear_with_frozen_weight asserts it gets no gradient buffer (drop "
+        "--defer-embedding-wgrad-compute or --mtp-detach-heads)");
+  }
   if (m.mtp_use_repeated_layer && m.mtp_num_layers > 1 && t.cuda_graphs) {
     return Status::Error(
         "CUDA graphs of a repeated MTP layer (one module run at every depth) are not modelled; "

@@ -170,6 +170,9 @@ struct ModelConfig {
   int64_t mtp_num_layers = 0;
   // --mtp-use-repeated-layer: one MTP layer, applied at every depth (its parameters once).
   bool mtp_use_repeated_layer = false;
+  // --mtp-detach-heads: no MTP gradient reaches the decoder, the embedding or the output
+  // layer's weight (Note [Multi-token prediction] in transformer.h).
+  bool mtp_detach_heads = false;
   // Whether the activation is a gated linear unit (fc1 computes gate and linear halves).
   bool gated() const {
     return activation == ActivationKind::kSwiglu || activation == ActivationKind::kQuickGeglu ||

@@ -914,13 +914,21 @@ at::Tensor TransformerModel::MultiTokenPrediction(const at::Tensor& decoder_outp
     ModuleScope s("layers." + std::to_string(layer));
     tokens = RollLeft(tokens).first;
     position_ids = RollLeft(position_ids).first;
-    const at::Tensor decoder_input = Embed(tokens, position_ids);
+    at::Tensor decoder_input = Embed(tokens, position_ids);
+    at::Tensor previous = outputs.back();
+    if (model_.mtp_detach_heads) {
+      // The embedding's graph goes with its output; the block's input becomes a leaf that
+      // requires grad (_get_embeddings, for checkpointing), so its gradient lands in its .grad,
+      // kept with the graph until the microbatch's backward ends.
+      decoder_input = decoder_input.detach();
+      if (j == 0) previous = previous.detach().requires_grad_(true);
+    }
     MtpLayer& mtp = mtp_layers_[static_cast<size_t>(layer)];
     auto depth = [this, &mtp](const std::vector<at::Tensor>& in) {
       return MtpDepth(mtp, in[0], in[1]);
     };
-    outputs.push_back(checkpointed ? Checkpoint(depth, {outputs.back(), decoder_input})
-                                   : depth({outputs.back(), decoder_input}));
+    outputs.push_back(checkpointed ? Checkpoint(depth, {previous, decoder_input})
+                                   : depth({previous, decoder_input}));
   }
   return at::cat(outputs, 0);
 }
@@ -972,7 +980,8 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
   const at::Tensor original_num_tokens = loss_mask.sum();  // for per-token losses
   at::Tensor logits, num_tokens, loss, safe_num_tokens;
   for (int64_t j = 0; j < k; ++j) {
-    logits = OutputLogits(slices[static_cast<size_t>(1 + j)]);
+    logits = OutputLogits(slices[static_cast<size_t>(1 + j)],
+                          /*frozen_weight=*/model_.mtp_detach_heads);
     mtp_labels = RollLeft(mtp_labels).first;
     std::tie(mask, num_tokens) = RollLeft(mask);
     {
@@ -1001,12 +1010,14 @@ at::Tensor TransformerModel::CrossEntropy(const at::Tensor& logits, const at::Te
              : VocabCrossEntropy(logits, labels, shard_.tp, training_.cross_entropy_fusion);
 }
 
-at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden) {
+at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden, bool frozen_weight) {
   ModuleScope s("output_layer");
   LinearParallelism parallelism = MegatronColumnParallel();
   parallelism.deferred = deferred_wgrad_;
   auto run = [&](const at::Tensor& x) {
-    at::Tensor logits = Linear(x, *output_weight_, nullptr, parallelism);  // [S, B, V/tp]
+    at::Tensor logits = frozen_weight ? FrozenLinear(x, *output_weight_, parallelism)
+                                      : Linear(x, *output_weight_, nullptr, parallelism);
+    // [S, B, V/tp]
     if (const double cap = model_.final_logit_softcap; cap > 0) {
       // Gemma2OutputLayer's logit_softcapping, cap * tanh(logits / cap), statement by
       // statement as Python frees: logits / cap goes once tanh has run; tanh keeps its output

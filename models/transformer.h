@@ -101,9 +101,15 @@
 // temporaries are not modelled (the roll is cp = 1's). With --mtp-use-repeated-layer the
 // block builds one layer, mtp.layers.0, and runs it at every depth (forward(): layer_idx 0):
 // its parameters, gradients, optimizer states and FP8 caches once, its activations per
-// depth as before. Refused: MTP layers outside the loss's chunk (Note [Pipeline layout] in
-// parallel/layout.h), CUDA graphs of a repeated layer, and in megatron_args.cc detached
-// heads and hidden-state mixing.
+// depth as before. With --mtp-detach-heads (multi_token_prediction.py) the block's input
+// and each depth's embedding are detached (the embedding keeps nothing for backward then),
+// the first depth's input is made a leaf that requires grad (its gradient stays in its
+// .grad until the microbatch's graph goes), and the depths' output layer reads the weight
+// detached: LinearWithFrozenWeight keeps only the weight, not its (with SP gathered) input,
+// and computes no weight gradient. Refused: MTP layers outside the loss's chunk (Note
+// [Pipeline layout] in parallel/layout.h), CUDA graphs of a repeated layer, detached heads
+// with deferred embedding gradients (Megatron asserts), and in megatron_args.cc
+// hidden-state mixing.
 //
 // Note [Gemma-2]
 // Megatron-Core 0.20 has no Gemma-2; Megatron-Bridge builds it on Megatron-Core's GPTModel
@@ -438,7 +444,9 @@ class TransformerModel {
   // process_mtp_loss: each depth's loss attached to the main slice, which it returns.
   at::Tensor MtpLosses(const at::Tensor& hidden, const at::Tensor& labels,
                        const at::Tensor& loss_mask);
-  at::Tensor OutputLogits(const at::Tensor& hidden);  // [S, B, V/tp]
+  // [S, B, V/tp]; `frozen_weight`: the weight detached (FrozenLinear), as detached MTP heads'
+  // losses read it.
+  at::Tensor OutputLogits(const at::Tensor& hidden, bool frozen_weight = false);
   // What get_batch puts on the GPU for one microbatch (Note [The batch on the GPU]): each
   // undefined where this chunk does not need it.
   struct Batch {

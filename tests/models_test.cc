@@ -1441,6 +1441,37 @@ TEST(Activations, RepeatedMultiTokenPredictionLayer) {
   EXPECT_EQ(ParameterCount(model(false)) - ParameterCount(model(true)), 2 * layer);
 }
 
+// --mtp-detach-heads (Llama, bf16, flash attention, no dropout, tp = 1, k = 2 depths): each
+// depth's embedding is detached, so its graph, which saved the rolled tokens as indices
+// (int64 [B, S], 8SB), goes at once: 16SB less after forward. After backward, while the
+// graph lives, the block's detached input, a leaf that requires grad, holds the decoder's
+// normed output (2SBH), which its hnorm no longer keeps, and its gradient (2SBH).
+TEST(Activations, DetachedMultiTokenPredictionHeads) {
+  const int64_t S = 64, B = 2, H = 128, A = 4, G = 2, F = 344, V = 1024;
+  auto model = [&](bool detach) {
+    ModelConfig m = test::Llama(1, H, A, G, F, V);
+    m.mtp_num_layers = 2;
+    m.mtp_detach_heads = detach;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    return m;
+  };
+  const TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+  EXPECT_EQ(
+      ActivationBytesAfterForward(model(false), t) - ActivationBytesAfterForward(model(true), t),
+      16 * S * B);
+  auto after_backward = [&](bool detach) {
+    const ModelConfig m = model(detach);
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/true, [](const Recorder& r) {
+      int64_t bytes = 0;
+      ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+        bytes += r.storages()[static_cast<size_t>(id)].size_bytes;
+      });
+      return bytes;
+    });
+  };
+  EXPECT_EQ(after_backward(true) - after_backward(false), 4 * S * B * H);
+}
+
 // The model state alive at the end of the first optimizer step (the optimizer's state
 // exists by then) of a 2-layer GPT: h = 128, V = 1024, s = 64.
 struct ModelStateRun {

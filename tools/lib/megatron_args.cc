@@ -89,6 +89,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--attention-dropout", Arity::kValue, ArgUse::kRead},
     {"--mtp-num-layers", Arity::kValue, ArgUse::kRead},
     {"--mtp-use-repeated-layer", Arity::kFlag, ArgUse::kRead},
+    {"--mtp-detach-heads", Arity::kFlag, ArgUse::kRead},
     // Mixture of experts.
     {"--num-experts", Arity::kValue, ArgUse::kRead},
     {"--moe-router-topk", Arity::kValue, ArgUse::kRead},
@@ -533,8 +534,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
     {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused,
      "fused MLA down projections and input layernorm"},
-    {"--mtp-detach-heads", Arity::kValues, ArgUse::kRefused,
-     "multi-token prediction with detached heads"},
     {"--mtp-hsm", Arity::kValues, ArgUse::kRefused, "multi-token prediction hidden-state mixing"},
     {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
      "MXFP8 parameters gathered in bf16 through the gradient buffer"},
@@ -942,7 +941,11 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   m.mtp_num_layers = 0;
   MEMSIM_RETURN_IF_ERROR(a.Int("--mtp-num-layers", &m.mtp_num_layers));
   m.mtp_use_repeated_layer = a.Has("--mtp-use-repeated-layer");
-  if (m.mtp_num_layers == 0) a.Ignore("--mtp-use-repeated-layer");
+  m.mtp_detach_heads = a.Has("--mtp-detach-heads");
+  if (m.mtp_num_layers == 0) {
+    a.Ignore("--mtp-use-repeated-layer");
+    a.Ignore("--mtp-detach-heads");
+  }
   m.hidden_dropout = m.attention_dropout = 0.1;
   MEMSIM_RETURN_IF_ERROR(a.Float("--hidden-dropout", &m.hidden_dropout));
   MEMSIM_RETURN_IF_ERROR(a.Float("--attention-dropout", &m.attention_dropout));

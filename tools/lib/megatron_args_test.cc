@@ -1007,6 +1007,21 @@ TEST(MegatronArgs, RepeatedMultiTokenPredictionLayer) {
   EXPECT_EQ(Parse(base, 1).ignored, std::vector<std::string>{"--mtp-use-repeated-layer"});
 }
 
+// --mtp-detach-heads: read with --mtp-num-layers, ignored without; Megatron-Core's frozen-weight
+// output layer asserts no deferred embedding gradients.
+TEST(MegatronArgs, DetachedMultiTokenPredictionHeads) {
+  const std::string base =
+      std::string(kTinyGpt) + "--position-embedding-type rope --mtp-detach-heads --bf16 ";
+  EXPECT_TRUE(Parse(base + "--mtp-num-layers 1", 1).spec.model.mtp_detach_heads);
+  EXPECT_EQ(Parse(base, 1).ignored, std::vector<std::string>{"--mtp-detach-heads"});
+  EXPECT_EQ(ErrorOf(base + "--mtp-num-layers 1 --pipeline-model-parallel-size 2 "
+                           "--defer-embedding-wgrad-compute",
+                    2),
+            "detached MTP heads exclude deferring the embedding weight gradients: Megatron-Core's "
+            "linear_with_frozen_weight asserts it gets no gradient buffer (drop "
+            "--defer-embedding-wgrad-compute or --mtp-detach-heads)");
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {

@@ -279,6 +279,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("moe_router_sinkhorn", &m->moe_router_sinkhorn),
       i64("mtp_num_layers", &m->mtp_num_layers),
       flag("mtp_use_repeated_layer", &m->mtp_use_repeated_layer),
+      flag("mtp_detach_heads", &m->mtp_detach_heads),
   };
   // architecture sets defaults that the explicit keys then override, wherever it stands.
   if (node.IsMap() && node["architecture"]) {
