@@ -1015,9 +1015,9 @@ at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden, bool frozen_
   LinearParallelism parallelism = MegatronColumnParallel();
   parallelism.deferred = deferred_wgrad_;
   auto run = [&](const at::Tensor& x) {
-    at::Tensor logits = frozen_weight ? FrozenLinear(x, *output_weight_, parallelism)
-                                      : Linear(x, *output_weight_, nullptr, parallelism);
-    // [S, B, V/tp]
+    at::Tensor logits =  // [S, B, V/tp]
+        frozen_weight ? FrozenLinear(x, *output_weight_, parallelism)
+                      : Linear(x, *output_weight_, nullptr, parallelism);
     if (const double cap = model_.final_logit_softcap; cap > 0) {
       // Gemma2OutputLayer's logit_softcapping, cap * tanh(logits / cap), statement by
       // statement as Python frees: logits / cap goes once tanh has run; tanh keeps its output
