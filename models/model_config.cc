@@ -61,6 +61,10 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     return Status::Error(
         "sizes must not be negative (query groups, kv channels, ffn, experts, MTP layers)");
   }
+  if (m->mtp_hsm && m->mtp_num_layers < 2) {
+    return Status::Error("MTP hidden-state mixing needs mtp_num_layers >= 2, got " +
+                         Str(m->mtp_num_layers) + " (Megatron-Core raises ValueError)");
+  }
   if (m->mtp_num_layers > 0 && m->position == PositionKind::kLearned) {
     return Status::Error(
         "multi-token prediction needs RoPE position embeddings (Megatron-LM asserts it); use "

@@ -173,6 +173,9 @@ struct ModelConfig {
   // --mtp-detach-heads: no MTP gradient reaches the decoder, the embedding or the output
   // layer's weight (Note [Multi-token prediction] in transformer.h).
   bool mtp_detach_heads = false;
+  // --mtp-hsm: hidden-state mixing before every depth but the first (Note [Multi-token
+  // prediction] in transformer.h). REQUIRES: mtp_num_layers >= 2.
+  bool mtp_hsm = false;
   // Whether the activation is a gated linear unit (fc1 computes gate and linear halves).
   bool gated() const {
     return activation == ActivationKind::kSwiglu || activation == ActivationKind::kQuickGeglu ||

@@ -900,6 +900,47 @@ void MtpAcceptanceCounts(const at::Tensor& logits, const at::Tensor& labels,
   (void)valid.sum().to(at::kFloat);
 }
 
+// MultiTokenPredictionBlock.forward's hidden-state mixing before a depth (--mtp-hsm, cp = 1's
+// roll), in _mix_hidden_state_history's order: the older states of `history` stacked,
+// laid out [n*B, H, S] (a copy) and rolled one token left together; one state per token
+// drawn among them and the newest (randint over the `owners` sequence shards' tokens, this
+// shard's slice), the newest where the draw or the rolled state is empty (gather, where).
+// gather keeps the rolled states for backward, gather and where their indices and mask.
+// Leaves the rolled states' views and the newest in `history`; returns the mixed input.
+// REQUIRES: history->size() >= 2.
+at::Tensor MixHiddenStates(std::vector<at::Tensor>* history, int64_t owners) {
+  const at::Tensor newest = history->back();
+  const int64_t n = static_cast<int64_t>(history->size()) - 1;
+  const int64_t S = newest.size(0), B = newest.size(1), H = newest.size(2);
+  at::Tensor older;
+  {
+    const at::Tensor flattened =
+        at::stack(at::TensorList(history->data(), static_cast<size_t>(n)), 0)
+            .permute({0, 2, 3, 1})
+            .reshape({n * B, H, S});
+    const at::Tensor rolled = at::roll(flattened, {-1}, {-1});
+    rolled.select(-1, -1).fill_(0);
+    older = rolled.reshape({n, B, H, S}).permute({0, 3, 1, 2});  // [n, S, B, H], a view
+  }
+  // torch.randint's int64 output (on meta only its memory matters).
+  const at::Tensor all_indices =
+      at::empty({1, owners * S, B, 1}, newest.options().dtype(at::kLong));
+  const at::Tensor indices = all_indices.narrow(1, 0, S);
+  const at::Tensor selected_is_newest = indices.eq(n);
+  const at::Tensor older_indices = indices.clamp_max(n - 1);
+  const at::Tensor invalid_locations = older.eq(0).all(-1, /*keepdim=*/true);
+  const at::Tensor use_newest =
+      selected_is_newest.bitwise_or(at::gather(invalid_locations, 0, older_indices));
+  const at::Tensor selected_older = at::gather(older, 0, older_indices.expand({-1, -1, -1, H}));
+  at::Tensor mixed =
+      at::where(use_newest.expand_as(selected_older), newest.unsqueeze(0), selected_older)
+          .squeeze(0);
+  std::vector<at::Tensor> rolled_history = older.unbind(0);
+  rolled_history.push_back(newest);
+  *history = std::move(rolled_history);
+  return mixed;
+}
+
 }  // namespace
 
 at::Tensor TransformerModel::MultiTokenPrediction(const at::Tensor& decoder_output,
@@ -908,6 +949,8 @@ at::Tensor TransformerModel::MultiTokenPrediction(const at::Tensor& decoder_outp
   std::vector<at::Tensor> outputs = {decoder_output};
   const bool checkpointed = training_.recompute == RecomputeKind::kFull &&
                             training_.recompute_method == RecomputeMethod::kUniform;
+  std::vector<at::Tensor> history;  // hidden_state_history, with --mtp-hsm
+  const int64_t sequence_owners = (shard_.sequence_parallel ? shard_.tp : 1) * shard_.cp;
   for (int64_t j = 0; j < model_.mtp_num_layers; ++j) {
     // A repeated layer (mtp_use_repeated_layer) runs at every depth.
     const int64_t layer = model_.mtp_use_repeated_layer ? 0 : j;
@@ -923,12 +966,17 @@ at::Tensor TransformerModel::MultiTokenPrediction(const at::Tensor& decoder_outp
       decoder_input = decoder_input.detach();
       if (j == 0) previous = previous.detach().requires_grad_(true);
     }
+    if (model_.mtp_hsm) {
+      if (j == 0) history.push_back(previous);
+      if (history.size() > 1) previous = MixHiddenStates(&history, sequence_owners);
+    }
     MtpLayer& mtp = mtp_layers_[static_cast<size_t>(layer)];
     auto depth = [this, &mtp](const std::vector<at::Tensor>& in) {
       return MtpDepth(mtp, in[0], in[1]);
     };
     outputs.push_back(checkpointed ? Checkpoint(depth, {previous, decoder_input})
                                    : depth({previous, decoder_input}));
+    if (model_.mtp_hsm) history.push_back(outputs.back());
   }
   return at::cat(outputs, 0);
 }

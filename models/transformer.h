@@ -106,10 +106,13 @@
 // the first depth's input is made a leaf that requires grad (its gradient stays in its
 // .grad until the microbatch's graph goes), and the depths' output layer reads the weight
 // detached: LinearWithFrozenWeight keeps only the weight, not its (with SP gathered) input,
-// and computes no weight gradient. Refused: MTP layers outside the loss's chunk (Note
-// [Pipeline layout] in parallel/layout.h), CUDA graphs of a repeated layer, detached heads
-// with deferred embedding gradients (Megatron asserts), and in megatron_args.cc
-// hidden-state mixing.
+// and computes no weight gradient. With --mtp-hsm each depth but the first takes, for every
+// token, one of the earlier depths' states (rolled a token left per depth) or the newest,
+// drawn at random (MixHiddenStates in transformer.cc): the rolled states stay for backward
+// (gather keeps them), 2nSBH at the nth mixing, with the draw's int64 indices and bool mask
+// per token. Refused: MTP layers outside the loss's chunk (Note [Pipeline layout] in
+// parallel/layout.h), CUDA graphs of a repeated layer, detached heads with deferred
+// embedding gradients (Megatron asserts).
 //
 // Note [Gemma-2]
 // Megatron-Core 0.20 has no Gemma-2; Megatron-Bridge builds it on Megatron-Core's GPTModel

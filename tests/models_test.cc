@@ -1472,6 +1472,30 @@ TEST(Activations, DetachedMultiTokenPredictionHeads) {
   EXPECT_EQ(after_backward(true) - after_backward(false), 4 * S * B * H);
 }
 
+// --mtp-hsm (Llama, bf16, flash attention, no dropout, tp = 1): the nth mixing (before depth
+// n) keeps, until backward, the n older states rolled a token left (gather keeps its input,
+// 2nSBH), gather's int64 indices and where's bool mask ([1, S, B, 1]: 8SB + SB). Two depths
+// mix once, three twice.
+TEST(Activations, MultiTokenPredictionHiddenStateMixing) {
+  const int64_t S = 64, B = 2, H = 128, A = 4, G = 2, F = 344, V = 1024;
+  auto after_forward = [&](int64_t depths, bool hsm) {
+    ModelConfig m = test::Llama(1, H, A, G, F, V);
+    m.mtp_num_layers = depths;
+    m.mtp_hsm = hsm;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    return ActivationBytesAfterForward(m, Bf16WithoutDropout(S, B, AttentionKind::kFlash));
+  };
+  const int64_t per_mixing = 9 * S * B;
+  EXPECT_EQ(after_forward(2, true) - after_forward(2, false), 2 * S * B * H + per_mixing);
+  EXPECT_EQ(after_forward(3, true) - after_forward(3, false), 6 * S * B * H + 2 * per_mixing);
+  ModelConfig one_depth = test::Llama(1, H, A, G, F, V);
+  one_depth.mtp_num_layers = 1;
+  one_depth.mtp_hsm = true;
+  EXPECT_EQ(FinalizeModelConfig(&one_depth).message(),
+            "MTP hidden-state mixing needs mtp_num_layers >= 2, got 1 (Megatron-Core raises "
+            "ValueError)");
+}
+
 // The model state alive at the end of the first optimizer step (the optimizer's state
 // exists by then) of a 2-layer GPT: h = 128, V = 1024, s = 64.
 struct ModelStateRun {

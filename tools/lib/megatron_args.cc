@@ -90,6 +90,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--mtp-num-layers", Arity::kValue, ArgUse::kRead},
     {"--mtp-use-repeated-layer", Arity::kFlag, ArgUse::kRead},
     {"--mtp-detach-heads", Arity::kFlag, ArgUse::kRead},
+    {"--mtp-hsm", Arity::kFlag, ArgUse::kRead},
     // Mixture of experts.
     {"--num-experts", Arity::kValue, ArgUse::kRead},
     {"--moe-router-topk", Arity::kValue, ArgUse::kRead},
@@ -534,7 +535,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
     {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused,
      "fused MLA down projections and input layernorm"},
-    {"--mtp-hsm", Arity::kValues, ArgUse::kRefused, "multi-token prediction hidden-state mixing"},
     {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
      "MXFP8 parameters gathered in bf16 through the gradient buffer"},
     {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
@@ -942,6 +942,7 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   MEMSIM_RETURN_IF_ERROR(a.Int("--mtp-num-layers", &m.mtp_num_layers));
   m.mtp_use_repeated_layer = a.Has("--mtp-use-repeated-layer");
   m.mtp_detach_heads = a.Has("--mtp-detach-heads");
+  m.mtp_hsm = a.Has("--mtp-hsm");  // FinalizeModelConfig checks the depths, as Megatron does
   if (m.mtp_num_layers == 0) {
     a.Ignore("--mtp-use-repeated-layer");
     a.Ignore("--mtp-detach-heads");

@@ -1022,6 +1022,15 @@ TEST(MegatronArgs, DetachedMultiTokenPredictionHeads) {
             "--defer-embedding-wgrad-compute or --mtp-detach-heads)");
 }
 
+// --mtp-hsm: read; fewer than two depths is an error, as Megatron-Core raises.
+TEST(MegatronArgs, MultiTokenPredictionHiddenStateMixing) {
+  const std::string base = std::string(kTinyGpt) + "--position-embedding-type rope --mtp-hsm ";
+  EXPECT_TRUE(Parse(base + "--mtp-num-layers 2", 1).spec.model.mtp_hsm);
+  EXPECT_EQ(ErrorOf(base, 1),
+            "MTP hidden-state mixing needs mtp_num_layers >= 2, got 0 (Megatron-Core raises "
+            "ValueError)");
+}
+
 // --squared-relu: fc1 F wide, F = 4H by default (the SwiGLU rule is --swiglu's); Megatron
 // refuses it with the default fused bias-GeLU and with --swiglu.
 TEST(MegatronArgs, SquaredRelu) {
@@ -1194,17 +1203,14 @@ TEST(MegatronArgs, BatchSizeSchedules) {
                 expected);
 }
 
-// --mtp-num-layers is read; what memsim does not model is refused (FinalizeModelConfig
-// checks Megatron-LM's own rule, MTP needs RoPE: ModelConfig.RejectsImpossibleShapes).
+// --mtp-num-layers is read (FinalizeModelConfig checks Megatron-LM's own rule, MTP needs
+// RoPE: ModelConfig.RejectsImpossibleShapes).
 TEST(MegatronArgs, MultiTokenPrediction) {
   const std::string base = std::string(kTinyGpt);
   const MegatronArgsResult r = Parse(
       base + "--position-embedding-type rope --mtp-num-layers 2 --mtp-loss-scaling-factor 0.3", 1);
   EXPECT_EQ(r.spec.model.mtp_num_layers, 2);
   EXPECT_EQ(Parse(base, 1).spec.model.mtp_num_layers, 0);
-  EXPECT_EQ(ErrorOf(base + "--position-embedding-type rope --mtp-num-layers 2 --mtp-hsm"),
-            "--mtp-hsm changes memory in a way memsim does not model (multi-token prediction "
-            "hidden-state mixing); drop it to simulate the run without it");
 }
 
 // --recompute-modules as TransformerConfig reads it: only under selective granularity

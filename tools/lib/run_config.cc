@@ -280,6 +280,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       i64("mtp_num_layers", &m->mtp_num_layers),
       flag("mtp_use_repeated_layer", &m->mtp_use_repeated_layer),
       flag("mtp_detach_heads", &m->mtp_detach_heads),
+      flag("mtp_hsm", &m->mtp_hsm),
   };
   // architecture sets defaults that the explicit keys then override, wherever it stands.
   if (node.IsMap() && node["architecture"]) {
