@@ -38,8 +38,8 @@
 //     MoE layers (num_experts > 0, from layer moe_first_k_dense_layers on) replace
 //     mlp.linear_fc1/fc2 with a router and experts: see moe.h
 //   decoder.final_layernorm.weight / .bias   (H)                  last stage
-//   mtp.layers.j.*  (j < mtp_num_layers)                          last stage: Note [Multi-
-//                                                                 token prediction]
+//   mtp.layers.j.*  (j < mtp_num_layers; j = 0 only with          last stage: Note [Multi-
+//                    mtp_use_repeated_layer)                      token prediction]
 //   output_layer.weight                      (V/tp, H)            last stage; with tied
 //                                                                 embeddings and pp > 1 a
 //                                                                 copy of the embedding
