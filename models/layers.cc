@@ -624,7 +624,7 @@ at::Tensor FrozenLinear(const at::Tensor& input, const Parameter& weight,
   const at::Tensor total_input =
       gather > 1 ? GatherFromSequenceParallelRegion(input, gather) : input;
   return FrozenLinearFunction::apply(total_input, weight.data.detach(),
-                                     gather > 1 ? 1 : parallelism.all_reduce_input_grad_group);
+                                     parallelism.all_reduce_input_grad_group);
 }
 
 void FreeStorage(const c10::Storage& storage) {
