@@ -17,562 +17,12 @@
 #include "ops/library_workspaces.h"
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
+#include "tools/lib/megatron_arg_table.h"
 
 namespace memsim {
 namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
-
-enum class Arity { kFlag, kValue, kValues };  // store_true, one value, nargs='*'/'+'
-
-// Note [Megatron arguments]
-// One row per Megatron-LM argument memsim knows, spelled as Megatron-LM spells it:
-//   kRead     it decides memory and memsim models it (Build reads it, in the group
-//             function of its section); with some values it is memory-neutral (e.g.
-//             --cpu-offloading-num-layers 0) and lands in `ignored`, an error otherwise;
-//   kNeutral  accepted and reported in `ignored`: schedules and hyperparameters of the
-//             optimizer, data and tokenizer files, checkpointing, logging and profiling,
-//             initialisation, kernel fusions and communication overlap that reuse the
-//             same buffers (--overlap-param-gather: Megatron's DDP gathers in place in its
-//             contiguous buffers; --overlap-grad-reduce is read: it buckets the
-//             distributed optimizer's shards), RoPE variants (a
-//             rotation, not a tensor size), sliding windows (the attention saves the same
-//             tensors with any mask), and the settings of features that are off without
-//             their switch (FP8 settings without --fp8-format, MLA ranks without
-//             --multi-latent-attention);
-//   kRefused  it changes memory in a way memsim does not simulate; `refused_because`
-//             says what it is, and the arity is not used (the argument stops parsing).
-// An argument in no row is an error too: memsim cannot tell whether it changes memory.
-enum class ArgUse { kRead, kNeutral, kRefused };
-
-struct MegatronArg {
-  const char* name;
-  Arity arity;
-  ArgUse use;
-  const char* refused_because = nullptr;
-};
-
-constexpr MegatronArg kMegatronArgs[] = {
-    // Model shape.
-    {"--num-layers", Arity::kValue, ArgUse::kRead},
-    {"--hidden-size", Arity::kValue, ArgUse::kRead},
-    {"--ffn-hidden-size", Arity::kValue, ArgUse::kRead},
-    {"--num-attention-heads", Arity::kValue, ArgUse::kRead},
-    {"--group-query-attention", Arity::kFlag, ArgUse::kRead},
-    {"--num-query-groups", Arity::kValue, ArgUse::kRead},
-    {"--kv-channels", Arity::kValue, ArgUse::kRead},
-    {"--max-position-embeddings", Arity::kValue, ArgUse::kRead},
-    {"--vocab-size", Arity::kValue, ArgUse::kRead},
-    {"--padded-vocab-size", Arity::kValue, ArgUse::kRead},
-    {"--make-vocab-size-divisible-by", Arity::kValue, ArgUse::kRead},
-    {"--swiglu", Arity::kFlag, ArgUse::kRead},
-    {"--squared-relu", Arity::kFlag, ArgUse::kRead},
-    {"--quick-geglu", Arity::kFlag, ArgUse::kRead},
-    {"--glu-linear-offset", Arity::kValue, ArgUse::kRead},
-    {"--activation-func-clamp-value", Arity::kValue, ArgUse::kRead},
-    {"--softmax-type", Arity::kValue, ArgUse::kRead},
-    {"--normalization", Arity::kValue, ArgUse::kRead},
-    {"--position-embedding-type", Arity::kValue, ArgUse::kRead},
-    {"--use-rotary-position-embeddings", Arity::kFlag, ArgUse::kRead},
-    {"--untie-embeddings-and-output-weights", Arity::kFlag, ArgUse::kRead},
-    {"--disable-bias-linear", Arity::kFlag, ArgUse::kRead},
-    {"--add-qkv-bias", Arity::kFlag, ArgUse::kRead},
-    {"--qk-layernorm", Arity::kFlag, ArgUse::kRead},
-    {"--qk-l2-norm", Arity::kFlag, ArgUse::kRead},
-    {"--multi-latent-attention", Arity::kFlag, ArgUse::kRead},
-    {"--q-lora-rank", Arity::kValue, ArgUse::kRead},
-    {"--kv-lora-rank", Arity::kValue, ArgUse::kRead},
-    {"--qk-head-dim", Arity::kValue, ArgUse::kRead},
-    {"--qk-pos-emb-head-dim", Arity::kValue, ArgUse::kRead},
-    {"--v-head-dim", Arity::kValue, ArgUse::kRead},
-    {"--hidden-dropout", Arity::kValue, ArgUse::kRead},
-    {"--attention-dropout", Arity::kValue, ArgUse::kRead},
-    {"--mtp-num-layers", Arity::kValue, ArgUse::kRead},
-    {"--mtp-use-repeated-layer", Arity::kFlag, ArgUse::kRead},
-    {"--mtp-detach-heads", Arity::kFlag, ArgUse::kRead},
-    {"--mtp-hsm", Arity::kFlag, ArgUse::kRead},
-    // Mixture of experts.
-    {"--num-experts", Arity::kValue, ArgUse::kRead},
-    {"--moe-router-topk", Arity::kValue, ArgUse::kRead},
-    {"--moe-ffn-hidden-size", Arity::kValue, ArgUse::kRead},
-    {"--moe-shared-expert-intermediate-size", Arity::kValue, ArgUse::kRead},
-    {"--moe-expert-capacity-factor", Arity::kValue, ArgUse::kRead},
-    {"--moe-pad-expert-input-to-capacity", Arity::kFlag, ArgUse::kRead},
-    {"--moe-token-drop-policy", Arity::kValue, ArgUse::kRead},
-    {"--moe-layer-freq", Arity::kValue, ArgUse::kRead},
-    {"--moe-token-dispatcher-type", Arity::kValue, ArgUse::kRead},
-    {"--moe-grouped-gemm", Arity::kFlag, ArgUse::kRead},
-    {"--moe-permute-fusion", Arity::kFlag, ArgUse::kRead},
-    {"--moe-apply-probs-on-input", Arity::kFlag, ArgUse::kRead},
-    {"--moe-router-padding-for-quantization", Arity::kFlag, ArgUse::kRead},
-    {"--moe-router-padding-for-fp8", Arity::kFlag, ArgUse::kRead},
-    {"--moe-flex-dispatcher-backend", Arity::kValue, ArgUse::kRead},
-    {"--moe-flex-dispatcher-num-sms", Arity::kValue, ArgUse::kRead},
-    {"--moe-enable-deepep", Arity::kFlag, ArgUse::kRead},
-    {"--moe-router-dtype", Arity::kValue, ArgUse::kRead},
-    {"--moe-aux-loss-coeff", Arity::kValue, ArgUse::kRead},
-    {"--moe-z-loss-coeff", Arity::kValue, ArgUse::kRead},
-    {"--cross-entropy-loss-fusion", Arity::kFlag, ArgUse::kRead},
-    {"--defer-embedding-wgrad-compute", Arity::kFlag, ArgUse::kRead},
-    {"--wgrad-deferral-limit", Arity::kValue, ArgUse::kRead},
-    {"--cross-entropy-fusion-impl", Arity::kValue, ArgUse::kRead},
-    // Batch and sequence.
-    {"--seq-length", Arity::kValue, ArgUse::kRead},
-    {"--micro-batch-size", Arity::kValue, ArgUse::kRead},
-    {"--global-batch-size", Arity::kValue, ArgUse::kRead},
-    {"--step-batch-size-schedule", Arity::kValue, ArgUse::kRead},
-    {"--decrease-batch-size-if-needed", Arity::kFlag, ArgUse::kRead},
-    // Deprecated and ignored by Megatron-Core 0.20 (num_microbatches_calculator.py); the
-    // global batch is --global-batch-size throughout.
-    {"--rampup-batch-size", Arity::kValues, ArgUse::kNeutral},
-    // Parallelism.
-    {"--tensor-model-parallel-size", Arity::kValue, ArgUse::kRead},
-    {"--pipeline-model-parallel-size", Arity::kValue, ArgUse::kRead},
-    {"--pipeline-model-parallel-layout", Arity::kValue, ArgUse::kRead},
-    {"--num-layers-per-virtual-pipeline-stage", Arity::kValue, ArgUse::kRead},
-    {"--num-virtual-stages-per-pipeline-rank", Arity::kValue, ArgUse::kRead},
-    {"--microbatch-group-size-per-virtual-pipeline-stage", Arity::kValue, ArgUse::kRead},
-    {"--decoder-first-pipeline-num-layers", Arity::kValue, ArgUse::kRead},
-    {"--decoder-last-pipeline-num-layers", Arity::kValue, ArgUse::kRead},
-    {"--account-for-embedding-in-pipeline-split", Arity::kFlag, ArgUse::kRead},
-    {"--account-for-loss-in-pipeline-split", Arity::kFlag, ArgUse::kRead},
-    {"--context-parallel-size", Arity::kValue, ArgUse::kRead},
-    {"--cp-comm-type", Arity::kValues, ArgUse::kRead},
-    {"--hierarchical-context-parallel-sizes", Arity::kValues, ArgUse::kRead},
-    {"--expert-model-parallel-size", Arity::kValue, ArgUse::kRead},
-    {"--expert-tensor-parallel-size", Arity::kValue, ArgUse::kRead},
-    {"--sequence-parallel", Arity::kFlag, ArgUse::kRead},
-    {"--use-distributed-optimizer", Arity::kFlag, ArgUse::kRead},
-    {"--num-distributed-optimizer-instances", Arity::kValue, ArgUse::kRead},
-    {"--data-parallel-sharding-strategy", Arity::kValue, ArgUse::kRead},
-    {"--use-megatron-fsdp", Arity::kFlag, ArgUse::kRead},
-    {"--megatron-fsdp-version", Arity::kValue, ArgUse::kRead},
-    {"--megatron-fsdp-main-params-dtype", Arity::kValue, ArgUse::kRead},
-    {"--megatron-fsdp-main-grads-dtype", Arity::kValue, ArgUse::kRead},
-    {"--megatron-fsdp-grad-comm-dtype", Arity::kValue, ArgUse::kRead},
-    {"--outer-dp-sharding-strategy", Arity::kValue, ArgUse::kRead},
-    // Precision, kernels, optimizer.
-    {"--bf16", Arity::kFlag, ArgUse::kRead},
-    {"--fp16", Arity::kFlag, ArgUse::kRead},
-    {"--fp32-residual-connection", Arity::kFlag, ArgUse::kRead},
-    {"--fp16-lm-cross-entropy", Arity::kFlag, ArgUse::kRead},
-    {"--accumulate-allreduce-grads-in-fp32", Arity::kFlag, ArgUse::kRead},
-    {"--grad-reduce-in-bf16", Arity::kFlag, ArgUse::kRead},
-    {"--use-precision-aware-optimizer", Arity::kFlag, ArgUse::kRead},
-    {"--optimizer-cpu-offload", Arity::kFlag, ArgUse::kRead},
-    {"--optimizer-offload-fraction", Arity::kValue, ArgUse::kRead},
-    // How the host side of an offloaded optimizer runs: streams, pinning, which optimizer.
-    {"--overlap-cpu-optimizer-d2h-h2d", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-torch-optimizer-for-cpu-offload", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-pin-cpu-grads", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-pin-cpu-params", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-transformer-engine-op-fuser", Arity::kFlag, ArgUse::kRead},
-    {"--main-grads-dtype", Arity::kValue, ArgUse::kRead},
-    {"--main-params-dtype", Arity::kValue, ArgUse::kRead},
-    {"--exp-avg-dtype", Arity::kValue, ArgUse::kRead},
-    {"--exp-avg-sq-dtype", Arity::kValue, ArgUse::kRead},
-    {"--transformer-impl", Arity::kValue, ArgUse::kRead},
-    {"--fp8-format", Arity::kValue, ArgUse::kRead},
-    {"--fp8-recipe", Arity::kValue, ArgUse::kRead},
-    {"--fp8-param-gather", Arity::kFlag, ArgUse::kRead},
-    {"--fp8-amax-history-len", Arity::kValue, ArgUse::kRead},
-    {"--first-last-layers-bf16", Arity::kFlag, ArgUse::kRead},
-    {"--num-layers-at-start-in-bf16", Arity::kValue, ArgUse::kRead},
-    {"--num-layers-at-end-in-bf16", Arity::kValue, ArgUse::kRead},
-    {"--no-fp8-wgrad", Arity::kFlag, ArgUse::kRead},
-    {"--tp-comm-overlap", Arity::kFlag, ArgUse::kRead},
-    {"--tp-comm-overlap-cfg", Arity::kValue, ArgUse::kRead},
-    {"--no-tp-comm-overlap-ag", Arity::kFlag, ArgUse::kRead},
-    {"--no-tp-comm-bulk-dgrad", Arity::kFlag, ArgUse::kRead},
-    {"--no-tp-comm-bulk-wgrad", Arity::kFlag, ArgUse::kRead},
-    {"--tp-comm-overlap-rs-dgrad", Arity::kFlag, ArgUse::kRead},
-    {"--no-tp-comm-overlap-rs", Arity::kFlag, ArgUse::kRead},
-    {"--no-tp-comm-split-ag", Arity::kFlag, ArgUse::kRead},
-    {"--no-tp-comm-split-rs", Arity::kFlag, ArgUse::kRead},
-    {"--tp-comm-bootstrap-backend", Arity::kValue, ArgUse::kRead},
-    {"--attention-backend", Arity::kValue, ArgUse::kRead},
-    {"--use-flash-attn", Arity::kFlag, ArgUse::kRead},
-    {"--optimizer", Arity::kValue, ArgUse::kRead},
-    {"--muon-num-ns-steps", Arity::kValue, ArgUse::kRead},
-    {"--muon-scalar-optimizer", Arity::kValue, ArgUse::kRead},
-    {"--muon-tp-mode", Arity::kValue, ArgUse::kRead},
-    {"--muon-fp32-matmul-prec", Arity::kValue, ArgUse::kRead},
-    {"--muon-momentum", Arity::kValue, ArgUse::kNeutral},
-    {"--muon-extra-scale-factor", Arity::kValue, ArgUse::kNeutral},
-    {"--muon-scale-mode", Arity::kValue, ArgUse::kNeutral},
-    {"--muon-coefficient-type", Arity::kValue, ArgUse::kNeutral},
-    {"--muon-nesterov", Arity::kFlag, ArgUse::kNeutral},
-    {"--muon-no-split-qkv", Arity::kFlag, ArgUse::kRead},
-    {"--muon-use-syrk", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-use-layer-wise-param-layout", Arity::kFlag, ArgUse::kRead},
-    {"--no-gradient-accumulation-fusion", Arity::kFlag, ArgUse::kRead},
-    // Recomputation and memory management.
-    {"--recompute-activations", Arity::kFlag, ArgUse::kRead},
-    {"--recompute-granularity", Arity::kValue, ArgUse::kRead},
-    {"--recompute-method", Arity::kValue, ArgUse::kRead},
-    {"--recompute-num-layers", Arity::kValue, ArgUse::kRead},
-    {"--recompute-modules", Arity::kValues, ArgUse::kRead},
-    {"--moe-layer-recompute", Arity::kFlag, ArgUse::kRead},
-    {"--distribute-saved-activations", Arity::kFlag, ArgUse::kRead},
-    {"--cpu-offloading-num-layers", Arity::kValue, ArgUse::kRead},
-    {"--cpu-offloading-retain-pinned-cpu-buffers", Arity::kFlag, ArgUse::kNeutral},  // host
-    {"--fine-grained-activation-offloading", Arity::kFlag, ArgUse::kRead},
-    {"--offload-modules", Arity::kValues, ArgUse::kRead},
-    {"--min-offloaded-tensor-size", Arity::kValue, ArgUse::kRead},
-    {"--delta-offload-bytes-across-pp-ranks", Arity::kValue, ArgUse::kRead},
-    {"--activation-offload-fraction", Arity::kValue, ArgUse::kRead},
-    {"--fine-grained-offloading-max-inflight-offloads", Arity::kValue, ArgUse::kRead},
-    {"--empty-unused-memory-level", Arity::kValue, ArgUse::kRead},
-    {"--cuda-graph-impl", Arity::kValue, ArgUse::kRead},
-    // Megatron-LM's deprecated spellings of --cuda-graph-impl local / transformer_engine.
-    {"--enable-cuda-graph", Arity::kFlag, ArgUse::kRead},
-    {"--external-cuda-graph", Arity::kFlag, ArgUse::kRead},
-    // What the graphs capture and when: only with --cuda-graph-impl.
-    {"--cuda-graph-modules", Arity::kValues, ArgUse::kRead},
-    {"--cuda-graph-scope", Arity::kValues, ArgUse::kRead},
-    {"--cuda-graph-warmup-steps", Arity::kValue, ArgUse::kRead},
-    {"--cuda-graph-retain-backward-graph", Arity::kFlag, ArgUse::kRead},
-    // Memory-neutral (Note [Megatron arguments]).
-    {"--adam-beta1", Arity::kValue, ArgUse::kNeutral},
-    {"--adam-beta2", Arity::kValue, ArgUse::kNeutral},
-    {"--adam-eps", Arity::kValue, ArgUse::kNeutral},
-    {"--adlr-autoresume", Arity::kFlag, ArgUse::kNeutral},
-    {"--adlr-autoresume-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--app-tag-run-name", Arity::kValue, ArgUse::kNeutral},
-    {"--app-tag-run-version", Arity::kValue, ArgUse::kNeutral},
-    {"--apply-layernorm-1p", Arity::kFlag, ArgUse::kNeutral},
-    {"--apply-query-key-layer-scaling", Arity::kFlag, ArgUse::kNeutral},
-    {"--async-ckpt-use-cpu-shm", Arity::kFlag, ArgUse::kNeutral},
-    {"--async-save", Arity::kFlag, ArgUse::kNeutral},
-    {"--async-strategy", Arity::kValue, ArgUse::kNeutral},
-    {"--attention-softmax-in-fp32", Arity::kFlag, ArgUse::kNeutral},
-    {"--auto-detect-ckpt-format", Arity::kFlag, ArgUse::kNeutral},
-    {"--cache-mla-latents", Arity::kFlag, ArgUse::kNeutral},  // inference only
-    {"--calculate-per-token-loss", Arity::kFlag, ArgUse::kNeutral},
-    {"--check-for-large-grads", Arity::kFlag, ArgUse::kNeutral},
-    {"--check-for-spiky-loss", Arity::kFlag, ArgUse::kNeutral},
-    {"--check-weight-hash-across-dp-replicas-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--ckpt-assume-constant-structure", Arity::kFlag, ArgUse::kNeutral},
-    {"--ckpt-convert-format", Arity::kValue, ArgUse::kNeutral},
-    {"--ckpt-convert-save", Arity::kValue, ArgUse::kNeutral},
-    {"--ckpt-format", Arity::kValue, ArgUse::kRead},
-    {"--ckpt-fully-parallel-load", Arity::kFlag, ArgUse::kNeutral},
-    {"--ckpt-fully-parallel-save", Arity::kFlag, ArgUse::kNeutral},
-    {"--ckpt-step", Arity::kValue, ArgUse::kNeutral},
-    {"--clip-grad", Arity::kValue, ArgUse::kNeutral},
-    {"--config-logger-dir", Arity::kValue, ArgUse::kNeutral},
-    {"--data-args-path", Arity::kValue, ArgUse::kNeutral},
-    {"--data-cache-path", Arity::kValue, ArgUse::kNeutral},
-    {"--data-parallel-random-init", Arity::kFlag, ArgUse::kNeutral},
-    {"--data-path", Arity::kValues, ArgUse::kNeutral},
-    {"--dataloader-type", Arity::kValue, ArgUse::kNeutral},
-    {"--ddp-average-in-collective", Arity::kFlag, ArgUse::kNeutral},
-    {"--ddp-bucket-size", Arity::kValue, ArgUse::kRead},
-    {"--ddp-num-buckets", Arity::kValue, ArgUse::kRead},
-    {"--ddp-pad-buckets-for-high-nccl-busbw", Arity::kFlag, ArgUse::kRead},
-    {"--decoupled-lr", Arity::kValue, ArgUse::kNeutral},
-    {"--decoupled-min-lr", Arity::kValue, ArgUse::kNeutral},
-    {"--deterministic-mode", Arity::kFlag, ArgUse::kRead},
-    {"--disable-bf16-reduced-precision-matmul", Arity::kFlag, ArgUse::kNeutral},
-    {"--disable-gloo-process-groups", Arity::kFlag, ArgUse::kNeutral},
-    {"--disable-msc", Arity::kFlag, ArgUse::kNeutral},
-    {"--disable-straggler-on-startup", Arity::kFlag, ArgUse::kNeutral},
-    {"--dist-ckpt-format", Arity::kValue, ArgUse::kNeutral},
-    {"--dist-ckpt-optim-fully-reshardable", Arity::kFlag, ArgUse::kNeutral},
-    {"--dist-ckpt-strictness", Arity::kValue, ArgUse::kNeutral},
-    {"--distributed-backend", Arity::kValue, ArgUse::kNeutral},
-    {"--distributed-timeout-minutes", Arity::kValue, ArgUse::kNeutral},
-    {"--distributed-timeout-seconds-after-init", Arity::kValue, ArgUse::kNeutral},
-    {"--embedding-init-method-std", Arity::kValue, ArgUse::kNeutral},
-    {"--enable-experimental", Arity::kFlag, ArgUse::kRead},
-    {"--end-weight-decay", Arity::kValue, ArgUse::kNeutral},
-    {"--eod-mask-loss", Arity::kFlag, ArgUse::kNeutral},
-    {"--error-injection-rate", Arity::kValue, ArgUse::kNeutral},
-    {"--error-injection-type", Arity::kValue, ArgUse::kNeutral},
-    {"--eval-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--eval-iters", Arity::kValue, ArgUse::kNeutral},
-    {"--exit-duration-in-mins", Arity::kValue, ArgUse::kNeutral},
-    {"--exit-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--exit-on-missing-checkpoint", Arity::kFlag, ArgUse::kNeutral},
-    {"--exit-signal-handler", Arity::kFlag, ArgUse::kNeutral},
-    {"--fim-data", Arity::kFlag, ArgUse::kNeutral},
-    {"--fim-eod-token", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-fragment-rate", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-middle-token", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-no-prefix", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-pad-token", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-prefix-token", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-rate", Arity::kValue,
-     ArgUse::kNeutral},  // FIM: a CPU-side permutation of the data (fim_dataset.py)
-    {"--fim-split-sample", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-spm-rate", Arity::kValue, ArgUse::kNeutral},
-    {"--fim-suffix-token", Arity::kValue, ArgUse::kNeutral},
-    {"--finetune", Arity::kFlag, ArgUse::kNeutral},
-    {"--fp8-amax-compute-algo", Arity::kValue, ArgUse::kNeutral},
-    {"--fp8-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--fp8-margin", Arity::kValue, ArgUse::kNeutral},
-    {"--full-validation", Arity::kFlag, ArgUse::kNeutral},
-    {"--high-priority-stream-groups", Arity::kValues, ArgUse::kNeutral},
-    {"--hysteresis", Arity::kValue, ArgUse::kNeutral},
-    {"--init-method-std", Arity::kValue, ArgUse::kNeutral},
-    {"--init-method-xavier-uniform", Arity::kFlag, ArgUse::kNeutral},
-    {"--init-model-with-meta-device", Arity::kFlag, ArgUse::kNeutral},
-    {"--initial-loss-scale", Arity::kValue, ArgUse::kNeutral},
-    {"--iterations-to-skip", Arity::kValues, ArgUse::kNeutral},
-    {"--legacy-tokenizer", Arity::kFlag, ArgUse::kNeutral},
-    {"--load", Arity::kValue, ArgUse::kRead},
-    {"--local-rank", Arity::kValue, ArgUse::kNeutral},
-    {"--log-energy", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--log-memory-to-tensorboard", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-num-zeros-in-grad", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-params-norm", Arity::kFlag, ArgUse::kRead},
-    {"--log-progress", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-straggler", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-throughput", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-timers-to-tensorboard", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-validation-ppl-to-tensorboard", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-world-size-to-tensorboard", Arity::kFlag, ArgUse::kNeutral},
-    {"--logging-level", Arity::kValue, ArgUse::kNeutral},
-    {"--loss-scale", Arity::kValue, ArgUse::kNeutral},
-    {"--loss-scale-window", Arity::kValue, ArgUse::kNeutral},
-    {"--lr", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-decay-iters", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-decay-samples", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-decay-style", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-warmup-fraction", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-warmup-init", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-warmup-iters", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-warmup-samples", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-wsd-decay-iters", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-wsd-decay-samples", Arity::kValue, ArgUse::kNeutral},
-    {"--lr-wsd-decay-style", Arity::kValue, ArgUse::kNeutral},
-    {"--manual-gc", Arity::kFlag, ArgUse::kNeutral},
-    {"--manual-gc-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--memory-snapshot-path", Arity::kValue, ArgUse::kNeutral},
-    {"--merge-file", Arity::kValue, ArgUse::kNeutral},
-    {"--mid-level-dataset-surplus", Arity::kValue, ArgUse::kNeutral},
-    {"--min-loss-scale", Arity::kValue, ArgUse::kNeutral},
-    {"--min-lr", Arity::kValue, ArgUse::kNeutral},
-    {"--mock-data", Arity::kFlag, ArgUse::kNeutral},
-    {"--moe-input-jitter-eps", Arity::kValue, ArgUse::kNeutral},
-    {"--moe-per-layer-logging", Arity::kFlag, ArgUse::kNeutral},
-    {"--moe-router-bias-update-rate", Arity::kValue, ArgUse::kNeutral},
-    {"--moe-router-enable-expert-bias", Arity::kFlag, ArgUse::kRead},
-    {"--moe-router-force-load-balancing", Arity::kFlag, ArgUse::kNeutral},
-    {"--moe-router-fusion", Arity::kFlag, ArgUse::kRead},
-    {"--moe-router-group-topk", Arity::kValue, ArgUse::kRead},
-    {"--moe-router-load-balancing-type", Arity::kValues, ArgUse::kRead},
-    {"--moe-router-num-groups", Arity::kValue, ArgUse::kRead},
-    {"--moe-router-pre-softmax", Arity::kFlag, ArgUse::kRead},
-    {"--moe-router-score-function", Arity::kValue, ArgUse::kRead},
-    {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kRead},
-    {"--moe-shared-expert-overlap", Arity::kFlag, ArgUse::kNeutral},
-    {"--overlap-moe-expert-parallel-comm", Arity::kFlag, ArgUse::kRead},
-    {"--delay-wgrad-compute", Arity::kFlag, ArgUse::kRead},
-    {"--moe-use-legacy-grouped-gemm", Arity::kFlag, ArgUse::kNeutral},
-    {"--mscale", Arity::kValue, ArgUse::kNeutral},
-    {"--mscale-all-dim", Arity::kValue, ArgUse::kNeutral},
-    {"--mtp-loss-scaling-factor", Arity::kValue, ArgUse::kNeutral},
-    {"--nccl-communicator-config-path", Arity::kValue, ArgUse::kNeutral},
-    {"--no-align-grad-reduce", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-align-param-gather", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-async-tensor-model-parallel-allreduce", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-barrier-with-level-1-timing", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-bias-dropout-fusion", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-bias-gelu-fusion", Arity::kFlag, ArgUse::kRead},
-    {"--no-bias-swiglu-fusion", Arity::kFlag, ArgUse::kRead},
-    {"--no-check-for-nan-in-loss-and-grad", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-ckpt-fully-parallel-save", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-create-attention-mask-in-dataloader", Arity::kFlag, ArgUse::kRead},
-    {"--no-gradient-reduce-div-fusion", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-initialization", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-load-optim", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-load-rng", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-log-loss-scale-to-tensorboard", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-manual-gc-eval", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-masked-softmax-fusion", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-mmap-bin-files", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-one-logger", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-overlap-p2p-communication", Arity::kFlag, ArgUse::kRead},
-    {"--no-persist-layer-norm", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-rope-fusion", Arity::kFlag, ArgUse::kRead},
-    {"--no-save-optim", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-save-rng", Arity::kFlag, ArgUse::kNeutral},
-    {"--no-scatter-gather-tensors-in-pipeline", Arity::kFlag, ArgUse::kNeutral},
-    {"--non-persistent-ckpt-type", Arity::kValue, ArgUse::kNeutral},
-    {"--non-persistent-global-ckpt-dir", Arity::kValue, ArgUse::kNeutral},
-    {"--non-persistent-local-ckpt-dir", Arity::kValue, ArgUse::kNeutral},
-    {"--non-persistent-save-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--norm-epsilon", Arity::kValue, ArgUse::kNeutral},
-    {"--num-dataset-builder-threads", Arity::kValue, ArgUse::kNeutral},
-    {"--num-workers", Arity::kValue, ArgUse::kNeutral},
-    {"--object-storage-cache-path", Arity::kValue, ArgUse::kNeutral},
-    {"--one-logger-async", Arity::kFlag, ArgUse::kNeutral},
-    {"--one-logger-project", Arity::kValue, ArgUse::kNeutral},
-    {"--one-logger-run-name", Arity::kValue, ArgUse::kNeutral},
-    {"--openai-gelu", Arity::kFlag, ArgUse::kNeutral},
-    {"--overlap-grad-reduce", Arity::kFlag, ArgUse::kRead},
-    {"--overlap-p2p-communication-warmup-flush", Arity::kFlag, ArgUse::kNeutral},
-    {"--overlap-param-gather", Arity::kFlag, ArgUse::kNeutral},
-    {"--overlap-param-gather-with-optimizer-step", Arity::kFlag, ArgUse::kRead},
-    {"--override-opt-param-scheduler", Arity::kFlag, ArgUse::kNeutral},
-    {"--override-opt_param-scheduler", Arity::kFlag, ArgUse::kNeutral},
-    {"--per-split-data-args-path", Arity::kValue, ArgUse::kNeutral},
-    {"--pretrained-checkpoint", Arity::kValue, ArgUse::kNeutral},
-    {"--profile", Arity::kFlag, ArgUse::kNeutral},
-    {"--profile-ranks", Arity::kValues, ArgUse::kNeutral},
-    {"--profile-step-end", Arity::kValue, ArgUse::kNeutral},
-    {"--profile-step-start", Arity::kValue, ArgUse::kNeutral},
-    {"--record-memory-history", Arity::kFlag, ArgUse::kNeutral},
-    {"--rerun-mode", Arity::kValue, ArgUse::kNeutral},
-    {"--reset-attention-mask", Arity::kFlag, ArgUse::kNeutral},
-    {"--reset-position-ids", Arity::kFlag, ArgUse::kNeutral},
-    {"--result-rejected-tracker-filename", Arity::kValue, ArgUse::kNeutral},
-    {"--rope-scaling-factor", Arity::kValue, ArgUse::kNeutral},
-    {"--rope-type", Arity::kValue, ArgUse::kNeutral},
-    {"--rotary-base", Arity::kValue, ArgUse::kNeutral},
-    {"--rotary-interleaved", Arity::kFlag, ArgUse::kNeutral},
-    {"--rotary-percent", Arity::kValue, ArgUse::kRead},
-    {"--rotary-scaling-factor", Arity::kValue,
-     ArgUse::kNeutral},  // RoPE/YaRN scalars: the same tensors
-    {"--rotary-seq-len-interpolation-factor", Arity::kValue, ArgUse::kNeutral},
-    {"--save", Arity::kValue, ArgUse::kNeutral},
-    {"--save-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--save-retain-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--seed", Arity::kValue, ArgUse::kNeutral},
-
-    {"--sgd-momentum", Arity::kValue, ArgUse::kNeutral},
-    {"--skip-train", Arity::kFlag, ArgUse::kNeutral},
-    {"--split", Arity::kValue, ArgUse::kNeutral},
-    {"--start-weight-decay", Arity::kValue, ArgUse::kNeutral},
-    {"--straggler-ctrlr-port", Arity::kValue, ArgUse::kNeutral},
-    {"--straggler-minmax-count", Arity::kValue, ArgUse::kNeutral},
-    {"--te-rng-tracker", Arity::kFlag, ArgUse::kNeutral},
-    {"--tensorboard-dir", Arity::kValue, ArgUse::kNeutral},
-    {"--tensorboard-log-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--tensorboard-queue-size", Arity::kValue, ArgUse::kNeutral},
-    {"--test-data-path", Arity::kValues, ArgUse::kNeutral},
-    {"--test-mode", Arity::kFlag,
-     ArgUse::kNeutral},  // attention's consistency check: all-gathers of 4 D-wide vectors
-    {"--tiktoken-num-special-tokens", Arity::kValue, ArgUse::kNeutral},
-    {"--tiktoken-pattern", Arity::kValue, ArgUse::kNeutral},
-    {"--tiktoken-special-tokens", Arity::kValues, ArgUse::kNeutral},
-    {"--timing-log-level", Arity::kValue, ArgUse::kNeutral},
-    {"--timing-log-option", Arity::kValue, ArgUse::kNeutral},
-    {"--tokenizer-metadata", Arity::kValue, ArgUse::kNeutral},
-    {"--tokenizer-model", Arity::kValue, ArgUse::kNeutral},
-    {"--tokenizer-type", Arity::kValue, ArgUse::kNeutral},
-    {"--train-data-path", Arity::kValues, ArgUse::kNeutral},
-    {"--train-iters", Arity::kValue, ArgUse::kNeutral},
-    {"--train-samples", Arity::kValue, ArgUse::kNeutral},
-    {"--train-sync-interval", Arity::kValue, ArgUse::kNeutral},
-    {"--trust-remote-code", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-checkpoint-args", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-checkpoint-opt-param-scheduler", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-checkpoint-opt_param-scheduler", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-cpu-initialization", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-dist-ckpt", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-mcore-models", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-mp-args-from-checkpoint-args", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-persistent-ckpt-worker", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-pytorch-profiler", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-ring-exchange-p2p", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-rope-scaling", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-sharp", Arity::kFlag, ArgUse::kNeutral},
-    {"--use-tp-pp-dp-mapping", Arity::kFlag, ArgUse::kNeutral},
-    {"--valid-data-path", Arity::kValues, ArgUse::kNeutral},
-    {"--verify-integrity", Arity::kFlag, ArgUse::kNeutral},
-    {"--vocab-file", Arity::kValue, ArgUse::kNeutral},
-    {"--wandb-entity", Arity::kValue, ArgUse::kNeutral},
-    {"--wandb-exp-name", Arity::kValue, ArgUse::kNeutral},
-    {"--wandb-project", Arity::kValue, ArgUse::kNeutral},
-    {"--wandb-save-dir", Arity::kValue, ArgUse::kNeutral},
-    {"--weight-decay", Arity::kValue, ArgUse::kNeutral},
-    {"--weight-decay-incr-style", Arity::kValue, ArgUse::kNeutral},
-    // A sliding window changes which scores count, not the size of what fused attention
-    // keeps; it decides which context parallelism Transformer Engine allows.
-    {"--window-size", Arity::kValue, ArgUse::kRead},
-    // Which layers use the sliding window.
-    {"--window-attn-skip-freq", Arity::kValue, ArgUse::kRead},
-    // ModelOpt's (megatron/post_training/arguments.py): they act only when a ModelOpt
-    // checkpoint is loaded or a distillation teacher is given (modelopt_enabled,
-    // post_training/utils.py), which a training run from scratch does not, and the
-    // teacher is refused below.
-    {"--enable-gpt-oss", Arity::kFlag, ArgUse::kNeutral},
-    {"--export-default-te-spec", Arity::kFlag, ArgUse::kNeutral},
-    {"--export-force-local-attention", Arity::kFlag, ArgUse::kNeutral},
-    {"--export-kd-cfg", Arity::kValue, ArgUse::kNeutral},
-    {"--export-kd-teacher-ckpt-format", Arity::kValue, ArgUse::kNeutral},
-    {"--export-kd-teacher-model-config", Arity::kValue, ArgUse::kNeutral},
-    {"--export-te-mcore-model", Arity::kFlag, ArgUse::kNeutral},
-    // Refused: they change memory in ways memsim does not simulate.
-    {"--decoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
-    {"--decoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
-    {"--delay-offload-until-cuda-graph", Arity::kValues, ArgUse::kRefused,
-     "fine-grained activation offloading"},
-    {"--encoder-num-layers", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
-    {"--encoder-seq-length", Arity::kValues, ArgUse::kRefused, "encoder-decoder models"},
-    // modelopt_gpt_hybrid_builder (post_training/model_builder.py): the student on ModelOpt's
-    // layer spec, a frozen teacher built from the teacher checkpoint's model_config.yaml
-    // (the student's architecture when it has none) and ModelOpt's distillation loss.
-    {"--export-kd-teacher-load", Arity::kValues, ArgUse::kRefused,
-     "ModelOpt knowledge distillation: a frozen teacher model, whose architecture is in its "
-     "checkpoint, on ModelOpt's layer spec, and the distillation loss"},
-    {"--sft", Arity::kValues, ArgUse::kRefused,
-     "supervised fine-tuning's packed sequences (cu_seqlens, THD attention)"},
-    {"--fp4-format", Arity::kValues, ArgUse::kRefused, "FP4 training"},
-    {"--fp4-param-gather", Arity::kValues, ArgUse::kRefused, "FP4 parameters"},
-    {"--heterogeneous-layers-config-encoded-json", Arity::kValues, ArgUse::kRefused,
-     "heterogeneous layers"},
-    {"--heterogeneous-layers-config-path", Arity::kValues, ArgUse::kRefused,
-     "heterogeneous layers"},
-    {"--hybrid-attention-ratio", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
-    {"--hybrid-mlp-ratio", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
-    {"--hybrid-override-pattern", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
-    {"--is-hybrid-model", Arity::kValues, ArgUse::kRefused, "hybrid Mamba models"},
-    {"--moe-extended-tp", Arity::kValues, ArgUse::kRefused, "extended expert tensor parallelism"},
-    {"--moe-use-upcycling", Arity::kValues, ArgUse::kRefused, "MoE upcycling"},
-    {"--mla-down-proj-fusion", Arity::kValues, ArgUse::kRefused,
-     "fused MLA down projections and input layernorm"},
-    {"--reuse-grad-buf-for-mxfp8-param-ag", Arity::kValues, ArgUse::kRefused,
-     "MXFP8 parameters gathered in bf16 through the gradient buffer"},
-    {"--spec", Arity::kValues, ArgUse::kRefused, "custom layer specs"},
-    {"--use-custom-fsdp", Arity::kValues, ArgUse::kRefused, "FSDP"},
-    {"--use-legacy-models", Arity::kValues, ArgUse::kRefused, "the legacy (non-core) models"},
-    {"--fsdp-double-buffer", Arity::kFlag, ArgUse::kRefused,
-     "Megatron-FSDP's fixed double buffers"},
-    {"--nccl-ub", Arity::kFlag, ArgUse::kRefused,
-     "NCCL user buffers: a memory pool partly outside PyTorch's caching allocator"},
-    {"--use-torch-fsdp2", Arity::kValues, ArgUse::kRefused, "FSDP"},
-    {"--yaml-cfg", Arity::kValues, ArgUse::kRefused, "arguments read from a YAML file"},
-};
-
-// The row of `name`, or null.
-const MegatronArg* FindArg(const std::string& name) {
-  static const auto* by_name = [] {
-    auto* index = new std::map<std::string, const MegatronArg*>;
-    for (const MegatronArg& arg : kMegatronArgs) {
-      const bool added = index->emplace(arg.name, &arg).second;
-      MEMSIM_DCHECK(added);  // each argument has one row
-    }
-    return index;
-  }();
-  auto it = by_name->find(name);
-  return it == by_name->end() ? nullptr : it->second;
-}
-
-// The refused arguments and why, sorted by name (UnmodelledMegatronArgs).
-const std::map<std::string, std::string>& UnmodelledArgs() {
-  static const auto* args = [] {
-    auto* refused = new std::map<std::string, std::string>;
-    for (const MegatronArg& arg : kMegatronArgs) {
-      if (arg.use == ArgUse::kRefused) (*refused)[arg.name] = arg.refused_because;
-    }
-    return refused;
-  }();
-  return *args;
-}
 
 // `text` as the integer value of argument `name`.
 Status ParseInt(const std::string& name, const std::string& text, int64_t* out) {
@@ -582,6 +32,17 @@ Status ParseInt(const std::string& name, const std::string& text, int64_t* out) 
   auto [ptr, ec] = std::from_chars(begin, end, v);
   if (ec != std::errc() || ptr != end || begin == end) {
     return Status::Error(name + " expects an integer, got '" + text + "'");
+  }
+  *out = v;
+  return Status::OK();
+}
+
+// `text` as the number value of argument `name`.
+Status ParseFloat(const std::string& name, const std::string& text, double* out) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) {
+    return Status::Error(name + " expects a number, got '" + text + "'");
   }
   *out = v;
   return Status::OK();
@@ -603,20 +64,24 @@ class Args {
                              "': Megatron-LM arguments start with --");
       }
       const size_t eq = token.find('=');
-      const std::string name = token.substr(0, eq);
-      const MegatronArg* arg = FindArg(name);
+      const std::string spelled = token.substr(0, eq);
+      const MegatronArg* arg = FindMegatronArg(spelled);
       if (arg == nullptr) {
-        return Status::Error("unknown Megatron-LM argument '" + name +
-                             "'; if it does not change memory, drop it from the arguments "
-                             "given to memsim");
+        return Status::Error("unknown Megatron-LM argument '" + spelled +
+                             "': Megatron-LM 0.20 has no such argument; check its spelling");
       }
-      if (arg->use == ArgUse::kRefused) return NotModelled(name, arg->refused_because);
+      if (arg->use == ArgUse::kRefused) return NotModelled(spelled, arg->reason);
+      if (arg->use == ArgUse::kRejected) {
+        return Status::Error(spelled + " is " + arg->reason);
+      }
+      // Another spelling of an argument is read, and reported, as the table's.
+      const std::string name = arg->name;
       if (arg->use == ArgUse::kNeutral) ignored_.insert(name);
       const Arity arity = arg->arity;
       std::vector<std::string> values;
       if (eq != std::string::npos) {
         if (arity == Arity::kFlag) {
-          return Status::Error(name + " takes no value, got '" + token + "'");
+          return Status::Error(spelled + " takes no value, got '" + token + "'");
         }
         values.push_back(token.substr(eq + 1));
       } else if (arity != Arity::kFlag) {
@@ -624,7 +89,9 @@ class Args {
           values.push_back(args[++i]);
           if (arity == Arity::kValue) break;
         }
-        if (arity == Arity::kValue && values.empty()) return Status::Error(name + " needs a value");
+        if (arity == Arity::kValue && values.empty()) {
+          return Status::Error(spelled + " needs a value");
+        }
       }
       if (!values_.count(name)) order_.push_back(name);
       values_[name] = std::move(values);
@@ -656,14 +123,7 @@ class Args {
   }
   Status Float(const std::string& name, double* out) const {
     if (!Has(name)) return Status::OK();
-    const std::string text = Text(name, "");
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    if (text.empty() || end != text.c_str() + text.size()) {
-      return Status::Error(name + " expects a number, got '" + text + "'");
-    }
-    *out = v;
-    return Status::OK();
+    return ParseFloat(name, Text(name, ""), out);
   }
   // Records a present argument as not changing memory.
   void Ignore(const std::string& name) {
@@ -907,6 +367,15 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
                                 "learned_absolute", &text));
   m.position = text == "rope" || a.Has("--use-rotary-position-embeddings") ? PositionKind::kRope
                                                                            : PositionKind::kLearned;
+  // Deprecated: Megatron-LM raises unless RoPE, which has no position table anyway.
+  if (a.Has("--no-position-embedding")) {
+    if (m.position != PositionKind::kRope) {
+      return Status::Error(
+          "--no-position-embedding is deprecated and Megatron-LM raises without RoPE; use "
+          "--position-embedding-type");
+    }
+    a.Ignore("--no-position-embedding");
+  }
   MEMSIM_RETURN_IF_ERROR(a.Float("--rotary-percent", &m.rotary_percent));
   MEMSIM_RETURN_IF_ERROR(a.Int("--max-position-embeddings", max_positions));
   if (m.position == PositionKind::kLearned) {
@@ -983,6 +452,8 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-router-padding-for-quantization",
                                              "--moe-router-padding-for-fp8",
                                              "--moe-apply-probs-on-input",
+                                             "--moe-deepep-num-sms",
+                                             "--moe-hybridep-num-sms",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
   // The combined 1F1B schedule (Note [Combined 1F1B]); FinalizeRunSpec checks its rules.
@@ -994,6 +465,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
         "(Megatron-Core asserts it)");
   }
   t.te_op_fuser = a.Has("--use-transformer-engine-op-fuser");  // the rules: model_config.cc
+  a.Ignore("--fake-process-group");  // unless with the flex dispatcher, below
   t.experimental = a.Has("--enable-experimental");
   if (m.num_experts == 0) {
     for (const std::string& name : moe_args) a.Ignore(name);
@@ -1042,7 +514,21 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                        : hybrid           ? MoeDispatcher::kHybridEp
                        : flex             ? MoeDispatcher::kDeepEp
                                           : MoeDispatcher::kAllGather;
-    MEMSIM_RETURN_IF_ERROR(a.Int("--moe-flex-dispatcher-num-sms", &t.deepep_num_sms));
+    // --moe-deepep-num-sms and --moe-hybridep-num-sms are deprecated spellings that
+    // TransformerConfig routes here when --moe-flex-dispatcher-num-sms is not given.
+    std::string num_sms_arg = "--moe-flex-dispatcher-num-sms";
+    if (!a.Has(num_sms_arg)) {
+      const std::string deepep = "--moe-deepep-num-sms", hybridep = "--moe-hybridep-num-sms";
+      if (a.Has(deepep) && a.Has(hybridep) && a.Text(deepep, "") != a.Text(hybridep, "")) {
+        return Status::Error(deepep + " and " + hybridep + " conflict; give one " + num_sms_arg +
+                             " (Megatron-Core raises it)");
+      }
+      if (a.Has(deepep) || a.Has(hybridep)) num_sms_arg = a.Has(deepep) ? deepep : hybridep;
+    }
+    for (const char* deprecated : {"--moe-deepep-num-sms", "--moe-hybridep-num-sms"}) {
+      if (deprecated != num_sms_arg) a.Ignore(deprecated);
+    }
+    MEMSIM_RETURN_IF_ERROR(a.Int(num_sms_arg, &t.deepep_num_sms));
     if (flex && !hybrid && (t.deepep_num_sms < 2 || t.deepep_num_sms % 2 != 0)) {
       return Status::Error(
           "--moe-flex-dispatcher-num-sms must be even and at least 2 (DeepEP "
@@ -1051,7 +537,13 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     // The backend and its SMs change only what DeepEP delivers and holds; HybridEP's SMs
     // size nothing.
     if (!flex) a.Ignore("--moe-flex-dispatcher-backend");
-    if (!flex || hybrid) a.Ignore("--moe-flex-dispatcher-num-sms");
+    if (!flex || hybrid) a.Ignore(num_sms_arg);
+    // The fake process group skips communication, not allocation (validation/fake_pg).
+    if (flex && a.Has("--fake-process-group")) {
+      return Status::Error(
+          "--fake-process-group cannot be used with --moe-token-dispatcher-type flex "
+          "(Megatron-LM asserts it)");
+    }
     t.moe_permute_fusion = a.Has("--moe-permute-fusion");
     m.moe_apply_probs_on_input = a.Has("--moe-apply-probs-on-input");
     // Note [Router padding] in models/moe.h; --moe-router-padding-for-fp8 is its older name.
@@ -1060,7 +552,6 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     // The router's dtype: fp32 logits and probabilities, or (unset) the training dtype.
     MEMSIM_RETURN_IF_ERROR(Choice(a, "--moe-router-dtype", {"fp32", "none"}, "none", &text));
     m.moe_router_fp32 = text == "fp32";
-    MEMSIM_RETURN_IF_ERROR(a.Float("--moe-aux-loss-coeff", &m.moe_aux_loss_coeff));
     MEMSIM_RETURN_IF_ERROR(a.Float("--moe-z-loss-coeff", &m.moe_z_loss_coeff));
     // The router (Note [MoE routing] in models/moe.h). Load balancing: the aux-loss kinds
     // (aux_loss, the default, seq_aux_loss, global_aux_loss) keep the same scores; none and
@@ -1077,6 +568,32 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                              "global_aux_loss, sinkhorn, none)");
       }
     }
+    // One coefficient per load-balancing type, as TransformerConfig pairs them.
+    std::vector<double> coefficients;
+    if (a.Has("--moe-aux-loss-coeff")) {
+      for (const std::string& value : a.Values("--moe-aux-loss-coeff")) {
+        MEMSIM_RETURN_IF_ERROR(
+            ParseFloat("--moe-aux-loss-coeff", value, &coefficients.emplace_back()));
+      }
+    }
+    if (balancing.size() > 1 && coefficients.size() != balancing.size()) {
+      return Status::Error(
+          "--moe-aux-loss-coeff needs one coefficient per "
+          "--moe-router-load-balancing-type (" +
+          Str(static_cast<int64_t>(coefficients.size())) + " for " +
+          Str(static_cast<int64_t>(balancing.size())) + "; Megatron-Core asserts it)");
+    }
+    if (balancing.size() == 1 && coefficients.size() > 1) {
+      return Status::Error(
+          "--moe-aux-loss-coeff takes one value with one load-balancing type, got " +
+          Str(static_cast<int64_t>(coefficients.size())));
+    }
+    const auto positive =
+        std::count_if(coefficients.begin(), coefficients.end(), [](double c) { return c > 0; });
+    if (positive > 1) {
+      return NotModelled("--moe-aux-loss-coeff", "several load-balancing losses at once");
+    }
+    for (double c : coefficients) m.moe_aux_loss_coeff = std::max(m.moe_aux_loss_coeff, c);
     m.moe_router_sinkhorn = balancing == std::vector<std::string>{"sinkhorn"};
     if (balancing == std::vector<std::string>{"none"}) {
       m.moe_aux_loss_coeff = 0;  // no load-balancing loss is computed
@@ -2092,8 +1609,6 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, const Arg
 }
 
 }  // namespace
-
-const std::map<std::string, std::string>& UnmodelledMegatronArgs() { return UnmodelledArgs(); }
 
 std::vector<std::string> ModelledEnvNames() { return {ModelledEnv().begin(), ModelledEnv().end()}; }
 

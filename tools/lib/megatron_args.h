@@ -1,13 +1,10 @@
 // Megatron-LM's pretrain_gpt.py arguments -> RunSpec, for `memsim megatron -- ARGS`.
 //
 // Arguments are spelled exactly as Megatron-LM spells them, as `--arg value` or
-// `--arg=value`. Every argument has one row in one table (Note [Megatron arguments] in
-// megatron_args.cc), which says whether it is:
-//   * read: it decides memory and memsim models it (sizes, parallelism, precision, ...);
-//   * memory-neutral: accepted and reported in `ignored` (learning rate, data, logging, ...);
-//   * not modelled: it changes memory in a way memsim does not simulate (FP4, CPU
-//     offloading, ...): an error naming it.
-// An argument in no row is an error too: memsim cannot tell whether it changes memory.
+// `--arg=value`. Every argument of Megatron-LM 0.20 has one row in one table
+// (megatron_arg_table.h), which says whether it is read (it decides memory and memsim
+// models it), memory-neutral (reported in `ignored`), not modelled (an error naming it),
+// or one Megatron-LM itself stops at.
 // Rules on the whole run (sequence vs CP, ...) are FinalizeRunSpec's (parallel/run_spec.h).
 #pragma once
 
@@ -40,10 +37,6 @@ struct MegatronArgsResult {
 Status ParseMegatronArgs(const std::vector<std::string>& args,
                          const std::map<std::string, std::string>& env, int64_t world_size,
                          MegatronArgsResult* out);
-
-// The Megatron-LM arguments memsim refuses because they change memory in ways it does not
-// model, each with what it is ("--fp4-format" -> "FP4 training"), sorted by name.
-const std::map<std::string, std::string>& UnmodelledMegatronArgs();
 
 // The environment variables memsim models (CUBLAS_WORKSPACE_CONFIG, NVTE_*_ATTN, ...):
 // what `memsim megatron` reads from its own environment.

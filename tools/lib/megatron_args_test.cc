@@ -1620,13 +1620,92 @@ TEST(MegatronArgs, MultiLatentAttention) {
             std::string::npos);
 }
 
+// Megatron-LM 0.20's other spellings and deprecated forms are read as the arguments they
+// stand for; memory-neutral ones of any kind are reported as ignored.
+TEST(MegatronArgs, OtherSpellingsAndNeutralArgumentsOfTheRelease) {
+  const std::string base = std::string(kTinyGpt) + "--tensor-model-parallel-size 2 ";
+  // --disable-x is --no-x (Megatron-Core's config dataclasses make both).
+  MegatronArgsResult r = Parse(base +
+                                   "--tp-comm-overlap --sequence-parallel "
+                                   "--disable-tp-comm-bulk-dgrad --persistent-save-interval 100",
+                               2);
+  MegatronArgsResult same = Parse(base +
+                                      "--tp-comm-overlap --sequence-parallel "
+                                      "--no-tp-comm-bulk-dgrad --save-interval 100",
+                                  2);
+  EXPECT_EQ(r.spec.training.tp_comm_bulk_dgrad, false);
+  EXPECT_EQ(r.spec.training.tp_comm_bulk_dgrad, same.spec.training.tp_comm_bulk_dgrad);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--save-interval"}));
+  // Arguments of inference, RL settings, other models and the training loop's host side.
+  r = Parse(std::string(kTinyGpt) +
+                "--inference-max-seq-length 64 --grpo-group-size 4 --img-h 224 "
+                "--inprocess-restart --dataloader-fast-cache-load --position-embedding-type rope "
+                "--no-position-embedding --fake-process-group",
+            1);
+  EXPECT_EQ(r.ignored,
+            (std::vector<std::string>{"--inference-max-seq-length", "--grpo-group-size", "--img-h",
+                                      "--inprocess-restart", "--dataloader-fast-cache-load",
+                                      "--no-position-embedding", "--fake-process-group"}));
+}
+
+// --moe-aux-loss-coeff takes one coefficient per load-balancing type (TransformerConfig
+// asserts the pairing); the deprecated SM counts stand for --moe-flex-dispatcher-num-sms.
+TEST(MegatronArgs, MoeCoefficientListsAndDeprecatedSmCounts) {
+  const std::string moe = std::string(kTinyGpt) + "--num-experts 4 --moe-router-topk 2 ";
+  MegatronArgsResult r = Parse(
+      moe + "--moe-router-load-balancing-type seq_aux_loss none --moe-aux-loss-coeff 1e-3 0", 1);
+  EXPECT_EQ(r.spec.model.moe_aux_loss_coeff, 1e-3);
+  EXPECT_EQ(ErrorOf(moe + "--moe-router-load-balancing-type aux_loss seq_aux_loss "
+                          "--moe-aux-loss-coeff 1e-3",
+                    1),
+            "--moe-aux-loss-coeff needs one coefficient per --moe-router-load-balancing-type (1 "
+            "for 2; Megatron-Core asserts it)");
+  EXPECT_EQ(ErrorOf(moe + "--moe-router-load-balancing-type aux_loss seq_aux_loss "
+                          "--moe-aux-loss-coeff 1e-3 1e-4",
+                    1),
+            "--moe-aux-loss-coeff changes memory in a way memsim does not model (several "
+            "load-balancing losses at once); drop it to simulate the run without it");
+  const std::string flex = moe + "--expert-model-parallel-size 2 --moe-token-dispatcher-type flex ";
+  r = Parse(flex + "--moe-deepep-num-sms 32", 2);
+  EXPECT_EQ(r.spec.training.deepep_num_sms, 32);
+  EXPECT_TRUE(r.ignored.empty());
+  r = Parse(flex + "--moe-deepep-num-sms 32 --moe-flex-dispatcher-num-sms 24", 2);
+  EXPECT_EQ(r.spec.training.deepep_num_sms, 24);  // the explicit count wins
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--moe-deepep-num-sms"}));
+  EXPECT_EQ(ErrorOf(flex + "--moe-deepep-num-sms 32 --moe-hybridep-num-sms 16", 2),
+            "--moe-deepep-num-sms and --moe-hybridep-num-sms conflict; give one "
+            "--moe-flex-dispatcher-num-sms (Megatron-Core raises it)");
+  EXPECT_EQ(ErrorOf(flex + "--fake-process-group", 2),
+            "--fake-process-group cannot be used with --moe-token-dispatcher-type flex "
+            "(Megatron-LM asserts it)");
+}
+
 TEST(MegatronArgs, Errors) {
   const std::string base =
       "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
       "--micro-batch-size 1 --vocab-size 100 ";
   EXPECT_EQ(ErrorOf(base + "--foo 3"),
-            "unknown Megatron-LM argument '--foo'; if it does not change memory, drop it from "
-            "the arguments given to memsim");
+            "unknown Megatron-LM argument '--foo': Megatron-LM 0.20 has no such argument; check "
+            "its spelling");
+  // Deprecated spellings Megatron-LM's validate_args stops at, and older releases' arguments.
+  EXPECT_EQ(ErrorOf(base + "--batch-size 4"),
+            "--batch-size is no longer valid in Megatron-LM 0.20: use --micro-batch-size");
+  EXPECT_EQ(ErrorOf(base + "--use-custom-fsdp"),
+            "--use-custom-fsdp is not an argument of Megatron-LM 0.20 (renamed "
+            "--use-megatron-fsdp)");
+  // Megatron-Core 0.20's own features memsim does not simulate.
+  EXPECT_EQ(ErrorOf(base + "--moe-latent-size 256"),
+            "--moe-latent-size changes memory in a way memsim does not model (MoE latent "
+            "projections); drop it to simulate the run without it");
+  // Another spelling of a refused argument is refused under the name it was given.
+  EXPECT_EQ(ErrorOf(base + "--disable-clone-scatter-output-in-embedding"),
+            "--disable-clone-scatter-output-in-embedding changes memory in a way memsim does "
+            "not model (the embedding's scattered output left uncloned); drop it to simulate "
+            "the run without it");
+  // Deprecated: Megatron-LM raises without RoPE.
+  EXPECT_EQ(ErrorOf(base + "--no-position-embedding"),
+            "--no-position-embedding is deprecated and Megatron-LM raises without RoPE; use "
+            "--position-embedding-type");
   // Known to change memory, so never "drop it if it does not change memory".
   EXPECT_EQ(ErrorOf(base + "--delay-offload-until-cuda-graph"),
             "--delay-offload-until-cuda-graph changes memory in a way memsim does not model "
@@ -1761,8 +1840,8 @@ TEST(MegatronArgs, MegatronFsdp) {
             "optim_grads_params)");
   EXPECT_EQ(ErrorOf(base + "--megatron-fsdp-main-params-dtype auto"),
             "--megatron-fsdp-main-params-dtype 'auto' is not modelled (memsim supports fp32)");
-  EXPECT_EQ(ErrorOf(base + "--nccl-ub"),
-            "--nccl-ub changes memory in a way memsim does not model (NCCL user buffers: a memory "
+  EXPECT_EQ(ErrorOf(base + "--use-nccl-ub"),
+            "--use-nccl-ub changes memory in a way memsim does not model (NCCL user buffers: a memory "
             "pool partly outside PyTorch's caching allocator); drop it to simulate the run "
             "without it");
   EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--data-parallel-sharding-strategy optim_grads_params"),

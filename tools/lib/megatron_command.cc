@@ -10,6 +10,7 @@
 
 #include "tools/lib/command_line.h"
 #include "tools/lib/exit_codes.h"
+#include "tools/lib/megatron_arg_table.h"
 #include "tools/lib/megatron_args.h"
 #include "tools/lib/simulate.h"
 
