@@ -505,8 +505,10 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--use-torch-fsdp2", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--yaml-cfg", Arity::kValues, ArgUse::kRefused, "arguments read from a YAML file"},
     // Added from Megatron-LM 0.20's parser (tools/megatron_arguments.py), classified by
-    // their help text and, where that names a feature, its source at d98e8a64: an
-    // argument whose allocations were not read is refused, not assumed neutral.
+    // their help text and, where that names a feature, its source at d98e8a64: neutral
+    // where the argument lies outside a training step's GPU tensors (inference, other
+    // models, host-side work, settings of a switch memsim refuses), refused where it names
+    // a training feature whose allocations were not read.
     // Megatron-LM stops at these (validate_args): deprecated spellings.
     {"--batch-size", Arity::kValue, ArgUse::kRejected,
      "no longer valid in Megatron-LM 0.20: use --micro-batch-size"},
