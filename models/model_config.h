@@ -137,8 +137,11 @@ struct ModelConfig {
   // experts form this many equal groups, and a token's K experts come from that many of them.
   int64_t moe_router_num_groups = 0;
   int64_t moe_router_group_topk = 0;
-  int64_t moe_ffn_hidden_size = 0;       // per routed expert; 0: F
-  int64_t moe_shared_expert_size = 0;    // FFN size of the shared experts; 0: none
+  int64_t moe_ffn_hidden_size = 0;     // per routed expert; 0: F
+  int64_t moe_shared_expert_size = 0;  // FFN size of the shared experts; 0: none
+  // --moe-shared-expert-gate: the shared experts' output scaled by sigmoid(x g^T), g a
+  // (1, H) parameter (SharedExpertMLP); nothing without shared experts.
+  bool moe_shared_expert_gate = false;
   int64_t moe_first_k_dense_layers = 0;  // DeepSeek: the first layers are dense
   // Token dropping (--moe-expert-capacity-factor; 0: dropless): each expert takes at most
   // its capacity ceil(cf * T*K / E) of a rank's T tokens, dropping the lowest-probability
@@ -322,6 +325,10 @@ struct TrainingConfig {
   // float32 (Note [FP32 residual stream] in models/transformer.h). REQUIRES: 16-bit
   // training, Transformer Engine's layers.
   bool fp32_residual_connection = false;
+  // Megatron's clone_scatter_output_in_embedding (--no-clone-scatter-output-in-embedding
+  // clears it): under sequence parallelism the embedding's output is a copy of this rank's
+  // part, not a view keeping the whole sequence (TransformerModel::Embed).
+  bool clone_scatter_output_in_embedding = true;
   AttentionKind attention = AttentionKind::kFlash;
   // Set: `attention` is chosen as Transformer Engine chooses it, for the GPU
   // (SelectTeAttention), when the run is finalized.

@@ -285,10 +285,13 @@ MoeParameters CreateMoeParameters(const ModelConfig& m, const MoeParallelism& p,
       params.shared_fc1->tp_partition_dim = 0;
       if (bias) store->Add("bias", {m.Fc1Width(fs)});
     }
-    ModuleScope f("linear_fc2");
-    params.shared_fc2 = gemm(store->Add("weight", {H, fs}));
-    params.shared_fc2->tp_partition_dim = 1;
-    if (bias) store->Add("bias", {H});
+    {
+      ModuleScope f("linear_fc2");
+      params.shared_fc2 = gemm(store->Add("weight", {H, fs}));
+      params.shared_fc2->tp_partition_dim = 1;
+      if (bias) store->Add("bias", {H});
+    }
+    if (m.moe_shared_expert_gate) params.shared_gate = store->Add("gate_weight", {1, H});
   }
   return params;
 }
@@ -1245,12 +1248,20 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
         h = Linear(in[0], *params.shared_fc1, nullptr, fc1_parallelism, fc1_fp8);
       }
       h = Activation(m, fused, h);
-      ModuleScope f("linear_fc2");
-      at::Tensor out = Linear(h, *params.shared_fc2, nullptr, {}, fc2_fp8);
-      // An FP8 linear reduce-scatters inside (fc2_fp8); a 16-bit one leaves it to Megatron.
-      if (params.shared_fc2->fp8.recipe == Fp8Recipe::kNone || !sp) {
-        out = sp ? ReduceScatterToSequenceParallelRegion(out, tp, /*into_userbuffer=*/false)
-                 : ReduceFromTensorParallelRegion(out, tp);
+      at::Tensor out;
+      {
+        ModuleScope f("linear_fc2");
+        out = Linear(h, *params.shared_fc2, nullptr, {}, fc2_fp8);
+        // An FP8 linear reduce-scatters inside (fc2_fp8); a 16-bit one leaves it to Megatron.
+        if (params.shared_fc2->fp8.recipe == Fp8Recipe::kNone || !sp) {
+          out = sp ? ReduceScatterToSequenceParallelRegion(out, tp, /*into_userbuffer=*/false)
+                   : ReduceFromTensorParallelRegion(out, tp);
+        }
+      }
+      if (params.shared_gate != nullptr) {
+        // A torch linear (never delayed) on this rank's tokens, its sigmoid, the product.
+        DelayedWgradScope no_delay({});
+        out = out * at::sigmoid(Linear(in[0], *params.shared_gate, nullptr));  // [T, 1]
       }
       return out;
     };

@@ -8,6 +8,7 @@
 //   mlp.experts.linear_fc1.weight     (E_local * 2F_e/etp, H)   SwiGLU; F_e/etp otherwise
 //   mlp.experts.linear_fc2.weight     (H, E_local * F_e/etp)
 //   mlp.shared_experts.linear_fc1     (2F_s/tp, H), linear_fc2 (H, F_s/tp)   if F_s > 0
+//   mlp.shared_experts.gate_weight    (1, H)   with --moe-shared-expert-gate (not sharded)
 //   with add_bias_linear, biases: router (E), experts' fc1 (E_local * 2F_e/etp) and fc2
 //   (E_local * H), shared experts' fc1 (2F_s/tp) and fc2 (H) (Note [MoE biases])
 //
@@ -48,7 +49,10 @@
 //   flex dispatcher with DeepEP: Note [DeepEP dispatch];
 //   experts: their input [N, H], fc1 output, activation, probability-weighted activation
 //     [N, F_e/etp] each, and the probabilities [N] p (TEGroupedMLP and SequentialMLP alike;
-//     with Transformer Engine's op fuser no activation: Experts in moe.cc says why).
+//     with Transformer Engine's op fuser no activation: Experts in moe.cc says why);
+//   shared experts' gate (--moe-shared-expert-gate; SharedExpertMLP.forward): the sigmoid
+//     of its [T, 1] logits and the ungated output [T, H] it multiplies, which would
+//     otherwise die at the sum with the routed experts' output.
 //
 // Note [MoE routing]
 // TopKRouter (router.py, moe_utils.py) in training on T tokens, E experts, top-K, logits
@@ -182,6 +186,7 @@ struct MoeParameters {
   Parameter* experts_fc2_bias = nullptr;  // null without add_bias_linear
   Parameter* shared_fc1 = nullptr;        // null without shared experts
   Parameter* shared_fc2 = nullptr;
+  Parameter* shared_gate = nullptr;  // null without --moe-shared-expert-gate
   // The router's buffers with --moe-router-enable-expert-bias (undefined without): the
   // float32 [E] bias added to the scores that choose, and the tokens counted per expert.
   at::Tensor expert_bias;

@@ -831,7 +831,13 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
 at::Tensor TransformerModel::Embed(const at::Tensor& tokens, const at::Tensor& position_ids) {
   ModuleScope s("embedding");
   const int64_t tp = shard_.tp;
-  at::Tensor embeddings;
+  // LanguageModelEmbedding.forward (Megatron-Core 0.20), its locals alive as Python keeps
+  // them. Without a position table, under sequence parallelism, the word embeddings' tensor-
+  // parallel sum is a reduce-scatter straight to this rank's [S/tp, B, H]
+  // (reduce_scatter_embeddings); otherwise an all-reduce in place, then a scatter to
+  // sequence parallelism that is a view of the whole [S, B, H].
+  const bool reduce_scatter = shard_.sequence_parallel && tp > 1 && position_embeddings_ == nullptr;
+  at::Tensor word;
   {
     ModuleScope w("word_embeddings");
     // VocabParallelEmbedding: with tp > 1 the indices outside this rank's vocabulary
@@ -842,25 +848,40 @@ at::Tensor TransformerModel::Embed(const at::Tensor& tokens, const at::Tensor& p
       outside = tokens.lt(0).logical_or_(tokens.ge(model_.padded_vocab_size / tp));
       indices = tokens.sub(0).masked_fill_(outside, 0);
     }
-    embeddings = Embedding(indices, *word_embeddings_);  // [B, S, H]
-    if (tp > 1) embeddings.masked_fill_(outside.unsqueeze(-1), 0.0);
-    embeddings = ReduceFromTensorParallelRegion(embeddings, tp);
+    at::Tensor output = Embedding(indices, *word_embeddings_);  // [B, S, H]
+    if (tp > 1) output.masked_fill_(outside.unsqueeze(-1), 0.0);
+    if (reduce_scatter) {
+      output = output.transpose(0, 1).contiguous();  // [S, B, H]; [B, S, H] freed
+      word = ReduceScatterToSequenceParallelRegion(output, tp, /*grad_into_userbuffer=*/false);
+    } else {
+      word = ReduceFromTensorParallelRegion(output, tp);
+    }
   }
+  // `word` and `position` stay alive until the embedding returns.
+  at::Tensor position;
+  at::Tensor embeddings = word;
   if (position_embeddings_ != nullptr) {
     ModuleScope p("position_embeddings");
-    embeddings = embeddings + Embedding(position_ids, *position_embeddings_);
+    position = Embedding(position_ids, *position_embeddings_);
+    embeddings = word + position;
   }
-  at::Tensor hidden = embeddings.transpose(0, 1).contiguous();  // [S, B, H]
-  embeddings.reset();
-  if (training_.fp32_residual_connection) hidden = hidden.to(at::kFloat);
-  if (shard_.sequence_parallel) hidden = ScatterToSequenceParallelRegion(hidden, tp);
-  hidden = Dropout(hidden, hidden_dropout());
+  if (!reduce_scatter) embeddings = embeddings.transpose(0, 1).contiguous();  // [S, B, H]
+  if (training_.fp32_residual_connection) embeddings = embeddings.to(at::kFloat);
+  if (shard_.sequence_parallel) {
+    if (!reduce_scatter) embeddings = ScatterToSequenceParallelRegion(embeddings, tp);
+    // The scatter's view would keep the whole [S, B, H] alive as long as this rank's part
+    // (the first layer saves it): Megatron clones it, unless told not to.
+    if (training_.clone_scatter_output_in_embedding) embeddings = embeddings.clone();
+  }
+  embeddings = Dropout(embeddings, hidden_dropout());
+  word.reset();
+  position.reset();
   // EmbeddingScalingMixin: the whole embedding's output times a 0-dim host tensor (no
   // device memory; its backward saves only that factor).
   if (model_.scale_embeddings) {
-    hidden = hidden * std::sqrt(static_cast<double>(model_.hidden_size));
+    embeddings = embeddings * std::sqrt(static_cast<double>(model_.hidden_size));
   }
-  return hidden;
+  return embeddings;
 }
 
 namespace {

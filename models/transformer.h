@@ -178,8 +178,9 @@
 // Note [FP32 residual stream]
 // --fp32-residual-connection (Megatron-Core 0.20, Transformer Engine 2.18), in 16-bit training
 // with Transformer Engine's layers:
-//   * LanguageModelEmbedding makes its [S, B, H] output float32 (embeddings.float(), before
-//     the sequence-parallel scatter and dropout): a float32 copy; the 16-bit one goes.
+//   * LanguageModelEmbedding makes its output float32 (embeddings.float(), before dropout;
+//     under sequence parallelism after the reduce-scatter of a model without a position
+//     table, before the scatter of one with): a float32 copy; the 16-bit one goes.
 //   * TransformerLayer's residuals are .float()'d (a copy only where the input is 16-bit: a
 //     multi-token prediction layer's projected input), and the bias-dropout-add
 //     (_bias_dropout_add_func, fused_bias_dropout.py) first upcasts the attention's or the

@@ -1040,6 +1040,40 @@ TEST(Activations, Fp32ResidualStreamKeeps16BitCopiesAndFloat32Checkpoints) {
   EXPECT_EQ(full_recompute_per_layer(true), 4 * S * B * H);
 }
 
+// Megatron-Core 0.20's LanguageModelEmbedding under sequence parallelism, TP 2, no dropout
+// (what the forward left alive: a kept reduce-scatter output counts as communication).
+// With learned positions the all-reduced [S, B, H] is scattered as a view of the whole,
+// which Megatron clones (clone_scatter_output_in_embedding) so that the first layer keeps
+// only this rank's 2SBH/2 bytes; without the clone the view keeps the whole 2SBH. With RoPE
+// the word embeddings reduce-scatter straight to this rank's part, which the clone only
+// replaces: SBH either way. Besides, the embedding keeps its shifted int64 indices (8BS)
+// and the bool mask of the tokens outside this rank's vocabulary (BS).
+TEST(Activations, SequenceParallelEmbeddingKeepsThisRanksPart) {
+  const int64_t S = 128, B = 2, H = 256, tp = 2;
+  auto embedding_bytes = [&](ModelConfig m, bool clone) {
+    EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.clone_scatter_output_in_embedding = clone;
+    return RunStep(
+        m, t, TensorParallelShard(m, tp, true), /*backward=*/false, [](const Recorder& r) {
+          int64_t bytes = 0;
+          ForEachLiveStorage(r, static_cast<int64_t>(r.events().size()) - 1, [&](int64_t id) {
+            const StorageInfo s = r.storages()[static_cast<size_t>(id)];
+            if (s.phase == Phase::kForward && r.names().Name(s.module).rfind("embedding", 0) == 0) {
+              bytes += s.size_bytes;
+            }
+          });
+          return bytes;
+        });
+  };
+  const ModelConfig gpt = test::Gpt(1, H, 8, 1024);
+  const ModelConfig llama = test::Llama(1, H, 8, 2, 688, 1024);
+  EXPECT_EQ(embedding_bytes(gpt, true), S * B * H + 9 * B * S);
+  EXPECT_EQ(embedding_bytes(gpt, false), 2 * S * B * H + 9 * B * S);
+  EXPECT_EQ(embedding_bytes(llama, true), S * B * H + 9 * B * S);
+  EXPECT_EQ(embedding_bytes(llama, false), S * B * H + 9 * B * S);
+}
+
 // Squared ReLU (--squared-relu, Nemotron): the Llama table above with its SwiGLU input
 // 4SBF/t replaced by squared_relu's saved input, fc1's F-wide output, 2SBF/t; fc2 keeps the
 // activation's output, 2SBF/t, as with SwiGLU: SB(8H + 8 + (6H + 4GD + 4A + 4F)/t) + 16.
@@ -1067,6 +1101,52 @@ int64_t ParameterCount(ModelConfig m, ProfileKind profile = ProfileKind::kMegatr
   ParameterStore store(Precision::kBf16);
   TransformerModel model(m, t, ModelShard::Whole(m), &store);
   return store.num_elements();
+}
+
+// --moe-shared-expert-gate: SharedExpertMLP scales its output by sigmoid(x g^T). The
+// product keeps the ungated output (after fc2's reduce-scatter or all-reduce: [T/tp, H] or
+// [T, H] 16-bit) and the sigmoid's [T/tp, 1] or [T, 1] 16-bit result, beyond what
+// Moe.SharedExpertsGatherTheSequence counts;
+// the model gains g, (1, H) per MoE layer, unsharded. T = 256, H = 256, F_s = 512, tp = 2
+// (what the forward left alive: the kept reduce-scatter output counts as communication).
+TEST(Moe, SharedExpertGateKeepsTheUngatedOutput) {
+  const int64_t T = 256, H = 256, F = 512, tp = 2;
+  auto model = [&](bool gate) {
+    ModelConfig m = test::Gpt(1, H, 4);
+    m.num_experts = 4;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 512;
+    m.moe_shared_expert_size = F;
+    m.moe_shared_expert_gate = gate;
+    m.add_bias_linear = false;
+    EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
+    return m;
+  };
+  const int64_t sp_tokens = T / tp;
+  auto kept_after_forward = [&](bool gate, bool sequence_parallel) {
+    const ModelConfig m = model(gate);
+    TrainingConfig t;
+    t.seq_length = T;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.dropout = false;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, TensorParallelShard(m, tp, sequence_parallel), /*backward=*/false,
+                   [](const Recorder& r) {
+                     int64_t bytes = 0;
+                     for (const StorageInfo& s : r.storages()) {
+                       if (s.free_event < 0 && s.phase == Phase::kForward &&
+                           r.names().Name(s.module).find("shared_experts") != std::string::npos) {
+                         bytes += s.size_bytes;
+                       }
+                     }
+                     return bytes;
+                   });
+  };
+  EXPECT_EQ(kept_after_forward(true, true) - kept_after_forward(false, true),
+            2 * sp_tokens * H + 2 * sp_tokens);
+  EXPECT_EQ(kept_after_forward(true, false) - kept_after_forward(false, false), 2 * T * H + 2 * T);
+  EXPECT_EQ(ParameterCount(model(true)) - ParameterCount(model(false)), H);
 }
 
 // --qk-l2-norm (Megatron-Core's L2Norm on each head's query and key, before RoPE): per layer

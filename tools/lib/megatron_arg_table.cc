@@ -520,6 +520,9 @@ constexpr MegatronArg kMegatronArgs[] = {
      "no longer valid in Megatron-LM 0.20: use --recompute-activations, or --recompute-granularity "
      "and --recompute-method"},
     // Read: accepted where Megatron-LM accepts them (ParseMegatronArgs says where).
+    {"--no-clone-scatter-output-in-embedding", Arity::kFlag, ArgUse::kRead},
+    {"--no-pad-vocab-size", Arity::kFlag, ArgUse::kRead},
+    {"--moe-shared-expert-gate", Arity::kFlag, ArgUse::kRead},
     {"--fake-process-group", Arity::kFlag, ArgUse::kRead},
     {"--moe-deepep-num-sms", Arity::kValue, ArgUse::kRead},
     {"--moe-hybridep-num-sms", Arity::kValue, ArgUse::kRead},
@@ -959,7 +962,6 @@ constexpr MegatronArg kMegatronArgs[] = {
      "a random expert bias on the router logits"},
     {"--moe-routing-trace-path", Arity::kValue, ArgUse::kRefused,
      "router tracing (the tensors it captures)"},
-    {"--moe-shared-expert-gate", Arity::kFlag, ArgUse::kRefused, "a gate on the shared expert"},
     {"--moe-single-grouped-bias", Arity::kFlag, ArgUse::kRefused,
      "experts' biases as one Transformer Engine GroupedTensor"},
     {"--moe-single-grouped-weight", Arity::kFlag, ArgUse::kRefused,
@@ -967,9 +969,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-use-grouped-tensor", Arity::kFlag, ArgUse::kRefused,
      "Transformer Engine's GroupedTensor grouped GEMMs"},
     {"--mtp-hybrid-override-pattern", Arity::kValue, ArgUse::kRefused, "hybrid Mamba models"},
-    {"--no-clone-scatter-output-in-embedding", Arity::kFlag, ArgUse::kRefused,
-     "the embedding's scattered output left uncloned"},
-    {"--no-pad-vocab-size", Arity::kFlag, ArgUse::kRefused, "an unpadded vocabulary"},
     {"--no-rope-freq", Arity::kValue, ArgUse::kRefused, "RoPE skipped on some layers"},
     {"--optimizer-cuda-graph", Arity::kFlag, ArgUse::kRefused,
      "a CUDA graph of the optimizer step"},

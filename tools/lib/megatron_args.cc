@@ -346,6 +346,16 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   } else {
     a.Ignore("--num-query-groups");  // Megatron-LM reads it only with the flag
   }
+  // build_tokenizer sets the padded size only with padding on: without it, a size must be
+  // given (Megatron's model takes --padded-vocab-size as is).
+  if (a.Has("--no-pad-vocab-size")) {
+    if (!a.Has("--padded-vocab-size")) {
+      return Status::Error(
+          "--no-pad-vocab-size needs --padded-vocab-size (without padding Megatron-LM sets no "
+          "vocabulary size of its own)");
+    }
+    a.Ignore("--no-pad-vocab-size");
+  }
   if (a.Has("--padded-vocab-size")) {
     // Megatron-LM takes it as is; a divisor of 1 keeps it (rounded up to a multiple of TP).
     MEMSIM_RETURN_IF_ERROR(a.Int("--padded-vocab-size", &m.vocab_size));
@@ -453,6 +463,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-router-padding-for-fp8",
                                              "--moe-apply-probs-on-input",
                                              "--moe-deepep-num-sms",
+                                             "--moe-shared-expert-gate",
                                              "--moe-hybridep-num-sms",
                                              "--expert-tensor-parallel-size"};
   t.moe_grouped_gemm = m.num_experts > 0 && a.Has("--moe-grouped-gemm");
@@ -476,6 +487,9 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     MEMSIM_RETURN_IF_ERROR(a.Int("--moe-ffn-hidden-size", &m.moe_ffn_hidden_size));
     MEMSIM_RETURN_IF_ERROR(
         a.Int("--moe-shared-expert-intermediate-size", &m.moe_shared_expert_size));
+    // Only with shared experts (SharedExpertMLP makes the gate).
+    m.moe_shared_expert_gate = a.Has("--moe-shared-expert-gate");
+    if (m.moe_shared_expert_size == 0) a.Ignore("--moe-shared-expert-gate");
     MEMSIM_RETURN_IF_ERROR(a.Float("--moe-expert-capacity-factor", &m.moe_capacity_factor));
     // A negative capacity factor is Megatron's None: dropless (TransformerConfig).
     if (m.moe_capacity_factor < 0) m.moe_capacity_factor = 0;
@@ -690,6 +704,7 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
   }
   if (l.cp == 1) a.Ignore("--cp-comm-type");
   l.sequence_parallel = a.Has("--sequence-parallel");
+  if (!l.sequence_parallel) a.Ignore("--no-clone-scatter-output-in-embedding");
   return Status::OK();
 }
 
@@ -943,6 +958,8 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
                 : a.Has("--fp16") ? Precision::kFp16
                                   : Precision::kFp32;
   t.fp32_residual_connection = a.Has("--fp32-residual-connection");
+  // Without sequence parallelism the embedding scatters nothing and clones nothing.
+  t.clone_scatter_output_in_embedding = !a.Has("--no-clone-scatter-output-in-embedding");
   if (a.Has("--fp16-lm-cross-entropy")) {
     if (t.precision != Precision::kFp16) {
       return Status::Error(

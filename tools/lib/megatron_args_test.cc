@@ -1636,6 +1636,20 @@ TEST(MegatronArgs, OtherSpellingsAndNeutralArgumentsOfTheRelease) {
   EXPECT_EQ(r.spec.training.tp_comm_bulk_dgrad, false);
   EXPECT_EQ(r.spec.training.tp_comm_bulk_dgrad, same.spec.training.tp_comm_bulk_dgrad);
   EXPECT_EQ(r.ignored, (std::vector<std::string>{"--save-interval"}));
+  // Sequence parallelism's embedding output uncloned (TransformerModel::Embed); without
+  // sequence parallelism there is nothing to clone.
+  r = Parse(base + "--sequence-parallel --disable-clone-scatter-output-in-embedding", 2);
+  EXPECT_FALSE(r.spec.training.clone_scatter_output_in_embedding);
+  EXPECT_TRUE(r.ignored.empty());
+  r = Parse(base + "--no-clone-scatter-output-in-embedding", 2);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--no-clone-scatter-output-in-embedding"}));
+  EXPECT_TRUE(
+      Parse(base + "--sequence-parallel", 2).spec.training.clone_scatter_output_in_embedding);
+  // Without padding the given size is the model's, as with padding to a divisor of 1.
+  r = Parse(std::string(kTinyGpt) + "--no-pad-vocab-size --padded-vocab-size 100", 1);
+  EXPECT_EQ(r.spec.model.vocab_size, 100);
+  EXPECT_EQ(r.spec.model.make_vocab_size_divisible_by, 1);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--vocab-size", "--no-pad-vocab-size"}));
   // Arguments of inference, RL settings, other models and the training loop's host side.
   r = Parse(std::string(kTinyGpt) +
                 "--inference-max-seq-length 64 --grpo-group-size 4 --img-h 224 "
@@ -1649,8 +1663,9 @@ TEST(MegatronArgs, OtherSpellingsAndNeutralArgumentsOfTheRelease) {
 }
 
 // --moe-aux-loss-coeff takes one coefficient per load-balancing type (TransformerConfig
-// asserts the pairing); the deprecated SM counts stand for --moe-flex-dispatcher-num-sms.
-TEST(MegatronArgs, MoeCoefficientListsAndDeprecatedSmCounts) {
+// asserts the pairing); the deprecated SM counts stand for --moe-flex-dispatcher-num-sms;
+// the shared experts' gate needs shared experts.
+TEST(MegatronArgs, MoeArgumentsOfTheRelease) {
   const std::string moe = std::string(kTinyGpt) + "--num-experts 4 --moe-router-topk 2 ";
   MegatronArgsResult r = Parse(
       moe + "--moe-router-load-balancing-type seq_aux_loss none --moe-aux-loss-coeff 1e-3 0", 1);
@@ -1675,6 +1690,10 @@ TEST(MegatronArgs, MoeCoefficientListsAndDeprecatedSmCounts) {
   EXPECT_EQ(ErrorOf(flex + "--moe-deepep-num-sms 32 --moe-hybridep-num-sms 16", 2),
             "--moe-deepep-num-sms and --moe-hybridep-num-sms conflict; give one "
             "--moe-flex-dispatcher-num-sms (Megatron-Core raises it)");
+  r = Parse(moe + "--moe-shared-expert-intermediate-size 64 --moe-shared-expert-gate", 1);
+  EXPECT_TRUE(r.spec.model.moe_shared_expert_gate);
+  r = Parse(moe + "--moe-shared-expert-gate", 1);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--moe-shared-expert-gate"}));
   EXPECT_EQ(ErrorOf(flex + "--fake-process-group", 2),
             "--fake-process-group cannot be used with --moe-token-dispatcher-type flex "
             "(Megatron-LM asserts it)");
@@ -1697,11 +1716,9 @@ TEST(MegatronArgs, Errors) {
   EXPECT_EQ(ErrorOf(base + "--moe-latent-size 256"),
             "--moe-latent-size changes memory in a way memsim does not model (MoE latent "
             "projections); drop it to simulate the run without it");
-  // Another spelling of a refused argument is refused under the name it was given.
-  EXPECT_EQ(ErrorOf(base + "--disable-clone-scatter-output-in-embedding"),
-            "--disable-clone-scatter-output-in-embedding changes memory in a way memsim does "
-            "not model (the embedding's scattered output left uncloned); drop it to simulate "
-            "the run without it");
+  EXPECT_EQ(ErrorOf(base + "--no-pad-vocab-size"),
+            "--no-pad-vocab-size needs --padded-vocab-size (without padding Megatron-LM sets no "
+            "vocabulary size of its own)");
   // Deprecated: Megatron-LM raises without RoPE.
   EXPECT_EQ(ErrorOf(base + "--no-position-embedding"),
             "--no-position-embedding is deprecated and Megatron-LM raises without RoPE; use "
@@ -1840,10 +1857,11 @@ TEST(MegatronArgs, MegatronFsdp) {
             "optim_grads_params)");
   EXPECT_EQ(ErrorOf(base + "--megatron-fsdp-main-params-dtype auto"),
             "--megatron-fsdp-main-params-dtype 'auto' is not modelled (memsim supports fp32)");
-  EXPECT_EQ(ErrorOf(base + "--use-nccl-ub"),
-            "--use-nccl-ub changes memory in a way memsim does not model (NCCL user buffers: a memory "
-            "pool partly outside PyTorch's caching allocator); drop it to simulate the run "
-            "without it");
+  EXPECT_EQ(
+      ErrorOf(base + "--use-nccl-ub"),
+      "--use-nccl-ub changes memory in a way memsim does not model (NCCL user buffers: a memory "
+      "pool partly outside PyTorch's caching allocator); drop it to simulate the run "
+      "without it");
   EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--data-parallel-sharding-strategy optim_grads_params"),
             "--data-parallel-sharding-strategy changes memory in a way memsim does not model "
             "(FSDP); drop it to simulate the run without it");

@@ -264,6 +264,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       f64("moe_imbalance_factor", &m->moe_imbalance_factor),
       flag("moe_router_fp32", &m->moe_router_fp32),
       flag("moe_apply_probs_on_input", &m->moe_apply_probs_on_input),
+      flag("moe_shared_expert_gate", &m->moe_shared_expert_gate),
       f64("moe_aux_loss_coeff", &m->moe_aux_loss_coeff),
       f64("moe_z_loss_coeff", &m->moe_z_loss_coeff),
       i64("moe_router_num_groups", &m->moe_router_num_groups),
@@ -457,6 +458,11 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
       {"fp32_residual_connection",
        [&](const YAML::Node& v) {
          return Read(v, source, "fp32_residual_connection", &t->fp32_residual_connection);
+       }},
+      {"clone_scatter_output_in_embedding",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "clone_scatter_output_in_embedding",
+                     &t->clone_scatter_output_in_embedding);
        }},
       {"bias_activation_fusion",
        [&](const YAML::Node& v) {
