@@ -583,41 +583,55 @@ TEST(Moe, DeterministicIndexAddKeepsTheExpertsOutput) {
   EXPECT_EQ(per_layer(true) - per_layer(false), 2 * (2 * T) * h);
 }
 
+// A one-layer MoE GPT (T = 256 tokens, H = 256, 4 experts of F_e = 512, top-2, shared experts
+// of F_s = 512, GeLU, no biases, bf16, Transformer Engine's layers) on tp = 2, and what the
+// shared experts' module left alive when the forward ends: storages of `category`, or with
+// `any_category` those of the forward of any category (a kept reduce-scatter output counts
+// as communication).
+constexpr int64_t kSharedTokens = 256, kSharedHidden = 256, kSharedFfn = 512, kSharedTp = 2;
+ModelConfig SharedExpertsModel(bool gate) {
+  ModelConfig m = test::Gpt(1, kSharedHidden, 4);
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_ffn_hidden_size = 512;
+  m.moe_shared_expert_size = kSharedFfn;
+  m.moe_shared_expert_gate = gate;
+  m.add_bias_linear = false;
+  EXPECT_TRUE(FinalizeModelConfig(&m, kSharedTp).ok());
+  return m;
+}
+int64_t SharedExpertsBytesAfterForward(bool gate, bool sequence_parallel, bool any_category) {
+  const ModelConfig m = SharedExpertsModel(gate);
+  TrainingConfig t;
+  t.seq_length = kSharedTokens;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.dropout = false;
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  return RunStep(m, t, TensorParallelShard(m, kSharedTp, sequence_parallel), /*backward=*/false,
+                 [any_category](const Recorder& r) {
+                   int64_t bytes = 0;
+                   for (const StorageInfo& s : r.storages()) {
+                     const bool counted = any_category ? s.phase == Phase::kForward
+                                                       : s.category == Category::kActivation;
+                     if (s.free_event < 0 && counted &&
+                         r.names().Name(s.module).find("shared_experts") != std::string::npos) {
+                       bytes += s.size_bytes;
+                     }
+                   }
+                   return bytes;
+                 });
+}
+
 // SharedExpertMLP is an MLP over the attention tp group: with sequence parallelism fc1
 // gathers the whole sequence (keeping only the [T/tp, H] shard, the router's input anyway)
 // and fc2's output is reduce-scattered, so what the shared experts keep after the forward is
 // the whole sequence's fc1 output and activation, [T, F_s/tp] 16-bit each, 4 T F_s/tp bytes,
-// with or without sequence parallelism. T = 256 tokens, F_s = 512, tp = 2, SwiGLU off (GeLU).
+// with or without sequence parallelism.
 TEST(Moe, SharedExpertsGatherTheSequence) {
-  const int64_t T = 256, F = 512, tp = 2;
-  auto shared_bytes = [&](bool sequence_parallel) {
-    ModelConfig m = test::Gpt(1, 256, 4);
-    m.num_experts = 4;
-    m.moe_router_topk = 2;
-    m.moe_ffn_hidden_size = 512;
-    m.moe_shared_expert_size = F;
-    m.add_bias_linear = false;
-    EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
-    TrainingConfig t;
-    t.seq_length = T;
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.dropout = false;
-    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
-    return RunStep(m, t, TensorParallelShard(m, tp, sequence_parallel), /*backward=*/false,
-                   [](const Recorder& r) {
-                     int64_t bytes = 0;
-                     for (const StorageInfo& s : r.storages()) {
-                       if (s.free_event < 0 && s.category == Category::kActivation &&
-                           r.names().Name(s.module).find("shared_experts") != std::string::npos) {
-                         bytes += s.size_bytes;
-                       }
-                     }
-                     return bytes;
-                   });
-  };
-  EXPECT_EQ(shared_bytes(false), 4 * T * F / tp);
-  EXPECT_EQ(shared_bytes(true), 4 * T * F / tp);
+  const int64_t expected = 4 * kSharedTokens * kSharedFfn / kSharedTp;
+  EXPECT_EQ(SharedExpertsBytesAfterForward(false, false, false), expected);
+  EXPECT_EQ(SharedExpertsBytesAfterForward(false, true, false), expected);
 }
 
 // Megatron's own ColumnParallelLinear, the output layer under any spec, gathers its
@@ -1106,47 +1120,18 @@ int64_t ParameterCount(ModelConfig m, ProfileKind profile = ProfileKind::kMegatr
 // --moe-shared-expert-gate: SharedExpertMLP scales its output by sigmoid(x g^T). The
 // product keeps the ungated output (after fc2's reduce-scatter or all-reduce: [T/tp, H] or
 // [T, H] 16-bit) and the sigmoid's [T/tp, 1] or [T, 1] 16-bit result, beyond what
-// Moe.SharedExpertsGatherTheSequence counts;
-// the model gains g, (1, H) per MoE layer, unsharded. T = 256, H = 256, F_s = 512, tp = 2
-// (what the forward left alive: the kept reduce-scatter output counts as communication).
+// Moe.SharedExpertsGatherTheSequence counts; the model gains g, (1, H) per MoE layer,
+// unsharded (SharedExpertsModel's shape).
 TEST(Moe, SharedExpertGateKeepsTheUngatedOutput) {
-  const int64_t T = 256, H = 256, F = 512, tp = 2;
-  auto model = [&](bool gate) {
-    ModelConfig m = test::Gpt(1, H, 4);
-    m.num_experts = 4;
-    m.moe_router_topk = 2;
-    m.moe_ffn_hidden_size = 512;
-    m.moe_shared_expert_size = F;
-    m.moe_shared_expert_gate = gate;
-    m.add_bias_linear = false;
-    EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
-    return m;
+  const int64_t T = kSharedTokens, H = kSharedHidden, sp_tokens = T / kSharedTp;
+  auto added = [](bool sequence_parallel) {
+    return SharedExpertsBytesAfterForward(true, sequence_parallel, true) -
+           SharedExpertsBytesAfterForward(false, sequence_parallel, true);
   };
-  const int64_t sp_tokens = T / tp;
-  auto kept_after_forward = [&](bool gate, bool sequence_parallel) {
-    const ModelConfig m = model(gate);
-    TrainingConfig t;
-    t.seq_length = T;
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.dropout = false;
-    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
-    return RunStep(m, t, TensorParallelShard(m, tp, sequence_parallel), /*backward=*/false,
-                   [](const Recorder& r) {
-                     int64_t bytes = 0;
-                     for (const StorageInfo& s : r.storages()) {
-                       if (s.free_event < 0 && s.phase == Phase::kForward &&
-                           r.names().Name(s.module).find("shared_experts") != std::string::npos) {
-                         bytes += s.size_bytes;
-                       }
-                     }
-                     return bytes;
-                   });
-  };
-  EXPECT_EQ(kept_after_forward(true, true) - kept_after_forward(false, true),
-            2 * sp_tokens * H + 2 * sp_tokens);
-  EXPECT_EQ(kept_after_forward(true, false) - kept_after_forward(false, false), 2 * T * H + 2 * T);
-  EXPECT_EQ(ParameterCount(model(true)) - ParameterCount(model(false)), H);
+  EXPECT_EQ(added(true), 2 * sp_tokens * H + 2 * sp_tokens);
+  EXPECT_EQ(added(false), 2 * T * H + 2 * T);
+  EXPECT_EQ(ParameterCount(SharedExpertsModel(true)) - ParameterCount(SharedExpertsModel(false)),
+            H);
 }
 
 // --qk-l2-norm (Megatron-Core's L2Norm on each head's query and key, before RoPE): per layer
