@@ -4,11 +4,13 @@ arguments (tools/lib/megatron_arg_table.cc) and its test data.
 
 Run from a Megatron-LM checkout (git archive of the release memsim follows, README.md):
 
-    python3 /path/to/memsim/tools/megatron_arguments.py > tools/lib/testdata/megatron_arguments.tsv
+    { echo "# Megatron-LM COMMIT: every option of its argument parser, as"
+      echo "# tools/megatron_arguments.py prints it from that commit."
+      python3 /path/to/memsim/tools/megatron_arguments.py; } > tools/lib/testdata/megatron_arguments.tsv
 
 It builds the parser exactly as pretrain_gpt.py does (add_megatron_arguments: the
 hand-written groups and those generated from Megatron-Core's config dataclasses) and
-prints, per option string, the attribute it sets and its arity: `flag` (no value),
+prints, per option string (sorted), the attribute it sets and its arity: `flag` (no value),
 `value` (one) or `values` (a list). Options that set the same attribute are spellings of
 one argument (--no-x and --disable-x).
 
@@ -132,7 +134,7 @@ def _import(name, globals=None, locals=None, fromlist=(), level=0):
         return _real_import(name, globals, locals, fromlist, level)
     except ImportError:
         # A package older than Megatron needs (Debian's numpy lacks numpy.dtypes).
-        if level != 0 or name.split('.')[0] in ('megatron',) or name in sys.stdlib_module_names:
+        if level != 0 or name.split('.')[0] == 'megatron' or name in sys.stdlib_module_names:
             raise
         module = _module(name)
         return module if fromlist else sys.modules[name.split('.')[0]]
@@ -143,15 +145,14 @@ import typing  # noqa: E402
 
 if not hasattr(typing, 'override'):  # Python 3.12's; Megatron imports it
     typing.override = lambda function: function
-sys.argv = ['list_args']
+sys.argv = ['megatron_arguments']
 sys.path.insert(0, os.getcwd())
 import argparse  # noqa: E402
 
 from megatron.training.arguments import add_megatron_arguments  # noqa: E402
 
 parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
-print('# Megatron-LM argument parser (add_megatron_arguments), tools/megatron_arguments.py')
-print('# option\tattribute\tarity')
+rows = []
 for action in parser._actions:
     if action.nargs == 0:
         arity = 'flag'
@@ -159,6 +160,7 @@ for action in parser._actions:
         arity = 'value'
     else:
         arity = 'values'
-    for option in action.option_strings:
-        if option not in ('-h', '--help'):
-            print(f'{option}\t{action.dest}\t{arity}')
+    rows += [f'{option}\t{action.dest}\t{arity}' for option in action.option_strings
+             if option not in ('-h', '--help')]
+print('# option\tattribute\tarity')
+print('\n'.join(sorted(rows)))

@@ -590,24 +590,22 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
             ParseFloat("--moe-aux-loss-coeff", value, &coefficients.emplace_back()));
       }
     }
-    if (balancing.size() > 1 && coefficients.size() != balancing.size()) {
+    if ((balancing.size() > 1 || coefficients.size() > 1) &&
+        coefficients.size() != balancing.size()) {
       return Status::Error(
           "--moe-aux-loss-coeff needs one coefficient per "
           "--moe-router-load-balancing-type (" +
           Str(static_cast<int64_t>(coefficients.size())) + " for " +
           Str(static_cast<int64_t>(balancing.size())) + "; Megatron-Core asserts it)");
     }
-    if (balancing.size() == 1 && coefficients.size() > 1) {
-      return Status::Error(
-          "--moe-aux-loss-coeff takes one value with one load-balancing type, got " +
-          Str(static_cast<int64_t>(coefficients.size())));
-    }
     const auto positive =
         std::count_if(coefficients.begin(), coefficients.end(), [](double c) { return c > 0; });
     if (positive > 1) {
       return NotModelled("--moe-aux-loss-coeff", "several load-balancing losses at once");
     }
-    for (double c : coefficients) m.moe_aux_loss_coeff = std::max(m.moe_aux_loss_coeff, c);
+    if (!coefficients.empty()) {
+      m.moe_aux_loss_coeff = *std::max_element(coefficients.begin(), coefficients.end());
+    }
     m.moe_router_sinkhorn = balancing == std::vector<std::string>{"sinkhorn"};
     if (balancing == std::vector<std::string>{"none"}) {
       m.moe_aux_loss_coeff = 0;  // no load-balancing loss is computed
@@ -704,6 +702,8 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
   }
   if (l.cp == 1) a.Ignore("--cp-comm-type");
   l.sequence_parallel = a.Has("--sequence-parallel");
+  // Without sequence parallelism the embedding scatters nothing and clones nothing.
+  t.clone_scatter_output_in_embedding = !a.Has("--no-clone-scatter-output-in-embedding");
   if (!l.sequence_parallel) a.Ignore("--no-clone-scatter-output-in-embedding");
   return Status::OK();
 }
@@ -958,8 +958,6 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
                 : a.Has("--fp16") ? Precision::kFp16
                                   : Precision::kFp32;
   t.fp32_residual_connection = a.Has("--fp32-residual-connection");
-  // Without sequence parallelism the embedding scatters nothing and clones nothing.
-  t.clone_scatter_output_in_embedding = !a.Has("--no-clone-scatter-output-in-embedding");
   if (a.Has("--fp16-lm-cross-entropy")) {
     if (t.precision != Precision::kFp16) {
       return Status::Error(
