@@ -269,6 +269,19 @@ struct L2NormFunction : public Function<L2NormFunction> {
   }
 };
 
+// Attention._apply_output_gate, torch.compile'd (see AttentionOutputGate in layers.h).
+struct AttentionOutputGateFunction : public Function<AttentionOutputGateFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate) {
+    ctx->save_for_backward({x, gate});
+    return at::empty(x.sizes(), x.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor grad_x = at::empty(saved[0].sizes(), grads[0].options());
+    return {grad_x, at::empty(saved[1].sizes(), grads[0].options())};
+  }
+};
+
 // The learnable softmax offset's round trip through Transformer Engine's fused attention
 // (DotProductAttention.forward, fused_attn_fwd/bwd, TE 2.18): forward passes the offset as
 // a float32 [1, A/tp, 1, 1] copy, which the kernel keeps among its auxiliary tensors for
@@ -764,6 +777,10 @@ at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights) {
 }
 
 at::Tensor L2Norm(const at::Tensor& input) { return L2NormFunction::apply(input); }
+
+at::Tensor AttentionOutputGate(const at::Tensor& x, const at::Tensor& gate) {
+  return AttentionOutputGateFunction::apply(x, gate);
+}
 
 at::Tensor RotaryEmbedding(const at::Tensor& input) { return RotaryFunction::apply(input); }
 

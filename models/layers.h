@@ -193,6 +193,15 @@ at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights);
 // rsqrt [..., 1].
 at::Tensor L2Norm(const at::Tensor& input);
 
+// Megatron-Core's attention output gate (--attention-output-gate; Attention.
+// _apply_output_gate, a torch.compile'd x * sigmoid(gate.float()) cast back to x's dtype):
+// `x` the core attention's output [S, B, A*D], `gate` [S, B, A, D] as
+// get_query_key_value_tensors reshaped it (a view of linear_qkv's output when a rank has one
+// query group, a copy otherwise). One kernel: a new output like `x`; its backward recomputes
+// the sigmoid, so it saves its two inputs as they are (a view keeps its whole storage);
+// backward: the gradients of both.
+at::Tensor AttentionOutputGate(const at::Tensor& x, const at::Tensor& gate);
+
 // Transformer Engine's fused RoPE (FusedRoPEFunc, Megatron's default apply_rope_fusion):
 // a new output like the input; saves nothing but the (persistent) frequencies.
 at::Tensor RotaryEmbedding(const at::Tensor& input);

@@ -99,6 +99,11 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   } else if (m->q_lora_rank > 0) {
     return Status::Error("q_lora_rank needs multi-latent attention (kv_lora_rank > 0)");
   }
+  if (m->attention_output_gate && m->multi_latent_attention()) {
+    return Status::Error(
+        "attention_output_gate is not supported with multi-latent attention (Megatron-Core "
+        "refuses it)");
+  }
   if (m->qk_l2_norm && m->multi_latent_attention()) {
     return Status::Error(
         "qk_l2_norm is not supported with multi-latent attention (Megatron-Core "

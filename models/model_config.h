@@ -96,6 +96,11 @@ struct ModelConfig {
   // head's query and key instead, in Transformer Engine layers and in MoE models (Megatron-
   // Core's local dense layer spec leaves it out: QkL2NormApplies).
   bool qk_l2_norm = false;
+  // --attention-output-gate (Qwen3-Next's gated attention): linear_qkv also projects a
+  // gate per query head, A*D more columns, and core attention's output is scaled by its
+  // sigmoid before linear_proj (Attention._apply_output_gate). Not with multi-latent
+  // attention (Megatron-Core raises).
+  bool attention_output_gate = false;
   // Multi-latent attention (--multi-latent-attention; DeepSeek-V2/V3), on when
   // kv_lora_rank > 0 (Megatron-Core's MLASelfAttention): queries from the hidden state, or
   // through a q_lora_rank-wide projection and norm; keys and values from a kv_lora_rank-wide

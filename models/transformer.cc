@@ -224,10 +224,11 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
       MakeFp8(layer.kv_up_weight, fp8);
     } else {
       ModuleScope q("linear_qkv");
-      layer.qkv_weight = store->Add("weight", {(A + 2 * G) * D / tp, H});
+      const int64_t rows = (A + 2 * G + (model_.attention_output_gate ? A : 0)) * D / tp;
+      layer.qkv_weight = store->Add("weight", {rows, H});
       layer.qkv_weight->tp_partition_dim = 0;
       MakeFp8(layer.qkv_weight, fp8);
-      if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {(A + 2 * G) * D / tp});
+      if (model_.add_qkv_bias) layer.qkv_bias = store->Add("bias", {rows});
     }
     if (model_.qk_layernorm && !model_.multi_latent_attention() && !QkL2NormApplies()) {
       {
@@ -324,7 +325,8 @@ at::Tensor TransformerModel::Norm(const at::Tensor& x, Parameter* weight, Parame
                                              : RmsNorm(input, *weight);
 }
 
-std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::Tensor& ln_out) {
+std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::Tensor& ln_out,
+                                                        at::Tensor* gate) {
   const int64_t tp = shard_.tp;
   const int64_t A = model_.num_attention_heads / tp, G = model_.num_query_groups / tp;
   const int64_t D = model_.head_dim;
@@ -334,16 +336,21 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     ChargeTeModuleCalls(training_);
     // Transformer Engine's LayerNormLinear: the norm's output is its own.
     qkv = Linear(ln_out, *layer.qkv_weight, layer.qkv_bias, UserbufferColumnParallel(),
-                 Fp8LinearOptions::LayerNormLinear());  // [S, B, (A+2G)D]
+                 Fp8LinearOptions::LayerNormLinear());  // [S, B, (A+2G)D], (2A+2G)D gated
   }
   const int64_t S = qkv.size(0), B = qkv.size(1);
-  // SelfAttention.get_query_key_value_tensors: [S, B, G, (A/G + 2) * D] split per group.
-  const at::Tensor grouped = qkv.view({S, B, G, (A / G + 2) * D});
+  // SelfAttention.get_query_key_value_tensors: [S, B, G, (A/G + 2) * D] split per group
+  // into query, key and value; gated, [S, B, G, (2A/G + 2) * D] into query, gate, key, value.
+  const bool gated = model_.attention_output_gate;
+  const at::Tensor grouped = qkv.view({S, B, G, ((gated ? 2 : 1) * A / G + 2) * D});
   qkv.reset();
-  auto parts = grouped.split({A / G * D, D, D}, 3);
-  at::Tensor q = parts[0].reshape({S, B, A, D});  // a copy unless G == A
-  at::Tensor k = parts[1];
-  at::Tensor v = parts[2];
+  std::vector<int64_t> widths = {A / G * D, D, D};
+  if (gated) widths.insert(widths.begin() + 1, A / G * D);
+  auto parts = grouped.split(widths, 3);
+  at::Tensor q = parts[0].reshape({S, B, A, D});  // a copy unless G is 1 or A
+  const at::Tensor gate_part = gated ? parts[1] : at::Tensor();
+  at::Tensor k = parts[gated ? 2 : 1];
+  at::Tensor v = parts[gated ? 3 : 2];
   parts.clear();
   if (QkL2NormApplies()) {
     // SelfAttention's L2Norm in place of any q/k layernorm; its modules keep their names.
@@ -364,6 +371,7 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     ChargeTeModuleCalls(training_);
     k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
   }
+  if (gated) *gate = gate_part.reshape({S, B, A, D});  // the same
   if (model_.position == PositionKind::kRope && training_.rope_fusion) {
     q = RotaryEmbedding(q);
     k = RotaryEmbedding(k);
@@ -508,6 +516,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
     up_projection.emplace();
   }
   std::vector<at::Tensor> qkv;
+  at::Tensor gate;  // attention_output_gate's, [S, B, A, D]
   {
     // Offloading's qkv_linear region (multi_latent_attention.py): the down projections
     // both save the norm's output, which recomputing the layernorm module regenerates.
@@ -516,7 +525,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
                           OffloadModule::kQkvLinear, &hidden_states);
     qkv = model_.multi_latent_attention()
               ? LatentQueryKeyValue(layer, hidden_states, up_projection ? &*up_projection : nullptr)
-              : QueryKeyValue(layer, hidden_states);
+              : QueryKeyValue(layer, hidden_states, &gate);
     offload.EndSaving(qkv);
     offload.Commit(&qkv[0], {{hidden_states, /*saves=*/2,
                               /*regenerated=*/training_.Recomputes(RecomputeModule::kLayerNorm)}});
@@ -564,6 +573,10 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
       offload.Commit(&context, {{q, 1, regenerated}, {k, 1, regenerated}, {v, 1, regenerated}});
     }
     if (layer.softmax_offset != nullptr) context = AttentionSink(context, *layer.softmax_offset);
+  }
+  if (gate.defined()) {
+    context = AttentionOutputGate(context, gate);
+    gate.reset();
   }
   if (up_projection) up_projection->DiscardOutputAndRegisterRecompute(context);
   ModuleScope s("linear_proj");

@@ -10,8 +10,9 @@
 //   per layer l held by the stage, prefix decoder.layers.l:
 //     input_layernorm.weight                 (H)
 //     input_layernorm.bias                   (H)                  LayerNorm only
-//     self_attention.linear_qkv.weight       ((A + 2G) * D / tp, H)
-//     self_attention.linear_qkv.bias         ((A + 2G) * D / tp)  if add_qkv_bias
+//     self_attention.linear_qkv.weight       ((A + 2G) * D / tp, H); ((2A + 2G) * D / tp, H)
+//                                                                 with attention_output_gate
+//     self_attention.linear_qkv.bias         (the weight's rows)  if add_qkv_bias
 //     self_attention.q_layernorm.weight/.bias (D)                 if qk_layernorm (bias:
 //     self_attention.k_layernorm.weight/.bias (D)                  LayerNorm only), unless
 //                                                                  qk_l2_norm applies (no
@@ -410,8 +411,9 @@ class TransformerModel {
   at::Tensor PreMlpNorm(Layer& layer, const at::Tensor& x, CheckpointWithoutOutput* checkpoint);
   at::Tensor LayerForward(Layer& layer, const at::Tensor& hidden);
   at::Tensor Attention(Layer& layer, const at::Tensor& ln_out);
-  // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D].
-  std::vector<at::Tensor> QueryKeyValue(Layer& layer, const at::Tensor& ln_out);
+  // SelfAttention's projections (with q/k norms and RoPE): query, key, value [S, B, heads, D],
+  // and with attention_output_gate the gate [S, B, A, D] into `*gate`.
+  std::vector<at::Tensor> QueryKeyValue(Layer& layer, const at::Tensor& ln_out, at::Tensor* gate);
   // A checkpoint's inputs as Megatron passes them: `inputs` and the batch's attention mask,
   // which CheckpointFunction saves with them (recompute.py's chunk_runner and attention.py's
   // _checkpointed_attention_forward pass it), so it lives until the recomputation.

@@ -324,9 +324,14 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   optimizer_options.tp = layout.tp;
   optimizer_options.expert_tp = layout.etp;
   if (training.muon_split_qkv && !model_config.multi_latent_attention()) {
+    // _get_qkv_split_shapes (emerging_optimizers.py): query, [gate,] key, value per group.
     const int64_t D = model_config.head_dim;
-    optimizer_options.muon_qkv_split_rows = {
-        model_config.num_attention_heads / model_config.num_query_groups * D, D, D};
+    const int64_t query_rows = model_config.num_attention_heads / model_config.num_query_groups * D;
+    optimizer_options.muon_qkv_split_rows = {query_rows, D, D};
+    if (model_config.attention_output_gate) {
+      optimizer_options.muon_qkv_split_rows.insert(
+          optimizer_options.muon_qkv_split_rows.begin() + 1, query_rows);
+    }
   }
   optimizer_options.precision_aware = PrecisionAwareStatesOf(training);
   optimizer_options.cpu_offload_fraction = training.optimizer_offload_fraction;

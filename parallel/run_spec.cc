@@ -47,8 +47,9 @@ Status CheckFp8GemmShapes(const ModelConfig& m, const ParallelLayout& l, const T
       widths.emplace_back("query width per TP rank", A * m.head_dim / l.tp);
       widths.emplace_back("key-value width per TP rank", A * (m.qk_head_dim + m.v_head_dim) / l.tp);
     } else {
+      const int64_t gate_heads = m.attention_output_gate ? A : 0;
       widths.emplace_back("QKV width per TP rank",
-                          (A + 2 * m.num_query_groups) * m.head_dim / l.tp);
+                          (A + gate_heads + 2 * m.num_query_groups) * m.head_dim / l.tp);
     }
     if (m.moe_shared_expert_size > 0) {
       widths.emplace_back("shared-expert FFN size per TP rank", m.moe_shared_expert_size / l.tp);

@@ -164,6 +164,7 @@ std::vector<std::string> TheoreticalMemoryCaveats(const ValidatedRun& run, int64
   }
   if (l.cp > 1) caveats.push_back("context parallelism ignored");
   if (m.qk_layernorm || m.qk_l2_norm) caveats.push_back("q/k norms ignored");
+  if (m.attention_output_gate) caveats.push_back("attention output gate ignored");
   if (m.multi_latent_attention()) {
     caveats.push_back("multi-latent attention counted as multi-head attention");
   }

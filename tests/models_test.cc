@@ -1170,6 +1170,36 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   EXPECT_EQ(parameters(true, true, ProfileKind::kMegatronLocal), plain + 2 * 2 * D);  // q, k
 }
 
+// --attention-output-gate (Attention._apply_output_gate): per layer the compiled gate keeps
+// core attention's output, which linear_proj kept before, and the gate as
+// get_query_key_value_tensors reshaped it; linear_proj keeps the gated output, a new 2SBAD.
+// With G < A query groups (here 2 of 8) the reshape copies the gate: 2SBAD; with one group
+// per head it is a view that keeps linear_qkv's whole output, [S, B, (2A + 2G)D] = 8SBAD,
+// which FlashAttention-2's contiguous q, k and v let go before. linear_qkv gains A*D rows.
+TEST(Activations, AttentionOutputGateKeepsTheGateAndTheGatedOutput) {
+  const int64_t S = 128, B = 2, H = 256, A = 8, F = 512, D = H / A;
+  auto model = [&](int64_t layers, int64_t groups, bool gate) {
+    ModelConfig m = test::Llama(layers, H, A, groups, F, 1024);
+    m.attention_output_gate = gate;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    return m;
+  };
+  auto per_layer = [&](int64_t groups, bool gate) {
+    const TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    return ActivationBytesAfterForward(model(2, groups, gate), t) -
+           ActivationBytesAfterForward(model(1, groups, gate), t);
+  };
+  EXPECT_EQ(per_layer(2, true) - per_layer(2, false), 2 * S * B * A * D + 2 * S * B * A * D);
+  EXPECT_EQ(per_layer(A, true) - per_layer(A, false), 8 * S * B * A * D + 2 * S * B * A * D);
+  EXPECT_EQ(ParameterCount(model(2, 2, true)) - ParameterCount(model(2, 2, false)), 2 * A * D * H);
+  ModelConfig latent = model(1, A, true);
+  latent.kv_lora_rank = 32;
+  latent.qk_head_dim = 16;
+  latent.qk_pos_emb_head_dim = 8;
+  latent.v_head_dim = 16;
+  EXPECT_FALSE(FinalizeModelConfig(&latent).ok());
+}
+
 // Note [Transformer Engine's unfused mask]: one GPT layer (S = 64, B = 2, 4 heads) under
 // Transformer Engine's unfused attention, bf16, no dropout. Before the scores: two int32
 // aranges [64], the int32 distance and window bounds [1, 1, 64, 64] (three), five bool

@@ -34,6 +34,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--add-qkv-bias", Arity::kFlag, ArgUse::kRead},
     {"--qk-layernorm", Arity::kFlag, ArgUse::kRead},
     {"--qk-l2-norm", Arity::kFlag, ArgUse::kRead},
+    {"--attention-output-gate", Arity::kFlag, ArgUse::kRead},
     {"--multi-latent-attention", Arity::kFlag, ArgUse::kRead},
     {"--q-lora-rank", Arity::kValue, ArgUse::kRead},
     {"--kv-lora-rank", Arity::kValue, ArgUse::kRead},
@@ -901,8 +902,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     // Refused: Megatron-Core 0.20 features whose memory memsim does not simulate.
     {"--apply-residual-connection-post-layernorm", Arity::kFlag, ArgUse::kRefused,
      "the residual taken after the layernorm (BERT's ordering)"},
-    {"--attention-output-gate", Arity::kFlag, ArgUse::kRefused,
-     "a gate on the attention output (its projection and activations)"},
     {"--batch-invariant-mode", Arity::kFlag, ArgUse::kRefused,
      "batch-invariant GEMM and attention kernels"},
     {"--dataloader-inter-document-masking", Arity::kFlag, ArgUse::kRefused,

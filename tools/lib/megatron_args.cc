@@ -398,6 +398,7 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   m.add_qkv_bias = m.add_bias_linear || a.Has("--add-qkv-bias");  // as Megatron-LM syncs them
   m.qk_layernorm = a.Has("--qk-layernorm");
   m.qk_l2_norm = a.Has("--qk-l2-norm");
+  m.attention_output_gate = a.Has("--attention-output-gate");
   if (a.Has("--multi-latent-attention")) {
     // Megatron-LM's argument defaults (arguments.py): no q down projection (--q-lora-rank
     // None), kv_lora_rank 32, q/k heads 128 + 64 wide, v heads 128.

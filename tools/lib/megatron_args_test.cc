@@ -835,6 +835,9 @@ TEST(MegatronArgs, QkLayernorm) {
   EXPECT_TRUE(r.spec.model.qk_layernorm);
   EXPECT_FALSE(r.spec.model.qk_l2_norm);
   EXPECT_TRUE(Parse(std::string(kTinyGpt) + "--qk-l2-norm", 1).spec.model.qk_l2_norm);
+  EXPECT_FALSE(r.spec.model.attention_output_gate);
+  EXPECT_TRUE(
+      Parse(std::string(kTinyGpt) + "--attention-output-gate", 1).spec.model.attention_output_gate);
   EXPECT_NE(std::find(r.ignored.begin(), r.ignored.end(), "--test-mode"), r.ignored.end());
 }
 
@@ -1617,6 +1620,9 @@ TEST(MegatronArgs, MultiLatentAttention) {
         << name;
   }
   EXPECT_NE(ErrorOf(base + "--mla-down-proj-fusion", 1).find("--mla-down-proj-fusion"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(base + "--attention-output-gate", 1)
+                .find("attention_output_gate is not supported with multi-latent attention"),
             std::string::npos);
 }
 

@@ -234,6 +234,7 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("add_qkv_bias", &m->add_qkv_bias),
       flag("qk_layernorm", &m->qk_layernorm),
       flag("qk_l2_norm", &m->qk_l2_norm),
+      flag("attention_output_gate", &m->attention_output_gate),
       i64("q_lora_rank", &m->q_lora_rank),
       i64("kv_lora_rank", &m->kv_lora_rank),
       i64("qk_head_dim", &m->qk_head_dim),
