@@ -95,6 +95,21 @@ void LinearWgrad(const LinearState& state, at::IntArrayRef weight_sizes, const a
   }
 }
 
+// Megatron's _linear_forward: torch.matmul (and an out-of-place bias add, as Megatron
+// writes it), or with another output dtype Transformer Engine's general_gemm on the 2-D
+// input, the bias in its epilogue.
+at::Tensor LinearForward(const at::Tensor& input, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias, at::ScalarType output_dtype) {
+  if (output_dtype == at::ScalarType::Undefined || output_dtype == input.scalar_type()) {
+    at::Tensor out = at::matmul(input, weight.t());
+    if (bias.has_value()) out = out + *bias;
+    return out;
+  }
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.back() = weight.size(0);
+  return TeGemm(input.reshape({-1, input.size(-1)}), weight.t(), output_dtype).view(sizes);
+}
+
 struct LinearFunction : public Function<LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias,
@@ -102,10 +117,9 @@ struct LinearFunction : public Function<LinearFunction> {
     ctx->save_for_backward({input, weight});
     const at::Tensor total_input =
         GatherSequence(input, state->parallelism, /*slot=*/0, state->parallelism.userbuffer_gather);
+    const at::ScalarType output_dtype = state->parallelism.output_dtype;
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
-    at::Tensor out = at::matmul(total_input, weight.t());
-    if (bias.has_value()) out = out + *bias;  // out of place, as Megatron writes it
-    return out;
+    return LinearForward(total_input, weight, bias, output_dtype);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -115,7 +129,7 @@ struct LinearFunction : public Function<LinearFunction> {
     const auto state =
         c10::static_intrusive_pointer_cast<LinearState>(ctx->saved_data["state"].toCapsule());
     const LinearParallelism& parallelism = state->parallelism;
-    const at::Tensor grad_output = grads[0].contiguous();
+    const at::Tensor grad_output = grads[0].to(input.scalar_type()).contiguous();
     // A deferred weight gradient (DeferredWgrad) keeps the output gradient instead.
     DeferredWgrad* deferred = parallelism.deferred.get();
     const bool defer = deferred != nullptr && deferred->Accepts(deferred->grad_outputs);
@@ -614,16 +628,19 @@ namespace {
 
 struct FrozenLinearFunction : public Function<FrozenLinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& total_input,
-                            const at::Tensor& weight, int64_t all_reduce_input_grad_group) {
+                            const at::Tensor& weight, int64_t all_reduce_input_grad_group,
+                            at::ScalarType output_dtype) {
     ctx->saved_data["weight"] = weight;  // the parameter itself: no memory
     ctx->saved_data["all_reduce_group"] = all_reduce_input_grad_group;
-    return at::matmul(total_input, weight.t());
+    ctx->saved_data["input_dtype"] = total_input.scalar_type();
+    return LinearForward(total_input, weight, c10::nullopt, output_dtype);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor grad_input = grads[0].matmul(ctx->saved_data["weight"].toTensor());
+    const at::Tensor grad_output = grads[0].to(ctx->saved_data["input_dtype"].toScalarType());
+    const at::Tensor grad_input = grad_output.matmul(ctx->saved_data["weight"].toTensor());
     const int64_t group = ctx->saved_data["all_reduce_group"].toInt();
     if (group > 1) AllReduceInPlace(grad_input, group);
-    return {grad_input, at::Tensor(), at::Tensor()};
+    return {grad_input, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -637,7 +654,8 @@ at::Tensor FrozenLinear(const at::Tensor& input, const Parameter& weight,
   const at::Tensor total_input =
       gather > 1 ? GatherFromSequenceParallelRegion(input, gather) : input;
   return FrozenLinearFunction::apply(total_input, weight.data.detach(),
-                                     parallelism.all_reduce_input_grad_group);
+                                     parallelism.all_reduce_input_grad_group,
+                                     parallelism.output_dtype);
 }
 
 void FreeStorage(const c10::Storage& storage) {

@@ -74,6 +74,11 @@ struct LinearParallelism {
   bool userbuffer_gather = false;
   bool userbuffer_bulk_dgrad = false;
   bool userbuffer_bulk_wgrad = false;
+  // Megatron's output_dtype (the output layer's, --output-logit-dtype): a GEMM output of
+  // another dtype than the input's, through Transformer Engine's general_gemm; backward casts
+  // the output gradient to the input's dtype first (a new tensor while backward runs).
+  // Undefined, or the input's dtype: torch.matmul.
+  at::ScalarType output_dtype = at::ScalarType::Undefined;
 };
 
 // How a Transformer Engine linear module running in FP8 is used, beyond its tensor-parallel

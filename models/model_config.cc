@@ -1,8 +1,10 @@
 #include "models/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "simulator/checked_math.h"
 #include "simulator/format.h"
@@ -134,6 +136,26 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
         "a clamped SwiGLU needs MoE layers (Megatron-Core: activation_func_clamp_value for "
         "SwiGLU is only supported with MoE)");
   }
+  if (m->use_mup) {
+    // TransformerConfig.__post_init__: the base defaults to the model's width.
+    if (m->mup_base_hidden_size < 0 || m->mup_base_hidden_size > kMaxDimension) {
+      return Status::Error("mup_base_hidden_size must be positive (0: the hidden size), got " +
+                           Str(m->mup_base_hidden_size));
+    }
+    if (m->mup_base_hidden_size == 0) m->mup_base_hidden_size = m->hidden_size;
+    const double width = static_cast<double>(m->hidden_size) / m->mup_base_hidden_size;
+    if (m->mup_output_mult == 1.0 && width != 1.0) m->mup_output_mult = 1.0 / width;
+  } else if (m->mup_base_hidden_size != 0 || m->mup_embedding_mult != 1.0 ||
+             m->mup_output_mult != 1.0) {
+    return Status::Error("the mup_* settings need use_mup (without it Megatron-Core ignores them)");
+  }
+  for (const auto& [value, name] : {std::pair{m->mup_embedding_mult, "mup_embedding_mult"},
+                                    std::pair{m->mup_output_mult, "mup_output_mult"}}) {
+    if (!std::isfinite(value)) {
+      return Status::Error(std::string(name) + " must be a finite number, got " +
+                           FormatNumber(value));
+    }
+  }
   if (!(m->final_logit_softcap >= 0 && m->final_logit_softcap < kMaxFactor)) {
     return Status::Error("final_logit_softcap must be positive and finite (0: none), got " +
                          FormatNumber(m->final_logit_softcap));
@@ -255,6 +277,9 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       t.seq_length > m.max_position_embeddings) {
     return Status::Error("seq_length " + Str(t.seq_length) + " exceeds max_position_embeddings " +
                          Str(m.max_position_embeddings));
+  }
+  if (t.output_logit_dtype == Precision::kFp16) {
+    return Status::Error("output_logit_dtype must be bf16 or fp32 (Megatron-LM's choices)");
   }
   if (t.fp32_residual_connection && t.precision == Precision::kFp32) {
     return Status::Error(

@@ -132,6 +132,16 @@ struct ModelConfig {
   double final_logit_softcap = 0.0;
   bool scale_embeddings = false;
   bool sliding_window = false;
+  // MuP (--use-mup; TransformerConfig's MuP fields, Megatron-Core 0.20): the embedding's
+  // output times mup_embedding_mult and the logits times mup_output_mult, each a new tensor
+  // where the multiplier is not 1 (LanguageModelEmbedding.forward, GPTModel._scale_logits).
+  // An output multiplier of 1 becomes 1/width, width = H / mup_base_hidden_size (0: H).
+  // MuP's other changes (initialization, learning rates, the attention's softmax scale)
+  // change no memory.
+  bool use_mup = false;
+  int64_t mup_base_hidden_size = 0;
+  double mup_embedding_mult = 1.0;
+  double mup_output_mult = 1.0;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
 
@@ -326,6 +336,10 @@ struct TrainingConfig {
   int64_t num_microbatches = 1;  // per iteration, per pipeline
   int32_t iterations = 2;        // the real tracer records two
   Precision precision = Precision::kBf16;
+  // --output-logit-dtype (bf16 or fp32; unset: the output layer's input dtype): the output
+  // layer's GEMM writes the logits in this dtype, through Transformer Engine's general_gemm
+  // when it differs from the input's (LinearParallelism::output_dtype in layers.h).
+  std::optional<Precision> output_logit_dtype;
   // --fp32-residual-connection: the hidden state between layers and pipeline stages is
   // float32 (Note [FP32 residual stream] in models/transformer.h). REQUIRES: 16-bit
   // training, Transformer Engine's layers.

@@ -879,6 +879,9 @@ at::Tensor TransformerModel::Embed(const at::Tensor& tokens, const at::Tensor& p
     embeddings = word + position;
   }
   if (!reduce_scatter) embeddings = embeddings.transpose(0, 1).contiguous();  // [S, B, H]
+  if (model_.use_mup && model_.mup_embedding_mult != 1.0) {
+    embeddings = embeddings * model_.mup_embedding_mult;
+  }
   if (training_.fp32_residual_connection) embeddings = embeddings.to(at::kFloat);
   if (shard_.sequence_parallel) {
     if (!reduce_scatter) embeddings = ScatterToSequenceParallelRegion(embeddings, tp);
@@ -1062,8 +1065,8 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
   const at::Tensor original_num_tokens = loss_mask.sum();  // for per-token losses
   at::Tensor logits, num_tokens, loss, safe_num_tokens;
   for (int64_t j = 0; j < k; ++j) {
-    logits = OutputLogits(slices[static_cast<size_t>(1 + j)],
-                          /*frozen_weight=*/model_.mtp_detach_heads);
+    logits = ScaleLogits(OutputLogits(slices[static_cast<size_t>(1 + j)],
+                                      /*frozen_weight=*/model_.mtp_detach_heads));
     mtp_labels = RollLeft(mtp_labels).first;
     std::tie(mask, num_tokens) = RollLeft(mask);
     {
@@ -1096,6 +1099,9 @@ at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden, bool frozen_
   ModuleScope s("output_layer");
   LinearParallelism parallelism = MegatronColumnParallel();
   parallelism.deferred = deferred_wgrad_;
+  if (training_.output_logit_dtype.has_value()) {
+    parallelism.output_dtype = ScalarTypeOf(*training_.output_logit_dtype);
+  }
   auto run = [&](const at::Tensor& x) {
     at::Tensor logits =  // [S, B, V/tp]
         frozen_weight ? FrozenLinear(x, *output_weight_, parallelism)
@@ -1113,11 +1119,16 @@ at::Tensor TransformerModel::OutputLogits(const at::Tensor& hidden, bool frozen_
                            : run(hidden);
 }
 
+at::Tensor TransformerModel::ScaleLogits(at::Tensor logits) const {
+  if (!model_.use_mup || model_.mup_output_mult == 1.0) return logits;
+  return logits * model_.mup_output_mult;  // the raw logits go with the argument
+}
+
 at::Tensor TransformerModel::Loss(const at::Tensor& hidden, const at::Tensor& labels,
                                   const at::Tensor& loss_mask) {
   at::Tensor loss;
   {
-    at::Tensor logits = OutputLogits(hidden);
+    at::Tensor logits = ScaleLogits(OutputLogits(hidden));
     ModuleScope s("output_layer");
     loss = CrossEntropy(logits, labels.transpose(0, 1).contiguous());  // [S, B]
   }

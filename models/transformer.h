@@ -453,6 +453,9 @@ class TransformerModel {
   // [S, B, V/tp]; `frozen_weight`: the weight detached (FrozenLinear), as detached MTP heads'
   // losses read it.
   at::Tensor OutputLogits(const at::Tensor& hidden, bool frozen_weight = false);
+  // GPTModel._scale_logits: MuP's output multiplier, a new tensor where it applies (the
+  // caller's raw logits go once it has run); `logits` itself otherwise.
+  at::Tensor ScaleLogits(at::Tensor logits) const;
   // What get_batch puts on the GPU for one microbatch (Note [The batch on the GPU]): each
   // undefined where this chunk does not need it.
   struct Batch {

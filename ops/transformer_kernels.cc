@@ -21,8 +21,9 @@ void WgradGemmAccumMeta(const at::Tensor& main_grad, const at::Tensor& input,
               grad_output.sizes(), " and input ", input.sizes());
 }
 
-at::Tensor Fp8GemmMeta(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "fp8_gemm: a ", a.sizes(),
+// general_gemm into a new output, for fp8_gemm and te_gemm.
+at::Tensor GeneralGemmMeta(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "general_gemm: a ", a.sizes(),
               " and b ", b.sizes(), " do not multiply");
   return at::empty({a.size(0), b.size(1)}, a.options().dtype(out_dtype));
 }
@@ -81,6 +82,7 @@ void RegisterTransformerKernels() {
     def->def("wgrad_gemm_accum_(Tensor(a!) main_grad, Tensor input, Tensor grad_output) -> ()");
     def->def("fp8_gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor");
     def->def("fp8_gemm_out(Tensor a, Tensor b, Tensor(a!) out) -> Tensor(a!)");
+    def->def("te_gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor");
     def->def(
         "flash_attention_forward(Tensor q, Tensor k, Tensor v, float dropout_p, bool causal) -> "
         "(Tensor, Tensor, Tensor)");
@@ -92,6 +94,7 @@ void RegisterTransformerKernels() {
     RegisterOpTraits("memsim::wgrad_gemm_accum_", gemm);
     RegisterOpTraits("memsim::fp8_gemm", gemm);
     RegisterOpTraits("memsim::fp8_gemm_out", gemm);
+    RegisterOpTraits("memsim::te_gemm", gemm);
     OpTraits attention = gemm;
     attention.is_attention = true;
     RegisterOpTraits("memsim::flash_attention_forward", attention);
@@ -100,14 +103,15 @@ void RegisterTransformerKernels() {
     static auto* meta = new torch::Library(torch::Library::IMPL, "memsim", c10::DispatchKey::Meta,
                                            __FILE__, __LINE__);
     meta->impl("wgrad_gemm_accum_", TORCH_FN(WgradGemmAccumMeta));
-    meta->impl("fp8_gemm", TORCH_FN(Fp8GemmMeta));
+    meta->impl("fp8_gemm", TORCH_FN(GeneralGemmMeta));
+    meta->impl("te_gemm", TORCH_FN(GeneralGemmMeta));
     meta->impl("fp8_gemm_out", TORCH_FN(Fp8GemmOutMeta));
     meta->impl("flash_attention_forward", TORCH_FN(FlashForwardMeta));
     meta->impl("flash_attention_backward", TORCH_FN(FlashBackwardMeta));
     // Called from custom autograd Functions (layers.cc), which do their own backward.
     static auto* autograd = new torch::Library(torch::Library::IMPL, "memsim",
                                                c10::DispatchKey::Autograd, __FILE__, __LINE__);
-    for (const char* op : {"wgrad_gemm_accum_", "fp8_gemm", "fp8_gemm_out",
+    for (const char* op : {"wgrad_gemm_accum_", "fp8_gemm", "fp8_gemm_out", "te_gemm",
                            "flash_attention_forward", "flash_attention_backward"}) {
       autograd->impl(op, torch::CppFunction::makeFallthrough());
     }
@@ -127,6 +131,14 @@ at::Tensor Fp8Gemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("memsim::fp8_gemm", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
+  return op.call(a, b, out_dtype);
+}
+
+at::Tensor TeGemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("memsim::te_gemm", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
   return op.call(a, b, out_dtype);
 }

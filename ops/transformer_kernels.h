@@ -10,6 +10,9 @@
 //       a [M, K] times b [K, N] into a new [M, N] of out_dtype.
 //   memsim::fp8_gemm_out(Tensor a, Tensor b, Tensor(a!) out) -> Tensor(a!)
 //       the same into `out` (a userbuffer: Note [Userbuffers] in collectives.h).
+//   memsim::te_gemm(Tensor a, Tensor b, ScalarType out_dtype) -> Tensor
+//       Transformer Engine's general_gemm on 16-bit operands into another dtype (Megatron's
+//       output_dtype: --output-logit-dtype): a [M, K] times b [K, N] into a new [M, N].
 //   memsim::flash_attention_forward(Tensor q, Tensor k, Tensor v, float dropout_p,
 //       bool causal) -> (Tensor out, Tensor softmax_lse, Tensor rng_state)
 //   memsim::flash_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
@@ -30,6 +33,7 @@ void WgradGemmAccumulate(const at::Tensor& main_grad, const at::Tensor& input,
                          const at::Tensor& grad_output);
 at::Tensor Fp8Gemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype);
 void Fp8GemmInto(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
+at::Tensor TeGemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForward(const at::Tensor& q,
                                                                      const at::Tensor& k,
                                                                      const at::Tensor& v,

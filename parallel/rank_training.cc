@@ -189,17 +189,26 @@ class LibraryWorkspaces {
     cuda_graphs_ = training.cuda_graphs;
     // PyTorch GEMMs: every linear layer in the local implementation; under TE, the output
     // layer (Megatron's ColumnParallelLinear) and unfused attention's bmm. TE's GEMMs: its
-    // layers, and the MoE router's in either implementation.
+    // layers, the MoE router's in either implementation, and the output layer's forward
+    // when it writes the logits in another dtype (--output-logit-dtype; its backward GEMMs
+    // stay PyTorch's).
     const bool has_layers = std::any_of(shard.chunks.begin(), shard.chunks.end(),
                                         [](const auto& c) { return c.second > 0; });
-    const bool torch_gemms = training.profile == ProfileKind::kMegatronLocal || shard.last_stage ||
-                             (has_layers && training.attention == AttentionKind::kEager);
-    cublas_bytes_ = torch_gemms
-                        ? (training.cublas_workspace_bytes >= 0 ? training.cublas_workspace_bytes
-                                                                : DefaultCublasWorkspaceBytes(*gpu))
-                        : 0;
-    const bool te_gemms = has_layers && (training.profile == ProfileKind::kTransformerEngine ||
-                                         model.num_experts > 0);
+    const bool logits_through_te = shard.last_stage && training.output_logit_dtype.has_value() &&
+                                   *training.output_logit_dtype != training.precision;
+    const bool torch_gemms_besides_logits =
+        training.profile == ProfileKind::kMegatronLocal ||
+        (has_layers && training.attention == AttentionKind::kEager);
+    const int64_t cublas_bytes = training.cublas_workspace_bytes >= 0
+                                     ? training.cublas_workspace_bytes
+                                     : DefaultCublasWorkspaceBytes(*gpu);
+    const bool torch_forward_gemms =
+        torch_gemms_besides_logits || (shard.last_stage && !logits_through_te);
+    forward_cublas_bytes_ = torch_forward_gemms ? cublas_bytes : 0;
+    backward_cublas_bytes_ = torch_gemms_besides_logits || shard.last_stage ? cublas_bytes : 0;
+    const bool te_gemms =
+        logits_through_te || (has_layers && (training.profile == ProfileKind::kTransformerEngine ||
+                                             model.num_experts > 0));
     te_bytes_ = te_gemms ? TransformerEngineWorkspaceBytes(*gpu) : 0;
     const bool grouped_gemms = training.moe_grouped_gemm && model.num_experts > 0 && has_layers;
     te_grouped_.resize(grouped_gemms ? kTeGroupedGemmStreams : 0);
@@ -220,10 +229,10 @@ class LibraryWorkspaces {
     }
     Allocate(te_userbuffer_bytes_, "transformer_engine.userbuffer_gemm_workspace", &te_userbuffer_,
              true);
-    Allocate(cublas_bytes_, "cublas_workspace.forward_thread", &forward_, true);
+    Allocate(forward_cublas_bytes_, "cublas_workspace.forward_thread", &forward_, true);
   }
   void BeforeBackward() {
-    Allocate(cublas_bytes_, "cublas_workspace.backward_thread", &backward_, true);
+    Allocate(backward_cublas_bytes_, "cublas_workspace.backward_thread", &backward_, true);
   }
 
  private:
@@ -236,7 +245,8 @@ class LibraryWorkspaces {
   }
 
   bool cuda_graphs_ = false;
-  int64_t cublas_bytes_ = 0, te_bytes_ = 0, te_userbuffer_bytes_ = 0;
+  int64_t forward_cublas_bytes_ = 0, backward_cublas_bytes_ = 0, te_bytes_ = 0,
+          te_userbuffer_bytes_ = 0;
   at::Tensor forward_, backward_, te_, te_userbuffer_;
   std::vector<at::Tensor> te_grouped_;  // one per TE compute stream with grouped GEMMs
 };

@@ -3,10 +3,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -2027,6 +2032,92 @@ TEST(Activations, TransformerEngineCrossEntropyKeepsOnlyTheGradient) {
       &dtype);
   EXPECT_EQ(peak, kS * kB * kV * (2 + 4) + kS * kB * 8 + kS * kB * 16 + 2 * 8);
   EXPECT_EQ(dtype, at::kBFloat16);
+}
+
+// Every storage one step of `m` under `t` allocates on an H100, as (phase, dtype, op,
+// elements).
+using StorageKey = std::tuple<Phase, at::ScalarType, std::string, int64_t>;
+std::multiset<StorageKey> StepStorages(const ModelConfig& m, const TrainingConfig& t) {
+  const std::unique_ptr<Session> session =
+      test::RecordRank(test::Validated(m, t), 0, FindGpu("H100-80GB"));
+  const Recorder& r = session->recorder();
+  std::multiset<StorageKey> found;
+  for (const StorageInfo& s : r.storages()) {
+    const int64_t elements = s.dtype == at::ScalarType::Undefined
+                                 ? 0
+                                 : s.size_bytes / static_cast<int64_t>(c10::elementSize(s.dtype));
+    found.emplace(s.phase, s.dtype, r.names().Name(s.op), elements);
+  }
+  return found;
+}
+
+// What `a` holds beyond `b`.
+std::multiset<StorageKey> Beyond(const std::multiset<StorageKey>& a,
+                                 const std::multiset<StorageKey>& b) {
+  std::multiset<StorageKey> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::inserter(out, out.end()));
+  return out;
+}
+
+// --output-logit-dtype fp32 (Megatron's _linear_forward and LinearWithGradAccumulation...
+// backward): the output layer writes float32 logits through Transformer Engine's
+// general_gemm, which vocab_parallel_cross_entropy's .float() returns as they are, instead of
+// bf16 logits and their float32 copy; backward casts the float32 gradient to bf16 in the
+// linear, where by default autograd casts it after the cross-entropy. The logits-sized
+// storages (S*B*V elements, no other tensor's count here) of one microbatch.
+TEST(Activations, Float32LogitsSkipTheBf16Logits) {
+  const int64_t S = 96, B = 2, V = 2048;
+  ModelConfig m = test::Llama(1, 256, 8, 2, 512, V);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  auto logits_storages = [&](std::optional<Precision> logit_dtype) {
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.iterations = 1;
+    t.output_logit_dtype = logit_dtype;
+    std::multiset<StorageKey> logits;
+    for (const StorageKey& key : StepStorages(m, t)) {
+      if (std::get<3>(key) == S * B * V) logits.insert(key);
+    }
+    return logits;
+  };
+  EXPECT_EQ(
+      logits_storages(std::nullopt),
+      (std::multiset<StorageKey>{{Phase::kForward, at::kBFloat16, "aten::matmul", S * B * V},
+                                 {Phase::kForward, at::kFloat, "aten::to.dtype", S * B * V},
+                                 {Phase::kBackward, at::kBFloat16, "aten::to.dtype", S * B * V}}));
+  EXPECT_EQ(
+      logits_storages(Precision::kFp32),
+      (std::multiset<StorageKey>{{Phase::kForward, at::kFloat, "memsim::te_gemm", S * B * V},
+                                 {Phase::kBackward, at::kBFloat16, "aten::to.dtype", S * B * V}}));
+  EXPECT_EQ(logits_storages(Precision::kBf16), logits_storages(std::nullopt));
+}
+
+// MuP (--use-mup): the embedding's [S, B, H] output times --mup-embedding-mult and the
+// [S, B, V] logits times the output multiplier (1/width, width = H / --mup-base-hidden-size
+// = 2 here) are new bf16 tensors in forward, and their products' gradients new ones in
+// backward (MulBackward1 multiplies by the scalar as a wrapped tensor); nothing else changes. With
+// both multipliers 1 nothing is made.
+TEST(Activations, MupMultipliersMakeNewTensors) {
+  const int64_t S = 96, B = 2, H = 256, V = 2048;
+  auto storages = [&](bool mup, double embedding_mult, int64_t base_hidden_size) {
+    ModelConfig m = test::Llama(1, H, 8, 2, 512, V);
+    m.use_mup = mup;
+    m.mup_embedding_mult = embedding_mult;
+    m.mup_base_hidden_size = base_hidden_size;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.iterations = 1;
+    return StepStorages(m, t);
+  };
+  const std::multiset<StorageKey> plain = storages(false, 1.0, 0);
+  const std::multiset<StorageKey> mup = storages(true, 2.0, H / 2);
+  EXPECT_EQ(Beyond(mup, plain),
+            (std::multiset<StorageKey>{
+                {Phase::kForward, at::kBFloat16, "aten::mul.Scalar", S * B * H},
+                {Phase::kForward, at::kBFloat16, "aten::mul.Scalar", S * B * V},
+                {Phase::kBackward, at::kBFloat16, "aten::mul.Tensor", S * B * H},
+                {Phase::kBackward, at::kBFloat16, "aten::mul.Tensor", S * B * V}}));
+  EXPECT_TRUE(Beyond(plain, mup).empty());
+  EXPECT_EQ(storages(true, 1.0, 0), plain);
 }
 
 // Note [All-to-all context parallelism]: on cp = 2 with --cp-comm-type a2a a layer keeps

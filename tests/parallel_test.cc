@@ -721,6 +721,41 @@ TEST(ExpertParallel, RouterGemmsUseTransformerEnginesWorkspace) {
       (std::map<std::string, int64_t>{{"transformer_engine.gemm_workspace", (32 << 20) + 1024}}));
 }
 
+// --output-logit-dtype fp32 on bf16 training: the output layer's forward GEMM goes through
+// Transformer Engine's general_gemm, its backward GEMMs through PyTorch. A dense last stage
+// of Transformer Engine layers with fused attention then runs no GEMM through PyTorch on
+// the forward thread (no forward cuBLAS workspace); under the local implementation it holds
+// TE's workspace beside PyTorch's two.
+TEST(LibraryWorkspaces, Float32LogitsUseTransformerEnginesGemm) {
+  ModelConfig m = test::Llama(2, 256, 8, 4, 512, 1024);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t;
+  t.seq_length = 128;
+  t.iterations = 1;
+  t.cublas_workspace_bytes = 32 << 20;
+  t.output_logit_dtype = Precision::kFp32;
+  ParallelLayout layout;
+  layout.world_size = 2;
+  layout.pp = 2;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  const int64_t te = (32 << 20) + 1024;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.attention = AttentionKind::kFused;
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 1, "H100-80GB"),
+            (std::map<std::string, int64_t>{{"cublas_workspace.backward_thread", 32 << 20},
+                                            {"transformer_engine.gemm_workspace", te}}));
+  t.profile = ProfileKind::kMegatronLocal;
+  t.attention = AttentionKind::kFlash;
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 1, "H100-80GB"),
+            (std::map<std::string, int64_t>{{"cublas_workspace.backward_thread", 32 << 20},
+                                            {"cublas_workspace.forward_thread", 32 << 20},
+                                            {"transformer_engine.gemm_workspace", te}}));
+  t.output_logit_dtype = Precision::kBf16;  // the input's dtype: torch.matmul, as without it
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 1, "H100-80GB"),
+            (std::map<std::string, int64_t>{{"cublas_workspace.backward_thread", 32 << 20},
+                                            {"cublas_workspace.forward_thread", 32 << 20}}));
+}
+
 // `m` (SmallMoe) on TP2 EP2 of 8 GPUs with sequence parallelism and the alltoall dispatcher,
 // S = 512, B = 2: T = S*B/tp = 512 tokens a rank, one step.
 RunSpec SmallMoeAllToAll(const ModelConfig& m) {

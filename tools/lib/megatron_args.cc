@@ -399,6 +399,16 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   m.qk_layernorm = a.Has("--qk-layernorm");
   m.qk_l2_norm = a.Has("--qk-l2-norm");
   m.attention_output_gate = a.Has("--attention-output-gate");
+  // MuP's settings count only with --use-mup (TransformerConfig reads them then).
+  m.use_mup = a.Has("--use-mup");
+  for (const char* name : {"--mup-base-hidden-size", "--mup-embedding-mult", "--mup-output-mult"}) {
+    if (!m.use_mup) a.Ignore(name);
+  }
+  if (m.use_mup) {
+    MEMSIM_RETURN_IF_ERROR(a.Int("--mup-base-hidden-size", &m.mup_base_hidden_size));
+    MEMSIM_RETURN_IF_ERROR(a.Float("--mup-embedding-mult", &m.mup_embedding_mult));
+    MEMSIM_RETURN_IF_ERROR(a.Float("--mup-output-mult", &m.mup_output_mult));
+  }
   if (a.Has("--multi-latent-attention")) {
     // Megatron-LM's argument defaults (arguments.py): no q down projection (--q-lora-rank
     // None), kv_lora_rank 32, q/k heads 128 + 64 wide, v heads 128.
@@ -959,6 +969,11 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
                 : a.Has("--fp16") ? Precision::kFp16
                                   : Precision::kFp32;
   t.fp32_residual_connection = a.Has("--fp32-residual-connection");
+  if (a.Has("--output-logit-dtype")) {
+    std::string dtype;
+    MEMSIM_RETURN_IF_ERROR(Choice(a, "--output-logit-dtype", {"bf16", "fp32"}, "bf16", &dtype));
+    t.output_logit_dtype = dtype == "fp32" ? Precision::kFp32 : Precision::kBf16;
+  }
   if (a.Has("--fp16-lm-cross-entropy")) {
     if (t.precision != Precision::kFp16) {
       return Status::Error(

@@ -830,6 +830,37 @@ TEST(MegatronArgs, EmbeddingAndLossInPipelineSplit) {
   EXPECT_EQ(r.spec.layout.vpp, 2);
 }
 
+// --output-logit-dtype: Megatron-LM's two choices; unset, the logits take the input's dtype.
+TEST(MegatronArgs, OutputLogitDtype) {
+  EXPECT_FALSE(Parse(kTinyGpt, 1).spec.training.output_logit_dtype.has_value());
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--output-logit-dtype fp32", 1)
+                .spec.training.output_logit_dtype,
+            Precision::kFp32);
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--output-logit-dtype bf16", 1)
+                .spec.training.output_logit_dtype,
+            Precision::kBf16);
+  EXPECT_NE(
+      ErrorOf(std::string(kTinyGpt) + "--output-logit-dtype fp16", 1).find("--output-logit-dtype"),
+      std::string::npos);
+}
+
+// MuP: the multipliers count only with --use-mup; the output multiplier left at 1 becomes
+// 1/width (TransformerConfig.__post_init__): hidden 64 on a base of 16 gives 0.25.
+TEST(MegatronArgs, Mup) {
+  const MegatronArgsResult r = Parse(
+      std::string(kTinyGpt) + "--use-mup --mup-base-hidden-size 16 --mup-embedding-mult 10", 1);
+  ModelConfig m = r.spec.model;
+  EXPECT_TRUE(m.use_mup);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  EXPECT_EQ(m.mup_embedding_mult, 10.0);
+  EXPECT_EQ(m.mup_output_mult, 0.25);
+  const MegatronArgsResult off = Parse(std::string(kTinyGpt) + "--mup-output-mult 3", 1);
+  EXPECT_FALSE(off.spec.model.use_mup);
+  EXPECT_EQ(off.spec.model.mup_output_mult, 1.0);
+  EXPECT_NE(std::find(off.ignored.begin(), off.ignored.end(), "--mup-output-mult"),
+            off.ignored.end());
+}
+
 TEST(MegatronArgs, QkLayernorm) {
   const MegatronArgsResult r = Parse(std::string(kTinyGpt) + "--qk-layernorm --test-mode", 1);
   EXPECT_TRUE(r.spec.model.qk_layernorm);

@@ -235,6 +235,10 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("qk_layernorm", &m->qk_layernorm),
       flag("qk_l2_norm", &m->qk_l2_norm),
       flag("attention_output_gate", &m->attention_output_gate),
+      flag("use_mup", &m->use_mup),
+      i64("mup_base_hidden_size", &m->mup_base_hidden_size),
+      f64("mup_embedding_mult", &m->mup_embedding_mult),
+      f64("mup_output_mult", &m->mup_output_mult),
       i64("q_lora_rank", &m->q_lora_rank),
       i64("kv_lora_rank", &m->kv_lora_rank),
       i64("qk_head_dim", &m->qk_head_dim),
@@ -310,6 +314,13 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
       {"precision",
        [&](const YAML::Node& v) {
          return ReadEnum(v, source, "precision", &ParsePrecision, &t->precision);
+       }},
+      {"output_logit_dtype",
+       [&](const YAML::Node& v) {
+         Precision dtype;
+         MEMSIM_RETURN_IF_ERROR(ReadEnum(v, source, "output_logit_dtype", &ParsePrecision, &dtype));
+         t->output_logit_dtype = dtype;
+         return Status::OK();
        }},
       {"attention",
        [&](const YAML::Node& v) {

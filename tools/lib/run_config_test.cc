@@ -27,5 +27,40 @@ TEST(RunConfig, SharedExpertGateAndEmbeddingCloneKeys) {
       << bad.message();
 }
 
+// MuP's keys; a multiplier without use_mup is an error rather than a silent no-op.
+TEST(RunConfig, MupKeys) {
+  ModelConfig m;
+  ASSERT_TRUE(ApplyModelYaml(YAML::Load("{use_mup: true, mup_base_hidden_size: 1024, "
+                                        "mup_embedding_mult: 2.5, mup_output_mult: 0.5}"),
+                             "run.yaml", &m)
+                  .ok());
+  EXPECT_TRUE(m.use_mup);
+  EXPECT_EQ(m.mup_base_hidden_size, 1024);
+  EXPECT_EQ(m.mup_embedding_mult, 2.5);
+  EXPECT_EQ(m.mup_output_mult, 0.5);
+  ModelConfig off;
+  ASSERT_TRUE(ApplyModelYaml(YAML::Load("mup_output_mult: 0.5"), "run.yaml", &off).ok());
+  const Status status = FinalizeModelConfig(&off);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("use_mup"), std::string::npos) << status.message();
+}
+
+TEST(RunConfig, AttentionOutputGateAndLogitDtypeKeys) {
+  ModelConfig m;
+  ASSERT_TRUE(ApplyModelYaml(YAML::Load("attention_output_gate: true"), "run.yaml", &m).ok());
+  EXPECT_TRUE(m.attention_output_gate);
+  TrainingConfig t;
+  int64_t global_batch_size = 0;
+  EXPECT_FALSE(t.output_logit_dtype.has_value());
+  ASSERT_TRUE(
+      ApplyTrainingYaml(YAML::Load("output_logit_dtype: fp32"), "run.yaml", &t, &global_batch_size)
+          .ok());
+  EXPECT_EQ(t.output_logit_dtype, Precision::kFp32);
+  const Status bad =
+      ApplyTrainingYaml(YAML::Load("output_logit_dtype: fp64"), "run.yaml", &t, &global_batch_size);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("output_logit_dtype"), std::string::npos) << bad.message();
+}
+
 }  // namespace
 }  // namespace memsim
