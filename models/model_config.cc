@@ -355,6 +355,31 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "extra softmax tensors are not modelled");
     }
   }
+  if (t.te_activation_func) {
+    // TransformerConfig.__post_init__, and TEActivationOp (extensions/transformer_engine.py).
+    if (t.profile != ProfileKind::kTransformerEngine) {
+      return Status::Error(
+          "Transformer Engine's activation ops need Transformer Engine's layers (the local spec "
+          "has none)");
+    }
+    if (t.bias_activation_fusion) {
+      return Status::Error(
+          "Transformer Engine's activation ops and the bias-activation fusion cannot both be on "
+          "(Megatron-Core raises); turn the fusion off (Megatron-LM: --no-bias-swiglu-fusion or "
+          "--no-bias-gelu-fusion)");
+    }
+    if (m.activation != ActivationKind::kGelu && m.activation != ActivationKind::kSwiglu) {
+      return Status::Error(std::string("Transformer Engine's activation ops cover GeLU and SwiGLU, "
+                                       "not ") +
+                           NameOf(kActivationNames, m.activation).data() +
+                           " (Megatron-Core raises)");
+    }
+    if (m.activation_clamp_value > 0) {
+      return Status::Error(
+          "Transformer Engine's activation ops take no clamp (Megatron-Core raises with "
+          "activation_func_clamp_value)");
+    }
+  }
   if (t.te_op_fuser) {
     if (m.num_experts == 0 || m.moe_first_k_dense_layers > 0 || !t.moe_grouped_gemm ||
         m.activation != ActivationKind::kSwiglu || t.profile != ProfileKind::kTransformerEngine) {

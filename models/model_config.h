@@ -419,6 +419,16 @@ struct TrainingConfig {
   // for SwiGLU, else from --bias-gelu-fusion and the biases. Off: the activation's eager ops
   // save what autograd saves (Activation in layers.h).
   bool bias_activation_fusion = true;
+  // --use-te-activation-func: the MLPs', shared experts' and experts' activation is a
+  // Transformer Engine op (te.pytorch.ops GELU or SwiGLU; TEActivationOp), run after an
+  // out-of-place bias add: like the fused kernels it saves only its input, but the experts'
+  // probabilities are applied after it by an eager product (moe.h). REQUIRES: Transformer
+  // Engine's layers, the bias-activation fusion off (Megatron-Core raises otherwise), GeLU
+  // or SwiGLU without a clamp.
+  bool te_activation_func = false;
+  // Whether the activation runs as one kernel that saves only its input (Activation's
+  // `fused` in layers.h).
+  bool OneKernelActivation() const { return bias_activation_fusion || te_activation_func; }
   // Megatron-Core's apply_rope_fusion (Transformer Engine's fused RoPE, the default; off with
   // --no-rope-fusion): the unfused path keeps a cos and a sin per call (Note [RoPE
   // frequencies] in models/transformer.h).

@@ -1060,8 +1060,9 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
-  auto weighted_activation = [&m, dtype, op_fuser,
-                              fused = t.bias_activation_fusion](const std::vector<at::Tensor>& in) {
+  auto weighted_activation = [&m, dtype, op_fuser, fused = t.bias_activation_fusion,
+                              one_kernel =
+                                  t.OneKernelActivation()](const std::vector<at::Tensor>& in) {
     const bool weighted_kernel = fused && (m.activation == ActivationKind::kSwiglu ||
                                            m.activation == ActivationKind::kQuickGeglu);
     if (op_fuser || weighted_kernel) {
@@ -1070,7 +1071,9 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
       const at::Tensor scales = in[1].unsqueeze(-1);
       return std::vector<at::Tensor>{WeightedSwiglu(in[0], op_fuser ? scales.to(dtype) : scales)};
     }
-    return std::vector<at::Tensor>{(Activation(m, fused, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
+    // Transformer Engine's op, or the eager activation, then the probabilities' product.
+    return std::vector<at::Tensor>{
+        (Activation(m, one_kernel, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
   };
   // moe_act: the weighted activation goes once fc2 has saved it. Offloading's moe_act
   // region covers the activation alone; it commits after fc2 (experts.py).
@@ -1239,7 +1242,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     Fp8LinearOptions fc2_fp8;
     if (sp) fc2_fp8.reduce_scatter_output_group = p.tp;
     auto shared_experts = [&m, &params, tp = p.tp, sp, fc1_parallelism = shared_fc1, fc1_fp8,
-                           fc2_fp8, fused = t.bias_activation_fusion,
+                           fc2_fp8, fused = t.OneKernelActivation(),
                            &t](const std::vector<at::Tensor>& in) {
       ChargeTeModuleCalls(t, 2);
       at::Tensor h;

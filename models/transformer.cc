@@ -636,7 +636,7 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
                UserbufferColumnParallel(), Fp8LinearOptions::LayerNormLinear());
   }
   if (layer.fc1_bias != nullptr) h = AddBias(h, *layer.fc1_bias);  // fused bias-activation
-  h = Activation(model_, training_.bias_activation_fusion, h);
+  h = Activation(model_, training_.OneKernelActivation(), h);
   ModuleScope s("linear_fc2");
   ChargeTeModuleCalls(training_);
   return RowParallelLinear(h, *layer.fc2_weight, /*save_original_input=*/false,

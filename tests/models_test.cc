@@ -981,6 +981,46 @@ TEST(Activations, OpFuserExpertsKeepWhatMegatronsWeightedSwigluKeeps) {
   EXPECT_EQ(ActivationBytesAfterForward(m, t) - megatron_path, layers * 2 * s * b * K * F_e * 3);
 }
 
+// --use-te-activation-func: Transformer Engine's SwiGLU op saves its input only, as the fused
+// kernels do, so a dense layer keeps what the fused path keeps. In the experts the op runs
+// unweighted and the probabilities follow in an eager product, which keeps the op's
+// [N, F_e] 16-bit output (N = s*b*K routed rows): 2*N*F_e a layer more than Megatron's
+// weighted kernel, where the unfused eager path keeps 6*N*F_e more (the test above).
+TEST(Activations, TransformerEngineActivationOpsKeepTheirInputs) {
+  const int64_t s = 64, b = 2, K = 2, F_e = 96, layers = 2;
+  TrainingConfig t = Bf16WithoutDropout(s, b, AttentionKind::kFlash);
+  t.profile = ProfileKind::kTransformerEngine;
+  auto bytes = [&](const ModelConfig& m, bool te_activation) {
+    TrainingConfig run = t;
+    run.bias_activation_fusion = !te_activation;
+    run.te_activation_func = te_activation;
+    EXPECT_TRUE(ValidateTrainingConfig(run, m).ok());
+    return ActivationBytesAfterForward(m, run);
+  };
+  ModelConfig dense = test::Llama(layers, 256, 8, 2, 512, 1024);
+  ASSERT_TRUE(FinalizeModelConfig(&dense).ok());
+  EXPECT_EQ(bytes(dense, true), bytes(dense, false));
+  ModelConfig moe = dense;
+  moe.num_experts = 4;
+  moe.moe_router_topk = K;
+  moe.moe_ffn_hidden_size = F_e;
+  ASSERT_TRUE(FinalizeModelConfig(&moe).ok());
+  t.moe_grouped_gemm = true;
+  EXPECT_EQ(bytes(moe, true) - bytes(moe, false), layers * 2 * s * b * K * F_e);
+  // What Megatron-Core refuses: the fusion on as well, the local spec, squared ReLU.
+  TrainingConfig both = t;
+  both.te_activation_func = true;
+  EXPECT_FALSE(ValidateTrainingConfig(both, dense).ok());
+  both.bias_activation_fusion = false;
+  both.profile = ProfileKind::kMegatronLocal;
+  EXPECT_FALSE(ValidateTrainingConfig(both, dense).ok());
+  both.profile = ProfileKind::kTransformerEngine;
+  ModelConfig relu2 = dense;
+  relu2.activation = ActivationKind::kSquaredRelu;
+  ASSERT_TRUE(FinalizeModelConfig(&relu2).ok());
+  EXPECT_FALSE(ValidateTrainingConfig(both, relu2).ok());
+}
+
 // FlashAttention keeps no s^2 tensor. Per layer it saves (16-bit): LayerNorm input and
 // output 4sbh; contiguous q, k, v 6sbh; the kernel output 2sbh, float32 log-sum-exp
 // 4*a*s*b and an int64[2] RNG state; the projection input 2sbh; two dropout masks 2sbh;

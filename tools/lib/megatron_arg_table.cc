@@ -36,6 +36,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--qk-l2-norm", Arity::kFlag, ArgUse::kRead},
     {"--attention-output-gate", Arity::kFlag, ArgUse::kRead},
     {"--use-mup", Arity::kFlag, ArgUse::kRead},
+    {"--use-te-activation-func", Arity::kFlag, ArgUse::kRead},
     {"--mup-base-hidden-size", Arity::kValue, ArgUse::kRead},
     {"--mup-embedding-mult", Arity::kValue, ArgUse::kRead},
     {"--mup-output-mult", Arity::kValue, ArgUse::kRead},
@@ -1002,8 +1003,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--use-kitchen-attention", Arity::kFlag, ArgUse::kRefused, "Kitchen attention"},
     {"--use-nccl-ub", Arity::kFlag, ArgUse::kRefused,
      "NCCL user buffers: a memory pool partly outside PyTorch's caching allocator"},
-    {"--use-te-activation-func", Arity::kFlag, ArgUse::kRefused,
-     "Transformer Engine's activation ops"},
 };
 
 // Other spellings of an argument in kMegatronArgs: (spelling, the row's name). Both set

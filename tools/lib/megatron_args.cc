@@ -276,6 +276,7 @@ Status ReadActivation(Args& a, ModelConfig* model, TrainingConfig* training) {
       swiglu ? !a.Has("--no-bias-swiglu-fusion")
              : !a.Has("--no-bias-gelu-fusion") && !a.Has("--disable-bias-linear");
   if (!swiglu) a.Ignore("--no-bias-swiglu-fusion");
+  training->te_activation_func = a.Has("--use-te-activation-func");
   if (training->bias_activation_fusion && m.activation == ActivationKind::kSquaredRelu) {
     return Status::Error(
         "--squared-relu needs --no-bias-gelu-fusion or --disable-bias-linear: Megatron-LM "

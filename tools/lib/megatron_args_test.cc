@@ -861,6 +861,16 @@ TEST(MegatronArgs, Mup) {
             off.ignored.end());
 }
 
+// --use-te-activation-func is read; Megatron-Core's refusal of it beside the fusion is
+// memsim's too.
+TEST(MegatronArgs, TransformerEngineActivationFunc) {
+  const std::string te = std::string(kTinyGpt) + "--swiglu --transformer-impl transformer_engine ";
+  EXPECT_TRUE(Parse(te + "--use-te-activation-func --no-bias-swiglu-fusion", 1)
+                  .spec.training.te_activation_func);
+  EXPECT_NE(ErrorOf(te + "--use-te-activation-func", 1).find("--no-bias-swiglu-fusion"),
+            std::string::npos);
+}
+
 TEST(MegatronArgs, QkLayernorm) {
   const MegatronArgsResult r = Parse(std::string(kTinyGpt) + "--qk-layernorm --test-mode", 1);
   EXPECT_TRUE(r.spec.model.qk_layernorm);

@@ -480,6 +480,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "bias_activation_fusion", &t->bias_activation_fusion);
        }},
+      {"te_activation_func",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "te_activation_func", &t->te_activation_func);
+       }},
       {"create_attention_mask",
        [&](const YAML::Node& v) {
          return Read(v, source, "create_attention_mask", &t->create_attention_mask);
