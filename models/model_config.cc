@@ -63,6 +63,35 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     return Status::Error(
         "sizes must not be negative (query groups, kv channels, ffn, experts, MTP layers)");
   }
+  // TransformerConfig.__post_init__: N becomes [0]*(N-1)+[1] repeated over the layers.
+  if (m->no_rope_freq < 0) {
+    return Status::Error("no_rope_freq must not be negative, got " + Str(m->no_rope_freq));
+  }
+  if (m->no_rope_freq > 0) {
+    if (!m->no_rope_layers.empty()) {
+      return Status::Error("give no_rope_freq or no_rope_layers, not both");
+    }
+    if (m->num_layers % m->no_rope_freq != 0) {
+      return Status::Error("no_rope_freq " + Str(m->no_rope_freq) + " does not divide the " +
+                           Str(m->num_layers) + " layers (Megatron-Core asserts it)");
+    }
+    for (int64_t l = 0; l < m->num_layers; ++l) {
+      m->no_rope_layers.push_back((l + 1) % m->no_rope_freq == 0 ? 1 : 0);
+    }
+    m->no_rope_freq = 0;
+  }
+  if (!m->no_rope_layers.empty()) {
+    if (static_cast<int64_t>(m->no_rope_layers.size()) != m->num_layers) {
+      return Status::Error("the no-RoPE pattern has " +
+                           Str(static_cast<int64_t>(m->no_rope_layers.size())) + " entries for " +
+                           Str(m->num_layers) + " layers (Megatron-Core asserts one per layer)");
+    }
+    if (m->mtp_num_layers > 0) {
+      return Status::Error(
+          "no-RoPE layers with MTP layers are not modelled (which entry an MTP layer reads is "
+          "not known)");
+    }
+  }
   if (m->mtp_hsm && m->mtp_num_layers < 2) {
     return Status::Error("MTP hidden-state mixing needs mtp_num_layers >= 2, got " +
                          Str(m->mtp_num_layers) + " (Megatron-Core raises ValueError)");

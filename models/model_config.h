@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "simulator/caching_allocator_model.h"
 #include "simulator/enum_names.h"
@@ -79,6 +80,19 @@ struct ModelConfig {
   NormKind norm = NormKind::kLayerNorm;
   ActivationKind activation = ActivationKind::kGelu;
   PositionKind position = PositionKind::kLearned;
+  // --no-rope-freq (Llama 4's NoPE layers; Attention.forward passes no rotary embedding to
+  // them): every no_rope_freq-th layer skips RoPE (N, 2N, ... from 1), or per layer 0/1 in
+  // no_rope_layers (non-zero: skips). FinalizeModelConfig turns the first into the second.
+  // Nothing without RoPE; not with MTP layers (which entry of the list an MTP layer reads
+  // is not modelled).
+  int64_t no_rope_freq = 0;
+  std::vector<int64_t> no_rope_layers;
+  // Whether decoder layer `layer` (from 0) runs without RoPE (never with multi-latent
+  // attention, whose forward does not read the pattern).
+  bool SkipsRope(int64_t layer) const {
+    return !no_rope_layers.empty() && !multi_latent_attention() &&
+           no_rope_layers[static_cast<size_t>(layer)] != 0;
+  }
   // --rotary-percent: the share of each head's width RoPE rotates (RotaryEmbedding's dim,
   // int(kv_channels * rotary_percent)).
   double rotary_percent = 1.0;

@@ -372,10 +372,11 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
   }
   if (gated) *gate = gate_part.reshape({S, B, A, D});  // the same
-  if (model_.position == PositionKind::kRope && training_.rope_fusion) {
+  const bool rope = model_.position == PositionKind::kRope && !model_.SkipsRope(layer.index);
+  if (rope && training_.rope_fusion) {
     q = RotaryEmbedding(q);
     k = RotaryEmbedding(k);
-  } else if (model_.position == PositionKind::kRope) {
+  } else if (rope) {
     q = UnfusedRotaryEmbedding(q, rotary_freqs_);
     k = UnfusedRotaryEmbedding(k, rotary_freqs_);
   }
@@ -813,8 +814,8 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
     }
     return slots;
   };
-  // Units alike: as many layers, each of the same kind (dense, MoE; FP8 or not),
-  // checkpointed alike.
+  // Units alike: as many layers, each of the same kind (dense, MoE; FP8 or not; with RoPE
+  // or not), checkpointed alike.
   // A unit whose MoE layers are checkpointed (as a group, or by the moe recompute module)
   // is never replicated (Note [Layer replication]).
   auto kind = [&](int64_t u) {
@@ -826,6 +827,7 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
       moe = moe || layer.moe;
       key.push_back(layer.moe);
       key.push_back(layer.proj_weight->fp8.recipe != Fp8Recipe::kNone);
+      key.push_back(model_.SkipsRope(layer.index));
     }
     if (moe && (unit.checkpointed || training_.Recomputes(RecomputeModule::kMoe))) {
       key.push_back(-1 - u);  // alike to no other unit

@@ -2160,6 +2160,33 @@ TEST(Activations, MupMultipliersMakeNewTensors) {
   EXPECT_EQ(storages(true, 1.0, 0), plain);
 }
 
+// --no-rope-freq 4 on 4 layers: the fourth runs no RoPE, so what differs from RoPE on every
+// layer is that layer's fused RoPE outputs, a new query [S, B, A, D] and key [S, B, G, D]
+// in forward, and their gradients in backward (FusedRoPEFunc saves nothing, so nothing
+// else changes).
+TEST(Activations, NoRopeLayersSkipTheRotaryEmbedding) {
+  const int64_t S = 96, B = 2, H = 256, A = 8, G = 2, D = H / A;
+  auto storages = [&](int64_t no_rope_freq) {
+    ModelConfig m = test::Llama(4, H, A, G, 512, 1024);
+    m.no_rope_freq = no_rope_freq;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.iterations = 1;
+    return StepStorages(m, t);
+  };
+  const std::multiset<StorageKey> every = storages(0), fourth = storages(4);
+  EXPECT_EQ(Beyond(every, fourth),
+            (std::multiset<StorageKey>{
+                {Phase::kForward, at::kBFloat16, "aten::empty_like", S * B * A * D},
+                {Phase::kForward, at::kBFloat16, "aten::empty_like", S * B * G * D},
+                {Phase::kBackward, at::kBFloat16, "aten::empty_like", S * B * A * D},
+                {Phase::kBackward, at::kBFloat16, "aten::empty_like", S * B * G * D}}));
+  EXPECT_TRUE(Beyond(fourth, every).empty());
+  ModelConfig uneven = test::Llama(4, H, A, G, 512, 1024);
+  uneven.no_rope_freq = 3;
+  EXPECT_FALSE(FinalizeModelConfig(&uneven).ok());
+}
+
 // Note [All-to-all context parallelism]: on cp = 2 with --cp-comm-type a2a a layer keeps
 // what attention on the whole sequence for half the heads keeps (the exchanged q, k, v, the
 // output before its exchange back, the float32 statistics: the bytes attention on the local

@@ -1021,6 +1021,11 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   llama.layout.tp = 2;
   llama.layout.sequence_parallel = true;
   cases.push_back(llama);
+  // A layer without RoPE (--no-rope-freq) breaks the run of alike layers in two.
+  Case nope = llama;
+  nope.name = "llama, layer 8 without RoPE";
+  nope.model.no_rope_layers = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
+  cases.push_back(nope);
   Case moe{"moe, 2 dense first", test::Llama(9, 256, 8, 2, 512, 1024), Fp16Eager(x), {}};
   moe.model.num_experts = 4;
   moe.model.moe_router_topk = 2;

@@ -37,6 +37,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--attention-output-gate", Arity::kFlag, ArgUse::kRead},
     {"--use-mup", Arity::kFlag, ArgUse::kRead},
     {"--use-te-activation-func", Arity::kFlag, ArgUse::kRead},
+    {"--no-rope-freq", Arity::kValue, ArgUse::kRead},
     {"--mup-base-hidden-size", Arity::kValue, ArgUse::kRead},
     {"--mup-embedding-mult", Arity::kValue, ArgUse::kRead},
     {"--mup-output-mult", Arity::kValue, ArgUse::kRead},
@@ -426,6 +427,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--tokenizer-model", Arity::kValue, ArgUse::kNeutral},
     {"--tokenizer-type", Arity::kValue, ArgUse::kNeutral},
     {"--vocab-extra-ids", Arity::kValue, ArgUse::kNeutral},  // nothing reads it in 0.20
+    // TransformerConfig keeps it; no module of Megatron-Core 0.20 reads it.
+    {"--apply-residual-connection-post-layernorm", Arity::kFlag, ArgUse::kNeutral},
     {"--train-data-path", Arity::kValues, ArgUse::kNeutral},
     {"--train-iters", Arity::kValue, ArgUse::kNeutral},
     {"--train-samples", Arity::kValue, ArgUse::kNeutral},
@@ -904,8 +907,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--use-gigatoken", Arity::kFlag, ArgUse::kNeutral},
     {"--validation-set-names", Arity::kValues, ArgUse::kNeutral},
     // Refused: Megatron-Core 0.20 features whose memory memsim does not simulate.
-    {"--apply-residual-connection-post-layernorm", Arity::kFlag, ArgUse::kRefused,
-     "the residual taken after the layernorm (BERT's ordering)"},
     {"--batch-invariant-mode", Arity::kFlag, ArgUse::kRefused,
      "batch-invariant GEMM and attention kernels"},
     {"--dataloader-inter-document-masking", Arity::kFlag, ArgUse::kRefused,
@@ -972,7 +973,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-use-grouped-tensor", Arity::kFlag, ArgUse::kRefused,
      "Transformer Engine's GroupedTensor grouped GEMMs"},
     {"--mtp-hybrid-override-pattern", Arity::kValue, ArgUse::kRefused, "hybrid Mamba models"},
-    {"--no-rope-freq", Arity::kValue, ArgUse::kRefused, "RoPE skipped on some layers"},
     {"--optimizer-cuda-graph", Arity::kFlag, ArgUse::kRefused,
      "a CUDA graph of the optimizer step"},
     {"--overlap-dispatch-backward-with-experts-wgrad", Arity::kFlag, ArgUse::kRefused,

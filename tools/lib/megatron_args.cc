@@ -17,6 +17,7 @@
 #include "ops/library_workspaces.h"
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
+#include "tools/lib/layer_pattern.h"
 #include "tools/lib/megatron_arg_table.h"
 
 namespace memsim {
@@ -388,6 +389,16 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
     a.Ignore("--no-position-embedding");
   }
   MEMSIM_RETURN_IF_ERROR(a.Float("--rotary-percent", &m.rotary_percent));
+  // no_rope_freq_type (arguments.py): a Python list expression per layer, or an integer N.
+  if (a.Has("--no-rope-freq")) {
+    const std::string text = a.Text("--no-rope-freq", "");
+    if (text.find('[') != std::string::npos) {
+      const Status pattern = EvaluateLayerPattern(text, &m.no_rope_layers);
+      if (!pattern.ok()) return Status::Error("--no-rope-freq: " + pattern.message());
+    } else {
+      MEMSIM_RETURN_IF_ERROR(a.Int("--no-rope-freq", &m.no_rope_freq));
+    }
+  }
   MEMSIM_RETURN_IF_ERROR(a.Int("--max-position-embeddings", max_positions));
   if (m.position == PositionKind::kLearned) {
     m.max_position_embeddings = *max_positions;

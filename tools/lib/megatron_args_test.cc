@@ -871,6 +871,18 @@ TEST(MegatronArgs, TransformerEngineActivationFunc) {
             std::string::npos);
 }
 
+// --no-rope-freq: an integer or Megatron's Python list expression, one entry per layer.
+TEST(MegatronArgs, NoRopeFreq) {
+  const std::string rope = std::string(kTinyGpt) + "--position-embedding-type rope ";
+  EXPECT_EQ(Parse(rope + "--no-rope-freq ([0]*1+[1]*1)*1", 1).spec.model.no_rope_layers,
+            (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(Parse(rope + "--no-rope-freq 2", 1).spec.model.no_rope_freq, 2);
+  EXPECT_NE(ErrorOf(rope + "--no-rope-freq [0]*3", 1).find("3 entries for 2 layers"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(rope + "--no-rope-freq [0]+x", 1).find("--no-rope-freq: pattern"),
+            std::string::npos);
+}
+
 TEST(MegatronArgs, QkLayernorm) {
   const MegatronArgsResult r = Parse(std::string(kTinyGpt) + "--qk-layernorm --test-mode", 1);
   EXPECT_TRUE(r.spec.model.qk_layernorm);
