@@ -127,19 +127,27 @@ void WgradGemmAccumulate(const at::Tensor& main_grad, const at::Tensor& input,
   op.call(main_grad, input, grad_output);
 }
 
+namespace {
+
+using GeneralGemmOp =
+    c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>;
+
+// fp8_gemm's or te_gemm's handle, looked up once by each caller.
+GeneralGemmOp FindGeneralGemm(const char* name) {
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow(name, "")
+      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
+}
+
+}  // namespace
+
 at::Tensor Fp8Gemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("memsim::fp8_gemm", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
+  static const GeneralGemmOp op = FindGeneralGemm("memsim::fp8_gemm");
   return op.call(a, b, out_dtype);
 }
 
 at::Tensor TeGemm(const at::Tensor& a, const at::Tensor& b, at::ScalarType out_dtype) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("memsim::te_gemm", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::ScalarType)>();
+  static const GeneralGemmOp op = FindGeneralGemm("memsim::te_gemm");
   return op.call(a, b, out_dtype);
 }
 
