@@ -402,7 +402,7 @@ struct FlashAttentionFunction : public Function<FlashAttentionFunction> {
 // A compiled function that mutates its input computes the result into a new buffer and
 // copies it back, so each in-place step holds a second float32 logits-sized buffer while it
 // runs (seen in the validation suite: +1 such buffer at the peak); its backward casts to
-// the logits' dtype itself.
+// bfloat16 itself, whatever the logits' dtype.
 struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
   // `out = fn(out)` in place, as eager PyTorch (fused == false) or a compiled graph writing
   // a mutated input back (fused == true) does it.
@@ -441,7 +441,6 @@ struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
     });
     ctx->save_for_backward({logits_fp32, labels});
     ctx->saved_data["fused"] = fused;
-    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -451,8 +450,9 @@ struct VocabCrossEntropyFunction : public Function<VocabCrossEntropyFunction> {
       at::mul_out(out, in, grads[0].unsqueeze(-1));
     });
     if (fused) {
-      const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-      return {softmax.to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+      // calculate_gradients ends in .to(torch.bfloat16) whatever the logits' dtype; autograd
+      // casts that to the logits' dtype where it differs.
+      return {softmax.to(at::kBFloat16), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     return {softmax, at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -175,10 +175,10 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
 
 // The MLP's activation on fc1's output [.., Fc1Width] -> [.., F], as Megatron-Core's
 // mlp.py, experts.py and shared_experts.py run it:
-//   GeLU: torch's gelu (saves its input);
+//   GeLU: torch's gelu, or Transformer Engine's GELU op (saves its input);
 //   squared ReLU: a torch.compile'd function (a new output; saves its input);
 //   gated (SwiGLU, quick-GeGLU), fused (`fused`: bias_swiglu_impl, weighted_bias_quick_
-//     geglu_impl): one kernel that saves its input only;
+//     geglu_impl, or Transformer Engine's SwiGLU op): one kernel that saves its input only;
 //   gated, unfused: the eager glu(): chunk into gate and linear halves (views), clamp both
 //     when model.activation_clamp_value is set (each clamp saves its input, a view that
 //     keeps fc1's output, and makes an [.., F] copy), the gate's activation (SwiGLU: torch's
@@ -202,8 +202,8 @@ at::Tensor L2Norm(const at::Tensor& input);
 // _apply_output_gate, a torch.compile'd x * sigmoid(gate.float()) cast back to x's dtype):
 // `x` the core attention's output [S, B, A*D], `gate` [S, B, A, D] as
 // get_query_key_value_tensors reshaped it (a view of linear_qkv's output when a rank has one
-// query group, a copy otherwise). One kernel: a new output like `x`; its backward recomputes
-// the sigmoid, so it saves its two inputs as they are (a view keeps its whole storage);
+// query group or one per head, a copy otherwise). One kernel: a new output like `x`; its backward
+// recomputes the sigmoid, so it saves its two inputs as they are (a view keeps its whole storage);
 // backward: the gradients of both.
 at::Tensor AttentionOutputGate(const at::Tensor& x, const at::Tensor& gate);
 

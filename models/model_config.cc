@@ -86,10 +86,10 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
                            Str(static_cast<int64_t>(m->no_rope_layers.size())) + " entries for " +
                            Str(m->num_layers) + " layers (Megatron-Core asserts one per layer)");
     }
-    if (m->mtp_num_layers > 0) {
+    if (m->mtp_num_layers > 0 && !m->multi_latent_attention()) {
       return Status::Error(
-          "no-RoPE layers with MTP layers are not modelled (which entry an MTP layer reads is "
-          "not known)");
+          "no-RoPE layers with MTP layers are not modelled (the entry an MTP layer's attention "
+          "reads, by its layer number past the decoder's, is not traced); drop one of the two");
     }
   }
   if (m->mtp_hsm && m->mtp_num_layers < 2) {
@@ -167,10 +167,11 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   }
   if (m->use_mup) {
     // TransformerConfig.__post_init__: the base defaults to the model's width.
-    if (m->mup_base_hidden_size < 0 || m->mup_base_hidden_size > kMaxDimension) {
+    if (m->mup_base_hidden_size < 0) {
       return Status::Error("mup_base_hidden_size must be positive (0: the hidden size), got " +
                            Str(m->mup_base_hidden_size));
     }
+    MEMSIM_RETURN_IF_ERROR(AtMost(m->mup_base_hidden_size, kMaxDimension, "mup_base_hidden_size"));
     if (m->mup_base_hidden_size == 0) m->mup_base_hidden_size = m->hidden_size;
     const double width = static_cast<double>(m->hidden_size) / m->mup_base_hidden_size;
     if (m->mup_output_mult == 1.0 && width != 1.0) m->mup_output_mult = 1.0 / width;
@@ -386,10 +387,13 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   }
   if (t.te_activation_func) {
     // TransformerConfig.__post_init__, and TEActivationOp (extensions/transformer_engine.py).
-    if (t.profile != ProfileKind::kTransformerEngine) {
+    // The local spec has no TE op: MLP applies config.activation_func itself, which is
+    // GeLU as before, but for SwiGLU silu over fc1's whole output, which fc2 cannot take.
+    if (t.profile != ProfileKind::kTransformerEngine && m.activation == ActivationKind::kSwiglu) {
       return Status::Error(
-          "Transformer Engine's activation ops need Transformer Engine's layers (the local spec "
-          "has none)");
+          "Transformer Engine's activation ops with the local spec: Megatron-Core applies silu to "
+          "fc1's whole [.., 2F] output, which linear_fc2 cannot take; use Transformer Engine's "
+          "layers");
     }
     if (t.bias_activation_fusion) {
       return Status::Error(
@@ -398,8 +402,9 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "--no-bias-gelu-fusion)");
     }
     if (m.activation != ActivationKind::kGelu && m.activation != ActivationKind::kSwiglu) {
-      return Status::Error(std::string("Transformer Engine's activation ops cover GeLU and SwiGLU, "
-                                       "not ") +
+      // geglu is fast_gelu's (Megatron-Bridge's Gemma), not F.gelu's.
+      return Status::Error(std::string("Transformer Engine's activation ops cover F.gelu and "
+                                       "SwiGLU, not ") +
                            NameOf(kActivationNames, m.activation).data() +
                            " (Megatron-Core raises)");
     }

@@ -83,8 +83,8 @@ struct ModelConfig {
   // --no-rope-freq (Llama 4's NoPE layers; Attention.forward passes no rotary embedding to
   // them): every no_rope_freq-th layer skips RoPE (N, 2N, ... from 1), or per layer 0/1 in
   // no_rope_layers (non-zero: skips). FinalizeModelConfig turns the first into the second.
-  // Nothing without RoPE; not with MTP layers (which entry of the list an MTP layer reads
-  // is not modelled).
+  // Nothing without RoPE or with multi-latent attention; not with MTP layers (the entry an
+  // MTP layer's attention reads is not traced).
   int64_t no_rope_freq = 0;
   std::vector<int64_t> no_rope_layers;
   // Whether decoder layer `layer` (from 0) runs without RoPE (never with multi-latent
@@ -436,9 +436,10 @@ struct TrainingConfig {
   // --use-te-activation-func: the MLPs', shared experts' and experts' activation is a
   // Transformer Engine op (te.pytorch.ops GELU or SwiGLU; TEActivationOp), run after an
   // out-of-place bias add: like the fused kernels it saves only its input, but the experts'
-  // probabilities are applied after it by an eager product (moe.h). REQUIRES: Transformer
-  // Engine's layers, the bias-activation fusion off (Megatron-Core raises otherwise), GeLU
-  // or SwiGLU without a clamp.
+  // probabilities are applied after it by an eager product (moe.h). With the local spec
+  // there is no TE op and GeLU runs as without the switch. REQUIRES: the bias-activation
+  // fusion off (Megatron-Core raises otherwise); GeLU, or SwiGLU with Transformer Engine's
+  // layers, without a clamp.
   bool te_activation_func = false;
   // Whether the activation runs as one kernel that saves only its input (Activation's
   // `fused` in layers.h).

@@ -1067,8 +1067,10 @@ at::Tensor TransformerModel::MtpLosses(const at::Tensor& hidden, const at::Tenso
   const at::Tensor original_num_tokens = loss_mask.sum();  // for per-token losses
   at::Tensor logits, num_tokens, loss, safe_num_tokens;
   for (int64_t j = 0; j < k; ++j) {
-    logits = ScaleLogits(OutputLogits(slices[static_cast<size_t>(1 + j)],
-                                      /*frozen_weight=*/model_.mtp_detach_heads));
+    // The previous depth's logits go as the output layer returns, before MuP's scaling.
+    logits = OutputLogits(slices[static_cast<size_t>(1 + j)],
+                          /*frozen_weight=*/model_.mtp_detach_heads);
+    logits = ScaleLogits(std::move(logits));
     mtp_labels = RollLeft(mtp_labels).first;
     std::tie(mask, num_tokens) = RollLeft(mask);
     {

@@ -205,6 +205,12 @@ class LibraryWorkspaces {
     const bool torch_forward_gemms =
         torch_gemms_besides_logits || (shard.last_stage && !logits_through_te);
     forward_cublas_bytes_ = torch_forward_gemms ? cublas_bytes : 0;
+    // The main thread's GEMMs after the schedule: the output layer's deferred weight
+    // gradients (drain_embedding_wgrad_compute) and Muon's Newton-Schulz iterations in the
+    // optimizer step; the forward thread's workspace is made then if no forward GEMM made it.
+    main_thread_cublas_bytes_ = cublas_bytes;
+    deferred_wgrad_gemms_ = shard.last_stage && training.defer_embedding_wgrad;
+    optimizer_gemms_ = training.optimizer == OptimizerKind::kMuon;
     backward_cublas_bytes_ = torch_gemms_besides_logits || shard.last_stage ? cublas_bytes : 0;
     const bool te_gemms =
         logits_through_te || (has_layers && (training.profile == ProfileKind::kTransformerEngine ||
@@ -234,6 +240,16 @@ class LibraryWorkspaces {
   void BeforeBackward() {
     Allocate(backward_cublas_bytes_, "cublas_workspace.backward_thread", &backward_, true);
   }
+  void BeforeDeferredWgrad() {
+    if (deferred_wgrad_gemms_) {
+      Allocate(main_thread_cublas_bytes_, "cublas_workspace.forward_thread", &forward_, false);
+    }
+  }
+  void BeforeOptimizerStep() {
+    if (optimizer_gemms_) {
+      Allocate(main_thread_cublas_bytes_, "cublas_workspace.forward_thread", &forward_, false);
+    }
+  }
 
  private:
   void Allocate(int64_t bytes, const char* name, at::Tensor* out, bool graphed_gemms) const {
@@ -245,8 +261,9 @@ class LibraryWorkspaces {
   }
 
   bool cuda_graphs_ = false;
-  int64_t forward_cublas_bytes_ = 0, backward_cublas_bytes_ = 0, te_bytes_ = 0,
-          te_userbuffer_bytes_ = 0;
+  int64_t forward_cublas_bytes_ = 0, backward_cublas_bytes_ = 0, main_thread_cublas_bytes_ = 0,
+          te_bytes_ = 0, te_userbuffer_bytes_ = 0;
+  bool deferred_wgrad_gemms_ = false, optimizer_gemms_ = false;
   at::Tensor forward_, backward_, te_, te_userbuffer_;
   std::vector<at::Tensor> te_grouped_;  // one per TE compute stream with grouped GEMMs
 };
@@ -575,6 +592,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     kept.output_grad.reset();
     kept.popped_input.reset();
     kept.warmup_input.reset();
+    workspaces.BeforeDeferredWgrad();
     model.FinishDeferredWgrad();
   };
   // Note [CUDA graphs] in parallel/cuda_graphs.h: the capture pass, counting only the graphed
@@ -620,6 +638,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     end_schedule();
     if (training.empty_unused_memory_level >= 1) session.EmptyCache();  // train_step's
     session.SetPhase(Phase::kOptimizer);
+    workspaces.BeforeOptimizerStep();
     optimizer.Step();
     if (megatron_fsdp) megatron_fsdp->AfterOptimizerStep();
     if (training.empty_unused_memory_level >= 2) session.EmptyCache();

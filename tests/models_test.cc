@@ -1000,6 +1000,13 @@ TEST(Activations, TransformerEngineActivationOpsKeepTheirInputs) {
   ModelConfig dense = test::Llama(layers, 256, 8, 2, 512, 1024);
   ASSERT_TRUE(FinalizeModelConfig(&dense).ok());
   EXPECT_EQ(bytes(dense, true), bytes(dense, false));
+  // The eager SwiGLU beside it (mlp.py's glu: activation_func(x_glu) * (x_linear +
+  // glu_linear_offset)) keeps both factors of its product, silu's [s, b, F] output and the
+  // offset sum, a new [s, b, F] even for an offset of 0: 4sbF more.
+  TrainingConfig eager = t;
+  eager.bias_activation_fusion = false;
+  EXPECT_EQ(ActivationBytesAfterForward(dense, eager) - bytes(dense, true),
+            layers * 4 * s * b * 512);
   ModelConfig moe = dense;
   moe.num_experts = 4;
   moe.moe_router_topk = K;
@@ -1014,6 +1021,9 @@ TEST(Activations, TransformerEngineActivationOpsKeepTheirInputs) {
   both.bias_activation_fusion = false;
   both.profile = ProfileKind::kMegatronLocal;
   EXPECT_FALSE(ValidateTrainingConfig(both, dense).ok());
+  ModelConfig gelu = test::Gpt(layers, 256, 8, 1024);  // the local spec's own GeLU
+  ASSERT_TRUE(FinalizeModelConfig(&gelu).ok());
+  EXPECT_TRUE(ValidateTrainingConfig(both, gelu).ok());
   both.profile = ProfileKind::kTransformerEngine;
   ModelConfig relu2 = dense;
   relu2.activation = ActivationKind::kSquaredRelu;
@@ -2109,10 +2119,12 @@ TEST(Activations, Float32LogitsSkipTheBf16Logits) {
   const int64_t S = 96, B = 2, V = 2048;
   ModelConfig m = test::Llama(1, 256, 8, 2, 512, V);
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  bool fused = false;
   auto logits_storages = [&](std::optional<Precision> logit_dtype) {
     TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
     t.iterations = 1;
     t.output_logit_dtype = logit_dtype;
+    t.cross_entropy_fusion = fused;
     std::multiset<StorageKey> logits;
     for (const StorageKey& key : StepStorages(m, t)) {
       if (std::get<3>(key) == S * B * V) logits.insert(key);
@@ -2129,6 +2141,20 @@ TEST(Activations, Float32LogitsSkipTheBf16Logits) {
       (std::multiset<StorageKey>{{Phase::kForward, at::kFloat, "memsim::te_gemm", S * B * V},
                                  {Phase::kBackward, at::kBFloat16, "aten::to.dtype", S * B * V}}));
   EXPECT_EQ(logits_storages(Precision::kBf16), logits_storages(std::nullopt));
+  // --cross-entropy-loss-fusion (native): calculate_gradients ends in a bf16 cast whatever the
+  // logits' dtype, which autograd casts back to float32 for float32 logits, and the output
+  // layer to bf16 again. Each compiled in-place step holds a float32 buffer besides (two in
+  // forward, one in backward), as with bf16 logits.
+  fused = true;
+  EXPECT_EQ(
+      logits_storages(Precision::kFp32),
+      (std::multiset<StorageKey>{{Phase::kForward, at::kFloat, "memsim::te_gemm", S * B * V},
+                                 {Phase::kForward, at::kFloat, "aten::empty_like", S * B * V},
+                                 {Phase::kForward, at::kFloat, "aten::empty_like", S * B * V},
+                                 {Phase::kBackward, at::kFloat, "aten::empty_like", S * B * V},
+                                 {Phase::kBackward, at::kBFloat16, "aten::to.dtype", S * B * V},
+                                 {Phase::kBackward, at::kFloat, "aten::to.dtype", S * B * V},
+                                 {Phase::kBackward, at::kBFloat16, "aten::to.dtype", S * B * V}}));
 }
 
 // MuP (--use-mup): the embedding's [S, B, H] output times --mup-embedding-mult and the
@@ -2158,6 +2184,36 @@ TEST(Activations, MupMultipliersMakeNewTensors) {
                 {Phase::kBackward, at::kBFloat16, "aten::mul.Tensor", S * B * V}}));
   EXPECT_TRUE(Beyond(plain, mup).empty());
   EXPECT_EQ(storages(true, 1.0, 0), plain);
+}
+
+// With MTP each depth's logits replace the previous depth's as the output layer returns
+// (process_mtp_loss rebinds mtp_logits), so MuP's scaling holds two bf16 [S, B, V] at most
+// (the raw logits and their scaled copy), never the previous depth's besides.
+TEST(Activations, MupScalesEachMtpDepthAfterThePreviousLogitsGo) {
+  const int64_t S = 96, B = 2, H = 256, V = 2048;
+  ModelConfig m = test::Llama(1, H, 8, 2, 512, V);
+  m.mtp_num_layers = 2;
+  m.use_mup = true;
+  m.mup_base_hidden_size = H / 2;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+  t.iterations = 1;
+  const std::unique_ptr<Session> session =
+      test::RecordRank(test::Validated(m, t), 0, FindGpu("H100-80GB"));
+  const Recorder& r = session->recorder();
+  std::vector<std::pair<int64_t, int>> changes;  // (event, +1 allocated / -1 freed)
+  for (const StorageInfo& s : r.storages()) {
+    if (s.phase != Phase::kForward || s.dtype != at::kBFloat16 || s.size_bytes != 2 * S * B * V) {
+      continue;
+    }
+    changes.emplace_back(s.alloc_event, +1);
+    if (s.free_event >= 0) changes.emplace_back(s.free_event, -1);
+  }
+  std::sort(changes.begin(), changes.end());
+  int alive = 0, most = 0;
+  for (const auto& [event, change] : changes) most = std::max(most, alive += change);
+  EXPECT_EQ(most, 2);
+  EXPECT_GE(changes.size(), 6u);  // three output layers' logits and three scaled copies
 }
 
 // --no-rope-freq 4 on 4 layers: the fourth runs no RoPE, so what differs from RoPE on every

@@ -724,8 +724,8 @@ TEST(ExpertParallel, RouterGemmsUseTransformerEnginesWorkspace) {
 // --output-logit-dtype fp32 on bf16 training: the output layer's forward GEMM goes through
 // Transformer Engine's general_gemm, its backward GEMMs through PyTorch. A dense last stage
 // of Transformer Engine layers with fused attention then runs no GEMM through PyTorch on
-// the forward thread (no forward cuBLAS workspace); under the local implementation it holds
-// TE's workspace beside PyTorch's two.
+// the forward thread (no forward cuBLAS workspace) unless the main thread runs GEMMs after
+// the schedule; under the local implementation it holds TE's workspace beside PyTorch's two.
 TEST(LibraryWorkspaces, Float32LogitsUseTransformerEnginesGemm) {
   ModelConfig m = test::Llama(2, 256, 8, 4, 512, 1024);
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
@@ -750,6 +750,26 @@ TEST(LibraryWorkspaces, Float32LogitsUseTransformerEnginesGemm) {
             (std::map<std::string, int64_t>{{"cublas_workspace.backward_thread", 32 << 20},
                                             {"cublas_workspace.forward_thread", 32 << 20},
                                             {"transformer_engine.gemm_workspace", te}}));
+  // Deferred output-layer weight gradients run on the main thread when the schedule ends
+  // (drain_embedding_wgrad_compute), and Muon's Newton-Schulz iterations in the optimizer
+  // step: the forward thread's workspace is made then.
+  t.profile = ProfileKind::kTransformerEngine;
+  t.attention = AttentionKind::kFused;
+  t.defer_embedding_wgrad = true;
+  const std::map<std::string, int64_t> main_thread = {
+      {"cublas_workspace.backward_thread", 32 << 20},
+      {"cublas_workspace.forward_thread", 32 << 20},
+      {"transformer_engine.gemm_workspace", te}};
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 1, "H100-80GB"), main_thread);
+  t.defer_embedding_wgrad = false;
+  t.optimizer = OptimizerKind::kMuon;
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 1, "H100-80GB"), main_thread);
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 0, "H100-80GB"),
+            (std::map<std::string, int64_t>{{"cublas_workspace.forward_thread", 32 << 20},
+                                            {"transformer_engine.gemm_workspace", te}}));
+  t.optimizer = OptimizerKind::kAdam;
+  t.profile = ProfileKind::kMegatronLocal;
+  t.attention = AttentionKind::kFlash;
   t.output_logit_dtype = Precision::kBf16;  // the input's dtype: torch.matmul, as without it
   EXPECT_EQ(WorkspaceBytes(m, t, layout, 1, "H100-80GB"),
             (std::map<std::string, int64_t>{{"cublas_workspace.backward_thread", 32 << 20},

@@ -33,6 +33,12 @@ TEST(LayerPattern, EvaluatesAsPythonDoes) {
   EXPECT_EQ(Eval("[1*2,3]"), (std::vector<int64_t>{2, 3}));
   EXPECT_TRUE(Eval("[]").empty());
   EXPECT_TRUE(Eval("[1]*0").empty());
+  EXPECT_TRUE(Eval("[]*1099511627776").empty());            // nothing to repeat: no work either
+  EXPECT_EQ(Eval("[0,1,]"), (std::vector<int64_t>{0, 1}));  // a trailing comma
+  EXPECT_EQ(Eval("[+1]"), (std::vector<int64_t>{1}));
+  EXPECT_EQ(Eval("[0]*2**3").size(), 8u);                     // ** binds tighter than *
+  EXPECT_EQ(Eval("[2**3**2]"), (std::vector<int64_t>{512}));  // and to the right
+  EXPECT_EQ(Eval("[00,0]"), (std::vector<int64_t>{0, 0}));
 }
 
 TEST(LayerPattern, RefusesWhatIsNotAPattern) {
@@ -48,6 +54,17 @@ TEST(LayerPattern, RefusesWhatIsNotAPattern) {
   EXPECT_NE(ErrorOf("[0]*99999999").find("more than"), std::string::npos);
   EXPECT_NE(ErrorOf(std::string(100, '(') + "[0]" + std::string(100, ')')).find("nested"),
             std::string::npos);
+  EXPECT_NE(ErrorOf("[01]").find("leading zero"), std::string::npos);
+  EXPECT_NE(ErrorOf("[0,,1]").find("unexpected ','"), std::string::npos);
+  EXPECT_NE(ErrorOf("[2**99]").find("too large"), std::string::npos);
+  std::string chain = "[0]*1048576";
+  for (int i = 0; i < 100; ++i) chain += "*1";
+  EXPECT_NE(ErrorOf(chain).find("elements to build"), std::string::npos);
+  // One line whatever the text holds: shortened, unprintable characters escaped.
+  const std::string error = ErrorOf("[0]\n" + std::string(100, '1'));
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_NE(error.find("\\x0a"), std::string::npos) << error;
+  EXPECT_LT(error.size(), 200u) << error;
 }
 
 }  // namespace

@@ -154,105 +154,62 @@ Status Choice(const Args& a, const std::string& name, const std::vector<std::str
   return Status::Error(name + " '" + *out + "' is not modelled (memsim supports " + list + ")");
 }
 
-// Megatron's --moe-layer-freq as memsim can model it: 1 (every layer has experts), or
-// dense layers followed by MoE layers, "([0]*K+[1]*N)" or "[0,...,0,1,...,1]". Sets the
-// number of leading dense layers.
+// Megatron's --moe-layer-freq as memsim can model it: 1 (every layer has experts), or a
+// list expression (moe_freq_type, evaluated by EvaluateLayerPattern) of dense layers then MoE
+// layers, such as "([0]*3+[1]*12)". Sets the number of leading dense layers.
 Status ParseMoeLayerFreq(const std::string& text, int64_t num_layers, int64_t* dense) {
-  std::string s;
-  for (char c : text) {
-    if (c != ' ') s += c;
-  }
-  if (s.size() >= 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
   const Status unsupported =
       Status::Error("--moe-layer-freq '" + text +
                     "' is not modelled (memsim models dense layers followed by MoE layers, e.g. "
                     "'([0]*3+[1]*" +
                     Str(std::max<int64_t>(num_layers - 3, 1)) + ")', or 1)");
-  int64_t zeros = 0, ones = 0;
-  // "[0]*K" or "[0]" (K = 1), "[1]*N": the count after "*", up to 9 digits.
-  auto repeat = [](const std::string& part, char digit, int64_t* count) {
-    const std::string head = std::string("[") + digit + "]";
-    if (part.rfind(head, 0) != 0) return false;
-    if (part == head) {
-      *count = 1;
-      return true;
-    }
-    const std::string tail = part.substr(head.size());
-    if (tail.size() < 2 || tail.size() > 10 || tail[0] != '*' ||
-        !std::all_of(tail.begin() + 1, tail.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      return false;
-    }
-    *count = std::stoll(tail.substr(1));
-    return true;
-  };
-  // "[0,...,0,1,...,1]" or "[1,...,1]", scanned without recursion (a list may be long).
-  auto list = [&](const std::string& text_list) {
-    if (text_list.size() < 3 || text_list.front() != '[' || text_list.back() != ']') return false;
-    bool seen_one = false;
-    for (size_t i = 1; i + 1 < text_list.size(); i += 2) {
-      const char c = text_list[i];
-      const char next = text_list[i + 1];
-      if ((c != '0' && c != '1') || (next != ',' && i + 2 != text_list.size())) return false;
-      if (c == '0' && seen_one) return false;  // dense layers come first
-      seen_one = seen_one || c == '1';
-      (c == '0' ? zeros : ones) += 1;
-    }
-    return true;
-  };
-  if (s == "1") return Status::OK();
-  const size_t plus = s.find('+');
-  const bool parsed = plus != std::string::npos ? repeat(s.substr(0, plus), '0', &zeros) &&
-                                                      repeat(s.substr(plus + 1), '1', &ones)
-                                                : repeat(s, '1', &ones) || list(s);
-  if (!parsed) return unsupported;
-  if (zeros + ones != num_layers) {
-    return Status::Error("--moe-layer-freq '" + text + "' describes " + Str(zeros + ones) +
-                         " layers, not --num-layers " + Str(num_layers));
+  if (text.find('[') == std::string::npos) {
+    return text == "1" ? Status::OK() : unsupported;
   }
-  *dense = zeros;
+  std::vector<int64_t> pattern;
+  const Status evaluated = EvaluateLayerPattern(text, &pattern);
+  if (!evaluated.ok()) return Status::Error("--moe-layer-freq: " + evaluated.message());
+  if (static_cast<int64_t>(pattern.size()) != num_layers) {
+    return Status::Error("--moe-layer-freq '" + text + "' describes " +
+                         Str(static_cast<int64_t>(pattern.size())) + " layers, not --num-layers " +
+                         Str(num_layers));
+  }
+  const auto first_moe = std::find(pattern.begin(), pattern.end(), 1);
+  const bool dense_then_moe =
+      std::all_of(pattern.begin(), first_moe, [](int64_t v) { return v == 0; }) &&
+      std::all_of(first_moe, pattern.end(), [](int64_t v) { return v == 1; });
+  if (!dense_then_moe) return unsupported;
+  *dense = first_moe - pattern.begin();
   return Status::OK();
 }
 
 // Megatron's --window-attn-skip-freq (moe_freq_type), which makes some layers attend to the
-// whole sequence: N makes layer l (from 1) windowed when l % N != 0, a list [w1, w2, ...]
-// (or Megatron's "([1]*3+[0]*1)*8" form) when w_l is 1 (is_layer_window_attention in
-// megatron/core/transformer/utils.py). Whether any layer keeps its window is what memsim
-// needs (Transformer Engine's context parallelism refuses p2p for windowed layers); empty
-// text: every layer does.
+// whole sequence: N makes layer l (from 1) windowed when l % N != 0, a list expression when
+// its l-th entry is not 0 (is_layer_window_attention in megatron/core/transformer/utils.py).
+// Whether any layer keeps its window is what memsim needs (Transformer Engine's context
+// parallelism refuses p2p for windowed layers); empty text: every layer does.
 Status ParseWindowAttnSkipFreq(const std::string& text, bool* any_windowed) {
-  std::string s;
-  for (char c : text) {
-    if (c != ' ') s += c;
-  }
   *any_windowed = true;
-  if (s.empty()) return Status::OK();
-  if (std::regex_match(s, std::regex("[0-9]{1,9}"))) {
-    const int64_t every = std::stoll(s);
+  if (text.empty()) return Status::OK();
+  if (text.find('[') == std::string::npos) {
+    int64_t every = 0;
+    if (!ParseInt("--window-attn-skip-freq", text, &every).ok()) {
+      return Status::Error("--window-attn-skip-freq '" + text +
+                           "' is neither N nor a list of 0/1 per layer (e.g. '([1]*3+[0]*1)*8')");
+    }
     if (every == 0) {
       return Status::Error(
-          "--window-attn-skip-freq 0 divides by zero in Megatron-LM; give N >= 1 "
-          "(every N-th layer attends to the whole sequence) or a list");
+          "--window-attn-skip-freq 0 divides by zero in Megatron-LM; give N >= 1 (every N-th "
+          "layer attends to the whole sequence) or a list");
     }
-    // Layer 1 is windowed unless N is 1 (every layer full).
-    *any_windowed = every > 1;
+    // Python's l % N: layer 1 is windowed unless N is 1 or -1 (every layer full).
+    *any_windowed = every > 1 || every < -1;
     return Status::OK();
   }
-  if (!std::regex_match(s, std::regex("[\\[\\]()01,*+0-9]+")) || s.find('[') == std::string::npos) {
-    return Status::Error("--window-attn-skip-freq '" + text +
-                         "' is neither N nor a list of 0/1 per layer (e.g. '([1]*3+[0]*1)*8')");
-  }
-  // A 1 inside a list marks a windowed layer (a repeat count of 0 is not looked at).
-  *any_windowed = false;
-  int depth = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '[') ++depth;
-    if (s[i] == ']') --depth;
-    const bool element_start = i > 0 && (s[i - 1] == '[' || s[i - 1] == ',');
-    if (depth > 0 && element_start && s[i] == '1' &&
-        (i + 1 == s.size() || s[i + 1] == ',' || s[i + 1] == ']')) {
-      *any_windowed = true;
-    }
-  }
+  std::vector<int64_t> pattern;
+  const Status evaluated = EvaluateLayerPattern(text, &pattern);
+  if (!evaluated.ok()) return Status::Error("--window-attn-skip-freq: " + evaluated.message());
+  *any_windowed = std::any_of(pattern.begin(), pattern.end(), [](int64_t v) { return v != 0; });
   return Status::OK();
 }
 
@@ -418,6 +375,11 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   }
   if (m.use_mup) {
     MEMSIM_RETURN_IF_ERROR(a.Int("--mup-base-hidden-size", &m.mup_base_hidden_size));
+    // Megatron-Core asserts a given base is positive; absent (None) it is the hidden size.
+    if (a.Has("--mup-base-hidden-size") && m.mup_base_hidden_size <= 0) {
+      return Status::Error("--mup-base-hidden-size must be positive, got " +
+                           a.Text("--mup-base-hidden-size", ""));
+    }
     MEMSIM_RETURN_IF_ERROR(a.Float("--mup-embedding-mult", &m.mup_embedding_mult));
     MEMSIM_RETURN_IF_ERROR(a.Float("--mup-output-mult", &m.mup_output_mult));
   }

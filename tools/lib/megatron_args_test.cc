@@ -859,6 +859,8 @@ TEST(MegatronArgs, Mup) {
   EXPECT_EQ(off.spec.model.mup_output_mult, 1.0);
   EXPECT_NE(std::find(off.ignored.begin(), off.ignored.end(), "--mup-output-mult"),
             off.ignored.end());
+  EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--use-mup --mup-base-hidden-size 0", 1),
+            "--mup-base-hidden-size must be positive, got 0");
 }
 
 // --use-te-activation-func is read; Megatron-Core's refusal of it beside the fusion is
