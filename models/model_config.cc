@@ -81,15 +81,17 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
     m->no_rope_freq = 0;
   }
   if (!m->no_rope_layers.empty()) {
+    const int64_t mtp_built = m->mtp_use_repeated_layer ? 1 : m->mtp_num_layers;
+    if (mtp_built > m->num_layers && !m->multi_latent_attention()) {
+      return Status::Error("no-RoPE layers with " + Str(mtp_built) + " MTP layers over " +
+                           Str(m->num_layers) +
+                           " decoder layers: Megatron-Core reads MTP layer j's entry at j, past "
+                           "the pattern's end");
+    }
     if (static_cast<int64_t>(m->no_rope_layers.size()) != m->num_layers) {
       return Status::Error("the no-RoPE pattern has " +
                            Str(static_cast<int64_t>(m->no_rope_layers.size())) + " entries for " +
                            Str(m->num_layers) + " layers (Megatron-Core asserts one per layer)");
-    }
-    if (m->mtp_num_layers > 0 && !m->multi_latent_attention()) {
-      return Status::Error(
-          "no-RoPE layers with MTP layers are not modelled (the entry an MTP layer's attention "
-          "reads, by its layer number past the decoder's, is not traced); drop one of the two");
     }
   }
   if (m->mtp_hsm && m->mtp_num_layers < 2) {

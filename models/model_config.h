@@ -83,8 +83,9 @@ struct ModelConfig {
   // --no-rope-freq (Llama 4's NoPE layers; Attention.forward passes no rotary embedding to
   // them): every no_rope_freq-th layer skips RoPE (N, 2N, ... from 1), or per layer 0/1 in
   // no_rope_layers (non-zero: skips). FinalizeModelConfig turns the first into the second.
-  // Nothing without RoPE or with multi-latent attention; not with MTP layers (the entry an
-  // MTP layer's attention reads is not traced).
+  // Nothing without RoPE or with multi-latent attention. MTP layer j reads entry j (its
+  // attention's layer number is j + 1: TransformerLayer adds no decoder offset to MTP
+  // layers, and memsim's MTP layers all sit in the last chunk, after no other MTP layer).
   int64_t no_rope_freq = 0;
   std::vector<int64_t> no_rope_layers;
   // Whether decoder layer `layer` (from 0) runs without RoPE (never with multi-latent

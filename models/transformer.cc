@@ -85,7 +85,7 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
     const int64_t built = model.mtp_use_repeated_layer ? 1 : model.mtp_num_layers;
     for (int64_t j = 0; j < built; ++j) {
       ModuleScope s("layers." + std::to_string(j));
-      mtp_layers_.push_back(CreateMtpLayer(store));
+      mtp_layers_.push_back(CreateMtpLayer(j, store));
     }
   }
   if (shard.last_stage) {
@@ -123,7 +123,7 @@ std::pair<Parameter*, Parameter*> TransformerModel::AddNorm(const std::string& n
   return {weight, bias};
 }
 
-TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(ParameterStore* store) {
+TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(int64_t depth, ParameterStore* store) {
   const int64_t H = model_.hidden_size;
   MtpLayer mtp{};
   std::tie(mtp.enorm_weight, mtp.enorm_bias) = AddNorm("enorm", store);
@@ -139,6 +139,7 @@ TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(ParameterStore* stor
     // decoder's last layers are (MTP runs in the global FP8 context).
     ModuleScope s("mtp_model_layer");
     mtp.layer = CreateLayer(model_.num_layers - 1, store, training_.fp8 != Fp8Recipe::kNone);
+    mtp.layer.skips_rope = model_.SkipsRope(depth);
   }
   std::tie(mtp.final_norm_weight, mtp.final_norm_bias) = AddNorm("final_layernorm", store);
   return mtp;
@@ -160,6 +161,7 @@ TransformerModel::Layer TransformerModel::CreateLayer(int64_t index, ParameterSt
   const int64_t fc1_out = model_.Fc1Width(F) / tp;
   Layer layer{};
   layer.index = index;
+  layer.skips_rope = model_.SkipsRope(index);
   // Parameters are made in Megatron's __init__ order, which is named_parameters' order and
   // so the gradient buffer's (Note [Distributed optimizer buffers] in parallel/ddp_buffers.h):
   // Attention builds core_attention and linear_proj before the query/key/value projections,
@@ -372,7 +374,7 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
   }
   if (gated) *gate = gate_part.reshape({S, B, A, D});  // the same
-  const bool rope = model_.position == PositionKind::kRope && !model_.SkipsRope(layer.index);
+  const bool rope = model_.position == PositionKind::kRope && !layer.skips_rope;
   if (rope && training_.rope_fusion) {
     q = RotaryEmbedding(q);
     k = RotaryEmbedding(k);
@@ -827,7 +829,7 @@ at::Tensor TransformerModel::Layers(int64_t chunk, const at::Tensor& input) {
       moe = moe || layer.moe;
       key.push_back(layer.moe);
       key.push_back(layer.proj_weight->fp8.recipe != Fp8Recipe::kNone);
-      key.push_back(model_.SkipsRope(layer.index));
+      key.push_back(layer.skips_rope);
     }
     if (moe && (unit.checkpointed || training_.Recomputes(RecomputeModule::kMoe))) {
       key.push_back(-1 - u);  // alike to no other unit

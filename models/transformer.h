@@ -349,6 +349,8 @@ class TransformerModel {
  private:
   struct Layer {
     int64_t index;
+    // --no-rope-freq: the attention runs without RoPE (its layer number's pattern entry).
+    bool skips_rope;
     Parameter* input_norm_weight;
     Parameter* input_norm_bias;  // null for RMSNorm
     Parameter* qkv_weight;
@@ -396,7 +398,9 @@ class TransformerModel {
   Layer CreateLayer(int64_t index, ParameterStore* store, bool fp8);
   // Makes `weight` an FP8 module's (Note [FP8 training] in fp8.h) when `fp8`.
   void MakeFp8(Parameter* weight, bool fp8) const;
-  MtpLayer CreateMtpLayer(ParameterStore* store);
+  // MTP layer `depth` (from 0): its attention's layer number is depth + 1 (Megatron numbers
+  // MTP layers apart from the decoder's), which picks its --no-rope-freq entry.
+  MtpLayer CreateMtpLayer(int64_t depth, ParameterStore* store);
   // A norm of the model's kind, with its parameters, in a module named `name`.
   std::pair<Parameter*, Parameter*> AddNorm(const std::string& name, ParameterStore* store);
   at::Tensor Norm(const at::Tensor& x, Parameter* weight, Parameter* bias);

@@ -2241,6 +2241,23 @@ TEST(Activations, NoRopeLayersSkipTheRotaryEmbedding) {
   ModelConfig uneven = test::Llama(4, H, A, G, 512, 1024);
   uneven.no_rope_freq = 3;
   EXPECT_FALSE(FinalizeModelConfig(&uneven).ok());
+  // MTP layer j's attention reads entry j (its layer number is j + 1): with [1, 0, 0, 0] and
+  // two MTP layers, decoder layer 0 and MTP depth 0 make no RoPE outputs.
+  auto mtp_storages = [&](std::vector<int64_t> pattern) {
+    ModelConfig m = test::Llama(4, H, A, G, 512, 1024);
+    m.mtp_num_layers = 2;
+    m.no_rope_layers = std::move(pattern);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.iterations = 1;
+    return StepStorages(m, t);
+  };
+  const std::multiset<StorageKey> one_layer = Beyond(every, fourth);
+  std::multiset<StorageKey> two_layers = one_layer;
+  two_layers.insert(one_layer.begin(), one_layer.end());
+  const std::multiset<StorageKey> with_mtp = mtp_storages({0, 0, 0, 0});
+  EXPECT_EQ(Beyond(with_mtp, mtp_storages({1, 0, 0, 0})), two_layers);
+  EXPECT_EQ(Beyond(with_mtp, mtp_storages({0, 0, 1, 0})), one_layer);
 }
 
 // Note [All-to-all context parallelism]: on cp = 2 with --cp-comm-type a2a a layer keeps
