@@ -338,17 +338,17 @@ struct FlexAttentionFunction : public Function<FlexAttentionFunction> {
 };
 
 // Backward: the input's gradient like the input, the weights' like the weights.
-struct WeightedSwigluFunction : public Function<WeightedSwigluFunction> {
+struct WeightedActivationFunction : public Function<WeightedActivationFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weights) {
+                            const at::Tensor& weights, bool gated) {
     ctx->save_for_backward({input, weights});
     auto sizes = input.sizes().vec();
-    sizes.back() /= 2;
+    if (gated) sizes.back() /= 2;
     return at::empty(sizes, input.options());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    return {at::empty_like(saved[0]), at::empty_like(saved[1])};
+    return {at::empty_like(saved[0]), at::empty_like(saved[1]), at::Tensor()};
   }
 };
 
@@ -790,8 +790,8 @@ at::Tensor AttentionSink(const at::Tensor& out, Parameter& offset) {
   return AttentionSinkFunction::apply(out, offset.data, MainGradsOf(offset, nullptr));
 }
 
-at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights) {
-  return WeightedSwigluFunction::apply(input, weights);
+at::Tensor WeightedActivation(const at::Tensor& input, const at::Tensor& weights, bool gated) {
+  return WeightedActivationFunction::apply(input, weights, gated);
 }
 
 at::Tensor L2Norm(const at::Tensor& input) { return L2NormFunction::apply(input); }

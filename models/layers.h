@@ -187,10 +187,14 @@ at::Tensor BiasDropoutAdd(const at::Tensor& x, Parameter* bias, const at::Tensor
 //     and their product, which saves both factors. GeGLU is never fused (Megatron-Core has
 //     no fused fast_gelu): `fused` is ignored for it.
 at::Tensor Activation(const ModelConfig& model, bool fused, const at::Tensor& input);
-// Transformer Engine's ScaledSwiGLU op (transformer_engine/pytorch/ops/basic/swiglu.py,
-// TE 2.18): SwiGLU of `input` [.., 2F] times `weights` [.., 1] -> a new [.., F]; saves
-// its input and the weights only.
-at::Tensor WeightedSwiglu(const at::Tensor& input, const at::Tensor& weights);
+// An activation times per-row `weights` [.., 1] as one kernel that saves its input and the
+// weights only and returns a new tensor in the input's dtype; the backward recomputes the
+// activation. `gated`: SwiGLU of `input` [.., 2F] -> [.., F] (Megatron-Core's
+// WeightedSwiGLUFunction, Transformer Engine's ScaledSwiGLU op in
+// transformer_engine/pytorch/ops/basic/swiglu.py, TE 2.18); else squared ReLU of `input`
+// [.., F] -> [.., F] (Megatron-Core's WeightedSquaredReLUFunction in
+// fusions/fused_weighted_squared_relu.py, TE's ScaledSReLU in ops/basic/activation.py).
+at::Tensor WeightedActivation(const at::Tensor& input, const at::Tensor& weights, bool gated);
 
 // Megatron-Core's L2Norm (transformer/torch_norm.py, torch.compile'd): x * rsqrt(mean(x^2) +
 // eps) over the last dimension, computed in float32 and cast back: a new contiguous output

@@ -416,19 +416,39 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "activation_func_clamp_value)");
     }
   }
+  if (t.fused_weighted_squared_relu) {
+    if (m.activation != ActivationKind::kSquaredRelu) {
+      return Status::Error(
+          "fused_weighted_squared_relu applies to squared-ReLU experts only; drop it or set the "
+          "activation to squared_relu");
+    }
+    if (m.num_experts > 0 && m.add_bias_linear && t.moe_grouped_gemm &&
+        t.profile == ProfileKind::kTransformerEngine) {
+      return Status::Error(
+          "the fused weighted squared ReLU takes no fc1 bias (Megatron-Core asserts "
+          "bias_parallel is None); disable the linear biases (Megatron-LM: "
+          "--disable-bias-linear)");
+    }
+  }
   if (t.te_op_fuser) {
+    // MoEGroupedMLP._is_fused_impl_supported: SwiGLU, or squared ReLU with the weighted
+    // kernel (TE's ScaledSReLU).
+    const bool fused_activation =
+        m.activation == ActivationKind::kSwiglu ||
+        (m.activation == ActivationKind::kSquaredRelu && t.fused_weighted_squared_relu);
     if (m.num_experts == 0 || m.moe_first_k_dense_layers > 0 || !t.moe_grouped_gemm ||
-        m.activation != ActivationKind::kSwiglu || t.profile != ProfileKind::kTransformerEngine) {
+        !fused_activation || t.profile != ProfileKind::kTransformerEngine) {
       return Status::Error(
           "Transformer Engine's op fuser is modelled for MoE layers only, every layer, with "
-          "grouped SwiGLU experts (--moe-grouped-gemm --swiglu, Transformer Engine layers); its "
-          "fused dense MLP is not");
+          "grouped SwiGLU experts, or squared ReLU with the fused weighted kernel "
+          "(--moe-grouped-gemm --swiglu or --squared-relu --use-fused-weighted-squared-relu, "
+          "Transformer Engine layers); its fused dense MLP is not");
     }
     if (t.Recomputes(RecomputeModule::kMoeAct)) {
-      // _ScaledGLU raises on activation_recompute_in_mlp (TE 2.18).
+      // _ScaledGLU and _ScaledUnary raise on activation_recompute_in_mlp (TE 2.18).
       return Status::Error(
           "moe_act recomputation does not work with Transformer Engine's op fuser (its "
-          "ScaledSwiGLU refuses activation recomputation)");
+          "ScaledSwiGLU and ScaledSReLU refuse activation recomputation)");
     }
   }
   if (t.precision_aware_optimizer) {

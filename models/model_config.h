@@ -442,6 +442,14 @@ struct TrainingConfig {
   // fusion off (Megatron-Core raises otherwise); GeLU, or SwiGLU with Transformer Engine's
   // layers, without a clamp.
   bool te_activation_func = false;
+  // --use-fused-weighted-squared-relu: TEGroupedMLP's experts (grouped GEMMs, Transformer
+  // Engine's layers) run squared ReLU times the probabilities as Megatron-Core's
+  // WeightedSquaredReLUFunction, or TE's ScaledSReLU under the op fuser (WeightedActivation
+  // in layers.h): fc1's output and the probabilities are saved, not the unweighted
+  // activation, and no product in the probabilities' dtype is made. SequentialMLP and the
+  // dense MLPs ignore it, as Megatron-Core does. REQUIRES: squared ReLU; no fc2 bias on
+  // grouped experts (experts.py asserts bias_parallel is None).
+  bool fused_weighted_squared_relu = false;
   // Whether the activation runs as one kernel that saves only its input (Activation's
   // `fused` in layers.h).
   bool OneKernelActivation() const { return bias_activation_fusion || te_activation_func; }

@@ -1060,21 +1060,26 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
-  auto weighted_activation = [&m, dtype, op_fuser, fused = t.bias_activation_fusion,
-                              one_kernel =
-                                  t.OneKernelActivation()](const std::vector<at::Tensor>& in) {
-    const bool weighted_kernel = fused && (m.activation == ActivationKind::kSwiglu ||
-                                           m.activation == ActivationKind::kQuickGeglu);
-    if (op_fuser || weighted_kernel) {
-      // TE's ScaledSwiGLU takes the scales in the activation dtype, Megatron's kernel as
-      // they are.
-      const at::Tensor scales = in[1].unsqueeze(-1);
-      return std::vector<at::Tensor>{WeightedSwiglu(in[0], op_fuser ? scales.to(dtype) : scales)};
-    }
-    // Transformer Engine's op, or the eager activation, then the probabilities' product.
-    return std::vector<at::Tensor>{
-        (Activation(m, one_kernel, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
-  };
+  // TEGroupedMLP's bias_act_func: TE's activation op first, then Megatron's weighted GLU
+  // kernels (under the bias-activation fusion) or weighted squared ReLU.
+  const bool te_grouped_mlp = t.moe_grouped_gemm && t.profile == ProfileKind::kTransformerEngine;
+  auto weighted_activation =
+      [&m, dtype, op_fuser, fused = t.bias_activation_fusion,
+       weighted_srelu = te_grouped_mlp && !t.te_activation_func && t.fused_weighted_squared_relu,
+       one_kernel = t.OneKernelActivation()](const std::vector<at::Tensor>& in) {
+        const bool gated =
+            m.activation == ActivationKind::kSwiglu || m.activation == ActivationKind::kQuickGeglu;
+        if (op_fuser || (fused && gated) || weighted_srelu) {
+          // TE's ScaledSwiGLU and ScaledSReLU take the scales in the activation dtype,
+          // Megatron's kernels as they are.
+          const at::Tensor scales = in[1].unsqueeze(-1);
+          return std::vector<at::Tensor>{
+              WeightedActivation(in[0], op_fuser ? scales.to(dtype) : scales, gated)};
+        }
+        // Transformer Engine's op, or the eager activation, then the probabilities' product.
+        return std::vector<at::Tensor>{
+            (Activation(m, one_kernel, in[0]) * in[1].unsqueeze(-1)).to(dtype)};
+      };
   // moe_act: the weighted activation goes once fc2 has saved it. Offloading's moe_act
   // region covers the activation alone; it commits after fc2 (experts.py).
   at::Tensor fc1_output = std::move(h);

@@ -503,6 +503,91 @@ TEST(Moe, WeightedSwigluKeepsItsInputAndTheProbabilitiesOnly) {
   EXPECT_EQ(Added(alive(false), fused), ShapeSet({{{n, F}, bf16}, {{n, F}, bf16}, {{n, F}, bf16}}));
 }
 
+// Megatron-Core's weighted squared ReLU (--use-fused-weighted-squared-relu,
+// WeightedSquaredReLUFunction in fusions/fused_weighted_squared_relu.py) saves the fc1
+// output and the probabilities and returns the weighted activation in the fc1 output's
+// dtype. Without it TEGroupedMLP runs the compiled squared_relu (saves its input, returns a
+// new [n, F]) and multiplies by the probabilities, a product that keeps the activation:
+// one [n, F] bf16 more alive when the forward ends. Two experts, top-2, s = 64 tokens:
+// n = 128 expert rows, F = 512, bf16 probabilities (the product is the weighted
+// activation itself); with float32 probabilities the product is a float32 [n, F] that goes
+// once its bf16 copy is made, so the same storages stay. SequentialMLP ignores the switch.
+TEST(Moe, FusedWeightedSquaredReluKeepsItsInputAndTheProbabilitiesOnly) {
+  const int64_t n = 128, F = 512;
+  auto alive = [&](bool fused, bool grouped, bool fp32_router) {
+    ModelConfig m = test::Llama(1, 256, 4, 4, F, 1024);
+    m.activation = ActivationKind::kSquaredRelu;
+    m.num_experts = 2;
+    m.moe_router_topk = 2;
+    m.moe_router_fp32 = fp32_router;
+    TrainingConfig t;
+    t.seq_length = n / 2;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.moe_grouped_gemm = grouped;
+    t.bias_activation_fusion = false;
+    t.fused_weighted_squared_relu = fused;
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
+      ShapeSet shapes;
+      for (const StorageInfo& info : r.storages()) {
+        const std::string& module = r.names().Name(info.module);
+        if (info.phase == Phase::kForward && info.free_event < 0 &&
+            module.rfind("decoder.layers.0.mlp.experts", 0) == 0) {
+          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+        }
+      }
+      return shapes;
+    });
+  };
+  const at::ScalarType bf16 = at::kBFloat16;
+  for (bool fp32_router : {false, true}) {
+    const ShapeSet fused = alive(true, true, fp32_router);
+    EXPECT_EQ(fused, ShapeSet({{{n, F}, bf16}, {{n, F}, bf16}})) << fp32_router;
+    EXPECT_EQ(Added(alive(false, true, fp32_router), fused), ShapeSet({{{n, F}, bf16}}))
+        << fp32_router;
+  }
+  EXPECT_EQ(alive(true, false, false), alive(false, false, false));
+}
+
+// What Megatron-Core refuses with the weighted squared ReLU: another activation (memsim's
+// rule: the switch does nothing there), fc1's bias on grouped experts (experts.py asserts);
+// the op fuser takes squared ReLU only with it (_is_fused_impl_supported).
+TEST(Moe, FusedWeightedSquaredReluRules) {
+  ModelConfig m = test::Llama(1, 256, 4, 4, 512, 1024);
+  m.activation = ActivationKind::kSquaredRelu;
+  m.num_experts = 2;
+  m.moe_router_topk = 2;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t;
+  t.seq_length = 64;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_grouped_gemm = true;
+  t.bias_activation_fusion = false;
+  t.te_op_fuser = true;
+  EXPECT_NE(ValidateTrainingConfig(t, m).message().find("--use-fused-weighted-squared-relu"),
+            std::string::npos);
+  t.fused_weighted_squared_relu = true;
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  // TE's ScaledSReLU saves what Megatron-Core's kernel saves.
+  const int64_t op_fuser_bytes = ActivationBytesAfterForward(m, t);
+  t.te_op_fuser = false;
+  EXPECT_EQ(ActivationBytesAfterForward(m, t), op_fuser_bytes);
+  t.te_op_fuser = true;
+  ModelConfig biased = m;
+  biased.add_bias_linear = true;
+  ASSERT_TRUE(FinalizeModelConfig(&biased).ok());
+  EXPECT_NE(ValidateTrainingConfig(t, biased).message().find("bias_parallel is None"),
+            std::string::npos);
+  ModelConfig swiglu = test::Llama(1, 256, 4, 4, 512, 1024);
+  ASSERT_TRUE(FinalizeModelConfig(&swiglu).ok());
+  t.te_op_fuser = false;
+  EXPECT_NE(ValidateTrainingConfig(t, swiglu).message().find("squared-ReLU experts only"),
+            std::string::npos);
+}
+
 // fc2's bias on TEGroupedMLP (Note [MoE biases]): two experts, top-2, so each expert takes
 // every one of the r = s*b tokens. _apply_bias runs per expert t + b * p, each a product
 // and a sum [r, h] in the promoted dtype, then their concatenation [2r, h] and, where that

@@ -235,6 +235,10 @@ Status ReadActivation(Args& a, ModelConfig* model, TrainingConfig* training) {
              : !a.Has("--no-bias-gelu-fusion") && !a.Has("--disable-bias-linear");
   if (!swiglu) a.Ignore("--no-bias-swiglu-fusion");
   training->te_activation_func = a.Has("--use-te-activation-func");
+  // experts.py reads it for squared ReLU only.
+  training->fused_weighted_squared_relu =
+      a.Has("--use-fused-weighted-squared-relu") && m.activation == ActivationKind::kSquaredRelu;
+  if (m.activation != ActivationKind::kSquaredRelu) a.Ignore("--use-fused-weighted-squared-relu");
   if (training->bias_activation_fusion && m.activation == ActivationKind::kSquaredRelu) {
     return Status::Error(
         "--squared-relu needs --no-bias-gelu-fusion or --disable-bias-linear: Megatron-LM "

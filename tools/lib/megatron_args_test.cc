@@ -873,6 +873,21 @@ TEST(MegatronArgs, TransformerEngineActivationFunc) {
             std::string::npos);
 }
 
+// --use-fused-weighted-squared-relu is read with squared ReLU (experts.py reads it for that
+// activation only) and reported as ignored with any other.
+TEST(MegatronArgs, FusedWeightedSquaredRelu) {
+  const std::string relu2 =
+      std::string(kTinyGpt) +
+      "--squared-relu --no-bias-gelu-fusion --use-fused-weighted-squared-relu";
+  const MegatronArgsResult r = Parse(relu2, 1);
+  EXPECT_TRUE(r.spec.training.fused_weighted_squared_relu);
+  EXPECT_TRUE(r.ignored.empty());
+  const MegatronArgsResult gelu =
+      Parse(std::string(kTinyGpt) + "--use-fused-weighted-squared-relu", 1);
+  EXPECT_FALSE(gelu.spec.training.fused_weighted_squared_relu);
+  EXPECT_EQ(gelu.ignored, std::vector<std::string>{"--use-fused-weighted-squared-relu"});
+}
+
 // --no-rope-freq: an integer or Megatron's Python list expression, one entry per layer.
 TEST(MegatronArgs, NoRopeFreq) {
   const std::string rope = std::string(kTinyGpt) + "--position-embedding-type rope ";

@@ -487,6 +487,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "te_activation_func", &t->te_activation_func);
        }},
+      {"fused_weighted_squared_relu",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "fused_weighted_squared_relu", &t->fused_weighted_squared_relu);
+       }},
       {"create_attention_mask",
        [&](const YAML::Node& v) {
          return Read(v, source, "create_attention_mask", &t->create_attention_mask);
