@@ -884,7 +884,9 @@ bool TeRecognizesQkvLayout(const at::Tensor& q, const at::Tensor& k, const at::T
 
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
-                         int64_t cp, int64_t cp_all_to_all, bool cp_all_gather) {
+                         int64_t cp, int64_t cp_all_to_all, bool cp_all_gather,
+                         at::Tensor* max_logit) {
+  MEMSIM_DCHECK(max_logit == nullptr || (cp == 1 && kind != AttentionKind::kFlash));
   const int64_t seq = q.size(0), batch = q.size(1), heads = q.size(2), head_dim = q.size(3);
   const int64_t groups = k.size(2);
   const int64_t v_head_dim = v.size(3);  // multi-latent attention: not q's
@@ -919,6 +921,13 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
                                                        vs.transpose(0, 1), cp, dropout_p)
                             : FlashAttentionFunction::apply(qs.transpose(0, 1), ks.transpose(0, 1),
                                                             vs.transpose(0, 1), dropout_p);
+    if (max_logit != nullptr) {
+      // fused_attn_fwd (cpp_extensions/fused_attn.py): Max [B, A, S, 1] beside the
+      // statistics, torch.amax over all but the heads, cast to the output's dtype.
+      at::NoGradGuard no_grad;
+      const at::Tensor max = at::empty({batch, heads, seq, 1}, q.options().dtype(at::kFloat));
+      *max_logit = at::amax(max, {0, 2, 3}).to(q.scalar_type());
+    }
     return out.transpose(0, 1).reshape({seq, batch, heads * v_head_dim});
   }
   if (kind == AttentionKind::kFlash) {
@@ -954,6 +963,12 @@ at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // Transformer Engine rebinds its torch.empty buffer to baddbmm's result (backends.py),
   // which lets it go; a persistent buffer stays in its workspace.
   buffer.reset();
+  if (max_logit != nullptr) {
+    // UnfusedDotProductAttention: the mask applied in place, then torch.amax over all but
+    // the heads.
+    at::NoGradGuard no_grad;
+    *max_logit = at::amax(scores.view({batch, heads, seq, seq}), {0, 2, 3});
+  }
   // FusedScaleMaskSoftmax takes the fused causal kernel for 16-bit inputs with
   // 16 < S <= 16384 and S, B*A divisible by 4; otherwise masked_fill_ + torch softmax.
   const bool fused =

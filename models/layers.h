@@ -236,9 +236,15 @@ at::Tensor UnfusedRotaryEmbedding(const at::Tensor& input, const at::Tensor& fre
 // ring runs over the rest; with `cp_all_gather` the keys and values are all-gathered
 // instead (Note [All-gather context parallelism]). REQUIRES: cp_all_to_all divides cp and
 // q's and k's heads; not both cp_all_to_all > 1 and cp_all_gather.
+// `max_logit` not null: set to each head's largest logit [A], detached, as Transformer
+// Engine returns it (return_max_logit, Note [Max attention logit] in transformer.h): the
+// fused backend's cuDNN call also makes a float32 Max [B, A, S, 1] that goes once its
+// float32 amax [A] is cast to q's dtype; the eager one takes the amax of its masked scores
+// in their dtype. REQUIRES with it: cp == 1, kind != kFlash.
 at::Tensor CoreAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          AttentionKind kind, double dropout_p, GlobalMemoryBuffer& workspace,
-                         int64_t cp = 1, int64_t cp_all_to_all = 1, bool cp_all_gather = false);
+                         int64_t cp = 1, int64_t cp_all_to_all = 1, bool cp_all_gather = false,
+                         at::Tensor* max_logit = nullptr);
 
 // Note [Transformer Engine's unfused mask]
 // Transformer Engine's UnfusedDotProductAttention (backends.py, TE 2.20.0.dev0) calls

@@ -416,6 +416,24 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "activation_func_clamp_value)");
     }
   }
+  if (t.log_max_attention_logit) {
+    if (t.profile != ProfileKind::kTransformerEngine) {
+      return Status::Error(
+          "the max attention logit comes from Transformer Engine's attention (return_max_logit); "
+          "Megatron-Core's local DotProductAttention has none and clip_qk fails on it: use "
+          "Transformer Engine's layers");
+    }
+    if (t.attention == AttentionKind::kFlash && !t.te_attention) {
+      return Status::Error(
+          "Transformer Engine drops FlashAttention when it returns the max attention logit "
+          "(get_attention_backend); choose fused or eager attention");
+    }
+    if (t.cuda_graphs) {
+      return Status::Error(
+          "the max attention logit under CUDA graphs is not modelled (each layer's kept maximum "
+          "would be a graph output); drop one of the two");
+    }
+  }
   if (t.fused_weighted_squared_relu) {
     if (m.activation != ActivationKind::kSquaredRelu) {
       return Status::Error(
@@ -696,7 +714,8 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
   const bool fused =
       choice.fused && !fp32 &&
       !((compute_capability < 90 || sink || blackwell_dropout) && choice.deterministic);
-  const bool flash = choice.flash && !fp32 && !sink;
+  // return_max_logit drops FlashAttention (get_attention_backend's max_logit filter).
+  const bool flash = choice.flash && !fp32 && !sink && !training.log_max_attention_logit;
   if (compute_capability >= 90 && fused) {
     *out = AttentionKind::kFused;
   } else if (flash) {

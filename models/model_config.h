@@ -450,6 +450,12 @@ struct TrainingConfig {
   // dense MLPs ignore it, as Megatron-Core does. REQUIRES: squared ReLU; no fc2 bias on
   // grouped experts (experts.py asserts bias_parallel is None).
   bool fused_weighted_squared_relu = false;
+  // --log-max-attention-logit (Note [Max attention logit] in models/transformer.h):
+  // Transformer Engine's attention returns each head's largest logit
+  // (return_max_logit), which drops FlashAttention from its backends; each layer keeps
+  // the maximum over the step's microbatches until clip_qk resets it after the optimizer
+  // step. REQUIRES: Transformer Engine's layers, no context parallelism, no CUDA graphs.
+  bool log_max_attention_logit = false;
   // Whether the activation runs as one kernel that saves only its input (Activation's
   // `fused` in layers.h).
   bool OneKernelActivation() const { return bias_activation_fusion || te_activation_func; }
@@ -611,7 +617,8 @@ inline std::string RecomputeName(RecomputeKind kind) {
 // before FlashAttention (TE drops flash where fused is available), and on 8.x
 // FlashAttention-2 before fused (and fused not at all when deterministic). A sink softmax
 // (off-by-one, learnable) has no FlashAttention, and no fused attention when deterministic
-// (get_attention_backend's softmax filter). An error when the allowed backends leave none.
+// (get_attention_backend's softmax filter); neither has the max attention logit. An error when the
+// allowed backends leave none.
 Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& training,
                          const ModelConfig& model, int compute_capability, AttentionKind* out);
 // Parameter dtype in forward/backward.

@@ -556,9 +556,14 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
       const at::Tensor mask =
           te_unfused ? TeUnfusedAttentionMask(qkv_parts[0].size(0), qkv_parts[1].size(0), mask_rows)
                      : at::Tensor();
-      return CoreAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2], training_.attention,
-                           attention_dropout, *workspace_, shard_.cp, training_.cp_all_to_all,
-                           training_.cp_all_gather);
+      // Note [Max attention logit]: the call's maxima, then torch.max's new running maximum.
+      at::Tensor max_logit;
+      at::Tensor out = CoreAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2], training_.attention,
+                                     attention_dropout, *workspace_, shard_.cp,
+                                     training_.cp_all_to_all, training_.cp_all_gather,
+                                     training_.log_max_attention_logit ? &max_logit : nullptr);
+      if (max_logit.defined()) (void)at::empty_like(max_logit);
+      return out;
     };
     // Selective recomputation checkpoints core attention (Megatron's
     // _checkpointed_attention_forward); FlashAttention keeps no S^2 tensor to save.
@@ -591,6 +596,31 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
   offload.EndSaving({out});
   offload.Commit(&out, {{context}});
   return out;
+}
+
+void TransformerModel::KeepMaxAttentionLogits() {
+  if (!training_.log_max_attention_logit) return;
+  // The attention's dtype: the parameters' (a float32 residual stream leaves q 16-bit).
+  const auto options =
+      at::TensorOptions().device(at::kMeta).dtype(ScalarTypeOf(training_.precision));
+  const int64_t heads = model_.num_attention_heads / shard_.tp;
+  CategoryScope category(Category::kActivation);
+  auto keep = [&](const std::string& module) {
+    ModuleScope scope(ModuleScope::Absolute{module});
+    return at::empty({heads}, options);
+  };
+  for (const std::vector<Layer>& chunk : chunks_) {
+    for (const Layer& layer : chunk) {
+      max_attention_logits_.push_back(
+          keep("decoder.layers." + std::to_string(layer.index) + ".self_attention.core_attention"));
+    }
+  }
+  if (mtp_max_attention_logits_.empty()) {
+    for (size_t j = 0; j < mtp_layers_.size(); ++j) {
+      mtp_max_attention_logits_.push_back(keep("mtp.layers." + std::to_string(j) +
+                                               ".mtp_model_layer.self_attention.core_attention"));
+    }
+  }
 }
 
 at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Parameter& weight,

@@ -216,6 +216,22 @@
 // shows (validation/fake_pg: rope_utils.py's cos_ and sin_ alive at the peak, 4 per layer).
 // Multi-latent attention's YaRN embedding keeps its own tables: not modelled.
 //
+// Note [Max attention logit]
+// --log-max-attention-logit (Megatron-Core 0.20's TEDotProductAttention, TE 2.18): TE's
+// DotProductAttention runs with return_max_logit, which drops FlashAttention from its
+// backends (get_attention_backend); each call returns [A/tp] maxima (CoreAttention's
+// `max_logit` in layers.h), which Megatron detaches and folds into the layer's
+// current_max_attn_logits with torch.max, a new [A/tp] tensor in the attention's dtype.
+// clip_qk (optimizer/qk_clip.py), right after optimizer.step(), all-reduces each decoder
+// layer's in place and resets it to None; MTP layers are not in decoder.layers, so theirs
+// stays for the run. memsim keeps one [A/tp] per decoder layer from the step's start to the
+// reset (Megatron's first is made at the layer's first forward of the step, at most 512
+// bytes a layer earlier here), one per MTP layer from the first step on, and per forward
+// the call's maxima and torch.max's result as transients (the result takes the place of
+// the kept one, which it equals in size). Refused: context parallelism (TE folds the
+// maxima over the ring's steps), CUDA graphs, the local spec (no maxima; clip_qk fails).
+// --qk-clip's weight clipping after the step stays refused.
+//
 // Note [Recompute modules]
 // Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:
 // TransformerLayer, SelfAttention/MLASelfAttention, MoELayer and TEGroupedMLP read
@@ -345,6 +361,13 @@ class TransformerModel {
 
   // The whole model on one rank: ForwardChunk(0, {}).
   at::Tensor Forward() { return ForwardChunk(0, at::Tensor()); }
+
+  // Note [Max attention logit]: the step's kept maxima, one per decoder layer (and, from the
+  // first step on, per MTP layer), at the step's start; nothing unless
+  // training.log_max_attention_logit.
+  void KeepMaxAttentionLogits();
+  // clip_qk's reset after the optimizer step: the decoder layers' maxima go.
+  void ResetMaxAttentionLogits() { max_attention_logits_.clear(); }
 
  private:
   struct Layer {
@@ -493,6 +516,10 @@ class TransformerModel {
   std::vector<MtpLayer> mtp_layers_;    // last stage only
   c10::intrusive_ptr<GlobalMemoryBuffer> workspace_;
   std::vector<at::Tensor> kept_batches_;  // TrainingConfig::keeps_microbatch_batches
+  // Note [Max attention logit]: the decoder layers' current_max_attn_logits, and the MTP
+  // layers', which clip_qk never resets.
+  std::vector<at::Tensor> max_attention_logits_;
+  std::vector<at::Tensor> mtp_max_attention_logits_;
   // The rows of the batch's attention mask the running chunk's layers get (0: none; the
   // chunk has neither the embedding nor the loss, or the data loader makes no mask).
   int64_t batch_mask_rows_ = 0;

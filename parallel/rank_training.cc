@@ -625,6 +625,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     model.ReleaseKeptBatches();  // train_step's first act: the rerun state machine's advance
     zero_grad();
     session.BeginIteration(it);
+    model.KeepMaxAttentionLogits();
     ActivationOffloader* offloader = model.offloader();
     if (offloader != nullptr) {
       std::vector<ActivationOffloader::ChunkKey> backward_order;
@@ -640,6 +641,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     session.SetPhase(Phase::kOptimizer);
     workspaces.BeforeOptimizerStep();
     optimizer.Step();
+    model.ResetMaxAttentionLogits();  // clip_qk
     if (megatron_fsdp) megatron_fsdp->AfterOptimizerStep();
     if (training.empty_unused_memory_level >= 2) session.EmptyCache();
     session.EndIteration();

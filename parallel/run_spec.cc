@@ -208,6 +208,12 @@ Status FinalizeUnchecked(RunSpec* spec) {
                            "it; lower the capacity factor");
     }
   }
+  if (t.log_max_attention_logit && l.cp > 1) {
+    return Status::Error(
+        "the max attention logit with context parallelism is not modelled (Transformer Engine's "
+        "context-parallel attention reduces it over the ring's steps); use context parallelism "
+        "1 or drop --log-max-attention-logit");
+  }
   if (t.te_op_fuser && l.etp > 1) {
     // TEGroupedMLP._is_fused_impl_supported: the experts' tensor-parallel group is 1.
     return Status::Error("Transformer Engine's op fuser needs expert tensor parallelism 1, got " +

@@ -1971,13 +1971,15 @@ TEST(TrainingConfig, RecomputeModulesNeedTheirModules) {
   t.recompute_modules = 1u << 20;
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
             "recompute_modules has bits of no module: 1048576");
-  // Transformer Engine's op fuser is modelled for all-MoE models with grouped SwiGLU experts.
+  // Transformer Engine's op fuser is modelled for all-MoE models with grouped SwiGLU (or
+  // weighted squared-ReLU) experts.
   t = TrainingConfig();
   t.te_op_fuser = true;
   EXPECT_EQ(ValidateTrainingConfig(t, m).message(),
             "Transformer Engine's op fuser is modelled for MoE layers only, every layer, with "
-            "grouped SwiGLU experts (--moe-grouped-gemm --swiglu, Transformer Engine layers); its "
-            "fused dense MLP is not");
+            "grouped SwiGLU experts, or squared ReLU with the fused weighted kernel "
+            "(--moe-grouped-gemm --swiglu or --squared-relu --use-fused-weighted-squared-relu, "
+            "Transformer Engine layers); its fused dense MLP is not");
 }
 
 TEST(ModelConfig, RejectsImpossibleShapes) {

@@ -516,6 +516,93 @@ TEST(PipelineMemory, AnIteratorThatKeepsBatchesHoldsThemThroughTheStep) {
   EXPECT_TRUE(kept_after(false, 0).empty());
 }
 
+// Note [Max attention logit], worked from TE 2.18 and Megatron-Core 0.20 by hand: 2 layers,
+// A = 4 heads, 3 microbatches of [S = 32, B = 2], 2 steps. Each step keeps one [A] bf16 per
+// layer until clip_qk's reset after the optimizer step. Each forward of a layer makes,
+// under cuDNN fused attention, Max [B, A, S, 1] float32, its amax [A] float32, the cast
+// [A] bf16 and torch.max's [A] bf16; under unfused attention the scores' amax [A] bf16 and
+// torch.max's: [A] tensors 2 x 2 kept + 12 forwards x 3 (fused) or x 2 (unfused).
+TEST(MaxAttentionLogit, EachLayerKeepsItsMaximumUntilTheOptimizerStep) {
+  const Shape x{32, 2, 64, 4};
+  const ModelConfig m = Gpt(x, 2);
+  for (AttentionKind kind : {AttentionKind::kFused, AttentionKind::kEager}) {
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.attention = kind;
+    t.num_microbatches = 3;
+    t.iterations = 2;
+    t.log_max_attention_logit = true;
+    const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t), 0);
+    const Recorder& r = session->recorder();
+    auto in_core_attention = [&r](const StorageInfo& info) {
+      const std::string& module = r.names().Name(info.module);
+      return module.size() > 15 && module.compare(module.size() - 15, 15, ".core_attention") == 0;
+    };
+    // Storages made in core attention, by shape and dtype.
+    auto made = [&](const std::vector<int64_t>& shape, at::ScalarType dtype) {
+      int64_t n = 0;
+      for (const StorageInfo& info : r.storages()) {
+        n += in_core_attention(info) && info.dtype == dtype && r.ShapeOf(info).vec() == shape;
+      }
+      return n;
+    };
+    const std::vector<int64_t> heads = {x.a};
+    if (kind == AttentionKind::kFused) {
+      EXPECT_EQ(made({x.b, x.a, x.s, 1}, at::kFloat), 12);
+      EXPECT_EQ(made(heads, at::kFloat), 12);
+      EXPECT_EQ(made(heads, at::kBFloat16), 4 + 12 * 2);
+    } else {
+      EXPECT_EQ(made(heads, at::kBFloat16), 4 + 12 * 2);
+      EXPECT_EQ(made(heads, at::kFloat), 0);
+    }
+    auto kept_at = [&](const Marker& marker) {
+      std::set<std::string> modules;
+      ForEachLiveStorage(r, marker.event_index - 1, [&](int64_t id) {
+        const StorageInfo& info = r.storages()[static_cast<size_t>(id)];
+        if (in_core_attention(info) && r.ShapeOf(info).vec() == heads) {
+          modules.insert(r.names().Name(info.module));
+        }
+      });
+      return modules;
+    };
+    for (int32_t it : {0, 1}) {
+      EXPECT_EQ(kept_at(MarkerAt(r, MarkerKind::kPhaseBegin, it, -1, Phase::kOptimizer)),
+                (std::set<std::string>{"decoder.layers.0.self_attention.core_attention",
+                                       "decoder.layers.1.self_attention.core_attention"}));
+      EXPECT_TRUE(
+          kept_at(MarkerAt(r, MarkerKind::kIterationEnd, it, -1, Phase::kOptimizer)).empty());
+    }
+  }
+}
+
+// Transformer Engine drops FlashAttention when it returns the max logit, so Ampere takes
+// cuDNN fused attention; the local spec, context parallelism and CUDA graphs are refused.
+TEST(MaxAttentionLogit, RulesAndBackend) {
+  TrainingConfig t;
+  t.precision = Precision::kBf16;
+  t.log_max_attention_logit = true;
+  AttentionKind got = AttentionKind::kEager;
+  ASSERT_TRUE(SelectTeAttention(TeAttentionChoice{}, t, ModelConfig(), 80, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kFused);
+  TeAttentionChoice flash_only;
+  flash_only.fused = flash_only.unfused = false;
+  EXPECT_FALSE(SelectTeAttention(flash_only, t, ModelConfig(), 90, &got).ok());
+  const Shape x{32, 2, 64, 4};
+  const ModelConfig m = Gpt(x, 2);
+  t.seq_length = x.s;
+  t.attention = AttentionKind::kFused;
+  EXPECT_NE(ValidateTrainingConfig(t, m).message().find("local DotProductAttention"),
+            std::string::npos);
+  t.profile = ProfileKind::kTransformerEngine;
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  t.cuda_graphs = true;
+  EXPECT_NE(ValidateTrainingConfig(t, m).message().find("CUDA graphs"), std::string::npos);
+  t.cuda_graphs = false;
+  t.attention = AttentionKind::kFlash;
+  EXPECT_NE(ValidateTrainingConfig(t, m).message().find("drops FlashAttention"), std::string::npos);
+}
+
 // The schedule's locals (Note [Tensors the schedule keeps]): on the last stage (1F1B, no
 // warm-up) microbatch 1's input gradient lives through microbatch 2's forward, and so does
 // its input, which the popped output_tensor's spent graph holds until that forward returns;

@@ -868,7 +868,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--lazy-mpu-init", Arity::kFlag, ArgUse::kNeutral},
     {"--load-main-params-from-ckpt", Arity::kFlag, ArgUse::kNeutral},
     {"--log-device-memory-used", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-max-attention-logit", Arity::kFlag, ArgUse::kNeutral},
+    {"--log-max-attention-logit", Arity::kFlag, ArgUse::kRead},
     {"--log-memory-interval", Arity::kValue, ArgUse::kNeutral},
     {"--mtp-standalone", Arity::kFlag, ArgUse::kNeutral},
     {"--multiple-validation-sets", Arity::kFlag, ArgUse::kNeutral},
@@ -980,7 +980,10 @@ constexpr MegatronArg kMegatronArgs[] = {
      "experts' weight gradients delayed past the dispatch backward"},
     {"--perform-rl-step", Arity::kFlag, ArgUse::kRefused,
      "the RL training step (generation and rollouts)"},
-    {"--qk-clip", Arity::kFlag, ArgUse::kRefused, "QK-clip's attention logit maxima"},
+    {"--qk-clip", Arity::kFlag, ArgUse::kRefused,
+     "QK-clip's weight clipping after the optimizer step (data-dependent copies of each "
+     "linear_qkv weight and of its main parameter, a shard Megatron-Core 0.20 views as "
+     "[groups, rows, -1] under the distributed optimizer)"},
     {"--save-activations-interval", Arity::kValue, ArgUse::kRefused, "tensor dumps for debugging"},
     {"--save-dgrads-interval", Arity::kValue, ArgUse::kRefused, "tensor dumps for debugging"},
     {"--save-params-interval", Arity::kValue, ArgUse::kRefused, "tensor dumps for debugging"},

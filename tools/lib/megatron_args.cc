@@ -1159,6 +1159,8 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
     t.te_attention = choice;
     a.Ignore("--use-flash-attn");
   }
+  // TEDotProductAttention asks for the maxima (Note [Max attention logit]).
+  t.log_max_attention_logit = a.Has("--log-max-attention-logit");
   // --deterministic-mode sets NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, unless the environment
   // has one, CUBLAS_WORKSPACE_CONFIG=:4096:8, and torch.use_deterministic_algorithms(True)
   // (megatron/training/determinism.py).

@@ -888,6 +888,17 @@ TEST(MegatronArgs, FusedWeightedSquaredRelu) {
   EXPECT_EQ(gelu.ignored, std::vector<std::string>{"--use-fused-weighted-squared-relu"});
 }
 
+// --log-max-attention-logit is read (Note [Max attention logit]); with context parallelism
+// it is refused, naming the argument.
+TEST(MegatronArgs, LogMaxAttentionLogit) {
+  EXPECT_TRUE(Parse(std::string(kTinyGpt) + "--log-max-attention-logit", 1)
+                  .spec.training.log_max_attention_logit);
+  EXPECT_NE(
+      ErrorOf(std::string(kTinyGpt) + "--log-max-attention-logit --context-parallel-size 2", 2)
+          .find("--log-max-attention-logit"),
+      std::string::npos);
+}
+
 // --no-rope-freq: an integer or Megatron's Python list expression, one entry per layer.
 TEST(MegatronArgs, NoRopeFreq) {
   const std::string rope = std::string(kTinyGpt) + "--position-embedding-type rope ";

@@ -491,6 +491,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
        [&](const YAML::Node& v) {
          return Read(v, source, "fused_weighted_squared_relu", &t->fused_weighted_squared_relu);
        }},
+      {"log_max_attention_logit",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "log_max_attention_logit", &t->log_max_attention_logit);
+       }},
       {"create_attention_mask",
        [&](const YAML::Node& v) {
          return Read(v, source, "create_attention_mask", &t->create_attention_mask);
