@@ -38,6 +38,10 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--use-mup", Arity::kFlag, ArgUse::kRead},
     {"--use-te-activation-func", Arity::kFlag, ArgUse::kRead},
     {"--use-fused-weighted-squared-relu", Arity::kFlag, ArgUse::kRead},
+    {"--fused-residual-rmsnorm", Arity::kFlag, ArgUse::kRead},
+    {"--save-params-interval", Arity::kValue, ArgUse::kRead},
+    {"--save-wgrads-interval", Arity::kValue, ArgUse::kRead},
+    {"--save-tokens-per-expert-interval", Arity::kValue, ArgUse::kRead},
     {"--no-rope-freq", Arity::kValue, ArgUse::kRead},
     {"--mup-base-hidden-size", Arity::kValue, ArgUse::kRead},
     {"--mup-embedding-mult", Arity::kValue, ArgUse::kRead},
@@ -935,8 +939,6 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--fp8-output-proj", Arity::kFlag, ArgUse::kRefused, "the output layer under MXFP8"},
     {"--freeze-all-layers", Arity::kFlag, ArgUse::kRefused,
      "frozen layers (no gradients or optimizer states for them)"},
-    {"--fused-residual-rmsnorm", Arity::kFlag, ArgUse::kRefused,
-     "Transformer Engine's fused residual and RMSNorm backward"},
     {"--gpu-sniff-test-interval", Arity::kValue, ArgUse::kRefused,
      "GPU sniff tests' GEMM and communication buffers"},
     {"--hybrid-context-parallel", Arity::kFlag, ArgUse::kRefused,
@@ -984,12 +986,12 @@ constexpr MegatronArg kMegatronArgs[] = {
      "QK-clip's weight clipping after the optimizer step (data-dependent copies of each "
      "linear_qkv weight and of its main parameter, a shard Megatron-Core 0.20 views as "
      "[groups, rows, -1] under the distributed optimizer)"},
-    {"--save-activations-interval", Arity::kValue, ArgUse::kRefused, "tensor dumps for debugging"},
-    {"--save-dgrads-interval", Arity::kValue, ArgUse::kRefused, "tensor dumps for debugging"},
-    {"--save-params-interval", Arity::kValue, ArgUse::kRefused, "tensor dumps for debugging"},
-    {"--save-tokens-per-expert-interval", Arity::kValue, ArgUse::kRefused,
-     "tensor dumps for debugging"},
-    {"--save-wgrads-interval", Arity::kValue, ArgUse::kRefused, "tensor dumps for debugging"},
+    {"--save-activations-interval", Arity::kValue, ArgUse::kRefused,
+     "tensor dumps for debugging (on its steps, forward hooks copy every linear's inputs and "
+     "outputs to the host: GPU copies of the non-contiguous ones)"},
+    {"--save-dgrads-interval", Arity::kValue, ArgUse::kRefused,
+     "tensor dumps for debugging (on its steps, full backward hooks hold each module's output "
+     "gradients until its input gradients are made)"},
     {"--suggested-communication-unit-size", Arity::kValue, ArgUse::kRefused,
      "Megatron-FSDP's communication unit size"},
     {"--symmetric-ar-type", Arity::kValue, ArgUse::kRefused,

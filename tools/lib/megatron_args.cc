@@ -336,6 +336,17 @@ Status ReadModelShape(Args& a, bool gpt2_vocabulary, ModelConfig* model, Trainin
   MEMSIM_RETURN_IF_ERROR(
       Choice(a, "--normalization", {"LayerNorm", "RMSNorm"}, "LayerNorm", &text));
   m.norm = text == "RMSNorm" ? NormKind::kRmsNorm : NormKind::kLayerNorm;
+  // --fused-residual-rmsnorm (TENorm's TEFusedResidualRMSNorm for the norms followed by a
+  // residual that no linear fuses: multi-latent attention's input norm, MoE layers' pre-MLP
+  // norm; TE 2.18's ops MakeExtraOutput + RMSNorm): the same saves (input and rstdevs) and
+  // the residual an alias of the input; its backward writes the norm's input gradient plus
+  // the residual's in one kernel, where autograd adds the two in place. Memory-neutral.
+  if (a.Has("--fused-residual-rmsnorm") && m.norm != NormKind::kRmsNorm) {
+    return Status::Error(
+        "--fused-residual-rmsnorm needs --normalization RMSNorm (TransformerConfig raises "
+        "ValueError)");
+  }
+  a.Ignore("--fused-residual-rmsnorm");
   MEMSIM_RETURN_IF_ERROR(Choice(a, "--position-embedding-type", {"learned_absolute", "rope"},
                                 "learned_absolute", &text));
   m.position = text == "rope" || a.Has("--use-rotary-position-embeddings") ? PositionKind::kRope
@@ -1297,6 +1308,34 @@ Status ReadCudaGraphs(Args& a, TrainingConfig* t) {
   return a.Int("--cuda-graph-warmup-steps", &t->cuda_graph_warmup_steps);
 }
 
+// train_step's tensor dumps (training.py, Megatron-LM 0.20), on the steps their intervals
+// pick: parameters (`param.data.cpu()` after the optimizer step), weight gradients (the
+// gradient buffers all-reduced in place instead of reduce-scattered, then `main_grad.cpu()`)
+// and tokens per expert (a Python list) copy to the host and allocate nothing on the GPU.
+// Refused where that is not so: FP8 parameters (a quantized tensor's copy dequantizes on
+// the GPU) and Megatron-FSDP (its sharded gradients take another path).
+Status ReadTensorDumps(Args& a, const TrainingConfig& t, const ParallelLayout& l) {
+  for (const char* name :
+       {"--save-params-interval", "--save-wgrads-interval", "--save-tokens-per-expert-interval"}) {
+    int64_t interval = 0;
+    MEMSIM_RETURN_IF_ERROR(a.Int(name, &interval));
+    if (a.Has(name) && interval <= 0) {
+      return Status::Error(std::string(name) + " must be positive, got " + Str(interval));
+    }
+  }
+  if (a.Has("--save-params-interval") && t.fp8_param_gather) {
+    return NotModelled("--save-params-interval",
+                       "host copies of FP8 parameters, dequantized on the GPU first");
+  }
+  if (a.Has("--save-wgrads-interval") && l.data_parallel == DataParallelKind::kMegatronFsdp) {
+    return NotModelled("--save-wgrads-interval", "Megatron-FSDP's gradients forced to all-reduce");
+  }
+  a.Ignore("--save-params-interval");
+  a.Ignore("--save-wgrads-interval");
+  a.Ignore("--save-tokens-per-expert-interval");
+  return Status::OK();
+}
+
 // Memory management: emptying the cache (train_step's choices 0, 1, 2); CPU offloading and
 // CUDA graphs only when off.
 Status ReadMemoryManagement(Args& a, TrainingConfig* training) {
@@ -1404,6 +1443,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadTpCommOverlap(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, m, &t));
   MEMSIM_RETURN_IF_ERROR(ReadActivationOffloading(a, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadTensorDumps(a, t, l));
   return ReadMemoryManagement(a, &t);
 }
 

@@ -888,6 +888,33 @@ TEST(MegatronArgs, FusedWeightedSquaredRelu) {
   EXPECT_EQ(gelu.ignored, std::vector<std::string>{"--use-fused-weighted-squared-relu"});
 }
 
+// --fused-residual-rmsnorm is memory-neutral with RMSNorm and refused, as Megatron-Core
+// refuses it, with LayerNorm.
+TEST(MegatronArgs, FusedResidualRmsNorm) {
+  const MegatronArgsResult r =
+      Parse(std::string(kTinyGpt) + "--normalization RMSNorm --fused-residual-rmsnorm", 1);
+  EXPECT_EQ(r.ignored, std::vector<std::string>{"--fused-residual-rmsnorm"});
+  EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--fused-residual-rmsnorm", 1)
+                .find("needs --normalization RMSNorm"),
+            std::string::npos);
+}
+
+// The tensor dumps that copy to the host only are neutral; FP8 parameters and
+// Megatron-FSDP's gradients are refused, and so are the activation and input-gradient dumps.
+TEST(MegatronArgs, TensorDumps) {
+  const MegatronArgsResult r = Parse(std::string(kTinyGpt) +
+                                         "--save-params-interval 100 --save-wgrads-interval 100 "
+                                         "--save-tokens-per-expert-interval 10",
+                                     1);
+  EXPECT_EQ(r.ignored, (std::vector<std::string>{"--save-params-interval", "--save-wgrads-interval",
+                                                 "--save-tokens-per-expert-interval"}));
+  EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--save-params-interval 0", 1).find("must be positive"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--save-activations-interval 10", 1)
+                .find("--save-activations-interval changes memory"),
+            std::string::npos);
+}
+
 // --log-max-attention-logit is read (Note [Max attention logit]); with context parallelism
 // it is refused, naming the argument.
 TEST(MegatronArgs, LogMaxAttentionLogit) {
