@@ -416,7 +416,7 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "activation_func_clamp_value)");
     }
   }
-  if (t.log_max_attention_logit) {
+  if (t.ReturnsMaxAttentionLogit()) {
     if (t.profile != ProfileKind::kTransformerEngine) {
       return Status::Error(
           "the max attention logit comes from Transformer Engine's attention (return_max_logit); "
@@ -432,6 +432,18 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       return Status::Error(
           "the max attention logit under CUDA graphs is not modelled (each layer's kept maximum "
           "would be a graph output); drop one of the two");
+    }
+  }
+  if (t.qk_clip) {
+    if (m.attention_output_gate) {
+      return Status::Error(
+          "QK-clip with an attention output gate: clip_qk views linear_qkv as [groups, query + "
+          "2 key-value rows, -1], which the gate's rows break (Megatron-Core 0.20); drop one");
+    }
+    if (t.fp8_param_gather) {
+      return Status::Error(
+          "QK-clip on FP8 parameters is not modelled (clip_qk scales weight.data in place); drop "
+          "fp8_param_gather or qk_clip");
     }
   }
   if (t.fused_weighted_squared_relu) {
@@ -715,7 +727,7 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
       choice.fused && !fp32 &&
       !((compute_capability < 90 || sink || blackwell_dropout) && choice.deterministic);
   // return_max_logit drops FlashAttention (get_attention_backend's max_logit filter).
-  const bool flash = choice.flash && !fp32 && !sink && !training.log_max_attention_logit;
+  const bool flash = choice.flash && !fp32 && !sink && !training.ReturnsMaxAttentionLogit();
   if (compute_capability >= 90 && fused) {
     *out = AttentionKind::kFused;
   } else if (flash) {

@@ -456,6 +456,13 @@ struct TrainingConfig {
   // the maximum over the step's microbatches until clip_qk resets it after the optimizer
   // step. REQUIRES: Transformer Engine's layers, no context parallelism, no CUDA graphs.
   bool log_max_attention_logit = false;
+  // --qk-clip (MuonClip): the maxima as above, and after the optimizer step clip_qk scales
+  // each layer's query and key weights (TransformerModel::ClipQk), as if every layer's
+  // maximum passed the threshold. REQUIRES as above, and plain DDP without the layer-wise
+  // optimizer (checked with the layout in run_spec.cc).
+  bool qk_clip = false;
+  // Whether Transformer Engine's attention returns the max logit (return_max_logit).
+  bool ReturnsMaxAttentionLogit() const { return log_max_attention_logit || qk_clip; }
   // Whether the activation runs as one kernel that saves only its input (Activation's
   // `fused` in layers.h).
   bool OneKernelActivation() const { return bias_activation_fusion || te_activation_func; }

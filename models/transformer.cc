@@ -561,7 +561,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
       at::Tensor out = CoreAttention(qkv_parts[0], qkv_parts[1], qkv_parts[2], training_.attention,
                                      attention_dropout, *workspace_, shard_.cp,
                                      training_.cp_all_to_all, training_.cp_all_gather,
-                                     training_.log_max_attention_logit ? &max_logit : nullptr);
+                                     training_.ReturnsMaxAttentionLogit() ? &max_logit : nullptr);
       if (max_logit.defined()) (void)at::empty_like(max_logit);
       return out;
     };
@@ -599,7 +599,7 @@ at::Tensor TransformerModel::Attention(Layer& layer, const at::Tensor& ln_out) {
 }
 
 void TransformerModel::KeepMaxAttentionLogits() {
-  if (!training_.log_max_attention_logit) return;
+  if (!training_.ReturnsMaxAttentionLogit()) return;
   // The attention's dtype: the parameters' (a float32 residual stream leaves q 16-bit).
   const auto options =
       at::TensorOptions().device(at::kMeta).dtype(ScalarTypeOf(training_.precision));
@@ -621,6 +621,65 @@ void TransformerModel::KeepMaxAttentionLogits() {
                                                ".mtp_model_layer.self_attention.core_attention"));
     }
   }
+}
+
+void TransformerModel::ClipQk() {
+  if (!training_.ReturnsMaxAttentionLogit()) return;
+  at::NoGradGuard no_grad;
+  const at::ScalarType dtype = ScalarTypeOf(training_.precision);
+  const auto options = at::TensorOptions().device(at::kMeta).dtype(dtype);
+  const bool mla = model_.multi_latent_attention();
+  const int64_t heads = model_.num_attention_heads / shard_.tp;
+  // Per query group ([G/tp]); multi-latent attention clips per head.
+  const int64_t groups = mla ? heads : model_.num_query_groups / shard_.tp;
+  // The float32 main parameters of bf16 and fp16 training (the optimizer's copies).
+  const bool main_params = training_.precision != Precision::kFp32;
+  qk_clip_etas_.resize(static_cast<size_t>(model_.num_layers));
+  for (const std::vector<Layer>& chunk : chunks_) {
+    for (const Layer& layer : chunk) {
+      ModuleScope scope(ModuleScope::Absolute{"decoder.layers." + std::to_string(layer.index) +
+                                              ".self_attention"});
+      (void)at::empty({}, options);  // torch.max(current_max_attn_logits).item()
+      if (!training_.qk_clip) continue;
+      // Attention.clip_qk / MLASelfAttention.clip_qk (Note [Max attention logit]).
+      at::Tensor group_max;
+      if (!mla) {  // torch.max(current.view(groups, -1), dim=1): values, and indices dropped
+        group_max = at::empty({groups}, options);
+        (void)at::empty({groups}, options.dtype(at::kLong));
+      }
+      (void)at::empty({groups}, options.dtype(at::kBool)).any();  // torch.any(max > threshold)
+      QkClipEta& eta = qk_clip_etas_[static_cast<size_t>(layer.index)];
+      {
+        at::Tensor quotient = at::empty({groups}, options);  // threshold / max
+        CategoryScope kept(Category::kOptimizerState);
+        eta.eta = at::empty({groups}, options).view({groups, 1, 1});  // clamp(.., max=1)
+      }
+      (void)at::empty({groups}, options.dtype(at::kBool)).all();  // assert torch.all(eta <= 1)
+      const std::vector<const Parameter*> weights =
+          mla ? std::vector<const Parameter*>{layer.q_up_weight, layer.kv_up_weight}
+              : std::vector<const Parameter*>{layer.qkv_weight};
+      for (const Parameter* weight : weights) {
+        for (const bool main_param : {true, false}) {
+          if (main_param && !main_params) continue;
+          if (!mla) {
+            // eta.repeat(1, query rows per group, 1), kept; torch.pow of it.
+            const int64_t rows =
+                model_.num_attention_heads / model_.num_query_groups * model_.head_dim;
+            {
+              CategoryScope kept(Category::kOptimizerState);
+              eta.extended = at::empty({groups, rows, 1}, options);
+            }
+            (void)at::empty_like(eta.extended);
+          }
+          (void)at::empty_like(eta.eta);  // torch.pow(eta, alpha or 1 - alpha)
+          // torch.cat of the scaled rows, the weight's size, copied back by copy_.
+          (void)at::empty(weight->data.sizes(),
+                          options.dtype(main_param ? at::kFloat : weight->data.scalar_type()));
+        }
+      }
+    }
+  }
+  max_attention_logits_.clear();  // current_max_attn_logits = None
 }
 
 at::Tensor TransformerModel::RowParallelLinear(const at::Tensor& input, Parameter& weight,

@@ -230,7 +230,19 @@
 // the call's maxima and torch.max's result as transients (the result takes the place of
 // the kept one, which it equals in size). Refused: context parallelism (TE folds the
 // maxima over the ring's steps), CUDA graphs, the local spec (no maxima; clip_qk fails).
-// --qk-clip's weight clipping after the step stays refused.
+// --qk-clip (MuonClip) makes the maxima too, and clip_qk then clips each decoder layer
+// whose maximum passed the threshold, which depends on the data: memsim clips every layer,
+// every step (the most memory it can take). Per layer, under no_grad (attention.py,
+// multi_latent_attention.py): the per-group maxima and their top-k indices ([G/tp]), the
+// threshold's quotient and the clamped eta, kept as qk_clip_balancing_eta [G/tp, 1, 1];
+// then for the float32 main parameter (bf16 and fp16 training: the optimizer's copy) and
+// the weight itself, each in turn: eta repeated per query row (kept as
+// qk_clip_balancing_eta_extended [G/tp, A/G, 1], the next replacing it), the two powers,
+// and torch.cat of the scaled query, key and value rows, a new tensor the size of the
+// weight that copy_ writes back and drops. Multi-latent attention clips linear_q_(up_)proj
+// and linear_kv_up_proj the same way per head ([A/tp, 1, 1] eta, no extended copy).
+// Refused with it: an attention output gate (linear_qkv's gate rows break clip_qk's view),
+// FP8 parameters, and any optimizer but plain DDP's (run_spec.cc).
 //
 // Note [Recompute modules]
 // Selective recomputation recomputes the modules of --recompute-modules (Megatron-Core 0.20:
@@ -364,10 +376,12 @@ class TransformerModel {
 
   // Note [Max attention logit]: the step's kept maxima, one per decoder layer (and, from the
   // first step on, per MTP layer), at the step's start; nothing unless
-  // training.log_max_attention_logit.
+  // training.ReturnsMaxAttentionLogit().
   void KeepMaxAttentionLogits();
-  // clip_qk's reset after the optimizer step: the decoder layers' maxima go.
-  void ResetMaxAttentionLogits() { max_attention_logits_.clear(); }
+  // clip_qk after the optimizer step (Note [Max attention logit]): with
+  // training.qk_clip each decoder layer's query and key weights are clipped, as if every
+  // layer's maximum passed the threshold; then the decoder layers' maxima go.
+  void ClipQk();
 
  private:
   struct Layer {
@@ -520,6 +534,12 @@ class TransformerModel {
   // layers', which clip_qk never resets.
   std::vector<at::Tensor> max_attention_logits_;
   std::vector<at::Tensor> mtp_max_attention_logits_;
+  // --qk-clip: what each decoder layer's attention keeps from its last clip, by layer index.
+  struct QkClipEta {
+    at::Tensor eta;       // qk_clip_balancing_eta [G/tp, 1, 1] ([A/tp, 1, 1] with MLA)
+    at::Tensor extended;  // qk_clip_balancing_eta_extended [G/tp, A/G, 1]; not with MLA
+  };
+  std::vector<QkClipEta> qk_clip_etas_;
   // The rows of the batch's attention mask the running chunk's layers get (0: none; the
   // chunk has neither the embedding nor the loss, or the data loader makes no mask).
   int64_t batch_mask_rows_ = 0;

@@ -641,7 +641,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
     session.SetPhase(Phase::kOptimizer);
     workspaces.BeforeOptimizerStep();
     optimizer.Step();
-    model.ResetMaxAttentionLogits();  // clip_qk
+    model.ClipQk();
     if (megatron_fsdp) megatron_fsdp->AfterOptimizerStep();
     if (training.empty_unused_memory_level >= 2) session.EmptyCache();
     session.EndIteration();

@@ -208,11 +208,20 @@ Status FinalizeUnchecked(RunSpec* spec) {
                            "it; lower the capacity factor");
     }
   }
-  if (t.log_max_attention_logit && l.cp > 1) {
+  if (t.ReturnsMaxAttentionLogit() && l.cp > 1) {
     return Status::Error(
         "the max attention logit with context parallelism is not modelled (Transformer Engine's "
         "context-parallel attention reduces it over the ring's steps); use context parallelism "
-        "1 or drop --log-max-attention-logit");
+        "1 or drop --log-max-attention-logit and --qk-clip");
+  }
+  if (t.qk_clip && (l.data_parallel != DataParallelKind::kDdp || t.layer_wise_optimizer)) {
+    // Attention.clip_qk clips linear_qkv.weight.main_param viewed as [groups, rows, -1]:
+    // a whole float32 copy only under the plain mixed-precision optimizer.
+    return Status::Error(
+        "QK-clip is modelled with plain DDP only: under the distributed optimizer clip_qk views "
+        "the main parameter, a flat shard of the weight, as [groups, rows, -1], which Megatron-"
+        "Core 0.20 cannot do in general, and the layer-wise optimizer keeps main parameters "
+        "for the weights a rank owns only");
   }
   if (t.te_op_fuser && l.etp > 1) {
     // TEGroupedMLP._is_fused_impl_supported: the experts' tensor-parallel group is 1.

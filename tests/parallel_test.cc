@@ -576,6 +576,63 @@ TEST(MaxAttentionLogit, EachLayerKeepsItsMaximumUntilTheOptimizerStep) {
   }
 }
 
+// QK-clip (Note [Max attention logit]), worked from attention.py's clip_qk by hand for 2
+// layers of 4 heads (G = A = 4, D = 16), bf16, plain DDP: after each step each layer makes
+// torch.cat's copies of linear_qkv [3 * 64, 64], float32 for the main parameter and bf16 for
+// the weight, and keeps qk_clip_balancing_eta ([4], viewed [4, 1, 1]) and the extended eta
+// [4, D * A / G = 16, 1] as optimizer state. Only plain DDP is modelled.
+TEST(MaxAttentionLogit, QkClipCopiesEachQueryKeyValueWeightAfterTheStep) {
+  const Shape x{32, 2, 64, 4};
+  const ModelConfig m = Gpt(x, 2);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.attention = AttentionKind::kFused;
+  t.num_microbatches = 2;
+  t.iterations = 2;
+  t.qk_clip = true;
+  const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t), 0);
+  const Recorder& r = session->recorder();
+  auto in_attention = [&r](const StorageInfo& info) {
+    const std::string& module = r.names().Name(info.module);
+    return module == "decoder.layers.0.self_attention" ||
+           module == "decoder.layers.1.self_attention";
+  };
+  int64_t float_copies = 0, bf16_copies = 0;
+  for (const StorageInfo& info : r.storages()) {
+    if (in_attention(info) && info.phase == Phase::kOptimizer &&
+        r.ShapeOf(info).vec() == std::vector<int64_t>{192, 64}) {
+      (info.dtype == at::kFloat ? float_copies : bf16_copies) += 1;
+    }
+  }
+  EXPECT_EQ(float_copies, 4);
+  EXPECT_EQ(bf16_copies, 4);
+  std::multiset<std::vector<int64_t>> kept;
+  const Marker end = MarkerAt(r, MarkerKind::kIterationEnd, 1, -1, Phase::kOptimizer);
+  ForEachLiveStorage(r, end.event_index - 1, [&](int64_t id) {
+    const StorageInfo& info = r.storages()[static_cast<size_t>(id)];
+    if (in_attention(info)) {
+      EXPECT_EQ(info.category, Category::kOptimizerState);
+      EXPECT_EQ(info.dtype, at::kBFloat16);
+      kept.insert(r.ShapeOf(info).vec());
+    }
+  });
+  EXPECT_EQ(kept, (std::multiset<std::vector<int64_t>>{{4}, {4}, {4, 16, 1}, {4, 16, 1}}));
+  ParallelLayout distributed;
+  distributed.world_size = 2;
+  distributed.data_parallel = DataParallelKind::kDistributedOptimizer;
+  RunSpec spec;
+  spec.model = m;
+  spec.training = t;
+  spec.layout = distributed;
+  std::optional<ValidatedRun> run;
+  EXPECT_NE(FinalizeRunSpec(spec, &run).message().find("plain DDP only"), std::string::npos);
+  ModelConfig gated = m;
+  gated.attention_output_gate = true;
+  EXPECT_NE(ValidateTrainingConfig(t, gated).message().find("attention output gate"),
+            std::string::npos);
+}
+
 // Transformer Engine drops FlashAttention when it returns the max logit, so Ampere takes
 // cuDNN fused attention; the local spec, context parallelism and CUDA graphs are refused.
 TEST(MaxAttentionLogit, RulesAndBackend) {

@@ -780,8 +780,9 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--mup-width-mult", Arity::kValue, ArgUse::kNeutral},
     {"--no-dsa-indexer-rotate-activation", Arity::kFlag, ArgUse::kNeutral},
     {"--no-dsa-indexer-scoring-relu", Arity::kFlag, ArgUse::kNeutral},
-    {"--qk-clip-alpha", Arity::kValue, ArgUse::kNeutral},
-    {"--qk-clip-threshold", Arity::kValue, ArgUse::kNeutral},
+    {"--qk-clip", Arity::kFlag, ArgUse::kRead},
+    {"--qk-clip-alpha", Arity::kValue, ArgUse::kRead},
+    {"--qk-clip-threshold", Arity::kValue, ArgUse::kRead},
     {"--torch-fsdp2-no-reshard-after-forward", Arity::kFlag, ArgUse::kNeutral},
     // Kernel launch settings, stream priorities and process groups: no tensor changes size.
     {"--create-all-gather-group", Arity::kFlag, ArgUse::kNeutral},
@@ -982,10 +983,6 @@ constexpr MegatronArg kMegatronArgs[] = {
      "experts' weight gradients delayed past the dispatch backward"},
     {"--perform-rl-step", Arity::kFlag, ArgUse::kRefused,
      "the RL training step (generation and rollouts)"},
-    {"--qk-clip", Arity::kFlag, ArgUse::kRefused,
-     "QK-clip's weight clipping after the optimizer step (data-dependent copies of each "
-     "linear_qkv weight and of its main parameter, a shard Megatron-Core 0.20 views as "
-     "[groups, rows, -1] under the distributed optimizer)"},
     {"--save-activations-interval", Arity::kValue, ArgUse::kRefused,
      "tensor dumps for debugging (on its steps, forward hooks copy every linear's inputs and "
      "outputs to the host: GPU copies of the non-contiguous ones)"},

@@ -1170,8 +1170,25 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
     t.te_attention = choice;
     a.Ignore("--use-flash-attn");
   }
-  // TEDotProductAttention asks for the maxima (Note [Max attention logit]).
+  // TEDotProductAttention asks for the maxima (Note [Max attention logit]); clip_qk's alpha
+  // and threshold change values only, checked as arguments.py asserts.
   t.log_max_attention_logit = a.Has("--log-max-attention-logit");
+  t.qk_clip = a.Has("--qk-clip");
+  if (t.qk_clip) {
+    double alpha = 0.5, threshold = 100;
+    MEMSIM_RETURN_IF_ERROR(a.Float("--qk-clip-alpha", &alpha));
+    MEMSIM_RETURN_IF_ERROR(a.Float("--qk-clip-threshold", &threshold));
+    if (!(alpha > 0 && alpha < 1)) {
+      return Status::Error("--qk-clip-alpha must be between 0 and 1, got " +
+                           a.Text("--qk-clip-alpha", ""));
+    }
+    if (!(threshold > 0)) {
+      return Status::Error("--qk-clip-threshold must be greater than 0, got " +
+                           a.Text("--qk-clip-threshold", ""));
+    }
+  }
+  a.Ignore("--qk-clip-alpha");
+  a.Ignore("--qk-clip-threshold");
   // --deterministic-mode sets NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, unless the environment
   // has one, CUBLAS_WORKSPACE_CONFIG=:4096:8, and torch.use_deterministic_algorithms(True)
   // (megatron/training/determinism.py).

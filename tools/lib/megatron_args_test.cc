@@ -915,11 +915,22 @@ TEST(MegatronArgs, TensorDumps) {
             std::string::npos);
 }
 
-// --log-max-attention-logit is read (Note [Max attention logit]); with context parallelism
-// it is refused, naming the argument.
+// --log-max-attention-logit and --qk-clip are read (Note [Max attention logit]), --qk-clip's
+// settings checked as arguments.py asserts; with context parallelism the maxima are refused,
+// naming the argument, and QK-clip with the distributed optimizer.
 TEST(MegatronArgs, LogMaxAttentionLogit) {
   EXPECT_TRUE(Parse(std::string(kTinyGpt) + "--log-max-attention-logit", 1)
                   .spec.training.log_max_attention_logit);
+  const MegatronArgsResult clip =
+      Parse(std::string(kTinyGpt) + "--qk-clip --qk-clip-alpha 0.25 --qk-clip-threshold 50", 1);
+  EXPECT_TRUE(clip.spec.training.qk_clip);
+  EXPECT_FALSE(clip.spec.training.log_max_attention_logit);
+  EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--qk-clip --qk-clip-alpha 1", 1)
+                .find("--qk-clip-alpha must be between 0 and 1, got 1"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--qk-clip --use-distributed-optimizer", 2)
+                .find("plain DDP only"),
+            std::string::npos);
   EXPECT_NE(
       ErrorOf(std::string(kTinyGpt) + "--log-max-attention-logit --context-parallel-size 2", 2)
           .find("--log-max-attention-logit"),
