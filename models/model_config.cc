@@ -434,6 +434,24 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "would be a graph output); drop one of the two");
     }
   }
+  if (t.mlp_chunks_for_training < 1) {
+    return Status::Error("mlp_chunks_for_training must be at least 1, got " +
+                         Str(t.mlp_chunks_for_training));
+  }
+  if (t.mlp_chunks_for_training > 1) {
+    const char* with = m.num_experts > 0           ? "MoE layers (per-chunk routing)"
+                       : t.fp8 != Fp8Recipe::kNone ? "FP8"
+                       : t.delay_wgrad_compute     ? "delayed weight gradients"
+                       : t.tp_comm_overlap         ? "TP communication overlap"
+                       : t.cuda_graphs             ? "CUDA graphs"
+                       : t.offload_modules != 0    ? "activation offloading"
+                                                   : nullptr;
+    if (with != nullptr) {
+      return Status::Error(std::string("the MLP in sequence chunks (mlp_chunks_for_training ") +
+                           Str(t.mlp_chunks_for_training) + ") is not modelled with " + with +
+                           "; use 1 chunk or drop the other");
+    }
+  }
   if (t.qk_clip) {
     if (m.attention_output_gate) {
       return Status::Error(

@@ -461,6 +461,14 @@ struct TrainingConfig {
   // maximum passed the threshold. REQUIRES as above, and plain DDP without the layer-wise
   // optimizer (checked with the layout in run_spec.cc).
   bool qk_clip = false;
+  // --mlp-chunks-for-training (TransformerLayer._forward_mlp, Megatron-Core 0.20): a dense
+  // layer's MLP runs on this many chunks of its input along the sequence (torch.chunk of the
+  // local sequence, at most one row a chunk), one MLP call each, and torch.cat joins their
+  // outputs; with Transformer Engine's layers each chunk's linear_fc1 normalizes its own rows.
+  // Whole-MLP recomputation takes precedence (no chunks). REQUIRES: >= 1; > 1 only for dense
+  // models, without FP8, delayed weight gradients, TP communication overlap, CUDA graphs or
+  // activation offloading (not modelled with chunks).
+  int64_t mlp_chunks_for_training = 1;
   // Whether Transformer Engine's attention returns the max logit (return_max_logit).
   bool ReturnsMaxAttentionLogit() const { return log_max_attention_logit || qk_clip; }
   // Whether the activation runs as one kernel that saves only its input (Activation's

@@ -735,6 +735,22 @@ at::Tensor TransformerModel::Mlp(Layer& layer, const at::Tensor& ln_out) {
                            layer.fc2_post_norm_weight, layer.fc2_post_norm_bias);
 }
 
+at::Tensor TransformerModel::ChunkedMlp(Layer& layer, const at::Tensor& residual,
+                                        CheckpointWithoutOutput* norm_checkpoint) {
+  // _forward_mlp: pre_mlp_layernorm_output.chunk(n) (Transformer Engine's is the residual
+  // itself, its norm being each chunk's linear_fc1), then one MLP call a chunk; the chunks'
+  // outputs stay in its `outputs` list until torch.cat has joined them.
+  const bool norm_in_fc1 = training_.profile == ProfileKind::kTransformerEngine;
+  const std::vector<at::Tensor> pieces =
+      (norm_in_fc1 ? residual : PreMlpNorm(layer, residual, norm_checkpoint))
+          .chunk(std::min(training_.mlp_chunks_for_training, residual.size(0)), 0);
+  std::vector<at::Tensor> outputs;
+  for (const at::Tensor& piece : pieces) {
+    outputs.push_back(Mlp(layer, norm_in_fc1 ? PreMlpNorm(layer, piece, nullptr) : piece));
+  }
+  return at::cat(outputs, 0);
+}
+
 at::Tensor TransformerModel::RecomputableNorm(const at::Tensor& x, Parameter* weight,
                                               Parameter* bias,
                                               CheckpointWithoutOutput* checkpoint) {
@@ -816,6 +832,8 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
       return Mlp(layer, local ? in[0] : PreMlpNorm(layer, in[0], nullptr));
     };
     mlp_out = Checkpoint(mlp, {local ? PreMlpNorm(layer, residual, mlp_norm) : residual});
+  } else if (!layer.moe && training_.mlp_chunks_for_training > 1) {
+    mlp_out = ChunkedMlp(layer, residual, mlp_norm);
   } else {
     mlp_norm_offload.emplace(layer.moe ? offloader_.get() : nullptr, OffloadModule::kMlpNorm,
                              &residual);

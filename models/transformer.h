@@ -476,6 +476,12 @@ class TransformerModel {
                                              at::Tensor kv_compressed, const at::Tensor& k_pos_emb,
                                              bool norm_outputs_owned);
   at::Tensor Mlp(Layer& layer, const at::Tensor& ln_out);
+  // A dense layer's pre-MLP norm and MLP on training.mlp_chunks_for_training chunks of the
+  // sequence, joined by torch.cat, as TransformerLayer._forward_mlp runs them; `residual` is
+  // the layer's residual stream, `norm_checkpoint` the norm's (layernorm recomputation; the
+  // local spec's whole-sequence norm only). REQUIRES: a dense layer, more than one chunk.
+  at::Tensor ChunkedMlp(Layer& layer, const at::Tensor& residual,
+                        CheckpointWithoutOutput* norm_checkpoint);
   // linear_proj or linear_fc2: a row-parallel linear, its output reduced over tp (with
   // sequence parallelism an FP8 linear reduce-scatters it itself), then normalized by
   // `post_norm_weight` when it is not null (Megatron-Bridge's TERowParallelLinearLayerNorm).

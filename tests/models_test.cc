@@ -503,6 +503,71 @@ TEST(Moe, WeightedSwigluKeepsItsInputAndTheProbabilitiesOnly) {
   EXPECT_EQ(Added(alive(false), fused), ShapeSet({{{n, F}, bf16}, {{n, F}, bf16}, {{n, F}, bf16}}));
 }
 
+// --mlp-chunks-for-training (TransformerLayer._forward_mlp), worked by hand for one GeLU
+// layer, h = 64, F = 4h = 256, s = 8, b = 2, bf16, Transformer Engine's layers: with 2 chunks
+// the MLP runs twice on [4, 2, 64] rows, so linear_fc1 makes two [4, 2, 256] outputs where
+// one call makes [8, 2, 256], each chunk's fused norm its own [4, 2, 64] output (none for
+// the whole sequence), and the
+// layer joins the two [4, 2, 64] MLP outputs with torch.cat into one [8, 2, 64]. What the
+// forward keeps is the same bytes either way. Three chunks of 8 rows are 3, 3 and 2 rows
+// (torch.chunk); 20 chunks are 8 (at most one row a chunk). The local spec chunks the whole
+// norm's output.
+TEST(Mlp, ChunksForTrainingSplitTheSequence) {
+  const int64_t s = 8, b = 2, h = 64, F = 256;
+  ModelConfig m = test::Gpt(1, h, 4);
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  auto made = [&](int64_t chunks, ProfileKind profile, const std::string& module,
+                  const std::string& op) {
+    TrainingConfig t = Bf16WithoutDropout(s, b, AttentionKind::kFused);
+    t.profile = profile;
+    t.mlp_chunks_for_training = chunks;
+    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [&](const Recorder& r) {
+      ShapeSet shapes;
+      for (const StorageInfo& info : r.storages()) {
+        if (info.phase == Phase::kForward && r.names().Name(info.module) == module &&
+            (op.empty() || r.names().Name(info.op) == op)) {
+          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+        }
+      }
+      return shapes;
+    });
+  };
+  const at::ScalarType bf16 = at::kBFloat16;
+  const ProfileKind te = ProfileKind::kTransformerEngine;
+  const std::string fc1 = "decoder.layers.0.mlp.linear_fc1";
+  const std::string layer = "decoder.layers.0";
+  EXPECT_EQ(made(1, te, fc1, "aten::matmul"), ShapeSet({{{s, b, F}, bf16}}));
+  EXPECT_EQ(made(2, te, fc1, "aten::matmul"), ShapeSet({{{4, b, F}, bf16}, {{4, b, F}, bf16}}));
+  EXPECT_EQ(made(3, te, fc1, "aten::matmul"),
+            ShapeSet({{{3, b, F}, bf16}, {{3, b, F}, bf16}, {{2, b, F}, bf16}}));
+  EXPECT_EQ(made(20, te, fc1, "aten::matmul").size(), 8u);
+  EXPECT_TRUE(made(1, te, layer, "aten::cat").empty());
+  EXPECT_EQ(made(2, te, layer, "aten::cat"), ShapeSet({{{s, b, h}, bf16}}));
+  const std::string norm = "decoder.layers.0.pre_mlp_layernorm";
+  const ShapeSet norms = made(2, te, norm, "");
+  EXPECT_EQ(norms.count({{4, b, h}, bf16}), 2u);
+  EXPECT_EQ(norms.count({{s, b, h}, bf16}), 0u);
+  EXPECT_EQ(made(2, ProfileKind::kMegatronLocal, fc1, "aten::matmul"),
+            ShapeSet({{{4, b, F}, bf16}, {{4, b, F}, bf16}}));
+  auto kept = [&](int64_t chunks) {
+    TrainingConfig t = Bf16WithoutDropout(s, b, AttentionKind::kFused);
+    t.profile = te;
+    t.mlp_chunks_for_training = chunks;
+    return ActivationBytesAfterForward(m, t);
+  };
+  EXPECT_EQ(kept(2), kept(1));
+  TrainingConfig bad = Bf16WithoutDropout(s, b, AttentionKind::kFused);
+  bad.mlp_chunks_for_training = 0;
+  EXPECT_NE(ValidateTrainingConfig(bad, m).message().find("at least 1, got 0"), std::string::npos);
+  bad.mlp_chunks_for_training = 2;
+  ModelConfig moe = test::Llama(1, 256, 4, 4, 512, 1024);
+  moe.num_experts = 2;
+  moe.moe_router_topk = 2;
+  ASSERT_TRUE(FinalizeModelConfig(&moe).ok());
+  EXPECT_NE(ValidateTrainingConfig(bad, moe).message().find("MoE layers"), std::string::npos);
+}
+
 // Megatron-Core's weighted squared ReLU (--use-fused-weighted-squared-relu,
 // WeightedSquaredReLUFunction in fusions/fused_weighted_squared_relu.py) saves the fc1
 // output and the probabilities and returns the weighted activation in the fc1 output's

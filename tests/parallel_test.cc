@@ -1190,6 +1190,14 @@ TEST(LayerReplication, EqualsRunningEveryLayer) {
   nope.name = "llama, layer 8 without RoPE";
   nope.model.no_rope_layers = {0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
   cases.push_back(nope);
+  // The MLP in sequence chunks, and the max attention logits with QK-clip's step.
+  Case chunks = llama;
+  chunks.name = "llama tp2 sp, transformer engine, mlp in 3 chunks, qk-clip";
+  chunks.training.profile = ProfileKind::kTransformerEngine;
+  chunks.training.attention = AttentionKind::kFused;
+  chunks.training.mlp_chunks_for_training = 3;
+  chunks.training.qk_clip = true;
+  cases.push_back(chunks);
   Case moe{"moe, 2 dense first", test::Llama(9, 256, 8, 2, 512, 1024), Fp16Eager(x), {}};
   moe.model.num_experts = 4;
   moe.model.moe_router_topk = 2;

@@ -1174,6 +1174,7 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
   // and threshold change values only, checked as arguments.py asserts.
   t.log_max_attention_logit = a.Has("--log-max-attention-logit");
   t.qk_clip = a.Has("--qk-clip");
+  MEMSIM_RETURN_IF_ERROR(a.Int("--mlp-chunks-for-training", &t.mlp_chunks_for_training));
   if (t.qk_clip) {
     double alpha = 0.5, threshold = 100;
     MEMSIM_RETURN_IF_ERROR(a.Float("--qk-clip-alpha", &alpha));

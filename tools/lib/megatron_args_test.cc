@@ -899,6 +899,16 @@ TEST(MegatronArgs, FusedResidualRmsNorm) {
             std::string::npos);
 }
 
+// --mlp-chunks-for-training is read; Megatron-Core's dense MLPs run in that many chunks.
+TEST(MegatronArgs, MlpChunksForTraining) {
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--mlp-chunks-for-training 4", 1)
+                .spec.training.mlp_chunks_for_training,
+            4);
+  EXPECT_NE(
+      ErrorOf(std::string(kTinyGpt) + "--mlp-chunks-for-training 0", 1).find("at least 1, got 0"),
+      std::string::npos);
+}
+
 // The tensor dumps that copy to the host only are neutral; FP8 parameters and
 // Megatron-FSDP's gradients are refused, and so are the activation and input-gradient dumps.
 TEST(MegatronArgs, TensorDumps) {

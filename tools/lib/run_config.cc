@@ -496,6 +496,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          return Read(v, source, "log_max_attention_logit", &t->log_max_attention_logit);
        }},
       {"qk_clip", [&](const YAML::Node& v) { return Read(v, source, "qk_clip", &t->qk_clip); }},
+      {"mlp_chunks_for_training",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "mlp_chunks_for_training", &t->mlp_chunks_for_training);
+       }},
       {"create_attention_mask",
        [&](const YAML::Node& v) {
          return Read(v, source, "create_attention_mask", &t->create_attention_mask);
