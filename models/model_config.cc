@@ -745,10 +745,19 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
       choice.fused && !fp32 &&
       !((compute_capability < 90 || sink || blackwell_dropout) && choice.deterministic);
   // return_max_logit drops FlashAttention (get_attention_backend's max_logit filter).
-  const bool flash = choice.flash && !fp32 && !sink && !training.ReturnsMaxAttentionLogit();
+  const bool flash_generation_runs = choice.flash_version == 3   ? compute_capability == 90
+                                     : choice.flash_version == 4 ? compute_capability >= 90
+                                                                 : true;
+  const bool flash = choice.flash && flash_generation_runs && !fp32 && !sink &&
+                     !training.ReturnsMaxAttentionLogit();
   if (compute_capability >= 90 && fused) {
     *out = AttentionKind::kFused;
   } else if (flash) {
+    if (choice.flash_version > 2) {
+      return Status::Error("FlashAttention " + Str(choice.flash_version) +
+                           " (--flash-attention-version) keeps what it saves inside its own "
+                           "package, which memsim has not read; pin 2, or allow fused attention");
+    }
     *out = AttentionKind::kFlash;
   } else if (fused) {
     *out = AttentionKind::kFused;

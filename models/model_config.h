@@ -254,6 +254,9 @@ inline constexpr EnumName<AttentionKind> kAttentionNames[] = {{AttentionKind::kF
 struct TeAttentionChoice {
   bool flash = true, fused = true, unfused = true;
   bool deterministic = false;
+  // --flash-attention-version: 2, 3 or 4 pins FlashAttention's generation (Megatron-Core
+  // sets NVTE_FLASH_ATTN_V* of the others to 0); 0: unpinned. memsim models FlashAttention-2.
+  int flash_version = 0;
 };
 enum class RecomputeKind { kNone, kSelective, kFull };
 inline constexpr EnumName<RecomputeKind> kRecomputeNames[] = {
@@ -632,8 +635,10 @@ inline std::string RecomputeName(RecomputeKind kind) {
 // before FlashAttention (TE drops flash where fused is available), and on 8.x
 // FlashAttention-2 before fused (and fused not at all when deterministic). A sink softmax
 // (off-by-one, learnable) has no FlashAttention, and no fused attention when deterministic
-// (get_attention_backend's softmax filter); neither has the max attention logit. An error when the
-// allowed backends leave none.
+// (get_attention_backend's softmax filter); neither has the max attention logit. A pinned
+// FlashAttention 3 runs on 9.0 only and 4 on 9.0 and later (elsewhere TE has no
+// FlashAttention); where a pinned 3 or 4 would run, an error: memsim models FlashAttention-2. An
+// error when the allowed backends leave none.
 Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& training,
                          const ModelConfig& model, int compute_capability, AttentionKind* out);
 // Parameter dtype in forward/backward.

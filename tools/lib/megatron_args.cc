@@ -1167,9 +1167,19 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
       choice.fused = backend == "fused";
       choice.unfused = backend == "unfused";
     }
+    // LanguageModule pins Transformer Engine's FlashAttention generation.
+    int64_t version = 0;
+    MEMSIM_RETURN_IF_ERROR(a.Int("--flash-attention-version", &version));
+    if (a.Has("--flash-attention-version") && (version < 2 || version > 4)) {
+      return Status::Error("--flash-attention-version must be 2, 3 or 4, got " + Str(version));
+    }
+    choice.flash_version = static_cast<int>(version);
     t.te_attention = choice;
     a.Ignore("--use-flash-attn");
   }
+  // Megatron's own attention (the local spec, --attention-backend local) reads it in
+  // inference only.
+  if (!t.te_attention) a.Ignore("--flash-attention-version");
   // TEDotProductAttention asks for the maxima (Note [Max attention logit]); clip_qk's alpha
   // and threshold change values only, checked as arguments.py asserts.
   t.log_max_attention_logit = a.Has("--log-max-attention-logit");

@@ -459,6 +459,40 @@ TEST(AttentionBackend, ChosenAsTransformerEngineChooses) {
   EXPECT_EQ(got, AttentionKind::kEager);
 }
 
+// --flash-attention-version pins Transformer Engine's FlashAttention: 2 is memsim's
+// FlashAttention-2; 3 runs on 9.0 only and 4 on 9.0 and later, so Ampere falls back to fused
+// attention, and where 3 or 4 would run memsim refuses (their saves are not modelled).
+TEST(MegatronArgs, FlashAttentionVersion) {
+  TrainingConfig bf16;
+  bf16.precision = Precision::kBf16;
+  const ModelConfig vanilla;
+  TeAttentionChoice pinned;
+  AttentionKind got = AttentionKind::kEager;
+  pinned.flash_version = 2;
+  ASSERT_TRUE(SelectTeAttention(pinned, bf16, vanilla, 80, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kFlash);
+  pinned.flash_version = 3;
+  ASSERT_TRUE(SelectTeAttention(pinned, bf16, vanilla, 80, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kFused);
+  ASSERT_TRUE(SelectTeAttention(pinned, bf16, vanilla, 90, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kFused);  // Hopper prefers cuDNN anyway
+  pinned.fused = false;
+  EXPECT_NE(SelectTeAttention(pinned, bf16, vanilla, 90, &got).message().find("FlashAttention 3"),
+            std::string::npos);
+  pinned.flash_version = 4;
+  ASSERT_TRUE(SelectTeAttention(pinned, bf16, vanilla, 80, &got).ok());
+  EXPECT_EQ(got, AttentionKind::kEager);
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--flash-attention-version 3", 1)
+                .spec.training.te_attention->flash_version,
+            3);
+  EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--flash-attention-version 1", 1)
+                .find("must be 2, 3 or 4, got 1"),
+            std::string::npos);
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--transformer-impl local --flash-attention-version 3", 1)
+                .ignored,
+            std::vector<std::string>{"--flash-attention-version"});
+}
+
 TEST(MegatronArgs, MixtureOfExperts) {
   // Mixtral 8x7B's shape matches the preset.
   MegatronArgsResult r = Parse(
