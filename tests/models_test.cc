@@ -463,6 +463,41 @@ TEST(Moe, ProbabilitiesAppliedOnTheExpertsInput) {
   }
 }
 
+// One layer of two experts, top-2, MoE FFN `ffn` (hidden 256, 4 heads).
+ModelConfig TwoExperts(int64_t ffn) {
+  ModelConfig m = test::Llama(1, 256, 4, 4, ffn, 1024);
+  m.num_experts = 2;
+  m.moe_router_topk = 2;
+  return m;
+}
+
+// bf16, sequence `s`, Transformer Engine's layers, grouped GEMM experts.
+TrainingConfig GroupedExpertsTraining(int64_t s) {
+  TrainingConfig t;
+  t.seq_length = s;
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.moe_grouped_gemm = true;
+  return t;
+}
+
+// The storages layer 0's experts made in one forward and still hold when it ends.
+ShapeSet AliveInLayer0Experts(ModelConfig m, const TrainingConfig& t) {
+  EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+  EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
+  return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
+    ShapeSet shapes;
+    for (const StorageInfo& info : r.storages()) {
+      const std::string& module = r.names().Name(info.module);
+      if (info.phase == Phase::kForward && info.free_event < 0 &&
+          module.rfind("decoder.layers.0.mlp.experts", 0) == 0) {
+        shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
+      }
+    }
+    return shapes;
+  });
+}
+
 // Megatron-Core's weighted SwiGLU (weighted_bias_swiglu_impl, --bias-activation-fusion):
 // WeightedSwiGLUFunction saves the fc1 output and the probabilities and returns the
 // weighted activation; nothing else of the activation outlives the forward. Two experts,
@@ -474,28 +509,9 @@ TEST(Moe, ProbabilitiesAppliedOnTheExpertsInput) {
 TEST(Moe, WeightedSwigluKeepsItsInputAndTheProbabilitiesOnly) {
   const int64_t n = 128, F = 512;
   auto alive = [&](bool fused) {
-    ModelConfig m = test::Llama(1, 256, 4, 4, F, 1024);
-    m.num_experts = 2;
-    m.moe_router_topk = 2;
-    TrainingConfig t;
-    t.seq_length = n / 2;
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.moe_grouped_gemm = true;
+    TrainingConfig t = GroupedExpertsTraining(n / 2);
     t.bias_activation_fusion = fused;
-    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
-    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
-      ShapeSet shapes;
-      for (const StorageInfo& info : r.storages()) {
-        const std::string& module = r.names().Name(info.module);
-        if (info.phase == Phase::kForward && info.free_event < 0 &&
-            module.rfind("decoder.layers.0.mlp.experts", 0) == 0) {
-          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
-        }
-      }
-      return shapes;
-    });
+    return AliveInLayer0Experts(TwoExperts(F), t);
   };
   const at::ScalarType bf16 = at::kBFloat16;
   const ShapeSet fused = alive(true);
@@ -561,9 +577,7 @@ TEST(Mlp, ChunksForTrainingSplitTheSequence) {
   bad.mlp_chunks_for_training = 0;
   EXPECT_NE(ValidateTrainingConfig(bad, m).message().find("at least 1, got 0"), std::string::npos);
   bad.mlp_chunks_for_training = 2;
-  ModelConfig moe = test::Llama(1, 256, 4, 4, 512, 1024);
-  moe.num_experts = 2;
-  moe.moe_router_topk = 2;
+  ModelConfig moe = TwoExperts(512);
   ASSERT_TRUE(FinalizeModelConfig(&moe).ok());
   EXPECT_NE(ValidateTrainingConfig(bad, moe).message().find("MoE layers"), std::string::npos);
 }
@@ -580,31 +594,14 @@ TEST(Mlp, ChunksForTrainingSplitTheSequence) {
 TEST(Moe, FusedWeightedSquaredReluKeepsItsInputAndTheProbabilitiesOnly) {
   const int64_t n = 128, F = 512;
   auto alive = [&](bool fused, bool grouped, bool fp32_router) {
-    ModelConfig m = test::Llama(1, 256, 4, 4, F, 1024);
+    ModelConfig m = TwoExperts(F);
     m.activation = ActivationKind::kSquaredRelu;
-    m.num_experts = 2;
-    m.moe_router_topk = 2;
     m.moe_router_fp32 = fp32_router;
-    TrainingConfig t;
-    t.seq_length = n / 2;
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
+    TrainingConfig t = GroupedExpertsTraining(n / 2);
     t.moe_grouped_gemm = grouped;
     t.bias_activation_fusion = false;
     t.fused_weighted_squared_relu = fused;
-    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
-    EXPECT_TRUE(ValidateTrainingConfig(t, m).ok());
-    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
-      ShapeSet shapes;
-      for (const StorageInfo& info : r.storages()) {
-        const std::string& module = r.names().Name(info.module);
-        if (info.phase == Phase::kForward && info.free_event < 0 &&
-            module.rfind("decoder.layers.0.mlp.experts", 0) == 0) {
-          shapes.emplace(r.ShapeOf(info).vec(), info.dtype);
-        }
-      }
-      return shapes;
-    });
+    return AliveInLayer0Experts(m, t);
   };
   const at::ScalarType bf16 = at::kBFloat16;
   for (bool fp32_router : {false, true}) {
@@ -620,16 +617,10 @@ TEST(Moe, FusedWeightedSquaredReluKeepsItsInputAndTheProbabilitiesOnly) {
 // rule: the switch does nothing there), fc1's bias on grouped experts (experts.py asserts);
 // the op fuser takes squared ReLU only with it (_is_fused_impl_supported).
 TEST(Moe, FusedWeightedSquaredReluRules) {
-  ModelConfig m = test::Llama(1, 256, 4, 4, 512, 1024);
+  ModelConfig m = TwoExperts(512);
   m.activation = ActivationKind::kSquaredRelu;
-  m.num_experts = 2;
-  m.moe_router_topk = 2;
   ASSERT_TRUE(FinalizeModelConfig(&m).ok());
-  TrainingConfig t;
-  t.seq_length = 64;
-  t.precision = Precision::kBf16;
-  t.profile = ProfileKind::kTransformerEngine;
-  t.moe_grouped_gemm = true;
+  TrainingConfig t = GroupedExpertsTraining(64);
   t.bias_activation_fusion = false;
   t.te_op_fuser = true;
   EXPECT_NE(ValidateTrainingConfig(t, m).message().find("--use-fused-weighted-squared-relu"),

@@ -450,6 +450,17 @@ TEST(PipelineMemory, EachChunkKeepsItsLastInputAndGradientThroughTheStep) {
   }
 }
 
+// Two bf16 steps of `microbatches` with Transformer Engine's layers and `attention`.
+TrainingConfig TeSteps(const Shape& x, AttentionKind attention, int64_t microbatches) {
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.profile = ProfileKind::kTransformerEngine;
+  t.attention = attention;
+  t.num_microbatches = microbatches;
+  t.iterations = 2;
+  return t;
+}
+
 // Note [FP32 residual stream]: stages send and receive float32 hidden states. A middle
 // stage keeps 4SBH more a microbatch in flight than in 16-bit training: the received input
 // is float32 and its first norm keeps a 16-bit copy of it, where 16-bit training's norm keeps
@@ -459,12 +470,8 @@ TEST(PipelineMemory, AnFp32ResidualStreamTravelsInFloat32) {
   const Shape x{256, 2, 256, 8};
   const ModelConfig m = Gpt(x, 6);
   auto training = [&](bool fp32_residual, int64_t microbatches) {
-    TrainingConfig t = Fp16Eager(x);
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.attention = AttentionKind::kFlash;
+    TrainingConfig t = TeSteps(x, AttentionKind::kFlash, microbatches);
     t.fp32_residual_connection = fp32_residual;
-    t.num_microbatches = microbatches;
     t.iterations = 1;
     return t;
   };
@@ -526,12 +533,7 @@ TEST(MaxAttentionLogit, EachLayerKeepsItsMaximumUntilTheOptimizerStep) {
   const Shape x{32, 2, 64, 4};
   const ModelConfig m = Gpt(x, 2);
   for (AttentionKind kind : {AttentionKind::kFused, AttentionKind::kEager}) {
-    TrainingConfig t = Fp16Eager(x);
-    t.precision = Precision::kBf16;
-    t.profile = ProfileKind::kTransformerEngine;
-    t.attention = kind;
-    t.num_microbatches = 3;
-    t.iterations = 2;
+    TrainingConfig t = TeSteps(x, kind, 3);
     t.log_max_attention_logit = true;
     const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t), 0);
     const Recorder& r = session->recorder();
@@ -584,12 +586,7 @@ TEST(MaxAttentionLogit, EachLayerKeepsItsMaximumUntilTheOptimizerStep) {
 TEST(MaxAttentionLogit, QkClipCopiesEachQueryKeyValueWeightAfterTheStep) {
   const Shape x{32, 2, 64, 4};
   const ModelConfig m = Gpt(x, 2);
-  TrainingConfig t = Fp16Eager(x);
-  t.precision = Precision::kBf16;
-  t.profile = ProfileKind::kTransformerEngine;
-  t.attention = AttentionKind::kFused;
-  t.num_microbatches = 2;
-  t.iterations = 2;
+  TrainingConfig t = TeSteps(x, AttentionKind::kFused, 2);
   t.qk_clip = true;
   const std::unique_ptr<Session> session = test::RecordRank(test::Validated(m, t), 0);
   const Recorder& r = session->recorder();
