@@ -423,6 +423,13 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "Megatron-Core's local DotProductAttention has none and clip_qk fails on it: use "
           "Transformer Engine's layers");
     }
+    if (m.flex_attention) {
+      // Megatron-Bridge's Gemma2DotProductAttention returns no maxima; clip_qk fails on it.
+      return Status::Error(
+          "the max attention logit comes from Transformer Engine's attention, and Gemma-2's "
+          "own core attention has none (clip_qk fails on it); drop --log-max-attention-logit "
+          "and --qk-clip");
+    }
     if (t.attention == AttentionKind::kFlash && !t.te_attention) {
       return Status::Error(
           "Transformer Engine drops FlashAttention when it returns the max attention logit "
@@ -433,10 +440,6 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "the max attention logit under CUDA graphs is not modelled (each layer's kept maximum "
           "would be a graph output); drop one of the two");
     }
-  }
-  if (t.mlp_chunks_for_training < 1) {
-    return Status::Error("mlp_chunks_for_training must be at least 1, got " +
-                         Str(t.mlp_chunks_for_training));
   }
   if (t.mlp_chunks_for_training > 1) {
     const char* with = m.num_experts > 0           ? "MoE layers (per-chunk routing)"
@@ -462,20 +465,6 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
       return Status::Error(
           "QK-clip on FP8 parameters is not modelled (clip_qk scales weight.data in place); drop "
           "fp8_param_gather or qk_clip");
-    }
-  }
-  if (t.fused_weighted_squared_relu) {
-    if (m.activation != ActivationKind::kSquaredRelu) {
-      return Status::Error(
-          "fused_weighted_squared_relu applies to squared-ReLU experts only; drop it or set the "
-          "activation to squared_relu");
-    }
-    if (m.num_experts > 0 && m.add_bias_linear && t.moe_grouped_gemm &&
-        t.profile == ProfileKind::kTransformerEngine) {
-      return Status::Error(
-          "the fused weighted squared ReLU takes no fc1 bias (Megatron-Core asserts "
-          "bias_parallel is None); disable the linear biases (Megatron-LM: "
-          "--disable-bias-linear)");
     }
   }
   if (t.te_op_fuser) {

@@ -449,9 +449,9 @@ struct TrainingConfig {
   // Engine's layers) run squared ReLU times the probabilities as Megatron-Core's
   // WeightedSquaredReLUFunction, or TE's ScaledSReLU under the op fuser (WeightedActivation
   // in layers.h): fc1's output and the probabilities are saved, not the unweighted
-  // activation, and no product in the probabilities' dtype is made. SequentialMLP and the
-  // dense MLPs ignore it, as Megatron-Core does. REQUIRES: squared ReLU; no fc2 bias on
-  // grouped experts (experts.py asserts bias_parallel is None).
+  // activation, and no product in the probabilities' dtype is made. Other activations,
+  // SequentialMLP and the dense MLPs ignore it, as Megatron-Core does (TEGroupedMLP adds
+  // fc1's bias in its GEMM, so experts.py's bias_parallel assert never fires).
   bool fused_weighted_squared_relu = false;
   // --log-max-attention-logit (Note [Max attention logit] in models/transformer.h):
   // Transformer Engine's attention returns each head's largest logit
@@ -468,9 +468,10 @@ struct TrainingConfig {
   // layer's MLP runs on this many chunks of its input along the sequence (torch.chunk of the
   // local sequence, at most one row a chunk), one MLP call each, and torch.cat joins their
   // outputs; with Transformer Engine's layers each chunk's linear_fc1 normalizes its own rows.
-  // Whole-MLP recomputation takes precedence (no chunks). REQUIRES: >= 1; > 1 only for dense
-  // models, without FP8, delayed weight gradients, TP communication overlap, CUDA graphs or
-  // activation offloading (not modelled with chunks).
+  // Whole-MLP recomputation takes precedence (no chunks); 1 or less: no chunks, as in
+  // Megatron-Core. REQUIRES: > 1 only for dense models, without FP8, delayed weight
+  // gradients, TP communication overlap, CUDA graphs or activation offloading (not modelled
+  // with chunks).
   int64_t mlp_chunks_for_training = 1;
   // Whether Transformer Engine's attention returns the max logit (return_max_logit).
   bool ReturnsMaxAttentionLogit() const { return log_max_attention_logit || qk_clip; }

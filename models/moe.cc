@@ -1060,12 +1060,13 @@ at::Tensor Experts(const ModelConfig& m, const TrainingConfig& t, const MoeParal
   }
   x.reset();
   const at::ScalarType dtype = unpadded_x.scalar_type();
-  // TEGroupedMLP's bias_act_func: TE's activation op first, then Megatron's weighted GLU
-  // kernels (under the bias-activation fusion) or weighted squared ReLU.
+  // TEGroupedMLP's bias_act_func: Megatron's weighted GLU kernels (under the bias-activation
+  // fusion) or its weighted squared ReLU (TE's activation ops take no squared ReLU).
   const bool te_grouped_mlp = t.moe_grouped_gemm && t.profile == ProfileKind::kTransformerEngine;
   auto weighted_activation =
       [&m, dtype, op_fuser, fused = t.bias_activation_fusion,
-       weighted_srelu = te_grouped_mlp && !t.te_activation_func && t.fused_weighted_squared_relu,
+       weighted_srelu = te_grouped_mlp && m.activation == ActivationKind::kSquaredRelu &&
+                        t.fused_weighted_squared_relu,
        one_kernel = t.OneKernelActivation()](const std::vector<at::Tensor>& in) {
         const bool gated =
             m.activation == ActivationKind::kSwiglu || m.activation == ActivationKind::kQuickGeglu;

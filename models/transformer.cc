@@ -662,9 +662,9 @@ void TransformerModel::ClipQk() {
         for (const bool main_param : {true, false}) {
           if (main_param && !main_params) continue;
           if (!mla) {
-            // eta.repeat(1, query rows per group, 1), kept; torch.pow of it.
-            const int64_t rows =
-                model_.num_attention_heads / model_.num_query_groups * model_.head_dim;
+            // eta.repeat(1, weight_q.size(1), 1), kept; torch.pow of it. _clip_linear_qkv
+            // divides the whole model's query_projection_size (A*D) by this rank's groups.
+            const int64_t rows = model_.num_attention_heads * model_.head_dim / groups;
             {
               CategoryScope kept(Category::kOptimizerState);
               eta.extended = at::empty({groups, rows, 1}, options);

@@ -228,16 +228,19 @@
 // reset (Megatron's first is made at the layer's first forward of the step, at most 512
 // bytes a layer earlier here), one per MTP layer from the first step on, and per forward
 // the call's maxima and torch.max's result as transients (the result takes the place of
-// the kept one, which it equals in size). Refused: context parallelism (TE folds the
+// the kept one, which it equals in size; Megatron's first forward of a step keeps the
+// call's maxima instead, making no torch.max). Refused: context parallelism (TE folds the
 // maxima over the ring's steps), CUDA graphs, the local spec (no maxima; clip_qk fails).
 // --qk-clip (MuonClip) makes the maxima too, and clip_qk then clips each decoder layer
 // whose maximum passed the threshold, which depends on the data: memsim clips every layer,
 // every step (the most memory it can take). Per layer, under no_grad (attention.py,
-// multi_latent_attention.py): the per-group maxima and their top-k indices ([G/tp]), the
+// multi_latent_attention.py): the per-group maxima and their argmax indices ([G/tp]), the
 // threshold's quotient and the clamped eta, kept as qk_clip_balancing_eta [G/tp, 1, 1];
 // then for the float32 main parameter (bf16 and fp16 training: the optimizer's copy) and
 // the weight itself, each in turn: eta repeated per query row (kept as
-// qk_clip_balancing_eta_extended [G/tp, A/G, 1], the next replacing it), the two powers,
+// qk_clip_balancing_eta_extended [G/tp, A*D/(G/tp), 1], the next replacing it: clip_qk
+// divides the whole model's query rows by this rank's groups, so with tp > 1 its views
+// mix rows, a numerical matter that leaves the sizes as modelled), the two powers,
 // and torch.cat of the scaled query, key and value rows, a new tensor the size of the
 // weight that copy_ writes back and drops. Multi-latent attention clips linear_q_(up_)proj
 // and linear_kv_up_proj the same way per head ([A/tp, 1, 1] eta, no extended copy).
@@ -543,7 +546,7 @@ class TransformerModel {
   // --qk-clip: what each decoder layer's attention keeps from its last clip, by layer index.
   struct QkClipEta {
     at::Tensor eta;       // qk_clip_balancing_eta [G/tp, 1, 1] ([A/tp, 1, 1] with MLA)
-    at::Tensor extended;  // qk_clip_balancing_eta_extended [G/tp, A/G, 1]; not with MLA
+    at::Tensor extended;  // qk_clip_balancing_eta_extended [G/tp, A*D/(G/tp), 1]; not MLA
   };
   std::vector<QkClipEta> qk_clip_etas_;
   // The rows of the batch's attention mask the running chunk's layers get (0: none; the

@@ -523,12 +523,14 @@ TEST(PipelineMemory, AnIteratorThatKeepsBatchesHoldsThemThroughTheStep) {
   EXPECT_TRUE(kept_after(false, 0).empty());
 }
 
-// Note [Max attention logit], worked from TE 2.18 and Megatron-Core 0.20 by hand: 2 layers,
-// A = 4 heads, 3 microbatches of [S = 32, B = 2], 2 steps. Each step keeps one [A] bf16 per
-// layer until clip_qk's reset after the optimizer step. Each forward of a layer makes,
-// under cuDNN fused attention, Max [B, A, S, 1] float32, its amax [A] float32, the cast
-// [A] bf16 and torch.max's [A] bf16; under unfused attention the scores' amax [A] bf16 and
-// torch.max's: [A] tensors 2 x 2 kept + 12 forwards x 3 (fused) or x 2 (unfused).
+// Note [Max attention logit], worked from TE 2.18 and Megatron-Core 0.20 by hand, as memsim
+// models it: 2 layers, A = 4 heads, 3 microbatches of [S = 32, B = 2], 2 steps. Each step
+// keeps one [A] bf16 per layer from its start until clip_qk's reset after the optimizer
+// step. Each forward of a layer makes, under cuDNN fused attention, Max [B, A, S, 1]
+// float32, its amax [A] float32, the cast [A] bf16 and torch.max's [A] bf16; under unfused
+// attention the scores' amax [A] bf16 and torch.max's: [A] tensors 2 x 2 kept + 12 forwards
+// x 3 (fused) or x 2 (unfused). (Megatron keeps a step's first cast itself, without
+// torch.max: 4 fewer [A] tensors a step, and none kept before a layer's first forward.)
 TEST(MaxAttentionLogit, EachLayerKeepsItsMaximumUntilTheOptimizerStep) {
   const Shape x{32, 2, 64, 4};
   const ModelConfig m = Gpt(x, 2);
@@ -615,6 +617,37 @@ TEST(MaxAttentionLogit, QkClipCopiesEachQueryKeyValueWeightAfterTheStep) {
     }
   });
   EXPECT_EQ(kept, (std::multiset<std::vector<int64_t>>{{4}, {4}, {4, 16, 1}, {4, 16, 1}}));
+  // Tensor parallelism 2 with 2 query groups (G/tp = 1): linear_qkv [(4 + 2*2) * 16 / 2, 64]
+  // = [64, 64]; clip_qk's extended eta divides the whole model's A*D = 64 query rows by this
+  // rank's 1 group: [1, 64, 1].
+  {
+    ModelConfig gqa = test::Gpt(2, x.h, x.a);
+    gqa.num_query_groups = 2;
+    ASSERT_TRUE(FinalizeModelConfig(&gqa, 2).ok());
+    ParallelLayout tp2;
+    tp2.world_size = 2;
+    tp2.tp = 2;
+    const std::unique_ptr<Session> tp_session = test::RecordRank(test::Validated(gqa, t, tp2), 0);
+    const Recorder& tr = tp_session->recorder();
+    std::multiset<std::vector<int64_t>> tp_kept, tp_copies;
+    ForEachLiveStorage(
+        tr, MarkerAt(tr, MarkerKind::kIterationEnd, 1, -1, Phase::kOptimizer).event_index - 1,
+        [&](int64_t id) {
+          const StorageInfo& info = tr.storages()[static_cast<size_t>(id)];
+          if (tr.names().Name(info.module) == "decoder.layers.0.self_attention") {
+            tp_kept.insert(tr.ShapeOf(info).vec());
+          }
+        });
+    EXPECT_EQ(tp_kept, (std::multiset<std::vector<int64_t>>{{1}, {1, 64, 1}}));
+    for (const StorageInfo& info : tr.storages()) {
+      if (tr.names().Name(info.module) == "decoder.layers.0.self_attention" &&
+          info.phase == Phase::kOptimizer &&
+          tr.ShapeOf(info).vec() == std::vector<int64_t>{64, 64}) {
+        tp_copies.insert({info.dtype == at::kFloat ? 4 : 2});
+      }
+    }
+    EXPECT_EQ(tp_copies, (std::multiset<std::vector<int64_t>>{{2}, {2}, {4}, {4}}));
+  }
   ParallelLayout distributed;
   distributed.world_size = 2;
   distributed.data_parallel = DataParallelKind::kDistributedOptimizer;

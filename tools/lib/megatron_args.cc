@@ -1184,6 +1184,12 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
   // and threshold change values only, checked as arguments.py asserts.
   t.log_max_attention_logit = a.Has("--log-max-attention-logit");
   t.qk_clip = a.Has("--qk-clip");
+  if (backend == "local" && t.ReturnsMaxAttentionLogit()) {
+    return Status::Error(
+        "--attention-backend local runs Megatron-Core's own DotProductAttention, which returns no "
+        "max attention logit (clip_qk fails on it); drop --log-max-attention-logit and "
+        "--qk-clip or use a Transformer Engine backend");
+  }
   MEMSIM_RETURN_IF_ERROR(a.Int("--mlp-chunks-for-training", &t.mlp_chunks_for_training));
   if (t.qk_clip) {
     double alpha = 0.5, threshold = 100;

@@ -933,14 +933,15 @@ TEST(MegatronArgs, FusedResidualRmsNorm) {
             std::string::npos);
 }
 
-// --mlp-chunks-for-training is read; Megatron-Core's dense MLPs run in that many chunks.
+// --mlp-chunks-for-training is read; Megatron-Core's dense MLPs run in that many chunks
+// (none for 1 or less).
 TEST(MegatronArgs, MlpChunksForTraining) {
   EXPECT_EQ(Parse(std::string(kTinyGpt) + "--mlp-chunks-for-training 4", 1)
                 .spec.training.mlp_chunks_for_training,
             4);
-  EXPECT_NE(
-      ErrorOf(std::string(kTinyGpt) + "--mlp-chunks-for-training 0", 1).find("at least 1, got 0"),
-      std::string::npos);
+  EXPECT_EQ(Parse(std::string(kTinyGpt) + "--mlp-chunks-for-training 0", 1)
+                .spec.training.mlp_chunks_for_training,
+            0);  // no chunks, as in Megatron-Core
 }
 
 // The tensor dumps that copy to the host only are neutral; FP8 parameters and
@@ -971,6 +972,9 @@ TEST(MegatronArgs, LogMaxAttentionLogit) {
   EXPECT_FALSE(clip.spec.training.log_max_attention_logit);
   EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--qk-clip --qk-clip-alpha 1", 1)
                 .find("--qk-clip-alpha must be between 0 and 1, got 1"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--qk-clip --attention-backend local", 1)
+                .find("returns no max attention logit"),
             std::string::npos);
   EXPECT_NE(ErrorOf(std::string(kTinyGpt) + "--qk-clip --use-distributed-optimizer", 2)
                 .find("plain DDP only"),
