@@ -733,10 +733,11 @@ Status SelectTeAttention(const TeAttentionChoice& choice, const TrainingConfig& 
   const bool fused =
       choice.fused && !fp32 &&
       !((compute_capability < 90 || sink || blackwell_dropout) && choice.deterministic);
-  // return_max_logit drops FlashAttention (get_attention_backend's max_logit filter).
+  // A pinned FlashAttention 3 runs on 9.0 only, 4 on 9.0 and later (get_attention_backend).
   const bool flash_generation_runs = choice.flash_version == 3   ? compute_capability == 90
                                      : choice.flash_version == 4 ? compute_capability >= 90
                                                                  : true;
+  // return_max_logit drops FlashAttention (get_attention_backend's max_logit filter).
   const bool flash = choice.flash && flash_generation_runs && !fp32 && !sink &&
                      !training.ReturnsMaxAttentionLogit();
   if (compute_capability >= 90 && fused) {
