@@ -10,7 +10,8 @@
 # Usage: OUT=DIR MEMSIM_DEBS=DIR [BUILD_SECONDS=330] [BUILD_TARGETS="memsim ..."]
 #        [PARTS="allocator workspaces ops build megatron"]
 #        [ALLOC_CONFS="default expandable_segments:True ..."]
-#        [MEGATRON_DIR=DIR MEGATRON_CASES="case.yaml ..."] tools/gpu/device_checks.sh
+#        [MEGATRON_DIR=DIR MEGATRON_CASES="case.yaml ..." MEGATRON_ITERATIONS=5]
+#        tools/gpu/device_checks.sh
 # ALLOC_CONFS: the allocator replays run once per PYTORCH_CUDA_ALLOC_CONF setting ("default":
 # unset), each into its own file, allocator[_SETTING].json.
 # megatron: Megatron-LM's own training of each case in MEGATRON_CASES (validation case files
@@ -120,7 +121,7 @@ if want megatron; then
     echo "== Megatron's dataset helpers did not compile"
   PYTHONPATH=$PWD/tools/gpu/megatron_standins${PYTHONPATH:+:$PYTHONPATH} \
     python3 tools/gpu/megatron_fake_pg.py "$MEGATRON_DIR" /tmp/megatron_fake_pg $MEGATRON_CASES \
-    --budget "${MEGATRON_SECONDS:-300}"
+    --budget "${MEGATRON_SECONDS:-300}" --iterations "${MEGATRON_ITERATIONS:-5}"
   tar -C /tmp/megatron_fake_pg -cf "$OUT/megatron_fake_pg.tar" .
 fi
 want build || exit 0
