@@ -501,6 +501,10 @@ struct TrainingConfig {
   // in models/optimizer.h): the share of the optimizer's parameter shards whose masters and
   // states live on the host; 0: none. REQUIRES: the precision-aware optimizer.
   double optimizer_offload_fraction = 0.0;
+  // --log-num-zeros-in-grad: each optimizer step counts the zeros of every main gradient
+  // (Note [Counting zeros in gradients] in models/optimizer.h), a bool and an int64 copy of
+  // each gradient alive one gradient at a time.
+  bool log_num_zeros_in_grad = false;
   // Megatron-FSDP's gradient dtypes (Note [Megatron-FSDP] in parallel/megatron_fsdp.h): the
   // shards' (--megatron-fsdp-main-grads-dtype) and the full buckets' (--megatron-fsdp-grad-
   // comm-dtype). Unset: auto, the parameters' dtype, then the main gradients'.

@@ -1,6 +1,7 @@
 #include "models/moe.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <torch/csrc/autograd/custom_function.h>
 

@@ -369,6 +369,7 @@ void MixedPrecisionOptimizer::Step() {
       master_grads_[i] = precision_aware ? grad : grad.to(at::kFloat);
     }
   }
+  if (options_.count_zeros_in_grads) CountZerosInGrads();
   CreateStates();
   if (hybrid()) HybridGradients();
   // One fused update over the parameters Adam (or SGD) takes, then Muon's one by one.
@@ -415,6 +416,27 @@ void MixedPrecisionOptimizer::Step() {
   }
   // Views of the gradients go now; fp32 copies of 16-bit gradients stay until zero_grad.
   if (!master_grads_are_copies_) master_grads_.clear();
+}
+
+void MixedPrecisionOptimizer::CountZerosInGrads() const {
+  CategoryScope category(Category::kTemporary);
+  // Every validation case that fitted the host's time per op counts zeros (Note [Counting
+  // zeros in gradients]).
+  KernelTimeOnlyScope kernel_time;
+  at::Tensor total;  // total_num_zeros, torch.zeros(1, dtype=torch.int64) as the walk starts
+  for (size_t i : order_) {
+    const Parameter& p = store_->parameters()[i];
+    if (!owned_[i] || on_host_[i] || p.shared) continue;
+    // One gradient per expert where memsim stacks several (Megatron has a parameter each).
+    const at::Tensor& grad = master_grads_[i];
+    const int64_t experts = std::max<int64_t>(p.stacked_experts, 1);
+    for (const at::Tensor& one : grad.reshape(-1).chunk(experts)) {
+      if (!total.defined()) total = at::zeros({1}, one.options().dtype(at::kLong));
+      const at::Tensor nonzero = one.ne(0);                  // [N] bool
+      const at::Tensor count = nonzero.to(at::kLong).sum();  // the [N] int64 copy, then []
+      total = at::rsub(count, one.numel()).add(total);       // numel - count + total
+    }
+  }
 }
 
 void MixedPrecisionOptimizer::HybridGradients() {

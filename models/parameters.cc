@@ -51,7 +51,8 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
                          /*stacked_experts=*/1,
                          chunk_,
                          /*optimizer_slice=*/std::nullopt,
-                         /*shared_embedding=*/false});
+                         /*shared_embedding=*/false,
+                         /*shared=*/false});
   return &parameters_.back();
 }
 

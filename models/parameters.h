@@ -108,6 +108,10 @@ struct Parameter {
   // Megatron's shared_embedding: with PP > 1 and tied embeddings or multi-token prediction,
   // the first stage's word embedding and the last stage's copy sit alone in a DDP bucket.
   bool shared_embedding = false;
+  // Megatron's `shared`: the later stage's copy of a shared embedding (set with
+  // shared_embedding there), which gradient statistics skip (Note [Counting zeros in
+  // gradients] in models/optimizer.h).
+  bool shared = false;
 };
 
 class ParameterStore {

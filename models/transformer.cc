@@ -103,13 +103,16 @@ TransformerModel::TransformerModel(const ModelConfig& model, const TrainingConfi
   }
   // LanguageModule.setup_embeddings_and_output_layer: over a pipeline, with tied embeddings
   // or MTP, the first stage's embedding and the last stage's shared weight (the MTP
-  // stage's embedding, else the output layer's copy) are marked shared_embedding.
+  // stage's embedding, else the output layer's copy) are marked shared_embedding, and the
+  // latter `shared`.
   const bool pipelined = !(shard.first_stage && shard.last_stage);
   if (pipelined && (model.tie_embeddings || model.mtp_num_layers > 0)) {
     if (shard.first_stage) {
       word_embeddings_->shared_embedding = true;
     } else if (shard.last_stage) {
-      (mtp ? word_embeddings_ : output_weight_)->shared_embedding = true;
+      Parameter* copy = mtp ? word_embeddings_ : output_weight_;
+      copy->shared_embedding = true;
+      copy->shared = true;
     }
   }
 }

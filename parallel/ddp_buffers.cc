@@ -1,6 +1,7 @@
 #include "parallel/ddp_buffers.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <numeric>

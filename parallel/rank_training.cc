@@ -366,6 +366,7 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
   optimizer_options.fp32_masters_always = layout.data_parallel == DataParallelKind::kMegatronFsdp;
   optimizer_options.experts_apart = ExpertsApart(layout);
   optimizer_options.first_chunk_apart = layout.ddp_buckets.overlap_param_gather_with_optimizer_step;
+  optimizer_options.count_zeros_in_grads = training.log_num_zeros_in_grad;
   if (training.layer_wise_optimizer) {
     LayerWiseGroups groups;
     groups.dense_ranks = layout.dp * layout.cp;

@@ -26,7 +26,9 @@
 // Python step around an ATen op that memsim does not see, so it is per intercepted op, not
 // per real kernel; ops the real run launches and the model does not run (the MoE token
 // dispatchers' counts and syncs) are charged at it too (ChargeUnmodelledOps). A CUDA
-// graph's replay launches its kernels without the host: there an op costs its kernel.
+// graph's replay launches its kernels without the host: there an op costs its kernel, as
+// it does in a KernelTimeOnlyScope (simulator/session.h), around work every fitted run did
+// that memsim once left out (Note [Counting zeros in gradients] in models/optimizer.h).
 // module_call_s is the host's time of a Transformer Engine module call (a linear, a norm,
 // attention, a grouped linear) beyond its ops: TE's Python around its kernels (argument
 // checks, FP8 state, its autograd function). On GB200 the local-spec gpt3_mcore_tp1_pp2

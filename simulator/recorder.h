@@ -295,9 +295,16 @@ class Recorder {
   double now_s() const { return now_s_; }
   void AdvanceClock(double seconds) { now_s_ += seconds; }
   // A launched kernel of `kernel_s` on the GPU: the host's time per op at least, but in a
-  // CUDA graph's replay (Note [Virtual clock]). REQUIRES: gpu() is set.
+  // CUDA graph's replay or a KernelTimeOnlyScope (Note [Virtual clock]). REQUIRES: gpu() is
+  // set.
   void ChargeKernel(double kernel_s) {
-    AdvanceClock(in_graph_replay() ? kernel_s : std::max(gpu_->min_op_s, kernel_s));
+    const bool host_free = in_graph_replay() || kernel_time_only_depth_ > 0;
+    AdvanceClock(host_free ? kernel_s : std::max(gpu_->min_op_s, kernel_s));
+  }
+  void PushKernelTimeOnly() { ++kernel_time_only_depth_; }
+  void PopKernelTimeOnly() {
+    MEMSIM_DCHECK(kernel_time_only_depth_ > 0);
+    --kernel_time_only_depth_;
   }
   // While positive, the interceptor charges allocation-only ops as the kernels whose
   // outputs they stand for (Note [Stand-in kernels] in session.h).
@@ -490,6 +497,7 @@ class Recorder {
   int graphed_depth_ = 0;
   int persistent_depth_ = 0;
   int stand_in_depth_ = 0;
+  int kernel_time_only_depth_ = 0;
   uint64_t graphed_scope_first_ = 0;  // the outermost open graphed scope's first sequence nr
   // [first, last) sequence numbers of the nodes created in graphed scopes; sorted.
   std::vector<std::pair<uint64_t, uint64_t>> graphed_sequence_nrs_;

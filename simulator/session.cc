@@ -86,6 +86,14 @@ StandInKernelScope::~StandInKernelScope() {
   if (recorder_ != nullptr) recorder_->PopStandInKernels();
 }
 
+KernelTimeOnlyScope::KernelTimeOnlyScope() : recorder_(CurrentRecorder()) {
+  if (recorder_ != nullptr) recorder_->PushKernelTimeOnly();
+}
+
+KernelTimeOnlyScope::~KernelTimeOnlyScope() {
+  if (recorder_ != nullptr) recorder_->PopKernelTimeOnly();
+}
+
 namespace {
 
 // The recorder whose clock host time advances now: null without a GPU or in a replay.

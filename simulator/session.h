@@ -170,6 +170,21 @@ class StandInKernelScope {
   Recorder* recorder_;
 };
 
+// Ops whose host time the fitted min_op_s already holds (Note [Virtual clock] in
+// cost_model.h): every run it was fitted to ran them while memsim did not, so their host
+// time went into the other ops' share. Inside a KernelTimeOnlyScope an op costs its
+// kernel's time only.
+class KernelTimeOnlyScope {
+ public:
+  KernelTimeOnlyScope();
+  ~KernelTimeOnlyScope();
+  KernelTimeOnlyScope(const KernelTimeOnlyScope&) = delete;
+  KernelTimeOnlyScope& operator=(const KernelTimeOnlyScope&) = delete;
+
+ private:
+  Recorder* recorder_;
+};
+
 // Ops the real run launches that the model does not run, because they change no memory it
 // tracks (counts summed on the GPU, device-to-host copies, a host sync): each costs the
 // host's time per op (Note [Virtual clock] in cost_model.h). Called where the model meets

@@ -690,6 +690,61 @@ TEST(MaxAttentionLogit, RulesAndBackend) {
   EXPECT_NE(ValidateTrainingConfig(t, m).message().find("drops FlashAttention"), std::string::npos);
 }
 
+// Note [Counting zeros in gradients], by hand for the tiny GPT of BytesPerParameter (tied
+// embeddings, 2 layers of h = 128, bf16, plain DDP: fp32 main gradients, so the step's master
+// gradients are views and the count's tensors are the only storages the step makes): each
+// step makes a bool [numel] and an int64 [numel] tensor per counted parameter, one parameter
+// at a time, so the step peaks 9 bytes per element of the largest gradient above its start,
+// plus the running total and the sum (8 bytes each): the word embedding's 1024 * 128 on one
+// stage. On the last stage of PP2 the output layer's copy of the tied embedding is `shared`
+// and skipped: the largest is a layer's fc1 weight, 512 * 128.
+TEST(CountZerosInGrads, ABoolAndAnInt64CopyOfEachGradientOneAtATime) {
+  const Shape x{64, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 2);
+  // A layer's tensors: two norms (weight, bias), qkv, proj, fc1 and fc2 (weight, bias).
+  const std::vector<int64_t> layer = {128, 128, 3 * 128 * 128, 3 * 128, 128 * 128, 128,
+                                      128, 128, 512 * 128,     512,     512 * 128, 128};
+  for (int64_t pp : {1, 2}) {
+    TrainingConfig t = Fp16Eager(x);
+    t.precision = Precision::kBf16;
+    t.iterations = 2;
+    t.log_num_zeros_in_grad = true;
+    ParallelLayout layout;
+    layout.world_size = pp;
+    layout.pp = pp;
+    ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+    const std::unique_ptr<Session> session =
+        test::RecordRank(test::Validated(m, t, layout), /*pp_rank=*/pp - 1);
+    const Recorder& r = session->recorder();
+    std::vector<int64_t> expected = {128, 128};  // the final norm
+    for (int64_t l = 0; l < 2 / pp; ++l)
+      expected.insert(expected.end(), layer.begin(), layer.end());
+    if (pp == 1) expected.insert(expected.end(), {1024 * 128, 64 * 128});  // both embeddings
+    std::sort(expected.begin(), expected.end());
+    const int64_t largest = expected.back();
+    for (int32_t it : {0, 1}) {
+      const int64_t begin =
+          MarkerAt(r, MarkerKind::kPhaseBegin, it, -1, Phase::kOptimizer).event_index;
+      const int64_t end =
+          MarkerAt(r, MarkerKind::kIterationEnd, it, -1, Phase::kOptimizer).event_index;
+      std::vector<int64_t> bools, int64s;
+      for (const StorageInfo& info : r.storages()) {
+        if (info.alloc_event < begin || info.alloc_event >= end) continue;
+        if (info.dtype == at::kBool) bools.push_back(info.size_bytes);
+        if (info.dtype == at::kLong && info.size_bytes > 8) int64s.push_back(info.size_bytes / 8);
+      }
+      std::sort(bools.begin(), bools.end());
+      std::sort(int64s.begin(), int64s.end());
+      EXPECT_EQ(bools, expected) << "pp=" << pp << " iteration " << it;
+      EXPECT_EQ(int64s, expected) << "pp=" << pp << " iteration " << it;
+      if (it == 0) continue;  // the first step's Adam states come after the count
+      int64_t peak = 0;
+      for (int64_t e = begin; e <= end; ++e) peak = std::max(peak, test::LiveBytesBefore(r, e));
+      EXPECT_EQ(peak - test::LiveBytesBefore(r, begin), 9 * largest + 16) << "pp=" << pp;
+    }
+  }
+}
+
 // The schedule's locals (Note [Tensors the schedule keeps]): on the last stage (1F1B, no
 // warm-up) microbatch 1's input gradient lives through microbatch 2's forward, and so does
 // its input, which the popped output_tensor's spent graph holds until that forward returns;

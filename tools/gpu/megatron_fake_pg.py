@@ -22,6 +22,10 @@ Limits, which the results must be read with:
     sets do_train itself and zero-fills what such ranks receive by broadcast (their batch),
     with which a TP2 run's rank 1 trained (2026-11-27);
   * PyTorch's layer norm refuses sequence parallelism, so no case with it runs;
+  * Megatron-FSDP does not run: its DTensor checks read chunk metadata the fake backend's
+    all-gather leaves unset ("DTensor chunk metadata is invalid", 2026-11-28);
+  * Megatron-Core 0.20's CheckpointWithoutOutput names Transformer Engine's FP8 state
+    whether or not FP8 is on (a NameError without TE): run_inner supplies stand-ins;
   * allocations PyTorch's NCCL process group makes inside a collective (flattening lists)
     are skipped with the collective;
   * fp16 runs skip their first optimizer steps (dynamic loss scale overflows) and create
@@ -47,11 +51,13 @@ import time
 
 # Arguments that name files, checkpoints or schedules memsim's run does not have; each is
 # replaced by what the fake run uses or dropped (no GPU memory depends on them).
+# --ckpt-format stays: argument checks read it (Megatron-FSDP asserts fsdp_dtensor), and
+# with nothing saved or loaded it moves no memory.
 DROPPED = {
     "--save", "--load", "--data-path", "--vocab-file", "--merge-file", "--split",
     "--data-cache-path", "--async-save", "--use-persistent-ckpt-worker", "--train-iters",
     "--eval-interval", "--eval-iters", "--save-interval", "--tensorboard-dir",
-    "--dist-ckpt-strictness", "--dist-ckpt-optim-fully-reshardable", "--ckpt-format",
+    "--dist-ckpt-strictness", "--dist-ckpt-optim-fully-reshardable",
     "--use-checkpoint-opt_param-scheduler", "--tokenizer-type", "--tokenizer-model",
     "--exit-interval", "--auto-detect-ckpt-format", "--finetune", "--no-load-optim",
     "--no-load-rng",
@@ -137,6 +143,21 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
             super().__init__(params, *a, **k)
 
     torch.optim.AdamW = FusedAdamW
+    # Megatron-Core 0.20's CheckpointWithoutOutput (the layernorm, moe_act and mla_up_proj
+    # recompute modules) always takes its FP8 branch (`self.fp8 = fp8 is not None`), which
+    # names Transformer Engine's FP8GlobalStateManager: without TE, a NameError. Stand-ins
+    # answer what TE answers with FP8 off.
+    import contextlib
+    import megatron.core.tensor_parallel.random as megatron_random
+
+    if not megatron_random.HAVE_TE:
+        class Fp8Off:
+            is_fp8_enabled = staticmethod(lambda: False)
+            get_fp8_recipe = staticmethod(lambda: None)
+
+        megatron_random.FP8GlobalStateManager = Fp8Off
+        megatron_random.activation_recompute_forward = lambda **k: contextlib.nullcontext()
+        megatron_random.fp8_autocast = lambda **k: contextlib.nullcontext()
     torch.cuda.memory._record_memory_history(
         enabled="all", context="all", stacks="python", max_entries=2_000_000)
     try:

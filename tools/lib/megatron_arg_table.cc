@@ -293,7 +293,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--log-energy", Arity::kFlag, ArgUse::kNeutral},
     {"--log-interval", Arity::kValue, ArgUse::kNeutral},
     {"--log-memory-to-tensorboard", Arity::kFlag, ArgUse::kNeutral},
-    {"--log-num-zeros-in-grad", Arity::kFlag, ArgUse::kNeutral},
+    {"--log-num-zeros-in-grad", Arity::kFlag, ArgUse::kRead},
     {"--log-params-norm", Arity::kFlag, ArgUse::kRead},
     {"--log-progress", Arity::kFlag, ArgUse::kNeutral},
     {"--log-straggler", Arity::kFlag, ArgUse::kNeutral},

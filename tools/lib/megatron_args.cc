@@ -1021,6 +1021,7 @@ Status ReadPrecisionAndOptimizer(Args& a, TrainingConfig* training) {
     a.Ignore("--optimizer-offload-fraction");
   }
   t.gradient_accumulation_fusion = !a.Has("--no-gradient-accumulation-fusion");
+  t.log_num_zeros_in_grad = a.Has("--log-num-zeros-in-grad");
   t.defer_embedding_wgrad = a.Has("--defer-embedding-wgrad-compute");
   t.delay_wgrad_compute = a.Has("--delay-wgrad-compute");
   MEMSIM_RETURN_IF_ERROR(a.Int("--wgrad-deferral-limit", &t.wgrad_deferral_limit));

@@ -944,6 +944,13 @@ TEST(MegatronArgs, MlpChunksForTraining) {
             0);  // no chunks, as in Megatron-Core
 }
 
+// --log-num-zeros-in-grad is read (Note [Counting zeros in gradients]); off without it.
+TEST(MegatronArgs, LogNumZerosInGrad) {
+  EXPECT_TRUE(Parse(std::string(kTinyGpt) + "--log-num-zeros-in-grad", 1)
+                  .spec.training.log_num_zeros_in_grad);
+  EXPECT_FALSE(Parse(kTinyGpt, 1).spec.training.log_num_zeros_in_grad);
+}
+
 // The tensor dumps that copy to the host only are neutral; FP8 parameters and
 // Megatron-FSDP's gradients are refused, and so are the activation and input-gradient dumps.
 TEST(MegatronArgs, TensorDumps) {

@@ -46,11 +46,13 @@ TEST(RunConfig, KeysOfTheSwitchesAdded20261128) {
   EXPECT_TRUE(TrainingFrom("log_max_attention_logit: true").log_max_attention_logit);
   EXPECT_TRUE(TrainingFrom("qk_clip: true").qk_clip);
   EXPECT_EQ(TrainingFrom("mlp_chunks_for_training: 4").mlp_chunks_for_training, 4);
+  EXPECT_TRUE(TrainingFrom("log_num_zeros_in_grad: true").log_num_zeros_in_grad);
   EXPECT_FALSE(TrainingFrom("{}").output_logit_dtype.has_value());
   EXPECT_EQ(TrainingFrom("output_logit_dtype: fp32").output_logit_dtype, Precision::kFp32);
-  for (const std::string key : {"clone_scatter_output_in_embedding", "te_activation_func",
-                                "output_logit_dtype", "fused_weighted_squared_relu",
-                                "log_max_attention_logit", "qk_clip", "mlp_chunks_for_training"}) {
+  for (const std::string key :
+       {"clone_scatter_output_in_embedding", "te_activation_func", "output_logit_dtype",
+        "fused_weighted_squared_relu", "log_max_attention_logit", "qk_clip",
+        "mlp_chunks_for_training", "log_num_zeros_in_grad"}) {
     std::string error;
     TrainingFrom(key + ": [3]", &error);
     EXPECT_NE(error.find(key), std::string::npos) << key << ": " << error;
