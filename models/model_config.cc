@@ -441,6 +441,10 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "would be a graph output); drop one of the two");
     }
   }
+  if (t.moe_shared_expert_overlap && m.moe_shared_expert_size == 0) {
+    return Status::Error(
+        "moe_shared_expert_overlap needs shared experts (moe_shared_expert_size > 0)");
+  }
   if (t.mlp_chunks_for_training > 1) {
     const char* with = m.num_experts > 0           ? "MoE layers (per-chunk routing)"
                        : t.fp8 != Fp8Recipe::kNone ? "FP8"

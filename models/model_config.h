@@ -505,6 +505,10 @@ struct TrainingConfig {
   // (Note [Counting zeros in gradients] in models/optimizer.h), a bool and an int64 copy of
   // each gradient alive one gradient at a time.
   bool log_num_zeros_in_grad = false;
+  // --moe-shared-expert-overlap: the shared experts run on a CUDA stream of their own
+  // (SharedExpertMLP.stream), whose GEMMs get cuBLAS workspaces of their own (Note [Library
+  // workspaces] in ops/library_workspaces.h). REQUIRES: shared experts.
+  bool moe_shared_expert_overlap = false;
   // Megatron-FSDP's gradient dtypes (Note [Megatron-FSDP] in parallel/megatron_fsdp.h): the
   // shards' (--megatron-fsdp-main-grads-dtype) and the full buckets' (--megatron-fsdp-grad-
   // comm-dtype). Unset: auto, the parameters' dtype, then the main gradients'.

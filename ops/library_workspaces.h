@@ -10,7 +10,9 @@
 //     step makes two: the forward thread's and the backward thread's. The forward
 //     (main) thread's is made later where its first PyTorch GEMM comes after the schedule:
 //     deferred output-layer weight gradients, Muon's iterations in the optimizer step
-//     (LibraryWorkspaces in parallel/rank_training.cc). cuBLASLt shares the
+//     (LibraryWorkspaces in parallel/rank_training.cc). Work on another stream makes
+//     its own pair: the local implementation's shared experts under
+//     --moe-shared-expert-overlap (two more). cuBLASLt shares the
 //     same map (TORCH_CUBLASLT_UNIFIED_WORKSPACE, on by default). The size is
 //     CUBLAS_WORKSPACE_CONFIG's sum of SIZE_KiB * COUNT over its ":SIZE:COUNT" pairs, else
 //     32 MiB on compute capability 9.x, 10.x and 12.x and 4096 KiB * 2 + 16 KiB * 8 on

@@ -212,6 +212,15 @@ class LibraryWorkspaces {
     deferred_wgrad_gemms_ = shard.last_stage && training.defer_embedding_wgrad;
     optimizer_gemms_ = training.optimizer == OptimizerKind::kMuon;
     backward_cublas_bytes_ = torch_gemms_besides_logits || shard.last_stage ? cublas_bytes : 0;
+    // --moe-shared-expert-overlap: the local implementation's shared experts run their
+    // GEMMs on SharedExpertMLP.stream, one stream for all layers, in forward and (autograd
+    // keeping each op's stream) in backward: a workspace for each thread on it. (Measured
+    // on an H200: two more 32 MiB blocks, at the shared expert's first linear_fc1 and in
+    // backward; validation/fake_pg.) TE's layers use TE's one workspace on every stream.
+    const bool shared_expert_stream = training.moe_shared_expert_overlap && has_layers &&
+                                      model.num_experts > 0 && model.moe_shared_expert_size > 0 &&
+                                      training.profile == ProfileKind::kMegatronLocal;
+    shared_expert_cublas_bytes_ = shared_expert_stream ? cublas_bytes : 0;
     const bool te_gemms =
         logits_through_te || (has_layers && (training.profile == ProfileKind::kTransformerEngine ||
                                              model.num_experts > 0));
@@ -236,9 +245,13 @@ class LibraryWorkspaces {
     Allocate(te_userbuffer_bytes_, "transformer_engine.userbuffer_gemm_workspace", &te_userbuffer_,
              true);
     Allocate(forward_cublas_bytes_, "cublas_workspace.forward_thread", &forward_, true);
+    Allocate(shared_expert_cublas_bytes_, "cublas_workspace.shared_expert_stream.forward_thread",
+             &shared_expert_forward_, false);
   }
   void BeforeBackward() {
     Allocate(backward_cublas_bytes_, "cublas_workspace.backward_thread", &backward_, true);
+    Allocate(shared_expert_cublas_bytes_, "cublas_workspace.shared_expert_stream.backward_thread",
+             &shared_expert_backward_, false);
   }
   void BeforeDeferredWgrad() {
     if (deferred_wgrad_gemms_) {
@@ -262,9 +275,10 @@ class LibraryWorkspaces {
 
   bool cuda_graphs_ = false;
   int64_t forward_cublas_bytes_ = 0, backward_cublas_bytes_ = 0, main_thread_cublas_bytes_ = 0,
-          te_bytes_ = 0, te_userbuffer_bytes_ = 0;
+          te_bytes_ = 0, te_userbuffer_bytes_ = 0, shared_expert_cublas_bytes_ = 0;
   bool deferred_wgrad_gemms_ = false, optimizer_gemms_ = false;
   at::Tensor forward_, backward_, te_, te_userbuffer_;
+  at::Tensor shared_expert_forward_, shared_expert_backward_;  // on SharedExpertMLP.stream
   std::vector<at::Tensor> te_grouped_;  // one per TE compute stream with grouped GEMMs
 };
 

@@ -950,6 +950,40 @@ TEST(ExpertParallel, RouterGemmsUseTransformerEnginesWorkspace) {
       (std::map<std::string, int64_t>{{"transformer_engine.gemm_workspace", (32 << 20) + 1024}}));
 }
 
+// --moe-shared-expert-overlap (Note [Library workspaces]): the local implementation's shared
+// experts run their GEMMs on a stream of their own in forward and backward, so a stage with
+// MoE layers holds two more cuBLAS workspaces (:4096:8, 32 MiB each) than without the
+// overlap; under Transformer Engine its one GEMM workspace serves every stream.
+TEST(ExpertParallel, SharedExpertOverlapStreamHasItsOwnWorkspaces) {
+  ModelConfig m = SmallMoe(0);
+  m.moe_shared_expert_size = 256;
+  ASSERT_TRUE(FinalizeModelConfig(&m, 2).ok());
+  TrainingConfig t;
+  t.seq_length = 128;
+  t.micro_batch_size = 1;
+  t.iterations = 1;
+  t.cublas_workspace_bytes = 32 << 20;
+  t.profile = ProfileKind::kMegatronLocal;
+  t.attention = AttentionKind::kFlash;
+  ParallelLayout layout;
+  layout.world_size = 2;
+  layout.tp = 2;
+  ASSERT_TRUE(FinalizeLayout(&layout, m).ok());
+  std::map<std::string, int64_t> expected = WorkspaceBytes(m, t, layout, 0, "H100-80GB");
+  t.moe_shared_expert_overlap = true;
+  expected["cublas_workspace.shared_expert_stream.forward_thread"] = 32 << 20;
+  expected["cublas_workspace.shared_expert_stream.backward_thread"] = 32 << 20;
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 0, "H100-80GB"), expected);
+  t.profile = ProfileKind::kTransformerEngine;
+  t.attention = AttentionKind::kFused;
+  const std::map<std::string, int64_t> te = WorkspaceBytes(m, t, layout, 0, "H100-80GB");
+  t.moe_shared_expert_overlap = false;
+  EXPECT_EQ(WorkspaceBytes(m, t, layout, 0, "H100-80GB"), te);
+  m.moe_shared_expert_size = 0;
+  t.moe_shared_expert_overlap = true;
+  EXPECT_NE(ValidateTrainingConfig(t, m).message().find("needs shared experts"), std::string::npos);
+}
+
 // --output-logit-dtype fp32 on bf16 training: the output layer's forward GEMM goes through
 // Transformer Engine's general_gemm, its backward GEMMs through PyTorch. A dense last stage
 // of Transformer Engine layers with fused attention then runs no GEMM through PyTorch on

@@ -36,8 +36,10 @@ Limits, which the results must be read with:
 Usage (on the GPU machine, from the repository root):
   megatron_fake_pg.py MEGATRON_DIR OUT_DIR CASE.yaml... [--iterations N]
 Writes OUT_DIR/megatron_fake_pg.json (one entry per case: the launch line run, memory after
-every optimizer step, the cumulative peak, the first error) and OUT_DIR/NAME.trace.json.gz
-per case (the allocator's history with each event's Megatron and PyTorch frames).
+every optimizer step, the cumulative peak, the first error), OUT_DIR/NAME.trace.json.gz
+per case (the allocator's history with each event's Megatron and PyTorch frames) and
+OUT_DIR/memory_trace_rank{R}_NAME.json (the run in Megatron's memory-tracer schema, each
+train_step an iteration, for `memsim compare`; added 2026-11-28, not yet run on a GPU).
 """
 import argparse
 import gzip
@@ -119,6 +121,49 @@ def compact_trace(snapshot):
     return {"frames": frames, "events": events}
 
 
+def iteration_trace(snapshot, steps, bins=2000):
+    """The run in the schema of Megatron-LM's memory tracer that `memsim compare` reads
+    ({"<iteration>": {"samples": [{timestamp_s, allocated_memory_MB, reserved_memory_MB}],
+    "peak_allocated_MB"}}), one entry per train_step (its wall-clock window, `steps`' start_us
+    and end_us), from the allocator's history: allocated is the requested bytes of live
+    blocks (memory_allocated counts them rounded to 512 bytes), reserved the segments. Each
+    iteration keeps the lowest and highest sample of each of `bins` equal time slices, so
+    every extreme survives. The history must cover the whole run (it starts before Megatron
+    allocates anything)."""
+    events = []
+    for trace in snapshot.get("device_traces", []):
+        events += [e for e in trace if "time_us" in e]
+    events.sort(key=lambda e: e["time_us"])
+    growth = {"alloc": 1, "free_completed": -1}
+    segment = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    allocated = reserved = 0
+    timeline = []  # (time_us, allocated, reserved) after each event
+    for e in events:
+        allocated += growth.get(e["action"], 0) * e["size"]
+        reserved += segment.get(e["action"], 0) * e["size"]
+        timeline.append((e["time_us"], allocated, reserved))
+    out = {}
+    mib = 1024 * 1024
+    for number, step in enumerate(steps, start=1):
+        start, end = step["start_us"], step["end_us"]
+        window = [t for t in timeline if start <= t[0] <= end]
+        if not window:
+            raise ValueError(f"no allocator event inside train_step {number}'s window")
+        width = max((end - start) / bins, 1)
+        kept = {}
+        for t in window:
+            b = int((t[0] - start) // width)
+            low, high = kept.get(b, (t, t))
+            kept[b] = (t if t[1] < low[1] else low, t if t[1] > high[1] else high)
+        samples = sorted({x for pair in kept.values() for x in pair})
+        out[str(number)] = {
+            "samples": [{"timestamp_s": (t - start) / 1e6, "allocated_memory_MB": a / mib,
+                         "reserved_memory_MB": r / mib} for t, a, r in samples],
+            "peak_allocated_MB": max(a for _, a, _ in window) / mib,
+        }
+    return out
+
+
 def run_inner(megatron_dir, case_path, out_dir, iterations):
     """Runs in the child process: pretrain_gpt.py as __main__, with train_step wrapped."""
     import yaml
@@ -166,9 +211,13 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
         original = training.train_step
 
         def recorded_train_step(*a, **k):
+            torch.cuda.synchronize()
+            start_us = time.time_ns() // 1000
             out = original(*a, **k)
             torch.cuda.synchronize()
             result["steps"].append({
+                "start_us": start_us,
+                "end_us": time.time_ns() // 1000,
                 "allocated_bytes": torch.cuda.memory_allocated(),
                 "max_allocated_bytes": torch.cuda.max_memory_allocated(),
                 "reserved_bytes": torch.cuda.memory_reserved(),
@@ -219,7 +268,15 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
         "allocated_bytes.all.peak", "allocated_bytes.all.current",
         "reserved_bytes.all.peak", "reserved_bytes.all.current",
         "requested_bytes.all.peak", "num_alloc_retries", "segment.all.peak")}
-    trace = compact_trace(torch.cuda.memory._snapshot())
+    snapshot = torch.cuda.memory._snapshot()
+    trace = compact_trace(snapshot)
+    try:
+        memory_trace = iteration_trace(snapshot, result["steps"])
+        trace_name = f"memory_trace_rank{case['rank']}_{name.split('@')[0]}.json"
+        with open(os.path.join(out_dir, trace_name), "w") as f:
+            json.dump(memory_trace, f)
+    except ValueError as e:
+        result["memory_trace_error"] = str(e)
     with gzip.open(os.path.join(out_dir, f"{name}.trace.json.gz"), "wt") as f:
         json.dump(trace, f)
     result["trace_events"] = len(trace["events"])

@@ -335,7 +335,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--moe-router-pre-softmax", Arity::kFlag, ArgUse::kRead},
     {"--moe-router-score-function", Arity::kValue, ArgUse::kRead},
     {"--moe-router-topk-scaling-factor", Arity::kValue, ArgUse::kRead},
-    {"--moe-shared-expert-overlap", Arity::kFlag, ArgUse::kNeutral},
+    {"--moe-shared-expert-overlap", Arity::kFlag, ArgUse::kRead},
     {"--overlap-moe-expert-parallel-comm", Arity::kFlag, ArgUse::kRead},
     {"--delay-wgrad-compute", Arity::kFlag, ArgUse::kRead},
     {"--moe-use-legacy-grouped-gemm", Arity::kFlag, ArgUse::kNeutral},

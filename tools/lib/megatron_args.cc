@@ -489,7 +489,11 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
         a.Int("--moe-shared-expert-intermediate-size", &m.moe_shared_expert_size));
     // Only with shared experts (SharedExpertMLP makes the gate).
     m.moe_shared_expert_gate = a.Has("--moe-shared-expert-gate");
-    if (m.moe_shared_expert_size == 0) a.Ignore("--moe-shared-expert-gate");
+    t.moe_shared_expert_overlap = a.Has("--moe-shared-expert-overlap");
+    if (m.moe_shared_expert_size == 0) {
+      a.Ignore("--moe-shared-expert-gate");
+      t.moe_shared_expert_overlap = false;
+    }
     MEMSIM_RETURN_IF_ERROR(a.Float("--moe-expert-capacity-factor", &m.moe_capacity_factor));
     // A negative capacity factor is Megatron's None: dropless (TransformerConfig).
     if (m.moe_capacity_factor < 0) m.moe_capacity_factor = 0;

@@ -496,6 +496,10 @@ Status ApplyTrainingYaml(const YAML::Node& node, const std::string& source, Trai
          return Read(v, source, "log_max_attention_logit", &t->log_max_attention_logit);
        }},
       {"qk_clip", [&](const YAML::Node& v) { return Read(v, source, "qk_clip", &t->qk_clip); }},
+      {"moe_shared_expert_overlap",
+       [&](const YAML::Node& v) {
+         return Read(v, source, "moe_shared_expert_overlap", &t->moe_shared_expert_overlap);
+       }},
       {"log_num_zeros_in_grad",
        [&](const YAML::Node& v) {
          return Read(v, source, "log_num_zeros_in_grad", &t->log_num_zeros_in_grad);
