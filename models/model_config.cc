@@ -274,6 +274,12 @@ Status FinalizeModelConfig(ModelConfig* m, int64_t tp) {
   return Status::OK();
 }
 
+bool PreMlpNormRecomputable(const ModelConfig& m, const TrainingConfig& t, bool moe_layer) {
+  if (!moe_layer || !t.Graphs(CudaGraphModule::kMoeRouter)) return true;
+  if (t.SharedExpertsOverlap(m)) return false;
+  return t.Graphs(CudaGraphModule::kMoePreprocess) && t.moe_dispatcher == MoeDispatcher::kAllToAll;
+}
+
 Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
   MEMSIM_RETURN_IF_ERROR(Positive(t.seq_length, "seq_length"));
   MEMSIM_RETURN_IF_ERROR(Positive(t.micro_batch_size, "micro_batch_size"));
@@ -441,9 +447,19 @@ Status ValidateTrainingConfig(const TrainingConfig& t, const ModelConfig& m) {
           "would be a graph output); drop one of the two");
     }
   }
-  if (t.moe_shared_expert_overlap && m.moe_shared_expert_size == 0) {
-    return Status::Error(
-        "moe_shared_expert_overlap needs shared experts (moe_shared_expert_size > 0)");
+  if (t.SharedExpertsOverlap(m)) {
+    // TransformerConfig.__post_init__, in its order (without shared experts it checks
+    // neither, and the switch does nothing).
+    if (t.moe_dispatcher == MoeDispatcher::kAllGather) {
+      return Status::Error(
+          "moe_shared_expert_overlap (--moe-shared-expert-overlap) only works with the alltoall "
+          "or flex token dispatcher, as Megatron-Core asserts");
+    }
+    if (t.Recomputes(RecomputeModule::kSharedExperts)) {
+      return Status::Error(
+          "the shared_experts recompute module cannot be used with moe_shared_expert_overlap "
+          "(--moe-shared-expert-overlap), as Megatron-Core asserts");
+    }
   }
   if (t.mlp_chunks_for_training > 1) {
     const char* with = m.num_experts > 0           ? "MoE layers (per-chunk routing)"

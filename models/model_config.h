@@ -507,8 +507,12 @@ struct TrainingConfig {
   bool log_num_zeros_in_grad = false;
   // --moe-shared-expert-overlap: the shared experts run on a CUDA stream of their own
   // (SharedExpertMLP.stream), whose GEMMs get cuBLAS workspaces of their own (Note [Library
-  // workspaces] in ops/library_workspaces.h). REQUIRES: shared experts.
+  // workspaces] in ops/library_workspaces.h); nothing without shared experts.
   bool moe_shared_expert_overlap = false;
+  // Whether the shared experts run overlapped: the switch, with shared experts.
+  bool SharedExpertsOverlap(const ModelConfig& m) const {
+    return moe_shared_expert_overlap && m.moe_shared_expert_size > 0;
+  }
   // Megatron-FSDP's gradient dtypes (Note [Megatron-FSDP] in parallel/megatron_fsdp.h): the
   // shards' (--megatron-fsdp-main-grads-dtype) and the full buckets' (--megatron-fsdp-grad-
   // comm-dtype). Unset: auto, the parameters' dtype, then the main gradients'.
@@ -627,6 +631,14 @@ struct TrainingConfig {
 // for `tp`) and checks every shape rule; the error names the rule and the numbers.
 Status FinalizeModelConfig(ModelConfig* model, int64_t tp = 1);
 Status ValidateTrainingConfig(const TrainingConfig& training, const ModelConfig& model);
+
+// Whether the layernorm recompute module recomputes a layer's pre-MLP norm under CUDA
+// graphs (transformer_layer.py's can_recompute_pre_mlp_layernorm_for_cudagraph, Megatron-Core
+// 0.20): under a moe_router graph an MoE layer's norm output leaves the graph in a static
+// buffer, unless the alltoall dispatcher's preprocessing is captured too; and overlapped
+// shared experts read it outside the graph.
+bool PreMlpNormRecomputable(const ModelConfig& model, const TrainingConfig& training,
+                            bool moe_layer);
 
 // The names of Note [Enum names]; string literals, so data() is null-terminated.
 inline const char* PrecisionName(Precision precision) {

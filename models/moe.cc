@@ -1230,9 +1230,10 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
   const at::Tensor tokens = hidden.reshape({-1, H});  // [T, H]
   const int64_t T = tokens.size(0);
   // CUDA graphs' moe_router module captures the shared experts and the router (Note [CUDA
-  // graphs] in parallel/cuda_graphs.h).
+  // graphs] in parallel/cuda_graphs.h); overlapped shared experts stay outside it
+  // (TransformerLayer's graphed submodules).
   std::optional<GraphedScope> router_graph;
-  router_graph.emplace(t.Graphs(CudaGraphModule::kMoeRouter));
+  router_graph.emplace(t.Graphs(CudaGraphModule::kMoeRouter) && !t.SharedExpertsOverlap(m));
   at::Tensor shared;
   if (params.shared_fc1 != nullptr) {
     // Shared experts run first, on the same input: SharedExpertMLP is an MLP over the
@@ -1278,6 +1279,7 @@ at::Tensor MoeForward(const ModelConfig& m, const TrainingConfig& t, const MoePa
     shared = t.Recomputes(RecomputeModule::kSharedExperts) ? Checkpoint(shared_experts, {tokens})
                                                            : shared_experts({tokens});
   }
+  if (t.SharedExpertsOverlap(m)) router_graph.emplace(t.Graphs(CudaGraphModule::kMoeRouter));
   Routing routing = Route(m, t, params, tokens);
   router_graph.reset();
   const bool fp32_probs = routing.probs.scalar_type() == at::kFloat;

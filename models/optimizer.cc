@@ -423,15 +423,28 @@ void MixedPrecisionOptimizer::CountZerosInGrads() const {
   // Every validation case that fitted the host's time per op counts zeros (Note [Counting
   // zeros in gradients]).
   KernelTimeOnlyScope kernel_time;
-  at::Tensor total;  // total_num_zeros, torch.zeros(1, dtype=torch.int64) as the walk starts
+  at::Tensor total;  // total_num_zeros: torch.zeros(1, dtype=torch.int64) before the walk
+  for (size_t i : order_) {
+    if (!master_grads_[i].defined()) continue;
+    total = at::zeros({1}, master_grads_[i].options().dtype(at::kLong));
+    break;
+  }
   for (size_t i : order_) {
     const Parameter& p = store_->parameters()[i];
-    if (!owned_[i] || on_host_[i] || p.shared) continue;
-    // One gradient per expert where memsim stacks several (Megatron has a parameter each).
-    const at::Tensor& grad = master_grads_[i];
+    // Offloaded shards count too: their device gradients are the optimizer's (Note).
+    if (!owned_[i] || p.shared) continue;
+    const at::Tensor flat = master_grads_[i].reshape(-1);
+    // Megatron holds a parameter per expert where memsim stacks them: this rank's share of
+    // expert k is its range's overlap with the k-th of the stacked tensor's equal parts.
     const int64_t experts = std::max<int64_t>(p.stacked_experts, 1);
-    for (const at::Tensor& one : grad.reshape(-1).chunk(experts)) {
-      if (!total.defined()) total = at::zeros({1}, one.options().dtype(at::kLong));
+    const int64_t per_expert = p.data.numel() / experts;
+    const int64_t begin = p.optimizer_slice ? p.optimizer_slice->offset : 0;
+    const int64_t end = begin + flat.numel();
+    for (int64_t k = 0; k < experts; ++k) {
+      const int64_t lo = std::max(begin, k * per_expert);
+      const int64_t hi = std::min(end, (k + 1) * per_expert);
+      if (hi <= lo) continue;
+      const at::Tensor one = flat.narrow(0, lo - begin, hi - lo);
       const at::Tensor nonzero = one.ne(0);                  // [N] bool
       const at::Tensor count = nonzero.to(at::kLong).sum();  // the [N] int64 copy, then []
       total = at::rsub(count, one.numel()).add(total);       // numel - count + total

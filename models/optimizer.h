@@ -24,20 +24,23 @@
 // after prepare_grads and the gradient clipping, before step_with_ready_grads, so before the
 // first step's lazily made states): count_zeros_fp32 (optimizer/clip_grads.py) walks the
 // optimizer's parameters (the masters, or their shards, whose .grad is the master
-// gradient), skipping the later stage's copy of a shared embedding (`shared`) and, on
-// tensor-parallel ranks other than 0, parameters not split over them, and evaluates
-// `grad.numel() - torch.count_nonzero(grad)` into an int64 running total. On CUDA,
-// count_nonzero is `(grad != 0).sum()`, and the sum of a bool tensor into int64 first
-// converts it: a bool tensor of N bytes and an int64 one of 8N, freed before the next
+// gradient; with the optimizer's CPU offload the device gradients of the offloaded shards
+// too, as HybridDeviceOptimizer keeps the GPU parameters in its groups), skipping the later stage's
+// copy of a shared embedding (`shared`) and, on tensor-parallel ranks other than 0, parameters not
+// split over them, and evaluates `grad.numel() - torch.count_nonzero(grad)` into an int64 running
+// total. On CUDA, count_nonzero is `(grad != 0).sum()`, and the sum of a bool tensor into int64
+// first converts it: a bool tensor of N bytes and an int64 one of 8N, freed before the next
 // gradient, so the step's peak gains 9 bytes per element of the largest gradient counted.
 // Measured on an H200 with PyTorch 2.11 (validation/fake_pg, the gpt3_7b TP2 PP4 run with
 // full recomputation): 256.5 MiB and 2052 MiB for the output layer's 268,959,744 elements
 // at the run's peak. memsim skips no duplicated parameter (smaller than the split weights,
 // they do not move the peak) and leaves out the reduction's few-KiB staging buffers; a
 // parameter holding several experts (stacked_experts) is counted as that many gradients,
-// as Megatron holds one parameter per expert. The loop's host time is not charged on the
-// virtual clock: every Megatron-LM run min_op_s was fitted to counts zeros, so that time is
-// already in the other ops' share (KernelTimeOnlyScope in simulator/session.h).
+// as Megatron holds one parameter per expert: under the distributed optimizer, the overlap
+// of this rank's range with each expert's part (the buffer's order taken as the stacking's). The
+// loop's host time is not charged on the virtual clock: every Megatron-LM run min_op_s was fitted
+// to counts zeros, so that time is already in the other ops' share (KernelTimeOnlyScope in
+// simulator/session.h).
 //
 // Note [Muon]
 // --optimizer muon (Megatron-Core 0.20's emerging optimizers, megatron/core/optimizer/

@@ -782,7 +782,10 @@ at::Tensor TransformerModel::LayerForward(Layer& layer, const at::Tensor& hidden
   if (recompute_norms && (local || model_.multi_latent_attention())) {
     input_norm_checkpoint.emplace();
   }
-  if (recompute_norms && (local || layer.moe)) mlp_norm_checkpoint.emplace();
+  if (recompute_norms && (local || layer.moe) &&
+      PreMlpNormRecomputable(model_, training_, layer.moe)) {
+    mlp_norm_checkpoint.emplace();
+  }
   CheckpointWithoutOutput* mlp_norm = mlp_norm_checkpoint ? &*mlp_norm_checkpoint : nullptr;
 
   // Offloading's attn_norm and mlp_norm regions (transformer_layer.py) exist where the norm

@@ -217,8 +217,11 @@ class LibraryWorkspaces {
     // keeping each op's stream) in backward: a workspace for each thread on it. (Measured
     // on an H200: two more 32 MiB blocks, at the shared expert's first linear_fc1 and in
     // backward; validation/fake_pg.) TE's layers use TE's one workspace on every stream.
-    const bool shared_expert_stream = training.moe_shared_expert_overlap && has_layers &&
-                                      model.num_experts > 0 && model.moe_shared_expert_size > 0 &&
+    bool moe_layers = false;  // the stage's: dense first layers have no shared experts
+    for (const auto& [first, count] : shard.chunks) {
+      for (int64_t l = first; l < first + count; ++l) moe_layers = moe_layers || model.moe_layer(l);
+    }
+    const bool shared_expert_stream = training.SharedExpertsOverlap(model) && moe_layers &&
                                       training.profile == ProfileKind::kMegatronLocal;
     shared_expert_cublas_bytes_ = shared_expert_stream ? cublas_bytes : 0;
     const bool te_gemms =

@@ -120,16 +120,18 @@ Status FinalizeUnchecked(RunSpec* spec) {
   if (l.combined_1f1b) {
     // TransformerConfig.__post_init__'s rules for overlap_moe_expert_parallel_comm.
     const ModelConfig& m = spec->model;
-    const char* broken = m.num_experts == 0 || l.ep == 1 ? "it needs expert parallelism (EP > 1)"
-                         : t.moe_dispatcher == MoeDispatcher::kAllGather
-                             ? "it needs the alltoall or flex token dispatcher"
-                         : t.precision == Precision::kFp32 ? "it needs bf16 or fp16"
-                         : l.pp > 1 && l.vpp == 1 ? "with PP > 1 it needs virtual pipeline stages"
-                         : t.recompute == RecomputeKind::kFull ? "it excludes full recomputation"
-                         : t.Recomputes(RecomputeModule::kMoe)
-                             ? "it excludes the moe recompute module"
-                         : m.mtp_num_layers > 1 ? "it allows at most one MTP layer"
-                                                : nullptr;
+    const char* broken =
+        m.num_experts == 0 || l.ep == 1 ? "it needs expert parallelism (EP > 1)"
+        : t.moe_dispatcher == MoeDispatcher::kAllGather
+            ? "it needs the alltoall or flex token dispatcher"
+        : t.precision == Precision::kFp32     ? "it needs bf16 or fp16"
+        : l.pp > 1 && l.vpp == 1              ? "with PP > 1 it needs virtual pipeline stages"
+        : t.recompute == RecomputeKind::kFull ? "it excludes full recomputation"
+        : t.Recomputes(RecomputeModule::kMoe) ? "it excludes the moe recompute module"
+        : m.mtp_num_layers > 1                ? "it allows at most one MTP layer"
+        : t.moe_shared_expert_overlap
+            ? "it excludes overlapping the shared experts (--moe-shared-expert-overlap)"
+            : nullptr;
     if (broken != nullptr) {
       return Status::Error(std::string("overlapping expert-parallel communication (the combined "
                                        "1F1B schedule): ") +

@@ -2899,5 +2899,33 @@ TEST(DelayedWgrad, RecomputedLinearsStillWait) {
   EXPECT_GT(events.dw1_alloc, events.dw2_free);
 }
 
+// transformer_layer.py's can_recompute_pre_mlp_layernorm_for_cudagraph, case by case from
+// the source: only MoE layers under a moe_router graph lose the pre-MLP norm's recompute,
+// unless the alltoall dispatcher's preprocessing is captured too and no shared experts run
+// overlapped (the switch without shared experts does nothing).
+TEST(Recomputation, PreMlpNormUnderTheRouterGraph) {
+  ModelConfig m;
+  TrainingConfig t;
+  t.cuda_graphs = true;
+  const uint32_t router = CudaGraphModuleBit(CudaGraphModule::kMoeRouter);
+  const uint32_t preprocess = CudaGraphModuleBit(CudaGraphModule::kMoePreprocess);
+  t.cuda_graph_modules = router;
+  EXPECT_TRUE(PreMlpNormRecomputable(m, t, /*moe_layer=*/false));
+  EXPECT_FALSE(PreMlpNormRecomputable(m, t, true));
+  t.cuda_graph_modules = CudaGraphModuleBit(CudaGraphModule::kAttn);
+  EXPECT_TRUE(PreMlpNormRecomputable(m, t, true));
+  t.cuda_graph_modules = router | preprocess;
+  t.moe_dispatcher = MoeDispatcher::kAllGather;
+  EXPECT_FALSE(PreMlpNormRecomputable(m, t, true));
+  t.moe_dispatcher = MoeDispatcher::kAllToAll;
+  EXPECT_TRUE(PreMlpNormRecomputable(m, t, true));
+  t.moe_shared_expert_overlap = true;
+  EXPECT_TRUE(PreMlpNormRecomputable(m, t, true));
+  m.moe_shared_expert_size = 64;
+  EXPECT_FALSE(PreMlpNormRecomputable(m, t, true));
+  t.cuda_graphs = false;
+  EXPECT_TRUE(PreMlpNormRecomputable(m, t, true));
+}
+
 }  // namespace
 }  // namespace memsim

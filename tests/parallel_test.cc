@@ -953,7 +953,8 @@ TEST(ExpertParallel, RouterGemmsUseTransformerEnginesWorkspace) {
 // --moe-shared-expert-overlap (Note [Library workspaces]): the local implementation's shared
 // experts run their GEMMs on a stream of their own in forward and backward, so a stage with
 // MoE layers holds two more cuBLAS workspaces (:4096:8, 32 MiB each) than without the
-// overlap; under Transformer Engine its one GEMM workspace serves every stream.
+// overlap; under Transformer Engine its one GEMM workspace serves every stream. Megatron-Core
+// asserts the alltoall or flex dispatcher for it.
 TEST(ExpertParallel, SharedExpertOverlapStreamHasItsOwnWorkspaces) {
   ModelConfig m = SmallMoe(0);
   m.moe_shared_expert_size = 256;
@@ -965,6 +966,7 @@ TEST(ExpertParallel, SharedExpertOverlapStreamHasItsOwnWorkspaces) {
   t.cublas_workspace_bytes = 32 << 20;
   t.profile = ProfileKind::kMegatronLocal;
   t.attention = AttentionKind::kFlash;
+  t.moe_dispatcher = MoeDispatcher::kAllToAll;
   ParallelLayout layout;
   layout.world_size = 2;
   layout.tp = 2;
@@ -979,9 +981,10 @@ TEST(ExpertParallel, SharedExpertOverlapStreamHasItsOwnWorkspaces) {
   const std::map<std::string, int64_t> te = WorkspaceBytes(m, t, layout, 0, "H100-80GB");
   t.moe_shared_expert_overlap = false;
   EXPECT_EQ(WorkspaceBytes(m, t, layout, 0, "H100-80GB"), te);
-  m.moe_shared_expert_size = 0;
   t.moe_shared_expert_overlap = true;
-  EXPECT_NE(ValidateTrainingConfig(t, m).message().find("needs shared experts"), std::string::npos);
+  t.moe_dispatcher = MoeDispatcher::kAllGather;
+  EXPECT_NE(ValidateTrainingConfig(t, m).message().find("alltoall or flex token dispatcher"),
+            std::string::npos);
 }
 
 // --output-logit-dtype fp32 on bf16 training: the output layer's forward GEMM goes through

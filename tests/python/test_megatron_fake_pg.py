@@ -1,10 +1,12 @@
 """tools/gpu/megatron_fake_pg.py without a GPU: the launch line it gives Megatron-LM for a
-validation case, the compact allocator history it keeps, and the stand-in modules it makes
-for imports Megatron cannot do without."""
+validation case, the compact allocator history it keeps, the run in Megatron's
+memory-tracer schema, and the stand-in modules it makes for imports Megatron cannot do
+without."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import tempfile
 import unittest
@@ -71,6 +73,48 @@ class CompactTraceTest(unittest.TestCase):
                                             "megatron/core/layers.py:7:forward"]])
         self.assertEqual(trace["events"], [["alloc", 512, 16, 0], ["free_completed", 512, 16, 0],
                                            ["segment_alloc", 2 << 20, 0, 1]])
+
+
+class IterationTraceTest(unittest.TestCase):
+    MIB = 1 << 20
+    EVENTS = [
+        {"action": "segment_alloc", "size": 2 * MIB, "time_us": 5},
+        {"action": "alloc", "size": MIB, "time_us": 10},
+        {"action": "alloc", "size": MIB, "time_us": 20},
+        {"action": "free_completed", "size": MIB, "time_us": 30},
+        {"action": "alloc", "size": 512, "time_us": 110},
+        {"action": "segment_alloc", "size": 2 * MIB, "time_us": 115},
+        {"action": "free_completed", "size": MIB, "time_us": 120},
+    ]
+    STEPS = [{"start_us": 0, "end_us": 50}, {"start_us": 100, "end_us": 130}]
+
+    def samples(self, iteration):
+        return [(round(x["timestamp_s"] * 1e6), x["allocated_memory_MB"], x["reserved_memory_MB"])
+                for x in iteration["samples"]]
+
+    def test_each_step_is_an_iteration_with_its_extremes(self):
+        # Two bins a step: step 0 keeps [0, 25)'s lowest (t 5) and highest (t 20) and
+        # [25, 50)'s one sample; step 1 starts with the state before it (1 MiB, 2 MiB
+        # reserved), keeps the reserved change at 115 and its bins' extremes.
+        trace = fake_pg.iteration_trace({"device_traces": [self.EVENTS]}, self.STEPS, 100, bins=2)
+        self.assertEqual(list(trace), ["0", "1"])
+        self.assertEqual(self.samples(trace["0"]), [(5, 0.0, 2.0), (20, 2.0, 2.0), (30, 1.0, 2.0)])
+        self.assertEqual(trace["0"]["peak_allocated_MB"], 2.0)
+        self.assertEqual(self.samples(trace["1"]), [(0, 1.0, 2.0), (10, 1 + 1 / 2048, 2.0),
+                                                    (15, 1 + 1 / 2048, 4.0), (20, 1 / 2048, 4.0)])
+        with tempfile.TemporaryDirectory() as folder:  # the reader memsim compare uses
+            path = Path(folder) / "memory_trace_rank7_case.json"
+            path.write_text(json.dumps(trace))
+            sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "plots"))
+            from traces import load_trace
+            self.assertEqual([i.peak_allocated_mb for i in load_trace(path)], [2.0, 1 + 1 / 2048])
+
+    def test_a_full_history_or_an_empty_step_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "filled its 7 entries"):
+            fake_pg.iteration_trace({"device_traces": [self.EVENTS]}, self.STEPS, 7)
+        with self.assertRaisesRegex(ValueError, "no allocator event inside train_step 0"):
+            fake_pg.iteration_trace({"device_traces": [self.EVENTS]},
+                                    [{"start_us": 60, "end_us": 70}], 100)
 
 
 class StubTest(unittest.TestCase):

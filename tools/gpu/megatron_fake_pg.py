@@ -66,6 +66,9 @@ DROPPED = {
 }
 
 
+HISTORY_ENTRIES = 2_000_000  # the allocator history's ring buffer
+
+
 def launch_line(case, iterations, tensorboard_dir):
     argv = []
     for key, value in case["args"].items():
@@ -121,17 +124,21 @@ def compact_trace(snapshot):
     return {"frames": frames, "events": events}
 
 
-def iteration_trace(snapshot, steps, bins=2000):
+def iteration_trace(snapshot, steps, max_entries, bins=2000):
     """The run in the schema of Megatron-LM's memory tracer that `memsim compare` reads
     ({"<iteration>": {"samples": [{timestamp_s, allocated_memory_MB, reserved_memory_MB}],
     "peak_allocated_MB"}}), one entry per train_step (its wall-clock window, `steps`' start_us
     and end_us), from the allocator's history: allocated is the requested bytes of live
     blocks (memory_allocated counts them rounded to 512 bytes), reserved the segments. Each
-    iteration keeps the lowest and highest sample of each of `bins` equal time slices, so
-    every extreme survives. The history must cover the whole run (it starts before Megatron
-    allocates anything)."""
+    iteration starts with the state at its start, then keeps every change of reserved memory
+    and the lowest and highest sample of each of `bins` equal time slices, so every extreme
+    survives; iterations are numbered from 0, as memsim numbers its own. The history must
+    cover the whole run (it starts before Megatron allocates anything): a history that
+    filled its `max_entries` may have dropped its start, and is refused."""
     events = []
     for trace in snapshot.get("device_traces", []):
+        if len(trace) >= max_entries:
+            raise ValueError(f"the allocator history filled its {max_entries} entries")
         events += [e for e in trace if "time_us" in e]
     events.sort(key=lambda e: e["time_us"])
     growth = {"alloc": 1, "free_completed": -1}
@@ -144,8 +151,9 @@ def iteration_trace(snapshot, steps, bins=2000):
         timeline.append((e["time_us"], allocated, reserved))
     out = {}
     mib = 1024 * 1024
-    for number, step in enumerate(steps, start=1):
+    for number, step in enumerate(steps):
         start, end = step["start_us"], step["end_us"]
+        before = [t for t in timeline if t[0] < start]
         window = [t for t in timeline if start <= t[0] <= end]
         if not window:
             raise ValueError(f"no allocator event inside train_step {number}'s window")
@@ -155,7 +163,11 @@ def iteration_trace(snapshot, steps, bins=2000):
             b = int((t[0] - start) // width)
             low, high = kept.get(b, (t, t))
             kept[b] = (t if t[1] < low[1] else low, t if t[1] > high[1] else high)
-        samples = sorted({x for pair in kept.values() for x in pair})
+        samples = {x for pair in kept.values() for x in pair}
+        samples |= {t for prev, t in zip(window, window[1:]) if t[2] != prev[2]}
+        if before:
+            samples.add((start, before[-1][1], before[-1][2]))
+        samples = sorted(samples)
         out[str(number)] = {
             "samples": [{"timestamp_s": (t - start) / 1e6, "allocated_memory_MB": a / mib,
                          "reserved_memory_MB": r / mib} for t, a, r in samples],
@@ -204,7 +216,7 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
         megatron_random.activation_recompute_forward = lambda **k: contextlib.nullcontext()
         megatron_random.fp8_autocast = lambda **k: contextlib.nullcontext()
     torch.cuda.memory._record_memory_history(
-        enabled="all", context="all", stacks="python", max_entries=2_000_000)
+        enabled="all", context="all", stacks="python", max_entries=HISTORY_ENTRIES)
     try:
         import megatron.training.training as training
 
@@ -271,12 +283,12 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
     snapshot = torch.cuda.memory._snapshot()
     trace = compact_trace(snapshot)
     try:
-        memory_trace = iteration_trace(snapshot, result["steps"])
+        memory_trace = iteration_trace(snapshot, result["steps"], HISTORY_ENTRIES)
         trace_name = f"memory_trace_rank{case['rank']}_{name.split('@')[0]}.json"
         with open(os.path.join(out_dir, trace_name), "w") as f:
             json.dump(memory_trace, f)
-    except ValueError as e:
-        result["memory_trace_error"] = str(e)
+    except (ValueError, KeyError) as e:
+        result["memory_trace_error"] = repr(e)
     with gzip.open(os.path.join(out_dir, f"{name}.trace.json.gz"), "wt") as f:
         json.dump(trace, f)
     result["trace_events"] = len(trace["events"])

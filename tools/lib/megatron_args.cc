@@ -470,11 +470,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
   // The combined 1F1B schedule (Note [Combined 1F1B]); FinalizeRunSpec checks its rules.
   l.combined_1f1b = a.Has("--overlap-moe-expert-parallel-comm");
   l.overlap_p2p_comm = !a.Has("--no-overlap-p2p-communication");
-  if (l.combined_1f1b && a.Has("--moe-shared-expert-overlap")) {
-    return Status::Error(
-        "--moe-shared-expert-overlap cannot be used with --overlap-moe-expert-parallel-comm "
-        "(Megatron-Core asserts it)");
-  }
+  t.moe_shared_expert_overlap = a.Has("--moe-shared-expert-overlap");
   t.te_op_fuser = a.Has("--use-transformer-engine-op-fuser");  // the rules: model_config.cc
   a.Ignore("--fake-process-group");  // unless with the flex dispatcher, below
   t.experimental = a.Has("--enable-experimental");
@@ -489,11 +485,7 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
         a.Int("--moe-shared-expert-intermediate-size", &m.moe_shared_expert_size));
     // Only with shared experts (SharedExpertMLP makes the gate).
     m.moe_shared_expert_gate = a.Has("--moe-shared-expert-gate");
-    t.moe_shared_expert_overlap = a.Has("--moe-shared-expert-overlap");
-    if (m.moe_shared_expert_size == 0) {
-      a.Ignore("--moe-shared-expert-gate");
-      t.moe_shared_expert_overlap = false;
-    }
+    if (m.moe_shared_expert_size == 0) a.Ignore("--moe-shared-expert-gate");
     MEMSIM_RETURN_IF_ERROR(a.Float("--moe-expert-capacity-factor", &m.moe_capacity_factor));
     // A negative capacity factor is Megatron's None: dropless (TransformerConfig).
     if (m.moe_capacity_factor < 0) m.moe_capacity_factor = 0;
@@ -1279,12 +1271,6 @@ Status ReadRecomputation(Args& a, const ModelConfig& m, TrainingConfig* training
   }
   if (a.Has("--moe-layer-recompute"))
     t.recompute_modules |= RecomputeModuleBit(RecomputeModule::kMoe);
-  if (t.Recomputes(RecomputeModule::kSharedExperts) && m.moe_shared_expert_size > 0 &&
-      a.Has("--moe-shared-expert-overlap")) {
-    return Status::Error(
-        "--recompute-modules shared_experts cannot be used with --moe-shared-expert-overlap "
-        "(Megatron-Core rejects it)");
-  }
   return Status::OK();
 }
 

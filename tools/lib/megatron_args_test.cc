@@ -627,11 +627,12 @@ TEST(MegatronArgs, ExpertParallelCommunicationOverlap) {
                           "--num-experts 4 --moe-token-dispatcher-type alltoall --bf16 "
                           "--expert-model-parallel-size 2 --overlap-moe-expert-parallel-comm ";
   EXPECT_TRUE(Parse(moe, 2).spec.layout.combined_1f1b);
-  EXPECT_EQ(ErrorOf(moe + "--moe-shared-expert-overlap", 2),
-            "--moe-shared-expert-overlap cannot be used with --overlap-moe-expert-parallel-comm "
-            "(Megatron-Core asserts it)");
   const std::string prefix =
       "overlapping expert-parallel communication (the combined 1F1B schedule): ";
+  EXPECT_EQ(ErrorOf(moe + "--moe-shared-expert-overlap", 2),
+            prefix +
+                "it excludes overlapping the shared experts (--moe-shared-expert-overlap), as "
+                "Megatron-Core asserts");
   EXPECT_EQ(ErrorOf(moe + "--pipeline-model-parallel-size 2", 4),
             prefix + "with PP > 1 it needs virtual pipeline stages, as Megatron-Core asserts");
   EXPECT_EQ(ErrorOf(moe + "--recompute-granularity full --recompute-method uniform "
@@ -1423,11 +1424,16 @@ TEST(MegatronArgs, RecomputeModules) {
                            "--recompute-num-layers 1 --moe-layer-recompute"),
             "--moe-layer-recompute cannot be used with --recompute-granularity full "
             "(Megatron-Core rejects it)");
-  EXPECT_EQ(ErrorOf(base + "--num-experts 4 --moe-shared-expert-intermediate-size 64 "
-                           "--moe-shared-expert-overlap --recompute-granularity selective "
-                           "--recompute-modules shared_experts"),
-            "--recompute-modules shared_experts cannot be used with --moe-shared-expert-overlap "
-            "(Megatron-Core rejects it)");
+  const std::string overlap = base +
+                              "--num-experts 4 --moe-shared-expert-intermediate-size 64 "
+                              "--moe-shared-expert-overlap ";
+  EXPECT_EQ(ErrorOf(overlap + "--moe-token-dispatcher-type alltoall --recompute-granularity "
+                              "selective --recompute-modules shared_experts"),
+            "the shared_experts recompute module cannot be used with moe_shared_expert_overlap "
+            "(--moe-shared-expert-overlap), as Megatron-Core asserts");
+  EXPECT_EQ(ErrorOf(overlap),
+            "moe_shared_expert_overlap (--moe-shared-expert-overlap) only works with the alltoall "
+            "or flex token dispatcher, as Megatron-Core asserts");
 }
 
 // --distribute-saved-activations: full recomputation only (Megatron-LM asserts it; the
