@@ -745,35 +745,6 @@ TEST(CountZerosInGrads, ABoolAndAnInt64CopyOfEachGradientOneAtATime) {
   }
 }
 
-// Note [Counting zeros in gradients] with stacked experts, by hand: Megatron has a parameter
-// per expert, so a rank's share is counted expert by expert. A 2-layer MoE of 8 experts
-// (h 256, SwiGLU experts of 512: fc1 [8 * 1024, 256], fc2 [256, 8 * 512]) under ZeRO-2 on
-// 2 ranks: rank 0's share of each stacked tensor is its first half, experts 0-3 whole, so
-// each fc1 is counted as 4 gradients of 1024 * 256 elements (8 in all; no other gradient
-// of the rank has that size), not as 8 equal chunks of the share.
-TEST(CountZerosInGrads, EachExpertOfAStackedTensorApart) {
-  ModelConfig m = test::Llama(2, 256, 8, 4, 512, 1024);
-  m.num_experts = 8;
-  m.moe_router_topk = 2;
-  ASSERT_TRUE(FinalizeModelConfig(&m, 1).ok());
-  TrainingConfig t;
-  t.seq_length = 64;
-  t.micro_batch_size = 1;
-  t.iterations = 1;
-  t.precision = Precision::kBf16;
-  t.log_num_zeros_in_grad = true;
-  const std::unique_ptr<Session> session = test::RecordRank(
-      test::Validated(m, t, DataParallelLayout(m, 2, DataParallelKind::kZero2)), 0);
-  const Recorder& r = session->recorder();
-  const int64_t begin = MarkerAt(r, MarkerKind::kPhaseBegin, 0, -1, Phase::kOptimizer).event_index;
-  int64_t expert_sized = 0;
-  for (const StorageInfo& info : r.storages()) {
-    expert_sized +=
-        info.alloc_event >= begin && info.dtype == at::kBool && info.size_bytes == 1024 * 256;
-  }
-  EXPECT_EQ(expert_sized, 8);
-}
-
 // The schedule's locals (Note [Tensors the schedule keeps]): on the last stage (1F1B, no
 // warm-up) microbatch 1's input gradient lives through microbatch 2's forward, and so does
 // its input, which the popped output_tensor's spent graph holds until that forward returns;
@@ -921,13 +892,39 @@ TEST(Layout, ReportsTheBrokenRule) {
 namespace memsim {
 namespace {
 
-ModelConfig SmallMoe(double capacity_factor) {
+ModelConfig SmallMoe(double capacity_factor, int64_t tp = 2) {
   ModelConfig m = test::Llama(2, 256, 8, 4, 512, 1024);
   m.num_experts = 8;
   m.moe_router_topk = 2;
   m.moe_capacity_factor = capacity_factor;
-  EXPECT_TRUE(FinalizeModelConfig(&m, 2).ok());
+  EXPECT_TRUE(FinalizeModelConfig(&m, tp).ok());
   return m;
+}
+
+// Note [Counting zeros in gradients] with stacked experts, by hand: Megatron has a parameter
+// per expert, so a rank's share is counted expert by expert. A 2-layer MoE of 8 experts
+// (h 256, SwiGLU experts of 512: fc1 [8 * 1024, 256], fc2 [256, 8 * 512]) under ZeRO-2 on
+// 2 ranks: rank 0's share of each stacked tensor is its first half, experts 0-3 whole, so
+// each fc1 is counted as 4 gradients of 1024 * 256 elements (8 in all; no other gradient
+// of the rank has that size), not as 8 equal chunks of the share.
+TEST(CountZerosInGrads, EachExpertOfAStackedTensorApart) {
+  const ModelConfig m = SmallMoe(0, /*tp=*/1);
+  TrainingConfig t;
+  t.seq_length = 64;
+  t.micro_batch_size = 1;
+  t.iterations = 1;
+  t.precision = Precision::kBf16;
+  t.log_num_zeros_in_grad = true;
+  const std::unique_ptr<Session> session = test::RecordRank(
+      test::Validated(m, t, DataParallelLayout(m, 2, DataParallelKind::kZero2)), 0);
+  const Recorder& r = session->recorder();
+  const int64_t begin = MarkerAt(r, MarkerKind::kPhaseBegin, 0, -1, Phase::kOptimizer).event_index;
+  int64_t expert_sized = 0;
+  for (const StorageInfo& info : r.storages()) {
+    expert_sized +=
+        info.alloc_event >= begin && info.dtype == at::kBool && info.size_bytes == 1024 * 256;
+  }
+  EXPECT_EQ(expert_sized, 8);
 }
 
 // The GEMM workspaces (Note [Library workspaces]) a stage of `layout` allocates, by module.

@@ -1215,7 +1215,7 @@ Status ReadKernels(Args& a, TrainingConfig* training) {
 }
 
 // Recomputation, with Megatron-LM's rules.
-Status ReadRecomputation(Args& a, const ModelConfig& m, TrainingConfig* training) {
+Status ReadRecomputation(Args& a, TrainingConfig* training) {
   TrainingConfig& t = *training;
   std::string text;
   std::string granularity = "none";
@@ -1466,7 +1466,7 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   MEMSIM_RETURN_IF_ERROR(ReadKernels(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadFp8(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadTpCommOverlap(a, &t));
-  MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, m, &t));
+  MEMSIM_RETURN_IF_ERROR(ReadRecomputation(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadActivationOffloading(a, &t));
   MEMSIM_RETURN_IF_ERROR(ReadTensorDumps(a, t, l));
   return ReadMemoryManagement(a, &t);
