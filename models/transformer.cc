@@ -366,15 +366,22 @@ std::vector<at::Tensor> TransformerModel::QueryKeyValue(Layer& layer, const at::
     ModuleScope s("k_layernorm");
     k = L2Norm(k);
   } else if (model_.qk_layernorm) {
-    // Apex's and Transformer Engine's norms save the contiguous input they normalize.
+    // Apex's and Transformer Engine's norms save the contiguous input they normalize. The
+    // local spec's RMSNorm is torch.nn.RMSNorm (WrappedTorchNorm, Apex or not), which saves
+    // its input as it comes: the key, a view of linear_qkv's output, keeps that output
+    // whole (an H200 run of Megatron-LM with the local spec showed it: validation/fake_pg,
+    // llama_1b_local_pp4_qk_layernorm_ce_fusion).
+    const bool saves_view =
+        training_.profile == ProfileKind::kMegatronLocal && model_.norm == NormKind::kRmsNorm;
+    auto norm_input = [saves_view](const at::Tensor& x) { return saves_view ? x : x.contiguous(); };
     {
       ModuleScope s("q_layernorm");
       ChargeTeModuleCalls(training_);
-      q = Norm(q.contiguous(), layer.q_norm_weight, layer.q_norm_bias);
+      q = Norm(norm_input(q), layer.q_norm_weight, layer.q_norm_bias);
     }
     ModuleScope s("k_layernorm");
     ChargeTeModuleCalls(training_);
-    k = Norm(k.contiguous(), layer.k_norm_weight, layer.k_norm_bias);
+    k = Norm(norm_input(k), layer.k_norm_weight, layer.k_norm_bias);
   }
   if (gated) *gate = gate_part.reshape({S, B, A, D});  // the same
   const bool rope = model_.position == PositionKind::kRope && !layer.skips_rope;

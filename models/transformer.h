@@ -56,9 +56,11 @@
 //   of LayerNorms and masks is sharded too: SBH(34/t + 5AS/(Ht)). The real kernels also
 //   keep each LayerNorm's float32 mean and rstd (2 * 2 * 4SB, /t with SP). With
 //   qk_layernorm the q and k norms keep their contiguous inputs and outputs, 2SB(A+G)D/t
-//   each, and float32 statistics per head row. With qk_l2_norm the weightless L2Norm keeps
-//   its inputs as they come (the reshaped query, 2SBAD/t when G < A; the key, a view of
-//   linear_qkv's output, which it keeps whole) and float32 rsqrt 4SB(A+G)/t.
+//   each, and float32 statistics per head row (the local spec's RMSNorm keeps the key as
+//   the view of linear_qkv's output it is, so that output whole, as qk_l2_norm does).
+//   With qk_l2_norm the weightless L2Norm keeps its inputs as they come (the reshaped
+//   query, 2SBAD/t when G < A; the key, a view of linear_qkv's output, which it keeps
+//   whole) and float32 rsqrt 4SB(A+G)/t.
 //
 // The same for the Llama family (RMSNorm, SwiGLU, RoPE, no biases), flash attention, no
 // dropout, no recomputation, B > 1, in bytes, t = tp, without sequence parallelism:

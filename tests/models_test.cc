@@ -1365,6 +1365,31 @@ TEST(Activations, QkL2NormKeepsItsInputsAndRsqrt) {
   EXPECT_EQ(parameters(true, true, ProfileKind::kMegatronLocal), plain + 2 * 2 * D);  // q, k
 }
 
+// --qk-layernorm on Megatron-Core's local spec with RMSNorm: the norms are torch.nn.RMSNorm
+// (WrappedTorchNorm, with Apex or without), which save their inputs as they come. Per layer
+// the q norm keeps the reshaped query (a copy when G < A: 2SBAD) and float32 rstd per head
+// row (4SBA); the k norm keeps the key, a view of linear_qkv's output, so that whole
+// output, 2SB(A + 2G)D, and its rstd (4SBG). Without the norms nothing keeps that output
+// (FlashAttention-2 makes its own contiguous q, k and v). Transformer Engine's and Apex's
+// norms would keep a contiguous copy of the key instead, 2SBGD (an H200 run of
+// Megatron-LM with the local spec kept the whole output: validation/fake_pg).
+TEST(Activations, LocalQkRmsNormKeepsTheKeyAsAViewOfLinearQkvOutput) {
+  const int64_t S = 128, B = 2, H = 256, A = 8, G = 2, F = 512, D = H / A;
+  auto per_layer = [&](bool layernorm) {
+    auto model = [&](int64_t layers) {
+      ModelConfig m = test::Llama(layers, H, A, G, F, 1024);
+      m.qk_layernorm = layernorm;
+      EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+      return m;
+    };
+    TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
+    t.profile = ProfileKind::kMegatronLocal;
+    return ActivationBytesAfterForward(model(2), t) - ActivationBytesAfterForward(model(1), t);
+  };
+  EXPECT_EQ(per_layer(true) - per_layer(false),
+            2 * S * B * A * D + 4 * S * B * A + 2 * S * B * (A + 2 * G) * D + 4 * S * B * G);
+}
+
 // --attention-output-gate (Attention._apply_output_gate): per layer the compiled gate keeps
 // core attention's output, which linear_proj kept before, and the gate as
 // get_query_key_value_tensors reshaped it; linear_proj keeps the gated output, a new 2SBAD.

@@ -18,7 +18,7 @@
 # with --transformer-impl local), the measured rank alone on this GPU through Megatron's
 # fake process group (tools/gpu/megatron_fake_pg.py); MEGATRON_DIR holds a Megatron-LM
 # checkout's megatron/, pretrain_gpt.py, gpt_builders.py and model_provider.py. Results
-# and allocator traces are packed into megatron_fake_pg.tar.
+# and allocator traces are packed into megatron_fake_pg.tgz.
 set -u
 OUT=${OUT:?set OUT to the results folder}
 DEBS=${MEMSIM_DEBS:-.gpu_carry/debs}
@@ -122,7 +122,8 @@ if want megatron; then
   PYTHONPATH=$PWD/tools/gpu/megatron_standins${PYTHONPATH:+:$PYTHONPATH} \
     python3 tools/gpu/megatron_fake_pg.py "$MEGATRON_DIR" /tmp/megatron_fake_pg $MEGATRON_CASES \
     --budget "${MEGATRON_SECONDS:-300}" --iterations "${MEGATRON_ITERATIONS:-5}"
-  tar -C /tmp/megatron_fake_pg -cf "$OUT/megatron_fake_pg.tar" .
+  # Compressed: the memory traces are plain JSON, and a large file does not come back.
+  tar -C /tmp/megatron_fake_pg -czf "$OUT/megatron_fake_pg.tgz" .
 fi
 want build || exit 0
 

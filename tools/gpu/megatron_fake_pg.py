@@ -34,7 +34,8 @@ Limits, which the results must be read with:
     vocabulary size), not the case's files; checkpoints are neither loaded nor saved.
 
 Usage (on the GPU machine, from the repository root):
-  megatron_fake_pg.py MEGATRON_DIR OUT_DIR CASE.yaml... [--iterations N]
+  megatron_fake_pg.py MEGATRON_DIR OUT_DIR CASE.yaml[:ITERATIONS]... [--iterations N]
+(a case written CASE.yaml:30 runs 30 iterations, others --iterations)
 Writes OUT_DIR/megatron_fake_pg.json (one entry per case: the launch line run, memory after
 every optimizer step, the cumulative peak, the first error), OUT_DIR/NAME.trace.json.gz
 per case (the allocator's history with each event's Megatron and PyTorch frames) and
@@ -215,6 +216,12 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
         megatron_random.FP8GlobalStateManager = Fp8Off
         megatron_random.activation_recompute_forward = lambda **k: contextlib.nullcontext()
         megatron_random.fp8_autocast = lambda **k: contextlib.nullcontext()
+    # Multi-token prediction asks isinstance() of inference layers that are None without
+    # Transformer Engine (a TypeError); a training run has none of them.
+    import megatron.core.transformer.multi_token_prediction as mtp
+
+    if not megatron_random.HAVE_TE:
+        mtp.is_inference_column_parallel_linear = lambda module: False
     torch.cuda.memory._record_memory_history(
         enabled="all", context="all", stacks="python", max_entries=HISTORY_ENTRIES)
     try:
@@ -352,7 +359,10 @@ def main():
     os.makedirs(stub_dir, exist_ok=True)
     stubs, results = [], []
     deadline = time.time() + args.budget
-    for case_path in args.cases:
+    for case_spec in args.cases:
+        case_path, _, count = case_spec.rpartition(":")
+        if not (case_path and count.isdigit()):
+            case_path, count = case_spec, str(args.iterations)
         if time.time() > deadline - 20:
             print(f"{case_path}: skipped, the budget of {args.budget} s is spent", flush=True)
             continue
@@ -372,7 +382,7 @@ def main():
                 os.remove(result_path)  # a result left by an earlier run is not this one's
             start = time.time()
             cmd = [sys.executable, __file__, args.megatron_dir, args.out_dir, case_path,
-                   "--inner", "--iterations", str(args.iterations)]
+                   "--inner", "--iterations", count]
             try:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                    timeout=max(10, min(args.timeout, deadline - time.time())))
