@@ -292,8 +292,9 @@ TEST(Cli, EveryInputRouteGivesTheSameModel) {
   const CommandResult hf =
       Memsim("simulate --hf-config " + dir + "/config.json " + layout + "--out " + dir + "/b");
   ASSERT_EQ(hf.exit_code, 0) << hf.err;
-  const CommandResult megatron = Memsim("megatron --world-size 8 --iterations 1 --json --out " +
-                                        dir + "/c -- " + kLlama3_8bMegatronArgs);
+  const CommandResult megatron =
+      test::RunMemsim("megatron --world-size 8 --iterations 1 --json --out " + dir + "/c -- " +
+                      kLlama3_8bMegatronArgs);
   ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
   EXPECT_NE(megatron.err.find("ignored (no effect on memory): --max-position-embeddings "
                               "--train-iters --lr"),
@@ -336,7 +337,7 @@ TEST(Cli, GptOssFromEveryInputRouteIsTheSameModel) {
   const CommandResult yaml =
       Memsim("simulate --config " + dir + "/run.yaml " + layout + "--out " + dir + "/b");
   ASSERT_EQ(yaml.exit_code, 0) << yaml.err;
-  const CommandResult megatron = Memsim(
+  const CommandResult megatron = test::RunMemsim(
       "megatron --world-size 2 --iterations 1 --json --out " + dir +
       "/c -- --num-layers 2 --hidden-size 256 --num-attention-heads 8 --group-query-attention "
       "--num-query-groups 2 --kv-channels 32 --ffn-hidden-size 256 --num-experts 4 "
@@ -589,6 +590,71 @@ TEST(Cli, ValidateReportsIterationTimeBesideMemory) {
   EXPECT_NE(bad.err.find("a_timed.yaml: measured.iteration_time_s must be a positive number"),
             std::string::npos)
       << bad.err;
+}
+
+// A case that measured its peak reserved memory (reserved_bytes.all.peak) is compared with
+// memsim's peak reserved for the same launch line, as `memsim megatron --json` reports it,
+// and held to its own tolerance; the headline median and worst stay those of the allocated
+// values. A reserved peak below the allocated one cannot be, and is refused.
+TEST(Cli, ValidateComparesPeakReservedWhereMeasured) {
+  const std::string dir = Temp("validate_reserved");
+  fs::create_directories(dir + "/cases");
+  const CommandResult megatron = test::RunMemsim(
+      "megatron --json --gpu H100-80GB -- --num-layers 2 --hidden-size 256 "
+      "--num-attention-heads 4 --seq-length 128 --micro-batch-size 1 --vocab-size 1000 --bf16",
+      "WORLD_SIZE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8");
+  ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
+  const nlohmann::json simulated = nlohmann::json::parse(megatron.out)["rank_classes"][0];
+  const auto peak_reserved_bytes =
+      static_cast<int64_t>(simulated["peak_reserved_MB"].get<double>() * (1 << 20));
+  const auto peak_allocated_bytes =
+      static_cast<int64_t>(simulated["peak_allocated_MB"].get<double>() * (1 << 20));
+  auto with_reserved = [](const std::string& name, int64_t max_allocated, int64_t reserved) {
+    std::string yaml = ValidationCaseYaml(name, "", "");
+    const std::string measured = "max_allocated_bytes: 100000000, allocated_bytes: 50000000";
+    yaml.replace(yaml.find(measured), measured.size(),
+                 "max_allocated_bytes: " + std::to_string(max_allocated) +
+                     ", max_reserved_bytes: " + std::to_string(reserved));
+    return yaml;
+  };
+  // Real reserved 1% below memsim's: outside the default 0.5%, inside a 1.5% with a reason.
+  const int64_t real_reserved = peak_reserved_bytes * 100 / 101;
+  std::ofstream(dir + "/cases/a.yaml") << with_reserved("a", peak_allocated_bytes, real_reserved);
+  auto validate = [&](const std::string& tolerances) {
+    std::ofstream(dir + "/tolerances.yaml") << tolerances;
+    return Memsim("validate --cases " + dir + "/cases --tolerances " + dir +
+                  "/tolerances.yaml --json " + dir + "/out.json");
+  };
+  const CommandResult outside = validate("{}\n");
+  EXPECT_EQ(outside.exit_code, 2) << outside.out;
+  EXPECT_NE(outside.out.find("max reserved: 1 cases compared"), std::string::npos) << outside.out;
+  const nlohmann::json result = nlohmann::json::parse(std::ifstream(dir + "/out.json"));
+  const nlohmann::json& metrics = result["cases"][0]["metrics"];
+  ASSERT_EQ(metrics.size(), 2u);
+  EXPECT_EQ(metrics[0]["metric"], "max allocated");
+  EXPECT_EQ(metrics[1]["metric"], "max reserved");
+  EXPECT_EQ(metrics[1]["real_bytes"].get<int64_t>(), real_reserved);
+  EXPECT_EQ(metrics[1]["memsim_bytes"].get<int64_t>(), peak_reserved_bytes);
+  EXPECT_FALSE(metrics[1]["within"].get<bool>());
+  // The headline is the allocated value's (memsim's own peak: 0%), not the reserved 1%.
+  EXPECT_LT(std::fabs(result["worst_error_pct"].get<double>()), 0.001);
+  EXPECT_EQ(result["max_reserved"]["compared"], 1);
+  EXPECT_EQ(result["max_reserved"]["worst_case"], "a");
+
+  EXPECT_EQ(validate("a: {max_reserved_pct: 1.5}\n").exit_code, 2);  // no reason
+  const CommandResult within =
+      validate("a: {max_reserved_pct: 1.5, reason: 'segments laid out otherwise'}\n");
+  EXPECT_EQ(within.exit_code, 0) << within.out << within.err;
+
+  std::ofstream(dir + "/cases/a.yaml")
+      << with_reserved("a", peak_allocated_bytes, peak_allocated_bytes - 1);
+  const CommandResult impossible = validate("{}\n");
+  EXPECT_NE(impossible.err.find("a.yaml: measured.max_reserved_bytes " +
+                                std::to_string(peak_allocated_bytes - 1) +
+                                " is below max_allocated_bytes"),
+            std::string::npos)
+      << impossible.err;
+  EXPECT_EQ(Lines(impossible.err), 1);
 }
 
 TEST(Cli, ValidateToleranceAboveHalfAPercentNeedsAReason) {
