@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 namespace memsim {
@@ -655,6 +656,70 @@ TEST(Cli, ValidateComparesPeakReservedWhereMeasured) {
             std::string::npos)
       << impossible.err;
   EXPECT_EQ(Lines(impossible.err), 1);
+}
+
+// `validate --out` writes a case's simulated files of its measured rank, which `memsim
+// compare` plots beside the real run: here a real trace (Megatron-LM on one H200, the case's
+// rank alone through its fake process group, in Megatron's memory-tracer schema;
+// validation/fake_pg). The summary's real peak is the real trace's largest sample of its last
+// iteration, its simulated peak the one memsim's summary reports for the run.
+TEST(Cli, ValidateOutFeedsCompareWithARealTrace) {
+  const std::string dir = Temp("validate_out");
+  const std::string name = "llama_1b_local_pp4_qk_layernorm_ce_fusion@fake_pg_h200";
+  const CommandResult validate = Memsim("validate --filter '^" + name + "$' --out " + dir + "/sim");
+  ASSERT_EQ(validate.exit_code, 0) << validate.out << validate.err;
+  const std::string sim = dir + "/sim/" + name;
+  for (const char* file : {"memory_trace_rank7.json", "summary_rank7.json", "snapshot_rank7.pickle",
+                           "snapshot_rank7_peak.pickle"}) {
+    EXPECT_TRUE(fs::exists(sim + "/" + file)) << file;
+  }
+  fs::create_directories(dir + "/real");
+  const std::string real_trace = dir + "/real/memory_trace_rank7.json";
+  ASSERT_EQ(std::system(("gunzip -c " + std::string(MEMSIM_SOURCE_DIR) +
+                         "/validation/fake_pg/memory_traces/"
+                         "memory_trace_rank7_llama_1b_local_pp4_qk_layernorm_ce_fusion.json.gz > " +
+                         real_trace)
+                            .c_str()),
+            0);
+  const nlohmann::json real = nlohmann::json::parse(std::ifstream(real_trace));
+  std::string last = real.begin().key();
+  for (const auto& [iteration, _] : real.items()) {
+    if (std::stoi(iteration) > std::stoi(last)) last = iteration;
+  }
+  double real_peak_mb = 0;
+  for (const nlohmann::json& sample : real[last]["samples"]) {
+    real_peak_mb = std::max(real_peak_mb, sample["allocated_memory_MB"].get<double>());
+  }
+  const double sim_peak_mb =
+      nlohmann::json::parse(std::ifstream(sim + "/summary_rank7.json"))["peak_allocated_MB"]
+          .get<double>();
+
+  const CommandResult compare =
+      Memsim("compare -r " + dir + "/real -s '" + sim + "' -o " + dir + "/plots");
+  ASSERT_EQ(compare.exit_code, 0) << compare.out << compare.err;
+  EXPECT_TRUE(fs::exists(dir + "/plots/memory_comparison_rank_7.png"));
+  std::ifstream csv(dir + "/plots/comparison_summary.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  std::getline(csv, row);
+  EXPECT_EQ(header.rfind("rank,real_peak_MB,sim_peak_MB,", 0), 0u) << header;
+  std::stringstream fields(row);
+  std::string rank, real_peak, sim_peak;
+  std::getline(fields, rank, ',');
+  std::getline(fields, real_peak, ',');
+  std::getline(fields, sim_peak, ',');
+  EXPECT_EQ(rank, "7");
+  EXPECT_DOUBLE_EQ(std::stod(real_peak), real_peak_mb);
+  EXPECT_DOUBLE_EQ(std::stod(sim_peak), sim_peak_mb);
+
+  // A folder that cannot be made is refused before anything runs, in one line.
+  std::ofstream(dir + "/a_file") << "x";
+  const CommandResult bad =
+      Memsim("validate --filter '^" + name + "$' --out " + dir + "/a_file/sim");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(Lines(bad.err), 1) << bad.err;
+  EXPECT_NE(bad.err.find("a_file/sim"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.out, "");
 }
 
 TEST(Cli, ValidateToleranceAboveHalfAPercentNeedsAReason) {

@@ -40,7 +40,7 @@ Writes OUT_DIR/megatron_fake_pg.json (one entry per case: the launch line run, m
 every optimizer step, the cumulative peak, the first error), OUT_DIR/NAME.trace.json.gz
 per case (the allocator's history with each event's Megatron and PyTorch frames) and
 OUT_DIR/memory_trace_rank{R}_NAME.json (the run in Megatron's memory-tracer schema, each
-train_step an iteration, for `memsim compare`; added 2026-11-28, not yet run on a GPU).
+train_step an iteration, for `memsim compare`; first run on an H200 on 2026-11-28).
 """
 import argparse
 import gzip

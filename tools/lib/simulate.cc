@@ -592,6 +592,11 @@ int SimulateCommand(int argc, const char* const* argv) {
   return SimulateAndReport(spec, report, "simulate");
 }
 
+Status WriteFilesOfRank(const ValidatedRun& run, const RankResult& result, int64_t rank,
+                        const ReportOptions& options) {
+  return WriteRankFiles(options.out_dir, run, {RankSpan{rank, rank, &result}}, options, {});
+}
+
 int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
                       const char* command) {
   std::optional<ValidatedRun> run;

@@ -44,6 +44,12 @@ Status CheckReportOptions(const ReportOptions& report);
 int SimulateAndReport(const RunSpec& unfinalized, const ReportOptions& options,
                       const char* command);
 
+// Writes rank `rank`'s files (memory_trace, summary and snapshots, as `simulate` writes a
+// selected rank's) into options.out_dir, which must exist and be writable.
+// REQUIRES: `result` is the simulated class of `rank` in `run`.
+Status WriteFilesOfRank(const ValidatedRun& run, const RankResult& result, int64_t rank,
+                        const ReportOptions& options);
+
 // The command: parses argv (after "simulate"), prints, writes files; returns the exit code.
 int SimulateCommand(int argc, const char* const* argv);
 

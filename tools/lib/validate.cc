@@ -267,6 +267,7 @@ struct CaseResult {
   bool has_step_time() const { return step_time_s > 0 && validation_case.iteration_time_s; }
   std::string attention_backend;
   bool mixture_of_experts = false;
+  std::string write_error;  // --out: why the case's files could not be written
   // What the case's row says: ok, OUTSIDE, refused (expected), REFUSED, NOW ACCEPTED.
   std::string status() const {
     if (!refusal.empty()) return tolerance.expected_refusal.empty() ? "REFUSED" : "refused";
@@ -279,7 +280,9 @@ struct CaseResult {
   bool passed() const { return status() == "ok" || status() == "refused"; }
 };
 
-void RunCase(const ValidationCase& c, CaseResult* result) {
+// Simulates `c` and compares; with `out_dir`, writes the measured rank's files into
+// out_dir/<case name>.
+void RunCase(const ValidationCase& c, const std::string& out_dir, CaseResult* result) {
   result->validation_case = c;
   MegatronArgsResult parsed;
   // The environment the measured run had, with its PyTorch's default cuBLAS workspace
@@ -335,6 +338,14 @@ void RunCase(const ValidationCase& c, CaseResult* result) {
   if (c.max_reserved_bytes) {
     result->comparisons.push_back({kMaxReserved, *c.max_reserved_bytes,
                                    run.timeline.peak_reserved_bytes(), t.max_reserved_pct});
+  }
+  if (!out_dir.empty()) {
+    ReportOptions files;
+    files.out_dir = out_dir + "/" + c.name;
+    files.jobs = 1;
+    Status written = EnsureWritableDirectory(files.out_dir);
+    if (written.ok()) written = WriteFilesOfRank(*validated, run, c.rank, files);
+    if (!written.ok()) result->write_error = written.message();
   }
 }
 
@@ -724,7 +735,7 @@ nlohmann::json JsonReport(const std::vector<CaseResult>& results) {
 int ValidateCommand(int argc, const char* const* argv) {
   const std::string root = std::string(MEMSIM_SOURCE_DIR) + "/validation";
   std::string cases_dir = root + "/cases", tolerances_path = root + "/tolerances.yaml";
-  std::string filter = ".*", report_path, json_path;
+  std::string filter = ".*", report_path, json_path, out_dir;
   int jobs = 2;
   po::options_description options(
       "memsim validate [options]\n\n"
@@ -733,7 +744,8 @@ int ValidateCommand(int argc, const char* const* argv) {
       "is outside its tolerance (validation/tolerances.yaml), after reporting all of them.\n\n"
       "Examples:\n"
       "  memsim validate --filter 'tp2_pp2' --jobs 2\n"
-      "  memsim validate --report VALIDATION.md --json validation.json    (every case)\n\n"
+      "  memsim validate --report VALIDATION.md --json validation.json    (every case)\n"
+      "  memsim validate --filter 'qk_layernorm_ce_fusion@fake_pg' --out sim    (its files)\n\n"
       "Options");
   options.add_options()("help,h", "show this help")(
       "filter", po::value(&filter), "only cases whose name matches this regular expression")(
@@ -742,7 +754,11 @@ int ValidateCommand(int argc, const char* const* argv) {
       "tolerances", po::value(&tolerances_path),
       "tolerance file (default validation/tolerances.yaml)")(
       "report", po::value(&report_path), "write the Markdown report (VALIDATION.md) here")(
-      "json", po::value(&json_path), "write the results as JSON here");
+      "json", po::value(&json_path), "write the results as JSON here")(
+      "out", po::value(&out_dir),
+      "write each case's simulated files for its measured rank (memory_trace_rank{R}.json, "
+      "summary, snapshots) into OUT/<case name>, to plot beside the real run with memsim "
+      "compare");
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(argc, argv, options, "validate", &vm)) return *exit_code;
   auto fail = [](const std::string& message) {
@@ -792,15 +808,25 @@ int ValidateCommand(int argc, const char* const* argv) {
     }
   }
   if (cases.empty() && bad_files == 0) return fail("no case matches --filter '" + filter + "'");
+  if (!out_dir.empty()) {
+    if (Status s = EnsureWritableDirectory(out_dir); !s.ok()) return fail(s.message());
+  }
 
   std::vector<CaseResult> results(cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     auto it = tolerances.find(cases[i].name);
     if (it != tolerances.end()) results[i].tolerance = it->second;
   }
-  ParallelFor(cases.size(), jobs, [&](size_t i) { RunCase(cases[i], &results[i]); });
+  ParallelFor(cases.size(), jobs, [&](size_t i) { RunCase(cases[i], out_dir, &results[i]); });
 
   PrintTable(results);
+  int unwritten = 0;
+  for (const CaseResult& r : results) {
+    if (r.write_error.empty()) continue;
+    std::fprintf(stderr, "memsim validate: %s: its files were not written: %s\n",
+                 r.validation_case.name.c_str(), r.write_error.c_str());
+    ++unwritten;
+  }
   if (!report_path.empty()) {
     if (Status s = WriteFileAtomically(report_path, MarkdownReport(results)); !s.ok()) {
       return fail(s.message());
@@ -812,7 +838,7 @@ int ValidateCommand(int argc, const char* const* argv) {
     }
   }
   const bool all_passed =
-      bad_files == 0 &&
+      bad_files == 0 && unwritten == 0 &&
       std::all_of(results.begin(), results.end(), [](const CaseResult& r) { return r.passed(); });
   return all_passed ? kExitOk : kExitError;
 }
