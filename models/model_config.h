@@ -194,6 +194,14 @@ struct ModelConfig {
   bool moe_router_expert_bias = false;
   double moe_router_topk_scaling_factor = 0.0;
   bool moe_router_sinkhorn = false;
+  // Benchmarking knobs of TopKRouter.forward (moe_utils.py): --moe-router-force-load-
+  // balancing (RandomSTE: the logits replaced by random ones in a clone) and
+  // --moe-router-force-biased STD (the clone, then RandomSTEShared adds a random bias [E]
+  // shared by every rank: logits + bias, a new [T, E]; a negative STD makes each layer's
+  // bias once and keeps it).
+  bool moe_router_force_load_balancing = false;
+  bool moe_router_force_biased = false;
+  double moe_router_force_biased_std = 0.0;
   // --moe-apply-probs-on-input (Llama 4's top-1 routing): the experts' input rows are
   // scaled by their probabilities before fc1 and the activation is weighted by ones
   // (Experts in models/moe.cc). REQUIRES: top-1.

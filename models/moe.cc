@@ -947,7 +947,7 @@ at::Tensor AttachAuxLoss(const ModelConfig& m, const TrainingConfig& t, const at
 }
 
 // TopKRouter (router.py) in training: gating, z-loss, routing, token dropping, aux loss.
-Routing Route(const ModelConfig& m, const TrainingConfig& t, const MoeParameters& params,
+Routing Route(const ModelConfig& m, const TrainingConfig& t, MoeParameters& params,
               const at::Tensor& tokens) {
   ModuleScope s("router");
   // The gating GEMM writes the router dtype directly (TE's GEMM; a bf16 [T, E] here then
@@ -958,6 +958,21 @@ Routing Route(const ModelConfig& m, const TrainingConfig& t, const MoeParameters
     logits = Linear(tokens, *params.router, nullptr);  // [T, E]
   }
   if (m.moe_router_fp32) logits = logits.to(at::kFloat);
+  if (m.moe_router_force_load_balancing || m.moe_router_force_biased) {
+    logits = logits.clone();  // RandomSTE: normal_() in place; saves nothing
+  }
+  if (m.moe_router_force_biased) {
+    // RandomSTEShared: logits + a random bias [E] (saves nothing); a negative STD makes
+    // each layer's bias once and keeps it in a class-level cache.
+    at::Tensor bias = params.forced_router_bias;
+    if (!bias.defined()) {
+      std::optional<PersistentScope> cached;
+      if (m.moe_router_force_biased_std < 0) cached.emplace();
+      bias = at::empty({m.num_experts}, logits.options());
+      if (cached) params.forced_router_bias = bias;
+    }
+    logits = logits + bias;
+  }
   if (m.moe_z_loss_coeff > 0) {
     logits = AttachLoss(logits, at::logsumexp(logits, {-1}).square().mean());
   }

@@ -191,6 +191,9 @@ struct MoeParameters {
   // float32 [E] bias added to the scores that choose, and the tokens counted per expert.
   at::Tensor expert_bias;
   at::Tensor local_tokens_per_expert;
+  // --moe-router-force-biased with a negative STD: the layer's random bias [E] in the
+  // logits' dtype, made at its first forward and kept (RandomSTEShared._cache).
+  at::Tensor forced_router_bias;
   // What the dispatcher keeps as attributes until this layer's next forward: allgather,
   // {local map}; alltoall, {routing map, probabilities}; DeepEP, {token indices, token
   // probabilities, received routing map} (Note [DeepEP dispatch]).

@@ -862,6 +862,65 @@ TEST(Moe, RouterKeepsWhatItsScoreFunctionSaves) {
             5 * T * E - 12 * T * K);
 }
 
+// The router's benchmarking knobs (TopKRouter.forward, moe_utils.py): the storages its
+// forward allocates, as (bytes, persistent), layer 0 of a 2-layer MoE model, router in
+// float32, T = 256 tokens, E = 8 experts. --moe-router-force-load-balancing adds the random
+// logits' clone, float32 [T, E]; --moe-router-force-biased adds that clone, the bias [E]
+// and logits + bias, a new [T, E]; with a negative STD the bias is the layer's cached one,
+// kept. Nothing more stays after the forward: RandomSTE and RandomSTEShared save nothing.
+TEST(Moe, ForcedRoutingClonesTheLogitsAndAddsASharedBias) {
+  const int64_t T = 256, E = 8;
+  using Allocations = std::multiset<std::pair<int64_t, bool>>;
+  auto router_allocations = [](const std::function<void(ModelConfig*)>& configure) {
+    ModelConfig m = test::Llama(2, 256, 4, 4, 704, 1024);
+    m.num_experts = 8;
+    m.moe_router_topk = 2;
+    m.moe_ffn_hidden_size = 512;
+    m.moe_router_fp32 = true;
+    configure(&m);
+    EXPECT_TRUE(FinalizeModelConfig(&m).ok());
+    TrainingConfig t;
+    t.seq_length = 256;
+    t.precision = Precision::kBf16;
+    t.profile = ProfileKind::kTransformerEngine;
+    t.moe_grouped_gemm = true;
+    return RunStep(m, t, ModelShard::Whole(m), /*backward=*/false, [](const Recorder& r) {
+      Allocations out;
+      for (const StorageInfo& info : r.storages()) {
+        if (info.phase == Phase::kForward &&
+            r.names().Name(info.module) == "decoder.layers.0.mlp.router") {
+          out.insert({info.size_bytes, info.persistent});
+        }
+      }
+      return out;
+    });
+  };
+  auto added = [&](const std::function<void(ModelConfig*)>& configure) {
+    const Allocations plain = router_allocations([](ModelConfig*) {});
+    const Allocations forced = router_allocations(configure);
+    Allocations extra;
+    std::set_difference(forced.begin(), forced.end(), plain.begin(), plain.end(),
+                        std::inserter(extra, extra.end()));
+    EXPECT_EQ(forced.size(), plain.size() + extra.size());  // nothing went away
+    return extra;
+  };
+  EXPECT_EQ(added([](ModelConfig* m) { m->moe_router_force_load_balancing = true; }),
+            (Allocations{{4 * T * E, false}}));
+  auto biased = [](double std) {
+    return [std](ModelConfig* m) {
+      m->moe_router_force_biased = true;
+      m->moe_router_force_biased_std = std;
+    };
+  };
+  EXPECT_EQ(added(biased(0.5)),
+            (Allocations{{4 * T * E, false}, {4 * T * E, false}, {4 * E, false}}));
+  EXPECT_EQ(added(biased(-0.5)),
+            (Allocations{{4 * T * E, false}, {4 * T * E, false}, {4 * E, true}}));
+  const int64_t plain_after_forward = RouterLayerBytes([](ModelConfig*, TrainingConfig*) {});
+  EXPECT_EQ(RouterLayerBytes([&](ModelConfig* m, TrainingConfig*) { biased(0.5)(m); }),
+            plain_after_forward);
+}
+
 // The load-balancing loss (--moe-aux-loss-coeff) on top of the same router: its scores over
 // every expert (the float32 softmax [T, E]; sigmoid: the sigmoid [T, E] and the [T, 1]
 // normaliser), the tokens per expert int64 [E] its product keeps, the loss (float32 scalar)

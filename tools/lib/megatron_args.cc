@@ -459,6 +459,8 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
                                              "--moe-router-topk-scaling-factor",
                                              "--moe-router-load-balancing-type",
                                              "--moe-router-fusion",
+                                             "--moe-router-force-load-balancing",
+                                             "--moe-router-force-biased",
                                              "--moe-router-padding-for-quantization",
                                              "--moe-router-padding-for-fp8",
                                              "--moe-apply-probs-on-input",
@@ -615,6 +617,9 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
     MEMSIM_RETURN_IF_ERROR(
         a.Float("--moe-router-topk-scaling-factor", &m.moe_router_topk_scaling_factor));
     t.moe_router_fusion = a.Has("--moe-router-fusion");
+    m.moe_router_force_load_balancing = a.Has("--moe-router-force-load-balancing");
+    m.moe_router_force_biased = a.Has("--moe-router-force-biased");
+    MEMSIM_RETURN_IF_ERROR(a.Float("--moe-router-force-biased", &m.moe_router_force_biased_std));
     MEMSIM_RETURN_IF_ERROR(a.Int("--expert-tensor-parallel-size", &l.etp));
   }
   return Status::OK();
