@@ -53,6 +53,17 @@ class LaunchLineTest(unittest.TestCase):
         self.assertEqual(value_after(argv, "--vocab-size"), "131073")
 
 
+class CaseSpecTest(unittest.TestCase):
+    def test_iterations_after_the_last_colon(self):
+        self.assertEqual(fake_pg.case_and_iterations("cases/a.yaml:30", 8), ("cases/a.yaml", 30))
+        self.assertEqual(fake_pg.case_and_iterations("cases/a.yaml", 8), ("cases/a.yaml", 8))
+        # A colon inside the path, or a suffix that is no positive count, is part of the path.
+        self.assertEqual(fake_pg.case_and_iterations("c:d/a.yaml", 8), ("c:d/a.yaml", 8))
+        self.assertEqual(fake_pg.case_and_iterations("c:d/a.yaml:5", 8), ("c:d/a.yaml", 5))
+        self.assertEqual(fake_pg.case_and_iterations("a.yaml:0", 8), ("a.yaml:0", 8))
+        self.assertEqual(fake_pg.case_and_iterations("a.yaml:x", 8), ("a.yaml:x", 8))
+
+
 class CompactTraceTest(unittest.TestCase):
     def test_frames_are_shared_and_other_actions_dropped(self):
         megatron = {"filename": "/x/mlm/megatron/core/layers.py", "line": 7, "name": "forward"}

@@ -340,6 +340,15 @@ def __getattr__(name):
 '''
 
 
+def case_and_iterations(case_spec, default_iterations):
+    """`CASE.yaml:30` -> (CASE.yaml, 30); a spec without a `:COUNT` suffix (a colon elsewhere
+    in the path included) runs `default_iterations`."""
+    case_path, _, count = case_spec.rpartition(":")
+    if case_path and count.isdigit() and int(count) > 0:
+        return case_path, int(count)
+    return case_spec, default_iterations
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("megatron_dir")
@@ -360,9 +369,7 @@ def main():
     stubs, results = [], []
     deadline = time.time() + args.budget
     for case_spec in args.cases:
-        case_path, _, count = case_spec.rpartition(":")
-        if not (case_path and count.isdigit()):
-            case_path, count = case_spec, str(args.iterations)
+        case_path, iterations = case_and_iterations(case_spec, args.iterations)
         if time.time() > deadline - 20:
             print(f"{case_path}: skipped, the budget of {args.budget} s is spent", flush=True)
             continue
@@ -382,7 +389,7 @@ def main():
                 os.remove(result_path)  # a result left by an earlier run is not this one's
             start = time.time()
             cmd = [sys.executable, __file__, args.megatron_dir, args.out_dir, case_path,
-                   "--inner", "--iterations", count]
+                   "--inner", "--iterations", str(iterations)]
             try:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                    timeout=max(10, min(args.timeout, deadline - time.time())))
