@@ -116,9 +116,15 @@ TrainingConfig Bf16WithoutDropout(int64_t s, int64_t b, AttentionKind attention)
 
 // One layer's saved activations: the difference between an L=2 and an L=1 model, which
 // cancels the embedding, loss and one-off workspaces.
+int64_t PerLayerActivationBytes(const std::function<ModelConfig(int64_t layers)>& model,
+                                const TrainingConfig& training) {
+  return ActivationBytesAfterForward(model(2), training) -
+         ActivationBytesAfterForward(model(1), training);
+}
+
 int64_t PerLayerActivationBytes(const Shape& shape, const TrainingConfig& training) {
-  return ActivationBytesAfterForward(GptConfig(shape, 2), training) -
-         ActivationBytesAfterForward(GptConfig(shape, 1), training);
+  return PerLayerActivationBytes([&](int64_t layers) { return GptConfig(shape, layers); },
+                                 training);
 }
 
 const Shape kShapes[] = {{128, 2, 256, 8}, {256, 1, 512, 16}, {64, 4, 128, 4}, {512, 2, 256, 4}};
@@ -1443,7 +1449,7 @@ TEST(Activations, LocalQkRmsNormKeepsTheKeyAsAViewOfLinearQkvOutput) {
     };
     TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFlash);
     t.profile = ProfileKind::kMegatronLocal;
-    return ActivationBytesAfterForward(model(2), t) - ActivationBytesAfterForward(model(1), t);
+    return PerLayerActivationBytes(model, t);
   };
   EXPECT_EQ(per_layer(true) - per_layer(false),
             2 * S * B * A * D + 4 * S * B * A + 2 * S * B * (A + 2 * G) * D + 4 * S * B * G);
@@ -1550,7 +1556,7 @@ TEST(Activations, TransformerEngineCopiesKeysAndValuesItCannotRead) {
     };
     TrainingConfig t = Bf16WithoutDropout(S, B, AttentionKind::kFused);
     t.profile = ProfileKind::kTransformerEngine;
-    return ActivationBytesAfterForward(model(2), t) - ActivationBytesAfterForward(model(1), t);
+    return PerLayerActivationBytes(model, t);
   };
   for (const int64_t G : {1, 2, 4}) {
     EXPECT_EQ(per_layer(A) - per_layer(G),
