@@ -194,14 +194,13 @@ struct ModelConfig {
   bool moe_router_expert_bias = false;
   double moe_router_topk_scaling_factor = 0.0;
   bool moe_router_sinkhorn = false;
-  // Benchmarking knobs of TopKRouter.forward (moe_utils.py): --moe-router-force-load-
-  // balancing (RandomSTE: the logits replaced by random ones in a clone) and
-  // --moe-router-force-biased STD (the clone, then RandomSTEShared adds a random bias [E]
-  // shared by every rank: logits + bias, a new [T, E]; a negative STD makes each layer's
-  // bias once and keeps it).
+  // Benchmarking knobs of TopKRouter.forward (moe_utils.py), each cloning the logits
+  // (RandomSTE: random ones in a clone, both clones when both are set):
+  // --moe-router-force-load-balancing, and --moe-router-force-biased STD, after whose clone
+  // RandomSTEShared adds a random bias [E] shared by every rank (logits + bias, a new
+  // [T, E]; a negative STD makes each layer's bias once and keeps it). Unset: no bias.
   bool moe_router_force_load_balancing = false;
-  bool moe_router_force_biased = false;
-  double moe_router_force_biased_std = 0.0;
+  std::optional<double> moe_router_force_biased;
   // --moe-apply-probs-on-input (Llama 4's top-1 routing): the experts' input rows are
   // scaled by their probabilities before fc1 and the activation is weighted by ones
   // (Experts in models/moe.cc). REQUIRES: top-1.

@@ -958,16 +958,17 @@ Routing Route(const ModelConfig& m, const TrainingConfig& t, MoeParameters& para
     logits = Linear(tokens, *params.router, nullptr);  // [T, E]
   }
   if (m.moe_router_fp32) logits = logits.to(at::kFloat);
-  if (m.moe_router_force_load_balancing || m.moe_router_force_biased) {
-    logits = logits.clone();  // RandomSTE: normal_() in place; saves nothing
-  }
+  // RandomSTE (apply_random_logits, which apply_biased_logits calls too): normal_() in a
+  // clone; saves nothing.
+  if (m.moe_router_force_load_balancing) logits = logits.clone();
   if (m.moe_router_force_biased) {
+    logits = logits.clone();
     // RandomSTEShared: logits + a random bias [E] (saves nothing); a negative STD makes
     // each layer's bias once and keeps it in a class-level cache.
     at::Tensor bias = params.forced_router_bias;
     if (!bias.defined()) {
       std::optional<PersistentScope> cached;
-      if (m.moe_router_force_biased_std < 0) cached.emplace();
+      if (*m.moe_router_force_biased < 0) cached.emplace();
       bias = at::empty({m.num_experts}, logits.options());
       if (cached) params.forced_router_bias = bias;
     }

@@ -293,9 +293,8 @@ TEST(Cli, EveryInputRouteGivesTheSameModel) {
   const CommandResult hf =
       Memsim("simulate --hf-config " + dir + "/config.json " + layout + "--out " + dir + "/b");
   ASSERT_EQ(hf.exit_code, 0) << hf.err;
-  const CommandResult megatron =
-      test::RunMemsim("megatron --world-size 8 --iterations 1 --json --out " + dir + "/c -- " +
-                      kLlama3_8bMegatronArgs);
+  const CommandResult megatron = Memsim("megatron --world-size 8 --iterations 1 --json --out " +
+                                        dir + "/c -- " + kLlama3_8bMegatronArgs);
   ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
   EXPECT_NE(megatron.err.find("ignored (no effect on memory): --max-position-embeddings "
                               "--train-iters --lr"),
@@ -338,7 +337,7 @@ TEST(Cli, GptOssFromEveryInputRouteIsTheSameModel) {
   const CommandResult yaml =
       Memsim("simulate --config " + dir + "/run.yaml " + layout + "--out " + dir + "/b");
   ASSERT_EQ(yaml.exit_code, 0) << yaml.err;
-  const CommandResult megatron = test::RunMemsim(
+  const CommandResult megatron = Memsim(
       "megatron --world-size 2 --iterations 1 --json --out " + dir +
       "/c -- --num-layers 2 --hidden-size 256 --num-attention-heads 8 --group-query-attention "
       "--num-query-groups 2 --kv-channels 32 --ffn-hidden-size 256 --num-experts 4 "
@@ -594,20 +593,21 @@ TEST(Cli, ValidateReportsIterationTimeBesideMemory) {
 }
 
 // A case that measured its peak reserved memory (reserved_bytes.all.peak) is compared with
-// memsim's peak reserved for the same launch line, as `memsim megatron --json` reports it,
-// and held to its own tolerance; the headline median and worst stay those of the allocated
-// values. A reserved peak below the allocated one cannot be, and is refused.
+// memsim's peak reserved on the GPU for the same launch line, as `memsim megatron --json`
+// reports it, and held to its own tolerance; the headline median and worst stay those of
+// the allocated values. A reserved peak below the allocated one cannot be, and is refused.
 TEST(Cli, ValidateComparesPeakReservedWhereMeasured) {
   const std::string dir = Temp("validate_reserved");
   fs::create_directories(dir + "/cases");
   const CommandResult megatron = test::RunMemsim(
-      "megatron --json --gpu H100-80GB -- --num-layers 2 --hidden-size 256 "
-      "--num-attention-heads 4 --seq-length 128 --micro-batch-size 1 --vocab-size 1000 --bf16",
+      "megatron --json --gpu H100-80GB --out " + dir +
+          "/megatron -- --num-layers 2 --hidden-size 256 "
+          "--num-attention-heads 4 --seq-length 128 --micro-batch-size 1 --vocab-size 1000 --bf16",
       "WORLD_SIZE=1 CUBLAS_WORKSPACE_CONFIG=:4096:8");
   ASSERT_EQ(megatron.exit_code, 0) << megatron.err;
   const nlohmann::json simulated = nlohmann::json::parse(megatron.out)["rank_classes"][0];
   const auto peak_reserved_bytes =
-      static_cast<int64_t>(simulated["peak_reserved_MB"].get<double>() * (1 << 20));
+      static_cast<int64_t>(simulated["peak_reserved_on_gpu_MB"].get<double>() * (1 << 20));
   const auto peak_allocated_bytes =
       static_cast<int64_t>(simulated["peak_allocated_MB"].get<double>() * (1 << 20));
   auto with_reserved = [](const std::string& name, int64_t max_allocated, int64_t reserved) {
@@ -650,6 +650,7 @@ TEST(Cli, ValidateComparesPeakReservedWhereMeasured) {
   std::ofstream(dir + "/cases/a.yaml")
       << with_reserved("a", peak_allocated_bytes, peak_allocated_bytes - 1);
   const CommandResult impossible = validate("{}\n");
+  EXPECT_EQ(impossible.exit_code, 2);
   EXPECT_NE(impossible.err.find("a.yaml: measured.max_reserved_bytes " +
                                 std::to_string(peak_allocated_bytes - 1) +
                                 " is below max_allocated_bytes"),
@@ -661,8 +662,8 @@ TEST(Cli, ValidateComparesPeakReservedWhereMeasured) {
 // `validate --out` writes a case's simulated files of its measured rank, which `memsim
 // compare` plots beside the real run: here a real trace (Megatron-LM on one H200, the case's
 // rank alone through its fake process group, in Megatron's memory-tracer schema;
-// validation/fake_pg). The summary's real peak is the real trace's largest sample of its last
-// iteration, its simulated peak the one memsim's summary reports for the run.
+// validation/fake_pg). Compare's real peak is the real trace's largest sample of its last
+// iteration, its simulated peak that of the last iteration memsim's summary reports.
 TEST(Cli, ValidateOutFeedsCompareWithARealTrace) {
   const std::string dir = Temp("validate_out");
   const std::string name = "llama_1b_local_pp4_qk_layernorm_ce_fusion@fake_pg_h200";
@@ -691,7 +692,8 @@ TEST(Cli, ValidateOutFeedsCompareWithARealTrace) {
     real_peak_mb = std::max(real_peak_mb, sample["allocated_memory_MB"].get<double>());
   }
   const double sim_peak_mb =
-      nlohmann::json::parse(std::ifstream(sim + "/summary_rank7.json"))["peak_allocated_MB"]
+      nlohmann::json::parse(std::ifstream(sim + "/summary_rank7.json"))["iterations"]
+          .back()["peak_allocated_MB"]
           .get<double>();
 
   const CommandResult compare =

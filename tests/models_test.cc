@@ -871,9 +871,10 @@ TEST(Moe, RouterKeepsWhatItsScoreFunctionSaves) {
 // The router's benchmarking knobs (TopKRouter.forward, moe_utils.py): the storages its
 // forward allocates, as (bytes, persistent), layer 0 of a 2-layer MoE model, router in
 // float32, T = 256 tokens, E = 8 experts. --moe-router-force-load-balancing adds the random
-// logits' clone, float32 [T, E]; --moe-router-force-biased adds that clone, the bias [E]
-// and logits + bias, a new [T, E]; with a negative STD the bias is the layer's cached one,
-// kept. Nothing more stays after the forward: RandomSTE and RandomSTEShared save nothing.
+// logits' clone, float32 [T, E]; --moe-router-force-biased adds a clone of its own, the
+// bias [E] and logits + bias, a new [T, E]; with a negative STD the bias is the layer's
+// cached one, kept. Nothing more stays after the forward: RandomSTE and RandomSTEShared save
+// nothing.
 TEST(Moe, ForcedRoutingClonesTheLogitsAndAddsASharedBias) {
   const int64_t T = 256, E = 8;
   using Allocations = std::multiset<std::pair<int64_t, bool>>;
@@ -913,15 +914,19 @@ TEST(Moe, ForcedRoutingClonesTheLogitsAndAddsASharedBias) {
   EXPECT_EQ(added([](ModelConfig* m) { m->moe_router_force_load_balancing = true; }),
             (Allocations{{4 * T * E, false}}));
   auto biased = [](double std) {
-    return [std](ModelConfig* m) {
-      m->moe_router_force_biased = true;
-      m->moe_router_force_biased_std = std;
-    };
+    return [std](ModelConfig* m) { m->moe_router_force_biased = std; };
   };
   EXPECT_EQ(added(biased(0.5)),
             (Allocations{{4 * T * E, false}, {4 * T * E, false}, {4 * E, false}}));
   EXPECT_EQ(added(biased(-0.5)),
             (Allocations{{4 * T * E, false}, {4 * T * E, false}, {4 * E, true}}));
+  // Both: apply_biased_logits clones the already random logits again.
+  EXPECT_EQ(
+      added([](ModelConfig* m) {
+        m->moe_router_force_load_balancing = true;
+        m->moe_router_force_biased = 0.5;
+      }),
+      (Allocations{{4 * T * E, false}, {4 * T * E, false}, {4 * T * E, false}, {4 * E, false}}));
   const int64_t plain_after_forward = RouterLayerBytes([](ModelConfig*, TrainingConfig*) {});
   EXPECT_EQ(RouterLayerBytes([&](ModelConfig* m, TrainingConfig*) { biased(0.5)(m); }),
             plain_after_forward);

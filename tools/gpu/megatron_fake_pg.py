@@ -216,11 +216,10 @@ def run_inner(megatron_dir, case_path, out_dir, iterations):
         megatron_random.FP8GlobalStateManager = Fp8Off
         megatron_random.activation_recompute_forward = lambda **k: contextlib.nullcontext()
         megatron_random.fp8_autocast = lambda **k: contextlib.nullcontext()
-    # Multi-token prediction asks isinstance() of inference layers that are None without
-    # Transformer Engine (a TypeError); a training run has none of them.
-    import megatron.core.transformer.multi_token_prediction as mtp
+        # Multi-token prediction asks isinstance() of inference layers that are None
+        # without Transformer Engine (a TypeError); a training run has none of them.
+        import megatron.core.transformer.multi_token_prediction as mtp
 
-    if not megatron_random.HAVE_TE:
         mtp.is_inference_column_parallel_linear = lambda module: False
     torch.cuda.memory._record_memory_history(
         enabled="all", context="all", stacks="python", max_entries=HISTORY_ENTRIES)
@@ -344,7 +343,7 @@ def case_and_iterations(case_spec, default_iterations):
     """`CASE.yaml:30` -> (CASE.yaml, 30); a spec without a `:COUNT` suffix (a colon elsewhere
     in the path included) runs `default_iterations`."""
     case_path, _, count = case_spec.rpartition(":")
-    if case_path and count.isdigit() and int(count) > 0:
+    if case_path and re.fullmatch(r"[0-9]+", count) and int(count) > 0:
         return case_path, int(count)
     return case_spec, default_iterations
 

@@ -618,8 +618,11 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
         a.Float("--moe-router-topk-scaling-factor", &m.moe_router_topk_scaling_factor));
     t.moe_router_fusion = a.Has("--moe-router-fusion");
     m.moe_router_force_load_balancing = a.Has("--moe-router-force-load-balancing");
-    m.moe_router_force_biased = a.Has("--moe-router-force-biased");
-    MEMSIM_RETURN_IF_ERROR(a.Float("--moe-router-force-biased", &m.moe_router_force_biased_std));
+    if (a.Has("--moe-router-force-biased")) {
+      double std = 0;
+      MEMSIM_RETURN_IF_ERROR(a.Float("--moe-router-force-biased", &std));
+      m.moe_router_force_biased = std;
+    }
     MEMSIM_RETURN_IF_ERROR(a.Int("--expert-tensor-parallel-size", &l.etp));
   }
   return Status::OK();

@@ -596,12 +596,12 @@ TEST(MegatronArgs, RouterArguments) {
   EXPECT_EQ(m.moe_router_topk_scaling_factor, 2.5);
   EXPECT_EQ(m.moe_aux_loss_coeff, 1e-4);
   EXPECT_TRUE(r.spec.training.moe_router_fusion);
-  EXPECT_FALSE(m.moe_router_force_load_balancing || m.moe_router_force_biased);
+  EXPECT_FALSE(m.moe_router_force_load_balancing);
+  EXPECT_FALSE(m.moe_router_force_biased.has_value());
   // The benchmarking knobs: random logits, and a shared random bias of that deviation.
   m = Parse(moe + "--moe-router-force-load-balancing --moe-router-force-biased -0.5", 1).spec.model;
   EXPECT_TRUE(m.moe_router_force_load_balancing);
-  EXPECT_TRUE(m.moe_router_force_biased);
-  EXPECT_EQ(m.moe_router_force_biased_std, -0.5);
+  EXPECT_EQ(m.moe_router_force_biased, -0.5);
   // none computes no aux loss, whatever the coefficient; Sinkhorn refuses one, as
   // Megatron-Core asserts.
   r = Parse(moe + "--moe-router-load-balancing-type none --moe-aux-loss-coeff 0.01", 1);

@@ -286,6 +286,14 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       flag("moe_router_expert_bias", &m->moe_router_expert_bias),
       f64("moe_router_topk_scaling_factor", &m->moe_router_topk_scaling_factor),
       flag("moe_router_sinkhorn", &m->moe_router_sinkhorn),
+      flag("moe_router_force_load_balancing", &m->moe_router_force_load_balancing),
+      {"moe_router_force_biased",
+       [&](const YAML::Node& v) {
+         double std = 0;
+         MEMSIM_RETURN_IF_ERROR(Read(v, source, "moe_router_force_biased", &std));
+         m->moe_router_force_biased = std;
+         return Status::OK();
+       }},
       i64("mtp_num_layers", &m->mtp_num_layers),
       flag("mtp_use_repeated_layer", &m->mtp_use_repeated_layer),
       flag("mtp_detach_heads", &m->mtp_detach_heads),

@@ -39,6 +39,14 @@ TEST(RunConfig, KeysOfTheSwitchesAdded20261128) {
   EXPECT_TRUE(ModelFrom("attention_output_gate: true").attention_output_gate);
   EXPECT_EQ(ModelFrom("no_rope_freq: 4").no_rope_freq, 4);
   EXPECT_EQ(ModelFrom("no_rope_layers: [0, 1]").no_rope_layers, (std::vector<int64_t>{0, 1}));
+  EXPECT_TRUE(ModelFrom("moe_router_force_load_balancing: true").moe_router_force_load_balancing);
+  EXPECT_FALSE(ModelFrom("{}").moe_router_force_biased.has_value());
+  EXPECT_EQ(ModelFrom("moe_router_force_biased: -0.5").moe_router_force_biased, -0.5);
+  {
+    ModelConfig m;
+    const Status bad = ApplyModelYaml(YAML::Load("moe_router_force_biased: [1]"), "run.yaml", &m);
+    EXPECT_NE(bad.message().find("moe_router_force_biased"), std::string::npos) << bad.message();
+  }
   EXPECT_FALSE(
       TrainingFrom("clone_scatter_output_in_embedding: false").clone_scatter_output_in_embedding);
   EXPECT_TRUE(TrainingFrom("te_activation_func: true").te_activation_func);
