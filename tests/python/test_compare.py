@@ -158,6 +158,20 @@ class CompareAlignmentTest(CliTestCase):
         self.assertEqual(float(rows[0]["sim_peak_time_s"]), 0.2)
         self.assertEqual(float(rows[0]["peak_time_error_s"]), 0.2 - 4.0)
 
+    def test_the_peak_time_is_the_first_of_near_equal_microbatch_peaks(self) -> None:
+        # Real: microbatch peaks at 2 s and 6 s, the second larger by 0.05%; simulated: the
+        # first larger. Both take the first (within 0.1%); a peak 1% lower does not count.
+        real = [(0.0, 100.0), (2.0, 1000.0), (4.0, 100.0), (6.0, 1000.5), (8.0, 100.0),
+                (10.0, 100.0)]
+        sim = [(0.0, 100.0), (1.0, 990.0), (2.0, 1000.5), (4.0, 100.0), (6.0, 1000.0),
+               (8.0, 100.0), (10.0, 100.0)]
+        write_json(self.real / "memory_trace_rank0.json", {"3": trace_iteration(real, static=100.0)})
+        write_json(self.sim / "memory_trace_rank0.json", {"3": trace_iteration(sim, static=100.0)})
+        rows, _, _ = self.rows("--align", "none")
+        self.assertEqual(float(rows[0]["real_peak_time_s"]), 2.0)
+        self.assertEqual(float(rows[0]["sim_peak_time_s"]), 2.0)
+        self.assertEqual(float(rows[0]["peak_time_error_s"]), 0.0)
+
     def test_an_error_that_rounds_to_zero_has_no_minus_sign(self) -> None:
         self.write_phased(sim_peak=699.99)  # -0.0014%: "-0.0" before
         rows, stdout, _ = self.rows()

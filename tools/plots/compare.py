@@ -37,7 +37,8 @@ Writes to OUTPUT_DIR:
 
 Errors are signed (sim - real), so a positive value means the simulation over-predicts;
 abs_error_MB is |sim - real|. A trace without static_memory_MB has its static memory read
-from the iteration's first sample (the *_static_from columns say which).
+from the iteration's first sample (the *_static_from columns say which). The peak time is
+when a curve first comes within 0.1% of its peak (a stage peaks once per microbatch).
 
 When memsim wrote one trace per rank class (memsim simulate's default), a real rank
 without a simulated trace of its own is compared with its class's: the class is read from
@@ -215,9 +216,16 @@ def static_of(iteration: Iteration) -> tuple[float, str]:
     return iteration.allocated_mb[0], FIRST_SAMPLE
 
 
+# Peaks this close to an iteration's largest sample count as the peak: a pipeline stage
+# reaches the same peak once per microbatch (within a MiB or so), and which of them is
+# largest by a few bytes says nothing, so both curves take their first.
+PEAK_TIME_TOLERANCE = 0.001
+
+
 def peak_time(times_s: list[float], allocated_mb: list[float]) -> float:
-    """The time of the largest sample (the first, if several are equal)."""
-    return times_s[int(np.argmax(allocated_mb))]
+    """When the curve first comes within PEAK_TIME_TOLERANCE of its largest sample."""
+    values = np.asarray(allocated_mb)
+    return times_s[int(np.argmax(values >= values.max() * (1 - PEAK_TIME_TOLERANCE)))]
 
 
 def summary_row(pair: Pair) -> dict[str, float | int | str | None]:
