@@ -63,6 +63,7 @@ class CompareTest(CliTestCase):
             "real_static_MB", "sim_static_MB", "static_error_MB", "real_static_from",
             "sim_static_from", "real_peak_time_s", "sim_peak_time_s", "peak_time_error_s",
             "real_after_forward_MB", "sim_after_forward_MB", "after_forward_error_MB",
+            "real_peak_reserved_MB", "sim_peak_reserved_MB", "peak_reserved_error_MB",
             "sim_rank", "alignment"])
         self.assertEqual(float(rows[0]["real_peak_MB"]), 1600.0)
         self.assertEqual(float(rows[0]["sim_peak_MB"]), 1500.0)
@@ -171,6 +172,27 @@ class CompareAlignmentTest(CliTestCase):
         self.assertEqual(float(rows[0]["real_peak_time_s"]), 2.0)
         self.assertEqual(float(rows[0]["sim_peak_time_s"]), 2.0)
         self.assertEqual(float(rows[0]["peak_time_error_s"]), 0.0)
+
+    def test_peak_reserved_is_compared_where_both_traces_give_it(self) -> None:
+        # trace_iteration's reserved is allocated rounded up to 512 MiB: peaks 700 and 690
+        # give 1024 and 1024; a real trace without reserved samples gives no comparison.
+        self.write_phased(sim_peak=690.0)
+        rows, _, _ = self.rows()
+        self.assertEqual(float(rows[0]["real_peak_reserved_MB"]), 1024.0)
+        self.assertEqual(float(rows[0]["sim_peak_reserved_MB"]), 1024.0)
+        self.assertEqual(float(rows[0]["peak_reserved_error_MB"]), 0.0)
+        real = trace_iteration(REAL_PHASED, static=100.0)
+        real["samples"][2]["reserved_memory_MB"] = 1536.0
+        write_json(self.real / "memory_trace_rank0.json", {"3": real})
+        rows, _, _ = self.rows()
+        self.assertEqual(float(rows[0]["peak_reserved_error_MB"]), 1024.0 - 1536.0)
+        for sample in real["samples"]:
+            del sample["reserved_memory_MB"]
+        write_json(self.real / "memory_trace_rank0.json", {"3": real})
+        rows, _, _ = self.rows()
+        self.assertEqual(rows[0]["real_peak_reserved_MB"], "")
+        self.assertEqual(rows[0]["peak_reserved_error_MB"], "")
+        self.assertEqual(float(rows[0]["sim_peak_reserved_MB"]), 1024.0)
 
     def test_an_error_that_rounds_to_zero_has_no_minus_sign(self) -> None:
         self.write_phased(sim_peak=699.99)  # -0.0014%: "-0.0" before

@@ -31,8 +31,9 @@ Compare real and simulated memory traces ({TRACE_GLOB}, paired by rank).
 
 Writes to OUTPUT_DIR:
   memory_comparison_rank_{{R}}.png  allocated memory over the last iteration of each run
-  comparison_summary.csv           per rank: peaks, static memory, peak time and memory
-                                   after the forward passes, with their errors (MiB, s)
+  comparison_summary.csv           per rank: peaks, static memory, peak time, memory
+                                   after the forward passes and peak reserved memory
+                                   (where both traces give it), with their errors (MiB, s)
   peak_overview.png                every rank's real and simulated peak
 
 Errors are signed (sim - real), so a positive value means the simulation over-predicts;
@@ -57,6 +58,7 @@ CSV_COLUMNS = ["rank", "real_peak_MB", "sim_peak_MB", "abs_error_MB", "rel_error
                "real_static_MB", "sim_static_MB", "static_error_MB", "real_static_from",
                "sim_static_from", "real_peak_time_s", "sim_peak_time_s", "peak_time_error_s",
                "real_after_forward_MB", "sim_after_forward_MB", "after_forward_error_MB",
+               "real_peak_reserved_MB", "sim_peak_reserved_MB", "peak_reserved_error_MB",
                "sim_rank", "alignment"]
 MB_PER_GB = 1024.0
 SUMMARY = re.compile(r"^summary_rank(\d+)\.json$")
@@ -228,12 +230,20 @@ def peak_time(times_s: list[float], allocated_mb: list[float]) -> float:
     return times_s[int(np.argmax(values >= values.max() * (1 - PEAK_TIME_TOLERANCE)))]
 
 
+def peak_reserved(iteration: Iteration) -> float | None:
+    """The iteration's largest reserved sample; None when its trace gives no reserved memory
+    (its samples' reserved values are then the allocated ones)."""
+    return max(iteration.reserved_mb) if iteration.has_reserved and iteration.reserved_mb else None
+
+
 def summary_row(pair: Pair) -> dict[str, float | int | str | None]:
     """One CSV row; values are None where a curve shows no phases."""
     real, sim = pair.real.peak_allocated_mb, pair.sim.peak_allocated_mb
     (real_static, real_from), (sim_static, sim_from) = static_of(pair.real), static_of(pair.sim)
     real_time = peak_time(pair.real.times_s, pair.real.allocated_mb)
     sim_time = peak_time(pair.sim_times_s, pair.sim.allocated_mb)
+    real_reserved = peak_reserved(pair.real)
+    sim_reserved = peak_reserved(pair.sim)
     real_fwd = pair.real_phases.after_forward_mb if pair.real_phases else None
     sim_fwd = pair.sim_phases.after_forward_mb if pair.sim_phases else None
     return {
@@ -254,6 +264,11 @@ def summary_row(pair: Pair) -> dict[str, float | int | str | None]:
         "sim_after_forward_MB": sim_fwd,
         "after_forward_error_MB": (sim_fwd - real_fwd
                                    if real_fwd is not None and sim_fwd is not None else None),
+        "real_peak_reserved_MB": real_reserved,
+        "sim_peak_reserved_MB": sim_reserved,
+        "peak_reserved_error_MB": (sim_reserved - real_reserved
+                                   if real_reserved is not None and sim_reserved is not None
+                                   else None),
         "sim_rank": pair.sim_rank,
         "alignment": pair.alignment,
     }

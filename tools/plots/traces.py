@@ -27,7 +27,8 @@ class Iteration:
     start_s: float  # the first sample's timestamp (0 without samples)
     times_s: list[float]
     allocated_mb: list[float]
-    reserved_mb: list[float]
+    reserved_mb: list[float]  # the allocated values where samples give no reserved memory
+    has_reserved: bool  # whether any sample gave reserved_memory_MB
     peak_allocated_mb: float
     static_mb: float | None
     theoretical_mb: float | None  # None when unknown (absent or <= 0, e.g. -1)
@@ -77,7 +78,7 @@ def _iteration(iteration: int, entry: object, where: str) -> Iteration:
     """One validated iteration; the peak falls back to the largest sample."""
     if not isinstance(entry, dict):
         raise InputError(f"{where} is not an object; not a memory trace")
-    times, allocated, reserved = _samples(entry, where)
+    times, allocated, reserved, has_reserved = _samples(entry, where)
     peak = optional_number(entry, "peak_allocated_MB", where)
     if peak is None:
         if not allocated:
@@ -90,23 +91,26 @@ def _iteration(iteration: int, entry: object, where: str) -> Iteration:
         times_s=[t - times[0] for t in times],
         allocated_mb=allocated,
         reserved_mb=reserved,
+        has_reserved=has_reserved,
         peak_allocated_mb=peak,
         static_mb=optional_number(entry, "static_memory_MB", where),
         theoretical_mb=theoretical if theoretical is not None and theoretical > 0 else None,
     )
 
 
-def _samples(entry: dict, where: str) -> tuple[list[float], list[float], list[float]]:
-    """(times, allocated, reserved) of an iteration, sorted by time."""
+def _samples(entry: dict, where: str) -> tuple[list[float], list[float], list[float], bool]:
+    """(times, allocated, reserved, whether any sample gave reserved) of an iteration,
+    sorted by time."""
     samples = typed(entry, "samples", list, where) if "samples" in entry else []
-    rows = []
+    rows, has_reserved = [], False
     for i, sample in enumerate(samples):
         at = f"{where}, sample {i}"
         if not isinstance(sample, dict):
             raise InputError(f"{at} is not an object")
         allocated = number(sample, "allocated_memory_MB", at)
         reserved = optional_number(sample, "reserved_memory_MB", at)
+        has_reserved = has_reserved or reserved is not None
         rows.append((number(sample, "timestamp_s", at), allocated,
                      allocated if reserved is None else reserved))
     rows.sort(key=lambda row: row[0])
-    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], has_reserved
