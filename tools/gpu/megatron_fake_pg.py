@@ -43,6 +43,7 @@ OUT_DIR/memory_trace_rank{R}_NAME.json (the run in Megatron's memory-tracer sche
 train_step an iteration, for `memsim compare`; first run on an H200 on 2026-11-28).
 """
 import argparse
+import bisect
 import gzip
 import json
 import os
@@ -145,17 +146,18 @@ def iteration_trace(snapshot, steps, max_entries, bins=2000):
     growth = {"alloc": 1, "free_completed": -1}
     segment = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
     allocated = reserved = 0
-    timeline = []  # (time_us, allocated, reserved) after each event
+    timeline = []  # (time_us, allocated, reserved) after each event, in time order
     for e in events:
         allocated += growth.get(e["action"], 0) * e["size"]
         reserved += segment.get(e["action"], 0) * e["size"]
         timeline.append((e["time_us"], allocated, reserved))
+    times = [t[0] for t in timeline]
     out = {}
     mib = 1024 * 1024
     for number, step in enumerate(steps):
         start, end = step["start_us"], step["end_us"]
-        before = [t for t in timeline if t[0] < start]
-        window = [t for t in timeline if start <= t[0] <= end]
+        first, last = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+        window = timeline[first:last]
         if not window:
             raise ValueError(f"no allocator event inside train_step {number}'s window")
         width = max((end - start) / bins, 1)
@@ -166,8 +168,8 @@ def iteration_trace(snapshot, steps, max_entries, bins=2000):
             kept[b] = (t if t[1] < low[1] else low, t if t[1] > high[1] else high)
         samples = {x for pair in kept.values() for x in pair}
         samples |= {t for prev, t in zip(window, window[1:]) if t[2] != prev[2]}
-        if before:
-            samples.add((start, before[-1][1], before[-1][2]))
+        if first > 0:  # the state at the step's start
+            samples.add((start, timeline[first - 1][1], timeline[first - 1][2]))
         samples = sorted(samples)
         out[str(number)] = {
             "samples": [{"timestamp_s": (t - start) / 1e6, "allocated_memory_MB": a / mib,

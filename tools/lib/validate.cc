@@ -470,8 +470,7 @@ ErrorSpread ReservedSpread(const std::vector<CaseResult>& results) {
   return spread;
 }
 
-std::string ReservedLine(const std::vector<CaseResult>& results) {
-  const ErrorSpread spread = ReservedSpread(results);
+std::string ReservedLine(const ErrorSpread& spread) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "max reserved: %zu cases compared, |error| median %.2f%%, worst %s%% (%s)",
@@ -548,8 +547,8 @@ void PrintTable(const std::vector<CaseResult>& results) {
     }
   }
   std::printf("\n%s\n", Summarize(results).Line(results.size()).c_str());
-  if (!ReservedSpread(results).abs_errors.empty())
-    std::printf("%s\n", ReservedLine(results).c_str());
+  const ErrorSpread reserved = ReservedSpread(results);
+  if (!reserved.abs_errors.empty()) std::printf("%s\n", ReservedLine(reserved).c_str());
   std::printf("%s\n", StepTimeLine(results).c_str());
 }
 
@@ -575,7 +574,8 @@ std::string MarkdownReport(const std::vector<CaseResult>& results) {
       "Error = (memsim - real) / real. Tolerances and the reason for each one above 0.5% are\n"
       "in validation/tolerances.yaml.\n\n";
   md += "**" + a.Line(results.size()) + ".**\n\n";
-  if (!ReservedSpread(results).abs_errors.empty()) md += "**" + ReservedLine(results) + ".**\n\n";
+  const ErrorSpread reserved = ReservedSpread(results);
+  if (!reserved.abs_errors.empty()) md += "**" + ReservedLine(reserved) + ".**\n\n";
   // Dense and mixture-of-experts cases apart (their targets differ: 0.5% and 2%), then each
   // GPU's cases apart.
   md +=

@@ -233,7 +233,7 @@ def peak_time(times_s: list[float], allocated_mb: list[float]) -> float:
 def peak_reserved(iteration: Iteration) -> float | None:
     """The iteration's largest reserved sample; None when its trace gives no reserved memory
     (its samples' reserved values are then the allocated ones)."""
-    return max(iteration.reserved_mb) if iteration.has_reserved and iteration.reserved_mb else None
+    return max(iteration.reserved_mb) if iteration.has_reserved else None
 
 
 def summary_row(pair: Pair) -> dict[str, float | int | str | None]:
