@@ -89,6 +89,48 @@ Status ExpandLayout(std::string text, std::string* expanded) {
       expanded);
 }
 
+// Uneven first/last stages, as Megatron-Core splits them (TransformerConfig.__post_init__,
+// get_num_layers_to_build and get_transformer_layer_offset, 0.20): the layers the named ends
+// leave split evenly over the other stages, so one named end gives the other end the middle
+// stages' count; with VPP each stage's layers split evenly over its virtual stages, whose
+// layers follow in chunk order (chunk c of every stage before chunk c + 1).
+// REQUIRES: first_stage_layers or last_stage_layers nonzero, both in [0, num_layers].
+Status FinalizeUnevenStages(ParallelLayout* l, const ModelConfig& m) {
+  if (l->pp < 2) return Status::Error("uneven first/last stage layers need PP >= 2");
+  const bool first_named = l->first_stage_layers != 0;
+  const bool last_named = l->last_stage_layers != 0;
+  const int64_t other_stages = l->pp - (first_named ? 1 : 0) - (last_named ? 1 : 0);
+  const int64_t rest = m.num_layers - l->first_stage_layers - l->last_stage_layers;
+  // Megatron-Core: "either have middle pp stages and layers or none of them".
+  if (rest < 0 || (rest == 0) != (other_stages == 0) ||
+      (other_stages > 0 && rest % other_stages != 0)) {
+    std::string named = first_named ? "the first stage's " + Str(l->first_stage_layers) : "";
+    if (last_named) {
+      named += (first_named ? " and " : "") + ("the last stage's " + Str(l->last_stage_layers));
+    }
+    if (rest < 0) {
+      return Status::Error(named + " layers are more than the model's " + Str(m.num_layers));
+    }
+    return Status::Error("the " + Str(rest) + " of " + Str(m.num_layers) + " layers left by " +
+                         named + " do not split evenly over the other " + Str(other_stages) +
+                         " pipeline stages");
+  }
+  if (!first_named) l->first_stage_layers = rest / other_stages;
+  if (!last_named) l->last_stage_layers = rest / other_stages;
+  const int64_t middle_stage_layers =
+      l->pp > 2 ? (m.num_layers - l->first_stage_layers - l->last_stage_layers) / (l->pp - 2) : 0;
+  for (const auto& [layers, stage] :
+       {std::pair{l->first_stage_layers, "first"}, std::pair{l->last_stage_layers, "last"},
+        std::pair{middle_stage_layers, "middle"}}) {
+    if (layers % l->vpp != 0) {
+      return Status::Error("the " + std::string(stage) + " stage's " + Str(layers) +
+                           " layers do not split over VPP=" + Str(l->vpp) +
+                           " virtual stages (Megatron-Core requires it)");
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status ParsePipelineLayout(const std::string& text, int64_t pp, const ModelConfig& model,
@@ -250,25 +292,16 @@ Status FinalizeLayout(ParallelLayout* l, const ModelConfig& m) {
     // ParsePipelineLayout placed every layer.
   } else if (!uneven) {
     if (split_layers % chunks != 0) {
-      return Status::Error("PP*VPP=" + Str(l->pp) + "*" + Str(l->vpp) + " does not divide " +
-                           Str(split_layers) +
-                           (split_layers != m.num_layers
-                                ? " layers (with the embedding and loss counted)"
-                                : " layers; give first/last stage layers for an uneven split"));
+      return Status::Error(
+          "PP*VPP=" + Str(l->pp) + "*" + Str(l->vpp) + " does not divide " + Str(split_layers) +
+          (split_layers != m.num_layers
+               ? " layers (with the embedding and loss counted)"
+               : " layers; give the first or last stage's layers for an uneven split "
+                 "(--first-stage-layers/--last-stage-layers; Megatron-LM's "
+                 "--decoder-first/last-pipeline-num-layers) or a pipeline layout"));
     }
   } else {
-    if (l->vpp > 1)
-      return Status::Error("uneven first/last stage layers cannot be combined with VPP");
-    if (l->pp < 2) return Status::Error("uneven first/last stage layers need PP >= 2");
-    const int64_t middle_stages = l->pp - 2;
-    const int64_t rest = m.num_layers - l->first_stage_layers - l->last_stage_layers;
-    if (l->first_stage_layers <= 0 || l->last_stage_layers <= 0 || rest < 0 ||
-        (middle_stages == 0 ? rest != 0 : rest % middle_stages != 0)) {
-      return Status::Error("first stage " + Str(l->first_stage_layers) + " + last stage " +
-                           Str(l->last_stage_layers) + " layers leave " + Str(rest) + " of " +
-                           Str(m.num_layers) + " layers, which " + Str(middle_stages) +
-                           " middle stages cannot split evenly");
-    }
+    MEMSIM_RETURN_IF_ERROR(FinalizeUnevenStages(l, m));
   }
   if (m.num_experts > 0) {
     if (m.num_experts % l->ep != 0) {
@@ -336,9 +369,16 @@ int64_t LayersOnStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_
     if (l.loss_in_split && pp_rank == l.pp - 1 && chunk == l.vpp - 1) --layers;
     return layers;
   }
-  if (pp_rank == 0) return l.first_stage_layers;
-  if (pp_rank == l.pp - 1) return l.last_stage_layers;
-  return (m.num_layers - l.first_stage_layers - l.last_stage_layers) / (l.pp - 2);
+  // Uneven: FinalizeLayout named both ends; a stage's layers split evenly over its chunks.
+  int64_t stage_layers = 0;
+  if (pp_rank == 0) {
+    stage_layers = l.first_stage_layers;
+  } else if (pp_rank == l.pp - 1) {
+    stage_layers = l.last_stage_layers;
+  } else {
+    stage_layers = (m.num_layers - l.first_stage_layers - l.last_stage_layers) / (l.pp - 2);
+  }
+  return stage_layers / l.vpp;
 }
 
 int64_t FirstLayerOfStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_rank,

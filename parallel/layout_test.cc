@@ -121,5 +121,82 @@ TEST(PipelineLayout, ReportsWhatIsWrong) {
   EXPECT_NE(FinalizeLayout(&l, m).message().find("cannot be combined"), std::string::npos);
 }
 
+// Uneven first/last stages (FinalizeUnevenStages in layout.cc). Expected layers and offsets
+// from Megatron-Core 0.20's get_num_layers_to_build and get_transformer_layer_offset by hand.
+ParallelLayout Uneven(int64_t pp, int64_t vpp, int64_t first, int64_t last) {
+  ParallelLayout l;
+  l.world_size = pp;
+  l.pp = pp;
+  l.vpp = vpp;
+  l.first_stage_layers = first;
+  l.last_stage_layers = last;
+  return l;
+}
+
+TEST(UnevenStages, VirtualStagesSplitEachStageEvenly) {
+  // 26 layers, PP 4, VPP 2, first 4, last 6: the middle stages hold 16 / 2 = 8 each, so a
+  // chunk holds 2, 4, 4, 3 layers; a round of chunks 2 + 16/2 + 3 = 13 layers, and Megatron's
+  // offset is c * 13 on stage 0, c * 13 + 2 + (r - 1) * 4 on stage r > 0.
+  const ModelConfig m = Layers(26);
+  ParallelLayout l = Uneven(4, 2, 4, 6);
+  ASSERT_TRUE(FinalizeLayout(&l, m).ok());
+  const int64_t layers[4] = {2, 4, 4, 3};
+  const int64_t first[4][2] = {{0, 13}, {2, 15}, {6, 19}, {10, 23}};
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 2; ++c) {
+      EXPECT_EQ(LayersOnStage(l, m, r, c), layers[r]) << r << "," << c;
+      EXPECT_EQ(FirstLayerOfStage(l, m, r, c), first[r][c]) << r << "," << c;
+    }
+  }
+}
+
+TEST(UnevenStages, OneNamedEndLeavesTheOtherTheMiddleShare) {
+  // 14 layers, PP 4, VPP 2, only the last stage named (2): the other three stages hold
+  // 12 / 3 = 4, so the first stage gets 4; chunks of 2, 2, 2, 1; Megatron's offsets (no first
+  // stage named: middle rank = r) c * 7 + r * 2.
+  const ModelConfig m = Layers(14);
+  ParallelLayout l = Uneven(4, 2, 0, 2);
+  ASSERT_TRUE(FinalizeLayout(&l, m).ok());
+  EXPECT_EQ(l.first_stage_layers, 4);
+  EXPECT_EQ(l.last_stage_layers, 2);
+  const int64_t layers[4] = {2, 2, 2, 1};
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 2; ++c) {
+      EXPECT_EQ(LayersOnStage(l, m, r, c), layers[r]) << r << "," << c;
+      EXPECT_EQ(FirstLayerOfStage(l, m, r, c), c * 7 + r * 2) << r << "," << c;
+    }
+  }
+  // Only the first stage named, without VPP: 30 layers, 3 on the first, 27 / 3 on the rest.
+  const ModelConfig m30 = Layers(30);
+  l = Uneven(4, 1, 3, 0);
+  ASSERT_TRUE(FinalizeLayout(&l, m30).ok());
+  EXPECT_EQ(l.last_stage_layers, 9);
+  EXPECT_EQ(FirstLayerOfStage(l, m30, 3, 0), 21);
+}
+
+TEST(UnevenStages, ReportsWhatDoesNotSplit) {
+  auto check = [](ParallelLayout l, int64_t layers) {
+    return FinalizeLayout(&l, Layers(layers)).message();
+  };
+  EXPECT_EQ(check(Uneven(4, 2, 3, 0), 27),
+            "the first stage's 3 layers do not split over VPP=2 virtual stages (Megatron-Core "
+            "requires it)");
+  EXPECT_EQ(check(Uneven(4, 2, 4, 4), 26),
+            "the middle stage's 9 layers do not split over VPP=2 virtual stages (Megatron-Core "
+            "requires it)");
+  EXPECT_EQ(check(Uneven(2, 1, 3, 3), 8),
+            "the 2 of 8 layers left by the first stage's 3 and the last stage's 3 do not split "
+            "evenly over the other 0 pipeline stages");
+  EXPECT_EQ(check(Uneven(3, 1, 4, 4), 8),
+            "the 0 of 8 layers left by the first stage's 4 and the last stage's 4 do not split "
+            "evenly over the other 1 pipeline stages");
+  EXPECT_EQ(check(Uneven(4, 1, 5, 0), 30),
+            "the 25 of 30 layers left by the first stage's 5 do not split evenly over the other "
+            "3 pipeline stages");
+  EXPECT_EQ(check(Uneven(4, 1, 3, 3), 5),
+            "the first stage's 3 and the last stage's 3 layers are more than the model's 5");
+  EXPECT_EQ(check(Uneven(1, 1, 5, 0), 30), "uneven first/last stage layers need PP >= 2");
+}
+
 }  // namespace
 }  // namespace memsim

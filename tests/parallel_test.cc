@@ -863,6 +863,37 @@ TEST(Layout, EmbeddingAndLossCountedInThePipelineSplit) {
   EXPECT_NE(FinalizeLayout(&l, m).message().find("cannot be combined"), std::string::npos);
 }
 
+// Uneven stages with virtual stages, run: 14 layers on PP 4 x VPP 2 with only the last
+// stage named (2 layers) give every other stage 4, so chunks of 2, 2, 2, 1 layers, chunk c
+// of stage r starting at layer c * 7 + 2r (Megatron-Core's get_transformer_layer_offset).
+// The stages build exactly those layers' parameters.
+TEST(Layout, UnevenVirtualStagesBuildTheirLayers) {
+  const Shape x{16, 1, 64, 4};
+  ParallelLayout l;
+  l.world_size = 4;
+  l.pp = 4;
+  l.vpp = 2;
+  l.last_stage_layers = 2;
+  TrainingConfig t = Fp16Eager(x);
+  t.num_microbatches = 4;
+  t.iterations = 1;
+  const ValidatedRun run = test::Validated(Gpt(x, 14), t, l);
+  const std::set<int64_t> expected[4] = {{0, 1, 7, 8}, {2, 3, 9, 10}, {4, 5, 11, 12}, {6, 13}};
+  for (int64_t stage = 0; stage < 4; ++stage) {
+    const std::unique_ptr<Session> session = test::RecordRank(run, stage);
+    const Recorder& r = session->recorder();
+    std::set<int64_t> layers;
+    for (const StorageInfo& info : r.storages()) {
+      const std::string& module = r.names().Name(info.module);
+      const std::string prefix = "decoder.layers.";
+      if (info.category == Category::kParameter && module.rfind(prefix, 0) == 0) {
+        layers.insert(std::stoll(module.substr(prefix.size())));
+      }
+    }
+    EXPECT_EQ(layers, expected[stage]) << "stage " << stage;
+  }
+}
+
 TEST(Layout, ReportsTheBrokenRule) {
   ModelConfig m = Gpt({128, 1, 4096, 32}, 32, 1);
   auto check = [&](ParallelLayout l) { return FinalizeLayout(&l, m).message(); };
@@ -877,9 +908,10 @@ TEST(Layout, ReportsTheBrokenRule) {
   l = ParallelLayout();
   l.world_size = 6;
   l.pp = 6;
-  EXPECT_EQ(
-      check(l),
-      "PP*VPP=6*1 does not divide 32 layers; give first/last stage layers for an uneven split");
+  EXPECT_EQ(check(l),
+            "PP*VPP=6*1 does not divide 32 layers; give the first or last stage's layers for an "
+            "uneven split (--first-stage-layers/--last-stage-layers; Megatron-LM's "
+            "--decoder-first/last-pipeline-num-layers) or a pipeline layout");
   l = ParallelLayout();
   l.world_size = 4;
   l.ep = 2;

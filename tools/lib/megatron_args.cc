@@ -715,24 +715,20 @@ Status ReadBatchAndParallelism(Args& a, int64_t world_size, int64_t max_position
 // Pipeline stages: uneven first/last stages, or interleaved (virtual) stages.
 Status ReadPipelineStages(Args& a, const ModelConfig& m, ParallelLayout* layout) {
   ParallelLayout& l = *layout;
-  MEMSIM_RETURN_IF_ERROR(a.Int("--decoder-first-pipeline-num-layers", &l.first_stage_layers));
-  MEMSIM_RETURN_IF_ERROR(a.Int("--decoder-last-pipeline-num-layers", &l.last_stage_layers));
+  // An unnamed end (0) gets the other stages' even share in FinalizeLayout, as in Megatron-Core.
+  for (const auto& [flag, layers] :
+       {std::pair{"--decoder-first-pipeline-num-layers", &l.first_stage_layers},
+        std::pair{"--decoder-last-pipeline-num-layers", &l.last_stage_layers}}) {
+    MEMSIM_RETURN_IF_ERROR(a.Int(flag, layers));
+    if (a.Has(flag) && *layers <= 0) {
+      return Status::Error(std::string(flag) + " must be larger than 0, got " + Str(*layers) +
+                           " (Megatron-Core raises it too)");
+    }
+  }
   const bool uneven =
       a.Has("--decoder-first-pipeline-num-layers") || a.Has("--decoder-last-pipeline-num-layers");
   l.embedding_in_split = a.Has("--account-for-embedding-in-pipeline-split");
   l.loss_in_split = a.Has("--account-for-loss-in-pipeline-split");
-  if (uneven && !(a.Has("--decoder-first-pipeline-num-layers") &&
-                  a.Has("--decoder-last-pipeline-num-layers"))) {
-    // Megatron-LM splits the rest evenly over the other stages, the unnamed end included.
-    const int64_t given = l.first_stage_layers + l.last_stage_layers;
-    if (l.pp < 2 || given < 0 || (m.num_layers - given) % (l.pp - 1) != 0) {
-      return Status::Error("the " + Str(m.num_layers - given) +
-                           " layers left by --decoder-first/last-pipeline-num-layers do not " +
-                           "split evenly over the other " + Str(l.pp - 1) + " pipeline stages");
-    }
-    (a.Has("--decoder-first-pipeline-num-layers") ? l.last_stage_layers : l.first_stage_layers) =
-        (m.num_layers - given) / (l.pp - 1);
-  }
   const int virtual_stage_args = a.Has("--num-layers-per-virtual-pipeline-stage") +
                                  a.Has("--num-virtual-stages-per-pipeline-rank") +
                                  a.Has("--pipeline-model-parallel-layout");
@@ -758,8 +754,7 @@ Status ReadPipelineStages(Args& a, const ModelConfig& m, ParallelLayout* layout)
     if (per_chunk <= 0 || split_layers % l.pp != 0 || (split_layers / l.pp) % per_chunk != 0) {
       return Status::Error("--num-layers-per-virtual-pipeline-stage " + Str(per_chunk) +
                            " does not split the " + Str(split_layers) + " layers over " +
-                           Str(l.pp) + " pipeline stages evenly; memsim does not model " +
-                           "uneven virtual stages");
+                           Str(l.pp) + " pipeline stages evenly (Megatron-LM asserts it)");
     }
     l.vpp = split_layers / l.pp / per_chunk;
   }

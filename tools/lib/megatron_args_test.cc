@@ -841,12 +841,31 @@ TEST(MegatronArgs, UnevenPipelineStages) {
       "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 "
       "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 3",
       8);
-  EXPECT_EQ(r.spec.layout.first_stage_layers, 3);
-  EXPECT_EQ(r.spec.layout.last_stage_layers, 9);
   EXPECT_EQ(test::Validated(r.spec).spec().training.num_microbatches, 4);  // 8 / (1 * dp 2)
   ModelConfig model = r.spec.model;
   ASSERT_TRUE(FinalizeModelConfig(&model).ok());
-  EXPECT_TRUE(FinalizeLayout(&r.spec.layout, model).ok());
+  ASSERT_TRUE(FinalizeLayout(&r.spec.layout, model).ok());
+  EXPECT_EQ(r.spec.layout.first_stage_layers, 3);
+  EXPECT_EQ(r.spec.layout.last_stage_layers, 9);
+
+  // With virtual stages (Megatron-LM wants --num-virtual-stages-per-pipeline-rank then):
+  // 30 - 6 = 24 layers on the other 3 stages, 8 each, 4 a chunk; the first stage's 3 a chunk.
+  r = Parse(
+      "--num-layers 30 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 100 "
+      "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 "
+      "--num-virtual-stages-per-pipeline-rank 2",
+      8);
+  ASSERT_TRUE(FinalizeLayout(&r.spec.layout, model).ok());
+  EXPECT_EQ(r.spec.layout.vpp, 2);
+  EXPECT_EQ(LayersOnStage(r.spec.layout, model, 0, 1), 3);
+  EXPECT_EQ(LayersOnStage(r.spec.layout, model, 3, 1), 4);
+  EXPECT_EQ(ErrorOf("--num-layers 30 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+                    "--micro-batch-size 1 --vocab-size 100 --pipeline-model-parallel-size 4 "
+                    "--decoder-last-pipeline-num-layers 0",
+                    4),
+            "--decoder-last-pipeline-num-layers must be larger than 0, got 0 (Megatron-Core "
+            "raises it too)");
 
   r = Parse(
       "--num-layers 30 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
@@ -1978,7 +1997,7 @@ TEST(MegatronArgs, Errors) {
                            "--num-layers-per-virtual-pipeline-stage 3",
                     8),
             "--num-layers-per-virtual-pipeline-stage 3 does not split the 4 layers over 2 "
-            "pipeline stages evenly; memsim does not model uneven virtual stages");
+            "pipeline stages evenly (Megatron-LM asserts it)");
   EXPECT_EQ(ErrorOf(base + "--recompute-granularity full"),
             "--recompute-granularity full needs --recompute-method (uniform or block) and "
             "--recompute-num-layers (Megatron-LM requires both)");
@@ -1994,8 +2013,8 @@ TEST(MegatronArgs, Errors) {
             "it)");
   EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-size 4 "
                            "--decoder-last-pipeline-num-layers 2"),
-            "the 2 layers left by --decoder-first/last-pipeline-num-layers do not split evenly "
-            "over the other 3 pipeline stages");
+            "the 2 of 4 layers left by the last stage's 2 do not split evenly over the other 3 "
+            "pipeline stages");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "models/moe.h"
 #include "models/transformer.h"
+#include "parallel/layout.h"
 #include "parallel/parallel_for.h"
 #include "parallel/theoretical_memory.h"
 #include "simulator/atomic_file.h"
@@ -131,14 +132,23 @@ void PrintReport(const ValidatedRun& run, const std::vector<RankResult>& results
       static_cast<long long>(t.seq_length), static_cast<long long>(t.micro_batch_size),
       static_cast<long long>(t.num_microbatches), t.num_microbatches == 1 ? "" : "es",
       t.iterations);
-  std::printf("layout: TP=%lld%s PP=%lld%s DP=%lld CP=%lld EP=%lld, %s%s\n",
-              static_cast<long long>(l.tp), l.sequence_parallel ? " (SP)" : "",
-              static_cast<long long>(l.pp),
-              l.vpp > 1 ? (" VPP=" + std::to_string(l.vpp)).c_str() : "",
-              static_cast<long long>(l.dp), static_cast<long long>(l.cp),
-              static_cast<long long>(l.ep), DataParallelName(l.data_parallel).c_str(),
-              l.pipeline_layout.empty() ? "" : (", stages " + l.pipeline_layout).c_str());
   const ModelConfig& m = spec.model;
+  std::string stages;
+  if (!l.pipeline_layout.empty()) {
+    stages = ", stages " + l.pipeline_layout;
+  } else if (l.first_stage_layers > 0) {  // FinalizeLayout named both ends
+    stages = ", layers per stage: first " + std::to_string(l.first_stage_layers);
+    if (l.pp > 2) {
+      stages += ", middle " + std::to_string(LayersOnStage(l, m, 1, 0) * l.vpp);
+    }
+    stages += ", last " + std::to_string(l.last_stage_layers);
+  }
+  std::printf(
+      "layout: TP=%lld%s PP=%lld%s DP=%lld CP=%lld EP=%lld, %s%s\n", static_cast<long long>(l.tp),
+      l.sequence_parallel ? " (SP)" : "", static_cast<long long>(l.pp),
+      l.vpp > 1 ? (" VPP=" + std::to_string(l.vpp)).c_str() : "", static_cast<long long>(l.dp),
+      static_cast<long long>(l.cp), static_cast<long long>(l.ep),
+      DataParallelName(l.data_parallel).c_str(), stages.c_str());
   std::string per_class;
   for (size_t i = 0; i < results.size(); ++i) {
     per_class += (i == 0 ? "" : ", ") + std::string("class ") + std::to_string(i) + " " +
@@ -533,9 +543,11 @@ int SimulateCommand(int argc, const char* const* argv) {
       "cp", PositiveValue(&cp, "cp"), "context-parallel size")("ep", PositiveValue(&ep, "ep"),
                                                                "expert-parallel size")(
       "first-stage-layers", PositiveValue(&first_stage_layers, "first-stage-layers"),
-      "layers on the first pipeline stage (uneven split, with --last-stage-layers)")(
+      "layers on the first pipeline stage (uneven split; the other stages share the rest "
+      "evenly, as Megatron-LM's --decoder-first-pipeline-num-layers; with VPP each stage's "
+      "layers split evenly over its virtual stages)")(
       "last-stage-layers", PositiveValue(&last_stage_layers, "last-stage-layers"),
-      "layers on the last pipeline stage");
+      "layers on the last pipeline stage (uneven split, alone or with --first-stage-layers)");
   AddReportOptions(&options, &report);
   po::variables_map vm;
   if (auto exit_code = ParseCommandLine(argc, argv, options, "simulate", &vm)) return *exit_code;
