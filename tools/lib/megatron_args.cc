@@ -1452,9 +1452,15 @@ Status Build(Args& a, int64_t world_size, MegatronArgsResult* out) {
   const std::string tokenizer = a.Text("--tokenizer-type", "GPT2BPETokenizer");
   const bool gpt2_vocabulary = tokenizer == "GPT2BPETokenizer";
   if (!a.Has("--vocab-size") && !a.Has("--padded-vocab-size") && !gpt2_vocabulary) {
+    // An example the user's tokenizer likely has: Llama 2's SentencePiece model (also
+    // Mistral 7B v0.1's and Mixtral 8x7B's) holds 32,000 tokens, Llama 3's 128,256.
+    const std::string example = tokenizer == "Llama2Tokenizer"
+                                    ? "32000 for Llama 2's and Mixtral's tokenizer.model"
+                                    : "128256 for Llama 3";
     return Status::Error(
-        "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type " +
-        tokenizer + ")" + ", so give the vocabulary size (e.g. --vocab-size 128256 for Llama 3)");
+        "missing --vocab-size: memsim does not read tokenizer files "
+        "(--tokenizer-type " +
+        tokenizer + "), so give the vocabulary size (e.g. --vocab-size " + example + ")");
   }
 
   int64_t max_positions = 0;

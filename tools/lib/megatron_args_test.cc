@@ -1993,6 +1993,11 @@ TEST(MegatronArgs, Errors) {
             "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type "
             "HuggingFaceTokenizer), so give the vocabulary size (e.g. --vocab-size 128256 for "
             "Llama 3)");
+  EXPECT_EQ(ErrorOf("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 8 "
+                    "--micro-batch-size 1 --tokenizer-type Llama2Tokenizer"),
+            "missing --vocab-size: memsim does not read tokenizer files (--tokenizer-type "
+            "Llama2Tokenizer), so give the vocabulary size (e.g. --vocab-size 32000 for Llama "
+            "2's and Mixtral's tokenizer.model)");
   EXPECT_EQ(ErrorOf(base + "--pipeline-model-parallel-size 2 "
                            "--num-layers-per-virtual-pipeline-stage 3",
                     8),
