@@ -279,6 +279,70 @@ TEST(Plan, SearchesExpertTensorParallelism) {
 }
 
 // Setup alone over the GPU: pruned without simulating a step, and truly out of memory.
+// Note [Plan's uneven stages] by hand: middle stages get ceil(L / PP), the excess comes off
+// the first stage (rounded up) and the last.
+TEST(Plan, UnevenStagesByHand) {
+  int64_t first = 0, last = 0;
+  ASSERT_TRUE(PlanUnevenStages(61, 16, &first, &last));  // 4 * 16 = 64: 3 too many
+  EXPECT_EQ(first, 2);
+  EXPECT_EQ(last, 3);
+  ASSERT_TRUE(PlanUnevenStages(61, 2, &first, &last));  // 31 * 2 = 62: 1 too many
+  EXPECT_EQ(first, 30);
+  EXPECT_EQ(last, 31);
+  ASSERT_TRUE(PlanUnevenStages(10, 4, &first, &last));  // 3 * 4 = 12: 2 too many
+  EXPECT_EQ(first, 2);
+  EXPECT_EQ(last, 2);
+  EXPECT_FALSE(PlanUnevenStages(5, 4, &first, &last));    // 2 * 4 = 8: the first would hold 0
+  EXPECT_FALSE(PlanUnevenStages(61, 32, &first, &last));  // 2 * 32 = 64: the first would hold 0
+  EXPECT_FALSE(PlanUnevenStages(64, 16, &first, &last));  // even
+  EXPECT_FALSE(PlanUnevenStages(61, 1, &first, &last));
+}
+
+// Where PP does not divide the layers the plan runs its uneven split (5 layers on PP 2:
+// 2 + 3), names it, and simulates what a run with those stage sizes gives; a run that names
+// its own split keeps it; with VPP 2 the layout is invalid, as FinalizeLayout says.
+TEST(Plan, ChoosesUnevenStagesWherePipelineStagesDoNotDivideTheLayers) {
+  const GpuSpec gpu = H100();
+  RunSpec base = SmallRun(&gpu);
+  base.model = test::Gpt(5, 512, 8, 4096);
+  base.layout.world_size = 2;
+  PlanGrid grid = SmallGrid();
+  grid.tp = {1};
+  grid.pp = {2};
+  grid.micro_batch = {1};
+  grid.recompute = {RecomputeKind::kNone};
+  grid.data_parallel = {DataParallelKind::kDistributedOptimizer};
+  PlanSettings settings;
+  settings.progress = false;
+  std::vector<PlanEntry> planned;
+  ASSERT_TRUE(RunPlan(base, grid, settings, &planned).ok());
+  ASSERT_EQ(planned.size(), 2u);
+  const PlanEntry& uneven = planned[0];
+  ASSERT_EQ(uneven.verdict, PlanVerdict::kFits) << uneven.reason;
+  EXPECT_EQ(Key(uneven.layout),
+            "TP1 PP2 (first 2, last 3 layers) VPP1 CP1 EP1 mbs1 recompute=none "
+            "distributed-optimizer");
+  EXPECT_EQ(planned[1].verdict, PlanVerdict::kInvalid);
+  EXPECT_EQ(planned[1].layout.first_stage_layers, 0);
+  EXPECT_NE(planned[1].reason.find("PP*VPP=2*2 does not divide 5 layers"), std::string::npos)
+      << planned[1].reason;
+
+  PlanLayout given = uneven.layout;
+  given.first_stage_layers = 1;
+  given.last_stage_layers = 4;
+  const PlanEntry other = SimulatePlanLayout(base, given, /*screen=*/false);
+  const PlanEntry same = SimulatePlanLayout(base, uneven.layout, /*screen=*/false);
+  EXPECT_EQ(same.stage_peak_reserved_bytes, uneven.stage_peak_reserved_bytes);
+  EXPECT_NE(other.stage_peak_reserved_bytes, uneven.stage_peak_reserved_bytes);
+
+  base.layout.first_stage_layers = 1;  // the run's own split
+  grid.vpp = {1};
+  ASSERT_TRUE(RunPlan(base, grid, settings, &planned).ok());
+  ASSERT_EQ(planned.size(), 1u);
+  EXPECT_EQ(planned[0].layout.first_stage_layers, 0);
+  EXPECT_EQ(planned[0].stage_peak_reserved_bytes, other.stage_peak_reserved_bytes);
+}
+
 TEST(Plan, PrunesWhatSetupAloneRulesOut) {
   const GpuSpec gpu = SmallGpu(int64_t{40} << 20);  // 40 MiB
   const RunSpec base = SmallRun(&gpu);

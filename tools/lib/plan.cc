@@ -44,7 +44,18 @@ RunSpec Apply(const RunSpec& base, const PlanLayout& layout) {
   spec.layout.etp = layout.etp;
   spec.layout.sequence_parallel = layout.tp > 1;
   spec.layout.data_parallel = layout.data_parallel;
+  if (layout.first_stage_layers > 0) {
+    spec.layout.first_stage_layers = layout.first_stage_layers;
+    spec.layout.last_stage_layers = layout.last_stage_layers;
+  }
   return spec;
+}
+
+// Whether the plan may choose uneven stages for `base` (Note [Plan's uneven stages]).
+bool PlanChoosesStages(const RunSpec& base) {
+  const ParallelLayout& l = base.layout;
+  return l.first_stage_layers == 0 && l.last_stage_layers == 0 && l.pipeline_layout.empty() &&
+         !l.embedding_in_split && !l.loss_in_split;
 }
 
 // Microbatches that hold as many in flight as any larger count (Note [Plan search] 4).
@@ -106,9 +117,23 @@ void ReviveDominated(const RunSpec& base, const PlanGrid& grid, const PlanLayout
 
 }  // namespace
 
+bool PlanUnevenStages(int64_t layers, int64_t pp, int64_t* first_stage_layers,
+                      int64_t* last_stage_layers) {
+  if (pp < 2 || layers % pp == 0) return false;
+  const int64_t middle = (layers + pp - 1) / pp;
+  const int64_t excess = pp * middle - layers;  // in [1, pp - 1]
+  *first_stage_layers = middle - (excess + 1) / 2;
+  *last_stage_layers = middle - excess / 2;
+  return *first_stage_layers >= 1;
+}
+
 std::string PlanLayoutName(const PlanLayout& l) {
   std::ostringstream name;
-  name << "TP" << l.tp << " PP" << l.pp << " VPP" << l.vpp << " CP" << l.cp << " EP" << l.ep;
+  name << "TP" << l.tp << " PP" << l.pp;
+  if (l.first_stage_layers > 0) {
+    name << " (first " << l.first_stage_layers << ", last " << l.last_stage_layers << " layers)";
+  }
+  name << " VPP" << l.vpp << " CP" << l.cp << " EP" << l.ep;
   if (l.etp != 0) name << " ETP" << l.etp;
   name << " mbs" << l.micro_batch << " recompute=" << RecomputeName(l.recompute) << " "
        << DataParallelName(l.data_parallel);
@@ -127,12 +152,16 @@ PlanGrid DefaultPlanGrid(const RunSpec& base) {
   const int64_t node = base.gpu->gpus_per_node;
   for (int64_t tp = 1; tp <= node; tp *= 2) grid.tp.push_back(tp);
   for (int64_t pp = 1; pp <= std::min<int64_t>(m.num_layers, 64); ++pp) {
-    if (m.num_layers % pp == 0 && base.layout.world_size % pp == 0) grid.pp.push_back(pp);
+    int64_t first = 0, last = 0;
+    const bool splits =
+        m.num_layers % pp == 0 ||
+        (PlanChoosesStages(base) && PlanUnevenStages(m.num_layers, pp, &first, &last));
+    if (splits && base.layout.world_size % pp == 0) grid.pp.push_back(pp);
   }
   grid.vpp = {1, 2};
   grid.cp = base.training.seq_length >= 8192 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1};
   grid.ep = {1};
-  for (int64_t ep = 2; m.num_experts > 0 && ep <= std::min<int64_t>(m.num_experts, 8); ep *= 2) {
+  for (int64_t ep = 2; m.num_experts > 0 && ep <= std::min<int64_t>(m.num_experts, 64); ep *= 2) {
     if (m.num_experts % ep == 0) grid.ep.push_back(ep);
   }
   grid.micro_batch = {1};
@@ -213,6 +242,10 @@ Status RunPlan(const RunSpec& base, const PlanGrid& grid, const PlanSettings& se
                   l.tp = tp, l.pp = pp, l.vpp = vpp, l.cp = cp, l.ep = ep, l.micro_batch = mbs;
                   l.etp = etp;
                   l.data_parallel = d;
+                  if (vpp == 1 && PlanChoosesStages(base)) {
+                    PlanUnevenStages(base.model.num_layers, pp, &l.first_stage_layers,
+                                     &l.last_stage_layers);
+                  }
                   groups.push_back(l);
                 }
   std::vector<std::vector<PlanEntry>> results(groups.size());
@@ -516,6 +549,8 @@ std::string RenderMarkdown(const PlanReport& report, const GpuSpec& gpu) {
 json EntryJson(const PlanEntry& e) {
   json j = {{"tp", e.layout.tp},
             {"pp", e.layout.pp},
+            {"first_stage_layers", e.layout.first_stage_layers},
+            {"last_stage_layers", e.layout.last_stage_layers},
             {"vpp", e.layout.vpp},
             {"cp", e.layout.cp},
             {"ep", e.layout.ep},
@@ -552,14 +587,16 @@ json EntryJson(const PlanEntry& e) {
 
 std::string Csv(const std::vector<PlanEntry>& entries) {
   std::string csv =
-      "rank,tp,pp,vpp,cp,ep,etp,dp,micro_batch_size,num_microbatches,recompute,data_parallel,"
+      "rank,tp,pp,first_stage_layers,last_stage_layers,vpp,cp,ep,etp,dp,micro_batch_size,"
+      "num_microbatches,recompute,data_parallel,"
       "verdict,verified,step_s,tokens_per_s_per_gpu,headroom_GiB,max_peak_reserved_GiB,reason\n";
   for (size_t i = 0; i < entries.size(); ++i) {
     const PlanEntry& e = entries[i];
     std::ostringstream row;
     row << (e.verdict == PlanVerdict::kFits ? std::to_string(i + 1) : "") << "," << e.layout.tp
-        << "," << e.layout.pp << "," << e.layout.vpp << "," << e.layout.cp << "," << e.layout.ep
-        << "," << e.layout.etp << "," << e.dp << "," << e.layout.micro_batch << ","
+        << "," << e.layout.pp << "," << e.layout.first_stage_layers << ","
+        << e.layout.last_stage_layers << "," << e.layout.vpp << "," << e.layout.cp << ","
+        << e.layout.ep << "," << e.layout.etp << "," << e.dp << "," << e.layout.micro_batch << ","
         << e.microbatches << "," << RecomputeName(e.layout.recompute) << ","
         << DataParallelName(e.layout.data_parallel) << "," << PlanVerdictName(e.verdict) << ","
         << (e.verified ? "yes" : "no") << ","
@@ -699,10 +736,12 @@ int PlanCommand(int argc, const char* const* argv) {
       "gpus", po::value(&gpus_list),
       "cluster sizes to plan for instead of --world-size, e.g. 32,64,128: a plan per size")(
       "tp", po::value(&lists.tp), "TP values (default: powers of 2 up to a node)")(
-      "pp", po::value(&lists.pp), "PP values (default: divisors of the layers and GPUs, to 64)")(
-      "vpp", po::value(&lists.vpp), "VPP values (default 1,2)")(
+      "pp", po::value(&lists.pp),
+      "PP values (default: divisors of the GPUs, to 64, that divide the layers or get uneven "
+      "first and last stages: Note [Plan's uneven stages])")("vpp", po::value(&lists.vpp),
+                                                             "VPP values (default 1,2)")(
       "cp", po::value(&lists.cp), "CP values (default 1, and 2 from sequence 8192)")(
-      "ep", po::value(&lists.ep), "EP values (default: powers of 2 dividing the experts, to 8)")(
+      "ep", po::value(&lists.ep), "EP values (default: powers of 2 dividing the experts, to 64)")(
       "etp", po::value(&lists.etp), "expert TP values (default: the layout's TP)")(
       "micro-batch-size", po::value(&lists.micro_batch), "micro-batch sizes (default 1)")(
       "recompute", po::value(&lists.recompute),

@@ -49,18 +49,33 @@ struct PlanGrid {
   std::vector<DataParallelKind> data_parallel;
 };
 
-// The grid a user gets without giving lists: TP up to a node, PP dividing the layers and the
-// GPUs (to 64), VPP 1 and 2, CP 1 and 2 from sequence 8192 on, EP dividing the experts up
-// to 8, micro batch 1, every recomputation, the distributed optimizer.
+// The grid a user gets without giving lists: TP up to a node, PP dividing the GPUs (to 64)
+// that divides the layers or gets a plan's uneven split (Note [Plan's uneven stages]), VPP 1
+// and 2, CP 1 and 2 from sequence 8192 on, EP dividing the experts up to 64, micro batch 1,
+// every recomputation, the distributed optimizer.
 PlanGrid DefaultPlanGrid(const RunSpec& base);
+
+// Note [Plan's uneven stages]
+// Where PP does not divide the layers (DeepSeek-V3's 61 on PP 16), Megatron-LM runs need
+// uneven first and last stages (--decoder-first/last-pipeline-num-layers). The plan gives the
+// middle stages m = ceil(L / PP) layers each and takes the e = PP * m - L layers too many off
+// the ends, ceil(e / 2) off the first stage (the one that holds the most microbatches in
+// flight) and the rest off the last (which holds the output layer and the loss): 61 on PP 16
+// is 2 + 14 x 4 + 3. Only without virtual stages, and only where the run gives no split of its
+// own (first/last stage layers or a pipeline layout). False where there is no such split
+// (PP < 2, PP divides L, or an end would hold no layer).
+bool PlanUnevenStages(int64_t layers, int64_t pp, int64_t* first_stage_layers,
+                      int64_t* last_stage_layers);
 
 // A point of the plan's search; sequence parallelism is on whenever TP > 1.
 struct PlanLayout : LayoutPoint {
   int64_t etp = 0;  // 0: = tp
   DataParallelKind data_parallel = DataParallelKind::kDistributedOptimizer;
+  // Uneven stages the plan chose (Note [Plan's uneven stages]); 0: the base run's split.
+  int64_t first_stage_layers = 0, last_stage_layers = 0;
 };
 // "TP4 PP2 VPP1 CP1 EP1 mbs1 recompute=none distributed-optimizer" (and "ETP1" after EP when
-// the expert tensor parallelism is not TP's)
+// the expert tensor parallelism is not TP's; "PP16 (first 2, last 3 layers)" when uneven)
 std::string PlanLayoutName(const PlanLayout& layout);
 
 enum class PlanVerdict { kFits, kOutOfMemory, kPruned, kDominated, kInvalid, kError };
