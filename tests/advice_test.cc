@@ -37,8 +37,8 @@ TEST(Advice, EachSwitchIsTheRunSimulatedWithIt) {
   const nlohmann::json advised = Simulate("--advise");
   const nlohmann::json& advice = advised["advice"];
   // Off in this run and possible on its 4 GPUs: selective and full recomputation, SP,
-  // micro batch 1. Left out: the distributed optimizer (DP 1 has nothing to shard), PP 4
-  // and TP 4 (8 GPUs with the other dimension).
+  // micro batch 1. Left out: the distributed optimizer (DP 1 has nothing to shard), PP 4,
+  // TP 4 and CP 2 (8 GPUs with the other dimensions).
   std::vector<std::string> changes;
   for (const auto& a : advice) changes.push_back(a["change"]);
   std::sort(changes.begin(), changes.end());
@@ -57,6 +57,30 @@ TEST(Advice, EachSwitchIsTheRunSimulatedWithIt) {
               advice[i]["peak_reserved_MB"].get<double>());
   }
   EXPECT_LT(advice[0]["peak_reserved_MB"].get<double>(), FullestStageMiB(advised));
+}
+
+// With GPUs to spare for it, twice the context parallelism is advised, and its numbers are
+// those of the run with --cp 2 (the sequence split over two GPUs: less activation memory).
+TEST(Advice, ContextParallelismWhereTheGpusAllowIt) {
+  const std::string out = ::testing::TempDir() + "/memsim_advice_cp";
+  const std::string run =
+      "simulate --model gpt3-1.3b --world-size 2 --seq-length 2048 --micro-batch-size 1 "
+      "--global-batch-size 8 --json --out " +
+      out + " ";
+  const test::CommandResult advised = test::RunMemsim(run + "--advise");
+  ASSERT_EQ(advised.exit_code, 0) << advised.err;
+  const nlohmann::json result = nlohmann::json::parse(advised.out);
+  const test::CommandResult direct = test::RunMemsim(run + "--cp 2");
+  ASSERT_EQ(direct.exit_code, 0) << direct.err;
+  bool found = false;
+  for (const auto& a : result["advice"]) {
+    if (a["change"] != "--cp 2") continue;
+    found = true;
+    const double cp_mib = FullestStageMiB(nlohmann::json::parse(direct.out));
+    EXPECT_DOUBLE_EQ(a["peak_reserved_MB"].get<double>(), cp_mib);
+    EXPECT_LT(cp_mib, FullestStageMiB(result));
+  }
+  EXPECT_TRUE(found) << result["advice"].dump();
 }
 
 }  // namespace

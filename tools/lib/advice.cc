@@ -42,6 +42,9 @@ std::vector<Switch> SwitchesFor(const RunSpec& run) {
                         s->layout.tp *= 2;
                         s->layout.sequence_parallel = true;
                       }});
+  switches.push_back({"--cp " + std::to_string(l.cp * 2),
+                      "split each sequence over twice the GPUs (context parallelism)",
+                      [](RunSpec* s) { s->layout.cp *= 2; }});
   if (t.micro_batch_size > 1 && run.global_batch_size > 0) {
     switches.push_back({"--micro-batch-size " + std::to_string(t.micro_batch_size / 2),
                         "half the activations per microbatch, twice the microbatches",
