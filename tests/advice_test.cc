@@ -61,26 +61,40 @@ TEST(Advice, EachSwitchIsTheRunSimulatedWithIt) {
 
 // With GPUs to spare for it, twice the context parallelism is advised, and its numbers are
 // those of the run with --cp 2 (the sequence split over two GPUs: less activation memory).
-TEST(Advice, ContextParallelismWhereTheGpusAllowIt) {
-  const std::string out = ::testing::TempDir() + "/memsim_advice_cp";
-  const std::string run =
-      "simulate --model gpt3-1.3b --world-size 2 --seq-length 2048 --micro-batch-size 1 "
-      "--global-batch-size 8 --json --out " +
-      out + " ";
-  const test::CommandResult advised = test::RunMemsim(run + "--advise");
+// `change` advised for `run` (a simulate command line), with the numbers of `run` simulated
+// with it, and a lower peak than `run`'s own.
+void ExpectAdvisedAsSimulated(const std::string& run, const std::string& change) {
+  const std::string out = " --json --out " + ::testing::TempDir() + "/memsim_advice_switch ";
+  const test::CommandResult advised = test::RunMemsim(run + out + "--advise");
   ASSERT_EQ(advised.exit_code, 0) << advised.err;
   const nlohmann::json result = nlohmann::json::parse(advised.out);
-  const test::CommandResult direct = test::RunMemsim(run + "--cp 2");
+  const test::CommandResult direct = test::RunMemsim(run + out + change);
   ASSERT_EQ(direct.exit_code, 0) << direct.err;
   bool found = false;
   for (const auto& a : result["advice"]) {
-    if (a["change"] != "--cp 2") continue;
+    if (a["change"] != change) continue;
     found = true;
-    const double cp_mib = FullestStageMiB(nlohmann::json::parse(direct.out));
-    EXPECT_DOUBLE_EQ(a["peak_reserved_MB"].get<double>(), cp_mib);
-    EXPECT_LT(cp_mib, FullestStageMiB(result));
+    const double changed_mib = FullestStageMiB(nlohmann::json::parse(direct.out));
+    EXPECT_DOUBLE_EQ(a["peak_reserved_MB"].get<double>(), changed_mib);
+    EXPECT_LT(changed_mib, FullestStageMiB(result));
   }
-  EXPECT_TRUE(found) << result["advice"].dump();
+  EXPECT_TRUE(found) << change << " not in " << result["advice"].dump();
+}
+
+TEST(Advice, ContextParallelismWhereTheGpusAllowIt) {
+  ExpectAdvisedAsSimulated(
+      "simulate --model gpt3-1.3b --world-size 2 --seq-length 2048 --micro-batch-size 1 "
+      "--global-batch-size 8",
+      "--cp 2");
+}
+
+// For a mixture of experts, twice the expert parallelism (fewer experts' weights, gradients
+// and optimizer states per GPU).
+TEST(Advice, ExpertParallelismForAMixtureOfExperts) {
+  ExpectAdvisedAsSimulated(
+      "simulate --model mixtral-8x7b --world-size 16 --tp 2 --pp 4 --sp --seq-length 1024 "
+      "--micro-batch-size 1 --global-batch-size 8 --data-parallel distributed-optimizer",
+      "--ep 2");
 }
 
 }  // namespace

@@ -45,6 +45,11 @@ std::vector<Switch> SwitchesFor(const RunSpec& run) {
   switches.push_back({"--cp " + std::to_string(l.cp * 2),
                       "split each sequence over twice the GPUs (context parallelism)",
                       [](RunSpec* s) { s->layout.cp *= 2; }});
+  if (run.model.num_experts > 0) {
+    switches.push_back({"--ep " + std::to_string(l.ep * 2),
+                        "split the experts over twice the GPUs (expert parallelism)",
+                        [](RunSpec* s) { s->layout.ep *= 2; }});
+  }
   if (t.micro_batch_size > 1 && run.global_batch_size > 0) {
     switches.push_back({"--micro-batch-size " + std::to_string(t.micro_batch_size / 2),
                         "half the activations per microbatch, twice the microbatches",

@@ -3,11 +3,11 @@
 // Note [Advice]
 // Advice is measured, not a rule of thumb: for every switch memsim models that differs
 // from the run (more recomputation, sequence parallelism, the distributed optimizer, twice
-// the pipeline, tensor or context parallelism, half the micro batch with the global batch
-// kept, the fused attention kernel), the run is simulated again with that one change and the
+// the pipeline, tensor, context or expert parallelism, half the micro batch with the global
+// batch kept, the fused attention kernel), the run is simulated again with that one change and the
 // fullest stage's peak reserved memory and the step time (Note [Step time]) are compared
 // with the run's own. Switches the layout cannot take (PP that does not divide the layers,
-// TP or CP the GPUs) are left out.
+// TP, CP or EP the GPUs or the experts) are left out.
 #pragma once
 
 #include <cstdint>
