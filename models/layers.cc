@@ -682,6 +682,12 @@ void AllocateStorage(const at::Tensor& t) {
   storage->set_nbytes(bytes);
 }
 
+void MapStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
+}
+
 void DrainDeferredWgrad(DeferredWgrad& deferred, Parameter& weight,
                         const LinearParallelism& parallelism) {
   const size_t count = deferred.inputs.size();

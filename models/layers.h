@@ -143,6 +143,9 @@ at::Tensor LeadingSlice(const at::Tensor& t, int64_t dim, int64_t length);
 // Gives a tensor whose storage FreeStorage emptied the bytes of its elements back
 // (storage.resize_(numel)), allocated as a new storage allocation of the same storage.
 void AllocateStorage(const at::Tensor& t);
+// Gives it the bytes back without allocating them: they belong to memory counted where it
+// was allocated (a persistent buffer the storage is laid over); FreeStorage drops them.
+void MapStorage(const at::Tensor& t);
 
 // The deferred weight-gradient GEMMs of `weight` (DeferredWgrad), as
 // drain_embedding_wgrad_compute runs them: with sequence parallelism each input is

@@ -536,6 +536,13 @@ struct TrainingConfig {
   // 378d81fbd3 (#4717, 2026-05-30) reset() released the non-unit buckets too.
   bool fsdp_final_norm_gathers_every_forward = false;
   bool fsdp_reset_releases_non_unit = false;
+  // --fsdp-double-buffer, and --fsdp-db-use-persist-buf-on-alloc-fail (Note [Megatron-FSDP
+  // double buffers] in parallel/megatron_fsdp.h).
+  bool fsdp_double_buffer = false;
+  bool fsdp_double_buffer_persistent_fallback = false;
+  // --init-model-with-meta-device under Megatron-FSDP: the model is never whole on the GPU
+  // (Note [Megatron-FSDP]); elsewhere Megatron-LM materializes it (to_empty) as usual.
+  bool fsdp_meta_init = false;
   // --grad-reduce-in-bf16 (bf16 training): the gradient buffer is bf16, not fp32; the
   // optimizer then takes fp32 copies of its gradients as fp16 training does (Note [Mixed
   // precision state] in models/parameters.h).

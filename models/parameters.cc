@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "models/layers.h"
 #include "simulator/check.h"
 #include "simulator/checked_math.h"
 #include "simulator/session.h"
@@ -32,7 +33,15 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
   const std::string module = CurrentRecorder() != nullptr
                                  ? CurrentRecorder()->names().Name(ModuleScope::Current())
                                  : std::string();
-  at::Tensor data = at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
+  at::Tensor data;
+  if (unmaterialized_) {
+    // An empty allocation (nothing to count) given the parameter's shape and mapped bytes.
+    data = at::empty({0}, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
+    data.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+    MapStorage(data);
+  } else {
+    data = at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
+  }
   data.requires_grad_(true);
   int64_t numel = 1;
   for (int64_t d : shape) numel = CheckedMul(numel, d);

@@ -133,6 +133,10 @@ class ParameterStore {
   void set_unit(int64_t unit) { unit_ = unit; }
   // Parameters added from now on belong to model chunk `chunk`.
   void set_chunk(int64_t chunk) { chunk_ = chunk; }
+  // Parameters added from now on are not materialized (--init-model-with-meta-device under
+  // Megatron-FSDP): their storages hold no memory until Megatron-FSDP lays them over its
+  // buckets (Note [Megatron-FSDP] in parallel/megatron_fsdp.h).
+  void set_unmaterialized(bool unmaterialized) { unmaterialized_ = unmaterialized; }
   // Allocates the contiguous gradient buffer and points every main_grad into it (every
   // parameter's, or with `root_only` those outside the layers: FSDP shards the rest).
   // REQUIRES: called once, after every Add.
@@ -158,6 +162,7 @@ class ParameterStore {
  private:
   Precision precision_;
   bool gradient_accumulation_fusion_;
+  bool unmaterialized_ = false;
   bool grad_reduce_in_bf16_;
   std::map<std::vector<int64_t>, at::Tensor> dummy_wgrads_;
   std::deque<Parameter> parameters_;  // deque: pointers stay valid

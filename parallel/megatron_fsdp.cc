@@ -11,6 +11,7 @@
 #include "ops/collectives.h"
 #include "simulator/checked_math.h"
 #include "simulator/session.h"
+#include "simulator/status.h"
 
 namespace memsim {
 namespace {
@@ -104,6 +105,9 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     int64_t offset = 0;
     for (Parameter* p : b.params) {
       at::Tensor& data = BucketedData(*p);
+      if (options.meta_init) {
+        at::Tensor materialized = at::empty_like(data);  // to_empty, then copied in
+      }
       data.set_(b.weights.storage(), offset, data.sizes(), data.strides());
       offset += data.numel();
     }
@@ -158,13 +162,103 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
       offset += shard_elements[i];
     }
   }
+  // Note [Megatron-FSDP double buffers]: the double-buffered layers of each pool.
+  std::map<int64_t, int64_t> buckets_in_unit;
+  for (Bucket& b : buckets_) {
+    if (b.unit >= 0) b.offset_in_unit = buckets_in_unit[b.unit]++;
+  }
+  if (options.double_buffer) {
+    weight_pool_.units = SymmetricUnits(
+        [](const Bucket& b) { return BucketedData(*b.params.front()).scalar_type(); });
+    grad_pool_.units = SymmetricUnits([](const Bucket& b) { return b.grads.scalar_type(); });
+  }
+}
+
+std::vector<int64_t> MegatronFsdp::SymmetricUnits(at::ScalarType (*dtype_of)(const Bucket&)) const {
+  // Each layer's buckets, in order, as (dtype, elements); layers in bucket order.
+  std::vector<int64_t> units;
+  std::map<int64_t, std::vector<std::pair<at::ScalarType, int64_t>>> signature;
+  for (const Bucket& b : buckets_) {
+    if (b.unit < 0) continue;
+    if (signature.count(b.unit) == 0) units.push_back(b.unit);
+    int64_t elements = 0;
+    for (const Parameter* p : b.params) elements += p->data.numel();
+    signature[b.unit].emplace_back(dtype_of(b), elements);
+  }
+  std::vector<int64_t> largest;
+  for (int64_t unit : units) {
+    std::vector<int64_t> same;
+    for (int64_t other : units) {
+      if (signature[other] == signature[unit]) same.push_back(other);
+    }
+    if (same.size() > largest.size()) largest = std::move(same);
+  }
+  return largest;
+}
+
+void MegatronFsdp::TakeStorage(FixedPool& pool, size_t id, const at::Tensor& full,
+                               Category category) {
+  const Bucket& b = buckets_[id];
+  if (!options_.double_buffer || (!pool.Holds(b.unit) && !options_.persistent_fallback)) {
+    AllocateStorage(full);  // StorageResizeBasedBucketAllocator
+    return;
+  }
+  // The bytes live in a persistent buffer; the bucket's own storage only maps them.
+  ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.double_buffers"});
+  CategoryScope counted(category);
+  PersistentScope persistent;
+  const at::TensorOptions options = at::TensorOptions().device(at::kMeta).dtype(full.dtype());
+  if (!pool.Holds(b.unit)) {
+    at::Tensor& buffer = pool.persistent_fallback[id];
+    if (!buffer.defined()) buffer = at::empty({b.full_elements}, options);
+  } else {
+    auto slot = pool.using_by_bucket.find(id);
+    if (slot == pool.using_by_bucket.end()) {
+      const auto idle = [&pool](int group, int64_t offset) {
+        return pool.in_use.count({group, offset}) == 0;
+      };
+      const auto planned = pool.planned_group.find(id);
+      int group = -1;
+      if (planned != pool.planned_group.end() && idle(planned->second, b.offset_in_unit)) {
+        group = planned->second;
+      } else {
+        for (int g = 0; g < 2 && group < 0; ++g) {
+          if (idle(g, b.offset_in_unit)) group = g;
+        }
+        if (group < 0) {
+          throw UserError(
+              "memsim bug (Note [Megatron-FSDP double buffers]): no idle buffer "
+              "for bucket " +
+              std::to_string(id));
+        }
+        pool.planned_group.emplace(id, group);  // kept only if none was planned
+      }
+      slot = pool.using_by_bucket.emplace(id, std::make_pair(group, b.offset_in_unit)).first;
+      pool.in_use.insert(slot->second);
+    }
+    at::Tensor& buffer = pool.buffers[slot->second];
+    // get_global_memory_buffer().get_tensor: a larger request replaces the buffer.
+    if (!buffer.defined() || buffer.numel() < b.full_elements) {
+      buffer = at::empty({b.full_elements}, options);
+    }
+  }
+  MapStorage(full);
+}
+
+void MegatronFsdp::ReleaseStorage(FixedPool& pool, size_t id, const at::Tensor& full) {
+  FreeStorage(full.storage());  // a mapped storage frees nothing
+  const auto slot = pool.using_by_bucket.find(id);
+  if (!options_.double_buffer || slot == pool.using_by_bucket.end()) return;
+  pool.in_use.erase(slot->second);
+  pool.using_by_bucket.erase(slot);
 }
 
 void MegatronFsdp::Gather(Bucket& bucket) {
   if (bucket.gathered) return;
   ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.all_gather"});
   CategoryScope category(Category::kParameter);
-  AllocateStorage(bucket.weights);
+  TakeStorage(weight_pool_, static_cast<size_t>(&bucket - buckets_.data()), bucket.weights,
+              Category::kParameter);
   ReceiveInto(bucket.weights);  // all_gather_into_tensor from the weight shards
   bucket.gathered = true;
 }
@@ -188,9 +282,21 @@ void MegatronFsdp::GatherWithPrefetch(std::vector<size_t> wanted, Order order) {
     for (size_t k = ids.size() - 1; k-- > 0 && static_cast<int64_t>(ids[k]) == id;) --id;
     return id;
   };
+  // Note [Megatron-FSDP double buffers]: the units the gather spans, at most two.
+  std::set<int64_t> units;
+  bool any_unit = false;
+  for (size_t id : wanted) {
+    if (weight_pool_.Holds(buckets_[id].unit)) units.insert(buckets_[id].unit);
+    any_unit = any_unit || buckets_[id].unit >= 0;
+  }
+  const bool prefetch = !(options_.double_buffer && !any_unit);
   const int64_t base = size_of(wanted);
-  for (int64_t id = next(wanted); id >= 0; id = next(wanted)) {
+  for (int64_t id = next(wanted); prefetch && id >= 0; id = next(wanted)) {
     if (size_of(wanted) - base >= prefetch_elements_) break;
+    if (options_.double_buffer) {
+      units.insert(buckets_[static_cast<size_t>(id)].unit);
+      if (units.size() > 2) break;
+    }
     wanted.insert(std::upper_bound(wanted.begin(), wanted.end(), static_cast<size_t>(id)),
                   static_cast<size_t>(id));
   }
@@ -209,22 +315,37 @@ void MegatronFsdp::Release(int64_t unit) {
   for (size_t id : BucketsOf(unit)) {
     Bucket& b = buckets_[id];
     if (!b.gathered) continue;
-    FreeStorage(b.weights.storage());
+    ReleaseStorage(weight_pool_, id, b.weights);
     b.gathered = false;
   }
 }
 
+void MegatronFsdp::EnforceDoubleBufferLimit(int64_t unit) {
+  if (!options_.double_buffer) return;
+  std::set<int64_t> units;
+  if (grad_pool_.Holds(unit)) units.insert(unit);
+  size_t keep = queue_.size();
+  for (auto it = queue_.rbegin(); it != queue_.rend(); ++it) {
+    units.insert((*it)->unit);
+    if (units.size() > 2) --keep;
+  }
+  while (queue_.size() > keep) FreeOldestQueued();
+}
+
 void MegatronFsdp::AllocateGrads(Bucket& bucket) {
   if (bucket.grads_allocated) return;
+  EnforceDoubleBufferLimit(bucket.unit);  // main_grad_getter's, before fetch_bucket
   ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.grad_buckets"});
   CategoryScope category(Category::kGradient);
-  AllocateStorage(bucket.grads);
+  TakeStorage(grad_pool_, static_cast<size_t>(&bucket - buckets_.data()), bucket.grads,
+              Category::kGradient);
   bucket.grads_allocated = true;
 }
 
 void MegatronFsdp::ReduceScatter(Bucket& bucket) {
   if (!bucket.grads_allocated) return;
   while (queued_elements_ > queue_capacity_elements_) FreeOldestQueued();
+  EnforceDoubleBufferLimit(bucket.unit);
   at::NoGradGuard no_grad;
   const at::Tensor shard = bucket.grads.narrow(0, 0, bucket.grad_shard.numel());
   ReceiveInto(shard);  // reduce_scatter_tensor into the bucket's own shard slot
@@ -237,7 +358,7 @@ void MegatronFsdp::FreeOldestQueued() {
   Bucket* bucket = queue_.front();
   queue_.pop_front();
   queued_elements_ -= bucket->full_elements;
-  FreeStorage(bucket->grads.storage());
+  ReleaseStorage(grad_pool_, static_cast<size_t>(bucket - buckets_.data()), bucket->grads);
   bucket->grads_allocated = false;
 }
 
@@ -289,9 +410,10 @@ void MegatronFsdp::BeforeFinalNorm() {
 void MegatronFsdp::AfterOptimizerStep() {
   GatherWithPrefetch(BucketsOf(-1), Order::kForward);  // start_param_sync
   if (!options_.log_params_norm) return;
-  for (Bucket& b : buckets_) {  // reset(): what is gathered goes, but the PRESERVED
+  for (size_t id = 0; id < buckets_.size(); ++id) {  // reset(): the gathered go, not PRESERVED
+    Bucket& b = buckets_[id];
     if (!b.gathered || (b.unit < 0 && !options_.reset_releases_non_unit)) continue;
-    FreeStorage(b.weights.storage());
+    ReleaseStorage(weight_pool_, id, b.weights);
     b.gathered = false;
   }
 }

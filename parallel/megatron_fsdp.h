@@ -22,7 +22,11 @@
 //            auto: bf16 for FP8 parameters, else the parameters' own; param_and_grad_
 //            buffer.py's _get_main_grad_dtype). The model's
 //            own full parameters are freed once their shards are copied out (each bucket
-//            passes through a temporary full copy), then the cache is emptied.
+//            passes through a temporary full copy), then the cache is emptied. With
+//            --init-model-with-meta-device the model was built on the meta device and is
+//            never whole on the GPU: each parameter is made (to_empty, reset_parameters)
+//            while its bucket is filled and goes once copied in (memsim makes them one at a
+//            time where Megatron makes a module's at once).
 //   gather:  a bucket's full [S] weights are allocated when all-gathered and freed when
 //            released (storage resize). Before a layer's forward its buckets are gathered,
 //            with the buckets after them ("prefetch") until the prefetched ones hold at
@@ -64,19 +68,45 @@
 // layout (Blackwell): elsewhere Transformer Engine makes a transpose cache after each
 // gather in backward (fp8_create_transpose_cache).
 // Not modelled (refused): PP > 1, full recomputation (it changes prefetch and release),
-// FP8 parameters before Blackwell, the double buffers of --fsdp-double-buffer and --nccl-ub (a
-// fixed pool, partly outside the caching allocator), other sharding strategies, version 2.
+// FP8 parameters before Blackwell, --nccl-ub (its buffers in NCCL's memory pool),
+// --megatron-fsdp-max-pool-double-buffer (MaxPoolAllocator), other sharding strategies,
+// version 2.
+//
+// Note [Megatron-FSDP double buffers]
+// --fsdp-double-buffer (Megatron-Core 0.20, param_and_grad_buffer.py: FixedPoolAllocator,
+// size 2, for the gathered weights and, in the gradients' communication dtype, the full
+// gradient buckets):
+//   units:   the largest set of layers whose buckets match in order, dtype and size (the
+//            first such set found in layer order; for DeepSeek-V3 the MoE layers, not the
+//            three dense ones) is double-buffered; other layers' and the non-unit buckets
+//            are allocated and freed as above (or, with --fsdp-db-use-persist-buf-on-alloc-
+//            fail, each kept in a persistent buffer of its own from its first use).
+//   buffers: a double-buffered layer's k-th bucket lives in one of two persistent buffers
+//            for offset k, taken from Megatron's global memory buffer the first time it is
+//            needed and never freed: 2 x (sum of a layer's buckets) for the weights and as
+//            much again for the gradients. A gather takes an idle one (the one the bucket had
+//            before if idle, else the lowest); a release gives it back.
+//   limits:  a gather's prefetch stops before a third layer (any unit, the non-unit buckets
+//            counting as one) would join the wanted ones, and the non-unit buckets'
+//            gathers prefetch nothing; before a layer's gradient buckets are taken and
+//            before each reduce-scatter, the oldest queued gradient buckets are released
+//            until the queue and the new ones span at most two units
+//            (_enforce_double_buffer_limit).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "models/parameters.h"
 #include "parallel/layer_hooks.h"
+#include "simulator/attribution.h"
 
 namespace memsim {
 
@@ -92,6 +122,13 @@ struct MegatronFsdpOptions {
   // Megatron-FSDP before 41f3b6f308 and before #4717 (TrainingConfig).
   bool final_norm_gathers_every_forward = false;
   bool reset_releases_non_unit = false;
+  // Note [Megatron-FSDP double buffers]: --fsdp-double-buffer and
+  // --fsdp-db-use-persist-buf-on-alloc-fail.
+  bool double_buffer = false;
+  bool persistent_fallback = false;
+  // --init-model-with-meta-device: the parameters were never materialized (the store's
+  // set_unmaterialized); each is made while its bucket is filled.
+  bool meta_init = false;
 };
 
 class MegatronFsdp : public LayerHooks {
@@ -134,6 +171,20 @@ class MegatronFsdp : public LayerHooks {
     at::Tensor grad_shard;      // [S / shards], in the gradient shard buffer
     bool gathered = false;
     bool grads_allocated = false;
+    int64_t offset_in_unit = 0;  // its index among its layer's buckets
+  };
+  // FixedPoolAllocator (Note [Megatron-FSDP double buffers]): the buffers of the weights'
+  // or the gradients' double-buffered units.
+  struct FixedPool {
+    std::vector<int64_t> units;                // double-buffered
+    std::set<std::pair<int, int64_t>> in_use;  // (buffer group, bucket offset)
+    std::map<size_t, std::pair<int, int64_t>> using_by_bucket;
+    std::map<size_t, int> planned_group;                    // by bucket: where it went first
+    std::map<std::pair<int, int64_t>, at::Tensor> buffers;  // persistent, by slot
+    std::map<size_t, at::Tensor> persistent_fallback;       // by bucket
+    bool Holds(int64_t unit) const {
+      return std::find(units.begin(), units.end(), unit) != units.end();
+    }
   };
   enum class Order { kForward, kBackward };
   // The buckets of layer `unit` (-1: the non-unit ones), by index.
@@ -143,6 +194,13 @@ class MegatronFsdp : public LayerHooks {
   void GatherWithPrefetch(std::vector<size_t> wanted, Order order);
   void Gather(Bucket& bucket);
   void Release(int64_t unit);
+  // Gives bucket `id`'s weights (grads) their bytes, from the fixed pool where double-buffered.
+  void TakeStorage(FixedPool& pool, size_t id, const at::Tensor& full, Category category);
+  void ReleaseStorage(FixedPool& pool, size_t id, const at::Tensor& full);
+  // The largest set of layers whose buckets match in dtype (`dtype_of`) and size.
+  std::vector<int64_t> SymmetricUnits(at::ScalarType (*dtype_of)(const Bucket&)) const;
+  // Releases the oldest queued gradient buckets until they and `unit` span two units.
+  void EnforceDoubleBufferLimit(int64_t unit);
   void AllocateGrads(Bucket& bucket);
   // Reduce-scatters the bucket's gradient into its shard and queues the bucket.
   void ReduceScatter(Bucket& bucket);
@@ -158,7 +216,8 @@ class MegatronFsdp : public LayerHooks {
   int64_t queue_capacity_elements_ = 0;  // C
   std::deque<Bucket*> queue_;            // reduce-scattered buckets whose gradients are still held
   int64_t queued_elements_ = 0;
-  std::vector<at::Tensor> shards_;  // the persistent weight and gradient shard buffers
+  std::vector<at::Tensor> shards_;     // the persistent weight and gradient shard buffers
+  FixedPool weight_pool_, grad_pool_;  // with double buffers
 };
 
 }  // namespace memsim

@@ -140,6 +140,9 @@ MegatronFsdpOptions MegatronFsdpOptionsOf(const TrainingConfig& t, const Paralle
   o.log_params_norm = t.log_params_norm;
   o.final_norm_gathers_every_forward = t.fsdp_final_norm_gathers_every_forward;
   o.reset_releases_non_unit = t.fsdp_reset_releases_non_unit;
+  o.double_buffer = t.fsdp_double_buffer;
+  o.persistent_fallback = t.fsdp_double_buffer_persistent_fallback;
+  o.meta_init = t.fsdp_meta_init;
   return o;
 }
 
@@ -319,6 +322,8 @@ int64_t RunRankTraining(const ValidatedRun& run, int64_t pp_rank, Session& sessi
       training.grad_reduce_in_bf16 ||
       (training.precision_aware_optimizer && training.main_grads_dtype == Precision::kBf16);
   ParameterStore store(training.precision, training.gradient_accumulation_fusion, bf16_gradients);
+  store.set_unmaterialized(layout.data_parallel == DataParallelKind::kMegatronFsdp &&
+                           training.fsdp_meta_init);
   ModelShard shard = ShardFor(layout, model_config, pp_rank);
   // Offloading moves storages between steps and layers (a reload belongs to the layer or
   // chunk before its own), which copies cannot map: every layer and microbatch runs. So

@@ -1931,6 +1931,7 @@ TEST(Fsdp, ShardsFallAsOneOverDpAndGathersOneLayerAtATime) {
 // begins (parameters, gradients and optimizer state).
 struct MegatronFsdpRun {
   int64_t gathered_peak = 0, grad_bucket_peak = 0, state_at_iteration1 = 0;
+  int64_t double_buffers_peak = 0;  // Note [Megatron-FSDP double buffers]
 };
 std::unique_ptr<Session> RecordMegatronFsdp(const ModelConfig& m, const TrainingConfig& t,
                                             int64_t dp, const GpuSpec* gpu = nullptr) {
@@ -1949,15 +1950,17 @@ MegatronFsdpRun RunMegatronFsdp(const ModelConfig& m, const TrainingConfig& t, i
   const std::unique_ptr<Session> session = RecordMegatronFsdp(m, t, dp, gpu);
   const Recorder& r = session->recorder();
   MegatronFsdpRun run;
-  int64_t gathered = 0, grad_buckets = 0;
+  int64_t gathered = 0, grad_buckets = 0, double_buffers = 0;
   for (const MemoryEvent& ev : r.events()) {
     const StorageInfo& s = r.storages()[static_cast<size_t>(ev.storage_id)];
     const std::string module = r.names().Name(s.module);
     const int64_t bytes = ev.is_alloc ? s.size_bytes : -s.size_bytes;
     if (module == "megatron_fsdp.all_gather") gathered += bytes;
     if (module == "megatron_fsdp.grad_buckets") grad_buckets += bytes;
+    if (module == "megatron_fsdp.double_buffers") double_buffers += bytes;
     run.gathered_peak = std::max(run.gathered_peak, gathered);
     run.grad_bucket_peak = std::max(run.grad_bucket_peak, grad_buckets);
+    run.double_buffers_peak = std::max(run.double_buffers_peak, double_buffers);
   }
   int64_t iteration1 = -1;
   for (const Marker& mk : r.markers()) {
@@ -2003,6 +2006,77 @@ TEST(MegatronFsdp, BucketsShardsAndTheWholeSmallModelGathered) {
     EXPECT_EQ(run.gathered_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
     EXPECT_EQ(run.grad_bucket_peak, (4 * c.layer_bucket + c.root_bucket) * 2) << "dp=" << c.dp;
   }
+}
+
+// Note [Megatron-FSDP double buffers], bf16, a 6-layer GPT at d = 2 (layers as above:
+// S = 198,656, one bucket each; non-unit 147,712): all six layers match, so the weights get
+// two persistent buffers of S and the gradients two more (4 * S * 2 bytes), and only the
+// non-unit buckets come and go. The step's start_param_sync gathers the non-unit bucket
+// without prefetch, so iteration 1 begins with it and the buffers beside the shards, not
+// with the whole model gathered. --fsdp-db-use-persist-buf-on-alloc-fail keeps the
+// non-unit buckets in persistent buffers too (weights and gradients).
+TEST(MegatronFsdp, DoubleBuffersHoldTwoLayersPersistently) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 6);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  const int64_t layer = 198'656, root = 147'712;
+  const int64_t parameters = 6 * 198'272 + 147'712;
+  const int64_t shards = (6 * layer + root) / 2;
+  const int64_t state = shards * 2 + shards * 2 + parameters / 2 * 12;
+  EXPECT_EQ(RunMegatronFsdp(m, t, 2).state_at_iteration1, state + (6 * layer + root) * 2);
+
+  t.fsdp_double_buffer = true;
+  const MegatronFsdpRun buffered = RunMegatronFsdp(m, t, 2);
+  EXPECT_EQ(buffered.double_buffers_peak, 4 * layer * 2);
+  EXPECT_EQ(buffered.gathered_peak, root * 2);
+  EXPECT_EQ(buffered.grad_bucket_peak, root * 2);
+  EXPECT_EQ(buffered.state_at_iteration1, state + root * 2 + 4 * layer * 2);
+
+  t.fsdp_double_buffer_persistent_fallback = true;
+  const MegatronFsdpRun fallback = RunMegatronFsdp(m, t, 2);
+  EXPECT_EQ(fallback.double_buffers_peak, 4 * layer * 2 + 2 * root * 2);
+  EXPECT_EQ(fallback.gathered_peak, 0);
+  EXPECT_EQ(fallback.state_at_iteration1, state + 4 * layer * 2 + 2 * root * 2);
+}
+
+// --init-model-with-meta-device under Megatron-FSDP (Note [Megatron-FSDP]): the model is
+// never whole on the GPU. On the 4-layer GPT at d = 8 (940,800 parameters, bf16; layer
+// buckets padded to 49 * 4096 = 200,704 elements, the non-unit one to 145 * 1024 = 148,480)
+// the setup ends with the bf16 weight and gradient shards, (4 * 25,088 + 18,560) * 2 bytes
+// each, and the fp32 masters, 940,800 / 8 * 4: 946,048 bytes either way. Materialized, the
+// setup first holds every parameter (1,881,600 bytes); on the meta device it never does.
+TEST(MegatronFsdp, MetaDeviceInitNeverHoldsTheWholeModel) {
+  const Shape x{128, 1, 128, 4};
+  const ModelConfig m = Gpt(x, 4);
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  t.iterations = 1;
+  struct Setup {
+    int64_t peak = 0, at_end = 0;
+  };
+  auto setup_of = [&](bool meta_init) {
+    t.fsdp_meta_init = meta_init;
+    const std::unique_ptr<Session> session = RecordMegatronFsdp(m, t, 8);
+    const Recorder& r = session->recorder();
+    Setup setup;
+    int64_t alive = 0;
+    for (const MemoryEvent& ev : r.events()) {
+      const StorageInfo& info = r.storages()[static_cast<size_t>(ev.storage_id)];
+      if (info.phase != Phase::kSetup && ev.is_alloc) break;
+      alive += ev.is_alloc ? info.size_bytes : -info.size_bytes;
+      setup.peak = std::max(setup.peak, alive);
+    }
+    setup.at_end = alive;
+    return setup;
+  };
+  const Setup materialized = setup_of(false);
+  const Setup meta = setup_of(true);
+  EXPECT_EQ(materialized.at_end, 946'048);
+  EXPECT_EQ(meta.at_end, 946'048);
+  EXPECT_GE(materialized.peak, 940'800 * 2);
+  EXPECT_LT(meta.peak, 940'800 * 2);
+  EXPECT_LT(meta.peak - meta.at_end, 200'704 * 2);  // under one layer bucket's transient
 }
 
 // Note [Megatron-FSDP] around the step, on the 4-layer GPT at d = 2 (layer buckets 198,656

@@ -284,7 +284,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--hysteresis", Arity::kValue, ArgUse::kNeutral},
     {"--init-method-std", Arity::kValue, ArgUse::kNeutral},
     {"--init-method-xavier-uniform", Arity::kFlag, ArgUse::kNeutral},
-    {"--init-model-with-meta-device", Arity::kFlag, ArgUse::kNeutral},
+    {"--init-model-with-meta-device", Arity::kFlag, ArgUse::kRead},
     {"--initial-loss-scale", Arity::kValue, ArgUse::kNeutral},
     {"--iterations-to-skip", Arity::kValues, ArgUse::kNeutral},
     {"--legacy-tokenizer", Arity::kFlag, ArgUse::kNeutral},
@@ -517,8 +517,7 @@ constexpr MegatronArg kMegatronArgs[] = {
      "not an argument of Megatron-LM 0.20 (renamed --use-megatron-fsdp)"},
     {"--use-legacy-models", Arity::kFlag, ArgUse::kRejected,
      "not an argument of Megatron-LM 0.20 (removed with the legacy models)"},
-    {"--fsdp-double-buffer", Arity::kFlag, ArgUse::kRefused,
-     "Megatron-FSDP's fixed double buffers"},
+    {"--fsdp-double-buffer", Arity::kFlag, ArgUse::kRead},
     {"--use-torch-fsdp2", Arity::kValues, ArgUse::kRefused, "FSDP"},
     {"--yaml-cfg", Arity::kValues, ArgUse::kRefused, "arguments read from a YAML file"},
     // Added from Megatron-LM 0.20's parser (tools/megatron_arguments.py), classified by
@@ -728,7 +727,7 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--dsa-kernel-backend", Arity::kValue, ArgUse::kNeutral},
     {"--fp4-quantizer-factory", Arity::kValue, ArgUse::kNeutral},
     {"--fp8-quantizer-factory", Arity::kValue, ArgUse::kNeutral},
-    {"--fsdp-db-use-persist-buf-on-alloc-fail", Arity::kFlag, ArgUse::kNeutral},
+    {"--fsdp-db-use-persist-buf-on-alloc-fail", Arity::kFlag, ArgUse::kRead},
     {"--fsdp-manual-registration", Arity::kFlag, ArgUse::kNeutral},
     {"--gdp-cutedsl-kernel", Arity::kFlag, ArgUse::kNeutral},
     {"--gdp-num-chunk-states-to-recompute", Arity::kValue, ArgUse::kNeutral},
@@ -758,7 +757,8 @@ constexpr MegatronArg kMegatronArgs[] = {
     {"--mamba-state-dim", Arity::kValue, ArgUse::kNeutral},
     {"--mamba-training-ssm-states-dtype", Arity::kValue, ArgUse::kNeutral},
     {"--max-seqlen-per-dp-cp-rank", Arity::kValue, ArgUse::kNeutral},
-    {"--megatron-fsdp-max-pool-double-buffer", Arity::kFlag, ArgUse::kNeutral},
+    {"--megatron-fsdp-max-pool-double-buffer", Arity::kFlag, ArgUse::kRefused,
+     "Megatron-FSDP's max-pool double buffers (MaxPoolAllocator, shared by unlike layers)"},
     {"--mhc-init-gating-factor", Arity::kValue, ArgUse::kNeutral},
     {"--mhc-num-residual-streams", Arity::kValue, ArgUse::kNeutral},
     {"--mhc-recompute-layer-num", Arity::kValue, ArgUse::kNeutral},
@@ -1000,7 +1000,9 @@ constexpr MegatronArg kMegatronArgs[] = {
      "the shared expert as a Transformer Engine GroupedLinear"},
     {"--use-kitchen-attention", Arity::kFlag, ArgUse::kRefused, "Kitchen attention"},
     {"--use-nccl-ub", Arity::kFlag, ArgUse::kRefused,
-     "NCCL user buffers: a memory pool partly outside PyTorch's caching allocator"},
+     "NCCL user buffers: Megatron-FSDP's buffers in NCCL's memory pool (ncclMemAlloc "
+     "segments apart from the caching allocator's own; memsim models --fsdp-double-buffer, "
+     "which it implies)"},
 };
 
 // Other spellings of an argument in kMegatronArgs: (spelling, the row's name). Both set

@@ -778,7 +778,8 @@ Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
          {"--data-parallel-sharding-strategy", "--megatron-fsdp-version",
           "--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype",
           "--megatron-fsdp-grad-comm-dtype", "--outer-dp-sharding-strategy", "--ckpt-format",
-          "--load", "--log-params-norm"}) {
+          "--load", "--log-params-norm", "--fsdp-double-buffer",
+          "--fsdp-db-use-persist-buf-on-alloc-fail", "--init-model-with-meta-device"}) {
       a.Ignore(name);
     }
     return Status::OK();
@@ -809,6 +810,12 @@ Status ReadMegatronFsdp(Args& a, RunSpec* spec) {
     a.Ignore("--ckpt-format");
   }
   t.log_params_norm = a.Has("--log-params-norm");
+  t.fsdp_meta_init = a.Has("--init-model-with-meta-device");
+  // Note [Megatron-FSDP double buffers] in parallel/megatron_fsdp.h.
+  t.fsdp_double_buffer = a.Has("--fsdp-double-buffer");
+  t.fsdp_double_buffer_persistent_fallback =
+      t.fsdp_double_buffer && a.Has("--fsdp-db-use-persist-buf-on-alloc-fail");
+  if (!t.fsdp_double_buffer) a.Ignore("--fsdp-db-use-persist-buf-on-alloc-fail");
   // Megatron-FSDP brings its own distributed optimizer (--use-distributed-optimizer is
   // forced on).
   spec->layout.data_parallel = DataParallelKind::kMegatronFsdp;

@@ -2068,6 +2068,20 @@ TEST(MegatronArgs, MegatronFsdp) {
             8);
   EXPECT_EQ(typed.spec.training.fsdp_main_grads_dtype, Precision::kFp32);
   EXPECT_EQ(typed.spec.training.fsdp_grad_comm_dtype, Precision::kBf16);
+  EXPECT_FALSE(typed.spec.training.fsdp_double_buffer);
+  const MegatronArgsResult buffered =
+      Parse(base + "--fsdp-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail", 8);
+  EXPECT_TRUE(buffered.spec.training.fsdp_double_buffer);
+  EXPECT_TRUE(buffered.spec.training.fsdp_double_buffer_persistent_fallback);
+  EXPECT_FALSE(buffered.spec.training.fsdp_meta_init);
+  EXPECT_TRUE(Parse(base + "--init-model-with-meta-device", 8).spec.training.fsdp_meta_init);
+  // Without Megatron-FSDP (its DDP has no such buffers) both are ignored.
+  const MegatronArgsResult plain = Parse(
+      std::string(kTinyGpt) + "--fsdp-double-buffer --fsdp-db-use-persist-buf-on-alloc-fail", 8);
+  EXPECT_FALSE(plain.spec.training.fsdp_double_buffer);
+  // Megatron-LM's DDP materializes a meta-device model as usual (to_empty).
+  EXPECT_FALSE(Parse(std::string(kTinyGpt) + "--init-model-with-meta-device", 8)
+                   .spec.training.fsdp_meta_init);
   EXPECT_EQ(ErrorOf(base + "--data-parallel-sharding-strategy optim_grads"),
             "--data-parallel-sharding-strategy 'optim_grads' is not modelled (memsim supports "
             "optim_grads_params)");
@@ -2075,9 +2089,14 @@ TEST(MegatronArgs, MegatronFsdp) {
             "--megatron-fsdp-main-params-dtype 'auto' is not modelled (memsim supports fp32)");
   EXPECT_EQ(
       ErrorOf(base + "--use-nccl-ub"),
-      "--use-nccl-ub changes memory in a way memsim does not model (NCCL user buffers: a memory "
-      "pool partly outside PyTorch's caching allocator); drop it to simulate the run "
-      "without it");
+      "--use-nccl-ub changes memory in a way memsim does not model (NCCL user buffers: "
+      "Megatron-FSDP's buffers in NCCL's memory pool (ncclMemAlloc segments apart from the "
+      "caching allocator's own; memsim models --fsdp-double-buffer, which it implies)); drop it "
+      "to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--megatron-fsdp-max-pool-double-buffer"),
+            "--megatron-fsdp-max-pool-double-buffer changes memory in a way memsim does not "
+            "model (Megatron-FSDP's max-pool double buffers (MaxPoolAllocator, shared by unlike "
+            "layers)); drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(std::string(kTinyGpt) + "--data-parallel-sharding-strategy optim_grads_params"),
             "--data-parallel-sharding-strategy changes memory in a way memsim does not model "
             "(FSDP); drop it to simulate the run without it");
