@@ -141,7 +141,10 @@ TransformerModel::MtpLayer TransformerModel::CreateMtpLayer(int64_t depth, Param
     // The spec of the decoder's last layer (gpt_builders.py), in FP8 whatever the
     // decoder's last layers are (MTP runs in the global FP8 context).
     ModuleScope s("mtp_model_layer");
+    mtp.unit = model_.num_layers + depth;
+    store->set_unit(mtp.unit);
     mtp.layer = CreateLayer(model_.num_layers - 1, store, training_.fp8 != Fp8Recipe::kNone);
+    store->set_unit(-1);
     mtp.layer.skips_rope = model_.SkipsRope(depth);
   }
   std::tie(mtp.final_norm_weight, mtp.final_norm_bias) = AddNorm("final_layernorm", store);
@@ -1169,7 +1172,8 @@ at::Tensor TransformerModel::MtpDepth(MtpLayer& mtp, const at::Tensor& hidden,
   if (shard_.sequence_parallel) x = ScatterToSequenceParallelRegion(x, tp);
   {
     ModuleScope s("mtp_model_layer");
-    x = LayerForward(mtp.layer, x);
+    auto forward = [this, &mtp](const at::Tensor& in) { return LayerForward(mtp.layer, in); };
+    x = shard_.wrap_layer ? shard_.wrap_layer(mtp.unit, x, forward) : forward(x);
   }
   ModuleScope s("final_layernorm");
   ChargeTeModuleCalls(training_);

@@ -311,7 +311,10 @@ struct ModelShard {
   // Runs layer `index`'s forward (`run`) on `input`; set by data parallelism that works
   // per layer (FSDP gathers the layer's parameters around it). Empty: run it directly. It
   // also runs the output layer, as index kOutputLayerUnit (whose parameters belong to no
-  // layer: Megatron-FSDP allocates their gradient bucket when its backward starts).
+  // layer: Megatron-FSDP allocates their gradient bucket when its backward starts), and
+  // each multi-token prediction layer's inner transformer layer as the unit after the
+  // decoder's (num_layers + its depth: a TransformerLayer, so an FSDP unit in Megatron-FSDP;
+  // its norms and projection belong to no layer).
   using LayerFn = std::function<at::Tensor(const at::Tensor&)>;
   std::function<at::Tensor(int64_t index, const at::Tensor& input, const LayerFn& run)> wrap_layer;
   static constexpr int64_t kOutputLayerUnit = -2;
@@ -431,7 +434,8 @@ class TransformerModel {
     Parameter* hnorm_weight;
     Parameter* hnorm_bias;
     Parameter* eh_proj_weight;
-    Layer layer;  // mtp_model_layer
+    Layer layer;   // mtp_model_layer
+    int64_t unit;  // the layer's unit (ModelShard::wrap_layer): num_layers + depth
     Parameter* final_norm_weight;
     Parameter* final_norm_bias;
   };

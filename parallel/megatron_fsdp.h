@@ -5,7 +5,8 @@
 // Megatron-Core 0.20 (megatron/core/distributed/fsdp/src/megatron_fsdp/: megatron_fsdp.py,
 // param_and_grad_buffer.py; version 1, the default) shards parameters, gradients and the
 // optimizer over the data-parallel ranks (DP*CP; routed experts over expert DP) in buckets:
-//   buckets: one per decoder layer (its FSDP unit, TransformerLayer), kind (dense,
+//   buckets: one per decoder layer (its FSDP unit, TransformerLayer; an MTP layer's inner
+//            transformer layer is one too, its norms and projection are non-unit), kind (dense,
 //            routed experts: ".experts." in the name) and dtype (FP8 parameters apart),
 //            plus one per kind and dtype for the parameters outside every layer (embedding,
 //            final norm, output layer: "non-unit"), in the order the parameters first

@@ -298,7 +298,6 @@ Status FinalizeUnchecked(RunSpec* spec) {
     }
     if (t.precision_aware_optimizer) unmodelled = "the precision-aware optimizer";
     if (t.optimizer == OptimizerKind::kMuon) unmodelled = "Muon";
-    if (spec->model.mtp_num_layers > 0) unmodelled = "multi-token prediction";
     if (t.fsdp_meta_init && t.fp8_param_gather) {
       unmodelled = "meta-device initialization of FP8 parameters";
     }

@@ -2008,6 +2008,29 @@ TEST(MegatronFsdp, BucketsShardsAndTheWholeSmallModelGathered) {
   }
 }
 
+// Multi-token prediction under Megatron-FSDP (the GPT with RoPE, which MTP needs: no
+// position embedding): the MTP layer's transformer layer is a unit of its own (a bucket like
+// a decoder layer's, S = 198,656), its norms and projection join the non-unit bucket: the
+// word embedding and final norm (131,328) with enorm, hnorm and MTP's final norm (256 each
+// with biases) and eh_proj [128, 256] make 164,864 elements, padded to d * 256 (eh_proj's
+// row) = 512: 322 * 512 exactly. After the step the whole model is gathered, as without MTP.
+TEST(MegatronFsdp, MultiTokenPredictionLayerIsAUnitOfItsOwn) {
+  const Shape x{128, 1, 128, 4};
+  ModelConfig m = test::Gpt(4, x.h, x.a);
+  m.mtp_num_layers = 1;
+  m.position = PositionKind::kRope;
+  ASSERT_TRUE(FinalizeModelConfig(&m).ok());
+  TrainingConfig t = Fp16Eager(x);
+  t.precision = Precision::kBf16;
+  const int64_t layer = 198'656, root = 164'864;
+  const int64_t parameters = 5 * 198'272 + 131'328 + 33'536;
+  const int64_t shards = (5 * layer + root) / 2;
+  const int64_t state = shards * 2 + shards * 2 + parameters / 2 * 12;
+  const MegatronFsdpRun run = RunMegatronFsdp(m, t, 2);
+  EXPECT_EQ(run.state_at_iteration1, state + (5 * layer + root) * 2);
+  EXPECT_EQ(run.gathered_peak, (5 * layer + root) * 2);
+}
+
 // Note [Megatron-FSDP double buffers], bf16, a 6-layer GPT at d = 2 (layers as above:
 // S = 198,656, one bucket each; non-unit 147,712): all six layers match, so the weights get
 // two persistent buffers of S and the gradients two more (4 * S * 2 bytes), and only the
