@@ -201,6 +201,11 @@ struct ModelConfig {
   // [T, E]; a negative STD makes each layer's bias once and keeps it). Unset: no bias.
   bool moe_router_force_load_balancing = false;
   std::optional<double> moe_router_force_biased;
+  // --moe-input-jitter-eps (TopKRouter.apply_input_jitter, router.py): the router's input
+  // times Uniform(1 - eps, 1 + eps) noise in its dtype (rsample: low + rand * (high - low)),
+  // so each MoE layer keeps the noise (the product's backward) and the jittered input (the
+  // gating GEMM's), [T, H] each. Unset: no jitter (any value, 0 too, jitters).
+  std::optional<double> moe_input_jitter_eps;
   // --moe-apply-probs-on-input (Llama 4's top-1 routing): the experts' input rows are
   // scaled by their probabilities before fc1 and the activation is weighted by ones
   // (Experts in models/moe.cc). REQUIRES: top-1.

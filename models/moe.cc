@@ -950,12 +950,20 @@ at::Tensor AttachAuxLoss(const ModelConfig& m, const TrainingConfig& t, const at
 Routing Route(const ModelConfig& m, const TrainingConfig& t, MoeParameters& params,
               const at::Tensor& tokens) {
   ModuleScope s("router");
+  at::Tensor input = tokens;
+  if (m.moe_input_jitter_eps) {
+    // apply_input_jitter: Uniform(...).rsample(shape) is low + rand * (high - low) in the
+    // input's dtype; the product keeps the noise for backward.
+    const at::Tensor noise =
+        at::empty_like(tokens) * (2 * *m.moe_input_jitter_eps) + (1 - *m.moe_input_jitter_eps);
+    input = tokens * noise;
+  }
   // The gating GEMM writes the router dtype directly (TE's GEMM; a bf16 [T, E] here then
   // its fp32 copy).
   at::Tensor logits;
   {
     DelayedWgradScope no_delay({});  // the router's is never delayed (a torch linear)
-    logits = Linear(tokens, *params.router, nullptr);  // [T, E]
+    logits = Linear(input, *params.router, nullptr);  // [T, E]
   }
   if (m.moe_router_fp32) logits = logits.to(at::kFloat);
   // RandomSTE (apply_random_logits, which apply_biased_logits calls too): normal_() in a

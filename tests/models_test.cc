@@ -874,7 +874,7 @@ TEST(Moe, RouterKeepsWhatItsScoreFunctionSaves) {
 // logits' clone, float32 [T, E]; --moe-router-force-biased adds a clone of its own, the
 // bias [E] and logits + bias, a new [T, E]; with a negative STD the bias is the layer's
 // cached one, kept. Nothing more stays after the forward: RandomSTE and RandomSTEShared save
-// nothing.
+// nothing. (The input jitter, below, does keep its noise and its product.)
 TEST(Moe, ForcedRoutingClonesTheLogitsAndAddsASharedBias) {
   const int64_t T = 256, E = 8;
   using Allocations = std::multiset<std::pair<int64_t, bool>>;
@@ -930,6 +930,17 @@ TEST(Moe, ForcedRoutingClonesTheLogitsAndAddsASharedBias) {
   const int64_t plain_after_forward = RouterLayerBytes([](ModelConfig*, TrainingConfig*) {});
   EXPECT_EQ(RouterLayerBytes([&](ModelConfig* m, TrainingConfig*) { biased(0.5)(m); }),
             plain_after_forward);
+
+  // --moe-input-jitter-eps (apply_input_jitter, H = 256, bf16): rsample's rand, its scaled
+  // copy and the noise, then the jittered input, [T, H] each; the noise (the product's
+  // backward) and the jittered input (the gating GEMM's) stay after the forward.
+  const int64_t H = 256;
+  const auto jitter = [](ModelConfig* m) { m->moe_input_jitter_eps = 0.01; };
+  EXPECT_EQ(added(jitter),
+            (Allocations{
+                {2 * T * H, false}, {2 * T * H, false}, {2 * T * H, false}, {2 * T * H, false}}));
+  EXPECT_EQ(RouterLayerBytes([&](ModelConfig* m, TrainingConfig*) { jitter(m); }),
+            plain_after_forward + 2 * (2 * T * H));
 }
 
 // The load-balancing loss (--moe-aux-loss-coeff) on top of the same router: its scores over

@@ -623,6 +623,11 @@ Status ReadMixtureOfExperts(Args& a, ModelConfig* model, TrainingConfig* trainin
       MEMSIM_RETURN_IF_ERROR(a.Float("--moe-router-force-biased", &std));
       m.moe_router_force_biased = std;
     }
+    if (a.Has("--moe-input-jitter-eps")) {
+      double eps = 0;
+      MEMSIM_RETURN_IF_ERROR(a.Float("--moe-input-jitter-eps", &eps));
+      m.moe_input_jitter_eps = eps;
+    }
     MEMSIM_RETURN_IF_ERROR(a.Int("--expert-tensor-parallel-size", &l.etp));
   }
   return Status::OK();

@@ -602,6 +602,8 @@ TEST(MegatronArgs, RouterArguments) {
   m = Parse(moe + "--moe-router-force-load-balancing --moe-router-force-biased -0.5", 1).spec.model;
   EXPECT_TRUE(m.moe_router_force_load_balancing);
   EXPECT_EQ(m.moe_router_force_biased, -0.5);
+  EXPECT_FALSE(m.moe_input_jitter_eps.has_value());
+  EXPECT_EQ(Parse(moe + "--moe-input-jitter-eps 0.01", 1).spec.model.moe_input_jitter_eps, 0.01);
   // none computes no aux loss, whatever the coefficient; Sinkhorn refuses one, as
   // Megatron-Core asserts.
   r = Parse(moe + "--moe-router-load-balancing-type none --moe-aux-loss-coeff 0.01", 1);

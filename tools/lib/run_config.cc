@@ -294,6 +294,13 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
          m->moe_router_force_biased = std;
          return Status::OK();
        }},
+      {"moe_input_jitter_eps",
+       [&](const YAML::Node& v) {
+         double eps = 0;
+         MEMSIM_RETURN_IF_ERROR(Read(v, source, "moe_input_jitter_eps", &eps));
+         m->moe_input_jitter_eps = eps;
+         return Status::OK();
+       }},
       i64("mtp_num_layers", &m->mtp_num_layers),
       flag("mtp_use_repeated_layer", &m->mtp_use_repeated_layer),
       flag("mtp_detach_heads", &m->mtp_detach_heads),

@@ -42,6 +42,8 @@ TEST(RunConfig, KeysOfTheSwitchesAdded20261128) {
   EXPECT_TRUE(ModelFrom("moe_router_force_load_balancing: true").moe_router_force_load_balancing);
   EXPECT_FALSE(ModelFrom("{}").moe_router_force_biased.has_value());
   EXPECT_EQ(ModelFrom("moe_router_force_biased: -0.5").moe_router_force_biased, -0.5);
+  EXPECT_FALSE(ModelFrom("{}").moe_input_jitter_eps.has_value());
+  EXPECT_EQ(ModelFrom("moe_input_jitter_eps: 0.01").moe_input_jitter_eps, 0.01);
   {
     ModelConfig m;
     const Status bad = ApplyModelYaml(YAML::Load("moe_router_force_biased: [1]"), "run.yaml", &m);
