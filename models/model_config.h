@@ -204,7 +204,8 @@ struct ModelConfig {
   // --moe-input-jitter-eps (TopKRouter.apply_input_jitter, router.py): the router's input
   // times Uniform(1 - eps, 1 + eps) noise in its dtype (rsample: low + rand * (high - low)),
   // so each MoE layer keeps the noise (the product's backward) and the jittered input (the
-  // gating GEMM's), [T, H] each. Unset: no jitter (any value, 0 too, jitters).
+  // gating GEMM's), [T, H] each, where it kept the router's input. Unset: no jitter (any
+  // value, 0 too, jitters).
   std::optional<double> moe_input_jitter_eps;
   // --moe-apply-probs-on-input (Llama 4's top-1 routing): the experts' input rows are
   // scaled by their probabilities before fc1 and the activation is weighted by ones

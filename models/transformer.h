@@ -434,8 +434,8 @@ class TransformerModel {
     Parameter* hnorm_weight;
     Parameter* hnorm_bias;
     Parameter* eh_proj_weight;
-    Layer layer;   // mtp_model_layer
-    int64_t unit;  // the layer's unit (ModelShard::wrap_layer): num_layers + depth
+    Layer layer;        // mtp_model_layer
+    int64_t unit = -1;  // the layer's unit (ModelShard::wrap_layer): num_layers + depth
     Parameter* final_norm_weight;
     Parameter* final_norm_bias;
   };

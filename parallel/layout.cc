@@ -111,6 +111,15 @@ Status FinalizeUnevenStages(ParallelLayout* l, const ModelConfig& m) {
     if (rest < 0) {
       return Status::Error(named + " layers are more than the model's " + Str(m.num_layers));
     }
+    if (other_stages == 0) {
+      return Status::Error(named + " leave " + Str(rest) + " of " + Str(m.num_layers) +
+                           " layers with no other stage to hold them (PP=" + Str(l->pp) + ")");
+    }
+    if (rest == 0) {
+      return Status::Error(named + " take all " + Str(m.num_layers) +
+                           " layers, leaving none for the other " + Str(other_stages) +
+                           " stages (Megatron-Core needs both or neither)");
+    }
     return Status::Error("the " + Str(rest) + " of " + Str(m.num_layers) + " layers left by " +
                          named + " do not split evenly over the other " + Str(other_stages) +
                          " pipeline stages");
@@ -370,6 +379,7 @@ int64_t LayersOnStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_
     return layers;
   }
   // Uneven: FinalizeLayout named both ends; a stage's layers split evenly over its chunks.
+  MEMSIM_DCHECK(l.first_stage_layers > 0 && l.last_stage_layers > 0);
   int64_t stage_layers = 0;
   if (pp_rank == 0) {
     stage_layers = l.first_stage_layers;

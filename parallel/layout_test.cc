@@ -185,11 +185,11 @@ TEST(UnevenStages, ReportsWhatDoesNotSplit) {
             "the middle stage's 9 layers do not split over VPP=2 virtual stages (Megatron-Core "
             "requires it)");
   EXPECT_EQ(check(Uneven(2, 1, 3, 3), 8),
-            "the 2 of 8 layers left by the first stage's 3 and the last stage's 3 do not split "
-            "evenly over the other 0 pipeline stages");
+            "the first stage's 3 and the last stage's 3 leave 2 of 8 layers with no other stage "
+            "to hold them (PP=2)");
   EXPECT_EQ(check(Uneven(3, 1, 4, 4), 8),
-            "the 0 of 8 layers left by the first stage's 4 and the last stage's 4 do not split "
-            "evenly over the other 1 pipeline stages");
+            "the first stage's 4 and the last stage's 4 take all 8 layers, leaving none for the "
+            "other 1 stages (Megatron-Core needs both or neither)");
   EXPECT_EQ(check(Uneven(4, 1, 5, 0), 30),
             "the 25 of 30 layers left by the first stage's 5 do not split evenly over the other "
             "3 pipeline stages");

@@ -93,6 +93,17 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     b.full_elements = CheckedMul(ShardElements(elements, pad), pad);
     shard_elements.push_back(b.full_elements / shards);
   }
+  // Note [Megatron-FSDP double buffers]: the double-buffered layers of each pool.
+  std::map<int64_t, int64_t> buckets_in_unit;
+  for (Bucket& b : buckets_) {
+    if (b.unit >= 0) b.offset_in_unit = buckets_in_unit[b.unit]++;
+  }
+  if (options.double_buffer) {
+    weight_pool_.units = SymmetricUnits(
+        [](const Bucket& b) { return BucketedData(*b.params.front()).scalar_type(); });
+    grad_pool_.units = SymmetricUnits(
+        [&options](const Bucket& b) { return options.grad_comm.value_or(b.main_grads); });
+  }
   const at::TensorOptions meta = at::TensorOptions().device(at::kMeta);
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
@@ -101,7 +112,10 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.buckets." + std::to_string(i)});
     CategoryScope category(Category::kParameter);
     // The parameters move into a temporary full bucket; their shard is copied out.
-    b.weights = at::empty({b.full_elements}, meta.dtype(dtype));
+    // fetch_bucket(strict_assignments=False): a temporary bucket, or the fixed pool's.
+    b.weights = at::empty({0}, meta.dtype(dtype));
+    b.weights.unsafeGetTensorImpl()->set_sizes_contiguous({b.full_elements});
+    TakeStorage(weight_pool_, i, b.weights, Category::kParameter, /*strict=*/false);
     int64_t offset = 0;
     for (Parameter* p : b.params) {
       at::Tensor& data = BucketedData(*p);
@@ -120,7 +134,7 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
       offset += share;
     }
     shards_.back().copy_(b.weights.narrow(0, 0, shard_elements[i]));
-    FreeStorage(b.weights.storage());
+    ReleaseStorage(weight_pool_, i, b.weights);
     b.grads = at::empty({b.full_elements}, meta.dtype(options.grad_comm.value_or(b.main_grads)));
     offset = 0;
     for (Parameter* p : b.params) {
@@ -162,19 +176,10 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
       offset += shard_elements[i];
     }
   }
-  // Note [Megatron-FSDP double buffers]: the double-buffered layers of each pool.
-  std::map<int64_t, int64_t> buckets_in_unit;
-  for (Bucket& b : buckets_) {
-    if (b.unit >= 0) b.offset_in_unit = buckets_in_unit[b.unit]++;
-  }
-  if (options.double_buffer) {
-    weight_pool_.units = SymmetricUnits(
-        [](const Bucket& b) { return BucketedData(*b.params.front()).scalar_type(); });
-    grad_pool_.units = SymmetricUnits([](const Bucket& b) { return b.grads.scalar_type(); });
-  }
 }
 
-std::vector<int64_t> MegatronFsdp::SymmetricUnits(at::ScalarType (*dtype_of)(const Bucket&)) const {
+std::vector<int64_t> MegatronFsdp::SymmetricUnits(
+    const std::function<at::ScalarType(const Bucket&)>& dtype_of) const {
   // Each layer's buckets, in order, as (dtype, elements); layers in bucket order.
   std::vector<int64_t> units;
   std::map<int64_t, std::vector<std::pair<at::ScalarType, int64_t>>> signature;
@@ -197,7 +202,7 @@ std::vector<int64_t> MegatronFsdp::SymmetricUnits(at::ScalarType (*dtype_of)(con
 }
 
 void MegatronFsdp::TakeStorage(FixedPool& pool, size_t id, const at::Tensor& full,
-                               Category category) {
+                               Category category, bool strict) {
   const Bucket& b = buckets_[id];
   if (!options_.double_buffer || (!pool.Holds(b.unit) && !options_.persistent_fallback)) {
     AllocateStorage(full);  // StorageResizeBasedBucketAllocator
@@ -231,7 +236,7 @@ void MegatronFsdp::TakeStorage(FixedPool& pool, size_t id, const at::Tensor& ful
               "for bucket " +
               std::to_string(id));
         }
-        pool.planned_group.emplace(id, group);  // kept only if none was planned
+        if (strict) pool.planned_group.emplace(id, group);  // kept only if none was planned
       }
       slot = pool.using_by_bucket.emplace(id, std::make_pair(group, b.offset_in_unit)).first;
       pool.in_use.insert(slot->second);
@@ -323,7 +328,7 @@ void MegatronFsdp::Release(int64_t unit) {
 void MegatronFsdp::EnforceDoubleBufferLimit(int64_t unit) {
   if (!options_.double_buffer) return;
   std::set<int64_t> units;
-  if (grad_pool_.Holds(unit)) units.insert(unit);
+  if (weight_pool_.Holds(unit)) units.insert(unit);  // the buffer's double_buf_units
   size_t keep = queue_.size();
   for (auto it = queue_.rbegin(); it != queue_.rend(); ++it) {
     units.insert((*it)->unit);

@@ -85,8 +85,11 @@
 //   buffers: a double-buffered layer's k-th bucket lives in one of two persistent buffers
 //            for offset k, taken from Megatron's global memory buffer the first time it is
 //            needed and never freed: 2 x (sum of a layer's buckets) for the weights and as
-//            much again for the gradients. A gather takes an idle one (the one the bucket had
-//            before if idle, else the lowest); a release gives it back.
+//            many elements again, in the gradients' communication dtype, for the gradients.
+//            Setup fills each bucket through the same pool (fetch_bucket without a fixed
+//            assignment), so the first layer's weight buffers, and with the fallback every
+//            other bucket's, are made then. A gather takes an idle one (the one the bucket
+//            had before if idle, else the lowest); a release gives it back.
 //   limits:  a gather's prefetch stops before a third layer (any unit, the non-unit buckets
 //            counting as one) would join the wanted ones, and the non-unit buckets'
 //            gathers prefetch nothing; before a layer's gradient buckets are taken and
@@ -97,8 +100,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -195,11 +200,14 @@ class MegatronFsdp : public LayerHooks {
   void GatherWithPrefetch(std::vector<size_t> wanted, Order order);
   void Gather(Bucket& bucket);
   void Release(int64_t unit);
-  // Gives bucket `id`'s weights (grads) their bytes, from the fixed pool where double-buffered.
-  void TakeStorage(FixedPool& pool, size_t id, const at::Tensor& full, Category category);
+  // Gives bucket `id`'s weights (grads) their bytes, from the fixed pool where double-buffered;
+  // `strict`: the buffer it gets is the one it asks for first from then on.
+  void TakeStorage(FixedPool& pool, size_t id, const at::Tensor& full, Category category,
+                   bool strict = true);
   void ReleaseStorage(FixedPool& pool, size_t id, const at::Tensor& full);
   // The largest set of layers whose buckets match in dtype (`dtype_of`) and size.
-  std::vector<int64_t> SymmetricUnits(at::ScalarType (*dtype_of)(const Bucket&)) const;
+  std::vector<int64_t> SymmetricUnits(
+      const std::function<at::ScalarType(const Bucket&)>& dtype_of) const;
   // Releases the oldest queued gradient buckets until they and `unit` span two units.
   void EnforceDoubleBufferLimit(int64_t unit);
   void AllocateGrads(Bucket& bucket);

@@ -59,8 +59,6 @@ TEST(Advice, EachSwitchIsTheRunSimulatedWithIt) {
   EXPECT_LT(advice[0]["peak_reserved_MB"].get<double>(), FullestStageMiB(advised));
 }
 
-// With GPUs to spare for it, twice the context parallelism is advised, and its numbers are
-// those of the run with --cp 2 (the sequence split over two GPUs: less activation memory).
 // `change` advised for `run` (a simulate command line), with the numbers of `run` simulated
 // with it, and a lower peak than `run`'s own.
 void ExpectAdvisedAsSimulated(const std::string& run, const std::string& change) {
@@ -81,6 +79,8 @@ void ExpectAdvisedAsSimulated(const std::string& run, const std::string& change)
   EXPECT_TRUE(found) << change << " not in " << result["advice"].dump();
 }
 
+// With GPUs to spare for it, twice the context parallelism is advised, and its numbers are
+// those of the run with --cp 2 (the sequence split over two GPUs: less activation memory).
 TEST(Advice, ContextParallelismWhereTheGpusAllowIt) {
   ExpectAdvisedAsSimulated(
       "simulate --model gpt3-1.3b --world-size 2 --seq-length 2048 --micro-batch-size 1 "

@@ -933,14 +933,15 @@ TEST(Moe, ForcedRoutingClonesTheLogitsAndAddsASharedBias) {
 
   // --moe-input-jitter-eps (apply_input_jitter, H = 256, bf16): rsample's rand, its scaled
   // copy and the noise, then the jittered input, [T, H] each; the noise (the product's
-  // backward) and the jittered input (the gating GEMM's) stay after the forward.
+  // backward) and the jittered input (the gating GEMM's) stay after the forward, and the
+  // router's own input, which only the gating GEMM kept, goes: one [T, H] more a layer.
   const int64_t H = 256;
   const auto jitter = [](ModelConfig* m) { m->moe_input_jitter_eps = 0.01; };
   EXPECT_EQ(added(jitter),
             (Allocations{
                 {2 * T * H, false}, {2 * T * H, false}, {2 * T * H, false}, {2 * T * H, false}}));
   EXPECT_EQ(RouterLayerBytes([&](ModelConfig* m, TrainingConfig*) { jitter(m); }),
-            plain_after_forward + 2 * (2 * T * H));
+            plain_after_forward + 2 * T * H);
 }
 
 // The load-balancing loss (--moe-aux-loss-coeff) on top of the same router: its scores over

@@ -278,7 +278,6 @@ TEST(Plan, SearchesExpertTensorParallelism) {
   EXPECT_GT(by_etp.at(1)->stage_peak_reserved_bytes[0], by_etp.at(0)->stage_peak_reserved_bytes[0]);
 }
 
-// Setup alone over the GPU: pruned without simulating a step, and truly out of memory.
 // Note [Plan's uneven stages] by hand: middle stages get ceil(L / PP), the excess comes off
 // the first stage (rounded up) and the last.
 TEST(Plan, UnevenStagesByHand) {
@@ -296,6 +295,18 @@ TEST(Plan, UnevenStagesByHand) {
   EXPECT_FALSE(PlanUnevenStages(61, 32, &first, &last));  // 2 * 32 = 64: the first would hold 0
   EXPECT_FALSE(PlanUnevenStages(64, 16, &first, &last));  // even
   EXPECT_FALSE(PlanUnevenStages(61, 1, &first, &last));
+}
+
+// The default grid's PP values for 5 layers on 4 GPUs: 1, and 2 split 2 + 3 (4 would leave the
+// first stage none); with the run's own split (the first stage's 1 layer) only 2 (1 + 4; 4
+// stages cannot share the other 4 layers evenly, 1 stage cannot be uneven).
+TEST(Plan, DefaultPipelineSizesFollowTheSplit) {
+  const GpuSpec gpu = H100();
+  RunSpec base = SmallRun(&gpu);
+  base.model = test::Gpt(5, 512, 8, 4096);
+  EXPECT_EQ(DefaultPlanGrid(base).pp, (std::vector<int64_t>{1, 2}));
+  base.layout.first_stage_layers = 1;
+  EXPECT_EQ(DefaultPlanGrid(base).pp, (std::vector<int64_t>{2}));
 }
 
 // Where PP does not divide the layers the plan runs its uneven split (5 layers on PP 2:
@@ -343,6 +354,7 @@ TEST(Plan, ChoosesUnevenStagesWherePipelineStagesDoNotDivideTheLayers) {
   EXPECT_EQ(planned[0].stage_peak_reserved_bytes, other.stage_peak_reserved_bytes);
 }
 
+// Setup alone over the GPU: pruned without simulating a step, and truly out of memory.
 TEST(Plan, PrunesWhatSetupAloneRulesOut) {
   const GpuSpec gpu = SmallGpu(int64_t{40} << 20);  // 40 MiB
   const RunSpec base = SmallRun(&gpu);

@@ -1009,9 +1009,9 @@ constexpr MegatronArg kMegatronArgs[] = {
      "the shared expert as a Transformer Engine GroupedLinear"},
     {"--use-kitchen-attention", Arity::kFlag, ArgUse::kRefused, "Kitchen attention"},
     {"--use-nccl-ub", Arity::kFlag, ArgUse::kRefused,
-     "NCCL user buffers: Megatron-FSDP's buffers in NCCL's memory pool (ncclMemAlloc "
-     "segments apart from the caching allocator's own; memsim models --fsdp-double-buffer, "
-     "which it implies)"},
+     "NCCL user buffers: DDP's or Megatron-FSDP's buffers in a memory pool of NCCL's "
+     "segments apart from the caching allocator's own; under Megatron-FSDP it turns on "
+     "--fsdp-double-buffer, which memsim models: give that in its place"},
 };
 
 // Other spellings of an argument in kMegatronArgs: (spelling, the row's name). Both set

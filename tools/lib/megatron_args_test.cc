@@ -2089,12 +2089,11 @@ TEST(MegatronArgs, MegatronFsdp) {
             "optim_grads_params)");
   EXPECT_EQ(ErrorOf(base + "--megatron-fsdp-main-params-dtype auto"),
             "--megatron-fsdp-main-params-dtype 'auto' is not modelled (memsim supports fp32)");
-  EXPECT_EQ(
-      ErrorOf(base + "--use-nccl-ub"),
-      "--use-nccl-ub changes memory in a way memsim does not model (NCCL user buffers: "
-      "Megatron-FSDP's buffers in NCCL's memory pool (ncclMemAlloc segments apart from the "
-      "caching allocator's own; memsim models --fsdp-double-buffer, which it implies)); drop it "
-      "to simulate the run without it");
+  EXPECT_EQ(ErrorOf(base + "--use-nccl-ub"),
+            "--use-nccl-ub changes memory in a way memsim does not model (NCCL user buffers: DDP's "
+            "or Megatron-FSDP's buffers in a memory pool of NCCL's segments apart from the caching "
+            "allocator's own; under Megatron-FSDP it turns on --fsdp-double-buffer, which memsim "
+            "models: give that in its place); drop it to simulate the run without it");
   EXPECT_EQ(ErrorOf(base + "--megatron-fsdp-max-pool-double-buffer"),
             "--megatron-fsdp-max-pool-double-buffer changes memory in a way memsim does not "
             "model (Megatron-FSDP's max-pool double buffers (MaxPoolAllocator, shared by unlike "

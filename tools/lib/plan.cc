@@ -122,9 +122,11 @@ bool PlanUnevenStages(int64_t layers, int64_t pp, int64_t* first_stage_layers,
   if (pp < 2 || layers % pp == 0) return false;
   const int64_t middle = (layers + pp - 1) / pp;
   const int64_t excess = pp * middle - layers;  // in [1, pp - 1]
-  *first_stage_layers = middle - (excess + 1) / 2;
+  const int64_t first = middle - (excess + 1) / 2;
+  if (first < 1) return false;
+  *first_stage_layers = first;
   *last_stage_layers = middle - excess / 2;
-  return *first_stage_layers >= 1;
+  return true;
 }
 
 std::string PlanLayoutName(const PlanLayout& l) {
@@ -152,11 +154,21 @@ PlanGrid DefaultPlanGrid(const RunSpec& base) {
   const int64_t node = base.gpu->gpus_per_node;
   for (int64_t tp = 1; tp <= node; tp *= 2) grid.tp.push_back(tp);
   for (int64_t pp = 1; pp <= std::min<int64_t>(m.num_layers, 64); ++pp) {
-    int64_t first = 0, last = 0;
-    const bool splits =
-        m.num_layers % pp == 0 ||
-        (PlanChoosesStages(base) && PlanUnevenStages(m.num_layers, pp, &first, &last));
-    if (splits && base.layout.world_size % pp == 0) grid.pp.push_back(pp);
+    if (base.layout.world_size % pp != 0) continue;
+    bool splits = false;
+    if (PlanChoosesStages(base)) {
+      int64_t first = 0, last = 0;
+      splits = m.num_layers % pp == 0 || PlanUnevenStages(m.num_layers, pp, &first, &last);
+    } else {
+      // The run's own split (first/last stage layers) on pp stages, as FinalizeLayout takes it.
+      ParallelLayout split = base.layout;
+      split.world_size = pp;
+      split.pp = pp;
+      split.tp = split.cp = split.ep = split.vpp = 1;
+      split.etp = 0;
+      splits = FinalizeLayout(&split, m).ok();
+    }
+    if (splits) grid.pp.push_back(pp);
   }
   grid.vpp = {1, 2};
   grid.cp = base.training.seq_length >= 8192 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1};
@@ -794,8 +806,8 @@ int PlanCommand(int argc, const char* const* argv) {
   }
   if (status.ok() && !base.layout.pipeline_layout.empty()) {
     status = Status::Error(
-        "a pipeline layout fixes PP and VPP, which a plan varies: drop the layout (plan "
-        "places layers evenly)");
+        "a pipeline layout fixes PP and VPP, which a plan varies: drop the layout (the plan "
+        "splits the layers evenly, or unevenly where PP does not divide them)");
   }
   if (status.ok() && base.global_batch_size <= 0) {
     status = Status::Error("give the global batch (sequences per step) with --global-batch-size");

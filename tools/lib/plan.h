@@ -62,8 +62,8 @@ PlanGrid DefaultPlanGrid(const RunSpec& base);
 // the ends, ceil(e / 2) off the first stage (the one that holds the most microbatches in
 // flight) and the rest off the last (which holds the output layer and the loss): 61 on PP 16
 // is 2 + 14 x 4 + 3. Only without virtual stages, and only where the run gives no split of its
-// own (first/last stage layers or a pipeline layout). False where there is no such split
-// (PP < 2, PP divides L, or an end would hold no layer).
+// own (first/last stage layers or a pipeline layout). False, leaving the outputs as they
+// were, where there is no such split (PP < 2, PP divides L, or an end would hold no layer).
 bool PlanUnevenStages(int64_t layers, int64_t pp, int64_t* first_stage_layers,
                       int64_t* last_stage_layers);
 
