@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 
 namespace memsim {
 namespace {
@@ -212,6 +213,16 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
   auto flag = [&](const char* key, bool* field) -> std::pair<std::string, YamlKeyHandler> {
     return {key, [&, key, field](const YAML::Node& v) { return Read(v, source, key, field); }};
   };
+  // A number whose absence means "off" (std::nullopt).
+  auto optional_f64 = [&](const char* key,
+                          std::optional<double>* field) -> std::pair<std::string, YamlKeyHandler> {
+    return {key, [&, key, field](const YAML::Node& v) {
+              double value = 0;
+              MEMSIM_RETURN_IF_ERROR(Read(v, source, key, &value));
+              *field = value;
+              return Status::OK();
+            }};
+  };
   std::map<std::string, YamlKeyHandler> handlers = {
       {"base", [](const YAML::Node&) { return Status::OK(); }},
       {"name", [&](const YAML::Node& v) { return Read(v, source, "name", &m->name); }},
@@ -287,20 +298,8 @@ Status ApplyModelYaml(const YAML::Node& node, const std::string& source, ModelCo
       f64("moe_router_topk_scaling_factor", &m->moe_router_topk_scaling_factor),
       flag("moe_router_sinkhorn", &m->moe_router_sinkhorn),
       flag("moe_router_force_load_balancing", &m->moe_router_force_load_balancing),
-      {"moe_router_force_biased",
-       [&](const YAML::Node& v) {
-         double std = 0;
-         MEMSIM_RETURN_IF_ERROR(Read(v, source, "moe_router_force_biased", &std));
-         m->moe_router_force_biased = std;
-         return Status::OK();
-       }},
-      {"moe_input_jitter_eps",
-       [&](const YAML::Node& v) {
-         double eps = 0;
-         MEMSIM_RETURN_IF_ERROR(Read(v, source, "moe_input_jitter_eps", &eps));
-         m->moe_input_jitter_eps = eps;
-         return Status::OK();
-       }},
+      optional_f64("moe_router_force_biased", &m->moe_router_force_biased),
+      optional_f64("moe_input_jitter_eps", &m->moe_input_jitter_eps),
       i64("mtp_num_layers", &m->mtp_num_layers),
       flag("mtp_use_repeated_layer", &m->mtp_use_repeated_layer),
       flag("mtp_detach_heads", &m->mtp_detach_heads),
