@@ -688,6 +688,12 @@ void MapStorage(const at::Tensor& t) {
   storage->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
 }
 
+at::Tensor EmptyWithoutBytes(at::IntArrayRef shape, const at::TensorOptions& options) {
+  at::Tensor t = at::empty({0}, options);  // an empty allocation records nothing
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
+}
+
 void DrainDeferredWgrad(DeferredWgrad& deferred, Parameter& weight,
                         const LinearParallelism& parallelism) {
   const size_t count = deferred.inputs.size();

@@ -146,6 +146,9 @@ void AllocateStorage(const at::Tensor& t);
 // Gives it the bytes back without allocating them: they belong to memory counted where it
 // was allocated (a persistent buffer the storage is laid over); FreeStorage drops them.
 void MapStorage(const at::Tensor& t);
+// A contiguous tensor of `shape` whose storage has no bytes yet (nothing allocated or
+// counted): AllocateStorage or MapStorage gives them.
+at::Tensor EmptyWithoutBytes(at::IntArrayRef shape, const at::TensorOptions& options);
 
 // The deferred weight-gradient GEMMs of `weight` (DeferredWgrad), as
 // drain_embedding_wgrad_compute runs them: with sequence parallelism each input is

@@ -33,14 +33,13 @@ Parameter* ParameterStore::Add(const std::string& name, std::vector<int64_t> sha
   const std::string module = CurrentRecorder() != nullptr
                                  ? CurrentRecorder()->names().Name(ModuleScope::Current())
                                  : std::string();
+  const at::TensorOptions options = at::TensorOptions().device(at::kMeta).dtype(param_dtype());
   at::Tensor data;
   if (unmaterialized_) {
-    // An empty allocation (nothing to count) given the parameter's shape and mapped bytes.
-    data = at::empty({0}, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
-    data.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-    MapStorage(data);
+    data = EmptyWithoutBytes(shape, options);
+    MapStorage(data);  // bytes that nothing counts until Megatron-FSDP lays it over a bucket
   } else {
-    data = at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(param_dtype()));
+    data = at::empty(shape, options);
   }
   data.requires_grad_(true);
   int64_t numel = 1;

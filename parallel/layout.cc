@@ -89,6 +89,11 @@ Status ExpandLayout(std::string text, std::string* expanded) {
       expanded);
 }
 
+// Layers on each middle stage of an uneven split whose ends are both named (0 without one).
+int64_t MiddleStageLayers(const ParallelLayout& l, const ModelConfig& m) {
+  return l.pp > 2 ? (m.num_layers - l.first_stage_layers - l.last_stage_layers) / (l.pp - 2) : 0;
+}
+
 // Uneven first/last stages, as Megatron-Core splits them (TransformerConfig.__post_init__,
 // get_num_layers_to_build and get_transformer_layer_offset, 0.20): the layers the named ends
 // leave split evenly over the other stages, so one named end gives the other end the middle
@@ -126,8 +131,7 @@ Status FinalizeUnevenStages(ParallelLayout* l, const ModelConfig& m) {
   }
   if (!first_named) l->first_stage_layers = rest / other_stages;
   if (!last_named) l->last_stage_layers = rest / other_stages;
-  const int64_t middle_stage_layers =
-      l->pp > 2 ? (m.num_layers - l->first_stage_layers - l->last_stage_layers) / (l->pp - 2) : 0;
+  const int64_t middle_stage_layers = MiddleStageLayers(*l, m);
   for (const auto& [layers, stage] :
        {std::pair{l->first_stage_layers, "first"}, std::pair{l->last_stage_layers, "last"},
         std::pair{middle_stage_layers, "middle"}}) {
@@ -380,14 +384,9 @@ int64_t LayersOnStage(const ParallelLayout& l, const ModelConfig& m, int64_t pp_
   }
   // Uneven: FinalizeLayout named both ends; a stage's layers split evenly over its chunks.
   MEMSIM_DCHECK(l.first_stage_layers > 0 && l.last_stage_layers > 0);
-  int64_t stage_layers = 0;
-  if (pp_rank == 0) {
-    stage_layers = l.first_stage_layers;
-  } else if (pp_rank == l.pp - 1) {
-    stage_layers = l.last_stage_layers;
-  } else {
-    stage_layers = (m.num_layers - l.first_stage_layers - l.last_stage_layers) / (l.pp - 2);
-  }
+  const int64_t stage_layers = pp_rank == 0          ? l.first_stage_layers
+                               : pp_rank == l.pp - 1 ? l.last_stage_layers
+                                                     : MiddleStageLayers(l, m);
   return stage_layers / l.vpp;
 }
 

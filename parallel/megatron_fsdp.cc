@@ -113,8 +113,7 @@ MegatronFsdp::MegatronFsdp(ParameterStore* store, const MegatronFsdpOptions& opt
     CategoryScope category(Category::kParameter);
     // The parameters move into a temporary full bucket; their shard is copied out.
     // fetch_bucket(strict_assignments=False): a temporary bucket, or the fixed pool's.
-    b.weights = at::empty({0}, meta.dtype(dtype));
-    b.weights.unsafeGetTensorImpl()->set_sizes_contiguous({b.full_elements});
+    b.weights = EmptyWithoutBytes({b.full_elements}, meta.dtype(dtype));
     TakeStorage(weight_pool_, i, b.weights, Category::kParameter, /*strict=*/false);
     int64_t offset = 0;
     for (Parameter* p : b.params) {
@@ -262,8 +261,7 @@ void MegatronFsdp::Gather(Bucket& bucket) {
   if (bucket.gathered) return;
   ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.all_gather"});
   CategoryScope category(Category::kParameter);
-  TakeStorage(weight_pool_, static_cast<size_t>(&bucket - buckets_.data()), bucket.weights,
-              Category::kParameter);
+  TakeStorage(weight_pool_, IdOf(bucket), bucket.weights, Category::kParameter);
   ReceiveInto(bucket.weights);  // all_gather_into_tensor from the weight shards
   bucket.gathered = true;
 }
@@ -342,8 +340,7 @@ void MegatronFsdp::AllocateGrads(Bucket& bucket) {
   EnforceDoubleBufferLimit(bucket.unit);  // main_grad_getter's, before fetch_bucket
   ModuleScope scope(ModuleScope::Absolute{"megatron_fsdp.grad_buckets"});
   CategoryScope category(Category::kGradient);
-  TakeStorage(grad_pool_, static_cast<size_t>(&bucket - buckets_.data()), bucket.grads,
-              Category::kGradient);
+  TakeStorage(grad_pool_, IdOf(bucket), bucket.grads, Category::kGradient);
   bucket.grads_allocated = true;
 }
 
@@ -363,7 +360,7 @@ void MegatronFsdp::FreeOldestQueued() {
   Bucket* bucket = queue_.front();
   queue_.pop_front();
   queued_elements_ -= bucket->full_elements;
-  ReleaseStorage(grad_pool_, static_cast<size_t>(bucket - buckets_.data()), bucket->grads);
+  ReleaseStorage(grad_pool_, IdOf(*bucket), bucket->grads);
   bucket->grads_allocated = false;
 }
 

@@ -193,6 +193,7 @@ class MegatronFsdp : public LayerHooks {
     }
   };
   enum class Order { kForward, kBackward };
+  size_t IdOf(const Bucket& bucket) const { return static_cast<size_t>(&bucket - buckets_.data()); }
   // The buckets of layer `unit` (-1: the non-unit ones), by index.
   std::vector<size_t> BucketsOf(int64_t unit) const;
   // Gathers buckets `wanted` and prefetches past them in `order`, as
